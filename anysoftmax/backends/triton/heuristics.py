@@ -1,0 +1,62 @@
+"""Kernel choice by shape for the `triton` backend; the numbers live in configs/tuning/triton.yaml.
+
+`override(...)` replaces table values for the duration of a `with` block: tests use it to
+lower `max_tile_elems` so the long-row path runs on small CPU tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import triton
+
+from ...config import load_tuning
+from ...core.layout import RowLayout
+
+_local = threading.local()
+
+
+def table() -> dict:
+    """The tuning table with any active overrides applied."""
+    base = load_tuning("triton")
+    extra = getattr(_local, "overrides", None)
+    return {**base, **extra} if extra else base
+
+
+@contextmanager
+def override(**values):
+    """Temporarily replace tuning values (this thread only)."""
+    unknown = set(values) - set(load_tuning("triton"))
+    if unknown:
+        raise KeyError(f"unknown tuning key(s) {sorted(unknown)}; known: {sorted(load_tuning('triton'))}")
+    old = getattr(_local, "overrides", None)
+    _local.overrides = {**(old or {}), **values}
+    try:
+        yield
+    finally:
+        _local.overrides = old
+
+
+def warps_for(elems: int, t: dict) -> int:
+    for bound, warps in t["warps_by_tile_elems"]:
+        if elems <= bound:
+            return warps
+    return t["warps_by_tile_elems"][-1][1]
+
+
+def choose_tile(layout: RowLayout) -> dict:
+    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps}."""
+    t = table()
+    block_n = triton.next_power_of_2(max(layout.n_cols, 1))
+    if block_n <= t["max_tile_elems"]:
+        block_m = max(1, t["rows_tile_elems"] // block_n)
+        block_m = min(block_m, triton.next_power_of_2(layout.n_rows))
+        return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=warps_for(block_m * block_n, t))
+    block_n = min(t["online_block_n"], t["max_tile_elems"])
+    return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"])
+
+
+def num_stages(max_shared_mem: int) -> int:
+    t = table()
+    return t["stages_large_smem"] if max_shared_mem > t["large_smem_bytes"] else t["stages_small_smem"]

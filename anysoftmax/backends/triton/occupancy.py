@@ -1,0 +1,71 @@
+"""Occupancy model: how many persistent programs to launch. Pure functions, no device access.
+
+This is the rule of Triton's fused-softmax tutorial (the project's seed), kept as data in and
+a number out so it can be unit-tested with the properties of GPUs we do not have.
+
+CUDA: programs per SM = registers per SM // (registers per thread * warp size * warps).
+HIP: the register file is counted per SIMD lane: `max_num_regs` is the count of general
+purpose VGPRs; on CDNA (gfx9: MI100/MI200/MI300) each lane also has as many accumulation VGPRs
+usable as general ones, so the budget doubles. Waves per CU are additionally capped by
+max threads per CU // wavefront size.
+Both: programs per SM are capped by shared memory (max_shared_mem // shared per program).
+
+One addition to the seed's CUDA rule: it is also capped by max threads per SM // (warp size *
+warps). The seed ignored that cap and could claim more resident programs than the hardware
+holds (harmless for a grid-stride loop, wrong for any kernel that relies on co-residency).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceProps:
+    """What the occupancy model needs to know about a GPU."""
+
+    name: str
+    multiprocessor_count: int
+    max_num_regs: int  # 32-bit registers per SM (CUDA) / general-purpose VGPR budget (HIP)
+    max_shared_mem: int  # bytes of shared memory one program may use (the opt-in maximum)
+    warp_size: int
+    max_threads_per_sm: int
+    is_hip: bool = False
+    is_cdna: bool = False
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What the compiled kernel uses: registers per thread, shared memory per program, warps."""
+
+    n_regs: int
+    shared_mem: int
+    num_warps: int
+
+
+def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
+    """Resident programs one SM/CU can hold (at least 1: a launch always makes progress)."""
+    n_regs = max(k.n_regs, 1)
+    if dev.is_hip:
+        gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)
+        max_waves = dev.max_threads_per_sm // dev.warp_size
+        occ = min(gprs // dev.warp_size // n_regs, max_waves) // k.num_warps
+    else:
+        occ = dev.max_num_regs // (n_regs * dev.warp_size * k.num_warps)
+        occ = min(occ, dev.max_threads_per_sm // (dev.warp_size * k.num_warps))
+    if k.shared_mem > 0:
+        occ = min(occ, dev.max_shared_mem // k.shared_mem)
+    return max(occ, 1)
+
+
+def persistent_programs(dev: DeviceProps, k: KernelResources, n_work: int) -> int:
+    """Programs to launch for `n_work` independent pieces: fill every SM, never exceed the work."""
+    return max(1, min(dev.multiprocessor_count * programs_per_sm(dev, k), n_work))
+
+
+# Property sets of GPUs used by the tests and by `configs/` (values as reported by Triton's
+# driver.active.utils.get_device_properties and torch.cuda.get_device_properties).
+H100_SXM = DeviceProps("NVIDIA H100 80GB HBM3", 132, 65536, 232448, 32, 2048)
+A100_SXM = DeviceProps("NVIDIA A100-SXM4-80GB", 108, 65536, 166912, 32, 2048)
+MI300X = DeviceProps("AMD Instinct MI300X (gfx942)", 304, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True)
+MI250X = DeviceProps("AMD Instinct MI250X (gfx90a, one GCD)", 110, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True)

@@ -1,0 +1,13 @@
+"""Hardware-free core: the spec, the reference, comparison, shape normalisation, the registry."""
+
+from .compare import Comparison, compare
+from .reference import reference
+from .registry import (Backend, BackendStatus, BackendUnavailableError, UnsupportedRequestError,
+                       get_backend, list_backends, register, select, unregister)
+from .spec import FLOAT_DTYPES, TOLERANCES, SoftmaxSpec, Tolerance, dtype_name, parse_dtype
+
+__all__ = [
+    "Backend", "BackendStatus", "BackendUnavailableError", "Comparison", "FLOAT_DTYPES", "SoftmaxSpec",
+    "TOLERANCES", "Tolerance", "UnsupportedRequestError", "compare", "dtype_name", "get_backend",
+    "list_backends", "parse_dtype", "reference", "register", "select", "unregister",
+]

@@ -1,0 +1,47 @@
+"""A bounded, thread-safe cache that builds each value once (compiled kernels, launch sizes)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, TypeVar
+
+V = TypeVar("V")
+
+
+class OnceCache(Generic[V]):
+    """LRU cache of at most `maxsize` entries whose factory runs once per key even when many
+    threads ask for the same new key at once (the others wait for the first one's result)."""
+
+    def __init__(self, maxsize: int = 256):
+        self.maxsize = maxsize
+        self._data: OrderedDict[Hashable, V] = OrderedDict()
+        self._building: dict[Hashable, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.builds = 0  # how many times a factory ran (tests check "compiled once")
+
+    def get(self, key: Hashable, factory: Callable[[], V]) -> V:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+            key_lock = self._building.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                if key in self._data:
+                    return self._data[key]
+            value = factory()
+            with self._lock:
+                self.builds += 1
+                self._data[key] = value
+                while len(self._data) > self.maxsize:
+                    self._data.popitem(last=False)
+                self._building.pop(key, None)
+            return value
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()

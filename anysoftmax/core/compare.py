@@ -1,0 +1,60 @@
+"""Comparison of a backend's output with the float64 reference, under the spec's tolerance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .reference import reference
+from .spec import SoftmaxSpec
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of one check: `ok`, the largest error seen and, when not ok, why."""
+
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float  # max |out - expected| / (atol + rtol * |expected|): <= 1 passes
+    detail: str = ""
+
+
+def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec) -> Comparison:
+    """Check `out` (a backend's result for input `x`) against the float64 reference.
+
+    `expected` is the reference rounded once to the output dtype, so overflow to +-inf in a
+    narrow dtype (log_softmax of large fp16 inputs) is expected exactly as torch produces it.
+    NaN must match NaN, infinities must match exactly, finite values within the tolerance.
+    Shape and dtype are checked first.
+    """
+    if tuple(out.shape) != spec.shape:
+        return Comparison(False, float("inf"), float("inf"), f"shape {tuple(out.shape)} != {spec.shape}")
+    if out.dtype != spec.out_dtype:
+        return Comparison(False, float("inf"), float("inf"), f"dtype {out.dtype} != {spec.out_dtype}")
+    if out.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    tol = spec.tolerance
+    expected = reference(x, spec).to(spec.out_dtype).to(torch.float64)
+    got = out.detach().to("cpu").to(torch.float64)
+    nan_e, nan_g = torch.isnan(expected), torch.isnan(got)
+    if not torch.equal(nan_e, nan_g):
+        where = (nan_e != nan_g).nonzero()[0].tolist()
+        return Comparison(False, float("nan"), float("inf"),
+                          f"NaN mismatch at {where}: got {got[tuple(where)].item()}, expected {expected[tuple(where)].item()}")
+    inf_e = torch.isinf(expected)
+    if not torch.equal(got[inf_e], expected[inf_e]) or torch.isinf(got[~inf_e]).any():
+        return Comparison(False, float("inf"), float("inf"), "infinities differ from the reference")
+    finite = ~(nan_e | inf_e)
+    diff = (got - expected).abs()[finite]
+    if diff.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    bound = tol.atol + tol.rtol * expected.abs()[finite]
+    ratio = diff / bound
+    max_abs, max_rel = diff.max().item(), ratio.max().item()
+    if max_rel <= 1.0:
+        return Comparison(True, max_abs, max_rel)
+    worst = ratio.argmax()
+    return Comparison(False, max_abs, max_rel,
+                      f"max |err| {max_abs:.3g} exceeds atol {tol.atol:g} + rtol {tol.rtol:g}*|ref| "
+                      f"(worst: got {got[finite][worst].item():.8g}, expected {expected[finite][worst].item():.8g})")

@@ -1,0 +1,85 @@
+"""Shape normalisation shared by every kernel: a request as rows of `n_cols` strided elements.
+
+Every dimension but `dim` is a row dimension. Adjacent row dimensions whose strides chain
+(``stride[i] == size[i+1] * stride[i+1]`` in the input *and* the output) merge into one, and
+size-1 dimensions drop out, so a contiguous tensor reduced over any dim has at most two row
+dimensions (the ones before and after `dim`). Kernels index rows through up to
+`MAX_ROW_DIMS` (size, stride) pairs, which covers transposed, step-sliced and expanded (stride 0)
+inputs without a copy; only a layout that stays irregular in more dimensions than that needs
+the one documented copy (`RowLayout.from_strides` returns None and the caller makes the input
+contiguous).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_ROW_DIMS = 3
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of `shape`."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Rows of a request: `row_sizes` (outermost first, padded with 1 to `MAX_ROW_DIMS`) with
+    their input and output strides, and the column count and strides of the reduced dim."""
+
+    n_rows: int
+    n_cols: int
+    row_sizes: tuple[int, ...]
+    in_row_strides: tuple[int, ...]
+    out_row_strides: tuple[int, ...]
+    in_col_stride: int
+    out_col_stride: int
+
+    @classmethod
+    def from_strides(cls, shape: tuple[int, ...], in_strides: tuple[int, ...],
+                     out_strides: tuple[int, ...], dim: int) -> "RowLayout | None":
+        """Normalise; None when more than `MAX_ROW_DIMS` irregular row dimensions remain."""
+        if not shape:  # 0-dim: one row of one element
+            return cls(1, 1, (1,) * MAX_ROW_DIMS, (0,) * MAX_ROW_DIMS, (0,) * MAX_ROW_DIMS, 0, 0)
+        rows: list[list[int]] = []  # [size, in_stride, out_stride], outermost first
+        for d, size in enumerate(shape):
+            if d == dim or size == 1:
+                continue
+            if rows and rows[-1][1] == size * in_strides[d] and rows[-1][2] == size * out_strides[d]:
+                rows[-1] = [rows[-1][0] * size, in_strides[d], out_strides[d]]
+            else:
+                rows.append([size, in_strides[d], out_strides[d]])
+        if len(rows) > MAX_ROW_DIMS:
+            return None
+        rows = [[1, 0, 0]] * (MAX_ROW_DIMS - len(rows)) + rows
+        n_rows = 1
+        for r in rows:
+            n_rows *= r[0]
+        return cls(
+            n_rows=n_rows, n_cols=shape[dim],
+            row_sizes=tuple(r[0] for r in rows),
+            in_row_strides=tuple(r[1] for r in rows),
+            out_row_strides=tuple(r[2] for r in rows),
+            in_col_stride=in_strides[dim], out_col_stride=out_strides[dim],
+        )
+
+
+def allocate_rows(x, spec):
+    """Allocate the output (contiguous, `spec.out_dtype`) and describe input and output as rows.
+
+    Returns (x, y, layout). `x` is returned unchanged unless its row dimensions cannot be
+    expressed in `MAX_ROW_DIMS` strided dimensions; then it is the one copy this library makes
+    (`x.contiguous()`), after which two row dimensions always suffice.
+    """
+    import torch
+
+    y = torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
+    layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim)
+    if layout is None:
+        x = x.contiguous()
+        layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim)
+    return x, y, layout

@@ -1,0 +1,174 @@
+"""Backend protocol, registration and selection.
+
+Selection order (Liger-Kernel's rule: an explicit choice never falls back silently):
+
+1. ``backend="name"`` in the call: unknown, unavailable or unsupporting backends raise an error
+   naming the backend and the reason.
+2. The environment variable ``ANYSOFTMAX_BACKEND``: treated exactly like an explicit choice.
+3. Automatic: the backends that serve the tensor's device type, by priority (CUDA/ROCm ->
+   ``triton``, Ascend ``npu`` -> ``triton_ascend``, anything -> ``torch``); one that is
+   unavailable or does not support the request is passed over with a debug log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from .spec import SoftmaxSpec
+
+log = logging.getLogger("anysoftmax")
+
+ENV_BACKEND = "ANYSOFTMAX_BACKEND"
+
+
+class BackendUnavailableError(RuntimeError):
+    """The chosen backend cannot run on this machine (missing package, device, driver)."""
+
+
+class UnsupportedRequestError(RuntimeError):
+    """The chosen backend runs here but does not support this request (dtype, device, shape)."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend provides.
+
+    `devices` lists the torch device types it serves ("*" for any) and `priority` orders the
+    automatic choice among backends serving the same device (higher first).
+    `is_available()` and `supports(spec)` return None when fine, else a human-readable reason.
+    `run(x, spec)` returns a new tensor of `spec.shape` and `spec.out_dtype`; it is only called
+    after `supports(spec)` returned None and never for empty tensors.
+    """
+
+    name: str
+    devices: tuple[str, ...]
+    priority: int
+
+    def is_available(self) -> str | None: ...
+
+    def supports(self, spec: SoftmaxSpec) -> str | None: ...
+
+    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One row of `list_backends()`."""
+
+    name: str
+    available: bool
+    reason: str  # why not available; "" when available
+    devices: tuple[str, ...]
+
+
+_lock = threading.Lock()
+_backends: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Add a backend (replacing one of the same name) and return it."""
+    if not isinstance(backend, Backend):
+        raise TypeError(f"{backend!r} does not implement the Backend protocol")
+    with _lock:
+        _backends[backend.name] = backend
+    return backend
+
+
+def unregister(name: str) -> None:
+    """Remove a backend (used by tests that register a deliberately broken one)."""
+    with _lock:
+        _backends.pop(name, None)
+
+
+def registered() -> dict[str, Backend]:
+    """Name -> backend, in registration order."""
+    _load_builtins()
+    with _lock:
+        return dict(_backends)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name`; ValueError naming the known ones otherwise."""
+    backends = registered()
+    if name not in backends:
+        raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(backends)}")
+    return backends[name]
+
+
+def _availability(backend: Backend) -> str | None:
+    try:
+        return backend.is_available()
+    except Exception as exc:  # an availability probe must never take the caller down
+        return f"availability check failed: {type(exc).__name__}: {exc}"
+
+
+def list_backends() -> list[BackendStatus]:
+    """Every registered backend with its availability on this machine and the reason if not."""
+    rows = []
+    for b in registered().values():
+        reason = _availability(b)
+        rows.append(BackendStatus(b.name, reason is None, reason or "", tuple(b.devices)))
+    return rows
+
+
+def _check_explicit(backend: Backend, spec: SoftmaxSpec, source: str) -> Backend:
+    reason = _availability(backend)
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {backend.name!r} ({source}) is not available: {reason}")
+    reason = backend.supports(spec)
+    if reason is not None:
+        raise UnsupportedRequestError(
+            f"backend {backend.name!r} ({source}) does not support {spec.describe()}: {reason}")
+    return backend
+
+
+def _serves(backend: Backend, device_type: str) -> bool:
+    return "*" in backend.devices or device_type in backend.devices
+
+
+def select(spec: SoftmaxSpec, backend: str | None = None) -> Backend:
+    """Pick the backend for `spec`: explicit name, then $ANYSOFTMAX_BACKEND, then automatic."""
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
+        return _check_explicit(get_backend(backend), spec, "requested explicitly")
+    env = os.environ.get(ENV_BACKEND, "").strip()
+    if env:
+        try:
+            chosen = get_backend(env)
+        except ValueError as exc:
+            raise ValueError(f"${ENV_BACKEND}={env!r}: {exc}") from None
+        return _check_explicit(chosen, spec, f"from ${ENV_BACKEND}")
+    device_type = spec.device.type
+    candidates = [b for b in registered().values() if _serves(b, device_type)]
+    candidates.sort(key=lambda b: -b.priority)
+    reasons = []
+    for b in candidates:
+        reason = _availability(b) or b.supports(spec)
+        if reason is None:
+            return b
+        log.debug("anysoftmax: passing over backend %r for %s: %s", b.name, spec.describe(), reason)
+        reasons.append(f"{b.name}: {reason}")
+    raise UnsupportedRequestError(
+        f"no backend can run {spec.describe()}: " + ("; ".join(reasons) or f"none serves device type {device_type!r}"))
+
+
+_builtins_loaded = False
+_load_lock = threading.Lock()
+
+
+def _load_builtins() -> None:
+    # Imported lazily so that `core` stays free of backend imports (and of their packages).
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    with _load_lock:
+        if not _builtins_loaded:
+            from .. import backends  # noqa: F401  (registers the built-in backends)
+            _builtins_loaded = True

@@ -1,0 +1,171 @@
+"""`SoftmaxSpec`: the one statement of what every backend computes.
+
+Semantics (those of `torch.softmax` / `torch.log_softmax`):
+
+* Inputs are floating tensors (float16, bfloat16, float32, float64) of any rank and strides;
+  integer, bool and complex tensors are refused with `TypeError`.
+* `dim` is normalised into ``[0, ndim)`` (a 0-dim tensor accepts -1 and 0); out of range is
+  an `IndexError`, as in torch.
+* ``dtype=`` (torch's keyword) first converts the input to that dtype, then computes in it.
+  A widening conversion is exact, so kernels may fold it into their loads; a narrowing one
+  rounds the input, and the public API performs it once on the host (`needs_input_cast`).
+* Accumulation is in float32 for 16- and 32-bit outputs and in float64 for float64 outputs.
+* Special values follow from ``exp(x - max) / sum``, exactly as torch gives them: NaN anywhere
+  in a row makes the whole row NaN; a row of all -inf is NaN (``-inf - -inf``); a +inf makes the
+  row NaN (``inf - inf``); -inf entries beside finite ones give 0 (-inf for log_softmax).
+* A 0-dim tensor is a row of one element: 1 (0 for log) for finite values, NaN otherwise.
+* Empty tensors give empty results of the same shape.
+
+Tolerances (`Tolerance`, `TOLERANCES`) are stated per *output* dtype and are used by every test
+and by the matrix runner; `anysoftmax.core.compare` explains how they are applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Allowed |out - expected| <= atol + rtol * |expected|, `expected` being the float64
+    reference rounded once to the output dtype."""
+
+    atol: float
+    rtol: float
+
+
+# Derivation. `expected` is the exact result correctly rounded to the output dtype. A kernel
+# computes in the accumulation dtype and rounds once at the store, so it may land one ulp
+# away from `expected` when its (tiny) accumulation error crosses a rounding midpoint: rtol is
+# one ulp at 1.0 (2**-10 for float16, 2**-7 for bfloat16) with a 2x margin.
+# float32 outputs carry the accumulation error itself: exp2((x - m) * log2(e)) multiplies the
+# rounding of the product by |x - m| (<= ~20 for outputs above atol) and Hopper's ex2.approx
+# adds ~2**-22; the row sum adds ~log2(N) roundings: a few 1e-6 relative, hence rtol 1e-5.
+# float64 accumulates in float64: rtol 1e-10 leaves room for N-term sums of 1e-16 roundings.
+# atol only matters for outputs near zero (softmax outputs below ~1e-6, float16 subnormals
+# spaced 6e-8 apart).
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float16: Tolerance(atol=1e-5, rtol=2 * 2.0**-10),
+    torch.bfloat16: Tolerance(atol=1e-5, rtol=2 * 2.0**-7),
+    torch.float32: Tolerance(atol=1e-6, rtol=1e-5),
+    torch.float64: Tolerance(atol=1e-12, rtol=1e-10),
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'torch.float16' -> 'float16'."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Map a dtype name ('bf16', 'float32', ...) or a torch dtype to a supported float dtype."""
+    if isinstance(name, torch.dtype):
+        dtype = name
+    elif name in DTYPE_NAMES:
+        dtype = DTYPE_NAMES[name]
+    else:
+        raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(sorted(DTYPE_NAMES))}")
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype {dtype} is not supported; allowed: {', '.join(map(dtype_name, FLOAT_DTYPES))}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class SoftmaxSpec:
+    """One softmax request: what to compute, independent of any backend."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    in_dtype: torch.dtype
+    dim: int  # normalised; 0 for a 0-dim tensor
+    out_dtype: torch.dtype
+    log: bool
+    device: torch.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def n_cols(self) -> int:
+        """Length of the reduced dimension (1 for a 0-dim tensor)."""
+        return self.shape[self.dim] if self.shape else 1
+
+    @property
+    def n_rows(self) -> int:
+        """Number of independent rows: the product of every other dimension."""
+        return self.numel // self.n_cols if self.n_cols else 0
+
+    @property
+    def acc_dtype(self) -> torch.dtype:
+        """float64 accumulation for float64 outputs, float32 otherwise."""
+        return torch.float64 if self.out_dtype == torch.float64 else torch.float32
+
+    @property
+    def needs_input_cast(self) -> bool:
+        """True when `dtype=` narrows the input: torch rounds the input first, so must we."""
+        return self.out_dtype != self.in_dtype and self.out_dtype.itemsize <= self.in_dtype.itemsize
+
+    @property
+    def op_name(self) -> str:
+        return "log_softmax" if self.log else "softmax"
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return TOLERANCES[self.out_dtype]
+
+    def describe(self) -> str:
+        return (f"{self.op_name}(shape={list(self.shape)}, dim={self.dim}, "
+                f"{dtype_name(self.in_dtype)}->{dtype_name(self.out_dtype)}, device={self.device})")
+
+    @classmethod
+    def from_tensor(cls, x: object, dim: object, dtype: object = None, log: bool = False) -> "SoftmaxSpec":
+        """Validate a user request and describe it; raises before anything is launched.
+
+        TypeError: `x` is not a tensor, its dtype is not floating, `dim` is not an int, or
+        `dtype` is not a floating dtype. IndexError: `dim` out of range.
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"softmax: x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(
+                f"softmax: input dtype {x.dtype} is not supported; allowed: "
+                f"{', '.join(map(dtype_name, FLOAT_DTYPES))}")
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"softmax: dim must be an int, got {type(dim).__name__}")
+        if dtype is None:
+            out_dtype = x.dtype
+        elif not isinstance(dtype, torch.dtype):
+            raise TypeError(f"softmax: dtype must be a torch.dtype or None, got {dtype!r}")
+        elif dtype not in FLOAT_DTYPES:
+            raise TypeError(
+                f"softmax: dtype={dtype} is not supported; allowed: {', '.join(map(dtype_name, FLOAT_DTYPES))}")
+        else:
+            out_dtype = dtype
+        ndim = x.dim()
+        lo, hi = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
+        if not lo <= dim <= hi:
+            raise IndexError(
+                f"softmax: dim {dim} out of range for a tensor of {ndim} dimension(s) "
+                f"(expected to be in range of [{lo}, {hi}])")
+        return cls(
+            shape=tuple(x.shape), strides=tuple(x.stride()), in_dtype=x.dtype,
+            dim=dim % max(ndim, 1), out_dtype=out_dtype, log=log, device=x.device,
+        )

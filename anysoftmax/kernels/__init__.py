@@ -1,0 +1,1 @@
+"""Kernels shared by several backends (one algorithm, several launchers)."""
