@@ -12,9 +12,24 @@ contiguous).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import torch
+
 MAX_ROW_DIMS = 3
+
+# Debug mode: fill every output a kernel is about to write with NaN, so elements a kernel
+# forgets to write show up as NaN instead of stale memory that may happen to look right.
+# The test suite turns it on for every test.
+POISON_ENV = "ANYSOFTMAX_POISON_OUTPUTS"
+
+
+def new_output(shape, dtype, device):
+    """Allocate a kernel's output; NaN-filled when $ANYSOFTMAX_POISON_OUTPUTS=1."""
+    if os.environ.get(POISON_ENV) == "1":
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -75,9 +90,7 @@ def allocate_rows(x, spec):
     expressed in `MAX_ROW_DIMS` strided dimensions; then it is the one copy this library makes
     (`x.contiguous()`), after which two row dimensions always suffice.
     """
-    import torch
-
-    y = torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
+    y = new_output(spec.shape, spec.out_dtype, x.device)
     layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim)
     if layout is None:
         x = x.contiguous()

@@ -1,0 +1,29 @@
+"""Shared test helpers: run a case on a backend and check it against the one reference."""
+
+from __future__ import annotations
+
+import torch
+
+import anysoftmax
+from anysoftmax.core import SoftmaxSpec, compare
+
+
+def runnable_backends(device_type: str) -> list[str]:
+    """Backends that can run tensors of `device_type` on this machine (explicit choice)."""
+    names = []
+    for status in anysoftmax.list_backends():
+        if not status.available:
+            continue
+        probe = SoftmaxSpec.from_tensor(torch.empty(2, 2, device=device_type), 1)
+        if anysoftmax.get_backend(status.name).supports(probe) is None:
+            names.append(status.name)
+    return names
+
+
+def check(x: torch.Tensor, dim: int, *, backend: str, log: bool, dtype=None) -> None:
+    """Run softmax/log_softmax on `x` with `backend` and assert it matches the reference."""
+    fn = anysoftmax.log_softmax if log else anysoftmax.softmax
+    out = fn(x, dim, dtype=dtype, backend=backend)
+    spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
+    result = compare(out, x, spec)
+    assert result.ok, f"{backend} {spec.describe()}: {result.detail}"

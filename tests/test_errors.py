@@ -1,0 +1,152 @@
+"""Bad input fails before any kernel runs, with an exception that names the problem."""
+
+import pytest
+import torch
+
+import anysoftmax
+from anysoftmax import BackendUnavailableError, UnsupportedRequestError
+from anysoftmax.core import registry
+from helpers import runnable_backends
+
+BACKENDS = runnable_backends("cpu")
+
+
+class _ExplodingBackend:
+    """Available, supports everything, and fails the test if a kernel would be launched."""
+
+    name = "exploding"
+    devices = ("cpu",)
+    priority = -1
+
+    def is_available(self):
+        return None
+
+    def supports(self, spec):
+        return None
+
+    def run(self, x, spec):
+        raise AssertionError("a kernel was launched for a bad request")
+
+
+@pytest.fixture
+def exploding():
+    anysoftmax.register(_ExplodingBackend())
+    yield "exploding"
+    registry.unregister("exploding")
+
+
+@pytest.mark.parametrize("fn", [anysoftmax.softmax, anysoftmax.log_softmax])
+@pytest.mark.parametrize("bad,exc,words", [
+    (torch.arange(6).reshape(2, 3), TypeError, "int64"),
+    (torch.ones(2, 3, dtype=torch.int32), TypeError, "int32"),
+    (torch.ones(2, 3, dtype=torch.bool), TypeError, "bool"),
+    (torch.ones(2, 3, dtype=torch.complex64), TypeError, "complex64"),
+    ([[1.0, 2.0]], TypeError, "torch.Tensor"),
+    (3.0, TypeError, "torch.Tensor"),
+])
+def test_bad_input_type(fn, bad, exc, words, exploding):
+    with pytest.raises(exc, match=words):
+        fn(bad, 1 if isinstance(bad, torch.Tensor) else 0, backend=exploding)
+
+
+@pytest.mark.parametrize("dim", [2, -3, 5])
+def test_dim_out_of_range(dim, exploding):
+    with pytest.raises(IndexError, match=rf"dim {dim} out of range.*\[-2, 1\]"):
+        anysoftmax.softmax(torch.randn(2, 3), dim, backend=exploding)
+
+
+def test_dim_out_of_range_zero_dim(exploding):
+    with pytest.raises(IndexError, match=r"\[-1, 0\]"):
+        anysoftmax.softmax(torch.tensor(1.5), 1, backend=exploding)
+
+
+@pytest.mark.parametrize("dim", [1.0, "1", None, True])
+def test_dim_not_int(dim, exploding):
+    with pytest.raises(TypeError, match="dim must be an int"):
+        anysoftmax.softmax(torch.randn(2, 3), dim, backend=exploding)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.complex64, torch.uint8])
+def test_dtype_keyword_not_float(dtype, exploding):
+    with pytest.raises(TypeError, match=rf"dtype={dtype} is not supported"):
+        anysoftmax.softmax(torch.randn(2, 3), 1, dtype=dtype, backend=exploding)
+
+
+def test_dtype_keyword_not_a_dtype(exploding):
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        anysoftmax.softmax(torch.randn(2, 3), 1, dtype="float32", backend=exploding)
+
+
+def test_unknown_backend_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'.*torch"):
+        anysoftmax.softmax(torch.randn(2, 3), 1, backend="nope")
+
+
+def test_backend_not_a_string():
+    with pytest.raises(TypeError, match="backend must be a backend name"):
+        anysoftmax.softmax(torch.randn(2, 3), 1, backend=3)
+
+
+class _Unavailable(_ExplodingBackend):
+    name = "unavailable"
+
+    def is_available(self):
+        return "the frobnicator package is not installed"
+
+
+class _Refusing(_ExplodingBackend):
+    name = "refusing"
+
+    def supports(self, spec):
+        return f"{spec.in_dtype} is not supported"
+
+
+@pytest.fixture
+def odd_backends():
+    anysoftmax.register(_Unavailable())
+    anysoftmax.register(_Refusing())
+    yield
+    registry.unregister("unavailable")
+    registry.unregister("refusing")
+
+
+def test_unavailable_backend_is_an_error_not_a_fallback(odd_backends):
+    with pytest.raises(BackendUnavailableError, match=r"'unavailable'.*frobnicator"):
+        anysoftmax.softmax(torch.randn(2, 3), 1, backend="unavailable")
+
+
+def test_unsupported_request_is_an_error_not_a_fallback(odd_backends):
+    with pytest.raises(UnsupportedRequestError, match=r"'refusing'.*float32 is not supported"):
+        anysoftmax.softmax(torch.randn(2, 3), 1, backend="refusing")
+
+
+def test_env_backend_is_explicit(odd_backends, monkeypatch):
+    monkeypatch.setenv("ANYSOFTMAX_BACKEND", "unavailable")
+    with pytest.raises(BackendUnavailableError, match="ANYSOFTMAX_BACKEND"):
+        anysoftmax.softmax(torch.randn(2, 3), 1)
+    monkeypatch.setenv("ANYSOFTMAX_BACKEND", "typo")
+    with pytest.raises(ValueError, match=r"ANYSOFTMAX_BACKEND='typo'.*unknown backend"):
+        anysoftmax.softmax(torch.randn(2, 3), 1)
+
+
+def test_env_backend_is_used(monkeypatch):
+    from anysoftmax.core import SoftmaxSpec, select
+    monkeypatch.setenv("ANYSOFTMAX_BACKEND", "torch")
+    assert select(SoftmaxSpec.from_tensor(torch.randn(2, 3), 1)).name == "torch"
+
+
+def test_triton_refuses_cpu_without_interpreter(monkeypatch):
+    from anysoftmax.backends.triton import backend as tb
+    from anysoftmax.core import SoftmaxSpec
+    monkeypatch.setattr(tb, "interpreting", lambda: False)
+    reason = tb.TritonBackend().supports(SoftmaxSpec.from_tensor(torch.randn(2, 3), 1))
+    assert "TRITON_INTERPRET=1" in reason
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors_raise_before_any_backend_runs(backend):
+    # The same bad requests against the real backends: still the validation error, not a crash.
+    with pytest.raises(TypeError):
+        anysoftmax.softmax(torch.ones(3, 4, dtype=torch.int16), 1, backend=backend)
+    with pytest.raises(IndexError):
+        anysoftmax.log_softmax(torch.randn(3, 4), 2, backend=backend)
