@@ -63,3 +63,17 @@ def log_softmax(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
                 backend: str | None = None) -> torch.Tensor:
     """Log-softmax of `x` along `dim`, as `torch.log_softmax(x, dim, dtype=dtype)`."""
     return _run(x, dim, dtype, backend, log=True)
+
+
+def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,
+                     backend: str | None = None) -> torch.Tensor:
+    """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward
+    output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`."""
+    spec = SoftmaxSpec.from_tensor(y, dim, log=log)
+    if grad.shape != y.shape:
+        raise ValueError(f"softmax_backward: grad shape {tuple(grad.shape)} != output shape {tuple(y.shape)}")
+    chosen = select(spec, backend)
+    run_backward = getattr(chosen, "run_backward", None)
+    if run_backward is not None and spec.numel:
+        return run_backward(y, grad, spec)
+    return _softmax_backward(y, grad, spec.dim if y.dim() else 0, log).to(y.dtype)

@@ -20,13 +20,13 @@ class Comparison:
     detail: str = ""
 
 
-def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec) -> Comparison:
+def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu") -> Comparison:
     """Check `out` (a backend's result for input `x`) against the float64 reference.
 
     `expected` is the reference rounded once to the output dtype, so overflow to +-inf in a
     narrow dtype (log_softmax of large fp16 inputs) is expected exactly as torch produces it.
     NaN must match NaN, infinities must match exactly, finite values within the tolerance.
-    Shape and dtype are checked first.
+    Shape and dtype are checked first. `device` is where the float64 reference is evaluated.
     """
     if tuple(out.shape) != spec.shape:
         return Comparison(False, float("inf"), float("inf"), f"shape {tuple(out.shape)} != {spec.shape}")
@@ -35,8 +35,8 @@ def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec) -> Comparison
     if out.numel() == 0:
         return Comparison(True, 0.0, 0.0)
     tol = spec.tolerance
-    expected = reference(x, spec).to(spec.out_dtype).to(torch.float64)
-    got = out.detach().to("cpu").to(torch.float64)
+    expected = reference(x, spec, device).to(spec.out_dtype).to(torch.float64)
+    got = out.detach().to(device).to(torch.float64)
     nan_e, nan_g = torch.isnan(expected), torch.isnan(got)
     if not torch.equal(nan_e, nan_g):
         where = (nan_e != nan_g).nonzero()[0].tolist()

@@ -7,12 +7,13 @@ import torch
 from .spec import SoftmaxSpec
 
 
-def reference(x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-    """Exact-as-possible result of `spec` on `x`, as a float64 CPU tensor.
+def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Exact-as-possible result of `spec` on `x`, as a float64 tensor on `device` (the CPU by
+    default; benchmarks of large tensors evaluate it on the GPU, in float64 all the same).
 
     The input is first converted to the output dtype (torch's `dtype=` semantics: this rounds
     when it narrows), then to float64, and the softmax is evaluated in float64.
     """
-    x64 = x.detach().to("cpu").to(spec.out_dtype).to(torch.float64)
+    x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
     op = torch.log_softmax if spec.log else torch.softmax
     return op(x64, spec.dim if x64.dim() else 0)

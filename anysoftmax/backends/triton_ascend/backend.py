@@ -1,0 +1,83 @@
+"""The `triton_ascend` backend: the shared persistent kernels on Ascend NPUs (triton-ascend).
+
+Same kernels as the `triton` backend (anysoftmax/kernels/softmax.py); what differs is what the
+NPU forces: a fixed grid (settings.py), tiles sized by the unified buffer (planning.py), the
+`multibuffer` launch option, and the NPU host glue (npu.py).
+
+Where it runs:
+* `npu` tensors, when triton-ascend, CANN and torch_npu are installed (automatic choice);
+* `cpu` tensors through the Triton interpreter (TRITON_INTERPRET=1), explicit choice only:
+  this is how CI checks this backend's plans against the reference;
+* `cuda` tensors only with $ANYSOFTMAX_ASCEND_ON_CUDA=1, explicit choice only: the same
+  kernels with the NPU's grid and tiles, cross-checked on an NVIDIA/AMD GPU.
+
+float64 is refused on every device: the NPU's vector unit has no fp64 exp or max (Atlas
+A2/A3), and the interpreter and CUDA runs are meant to compute exactly what the NPU would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ...core.layout import RowLayout, allocate_rows
+from ...core.spec import SoftmaxSpec
+from ...kernels.launch import KernelPlan, interpreting, launch
+from . import npu, planning, settings
+
+_FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp or max (Atlas A2/A3); "
+                "triton_ascend refuses it on every device so that its CPU and CUDA runs match the NPU's")
+
+
+class TritonAscendBackend:
+    name = "triton_ascend"
+    devices = ("npu",)  # CPU (interpreter) and CUDA (cross-check) tensors only when chosen explicitly
+    priority = 100
+
+    def is_available(self) -> str | None:
+        if interpreting():
+            return None
+        if npu.crosscheck_on_cuda() and torch.cuda.is_available():
+            return None
+        reason = npu.missing_reason()
+        if reason is None:
+            return None
+        return (f"{reason} (without an NPU: CPU tensors with TRITON_INTERPRET=1, "
+                f"or CUDA tensors with ${npu.ENV_ON_CUDA}=1)")
+
+    def supports(self, spec: SoftmaxSpec) -> str | None:
+        if torch.float64 in (spec.in_dtype, spec.out_dtype):
+            return _FP64_REASON
+        kind = spec.device.type
+        if kind == "npu":
+            return npu.missing_reason()
+        if kind == "cpu":
+            return None if interpreting() else (
+                "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax")
+        if kind == "cuda":
+            return None if npu.crosscheck_on_cuda() else (
+                f"CUDA tensors run on triton_ascend only as a cross-check of the NPU launch "
+                f"(set ${npu.ENV_ON_CUDA}=1); use backend='triton' for CUDA")
+        return f"device type {kind!r} is not supported (npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)"
+
+    def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
+        """Kernel, tile, grid and launch options for rows of `layout` (x on its device)."""
+        s = settings.current()
+        on_npu = x.device.type == "npu"
+        live_cores = None
+        if on_npu and s.grid == settings.VECTOR_CORES:
+            live_cores = npu.vector_cores(npu.device_index(x.device))
+        programs = planning.resolve_programs(s, live_cores)
+        plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
+                                  spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s)
+        # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
+        # rejects unknown options, so it is passed on an NPU only.
+        return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
+
+    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+        x, y, layout = allocate_rows(x, spec)
+        plan = self.plan(x, layout, spec)
+        with npu.device_guard(x.device):
+            launch(plan, x, y, layout, spec.log)
+        return y

@@ -1,0 +1,94 @@
+"""Host glue for Ascend NPUs: finding triton-ascend, CANN and torch_npu, the device, its cores.
+
+torch_npu is imported lazily, only once triton-ascend and CANN were found: installed without
+CANN it cannot be imported (and its `torch.backends` entry point breaks `import torch`
+itself unless TORCH_DEVICE_BACKEND_AUTOLOAD=0), so nothing here touches it on a CI machine.
+
+Streams: triton-ascend launches on `torch.npu.current_stream(device).npu_stream` of the
+driver's current device (its NPUDriver.get_current_stream), the stream the seed passed
+explicitly. `device_guard` makes the tensor's device the current one for the launch, so the
+kernel runs on that device's current stream, ordered with the caller's torch_npu work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+from functools import lru_cache
+
+import torch
+
+ENV_ON_CUDA = "ANYSOFTMAX_ASCEND_ON_CUDA"
+INSTALL_HINT = "see README 'Ascend' for the install order"
+
+
+def crosscheck_on_cuda() -> bool:
+    """True when $ANYSOFTMAX_ASCEND_ON_CUDA=1: the NPU launch is cross-checked on CUDA tensors."""
+    return os.environ.get(ENV_ON_CUDA, "").strip() == "1"
+
+
+def _triton_is_ascend() -> bool:
+    # triton-ascend installs as the `triton` package with its NPU backend under
+    # triton/backends/ascend (older releases: triton/backends/huawei); stock Triton has neither.
+    return any(importlib.util.find_spec(f"triton.backends.{name}") is not None for name in ("ascend", "huawei"))
+
+
+@lru_cache(maxsize=1)
+def missing_reason() -> str | None:
+    """Why Ascend NPUs cannot be used here, or None when triton-ascend, CANN, torch_npu and an
+    NPU are all present (checked once per process)."""
+    missing = []
+    if not _triton_is_ascend():
+        import triton
+
+        missing.append(f"triton-ascend is not installed (the `triton` package is stock Triton {triton.__version__})")
+    home = os.environ.get("ASCEND_HOME_PATH", "")
+    if not home or not os.path.isdir(home):
+        missing.append("CANN not found ($ASCEND_HOME_PATH is not set to the toolkit: "
+                       "install CANN and source its set_env.sh)")
+    if importlib.util.find_spec("torch_npu") is None:
+        missing.append("torch_npu is not installed")
+    if missing:
+        return "; ".join(missing) + f"; {INSTALL_HINT}"
+    try:
+        import_torch_npu()
+    except Exception as exc:  # a broken CANN/torch_npu install raises many kinds of errors
+        return f"import torch_npu failed: {type(exc).__name__}: {exc}; {INSTALL_HINT}"
+    if not torch.npu.is_available():
+        return "torch_npu is installed but no NPU is visible (torch.npu.is_available() is False)"
+    return None
+
+
+def import_torch_npu():
+    """Import torch_npu (registers the `npu` device and `torch.npu`) and return it."""
+    return importlib.import_module("torch_npu")
+
+
+def device_index(device: torch.device) -> int:
+    """The NPU index of `device` (the current NPU for a bare 'npu')."""
+    import_torch_npu()
+    return device.index if device.index is not None else torch.npu.current_device()
+
+
+@lru_cache(maxsize=None)
+def vector_cores(index: int) -> int:
+    """Vector cores of NPU `index`, as triton-ascend reports them (queried once per device)."""
+    from triton.runtime import driver
+
+    props = driver.active.utils.get_device_properties(index)
+    count = int(props.get("num_vectorcore", 0))
+    if count < 1:
+        raise RuntimeError(f"triton-ascend reported no vector cores for NPU {index}: {props}")
+    return count
+
+
+def device_guard(device: torch.device):
+    """Context making `device` current for a launch (NPU or CUDA); nothing for CPU tensors."""
+    if device.type == "npu":
+        import_torch_npu()
+        return torch.npu.device(device)
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

@@ -1,0 +1,92 @@
+"""Grid and tile arithmetic of the `triton_ascend` backend. Pure functions: numbers in, numbers
+out, no device access, so the NPU's rules are unit-tested on any machine.
+
+The NPU rules (triton-ascend's programming guide, shared/notes/ascend.md):
+
+* Grid: a fixed number of programs (one per core is Ascend's guidance; the seed used 32),
+  each walking rows in a loop. The runtime's block count is 16-bit: never more than 65535
+  programs; never more programs than work items, so none is launched idle.
+* Tile: everything a program works on at once lives in the vector core's unified buffer
+  (UB, 192 KB on Atlas A2), halved when multibuffer overlaps the next tile's DMA with this
+  tile's compute. One tile element costs its input and output bytes plus the fp32 copies the
+  kernel keeps live (`acc_copies`). A row whose whole padded length fits takes the one-tile
+  kernel, several rows per step; a longer row is walked in column sub-blocks with an online
+  max/sum, so every N runs.
+* Alignment: vector instructions take 32-byte blocks and the UB pads a tile's last axis to
+  them, so a tile is never narrower than one vector of its narrowest dtype.
+"""
+
+from __future__ import annotations
+
+from triton import cdiv, next_power_of_2
+
+from ...kernels.launch import KernelPlan
+from .settings import VECTOR_CORES, Settings
+
+MAX_PROGRAMS = 65535  # "coreDim ... can't be greater than UINT16_MAX"
+
+
+def floor_pow2(n: int) -> int:
+    """Largest power of two <= n (0 for n < 1)."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0
+
+
+def tile_budget(s: Settings) -> int:
+    """UB bytes one tile may use: all of it, or half with multibuffer (two tiles in flight)."""
+    return s.ub_bytes // 2 if s.multibuffer else s.ub_bytes
+
+
+def element_bytes(in_bytes: int, out_bytes: int, acc_bytes: int, acc_copies: int) -> int:
+    """UB bytes one tile element costs: its input, its output and its live accumulator copies."""
+    return in_bytes + out_bytes + acc_copies * acc_bytes
+
+
+def min_block_n(s: Settings, in_bytes: int, out_bytes: int) -> int:
+    """Narrowest tile: one vector of the narrowest dtype in it (8 fp32, 16 fp16/bf16 elements)."""
+    return max(1, s.vector_bytes // min(in_bytes, out_bytes))
+
+
+def resolve_programs(s: Settings, device_vector_cores: int | None = None) -> int:
+    """Programs to launch before clamping: the configured count, or one per vector core (the
+    live device's count when given, else the selected profile's)."""
+    if s.grid != VECTOR_CORES:
+        return s.grid
+    if device_vector_cores is not None:
+        return device_vector_cores
+    if s.profile is not None and s.profile.get("vector_cores"):
+        return int(s.profile["vector_cores"])
+    raise ValueError(f"triton_ascend: grid={VECTOR_CORES!r} from {s.source('grid')} needs a live NPU or a device "
+                     f"profile with vector_cores (set $ANYSOFTMAX_ASCEND_PROFILE); allowed otherwise: a positive integer")
+
+
+def grid_size(programs: int, n_work: int) -> int:
+    """Programs actually launched: `programs`, capped by the 16-bit limit and by the work items."""
+    if programs < 1:
+        raise ValueError(f"triton_ascend: grid of {programs} programs; allowed: a positive integer")
+    return max(1, min(programs, MAX_PROGRAMS, n_work))
+
+
+def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes: int, acc_bytes: int,
+              s: Settings) -> KernelPlan:
+    """Kernel, tile and grid for `n_rows` rows of `n_cols` elements (launch options left empty).
+
+    ValueError when the UB budget cannot hold even the narrowest sub-block.
+    """
+    budget = tile_budget(s)
+    narrowest = min_block_n(s, in_bytes, out_bytes)
+    block_n = max(next_power_of_2(n_cols), narrowest)
+    tile_elems = floor_pow2(budget // element_bytes(in_bytes, out_bytes, acc_bytes, s.tile_acc_copies))
+    if block_n <= tile_elems:
+        # Several rows per step fill the tile, but never so many that some program gets no rows.
+        block_m = min(tile_elems // block_n, floor_pow2(cdiv(n_rows, programs)))
+        return KernelPlan("tile", block_m, block_n, grid_size(programs, cdiv(n_rows, block_m)))
+    online_bytes = element_bytes(in_bytes, out_bytes, acc_bytes, s.online_acc_copies)
+    sub_block = min(floor_pow2(budget // online_bytes), block_n)
+    if sub_block < narrowest:
+        halved = " (halved by multibuffer)" if s.multibuffer else ""
+        need = narrowest * online_bytes * (2 if s.multibuffer else 1)
+        raise ValueError(
+            f"triton_ascend: ub_bytes={s.ub_bytes} from {s.source('ub_bytes')} leaves {budget} bytes per tile{halved}, "
+            f"less than one {s.vector_bytes}-byte vector of {narrowest} elements at {online_bytes} bytes each; "
+            f"allowed: ub_bytes >= {need}")
+    return KernelPlan("online", 1, sub_block, grid_size(programs, n_rows))

@@ -1,0 +1,151 @@
+"""Settings of the `triton_ascend` backend: the tuning table, device profiles, environment.
+
+Values come from `configs/tuning/triton_ascend.yaml`; a device profile of
+`configs/devices/ascend.yaml` (named by `profile:` or $ANYSOFTMAX_ASCEND_PROFILE) replaces its
+`grid` and `ub_bytes`; `override(...)` (tests) replaces any value for a `with` block; the
+environment variables $ANYSOFTMAX_ASCEND_GRID and $ANYSOFTMAX_ASCEND_UB_BYTES win over all.
+Every value is checked when read, and an error names the setting, where its value came from
+and what is allowed, before anything is launched.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping
+
+import yaml
+
+from ...config import config_dir, load_tuning
+
+ENV_GRID = "ANYSOFTMAX_ASCEND_GRID"
+ENV_UB_BYTES = "ANYSOFTMAX_ASCEND_UB_BYTES"
+ENV_PROFILE = "ANYSOFTMAX_ASCEND_PROFILE"
+VECTOR_CORES = "vector_cores"  # grid value: one program per vector core
+TUNING = "configs/tuning/triton_ascend.yaml"
+DEVICES = "configs/devices/ascend.yaml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings; `sources` says where each value came from (for error messages)."""
+
+    grid: int | str  # a positive int, or VECTOR_CORES
+    ub_bytes: int
+    multibuffer: bool
+    vector_bytes: int
+    tile_acc_copies: int
+    online_acc_copies: int
+    profile: dict | None  # the selected device profile, its key under "name"
+    sources: Mapping[str, str]
+
+    def source(self, key: str) -> str:
+        return self.sources.get(key, TUNING)
+
+
+@lru_cache(maxsize=None)
+def load_profiles() -> dict:
+    """Device profiles of `configs/devices/ascend.yaml`, by name (read once)."""
+    path = config_dir() / "devices" / "ascend.yaml"
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    profiles = data.get("profiles") if isinstance(data, dict) else None
+    if not isinstance(profiles, dict):
+        raise ValueError(f"{path}: expected a `profiles:` mapping of profile name -> settings")
+    return {str(name): dict(p) for name, p in profiles.items()}
+
+
+_local = threading.local()
+
+
+@contextmanager
+def override(**values):
+    """Temporarily replace tuning values (this thread only), e.g. `override(ub_bytes=1024)`."""
+    known = set(load_tuning("triton_ascend"))
+    unknown = set(values) - known
+    if unknown:
+        raise KeyError(f"unknown triton_ascend setting(s) {sorted(unknown)}; known: {sorted(known)}")
+    old = getattr(_local, "overrides", None)
+    _local.overrides = {**(old or {}), **values}
+    try:
+        yield
+    finally:
+        _local.overrides = old
+
+
+def current() -> Settings:
+    """The settings in force now (table, profile, overrides and environment)."""
+    return resolve(load_tuning("triton_ascend"), getattr(_local, "overrides", None) or {}, os.environ,
+                   load_profiles())
+
+
+def _env_value(text: str) -> int | str:
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text  # validated (and refused unless allowed) below
+
+
+def resolve(table: Mapping, overrides: Mapping, env: Mapping[str, str], profiles: Mapping) -> Settings:
+    """Combine the sources in precedence order and validate the result (pure; ValueError)."""
+    values: dict = {}
+    sources: dict[str, str] = {}
+
+    def put(key, value, source):
+        values[key] = value
+        sources[key] = source
+
+    for key, value in table.items():
+        put(key, value, f"`{key}` in {TUNING}")
+    if "profile" in overrides:
+        put("profile", overrides["profile"], "override(profile=...)")
+    if env.get(ENV_PROFILE, "").strip():
+        put("profile", env[ENV_PROFILE].strip(), f"${ENV_PROFILE}")
+    profile = None
+    if values.get("profile") is not None:
+        name = str(values["profile"])
+        if name not in profiles:
+            raise ValueError(f"triton_ascend: profile={name!r} from {sources['profile']} is not a device profile; "
+                             f"allowed: {', '.join(sorted(profiles))} (the keys of {DEVICES}) or null")
+        profile = {"name": name, **profiles[name]}
+        for key in ("grid", "ub_bytes"):
+            if key in profile:
+                put(key, profile[key], f"device profile {name!r} in {DEVICES}")
+    for key, value in overrides.items():
+        put(key, value, f"override({key}=...)")
+    if env.get(ENV_GRID, "").strip():
+        put("grid", _env_value(env[ENV_GRID]), f"${ENV_GRID}")
+    if env.get(ENV_UB_BYTES, "").strip():
+        put("ub_bytes", _env_value(env[ENV_UB_BYTES]), f"${ENV_UB_BYTES}")
+    return _validated(values, sources, profile)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _require(ok: bool, key: str, values: Mapping, sources: Mapping, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"triton_ascend: {key}={values.get(key)!r} from {sources.get(key, TUNING)} is not allowed; "
+                         f"allowed: {allowed}")
+
+
+def _validated(values: dict, sources: dict, profile: dict | None) -> Settings:
+    grid, vb, ub = values.get("grid"), values.get("vector_bytes"), values.get("ub_bytes")
+    _require((_is_int(grid) and grid >= 1) or grid == VECTOR_CORES, "grid", values, sources,
+             f"a positive integer (launches are capped at 65535 programs and at the work items) or {VECTOR_CORES!r}")
+    _require(_is_int(vb) and vb >= 1 and vb & (vb - 1) == 0, "vector_bytes", values, sources,
+             "a positive power of two (32 on Atlas A2)")
+    _require(_is_int(ub) and ub >= vb, "ub_bytes", values, sources,
+             f"an integer >= vector_bytes ({vb}): the unified buffer must hold at least one vector")
+    _require(isinstance(values.get("multibuffer"), bool), "multibuffer", values, sources, "true or false")
+    copies = values.get("acc_copies")
+    _require(isinstance(copies, dict) and all(_is_int(copies.get(k)) and copies[k] >= 1 for k in ("tile", "online")),
+             "acc_copies", values, sources, "a mapping {tile: int >= 1, online: int >= 1}")
+    return Settings(grid=grid, ub_bytes=ub, multibuffer=values["multibuffer"], vector_bytes=vb,
+                    tile_acc_copies=copies["tile"], online_acc_copies=copies["online"], profile=profile,
+                    sources=dict(sources))

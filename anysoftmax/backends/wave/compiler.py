@@ -1,0 +1,27 @@
+"""Compiling one kernel to an IREE module (.vmfb bytes): Wave -> MLIR -> (CUDA rewrite) -> iree-compile.
+
+Wave's own `wave_compile` can also produce the .vmfb, but only for HIP; going through its
+MLIR text for both targets keeps one path, and the CUDA rewrite slots in between.
+Needs wave-lang and iree-base-compiler (the `wave` extra); imported lazily.
+"""
+
+from __future__ import annotations
+
+from .cuda_mlir import to_cuda
+from .env import compiler_missing, import_wave, require
+from .kernel import KernelKey, kernel_mlir
+
+
+def target_mlir(key: KernelKey) -> str:
+    """The MLIR that iree-compile receives for `key` (rewritten for CUDA on the CUDA target)."""
+    mlir = kernel_mlir(key)
+    return to_cuda(mlir) if key.target.device == "cuda" else mlir
+
+
+def compile_vmfb(key: KernelKey) -> bytes:
+    """Compile `key` to .vmfb bytes. Raises BackendUnavailableError when the compiler is missing."""
+    require(compiler_missing())
+    import_wave()
+    from iree.compiler import compile_str
+
+    return compile_str(target_mlir(key), extra_args=key.target.compile_flags())

@@ -1,0 +1,82 @@
+"""The on-disk cache of compiled kernels (.vmfb files).
+
+Layout: ``<cache dir>/<toolchain>-k<kernel digest>/<target>/<kernel name>.vmfb``, e.g.
+``~/.cache/anysoftmax/wave/wave3.9.1-iree3.9.0-k1a2b3c4d5e6/cuda-sm_80/softmax_n781_float32-float32.vmfb``.
+The key is (row length, dtypes, op, target, versions): M is dynamic, so every row count shares a
+file. The kernel digest hashes the sources that decide the compiled code, so editing them never
+serves a stale kernel. A process with only iree-base-runtime finds files compiled elsewhere as
+long as the folder is copied over whole (`python -m anysoftmax.backends.wave.aot` fills it).
+
+The cache dir is ``$ANYSOFTMAX_CACHE_DIR/wave`` if set, else ``$XDG_CACHE_HOME/anysoftmax/wave``
+(``~/.cache/anysoftmax/wave``); never Wave's own ~/.wave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from .env import toolchain_tag
+from .kernel import KernelKey
+
+ENV_CACHE_DIR = "ANYSOFTMAX_CACHE_DIR"
+# The modules whose text decides the compiled code.
+_DIGEST_SOURCES = ("kernel.py", "cuda_mlir.py", "compiler.py", "target.py")
+
+
+def cache_dir() -> Path:
+    """Root of the Wave kernel cache (not created here)."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env:
+        return Path(env).expanduser() / "wave"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "anysoftmax" / "wave"
+
+
+@lru_cache(maxsize=None)
+def kernel_digest() -> str:
+    """12 hex digits of SHA-256 over the kernel-defining sources."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in _DIGEST_SOURCES:
+        h.update(name.encode())
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def vmfb_path(key: KernelKey) -> Path:
+    """Where the .vmfb of `key` lives."""
+    return cache_dir() / f"{toolchain_tag()}-k{kernel_digest()}" / key.target.name / f"{key.name}.vmfb"
+
+
+def load(key: KernelKey) -> bytes | None:
+    """The cached .vmfb of `key`, None when absent."""
+    try:
+        return vmfb_path(key).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def store(key: KernelKey, data: bytes) -> Path:
+    """Write the .vmfb of `key` atomically (a concurrent reader sees all of it or nothing)."""
+    path = vmfb_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".vmfb")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def has_kernels(target_name: str) -> bool:
+    """True when the cache holds any kernel for this target and toolchain (runtime-only use)."""
+    folder = cache_dir() / f"{toolchain_tag()}-k{kernel_digest()}" / target_name
+    return folder.is_dir() and any(folder.glob("*.vmfb"))

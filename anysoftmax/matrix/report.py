@@ -1,0 +1,238 @@
+"""Reports of a matrix run: terminal tables, report.json / report.csv / report.md, merging."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from .cells import FAILED, PASSED, SKIPPED, Result
+from .runner import MatrixRun
+
+DETAIL_LIMIT = 60  # up to this many cells the terminal shows every cell, beyond it a summary
+CSV_SKIP = ("traceback",)
+STYLE = {PASSED: "green", FAILED: "bold red", SKIPPED: "yellow"}
+
+
+def _num(v, fmt: str) -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def _gbps(r: Result) -> str:
+    if r.gbps is None:
+        return "—"
+    text = f"{r.gbps:.0f}" if r.gbps >= 100 else f"{r.gbps:.3g}"
+    return f"{text} (cpu)" if r.timer == "cpu" else text
+
+
+def _shape(r: Result) -> str:
+    return "×".join(map(str, r.cell.shape)) or "()"
+
+
+def _first_line(text: str, width: int = 100) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _dir(direction: str) -> str:
+    return {"forward": "fwd", "backward": "bwd"}.get(direction, direction)
+
+
+def summarize(run: MatrixRun) -> list[dict]:
+    """One row per (entry, backend, op, direction, dtype): counts, worst error, bandwidth.
+    An entry whose device is missing gets a single row (backend etc. "*")."""
+    groups: dict[tuple, list[Result]] = defaultdict(list)
+    for r in run.results:
+        c = r.cell
+        missing = run.devices.get(c.entry, {}).get("reason")
+        groups[(c.entry, "*", "*", "*", "*") if missing else (c.entry, c.backend, c.op, c.direction, c.dtype)].append(r)
+    rows = []
+    for key, rs in groups.items():
+        counts = Counter(r.status for r in rs)
+        errs = [r.err_ratio for r in rs if r.err_ratio is not None]
+        bw = [r for r in rs if r.gbps is not None]
+        rows.append(dict(
+            entry=key[0], backend=key[1], op=key[2], direction=key[3], dtype=key[4], cells=len(rs),
+            passed=counts[PASSED], failed=counts[FAILED], skipped=counts[SKIPPED],
+            worst_err_ratio=max(errs) if errs else None,
+            median_gbps=statistics.median(r.gbps for r in bw) if bw else None,
+            median_frac_copy=statistics.median(r.frac_copy for r in bw) if bw else None,
+            best_frac_copy=max(r.frac_copy for r in bw) if bw else None,
+            timer=bw[0].timer if bw else "",
+        ))
+    return rows
+
+
+def _counts_line(run: MatrixRun) -> str:
+    c = run.counts()
+    return f"{c[PASSED]} passed, {c[FAILED]} failed, {c[SKIPPED]} skipped"
+
+
+# ---------------------------------------------------------------- terminal
+
+def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
+    """The terminal view: every cell (small runs or `details`) or one row per group, then the
+    failures, the skip reasons, and the closing counts line."""
+    from rich.table import Table
+
+    if details is None:
+        details = len(run.results) <= DETAIL_LIMIT
+    if details:
+        t = Table(title=f"matrix {run.name}: cells", title_justify="left")
+        for col in ("entry", "backend", "op", "dir", "dtype", "shape", "dim", "status", "err/tol", "GB/s",
+                    "×copy", "reason / note"):
+            t.add_column(col, justify="right" if col in ("dim", "err/tol", "GB/s", "×copy") else "left")
+        for r in run.results:
+            c = r.cell
+            t.add_row(c.entry, c.backend, c.op, _dir(c.direction), c.dtype, _shape(r), str(c.dim),
+                      f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"), _gbps(r),
+                      _num(r.frac_copy, ".2f"), _first_line(r.reason or r.note, 70))
+    else:
+        t = Table(title=f"matrix {run.name}: summary (one row per group; --details for every cell)",
+                  title_justify="left")
+        for col in ("entry", "backend", "op", "dir", "dtype", "cells", "passed", "failed", "skipped",
+                    "worst err/tol", "median GB/s", "median ×copy", "best ×copy"):
+            t.add_column(col, justify="left" if col in ("entry", "backend", "op", "dir", "dtype") else "right")
+        for s in summarize(run):
+            bw = _num(s["median_gbps"], ".0f") + (" (cpu)" if s["timer"] == "cpu" else "")
+            t.add_row(s["entry"], s["backend"], s["op"], _dir(s["direction"]), s["dtype"], str(s["cells"]),
+                      f"[green]{s['passed']}[/]", f"[bold red]{s['failed']}[/]" if s["failed"] else "0",
+                      f"[yellow]{s['skipped']}[/]" if s["skipped"] else "0", _num(s["worst_err_ratio"], ".2f"),
+                      bw, _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f"))
+    console.print(t)
+    fails = [r for r in run.results if r.status == FAILED]
+    if fails and not details:
+        console.print(f"[bold red]Failed cells ({len(fails)}):[/]")
+        for r in fails[:30]:
+            console.print(f"  {r.cell.id}: {_first_line(r.reason, 160)}", markup=False, highlight=False)
+        if len(fails) > 30:
+            console.print(f"  … and {len(fails) - 30} more (report.md lists them all)")
+    skips: dict[tuple, list[str]] = defaultdict(list)
+    for r in run.results:
+        if r.status == SKIPPED:
+            skips[(r.cell.entry, _first_line(r.reason, 160))].append(r.cell.backend)
+    if skips and not details:
+        console.print("[yellow]Skipped:[/]")
+        for (entry, reason), backends in skips.items():
+            console.print(f"  {len(backends)} × {entry} ({', '.join(sorted(set(backends)))}): {reason}",
+                          markup=False, highlight=False)
+    if run.copy_gbps:
+        console.print("copy bandwidth: " + ", ".join(f"{d} {v:.0f} GB/s" for d, v in run.copy_gbps.items()))
+    console.print(f"{_counts_line(run)} in {run.seconds:.1f} s", markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------- files
+
+def to_json(run: MatrixRun) -> dict:
+    return dict(name=run.name, path=run.path, description=run.description, started=run.started,
+                seconds=run.seconds, counts=run.counts(), environment=run.environment, devices=run.devices,
+                copy_gbps=run.copy_gbps, summary=summarize(run), cells=[r.as_row() for r in run.results])
+
+
+def load_report(path: str | Path) -> MatrixRun:
+    """Read a report.json back (to merge reports of several CI jobs)."""
+    data = json.loads(Path(path).read_text())
+    return MatrixRun(data["name"], data["path"], data.get("description", ""), data["environment"], data["devices"],
+                     [Result.from_row(row) for row in data["cells"]], data.get("started", ""),
+                     data.get("seconds", 0.0), data.get("copy_gbps", {}))
+
+
+def merge(runs: list[MatrixRun], name: str | None = None) -> MatrixRun:
+    """One run from several (e.g. one CI job per device entry). Entries must not repeat."""
+    devices, results, copy, envs = {}, [], {}, {}
+    for run in runs:
+        for entry, info in run.devices.items():
+            if entry in devices:
+                raise ValueError(f"device entry {entry!r} appears in more than one report")
+            devices[entry] = info
+            envs[entry] = run.environment
+        results.extend(run.results)
+        copy.update({f"{run.environment.get('host', '?')}/{d}": v for d, v in run.copy_gbps.items()})
+    return MatrixRun(name or runs[0].name, runs[0].path, runs[0].description, {"per_entry": envs}, devices, results,
+                     min(r.started for r in runs), max(r.seconds for r in runs), copy)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(run: MatrixRun, plots: list[str]) -> str:
+    """The Markdown report: counts, devices, summary, failures, skips, plots, every cell."""
+    env = run.environment
+    if "per_entry" in env:
+        first = next(iter(env["per_entry"].values()), {})
+        versions = "merged from several runs; " + ", ".join(f"{k} {first.get(k, '?')}" for k in ("anysoftmax", "torch"))
+    else:
+        versions = ", ".join(f"{k} {env[k]}" for k in ("anysoftmax", "torch", "triton", "commit") if env.get(k))
+        if env.get("TRITON_INTERPRET") == "1":
+            versions += ", TRITON_INTERPRET=1"
+    out = [f"# anysoftmax matrix: {run.name}", ""]
+    if run.description:
+        out += [run.description.strip(), ""]
+    out += [f"**{_counts_line(run)}** of {len(run.results)} cells — `{run.path}`, started {run.started}, "
+            f"{run.seconds:.1f} s; {versions}.", "",
+            "A cell passes when its output (forward) or input gradient (backward) matches the float64 "
+            "torch reference within the dtype's tolerance (`err/tol` ≤ 1). GB/s = (bytes read + written) / "
+            "median time; ×copy = that over the device-to-device copy bandwidth measured in the same run. "
+            "Values marked (cpu) are CPU wall-clock timings, not GPU kernel timings.", "", "## Devices", ""]
+    rows = []
+    for entry, info in run.devices.items():
+        props = ", ".join(f"{k}={v}" for k, v in info.get("properties", {}).items())
+        rows.append([entry, f"`{info['device']}`", ", ".join(info["ran_on"]) or "—",
+                     info["reason"] or "present", props or "—"])
+    out += [_md_table(["entry", "device", "ran on", "status", "properties"], rows), ""]
+    if run.copy_gbps:
+        out += ["Copy bandwidth: " + ", ".join(f"{d} {v:.0f} GB/s" for d, v in run.copy_gbps.items()), ""]
+    out += ["## Summary", ""]
+    rows = [[s["entry"], s["backend"], s["op"], s["direction"], s["dtype"], s["cells"], s["passed"], s["failed"],
+             s["skipped"], _num(s["worst_err_ratio"], ".3g"),
+             _num(s["median_gbps"], ".0f") + (" (cpu)" if s["timer"] == "cpu" else ""),
+             _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f")] for s in summarize(run)]
+    out += [_md_table(["entry", "backend", "op", "direction", "dtype", "cells", "passed", "failed", "skipped",
+                       "worst err/tol", "median GB/s", "median ×copy", "best ×copy"], rows), ""]
+    fails = [r for r in run.results if r.status == FAILED]
+    if fails:
+        out += [f"## Failed cells ({len(fails)})", ""]
+        out += [f"- `{r.cell.id}`: {_first_line(r.reason, 300)}" for r in fails] + [""]
+    skips = Counter((r.cell.entry, _first_line(r.reason, 300)) for r in run.results if r.status == SKIPPED)
+    if skips:
+        out += ["## Skipped", ""]
+        out += [f"- {n} × {entry}: {reason}" for (entry, reason), n in skips.most_common()] + [""]
+    if plots:
+        out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
+    out += ["## All cells", ""]
+    rows = [[r.cell.entry, r.cell.backend, r.cell.op, r.cell.direction, r.cell.dtype, _shape(r), r.cell.dim,
+             r.status, _num(r.err_ratio, ".3g"), _gbps(r), _num(r.frac_copy, ".2f"), r.ran_on,
+             _first_line(r.reason or r.note, 120)] for r in run.results]
+    out += [_md_table(["entry", "backend", "op", "direction", "dtype", "shape", "dim", "status", "err/tol",
+                       "GB/s", "×copy", "ran on", "reason / note"], rows), ""]
+    return "\n".join(out)
+
+
+def write_reports(run: MatrixRun, out_dir: str | Path) -> list[Path]:
+    """Write report.json, report.csv, report.md and the PNG plots into `out_dir`."""
+    from .plots import write_plots
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.png"):  # plots of an earlier run would mislead
+        old.unlink()
+    paths = [out / "report.json", out / "report.csv", out / "report.md"]
+    paths[0].write_text(json.dumps(to_json(run), indent=1, default=str))
+    rows = [r.as_row() for r in run.results]
+    with open(paths[1], "w", newline="") as f:
+        names = [k for k in rows[0] if k not in CSV_SKIP] if rows else ["id"]
+        w = csv.DictWriter(f, fieldnames=names, extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({**row, "shape": "x".join(map(str, row["shape"]))})
+    plots, note = write_plots(run, out)
+    text = markdown(run, [str(p) for p in plots])
+    if note:
+        text += f"\n_{note}_\n"
+    paths[2].write_text(text)
+    return paths + plots

@@ -1,0 +1,96 @@
+"""Timing and bandwidth, shared by the matrix runner and the benchmark suite.
+
+GB/s is always (bytes read + bytes written) / time with 1 GB = 1e9 bytes, and a kernel's
+"fraction of copy" is its GB/s over `copy_bandwidth_gbps` measured in the same run on the
+same device: the best a memory-bound op can hope for on that machine.
+
+On an accelerator, times are medians of `triton.testing.do_bench` (device events; do_bench
+also flushes L2 before every call). On the CPU they are medians of `time.perf_counter`
+wall-clock runs: a CPU timing (for Triton: the interpreter), not a kernel timing, and every
+caller labels it so (`timer_label`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from contextlib import nullcontext
+from typing import Callable, Sequence
+
+import torch
+
+GPU_COPY_BYTES = 1 << 30  # >= 1 GiB: far beyond any L2, so the copy streams from HBM
+CPU_COPY_BYTES = 64 << 20  # enough to leave the CPU caches; small enough for a 2-core CI machine
+
+
+def timer_label(device) -> str:
+    """'gpu' (device events via do_bench) or 'cpu' (wall clock, perf_counter)."""
+    return "cpu" if torch.device(device).type == "cpu" else "gpu"
+
+
+def gbps(bytes_moved: float, ms: float) -> float:
+    """Bandwidth in GB/s (1e9 bytes/s) of `bytes_moved` bytes (read + written) in `ms` ms."""
+    return bytes_moved / (ms * 1e-3) / 1e9
+
+
+def _device_context(device: torch.device):
+    # do_bench records events on the current device's stream: make `device` current.
+    if device.type == "cpu" or device.index is None:
+        return nullcontext()
+    return torch.get_device_module(device.type).device(device)
+
+
+def _cpu_median_ms(call: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
+    call()  # first call: compilation, allocation
+    start = time.perf_counter()
+    call()
+    estimate = max((time.perf_counter() - start) * 1e3, 1e-3)
+    for _ in range(min(int(warmup_ms / estimate), 100)):
+        call()
+    times = []
+    for _ in range(max(3, min(int(rep_ms / estimate), 1000))):
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def time_ms(fn: Callable[[object], object], inputs: Sequence[object], device, *, warmup_ms: float = 25,
+            rep_ms: float = 100) -> float:
+    """Median time in ms of one `fn(inp)` call, `inp` rotating through `inputs`.
+
+    Rotating among several input buffers keeps a repeat from finding its input in L2 (on top
+    of do_bench's own L2 flush); pass buffers whose total size exceeds the cache. On an
+    accelerator this is `triton.testing.do_bench(..., return_mode="median")`; on the CPU a
+    median of `time.perf_counter` runs (a CPU timing, see `timer_label`).
+    """
+    if not inputs:
+        raise ValueError("time_ms needs at least one input")
+    device = torch.device(device)
+    rotation = itertools.cycle(inputs)
+
+    def call():
+        return fn(next(rotation))
+
+    if device.type == "cpu":
+        return _cpu_median_ms(call, warmup_ms, rep_ms)
+    from triton.testing import do_bench
+
+    with _device_context(device):
+        return float(do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def copy_bandwidth_gbps(device, nbytes: int | None = None) -> float:
+    """Device-to-device copy bandwidth of `device` in GB/s (bytes read + written).
+
+    Copies `nbytes` (default 1 GiB on an accelerator, 64 MiB on the CPU) from one buffer
+    into another and times it with `time_ms`.
+    """
+    device = torch.device(device)
+    if nbytes is None:
+        nbytes = CPU_COPY_BYTES if device.type == "cpu" else GPU_COPY_BYTES
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda s: dst.copy_(s), [src], device)
+    return gbps(2 * src.numel() * src.element_size(), ms)

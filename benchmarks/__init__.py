@@ -1,0 +1,1 @@
+"""Benchmarks of anysoftmax against its peers (run from the repository root)."""

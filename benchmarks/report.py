@@ -1,0 +1,68 @@
+"""Benchmark outputs: JSON (the issue's format), CSV, a GB/s-vs-N plot and a terminal table."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+FIELDS = ["provider", "dtype", "M", "N", "gbps", "frac_of_copy", "us", "max_err", "status", "detail"]
+
+
+def write(result: dict, out_dir: Path, stem: str) -> list[Path]:
+    """Write <stem>.json, .csv and .png into `out_dir`; return their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.csv", out_dir / f"{stem}.png"]
+    paths[0].write_text(json.dumps(result, indent=1))
+    with open(paths[1], "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(result["results"])
+    plot(result, paths[2])
+    return paths
+
+
+def plot(result: dict, path: Path) -> None:
+    """GB/s against N per provider, one panel per dtype, the copy bandwidth as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({r["dtype"] for r in result["results"]})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes):
+        series = defaultdict(list)
+        for r in result["results"]:
+            if r["dtype"] == dtype and r["status"] == "ok":
+                series[r["provider"]].append((r["N"], r["gbps"], r["M"]))
+        for name, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
+        ax.axhline(result["copy_gbps"], color="k", ls="--", lw=0.8, label="copy")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N (row length)")
+        ax.set_ylabel("GB/s (read + written)")
+        ax.set_title(f"{result['device']} {result.get('direction', 'fwd')} {dtype}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_table(result: dict) -> None:
+    """Fraction of copy bandwidth per shape (rows) and provider (columns)."""
+    providers = list(dict.fromkeys(r["provider"] for r in result["results"]))
+    cells = {(r["dtype"], r["M"], r["N"], r["provider"]): r for r in result["results"]}
+    shapes = list(dict.fromkeys((r["dtype"], r["M"], r["N"]) for r in result["results"]))
+    head = f"{'dtype':9} {'M x N':>15} " + " ".join(f"{p[-14:]:>14}" for p in providers)
+    print(f"\nfraction of copy bandwidth ({result['copy_gbps']:.0f} GB/s), {result['device']}")
+    print(head)
+    for d, m, n in shapes:
+        vals = []
+        for p in providers:
+            r = cells.get((d, m, n, p))
+            vals.append(f"{r['frac_of_copy']:.2f}" if r and r["status"] == "ok" else (r["status"] if r else "-"))
+        print(f"{d:9} {f'{m}x{n}':>15} " + " ".join(f"{v:>14}" for v in vals))

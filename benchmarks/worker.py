@@ -1,0 +1,80 @@
+"""Runs one provider over a list of cases in its own process (a crash there cannot poison the
+CUDA context of the others). Reads a JSON job on stdin, prints one JSON result per line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from anysoftmax.core import SoftmaxSpec, compare
+
+from .providers import Unavailable, backward, forward
+from .timing import median_ms, rotation_count
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_backward(dx, y, dy, spec) -> tuple[bool, float, str]:
+    # dx = y * (dy - sum(y * dy)) in float64 from the same y and dy.
+    y64, dy64 = y.double(), dy.double()
+    ref = (y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))).to(spec.out_dtype).double()
+    tol = spec.tolerance
+    err = (dx.double() - ref).abs()
+    # dx is a difference of products: its error scales with |y * dy| rather than |dx|.
+    bound = tol.atol + tol.rtol * (y64 * dy64).abs().sum(-1, keepdim=True) * 4
+    ok = bool(torch.isfinite(dx.double()).all()) and bool((err <= bound).all())
+    return ok, float(err.max()), "" if ok else f"max |err| {float(err.max()):.3g} over tolerance"
+
+
+def run_case(provider: str, direction: str, dtype_name: str, m: int, n: int) -> dict:
+    dtype = DTYPES[dtype_name]
+    row = dict(provider=provider, dtype=dtype_name, M=m, N=n, gbps=0.0, frac_of_copy=0.0, us=0.0,
+               max_err=float("nan"), status="failed", detail="")
+    try:
+        fn = forward(provider) if direction == "fwd" else backward(provider)
+    except Unavailable as exc:
+        row.update(status="unavailable", detail=str(exc))
+        return row
+    elem = torch.tensor([], dtype=dtype).element_size()
+    tensors_per_set = 1 if direction == "fwd" else 2
+    n_sets = rotation_count(tensors_per_set * m * n * elem)
+    try:
+        if direction == "fwd":
+            sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),) for _ in range(n_sets)]
+            out = fn(*sets[0])
+            spec = SoftmaxSpec.from_tensor(sets[0][0], -1)
+            cmp = compare(out, sets[0][0], spec, device="cuda")
+            ok, err, detail = cmp.ok, cmp.max_abs_err, cmp.detail
+            bytes_moved = 2 * m * n * elem
+        else:
+            sets = []
+            for _ in range(n_sets):
+                x = torch.randn(m, n, device="cuda") * 3
+                sets.append((torch.softmax(x, -1).to(dtype), torch.randn(m, n, device="cuda").to(dtype)))
+            out = fn(*sets[0])
+            spec = SoftmaxSpec.from_tensor(sets[0][0], -1)
+            ok, err, detail = _check_backward(out, *sets[0], spec)
+            bytes_moved = 3 * m * n * elem
+        torch.cuda.synchronize()
+    except Exception as exc:  # a provider failing on a shape is a result, not a crash of the run
+        row.update(status="failed", detail=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        return row
+    row["max_err"] = err
+    if not ok:
+        row.update(status="wrong", detail=detail)
+        return row
+    ms = median_ms(fn, sets)
+    row.update(status="ok", us=ms * 1e3, gbps=bytes_moved / (ms * 1e-3) / 1e9)
+    return row
+
+
+def main() -> None:
+    job = json.load(sys.stdin)
+    for case in job["cases"]:
+        print(json.dumps(run_case(job["provider"], job["direction"], *case)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The `anysoftmax` command line: matrix (exit status, errors, filters), backends, bench, merge."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import anysoftmax
+from anysoftmax.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def broken():
+    import matrix_broken_backends as m
+
+    for b in m.BACKENDS:
+        anysoftmax.register(b)
+    yield m
+    m.unregister_all()
+
+
+def write(tmp_path, name="tiny", **data) -> str:
+    data.setdefault("backends", ["torch"])
+    data.setdefault("shapes", [[2, 8]])
+    data.setdefault("devices", [{"name": "cpu", "device": "cpu"}])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, **data}, sort_keys=False))
+    return str(path)
+
+
+def matrix(tmp_path, config, *extra):
+    out = tmp_path / "out"
+    return main(["matrix", config, "--out", str(out), "--no-progress", *extra]), out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"anysoftmax {anysoftmax.__version__}"
+
+
+def test_matrix_passes_with_exit_status_0_and_writes_every_report(tmp_path, capsys):
+    rc, out = matrix(tmp_path, write(tmp_path, backends=["torch", "triton"], ops=["softmax", "log_softmax"]))
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "4 passed, 0 failed, 0 skipped" in text
+    for name in ("report.json", "report.csv", "report.md", "status.png"):
+        assert (out / name).exists(), name
+
+
+def test_a_failing_backend_sets_the_exit_status(tmp_path, broken, capsys):
+    rc, out = matrix(tmp_path, write(tmp_path, backends=["broken_wrong", "torch"]))
+    text = capsys.readouterr().out
+    assert rc == 1
+    assert "1 passed, 1 failed, 0 skipped" in text and "failed" in text
+    cells = {c["backend"]: c for c in json.loads((out / "report.json").read_text())["cells"]}
+    assert cells["broken_wrong"]["status"] == "failed" and cells["torch"]["status"] == "passed"
+
+
+def test_skips_pass_unless_strict(tmp_path, broken):
+    config = write(tmp_path, backends=["broken_absent", "torch"])
+    assert matrix(tmp_path, config)[0] == 0
+    assert matrix(tmp_path, config, "--strict")[0] == 1
+
+
+def test_bad_yaml_exits_2_with_named_errors(tmp_path, capsys):
+    config = write(tmp_path, backends=["torhc"], shapes=[{"M": 4, "N": {"start": 8, "stop": 64, "step": 0}}])
+    rc, out = matrix(tmp_path, config)
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert f"{config}: backends[0]: unknown value 'torhc'; allowed: " in err
+    assert f"{config}: shapes[0].N.step: step must be a positive integer, got 0" in err
+
+
+def test_device_filter_dry_run_and_list_devices(tmp_path, capsys):
+    config = write(tmp_path, devices=[{"name": "cpu", "device": "cpu"}, {"name": "far", "device": "cuda:64"}])
+    assert main(["matrix", config, "--list-devices"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"entry": "cpu", "device": "cpu"},
+                                                   {"entry": "far", "device": "cuda:64"}]
+    assert main(["matrix", config, "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "cpu (cpu): 1 cells, runs on cpu" in text and "far (cuda:64): 1 cells, skipped" in text
+    assert main(["matrix", config, "--device", "gpu"]) == 2
+    assert "no device entry named 'gpu'; allowed: 'cpu', 'far'" in capsys.readouterr().err
+    rc, out = matrix(tmp_path, config, "--device", "far")
+    assert rc == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [c["status"] for c in data["cells"]] == ["skipped"] and list(data["devices"]) == ["far"]
+    assert matrix(tmp_path, config, "--device", "far", "--require-device")[0] == 1
+    assert matrix(tmp_path, config, "--device", "cpu", "--require-device")[0] == 0
+
+
+def test_merge_reports_of_separate_jobs(tmp_path, capsys):
+    config = write(tmp_path, devices=[{"name": "a", "device": "cpu"}, {"name": "b", "device": "cpu"}])
+    for entry in ("a", "b"):
+        assert main(["matrix", config, "--device", entry, "--out", str(tmp_path / entry), "--no-progress"]) == 0
+    merged = tmp_path / "merged"
+    assert main(["merge", str(tmp_path / "a" / "report.json"), str(tmp_path / "b" / "report.json"),
+                 "--out", str(merged)]) == 0
+    data = json.loads((merged / "report.json").read_text())
+    assert list(data["devices"]) == ["a", "b"] and data["counts"]["passed"] == 2
+    assert main(["merge", str(tmp_path / "a" / "report.json"), str(tmp_path / "a" / "report.json"),
+                 "--out", str(merged)]) == 2
+    assert "appears in more than one report" in capsys.readouterr().err
+
+
+def test_backends_lists_availability_and_reasons(capsys):
+    assert main(["backends"]) == 0
+    text = capsys.readouterr().out
+    assert "torch" in text and "triton" in text and "cuda:" in text
+
+
+def test_bench_hands_its_arguments_to_the_benchmark_suite(monkeypatch):
+    seen = []
+    fake = types.ModuleType("benchmarks.softmax")
+    fake.main = lambda argv: seen.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "benchmarks.softmax", fake)
+    assert main(["bench", "--quick", "--dtypes", "float32"]) == 3
+    assert seen == [["--quick", "--dtypes", "float32"]]
+
+
+def test_bench_outside_a_checkout_says_so(monkeypatch, capsys):
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name="benchmarks")
+
+    monkeypatch.setattr("anysoftmax.cli.importlib.import_module", missing)
+    assert main(["bench"]) == 2
+    assert "repository" in capsys.readouterr().err
+
+
+def test_python_m_anysoftmax_chooses_the_interpreter_itself(tmp_path):
+    """A fresh process without TRITON_INTERPRET: on a machine without a GPU the command sets it
+    before the kernels are imported, so the triton cells run (and pass) on the CPU."""
+    config = write(tmp_path, backends=["triton"], dtypes=["float32", "float16"])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "anysoftmax", "matrix", config, "--out", str(tmp_path / "o"),
+                           "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed, 0 failed, 0 skipped" in proc.stdout
+    if not torch.cuda.is_available():
+        assert "Triton interpreter (TRITON_INTERPRET=1" in proc.stdout

@@ -1,0 +1,446 @@
+"""Tests of the `triton_ascend` backend (Ascend NPUs through triton-ascend).
+
+No Ascend hardware is available to this project, so the backend is verified three ways:
+
+(a) Its plans (the NPU grid, UB-sized tiles) run the shared kernels through the Triton
+    interpreter on CPU tensors over the conformance cases (tests/cases.py), the sub-block path
+    included: the UB budget is lowered so that it triggers on small rows. Needs
+    TRITON_INTERPRET=1 before anysoftmax is imported (tests/conftest.py sets it without a GPU).
+(b) `gpu`: the same kernels with the same fixed 32-program launch on a CUDA GPU, through the
+    opt-in cross-check mode ($ANYSOFTMAX_ASCEND_ON_CUDA=1), larger shapes included.
+(c) Unit tests of the grid/UB arithmetic, the settings and the host glue, on any machine,
+    against the packages really installed (torch_npu, CANN and triton-ascend are absent here).
+
+Every result is compared with the one float64 reference (`anysoftmax.core.compare`) on fresh
+random data (the `gen` fixture; ANYSOFTMAX_TEST_SEED replays a failure).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+import anysoftmax
+from anysoftmax import BackendUnavailableError, SoftmaxSpec, UnsupportedRequestError
+from anysoftmax.backends.triton_ascend import TritonAscendBackend, npu, planning, settings
+from anysoftmax.core import compare
+from anysoftmax.core.layout import allocate_rows
+from anysoftmax.kernels.launch import KernelPlan, interpreting, launch
+from cases import CASES, LONG_ROW_CASES, Case, params, randn, with_specials
+from helpers import check
+
+BACKEND = anysoftmax.register(TritonAscendBackend())
+NAME = BACKEND.name
+
+needs_interpreter = pytest.mark.skipif(
+    not interpreting(),
+    reason="needs the Triton interpreter: TRITON_INTERPRET=1 before anysoftmax is imported "
+           "(tests/conftest.py sets it when no GPU is present)")
+no_torch_npu = pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None,
+                                  reason="torch_npu is installed here: this checks the reason given without it")
+
+# A lowered UB budget: multibuffer halves it to 512 bytes, which holds 16-element sub-blocks
+# for every dtype, so rows longer than 16 take the sub-block (online) kernel.
+SUBBLOCK_UB = 1024
+SUBBLOCK_CASES = LONG_ROW_CASES + [
+    Case("long-3d-dim1", randn((2, 60, 3)), 1),  # a middle dim: strided columns, two row dims
+    Case("long-dtype-fp16-to-fp32", randn((4, 90)), 1, out_dtype=torch.float32, dtypes=(torch.float16,)),
+]
+LOGS = pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+
+
+def plan_for(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> KernelPlan:
+    """The plan `run` would launch for this request."""
+    spec = SoftmaxSpec.from_tensor(x, dim, dtype)
+    if spec.needs_input_cast:
+        x = x.to(spec.out_dtype)
+        spec = SoftmaxSpec.from_tensor(x, dim)
+    xr, _, layout = allocate_rows(x, spec)
+    return BACKEND.plan(xr, layout, spec)
+
+
+def tile_of(plan: KernelPlan) -> tuple:
+    return plan.kind, plan.block_m, plan.block_n
+
+
+def check_or_refused(case: Case, x: torch.Tensor, log: bool) -> None:
+    """Conformance, or for a float64 output the refusal this backend promises."""
+    if SoftmaxSpec.from_tensor(x, case.dim, case.out_dtype).out_dtype == torch.float64:
+        with pytest.raises(UnsupportedRequestError, match="float64 is not supported.*NPU"):
+            check(x, case.dim, backend=NAME, log=log, dtype=case.out_dtype)
+    else:
+        check(x, case.dim, backend=NAME, log=log, dtype=case.out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) The Triton interpreter on CPU tensors
+# ---------------------------------------------------------------------------------------------
+
+@needs_interpreter
+@LOGS
+@pytest.mark.parametrize("case,dtype", params(CASES))
+def test_interpreter_conformance(case, dtype, log, gen):
+    check_or_refused(case, case.make(gen, dtype), log)
+
+
+@needs_interpreter
+@LOGS
+@pytest.mark.parametrize("case,dtype", params(SUBBLOCK_CASES))
+def test_interpreter_subblock_path(case, dtype, log, gen):
+    x = case.make(gen, dtype)
+    with settings.override(ub_bytes=SUBBLOCK_UB):
+        if dtype != torch.float64:
+            assert tile_of(plan_for(x, case.dim, case.out_dtype)) == ("online", 1, 16)
+        check_or_refused(case, x, log)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("ub_bytes", [None, SUBBLOCK_UB], ids=["tile", "subblock"])
+def test_interpreter_writes_every_element(ub_bytes, gen):
+    """Launch into a NaN-filled output: any element the kernel leaves unwritten stays NaN."""
+    x = randn((45, 7))(gen, torch.float32).t()
+    spec = SoftmaxSpec.from_tensor(x, 1)
+    with settings.override(**({"ub_bytes": ub_bytes} if ub_bytes else {})):
+        xr, y, layout = allocate_rows(x, spec)
+        y.fill_(float("nan"))
+        launch(BACKEND.plan(xr, layout, spec), xr, y, layout, spec.log)
+    assert not torch.isnan(y).any()
+    result = compare(y, x, spec)
+    assert result.ok, result.detail
+
+
+@needs_interpreter
+def test_interpreter_fixed_grid_walks_rows(monkeypatch, gen):
+    """A grid smaller than the rows: every program walks several rows (the persistent loop)."""
+    x = with_specials((9, 30))(gen, torch.float32)
+    assert plan_for(x, 1).grid == 9  # the default 32 programs, capped at the 9 rows
+    monkeypatch.setenv(settings.ENV_GRID, "2")
+    assert plan_for(x, 1).grid == 2
+    check(x, 1, backend=NAME, log=False)
+    with settings.override(ub_bytes=SUBBLOCK_UB):
+        plan = plan_for(x, 1)
+        assert (*tile_of(plan), plan.grid) == ("online", 1, 16, 2)
+        check(x, 1, backend=NAME, log=True)
+
+
+@needs_interpreter
+def test_interpreter_profile_grid_is_vector_cores(monkeypatch, gen):
+    monkeypatch.setenv(settings.ENV_PROFILE, "910B3")
+    x = randn((100, 8))(gen, torch.float32)
+    plan = plan_for(x, 1)
+    assert plan.grid == 40 and plan.options == {}  # no `multibuffer` off the NPU
+    check(x, 1, backend=NAME, log=False)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("env,value,match", [
+    (settings.ENV_GRID, "0", "ANYSOFTMAX_ASCEND_GRID"),
+    (settings.ENV_GRID, "-4", "ANYSOFTMAX_ASCEND_GRID"),
+    (settings.ENV_GRID, "many", "ANYSOFTMAX_ASCEND_GRID"),
+    (settings.ENV_UB_BYTES, "16", "at least one vector"),
+    (settings.ENV_PROFILE, "910C", "not a device profile"),
+])
+def test_interpreter_bad_settings_fail_before_launch(monkeypatch, env, value, match):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError, match=match):
+        anysoftmax.softmax(torch.randn(3, 8), 1, backend=NAME)
+
+
+@needs_interpreter
+def test_interpreter_refuses_fp64(gen):
+    x = randn((3, 8))(gen, torch.float64)
+    with pytest.raises(UnsupportedRequestError, match="float64 is not supported.*NPU"):
+        anysoftmax.softmax(x, 1, backend=NAME)
+    with pytest.raises(UnsupportedRequestError, match="float64"):
+        anysoftmax.softmax(x.float(), 1, dtype=torch.float64, backend=NAME)
+    # A narrowing dtype= is a host-side cast first: the kernel then sees fp32.
+    check(x, 1, backend=NAME, log=False, dtype=torch.float32)
+
+
+@needs_interpreter
+def test_interpreter_available_and_explicit_only():
+    assert BACKEND.is_available() is None
+    # Never the automatic choice for CPU tensors: it serves `npu` only.
+    assert BACKEND.devices == ("npu",)
+    assert anysoftmax.core.select(SoftmaxSpec.from_tensor(torch.randn(2, 3), 1)).name != NAME
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) CUDA cross-check: the NPU launch (fixed 32 programs, UB-sized tiles) on a GPU
+#     (tests/conftest.py skips `gpu` tests where no CUDA GPU is visible)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cuda_crosscheck(monkeypatch):
+    monkeypatch.setenv(npu.ENV_ON_CUDA, "1")
+
+
+@pytest.mark.gpu
+@LOGS
+@pytest.mark.parametrize("case,dtype", params(CASES))
+def test_cuda_crosscheck_conformance(cuda_crosscheck, case, dtype, log, gen):
+    check_or_refused(case, case.make(gen, dtype).cuda(), log)
+
+
+@pytest.mark.gpu
+@LOGS
+@pytest.mark.parametrize("case,dtype", params(SUBBLOCK_CASES))
+def test_cuda_crosscheck_subblock_path(cuda_crosscheck, case, dtype, log, gen):
+    x = case.make(gen, dtype).cuda()
+    with settings.override(ub_bytes=SUBBLOCK_UB):
+        if dtype != torch.float64:
+            assert tile_of(plan_for(x, case.dim, case.out_dtype)) == ("online", 1, 16)
+        check_or_refused(case, x, log)
+
+
+LARGE = [
+    ((1823, 781), 1, torch.float32, "tile"),
+    ((1823, 781), 1, torch.float16, "tile"),
+    ((1823, 781), 0, torch.bfloat16, "tile"),
+    ((4, 65536), 1, torch.float32, "online"),
+    ((4, 65536), 1, torch.bfloat16, "online"),
+    ((8192, 8192), 0, torch.float32, "online"),
+    ((8192, 8192), 1, torch.bfloat16, "online"),
+    ((65536, 64), 1, torch.float16, "tile"),
+]
+
+
+@pytest.mark.gpu
+@LOGS
+@pytest.mark.parametrize("shape,dim,dtype,kind", LARGE,
+                         ids=[f"{s[0]}x{s[1]}-dim{d}-{str(t)[6:]}" for s, d, t, _ in LARGE])
+def test_cuda_crosscheck_large(cuda_crosscheck, shape, dim, dtype, kind, log, gen):
+    x = randn(shape)(gen, dtype).cuda()
+    plan = plan_for(x, dim)
+    n_rows = x.numel() // shape[dim]
+    assert plan.kind == kind and plan.options == {}
+    assert plan.grid == min(32, -(-n_rows // plan.block_m))  # the seed's fixed 32 programs
+    check(x, dim, backend=NAME, log=log)
+
+
+@pytest.mark.gpu
+def test_cuda_needs_the_crosscheck_switch(monkeypatch):
+    monkeypatch.delenv(npu.ENV_ON_CUDA, raising=False)
+    with pytest.raises((BackendUnavailableError, UnsupportedRequestError), match=npu.ENV_ON_CUDA):
+        anysoftmax.softmax(torch.randn(3, 8, device="cuda"), 1, backend=NAME)
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) Grid and UB arithmetic, settings, host glue: no device needed
+# ---------------------------------------------------------------------------------------------
+
+def defaults(**changes) -> settings.Settings:
+    """The real tuning table (no profile, no environment) with `changes` applied."""
+    return settings.resolve(settings.load_tuning("triton_ascend"), changes, {}, settings.load_profiles())
+
+
+def plan_rows(n_rows, n_cols, programs=32, in_bytes=4, out_bytes=4, s=None):
+    return planning.plan_rows(n_rows, n_cols, programs, in_bytes, out_bytes, 4, s or defaults())
+
+
+def test_tuning_table_defaults():
+    s = defaults()
+    assert (s.grid, s.ub_bytes, s.multibuffer, s.vector_bytes) == (32, 192 * 1024, True, 32)
+    assert planning.tile_budget(s) == 96 * 1024
+    assert planning.tile_budget(defaults(multibuffer=False)) == 192 * 1024
+
+
+def test_plan_seed_shape_fp32():
+    # 1823x781 fp32: 24 bytes per tile element (4 in + 4 out + 4 fp32 copies) in 96 KB: 4096
+    # elements, so 4 rows of 1024 per step, 456 steps over the seed's 32 programs.
+    assert plan_rows(1823, 781) == KernelPlan("tile", 4, 1024, 32)
+
+
+def test_plan_long_rows_take_subblocks():
+    # 65536 fp32 columns do not fit: 2048-column sub-blocks (32 bytes each element, 96 KB).
+    assert plan_rows(4, 65536) == KernelPlan("online", 1, 2048, 4)
+    # fp16: a 4096-element tile of 20-byte elements fits 96 KB; 8192 columns do not.
+    assert plan_rows(10, 4096, in_bytes=2, out_bytes=2).kind == "tile"
+    assert plan_rows(10, 8192, in_bytes=2, out_bytes=2) == KernelPlan("online", 1, 2048, 10)
+    # Without multibuffer the whole 192 KB holds 8192 fp32 columns in one tile.
+    assert plan_rows(10, 8192, s=defaults(multibuffer=False)).kind == "tile"
+
+
+def test_plan_narrowest_tile_is_one_vector():
+    assert plan_rows(3, 1).block_n == 8  # 32 bytes of fp32
+    assert plan_rows(3, 1, in_bytes=2, out_bytes=2).block_n == 16  # 32 bytes of fp16/bf16
+    assert plan_rows(3, 1, in_bytes=2, out_bytes=4).block_n == 16  # the narrowest dtype decides
+
+
+def test_plan_keeps_every_program_busy():
+    # 64 short rows over 32 programs: 2 rows per step, not the 512 the UB would hold.
+    assert plan_rows(64, 8) == KernelPlan("tile", 2, 8, 32)
+    assert plan_rows(5, 100).grid == 5  # never more programs than rows
+
+
+def test_grid_limits():
+    assert planning.grid_size(32, 10**9) == 32
+    assert planning.grid_size(10**6, 10**9) == planning.MAX_PROGRAMS == 65535
+    assert planning.grid_size(32, 3) == 3
+    assert plan_rows(10**6, 8, programs=10**5).grid == 65535
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="grid"):
+            planning.grid_size(bad, 10)
+
+
+def test_plan_budget_below_one_vector():
+    # 256 bytes halved by multibuffer: 128 bytes hold 4 fp16 online elements (28 bytes each),
+    # fewer than one 32-byte vector (16 elements).
+    with pytest.raises(ValueError, match=r"ub_bytes=256 .* allowed: ub_bytes >= 896"):
+        plan_rows(4, 100, in_bytes=2, out_bytes=2, s=defaults(ub_bytes=256))
+    assert plan_rows(4, 100, in_bytes=2, out_bytes=2, s=defaults(ub_bytes=896)).block_n == 16
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(n_rows=st.integers(1, 10**7), n_cols=st.integers(1, 10**7), programs=st.integers(1, 10**5),
+       dtypes=st.sampled_from([(2, 2), (4, 4), (2, 4), (4, 2)]), ub_bytes=st.integers(32, 2**20),
+       multibuffer=st.booleans())
+def test_plan_invariants(n_rows, n_cols, programs, dtypes, ub_bytes, multibuffer):
+    s = defaults(ub_bytes=ub_bytes, multibuffer=multibuffer)
+    in_b, out_b = dtypes
+    budget, narrowest = planning.tile_budget(s), planning.min_block_n(s, in_b, out_b)
+    online_bytes = planning.element_bytes(in_b, out_b, 4, s.online_acc_copies)
+    try:
+        plan = planning.plan_rows(n_rows, n_cols, programs, in_b, out_b, 4, s)
+    except ValueError:
+        assert budget // online_bytes < narrowest  # only when not even one vector fits
+        return
+    assert plan.block_n >= narrowest and plan.block_n & (plan.block_n - 1) == 0
+    if plan.kind == "tile":
+        assert plan.block_n >= n_cols
+        assert plan.block_m * plan.block_n * planning.element_bytes(in_b, out_b, 4, s.tile_acc_copies) <= budget
+    else:
+        assert plan.block_m == 1 and plan.block_n < n_cols and plan.block_n * online_bytes <= budget
+    n_work = -(-n_rows // plan.block_m)
+    assert 1 <= plan.grid <= min(programs, 65535, n_work)
+
+
+def test_settings_precedence():
+    table = settings.load_tuning("triton_ascend")
+    profiles = settings.load_profiles()
+    assert settings.resolve(table, {}, {}, profiles).grid == 32
+    via_profile = settings.resolve(table, {"profile": "910B1"}, {}, profiles)
+    assert (via_profile.grid, via_profile.ub_bytes) == ("vector_cores", 196608)
+    assert planning.resolve_programs(via_profile) == 48
+    assert planning.resolve_programs(via_profile, device_vector_cores=40) == 40  # a live NPU wins
+    s = settings.resolve(table, {"profile": "910B1", "grid": 8, "ub_bytes": 4096},
+                         {settings.ENV_GRID: "12", settings.ENV_UB_BYTES: "2048"}, profiles)
+    assert (s.grid, s.ub_bytes) == (12, 2048)
+    assert s.source("grid") == "$ANYSOFTMAX_ASCEND_GRID"
+    assert settings.resolve(table, {}, {settings.ENV_GRID: "vector_cores", settings.ENV_PROFILE: "910B4"},
+                            profiles).profile["vector_cores"] == 40
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"grid": 0}, r"grid=0 from override\(grid=...\) is not allowed; allowed: a positive integer"),
+    ({"grid": -2}, "grid=-2"),
+    ({"grid": True}, "grid=True"),
+    ({"ub_bytes": 31}, r"ub_bytes=31 .* at least one vector"),
+    ({"vector_bytes": 24}, "power of two"),
+    ({"multibuffer": "yes"}, "true or false"),
+    ({"acc_copies": {"tile": 0, "online": 6}}, "acc_copies"),
+    ({"profile": "910C"}, "910B1, 910B2, 910B3, 910B4"),
+])
+def test_settings_errors_name_setting_and_allowed_values(changes, match):
+    with pytest.raises(ValueError, match=match):
+        defaults(**changes)
+
+
+def test_env_errors_name_the_variable(monkeypatch):
+    monkeypatch.setenv(settings.ENV_GRID, "0")
+    with pytest.raises(ValueError, match=r"grid=0 from \$ANYSOFTMAX_ASCEND_GRID"):
+        settings.current()
+    monkeypatch.setenv(settings.ENV_GRID, "7")
+    monkeypatch.setenv(settings.ENV_UB_BYTES, "8")
+    with pytest.raises(ValueError, match=r"ub_bytes=8 from \$ANYSOFTMAX_ASCEND_UB_BYTES"):
+        settings.current()
+
+
+def test_vector_cores_grid_needs_npu_or_profile():
+    with pytest.raises(ValueError, match="needs a live NPU or a device profile"):
+        planning.resolve_programs(defaults(grid="vector_cores"))
+
+
+def test_override_rejects_unknown_keys():
+    with pytest.raises(KeyError, match="ub_size"):
+        with settings.override(ub_size=1):
+            pass
+
+
+def test_device_profiles():
+    profiles = settings.load_profiles()
+    assert set(profiles) == {"910B1", "910B2", "910B3", "910B4"}
+    for name, p in profiles.items():
+        assert p["vector_cores"] == 2 * p["ai_cores"], name  # as triton-ascend reports them
+        assert p["ub_bytes"] == 192 * 1024 and p["chip"] == f"Ascend{name}"
+    assert [profiles[n]["vector_cores"] for n in sorted(profiles)] == [48, 48, 40, 40]
+
+
+@pytest.fixture
+def fresh_probe():
+    npu.missing_reason.cache_clear()
+    yield
+    npu.missing_reason.cache_clear()
+
+
+@no_torch_npu
+def test_unavailable_reason_names_what_is_missing(fresh_probe, monkeypatch):
+    monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
+    reason = npu.missing_reason()
+    assert "torch_npu is not installed" in reason
+    assert "CANN not found" in reason and "ASCEND_HOME_PATH" in reason
+    assert "README 'Ascend'" in reason
+    if importlib.util.find_spec("triton.backends.ascend") is None:
+        assert "triton-ascend is not installed" in reason
+    assert "torch_npu" not in sys.modules  # probed, never imported
+
+
+@no_torch_npu
+def test_unavailable_without_npu_or_switches(fresh_probe, monkeypatch):
+    monkeypatch.delenv(npu.ENV_ON_CUDA, raising=False)
+    if interpreting():
+        assert BACKEND.is_available() is None  # CPU tensors through the interpreter
+    else:
+        reason = BACKEND.is_available()
+        assert "torch_npu is not installed" in reason and "TRITON_INTERPRET=1" in reason
+    listed = {b.name: b for b in anysoftmax.list_backends()}["triton_ascend"]
+    assert listed.devices == ("npu",)
+    assert "torch_npu" not in sys.modules
+
+
+def test_crosscheck_switch(monkeypatch):
+    for value, on in (("1", True), ("0", False), ("", False), ("yes", False)):
+        monkeypatch.setenv(npu.ENV_ON_CUDA, value)
+        assert npu.crosscheck_on_cuda() is on
+
+
+def spec_on(device: str, dtype=torch.float32) -> SoftmaxSpec:
+    # torch.device("cuda") is a plain descriptor: no GPU is needed to describe a CUDA request.
+    return SoftmaxSpec(shape=(2, 3), strides=(3, 1), in_dtype=dtype, dim=1, out_dtype=dtype, log=False,
+                       device=torch.device(device))
+
+
+def test_supports(monkeypatch):
+    monkeypatch.delenv(npu.ENV_ON_CUDA, raising=False)
+    assert "ANYSOFTMAX_ASCEND_ON_CUDA=1" in BACKEND.supports(spec_on("cuda"))
+    monkeypatch.setenv(npu.ENV_ON_CUDA, "1")
+    assert BACKEND.supports(spec_on("cuda")) is None
+    assert "float64" in BACKEND.supports(spec_on("cuda", torch.float64))
+    assert "not supported" in BACKEND.supports(spec_on("meta"))
+    cpu = BACKEND.supports(spec_on("cpu"))
+    if interpreting():
+        assert cpu is None
+    else:
+        assert "TRITON_INTERPRET=1" in cpu
+
+
+def test_device_guard_on_cpu_is_a_no_op():
+    with npu.device_guard(torch.device("cpu")):
+        pass
+    assert "torch_npu" not in sys.modules
