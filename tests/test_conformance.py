@@ -23,7 +23,7 @@ def test_triton_long_rows_cpu(case, dtype, log, gen):
     """The sub-block (online) kernel, triggered on small rows by lowering the tile limit."""
     if "triton" not in CPU_BACKENDS:
         pytest.skip("triton does not run on CPU here: TRITON_INTERPRET is not set")
-    with heuristics.override(max_tile_elems=64, online_block_n=32):
+    with heuristics.override(max_tile_elems=64, split_chunk_elems=32):
         check(case.make(gen, dtype), case.dim, backend="triton", log=log, dtype=case.out_dtype)
 
 

@@ -59,19 +59,31 @@ def softmax_tile_kernel(
     x_ptr, y_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, ALIGN: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
     if WIDE_COLS:
         cols = cols.to(tl.int64)
-    col_mask = cols < n_cols
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
     for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask = (rows < n_rows)[:, None] & col_mask[None, :]
         x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
-        x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * xsn, mask=mask, other=float("-inf")).to(acc_ty)
+        if ALIGN > 1:
+            # Rows of odd length start at addresses that are not 16-byte aligned, which forces
+            # scalar loads. Read each row through the aligned window that contains it instead
+            # (ALIGN elements = 16 bytes) and mask the row's own elements: the window starts
+            # `shift` elements early, so BLOCK_N >= n_cols + ALIGN - 1. Only used when input
+            # and output rows coincide (both contiguous), so one offset serves both.
+            base = (x_off // ALIGN) * ALIGN
+            shift = x_off - base
+            col_mask = (cols[None, :] >= shift[:, None]) & (cols[None, :] < shift[:, None] + n_cols)
+            mask = (rows < n_rows)[:, None] & col_mask
+            x_ptrs = x_ptr + base[:, None] + cols[None, :]
+        else:
+            mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+            x_ptrs = x_ptr + x_off[:, None] + cols[None, :] * xsn
+        x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(acc_ty)
         z = x - tl.max(x, axis=1)[:, None]
         e = _exp(z, ACC_FP64)
         s = tl.sum(e, axis=1)
@@ -79,8 +91,11 @@ def softmax_tile_kernel(
             y = z - tl.log(s)[:, None]
         else:
             y = e * (1.0 / s)[:, None]
-        y_off = _row_offsets(rows, S1, S2, ys0, ys1, ys2)
-        tl.store(y_ptr + y_off[:, None] + cols[None, :] * ysn, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if ALIGN > 1:
+            y_ptrs = y_ptr + base[:, None] + cols[None, :]
+        else:
+            y_ptrs = y_ptr + _row_offsets(rows, S1, S2, ys0, ys1, ys2)[:, None] + cols[None, :] * ysn
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -125,3 +140,67 @@ def softmax_online_kernel(
             else:
                 y = _exp(x - m_sub, ACC_FP64) * inv
             tl.store(y_row + cols * ysn, y.to(y_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _combine_chunk_stats(stats_row, n_chunks, G_POW2: tl.constexpr):
+    """Global (max to subtract, sum) of a row from its chunks' (max, sum of exp(x - max))."""
+    g = tl.arange(0, G_POW2)
+    gm = g < n_chunks
+    # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
+    ms = tl.load(stats_row + 2 * g, mask=gm, other=float("-inf"), cache_modifier=".cg")
+    ss = tl.load(stats_row + 2 * g + 1, mask=gm, other=0.0, cache_modifier=".cg")
+    m_sub = _finite_or_zero(tl.max(ms, axis=0))
+    total = tl.sum(tl.where(gm, ss * tl.exp(ms - m_sub), 0.0), axis=0)
+    return m_sub, total
+
+
+@triton.jit
+def softmax_split_kernel(
+    x_ptr, y_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
+    S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
+    LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
+    CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
+):
+    """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
+
+    PHASE 0 (cooperative, one launch): each program computes its chunk's (max, sum), publishes
+    it to `stats`, bumps the row's counter and waits until all chunks of the row arrived, then
+    normalises the chunk it still holds in registers: one read and one write per element.
+    The launcher guarantees co-residency: the grid is a multiple of n_chunks and no larger than
+    the programs the GPU holds at once, and work items are ordered row-major, so all chunks of
+    a row are in flight together. PHASE 1 / PHASE 2 split the same work into two launches
+    (statistics, then normalisation re-reading the input) for the interpreter, where programs
+    run one after another and a barrier would never open.
+    """
+    acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    offs = tl.arange(0, CHUNK)
+    if WIDE_COLS:
+        offs = offs.to(tl.int64)
+    n_items = n_rows * n_chunks
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        item64 = tl.cast(item, tl.int64)
+        row = item64 // n_chunks
+        cols = (item64 % n_chunks) * CHUNK + offs
+        cmask = cols < n_cols
+        x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=cmask,
+                    other=float("-inf")).to(acc_ty)
+        stats_row = stats_ptr + row * (2 * n_chunks)
+        if PHASE != 2:
+            m = tl.max(x, axis=0)
+            s = tl.sum(_exp(x - _finite_or_zero(m), ACC_FP64), axis=0)
+            chunk = item64 % n_chunks
+            tl.store(stats_row + 2 * chunk, m)
+            tl.store(stats_row + 2 * chunk + 1, s)
+        if PHASE == 0:
+            arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+            while arrived < n_chunks:
+                arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
+        if PHASE != 1:
+            m_sub, total = _combine_chunk_stats(stats_row, n_chunks, G_POW2)
+            if LOG:
+                y = (x - m_sub) - tl.log(total)
+            else:
+                y = _exp(x - m_sub, ACC_FP64) * (1.0 / total)
+            tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
+                     y.to(y_ptr.dtype.element_ty), mask=cmask)

@@ -9,25 +9,35 @@ from __future__ import annotations
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import allocate_rows
+from ...core.layout import RowLayout, allocate_rows
 from ...core.spec import SoftmaxSpec
-from ...kernels.launch import KernelPlan, interpreting, kernel_args, kernel_constexprs, kernel_for, launch
+from ...kernels.launch import (KernelPlan, interpreting, kernel_args, kernel_constexprs, kernel_for, launch,
+                               launch_options, split_args)
 from . import heuristics
 from .device import device_props
 from .occupancy import KernelResources, programs_per_sm
 
-# (kernel kind, constexprs, dtypes, device index) -> resident programs per SM.
+# (kernel kind, constexprs, options, dtypes, device) -> resident programs per SM.
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
+# (request layout, dtypes, alignment, device, tuning overrides) -> KernelPlan.
+_plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
 
 
-def _programs_per_sm(plan: KernelPlan, x, y, layout, meta: dict, index: int) -> int:
-    key = (plan.kind, tuple(sorted(meta.items())), tuple(sorted(plan.options.items())), x.dtype, y.dtype, index)
+def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, meta: dict, index: int) -> int:
+    """Compile the plan's kernel once (per shape class) and apply the occupancy model to it."""
+    opts = launch_options(plan)
+    key = (plan.kind, tuple(sorted(meta.items())), tuple(sorted(opts.items())), x.dtype, y.dtype, index)
 
     def compile_and_measure() -> int:
-        compiled = kernel_for(plan.kind).warmup(*kernel_args(x, y, layout), grid=(1,), **meta, **plan.options)
+        if plan.kind == "split":
+            dummy = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
+            args = split_args(plan, x, y, layout, dummy, torch.zeros(1, dtype=torch.int32, device=x.device))
+        else:
+            args = kernel_args(x, y, layout)
+        compiled = kernel_for(plan.kind).warmup(*args, grid=(1,), **meta, **opts)
         compiled._init_handles()
         res = KernelResources(n_regs=compiled.n_regs, shared_mem=compiled.metadata.shared,
-                              num_warps=plan.options["num_warps"])
+                              num_warps=opts["num_warps"])
         return programs_per_sm(device_props(index), res)
 
     return _occupancy.get(key, compile_and_measure)
@@ -53,25 +63,41 @@ class TritonBackend:
                 "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax")
         return f"device type {spec.device.type!r} is not supported (cuda, or cpu with TRITON_INTERPRET=1)"
 
-    def plan(self, x, y, layout, spec: SoftmaxSpec) -> KernelPlan:
-        """The kernel, tile and grid for this request."""
-        tile = heuristics.choose_tile(layout)
-        n_work = -(-layout.n_rows // tile["block_m"])
+    def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
+        """The kernel, tile and grid for this request (cached per shape class)."""
+        key = (layout, x.dtype, y.dtype, spec.log, x.data_ptr() % 16, x.device, heuristics.overrides_key())
+        return _plans.get(key, lambda: self._make_plan(x, y, layout, spec))
+
+    def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
+        tile = heuristics.choose_tile(layout, min(x.element_size(), y.element_size()))
+        if tile["kind"] == "split":
+            n_items = layout.n_rows * tile["chunks"]
+        else:
+            n_items = -(-layout.n_rows // tile["block_m"])
+        common = dict(kind=tile["kind"], block_m=tile["block_m"], block_n=tile["block_n"], align=tile["align"],
+                      chunks=tile["chunks"])
         if interpreting():
-            grid = min(n_work, heuristics.table()["interpreter_programs"])
-            return KernelPlan(tile["kind"], tile["block_m"], tile["block_n"], max(grid, 1), {})
+            # Programs run one after another here: few of them, each looping over several
+            # work items, and never the cooperative split (its barrier would never open).
+            grid = min(n_items, heuristics.table()["interpreter_programs"])
+            return KernelPlan(grid=max(grid, 1), **common)
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
         props = device_props(index)
         options = dict(num_warps=tile["num_warps"])
         if tile["kind"] == "tile":
             options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
-        draft = KernelPlan(tile["kind"], tile["block_m"], tile["block_n"], 1, options)
-        meta = kernel_constexprs(draft, layout, spec.log, spec.out_dtype)
-        compile_opts = {k: v for k, v in options.items() if k != "num_stages"}
-        per_sm = _programs_per_sm(KernelPlan(draft.kind, draft.block_m, draft.block_n, 1, compile_opts),
-                                  x, y, layout, meta, index)
-        grid = max(1, min(props.multiprocessor_count * per_sm, n_work))
-        return KernelPlan(draft.kind, draft.block_m, draft.block_n, grid, options)
+        cooperative = tile["kind"] == "split" and bool(heuristics.table()["cooperative"])
+        draft = KernelPlan(grid=1, options=options, cooperative=cooperative, **common)
+        meta = kernel_constexprs(draft, layout, spec.log, spec.out_dtype, phase=0 if cooperative else 1)
+        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, meta, index)
+        if cooperative and resident < tile["chunks"]:
+            cooperative = False  # a row needs more programs than the GPU holds at once
+        if cooperative:
+            # Every chunk of a row must be in flight together: whole rows per wave of programs.
+            grid = min(n_items, (resident // tile["chunks"]) * tile["chunks"])
+        else:
+            grid = min(n_items, resident)
+        return KernelPlan(grid=max(grid, 1), options=options, cooperative=cooperative, **common)
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         x, y, layout = allocate_rows(x, spec)

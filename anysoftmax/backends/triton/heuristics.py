@@ -13,6 +13,7 @@ import triton
 
 from ...config import load_tuning
 from ...core.layout import RowLayout
+from ...kernels.launch import aligned_rows
 
 _local = threading.local()
 
@@ -38,6 +39,11 @@ def override(**values):
         _local.overrides = old
 
 
+def overrides_key() -> tuple:
+    """The active overrides, for cache keys of plans derived from the table."""
+    return tuple(sorted((getattr(_local, "overrides", None) or {}).items()))
+
+
 def warps_for(elems: int, t: dict) -> int:
     for bound, warps in t["warps_by_tile_elems"]:
         if elems <= bound:
@@ -45,16 +51,22 @@ def warps_for(elems: int, t: dict) -> int:
     return t["warps_by_tile_elems"][-1][1]
 
 
-def choose_tile(layout: RowLayout) -> dict:
-    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps}."""
+def choose_tile(layout: RowLayout, elem_bytes: int) -> dict:
+    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, align, chunks}."""
     t = table()
-    block_n = triton.next_power_of_2(max(layout.n_cols, 1))
+    align = aligned_rows(layout, elem_bytes)
+    block_n = triton.next_power_of_2(max(layout.n_cols + align - 1, 1))
     if block_n <= t["max_tile_elems"]:
         block_m = max(1, t["rows_tile_elems"] // block_n)
         block_m = min(block_m, triton.next_power_of_2(layout.n_rows))
-        return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=warps_for(block_m * block_n, t))
-    block_n = min(t["online_block_n"], t["max_tile_elems"])
-    return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"])
+        return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=warps_for(block_m * block_n, t),
+                    align=align, chunks=1)
+    if t["long_rows"] == "online":
+        block_n = min(t["online_block_n"], t["max_tile_elems"])
+        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], align=1, chunks=1)
+    chunk = min(t["split_chunk_elems"], t["max_tile_elems"])
+    return dict(kind="split", block_m=1, block_n=chunk, num_warps=t["split_warps"], align=1,
+                chunks=-(-layout.n_cols // chunk))
 
 
 def num_stages(max_shared_mem: int) -> int:
