@@ -22,7 +22,7 @@ SPLIT_SHAPES = [(4096, 32768), (2048, 65536), (1024, 131072), (512, 262144), (64
 
 
 def tile_candidates():
-    for rows_elems, warps, stages in itertools.product([2048, 4096, 8192, 16384], [4, 8, 16], [1, 2, 4]):
+    for rows_elems, warps, stages in itertools.product([2048, 4096, 8192, 16384], [4, 8, 16], [1, 4]):
         yield dict(rows_tile_elems=rows_elems, warps_by_tile_elems=[[2**40, warps]], stages_large_smem=stages)
 
 

@@ -17,13 +17,21 @@ def test_cpu(backend, case, dtype, log, gen):
     check(case.make(gen, dtype), case.dim, backend=backend, log=log, dtype=case.out_dtype)
 
 
+# Tuning overrides that send short rows down each long-row path.
+LONG_ROW_PATHS = {
+    "split": dict(max_tile_elems=64, split_chunk_elems=32),
+    "online": dict(max_tile_elems=64, long_rows="online", online_block_n=32),
+}
+
+
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("case,dtype", params(LONG_ROW_CASES))
-def test_triton_long_rows_cpu(case, dtype, log, gen):
-    """The sub-block (online) kernel, triggered on small rows by lowering the tile limit."""
+@pytest.mark.parametrize("path", list(LONG_ROW_PATHS))
+def test_triton_long_rows_cpu(path, case, dtype, log, gen):
+    """The split-row and online kernels, triggered on small rows by lowering the tile limit."""
     if "triton" not in CPU_BACKENDS:
         pytest.skip("triton does not run on CPU here: TRITON_INTERPRET is not set")
-    with heuristics.override(max_tile_elems=64, split_chunk_elems=32):
+    with heuristics.override(**LONG_ROW_PATHS[path]):
         check(case.make(gen, dtype), case.dim, backend="triton", log=log, dtype=case.out_dtype)
 
 
@@ -43,6 +51,17 @@ GPU_EXTRA_SHAPES = [((4096, 4096), 1), ((8192, 1000), 0), ((64, 65536), 1), ((3,
 @pytest.mark.parametrize("case,dtype", params(CASES + LONG_ROW_CASES))
 def test_gpu(case, dtype, log, gen):
     check(case.make(gen, dtype).cuda(), case.dim, backend="triton", log=log, dtype=case.out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("case,dtype", params(LONG_ROW_CASES))
+@pytest.mark.parametrize("path", list(LONG_ROW_PATHS) + ["split-two-phase"])
+def test_gpu_long_row_paths(path, case, dtype, log, gen):
+    """The long-row paths on small rows, the cooperative split included."""
+    over = LONG_ROW_PATHS["split"] | {"cooperative": False} if path == "split-two-phase" else LONG_ROW_PATHS[path]
+    with heuristics.override(**over):
+        check(case.make(gen, dtype).cuda(), case.dim, backend="triton", log=log, dtype=case.out_dtype)
 
 
 @pytest.mark.gpu

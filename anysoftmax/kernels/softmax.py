@@ -178,22 +178,23 @@ def softmax_split_kernel(
     if WIDE_COLS:
         offs = offs.to(tl.int64)
     n_items = n_rows * n_chunks
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        item64 = tl.cast(item, tl.int64)
-        row = item64 // n_chunks
-        cols = (item64 % n_chunks) * CHUNK + offs
-        cmask = cols < n_cols
-        x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=cmask,
-                    other=float("-inf")).to(acc_ty)
+    nprog = tl.num_programs(0)
+    # The next item's chunk is loaded before waiting at the barrier, so its memory latency
+    # overlaps the wait and the stores of the current one.
+    x, row, chunk, cols = _load_chunk(x_ptr, tl.program_id(0), n_items, n_chunks, n_cols, offs,
+                                      S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
+    for item in tl.range(tl.program_id(0), n_items, nprog):
         stats_row = stats_ptr + row * (2 * n_chunks)
         if PHASE != 2:
             m = tl.max(x, axis=0)
             s = tl.sum(_exp(x - _finite_or_zero(m), ACC_FP64), axis=0)
-            chunk = item64 % n_chunks
             tl.store(stats_row + 2 * chunk, m)
             tl.store(stats_row + 2 * chunk + 1, s)
         if PHASE == 0:
             arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+        x_next, row_next, chunk_next, cols_next = _load_chunk(
+            x_ptr, item + nprog, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
+        if PHASE == 0:
             while arrived < n_chunks:
                 arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
         if PHASE != 1:
@@ -203,4 +204,19 @@ def softmax_split_kernel(
             else:
                 y = _exp(x - m_sub, ACC_FP64) * (1.0 / total)
             tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
-                     y.to(y_ptr.dtype.element_ty), mask=cmask)
+                     y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+        x, row, chunk, cols = x_next, row_next, chunk_next, cols_next
+
+
+@triton.jit
+def _load_chunk(x_ptr, item, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, xs2, xsn,
+                CHUNK: tl.constexpr, acc_ty: tl.constexpr):
+    """Work item `item` of the split kernel: its row, chunk index, columns and loaded values
+    (all -inf past the last item)."""
+    item64 = tl.cast(item, tl.int64)
+    row = item64 // n_chunks
+    chunk = item64 % n_chunks
+    cols = chunk * CHUNK + offs
+    x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn,
+                mask=cols < tl.where(item64 < n_items, n_cols, 0), other=float("-inf")).to(acc_ty)
+    return x, row, chunk, cols

@@ -58,11 +58,15 @@ def _bandwidth(plt, results: list[Result], out: Path) -> list[Path]:
             n = r.cell.shape[r.cell.dim] if r.cell.shape else 1
             rows = math.prod(r.cell.shape) // n if n else 0
             lines[(r.cell.backend, rows)].append((n, r.gbps))
-        many_rows = len({k[1] for k in lines}) > 1
+        # one colour per backend, one line style per row count M
+        backends = list(dict.fromkeys(k[0] for k in lines))
+        row_counts = sorted({k[1] for k in lines})
+        styles = ["-", "--", ":", "-."]
         for (backend, rows), pts in sorted(lines.items()):
             pts.sort()
-            label = f"{backend} (M={rows})" if many_rows else backend
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label)
+            label = f"{backend} (M={rows})" if len(row_counts) > 1 else backend
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label,
+                    color=f"C{backends.index(backend)}", linestyle=styles[row_counts.index(rows) % len(styles)])
         copies = {r.copy_gbps for r in rs if r.copy_gbps}
         if copies:
             ax.axhline(max(copies), color="grey", linestyle="--", linewidth=1, label="copy")

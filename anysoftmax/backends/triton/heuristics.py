@@ -41,7 +41,7 @@ def override(**values):
 
 def overrides_key() -> tuple:
     """The active overrides, for cache keys of plans derived from the table."""
-    return tuple(sorted((getattr(_local, "overrides", None) or {}).items()))
+    return tuple(sorted((k, repr(v)) for k, v in (getattr(_local, "overrides", None) or {}).items()))
 
 
 def warps_for(elems: int, t: dict) -> int:

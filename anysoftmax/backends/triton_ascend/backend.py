@@ -54,12 +54,14 @@ class TritonAscendBackend:
             return npu.missing_reason()
         if kind == "cpu":
             return None if interpreting() else (
-                "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax")
+                "CPU tensors run only through the Triton interpreter: "
+                "set TRITON_INTERPRET=1 before importing anysoftmax")
         if kind == "cuda":
             return None if npu.crosscheck_on_cuda() else (
                 f"CUDA tensors run on triton_ascend only as a cross-check of the NPU launch "
                 f"(set ${npu.ENV_ON_CUDA}=1); use backend='triton' for CUDA")
-        return f"device type {kind!r} is not supported (npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)"
+        return (f"device type {kind!r} is not supported "
+                f"(npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)")
 
     def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
         """Kernel, tile, grid and launch options for rows of `layout` (x on its device)."""

@@ -55,8 +55,9 @@ def resolve_programs(s: Settings, device_vector_cores: int | None = None) -> int
         return device_vector_cores
     if s.profile is not None and s.profile.get("vector_cores"):
         return int(s.profile["vector_cores"])
-    raise ValueError(f"triton_ascend: grid={VECTOR_CORES!r} from {s.source('grid')} needs a live NPU or a device "
-                     f"profile with vector_cores (set $ANYSOFTMAX_ASCEND_PROFILE); allowed otherwise: a positive integer")
+    raise ValueError(f"triton_ascend: grid={VECTOR_CORES!r} from {s.source('grid')} needs a live NPU or a "
+                     f"device profile with vector_cores (set $ANYSOFTMAX_ASCEND_PROFILE); "
+                     f"allowed otherwise: a positive integer")
 
 
 def grid_size(programs: int, n_work: int) -> int:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
 
 import yaml
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ...core.cache import OnceCache
+from ...core.layout import new_output
 from ...core.registry import BackendUnavailableError
 from ...core.spec import SoftmaxSpec, dtype_name
 from . import diskcache, runtime
@@ -71,10 +72,13 @@ class WaveBackend:
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
         if spec.device.type != "cuda":
-            return f"device type {spec.device.type!r} is not supported (AMD GPUs, or NVIDIA with ANYSOFTMAX_WAVE_ON_CUDA=1)"
+            return (f"device type {spec.device.type!r} is not supported "
+                    f"(AMD GPUs, or NVIDIA GPUs with ANYSOFTMAX_WAVE_ON_CUDA=1)")
         for dtype in (spec.in_dtype, spec.out_dtype):
             if dtype_name(dtype) not in DTYPES:
                 return f"{dtype_name(dtype)} is not supported by the Wave kernel (float32, float16, bfloat16)"
+        if spec.numel == 0:
+            return None  # nothing to launch: the API returns the empty result itself
         target = detect_target(spec.device.index)
         if isinstance(target, str):
             return target
@@ -82,13 +86,13 @@ class WaveBackend:
         if spec.n_cols > longest:
             return f"rows of {spec.n_cols} elements exceed {longest}, the longest row one Wave workgroup holds"
         missing = compiler_missing()
-        if missing is not None and diskcache.load(kernel_key(spec, target)) is None:
+        if missing is not None and not diskcache.vmfb_path(kernel_key(spec, target)).is_file():
             return f"{missing}; and {diskcache.vmfb_path(kernel_key(spec, target))} is not precompiled"
         return None
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         rows = as_rows(x, spec)
-        out = torch.empty(rows.shape, dtype=spec.out_dtype, device=x.device)
+        out = new_output(rows.shape, spec.out_dtype, x.device)  # NaN-filled in the tests
         self.run_rows(rows, out, spec)
         return from_rows(out, x, spec)
 

@@ -64,7 +64,8 @@ def toolchain_tag() -> str:
     one, so kernels compiled with the `wave` extra are found by runtime-only processes.
     """
     wave = installed_version("wave-lang") or PINS["wave-lang"]
-    iree = installed_version("iree-base-compiler") or installed_version("iree-base-runtime") or PINS["iree-base-compiler"]
+    iree = (installed_version("iree-base-compiler") or installed_version("iree-base-runtime")
+            or PINS["iree-base-compiler"])
     return f"wave{wave}-iree{iree}"
 
 
