@@ -25,22 +25,38 @@ class _SoftmaxFunction(torch.autograd.Function):
     def forward(ctx, x, spec, backend):
         y = backend.run(x, spec)
         ctx.save_for_backward(y)
-        ctx.dim, ctx.log, ctx.x_dtype = spec.dim, spec.log, x.dtype
+        ctx.spec, ctx.backend, ctx.x_dtype = spec, backend, x.dtype
         return y
 
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        dim = ctx.dim if y.dim() else 0
-        return _softmax_backward(y, grad, dim, ctx.log).to(ctx.x_dtype), None, None
+        return _backward_with(ctx.backend, y, grad, ctx.spec).to(ctx.x_dtype), None, None
+
+
+def _backward_with(backend, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+    """The backend's own backward kernel when it has one, else the formula in torch ops."""
+    run_backward = getattr(backend, "run_backward", None)
+    if run_backward is not None and spec.numel:
+        return run_backward(y, grad, replace(spec, in_dtype=y.dtype, out_dtype=y.dtype))
+    return _softmax_backward(y, grad, spec.dim if y.dim() else 0, spec.log).to(y.dtype)
+
+
+def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, SoftmaxSpec]:
+    """Validate a request and return (the input a backend receives, its spec).
+
+    When `dtype=` narrows, torch rounds the input to `dtype` first; that rounding is this one
+    host-side copy, and backends only ever see inputs no wider than their output.
+    """
+    spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
+    if spec.needs_input_cast:
+        x = x.to(spec.out_dtype)
+        spec = replace(spec, in_dtype=x.dtype, strides=tuple(x.stride()))
+    return x, spec
 
 
 def _run(x, dim, dtype, backend, log: bool) -> torch.Tensor:
-    spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
-    if spec.needs_input_cast:
-        # torch rounds the input to `dtype` first; that rounding is this one host-side copy.
-        x = x.to(spec.out_dtype)
-        spec = replace(spec, in_dtype=x.dtype, strides=tuple(x.stride()))
+    x, spec = prepare(x, dim, dtype, log)
     chosen = select(spec, backend)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
@@ -72,8 +88,4 @@ def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool
     spec = SoftmaxSpec.from_tensor(y, dim, log=log)
     if grad.shape != y.shape:
         raise ValueError(f"softmax_backward: grad shape {tuple(grad.shape)} != output shape {tuple(y.shape)}")
-    chosen = select(spec, backend)
-    run_backward = getattr(chosen, "run_backward", None)
-    if run_backward is not None and spec.numel:
-        return run_backward(y, grad, spec)
-    return _softmax_backward(y, grad, spec.dim if y.dim() else 0, log).to(y.dtype)
+    return _backward_with(select(spec, backend), y, grad, spec)

@@ -17,19 +17,20 @@ from pathlib import Path
 
 import torch
 
-TILE_SHAPES = [(32768, 128), (32768, 256), (32768, 1024), (16384, 4096), (16384, 8192), (8192, 16384), (4823, 781)]
-SPLIT_SHAPES = [(4096, 32768), (2048, 65536), (1024, 131072), (512, 262144), (64, 1048576), (16, 131072)]
+TILE_SHAPES = [(32768, 256)]
+SPLIT_SHAPES = [(2048, 65536), (512, 262144), (64, 1048576), (16, 131072)]
 
 
 def tile_candidates():
-    for rows_elems, warps, stages in itertools.product([2048, 4096, 8192, 16384], [4, 8, 16], [1, 4]):
-        yield dict(rows_tile_elems=rows_elems, warps_by_tile_elems=[[2**40, warps]], stages_large_smem=stages)
+    for align, warps in itertools.product([True, False], [4, 8]):
+        yield dict(align_rows=align, warps_by_tile_elems=[[2**40, warps]])
 
 
 def split_candidates():
-    for chunk, warps in itertools.product([4096, 8192, 16384], [8, 16, 32]):
-        yield dict(split_chunk_elems=chunk, split_warps=warps, max_tile_elems=max(chunk, 16384))
-    yield dict(split_chunk_elems=8192, split_warps=16, cooperative=False)
+    for chunk, prefetch in itertools.product([8192, 16384, 32768], [True, False]):
+        yield dict(split_chunk_elems=chunk, split_prefetch=prefetch)
+    yield dict(split_chunk_elems=32768, split_prefetch=False, split_warps_by_chunk=[[2**40, 32]])
+    yield dict(split_chunk_elems=8192, cooperative=False)
 
 
 def main(argv=None) -> int:

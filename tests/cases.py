@@ -111,6 +111,16 @@ CASES: list[Case] = [
     Case("dtype-fp64-to-bf16", randn((20, 130)), 0, out_dtype=torch.bfloat16, dtypes=(torch.float64,)),
 ]
 
+def offset_with_dead_head(shape, offset=-1e4, dead=100):
+    """Rows far from zero whose first `dead` entries are -inf: a split row whose first chunk
+    holds only -inf must neither poison the row nor lose it to underflow."""
+    def make(gen, dtype):
+        x = (torch.randn(shape, generator=gen, dtype=torch.float64) + offset).to(dtype)
+        x[:, :dead] = float("-inf")
+        return x
+    return make
+
+
 # Rows longer than the (lowered) tile limit: they take the sub-block / online path.
 LONG_ROW_CASES: list[Case] = [
     Case("long-2d", randn((5, 300)), 1),
@@ -118,6 +128,7 @@ LONG_ROW_CASES: list[Case] = [
     Case("long-specials", with_specials((6, 200)), 1),
     Case("long-transposed", transposed((200, 4), 0, 1), 1),
     Case("long-fp16-magnitude", uniform((3, 300), 6e4), 1, dtypes=(torch.float16,)),
+    Case("long-dead-head", offset_with_dead_head((4, 300)), 1),
 ]
 
 

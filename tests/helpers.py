@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import anysoftmax
+from anysoftmax.api import prepare
 from anysoftmax.core import SoftmaxSpec, compare
 
 
@@ -23,7 +25,13 @@ def runnable_backends(device_type: str) -> list[str]:
 def check(x: torch.Tensor, dim: int, *, backend: str, log: bool, dtype=None) -> None:
     """Run softmax/log_softmax on `x` with `backend` and assert it matches the reference."""
     fn = anysoftmax.log_softmax if log else anysoftmax.softmax
-    out = fn(x, dim, dtype=dtype, backend=backend)
     spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
+    refusal = anysoftmax.get_backend(backend).supports(prepare(x, dim, dtype, log)[1])
+    if refusal is not None:
+        # A declared limit (e.g. no float64 on NPUs) must be a clear error, never a wrong result.
+        with pytest.raises(anysoftmax.UnsupportedRequestError, match=backend):
+            fn(x, dim, dtype=dtype, backend=backend)
+        return
+    out = fn(x, dim, dtype=dtype, backend=backend)
     result = compare(out, x, spec)
     assert result.ok, f"{backend} {spec.describe()}: {result.detail}"

@@ -1,14 +1,15 @@
 """Deliberately broken backends for the matrix runner's tests.
 
-Importing this module registers them (a matrix file names it under `plugins:` so that worker
-processes register them too); `unregister_all()` removes them again. They serve CPU tensors
-only and have the lowest priority, so an automatic choice never picks them.
+The `broken` fixture registers them for one test; a matrix file names `matrix_plugin` (which
+registers them on import) under `plugins:` so that worker processes have them too. They serve
+CPU tensors only and have the lowest priority, so an automatic choice never picks them.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 import anysoftmax
@@ -80,10 +81,21 @@ class Picky(_Base):
 
 
 BACKENDS = (Wrong(), Crash(), Exit(), Absent(), Picky())
-for _b in BACKENDS:
-    anysoftmax.register(_b)
+
+
+def register_all() -> None:
+    for b in BACKENDS:
+        anysoftmax.register(b)
 
 
 def unregister_all() -> None:
     for b in BACKENDS:
         unregister(b.name)
+
+
+@pytest.fixture
+def broken():
+    """These backends, registered for one test and removed after it (tests import this fixture)."""
+    register_all()
+    yield
+    unregister_all()

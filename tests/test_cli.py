@@ -12,19 +12,12 @@ import torch
 import yaml
 
 import anysoftmax
+from matrix_broken_backends import broken  # noqa: F401  (fixture)
 from anysoftmax.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def broken():
-    import matrix_broken_backends as m
-
-    for b in m.BACKENDS:
-        anysoftmax.register(b)
-    yield m
-    m.unregister_all()
 
 
 def write(tmp_path, name="tiny", **data) -> str:
@@ -57,7 +50,8 @@ def test_matrix_passes_with_exit_status_0_and_writes_every_report(tmp_path, caps
         assert (out / name).exists(), name
 
 
-def test_a_failing_backend_sets_the_exit_status(tmp_path, broken, capsys):
+@pytest.mark.usefixtures("broken")
+def test_a_failing_backend_sets_the_exit_status(tmp_path, capsys):
     rc, out = matrix(tmp_path, write(tmp_path, backends=["broken_wrong", "torch"]))
     text = capsys.readouterr().out
     assert rc == 1
@@ -66,7 +60,8 @@ def test_a_failing_backend_sets_the_exit_status(tmp_path, broken, capsys):
     assert cells["broken_wrong"]["status"] == "failed" and cells["torch"]["status"] == "passed"
 
 
-def test_skips_pass_unless_strict(tmp_path, broken):
+@pytest.mark.usefixtures("broken")
+def test_skips_pass_unless_strict(tmp_path):
     config = write(tmp_path, backends=["broken_absent", "torch"])
     assert matrix(tmp_path, config)[0] == 0
     assert matrix(tmp_path, config, "--strict")[0] == 1

@@ -6,21 +6,12 @@ import pytest
 import torch
 import yaml
 
-import anysoftmax
+from matrix_broken_backends import broken  # noqa: F401  (fixture)
 from anysoftmax.matrix import FAILED, PASSED, SKIPPED, expand, load_config, run_matrix
 from anysoftmax.matrix.report import write_reports
 from anysoftmax.matrix.workers import assign
 
 
-@pytest.fixture
-def broken():
-    """The deliberately broken backends of tests/matrix_broken_backends.py, registered for one test."""
-    import matrix_broken_backends as m
-
-    for b in m.BACKENDS:
-        anysoftmax.register(b)
-    yield m
-    m.unregister_all()
 
 
 def config(tmp_path, **data):
@@ -75,7 +66,8 @@ def test_missing_device_is_skipped_with_its_reason_never_passed(tmp_path):
     assert reason in (tmp_path / "out" / "report.md").read_text()
 
 
-def test_failing_crashing_and_unavailable_backends(tmp_path, broken):
+@pytest.mark.usefixtures("broken")
+def test_failing_crashing_and_unavailable_backends(tmp_path):
     cfg = config(tmp_path, backends=["broken_wrong", "broken_crash", "broken_absent", "broken_picky", "torch"],
                  dtypes=["float32", "float64"], shapes=[[4, 16]], devices=[{"name": "cpu", "device": "cpu"}])
     run = run_matrix(cfg)
@@ -122,13 +114,15 @@ def test_assign_spreads_gpu_cells_round_robin_and_cpu_cells_over_workers(tmp_pat
     assert [c.shape[0] for c in slots["cuda:0"].cells] == [1, 3]
     assert [c.shape[0] for c in slots["cuda:1"].cells] == [2, 4]
     assert [c.shape[0] for c in slots["cpu#0"].cells] == [1, 3] and not slots["cuda:0"].interpret
+    assert slots["cpu#0"].threads == 2 and slots["cuda:0"].threads == 0  # CPU work must not starve GPU launches
     assert sum(len(a.cells) for a in slots.values()) == len(cells)
 
 
-def test_two_workers_and_a_worker_that_dies(tmp_path, broken):
+@pytest.mark.usefixtures("broken")
+def test_two_workers_and_a_worker_that_dies(tmp_path):
     """Cells spread over 2 worker processes; a backend that kills its process fails its cell
     with the exit code and a fresh worker finishes the rest."""
-    cfg = config(tmp_path, plugins=["matrix_broken_backends"], shapes=[[2, 8], [3, 8], [4, 8]],
+    cfg = config(tmp_path, plugins=["matrix_plugin"], shapes=[[2, 8], [3, 8], [4, 8]],
                  devices=[{"name": "dies", "device": "cpu", "backends": ["broken_exit"], "shapes": [[2, 8]]},
                           {"name": "cpu", "device": "cpu", "backends": ["torch", "triton"]}])
     run = run_matrix(cfg, workers=2, cell_timeout=120)

@@ -10,6 +10,8 @@ No Ascend hardware is available to this project, so the backend is verified thre
     opt-in cross-check mode ($ANYSOFTMAX_ASCEND_ON_CUDA=1), larger shapes included.
 (c) Unit tests of the grid/UB arithmetic, the settings and the host glue, on any machine,
     against the packages really installed (torch_npu, CANN and triton-ascend are absent here).
+(d) On a machine with an Ascend NPU (never run by this project: none was available), the same
+    cases on `npu` tensors, compiled by triton-ascend.
 
 Every result is compared with the one float64 reference (`anysoftmax.core.compare`) on fresh
 random data (the `gen` fixture; ANYSOFTMAX_TEST_SEED replays a failure).
@@ -23,6 +25,8 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import replace
+
+import re
 
 import pytest
 import torch
@@ -46,6 +50,9 @@ needs_interpreter = pytest.mark.skipif(
     not interpreting(),
     reason="needs the Triton interpreter: TRITON_INTERPRET=1 before anysoftmax is imported "
            "(tests/conftest.py sets it when no GPU is present)")
+needs_npu = pytest.mark.skipif(
+    npu.missing_reason() is not None or interpreting(),
+    reason=f"no Ascend NPU: {npu.missing_reason() or 'TRITON_INTERPRET is set (unset it to compile for the NPU)'}")
 no_torch_npu = pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None,
                                   reason="torch_npu is installed here: this checks the reason given without it")
 
@@ -78,11 +85,11 @@ def tile_of(plan: KernelPlan) -> tuple:
 
 def check_or_refused(case: Case, x: torch.Tensor, log: bool) -> None:
     """Conformance, or for a float64 output the refusal this backend promises."""
-    if SoftmaxSpec.from_tensor(x, case.dim, case.out_dtype).out_dtype == torch.float64:
-        with pytest.raises(UnsupportedRequestError, match="float64 is not supported.*NPU"):
-            check(x, case.dim, backend=NAME, log=log, dtype=case.out_dtype)
-    else:
-        check(x, case.dim, backend=NAME, log=log, dtype=case.out_dtype)
+    spec = SoftmaxSpec.from_tensor(x, case.dim, case.out_dtype)
+    if spec.out_dtype == torch.float64:
+        assert re.search("float64 is not supported.*NPU", BACKEND.supports(spec) or "")
+    # `check` runs the case, or for a declared refusal asserts the UnsupportedRequestError.
+    check(x, case.dim, backend=NAME, log=log, dtype=case.out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,6 +243,37 @@ def test_cuda_needs_the_crosscheck_switch(monkeypatch):
     monkeypatch.delenv(npu.ENV_ON_CUDA, raising=False)
     with pytest.raises((BackendUnavailableError, UnsupportedRequestError), match=npu.ENV_ON_CUDA):
         anysoftmax.softmax(torch.randn(3, 8, device="cuda"), 1, backend=NAME)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) A real Ascend NPU (skipped here, with the reason: what is missing)
+# ---------------------------------------------------------------------------------------------
+
+@needs_npu
+@LOGS
+@pytest.mark.parametrize("case,dtype", params(CASES))
+def test_npu_conformance(case, dtype, log, gen):
+    check_or_refused(case, case.make(gen, dtype).to("npu"), log)
+
+
+@needs_npu
+@LOGS
+@pytest.mark.parametrize("case,dtype", params(SUBBLOCK_CASES))
+def test_npu_subblock_path(case, dtype, log, gen):
+    x = case.make(gen, dtype).to("npu")
+    with settings.override(ub_bytes=SUBBLOCK_UB):
+        check_or_refused(case, x, log)
+
+
+@needs_npu
+def test_npu_launch_and_automatic_choice(monkeypatch, gen):
+    x = randn((1823, 781))(gen, torch.float32).to("npu")
+    plan = plan_for(x, 1)
+    assert plan.grid == 32 and plan.options == {"multibuffer": True}
+    monkeypatch.setenv(settings.ENV_GRID, "vector_cores")
+    assert plan_for(x, 1).grid == npu.vector_cores(npu.device_index(x.device))
+    check(x, 1, backend=NAME, log=False)
+    assert anysoftmax.core.select(SoftmaxSpec.from_tensor(x, 1)).name == NAME
 
 
 # ---------------------------------------------------------------------------------------------

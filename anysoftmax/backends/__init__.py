@@ -8,6 +8,10 @@ that through `is_available()` instead.
 from ..core.registry import register
 from .torch_eager import TorchBackend
 from .triton import TritonBackend
+from .triton_ascend import TritonAscendBackend
+from .wave import WaveBackend
 
 register(TorchBackend())
 register(TritonBackend())
+register(TritonAscendBackend())
+register(WaveBackend())

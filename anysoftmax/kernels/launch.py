@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,30 @@ class KernelPlan:
     align: int = 1
     chunks: int = 1
     cooperative: bool = False
+    prefetch: bool = False
+
+
+_counters: dict = {}
+_counters_lock = threading.Lock()
+
+
+def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
+    """Zeroed (arrived, departed) int32 counters for `n_rows` rows, reused across launches.
+
+    The cooperative kernels leave them zero again (the last program to leave a row resets
+    it), so they are allocated and zeroed once per (device, stream) and grown when needed: no
+    memset kernel per launch. One buffer per stream, because launches on different streams
+    may overlap.
+    """
+    n = max(2 * n_rows, 2)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    with _counters_lock:
+        buf = _counters.get(key)
+        if buf is None or buf.numel() < n:
+            buf = torch.zeros(max(n, 2 * (buf.numel() if buf is not None else 0)), dtype=torch.int32, device=device)
+            _counters[key] = buf
+        return buf
 
 
 def interpreting() -> bool:
@@ -84,7 +109,8 @@ def kernel_constexprs(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype:
     elif plan.kind == "online":
         meta.update(BLOCK_N=plan.block_n)
     else:
-        meta.update(CHUNK=plan.block_n, G_POW2=triton.next_power_of_2(plan.chunks), PHASE=phase)
+        meta.update(CHUNK=plan.block_n, G_POW2=triton.next_power_of_2(plan.chunks), PHASE=phase,
+                    PREFETCH=plan.prefetch)
     return meta
 
 
@@ -99,11 +125,39 @@ def launch(plan: KernelPlan, x: torch.Tensor, y: torch.Tensor, layout: RowLayout
         meta = kernel_constexprs(plan, layout, log, y.dtype)
         kernel_for(plan.kind)[(plan.grid,)](*kernel_args(x, y, layout), **meta, **opts)
         return
-    # Scratch of a split launch: (max, sum) per chunk and an arrival counter per row.
+    # Scratch of a split launch: (max, sum) per chunk, and the rows' barrier counters.
     acc = torch.float64 if y.dtype == torch.float64 else torch.float32
     stats = torch.empty(layout.n_rows * plan.chunks * 2, dtype=acc, device=x.device)
-    counts = torch.zeros(layout.n_rows if plan.cooperative else 1, dtype=torch.int32, device=x.device)
+    counts = row_counters(x.device, layout.n_rows if plan.cooperative else 0)
     args = split_args(plan, x, y, layout, stats, counts)
     for phase in ((0,) if plan.cooperative else (1, 2)):
         meta = kernel_constexprs(plan, layout, log, y.dtype, phase)
         softmax_split_kernel[(plan.grid,)](*args, **meta, **opts)
+
+
+def backward_constexprs(plan: KernelPlan, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
+    """Compile-time parameters of the backward kernel for a "tile" or "split" plan."""
+    single = plan.kind == "tile"
+    return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, SINGLE=single,
+                BLOCK_M=plan.block_m if single else 1, CHUNK=plan.block_n,
+                G_POW2=triton.next_power_of_2(plan.chunks), PHASE=phase)
+
+
+def backward_args(y, dy, dx, layout: RowLayout, chunks: int, stats, counts) -> tuple:
+    _, s1, s2 = layout.row_sizes
+    return (y, dy, dx, stats, counts, layout.n_rows, layout.n_cols, chunks, s1, s2,
+            *layout.in_row_strides, layout.in_col_stride)
+
+
+def launch_backward(plan: KernelPlan, y, dy, dx, layout: RowLayout, log: bool) -> None:
+    """dx for softmax (log_softmax) outputs `y` and output gradients `dy`, all laid out alike."""
+    from .softmax_bwd import softmax_bwd_kernel
+
+    opts = launch_options(plan)
+    acc = torch.float64 if dx.dtype == torch.float64 else torch.float32
+    split = plan.kind != "tile"
+    stats = torch.empty(max(layout.n_rows * plan.chunks, 1) if split else 1, dtype=acc, device=y.device)
+    counts = row_counters(y.device, layout.n_rows if split and plan.cooperative else 0)
+    args = backward_args(y, dy, dx, layout, plan.chunks, stats, counts)
+    for phase in ((0,) if not split or plan.cooperative else (1, 2)):
+        softmax_bwd_kernel[(plan.grid,)](*args, **backward_constexprs(plan, log, dx.dtype, phase), **opts)

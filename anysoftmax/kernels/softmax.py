@@ -156,11 +156,34 @@ def _combine_chunk_stats(stats_row, n_chunks, G_POW2: tl.constexpr):
 
 
 @triton.jit
+def _row_arrive(count_ptr, row):
+    """Announce this program's chunk of `row`; returns how many chunks have arrived."""
+    return tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu") + 1
+
+
+@triton.jit
+def _row_wait(count_ptr, row, arrived, n_chunks):
+    """Spin until every chunk of `row` has arrived (the statistics they wrote are visible)."""
+    while arrived < n_chunks:
+        arrived = tl.atomic_add(count_ptr + 2 * row, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _row_depart(count_ptr, row, n_chunks):
+    """Leave the row's barrier; the last program out resets both counters to zero, so the
+    counter buffer is reused by the next launch on this stream without a memset kernel."""
+    departed = tl.atomic_add(count_ptr + 2 * row + 1, 1, sem="acq_rel", scope="gpu") + 1
+    if departed == n_chunks:
+        tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(count_ptr + 2 * row + 1, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def softmax_split_kernel(
     x_ptr, y_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
-    CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
+    CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
 
@@ -172,6 +195,8 @@ def softmax_split_kernel(
     a row are in flight together. PHASE 1 / PHASE 2 split the same work into two launches
     (statistics, then normalisation re-reading the input) for the interpreter, where programs
     run one after another and a barrier would never open.
+    PREFETCH loads the next item's chunk before waiting at the barrier, so its memory latency
+    overlaps the wait and the stores of the current one (at twice the registers).
     """
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     offs = tl.arange(0, CHUNK)
@@ -179,33 +204,44 @@ def softmax_split_kernel(
         offs = offs.to(tl.int64)
     n_items = n_rows * n_chunks
     nprog = tl.num_programs(0)
-    # The next item's chunk is loaded before waiting at the barrier, so its memory latency
-    # overlaps the wait and the stores of the current one.
-    x, row, chunk, cols = _load_chunk(x_ptr, tl.program_id(0), n_items, n_chunks, n_cols, offs,
-                                      S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
+    if PREFETCH:
+        x, row, chunk, cols = _load_chunk(x_ptr, tl.program_id(0), n_items, n_chunks, n_cols, offs,
+                                          S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
     for item in tl.range(tl.program_id(0), n_items, nprog):
+        if not PREFETCH:
+            x, row, chunk, cols = _load_chunk(x_ptr, item, n_items, n_chunks, n_cols, offs,
+                                              S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
         stats_row = stats_ptr + row * (2 * n_chunks)
         if PHASE != 2:
-            m = tl.max(x, axis=0)
-            s = tl.sum(_exp(x - _finite_or_zero(m), ACC_FP64), axis=0)
-            tl.store(stats_row + 2 * chunk, m)
-            tl.store(stats_row + 2 * chunk + 1, s)
+            m_raw = tl.max(x, axis=0)
+            m_chunk = _finite_or_zero(m_raw)
+            e = _exp(x - m_chunk, ACC_FP64)
+            tl.store(stats_row + 2 * chunk, m_raw)
+            tl.store(stats_row + 2 * chunk + 1, tl.sum(e, axis=0))
         if PHASE == 0:
-            arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
-        x_next, row_next, chunk_next, cols_next = _load_chunk(
-            x_ptr, item + nprog, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
+            arrived = _row_arrive(count_ptr, row)
+        if PREFETCH:
+            x_next, row_next, chunk_next, cols_next = _load_chunk(
+                x_ptr, item + nprog, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
         if PHASE == 0:
-            while arrived < n_chunks:
-                arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
+            _row_wait(count_ptr, row, arrived, n_chunks)
         if PHASE != 1:
             m_sub, total = _combine_chunk_stats(stats_row, n_chunks, G_POW2)
+            if PHASE == 0:
+                _row_depart(count_ptr, row, n_chunks)
             if LOG:
                 y = (x - m_sub) - tl.log(total)
+            elif PHASE == 0:
+                # Reuse the chunk's exp(x - m_chunk): one exp per element instead of two (the
+                # special-function unit, not memory, limits 16-bit rows otherwise).
+                # A chunk of only -inf contributes 0 (NaN when the whole row is -inf: 0/0).
+                y = e * (tl.where(m_raw == float("-inf"), 0.0, _exp(m_chunk - m_sub, ACC_FP64)) / total)
             else:
                 y = _exp(x - m_sub, ACC_FP64) * (1.0 / total)
             tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
-        x, row, chunk, cols = x_next, row_next, chunk_next, cols_next
+        if PREFETCH:
+            x, row, chunk, cols = x_next, row_next, chunk_next, cols_next
 
 
 @triton.jit

@@ -15,7 +15,7 @@ import itertools
 import os
 import queue as queue_mod
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -37,6 +37,7 @@ class Assignment:
     device: str  # concrete torch device for its cells
     interpret: bool  # set TRITON_INTERPRET=1 in the worker before the kernels are imported
     cells: list[Cell] = field(default_factory=list)
+    threads: int = 0  # torch CPU threads (0: torch's default)
 
 
 def assign(cells: list[Cell], located: dict[str, list[str]], cpu_workers: int) -> list[Assignment]:
@@ -57,6 +58,12 @@ def assign(cells: list[Cell], located: dict[str, list[str]], cpu_workers: int) -
             slots.setdefault(slot, Assignment(slot, "cpu", interpret)).cells.append(cell)
         else:
             slots.setdefault(device, Assignment(device, device, False)).cells.append(cell)
+    if any(a.device != "cpu" for a in slots.values()):
+        # CPU cells beside GPU benchmarks: a CPU worker using every core would slow the GPU
+        # workers' kernel launches, and with them the timings of small kernels.
+        for a in slots.values():
+            if a.device == "cpu":
+                a.threads = 2
     return list(slots.values())
 
 
@@ -79,6 +86,8 @@ def _worker_main(a: Assignment, results, plugins: tuple[str, ...]) -> None:
     if a.interpret:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports the kernels
     import_plugins(plugins)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.device != "cpu":
         kind, _, index = a.device.partition(":")
         accelerator_module(kind).set_device(int(index))  # imports torch_npu for "npu"
@@ -115,7 +124,7 @@ def run_workers(assignments: list[Assignment], on_result: Callable[[Result], Non
     workers = {a.slot: _Worker(a, {c.index: c for c in a.cells}) for a in assignments if a.cells}
 
     def start(w: _Worker) -> None:
-        todo = Assignment(w.a.slot, w.a.device, w.a.interpret, list(w.remaining.values()))
+        todo = replace(w.a, cells=list(w.remaining.values()))
         w.proc = ctx.Process(target=_worker_main, args=(todo, results, plugins), daemon=True,
                              name=f"anysoftmax-matrix-{w.a.slot}")
         w.proc.start()
@@ -130,9 +139,9 @@ def run_workers(assignments: list[Assignment], on_result: Callable[[Result], Non
         if kind == "start":
             w.current, w.started = payload, time.monotonic()
         elif kind == "done":
-            w.remaining.pop(payload.cell.index, None)
             w.current, w.progressed, w.idle_deaths = None, True, 0
-            on_result(payload)
+            if w.remaining.pop(payload.cell.index, None) is not None:  # never report a cell twice
+                on_result(payload)
         elif kind == "end":
             w.done = True
 
@@ -161,13 +170,16 @@ def run_workers(assignments: list[Assignment], on_result: Callable[[Result], Non
     try:
         for w in workers.values():
             start(w)
+        last_check = 0.0
         while not all(w.done for w in workers.values()):
             try:
                 handle(results.get(timeout=0.2))
-                continue
             except queue_mod.Empty:
                 pass
             now = time.monotonic()
+            if now - last_check < 0.5:  # look at the processes twice a second, busy or not
+                continue
+            last_check = now
             for w in workers.values():
                 if w.done:
                     continue

@@ -11,8 +11,9 @@ import torch
 from ...core.cache import OnceCache
 from ...core.layout import RowLayout, allocate_rows
 from ...core.spec import SoftmaxSpec
-from ...kernels.launch import (KernelPlan, interpreting, kernel_args, kernel_constexprs, kernel_for, launch,
-                               launch_options, split_args)
+from ...core.layout import new_output
+from ...kernels.launch import (KernelPlan, backward_args, backward_constexprs, interpreting, kernel_args,
+                               kernel_constexprs, kernel_for, launch, launch_backward, launch_options, split_args)
 from . import heuristics
 from .device import device_props
 from .occupancy import KernelResources, programs_per_sm
@@ -29,6 +30,15 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, meta: dict, inde
     key = (plan.kind, tuple(sorted(meta.items())), tuple(sorted(opts.items())), x.dtype, y.dtype, index)
 
     def compile_and_measure() -> int:
+        if "SINGLE" in meta:  # the backward kernel
+            from ...kernels.softmax_bwd import softmax_bwd_kernel
+            scratch = torch.empty(1, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
+            counts = torch.zeros(1, dtype=torch.int32, device=x.device)
+            compiled = softmax_bwd_kernel.warmup(*backward_args(x, x, y, layout, plan.chunks, scratch, counts),
+                                                 grid=(1,), **meta, **opts)
+            compiled._init_handles()
+            return programs_per_sm(device_props(index), KernelResources(compiled.n_regs, compiled.metadata.shared,
+                                                                        opts["num_warps"]))
         if plan.kind == "split":
             dummy = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
             args = split_args(plan, x, y, layout, dummy, torch.zeros(1, dtype=torch.int32, device=x.device))
@@ -63,32 +73,41 @@ class TritonBackend:
                 "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax")
         return f"device type {spec.device.type!r} is not supported (cuda, or cpu with TRITON_INTERPRET=1)"
 
-    def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
+    def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
+             backward: bool = False) -> KernelPlan:
         """The kernel, tile and grid for this request (cached per shape class)."""
-        key = (layout, x.dtype, y.dtype, spec.log, x.data_ptr() % 16, x.device, heuristics.overrides_key())
-        return _plans.get(key, lambda: self._make_plan(x, y, layout, spec))
+        key = (layout, x.dtype, y.dtype, spec.log, x.data_ptr() % 16, x.device, backward, heuristics.overrides_key())
+        return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
-    def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
-        tile = heuristics.choose_tile(layout, min(x.element_size(), y.element_size()))
+    def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
+        sm_count = None if interpreting() else device_props(self._index(x)).multiprocessor_count
+        tile = heuristics.choose_tile(layout, min(x.element_size(), y.element_size()), sm_count)
+        if backward:
+            # The backward kernel has two forms: whole rows on chip, or rows split in chunks
+            # (its tile form reads rows through strides, never through aligned windows).
+            tile = (heuristics.choose_tile(layout, 16, sm_count) if tile["kind"] == "tile"
+                    else heuristics.split_tile(layout, sm_count))
         if tile["kind"] == "split":
             n_items = layout.n_rows * tile["chunks"]
         else:
             n_items = -(-layout.n_rows // tile["block_m"])
         common = dict(kind=tile["kind"], block_m=tile["block_m"], block_n=tile["block_n"], align=tile["align"],
-                      chunks=tile["chunks"])
+                      chunks=tile["chunks"], prefetch=tile["prefetch"])
         if interpreting():
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).
             grid = min(n_items, heuristics.table()["interpreter_programs"])
             return KernelPlan(grid=max(grid, 1), **common)
-        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        index = self._index(x)
         props = device_props(index)
         options = dict(num_warps=tile["num_warps"])
         if tile["kind"] == "tile":
             options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
         cooperative = tile["kind"] == "split" and bool(heuristics.table()["cooperative"])
         draft = KernelPlan(grid=1, options=options, cooperative=cooperative, **common)
-        meta = kernel_constexprs(draft, layout, spec.log, spec.out_dtype, phase=0 if cooperative else 1)
+        phase = 0 if cooperative else 1
+        meta = (backward_constexprs(draft, spec.log, spec.out_dtype, phase) if backward
+                else kernel_constexprs(draft, layout, spec.log, spec.out_dtype, phase))
         resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, meta, index)
         if cooperative and resident < tile["chunks"]:
             cooperative = False  # a row needs more programs than the GPU holds at once
@@ -99,6 +118,10 @@ class TritonBackend:
             grid = min(n_items, resident)
         return KernelPlan(grid=max(grid, 1), options=options, cooperative=cooperative, **common)
 
+    @staticmethod
+    def _index(x: torch.Tensor) -> int:
+        return x.device.index if x.device.index is not None else torch.cuda.current_device()
+
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         x, y, layout = allocate_rows(x, spec)
         plan = self.plan(x, y, layout, spec)
@@ -108,3 +131,18 @@ class TritonBackend:
         else:
             launch(plan, x, y, layout, spec.log)
         return y
+
+    def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+        """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
+        # One row layout serves y, dy and dx: make y and dy contiguous (a copy only when the
+        # caller hands in other layouts; autograd's usually are contiguous already).
+        y, grad = y.contiguous(), grad.to(y.dtype).contiguous()
+        dx = new_output(spec.shape, y.dtype, y.device)
+        layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
+        plan = self.plan(y, dx, layout, spec, backward=True)
+        if y.device.type == "cuda":
+            with torch.cuda.device(y.device):
+                launch_backward(plan, y, grad, dx, layout, spec.log)
+        else:
+            launch_backward(plan, y, grad, dx, layout, spec.log)
+        return dx

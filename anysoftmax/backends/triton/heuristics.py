@@ -51,22 +51,35 @@ def warps_for(elems: int, t: dict) -> int:
     return t["warps_by_tile_elems"][-1][1]
 
 
-def choose_tile(layout: RowLayout, elem_bytes: int) -> dict:
+def choose_tile(layout: RowLayout, elem_bytes: int, sm_count: int | None = None) -> dict:
     """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, align, chunks}."""
     t = table()
-    align = aligned_rows(layout, elem_bytes)
+    align = aligned_rows(layout, elem_bytes) if t["align_rows"] else 1
     block_n = triton.next_power_of_2(max(layout.n_cols + align - 1, 1))
     if block_n <= t["max_tile_elems"]:
         block_m = max(1, t["rows_tile_elems"] // block_n)
         block_m = min(block_m, triton.next_power_of_2(layout.n_rows))
         return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=warps_for(block_m * block_n, t),
-                    align=align, chunks=1)
+                    align=align, chunks=1, prefetch=False)
     if t["long_rows"] == "online":
         block_n = min(t["online_block_n"], t["max_tile_elems"])
-        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], align=1, chunks=1)
+        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], align=1, chunks=1,
+                    prefetch=False)
+    return split_tile(layout, sm_count)
+
+
+def split_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
+    """Rows cut into chunks held by different programs: `split_chunk_elems` wide, halved
+    (down to `split_min_chunk_elems`) while there are too few chunks to fill `sm_count` SMs."""
+    t = table()
     chunk = min(t["split_chunk_elems"], t["max_tile_elems"])
-    return dict(kind="split", block_m=1, block_n=chunk, num_warps=t["split_warps"], align=1,
-                chunks=-(-layout.n_cols // chunk))
+    if sm_count:
+        wanted = t["split_items_per_sm"] * sm_count
+        while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * -(-layout.n_cols // chunk) < wanted:
+            chunk //= 2
+    warps = next((w for bound, w in t["split_warps_by_chunk"] if chunk <= bound), t["split_warps_by_chunk"][-1][1])
+    return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps, align=1,
+                chunks=-(-layout.n_cols // chunk), prefetch=bool(t["split_prefetch"]))
 
 
 def num_stages(max_shared_mem: int) -> int:

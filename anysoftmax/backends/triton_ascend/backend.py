@@ -36,6 +36,7 @@ class TritonAscendBackend:
     priority = 100
 
     def is_available(self) -> str | None:
+        """None when some device can run it here (interpreter, CUDA cross-check or an NPU)."""
         if interpreting():
             return None
         if npu.crosscheck_on_cuda() and torch.cuda.is_available():
@@ -47,6 +48,7 @@ class TritonAscendBackend:
                 f"or CUDA tensors with ${npu.ENV_ON_CUDA}=1)")
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
+        """None for fp16/bf16/fp32 on the devices above, else the reason."""
         if torch.float64 in (spec.in_dtype, spec.out_dtype):
             return _FP64_REASON
         kind = spec.device.type
@@ -78,6 +80,7 @@ class TritonAscendBackend:
         return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+        """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""
         x, y, layout = allocate_rows(x, spec)
         plan = self.plan(x, layout, spec)
         with npu.device_guard(x.device):
