@@ -74,9 +74,14 @@ def backward(name: str):
     if name == "liger":
         try:
             from liger_kernel.ops.softmax import _softmax_backward
+            from liger_kernel.ops.utils import calculate_settings
         except ImportError as exc:
             raise Unavailable(f"liger-kernel not installed ({exc})") from None
-        return lambda y, dy: _softmax_backward(dy, y)
+
+        def liger_backward(y, dy):
+            block, warps = calculate_settings(y.shape[-1])  # what its forward would have chosen
+            return _softmax_backward(dy, y, block, warps, y.shape[-1] > block)
+        return liger_backward
     if name == "quack":
         try:
             from quack.softmax import softmax_bwd

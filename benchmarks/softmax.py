@@ -103,15 +103,15 @@ def main(argv=None) -> int:
     if args.sweep:
         cases += [("float32", m, n) for m, n in SWEEP]
     rows = []
-    for name in names:
-        print(f"  {name} ...", flush=True)
-        rows += run_provider(name, direction, cases, args.case_timeout)
-    for r in rows:
-        r["frac_of_copy"] = r["gbps"] / copy if r["status"] == "ok" else 0.0
+    out_dir = Path(args.out) / gpu_dir_name(device)
     result = dict(device=device, copy_gbps=copy, torch=torch.__version__, triton=triton.__version__,
                   direction=direction, results=rows)
-    out_dir = Path(args.out) / gpu_dir_name(device)
-    paths = report.write(result, out_dir, f"softmax_{direction}")
+    for name in names:
+        print(f"  {name} ...", flush=True)
+        for r in run_provider(name, direction, cases, args.case_timeout):
+            r["frac_of_copy"] = r["gbps"] / copy if r["status"] == "ok" else 0.0
+            rows.append(r)
+        paths = report.write(result, out_dir, f"softmax_{direction}")  # after each provider: a cut run keeps what it measured
     report.print_table(result)
     print("wrote " + ", ".join(map(str, paths)))
     return 0

@@ -14,7 +14,7 @@ def median_ms(fn, inputs: list) -> float:
     """Median time of fn(input) over do_bench repeats, rotating through `inputs` so that a
     repeat never finds its input in L2 (do_bench also flushes L2 between repeats)."""
     it = itertools.cycle(inputs)
-    return triton.testing.do_bench(lambda: fn(*next(it)), warmup=25, rep=100, return_mode="median")
+    return triton.testing.do_bench(lambda: fn(*next(it)), warmup=10, rep=60, return_mode="median")
 
 
 def rotation_count(bytes_per_set: int) -> int:

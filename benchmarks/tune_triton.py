@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-TILE_SHAPES = [(32768, 256)]
-SPLIT_SHAPES = [(2048, 65536), (512, 262144), (64, 1048576), (16, 131072)]
+TILE_SHAPES = [(32768, 128), (32768, 1024), (16384, 4096), (16384, 8192), (4823, 781)]
+SPLIT_SHAPES = []
 
 
 def tile_candidates():
-    for align, warps in itertools.product([True, False], [4, 8]):
-        yield dict(align_rows=align, warps_by_tile_elems=[[2**40, warps]])
+    for per_slot, rows in itertools.product([1, 4, 64], [2048, 1]):
+        yield dict(tile_programs_per_slot=per_slot, rows_tile_elems=rows)
 
 
 def split_candidates():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 
@@ -63,6 +64,31 @@ def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
 def interpreting() -> bool:
     """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1 at import)."""
     return type(softmax_tile_kernel).__name__ == "InterpretedFunction"
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_problem() -> str | None:
+    """Why this machine's Triton interpreter cannot run the kernels, or None when it can.
+
+    Probed once by running the tile kernel on a tiny CPU tensor: some Triton/numpy pairs break
+    the interpreter's loops over program ids (Triton 3.6 with numpy >= 2.4: "only 0-dimensional
+    arrays can be converted to Python scalars"), and that must read as "unavailable, because",
+    not as a wrong or crashing backend.
+    """
+    from ..core.layout import RowLayout
+
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    y = torch.empty_like(x)
+    layout = RowLayout.from_strides((2, 3), (3, 1), (3, 1), 1)
+    try:
+        launch(KernelPlan("tile", 1, 4, 1), x, y, layout, False)
+    except Exception as exc:  # the interpreter's own failure, reported as the reason
+        import numpy
+        return (f"the Triton {triton.__version__} interpreter fails here with numpy {numpy.__version__} "
+                f"({type(exc).__name__}: {exc}); upgrade triton")
+    if not torch.allclose(y, torch.softmax(x, 1)):
+        return f"the Triton {triton.__version__} interpreter computes wrong results on this machine"
+    return None
 
 
 KERNELS = {"tile": softmax_tile_kernel, "online": softmax_online_kernel, "split": softmax_split_kernel}

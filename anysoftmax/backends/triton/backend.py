@@ -12,7 +12,7 @@ from ...core.cache import OnceCache
 from ...core.layout import RowLayout, allocate_rows
 from ...core.spec import SoftmaxSpec
 from ...core.layout import new_output
-from ...kernels.launch import (KernelPlan, backward_args, backward_constexprs, interpreting, kernel_args,
+from ...kernels.launch import (KernelPlan, backward_args, backward_constexprs, interpreter_problem, interpreting, kernel_args,
                                kernel_constexprs, kernel_for, launch, launch_backward, launch_options, split_args)
 from . import heuristics
 from .device import device_props
@@ -60,7 +60,7 @@ class TritonBackend:
 
     def is_available(self) -> str | None:
         if interpreting():
-            return None
+            return interpreter_problem()
         if not torch.cuda.is_available():
             return "no CUDA or ROCm GPU visible (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set"
         return None
@@ -114,6 +114,8 @@ class TritonBackend:
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
             grid = min(n_items, (resident // tile["chunks"]) * tile["chunks"])
+        elif tile["kind"] == "tile":
+            grid = min(n_items, resident * heuristics.table()["tile_programs_per_slot"])
         else:
             grid = min(n_items, resident)
         return KernelPlan(grid=max(grid, 1), options=options, cooperative=cooperative, **common)

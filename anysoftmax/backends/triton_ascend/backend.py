@@ -23,7 +23,7 @@ import torch
 
 from ...core.layout import RowLayout, allocate_rows
 from ...core.spec import SoftmaxSpec
-from ...kernels.launch import KernelPlan, interpreting, launch
+from ...kernels.launch import KernelPlan, interpreter_problem, interpreting, launch
 from . import npu, planning, settings
 
 _FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp or max (Atlas A2/A3); "
@@ -38,7 +38,7 @@ class TritonAscendBackend:
     def is_available(self) -> str | None:
         """None when some device can run it here (interpreter, CUDA cross-check or an NPU)."""
         if interpreting():
-            return None
+            return interpreter_problem()
         if npu.crosscheck_on_cuda() and torch.cuda.is_available():
             return None
         reason = npu.missing_reason()
