@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,3 +33,33 @@ def load_tuning(name: str) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     return data
+
+
+class Overrides:
+    """Thread-local replacements of a tuning table's values, as a context manager:
+    `with overrides(max_tile_elems=64): ...` (tests lower thresholds so rare paths run)."""
+
+    def __init__(self, table: str):
+        self.table = table
+        self._local = threading.local()
+
+    def active(self) -> dict:
+        """The values replaced in this thread now."""
+        return getattr(self._local, "values", None) or {}
+
+    def key(self) -> tuple:
+        """The active overrides as a hashable key (for caches of plans derived from the table)."""
+        return tuple(sorted((k, repr(v)) for k, v in self.active().items()))
+
+    @contextmanager
+    def __call__(self, **values):
+        known = set(load_tuning(self.table))
+        unknown = set(values) - known
+        if unknown:
+            raise KeyError(f"unknown {self.table} tuning key(s) {sorted(unknown)}; known: {sorted(known)}")
+        old = getattr(self._local, "values", None)
+        self._local.values = {**(old or {}), **values}
+        try:
+            yield
+        finally:
+            self._local.values = old

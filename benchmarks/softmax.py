@@ -45,7 +45,7 @@ def run_provider(provider: str, direction: str, cases: list, case_timeout: float
         proc.stdin.write(json.dumps(dict(provider=provider, direction=direction, cases=todo)))
         proc.stdin.close()
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
+        threading.Thread(target=lambda: [lines.put(text) for text in proc.stdout] + [lines.put(None)], daemon=True).start()
         while todo:
             try:
                 line = lines.get(timeout=case_timeout)

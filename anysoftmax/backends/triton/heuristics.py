@@ -6,42 +6,24 @@ lower `max_tile_elems` so the long-row path runs on small CPU tensors.
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
 import triton
 
-from ...config import load_tuning
+from ...config import Overrides, load_tuning
 from ...core.layout import RowLayout
 from ...kernels.launch import aligned_rows
 
-_local = threading.local()
+override = Overrides("triton")
 
 
 def table() -> dict:
     """The tuning table with any active overrides applied."""
-    base = load_tuning("triton")
-    extra = getattr(_local, "overrides", None)
-    return {**base, **extra} if extra else base
-
-
-@contextmanager
-def override(**values):
-    """Temporarily replace tuning values (this thread only)."""
-    unknown = set(values) - set(load_tuning("triton"))
-    if unknown:
-        raise KeyError(f"unknown tuning key(s) {sorted(unknown)}; known: {sorted(load_tuning('triton'))}")
-    old = getattr(_local, "overrides", None)
-    _local.overrides = {**(old or {}), **values}
-    try:
-        yield
-    finally:
-        _local.overrides = old
+    extra = override.active()
+    return {**load_tuning("triton"), **extra} if extra else load_tuning("triton")
 
 
 def overrides_key() -> tuple:
     """The active overrides, for cache keys of plans derived from the table."""
-    return tuple(sorted((k, repr(v)) for k, v in (getattr(_local, "overrides", None) or {}).items()))
+    return override.key()
 
 
 def warps_for(elems: int, t: dict) -> int:

@@ -11,15 +11,13 @@ and what is allowed, before anything is launched.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
 import yaml
 
-from ...config import config_dir, load_tuning
+from ...config import Overrides, config_dir, load_tuning
 
 ENV_GRID = "ANYSOFTMAX_ASCEND_GRID"
 ENV_UB_BYTES = "ANYSOFTMAX_ASCEND_UB_BYTES"
@@ -58,27 +56,13 @@ def load_profiles() -> dict:
     return {str(name): dict(p) for name, p in profiles.items()}
 
 
-_local = threading.local()
-
-
-@contextmanager
-def override(**values):
-    """Temporarily replace tuning values (this thread only), e.g. `override(ub_bytes=1024)`."""
-    known = set(load_tuning("triton_ascend"))
-    unknown = set(values) - known
-    if unknown:
-        raise KeyError(f"unknown triton_ascend setting(s) {sorted(unknown)}; known: {sorted(known)}")
-    old = getattr(_local, "overrides", None)
-    _local.overrides = {**(old or {}), **values}
-    try:
-        yield
-    finally:
-        _local.overrides = old
+# Temporarily replace settings (this thread only), e.g. `override(ub_bytes=1024)`.
+override = Overrides("triton_ascend")
 
 
 def current() -> Settings:
     """The settings in force now (table, profile, overrides and environment)."""
-    return resolve(load_tuning("triton_ascend"), getattr(_local, "overrides", None) or {}, os.environ,
+    return resolve(load_tuning("triton_ascend"), override.active(), os.environ,
                    load_profiles())
 
 
