@@ -1,7 +1,8 @@
 """The implementations a benchmark compares, each built lazily: a missing package makes a
 provider unavailable (recorded with the reason), never a crash of the run.
 
-Forward providers are called as fn(x) -> softmax(x, -1); backward ones as fn(y, dy) -> dx.
+Forward providers are built for a reduced `dim` and called as fn(x) -> softmax(x, dim); backward
+ones as fn(y, dy) -> dx over the last dim.
 """
 
 from __future__ import annotations
@@ -29,19 +30,21 @@ def anysoftmax_names() -> list[str]:
 PEERS = ["torch", "torch.compile", "seed", "liger", "quack"]
 
 
-def forward(name: str):
-    """The forward function of provider `name`."""
+def forward(name: str, dim: int = -1):
+    """The forward function of provider `name`, reducing over `dim` of a 2-D input."""
     import anysoftmax
 
     if name == "anysoftmax":
-        return lambda x: anysoftmax.softmax(x, -1)
+        return lambda x: anysoftmax.softmax(x, dim)
     if name.startswith("anysoftmax:"):
         backend = name.split(":", 1)[1]
-        return lambda x: anysoftmax.softmax(x, -1, backend=backend)
+        return lambda x: anysoftmax.softmax(x, dim, backend=backend)
     if name == "torch":
-        return lambda x: torch.softmax(x, -1)
+        return lambda x: torch.softmax(x, dim)
     if name == "torch.compile":
-        return torch.compile(lambda x: torch.softmax(x, -1), dynamic=False)
+        return torch.compile(lambda x: torch.softmax(x, dim), dynamic=False)
+    if dim not in (-1, 1):
+        raise Unavailable(f"{name} reduces over the last dim only")
     if name == "seed":
         from .seed import seed_softmax
         return seed_softmax

@@ -7,7 +7,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-FIELDS = ["provider", "dtype", "M", "N", "gbps", "frac_of_copy", "us", "max_err", "status", "detail"]
+FIELDS = ["provider", "dtype", "M", "N", "dim", "gbps", "frac_of_copy", "us", "max_err", "status", "detail"]
 
 
 def write(result: dict, out_dir: Path, stem: str) -> list[Path]:
@@ -35,7 +35,7 @@ def plot(result: dict, path: Path) -> None:
     for ax, dtype in zip(axes[0], dtypes):
         series = defaultdict(list)
         for r in result["results"]:
-            if r["dtype"] == dtype and r["status"] == "ok":
+            if r["dtype"] == dtype and r["status"] == "ok" and r.get("dim", -1) in (-1, 1):
                 series[r["provider"]].append((r["N"], r["gbps"], r["M"]))
         for name, pts in sorted(series.items()):
             pts.sort()
@@ -55,14 +55,15 @@ def plot(result: dict, path: Path) -> None:
 def print_table(result: dict) -> None:
     """Fraction of copy bandwidth per shape (rows) and provider (columns)."""
     providers = list(dict.fromkeys(r["provider"] for r in result["results"]))
-    cells = {(r["dtype"], r["M"], r["N"], r["provider"]): r for r in result["results"]}
-    shapes = list(dict.fromkeys((r["dtype"], r["M"], r["N"]) for r in result["results"]))
+    cells = {(r["dtype"], r["M"], r["N"], r.get("dim", -1), r["provider"]): r for r in result["results"]}
+    shapes = list(dict.fromkeys((r["dtype"], r["M"], r["N"], r.get("dim", -1)) for r in result["results"]))
     head = f"{'dtype':9} {'M x N':>15} " + " ".join(f"{p[-14:]:>14}" for p in providers)
     print(f"\nfraction of copy bandwidth ({result['copy_gbps']:.0f} GB/s), {result['device']}")
     print(head)
-    for d, m, n in shapes:
+    for d, m, n, dim in shapes:
         vals = []
         for p in providers:
-            r = cells.get((d, m, n, p))
+            r = cells.get((d, m, n, dim, p))
             vals.append(f"{r['frac_of_copy']:.2f}" if r and r["status"] == "ok" else (r["status"] if r else "-"))
-        print(f"{d:9} {f'{m}x{n}':>15} " + " ".join(f"{v:>14}" for v in vals))
+        label = f"{m}x{n}" + (f" dim{dim}" if dim not in (-1, 1) else "")
+        print(f"{d:9} {label:>15} " + " ".join(f"{v:>14}" for v in vals))

@@ -23,14 +23,16 @@ from pathlib import Path
 GRID = [(32768, 128), (32768, 256), (32768, 1024), (16384, 4096), (16384, 8192), (8192, 16384),
         (4096, 32768), (2048, 65536), (1024, 131072), (512, 262144), (64, 1048576), (16, 131072), (4823, 781)]
 SWEEP = [(4096, n) for n in range(256, 12672 + 1, 128)]
+# Reductions over dim 0 (strided columns, adjacent rows): (M, N, dim).
+NON_LAST = [(8192, 8192, 0), (16384, 1024, 0)]
 QUICK = [(32768, 128), (32768, 1024), (16384, 8192), (1024, 131072), (64, 1048576), (16, 131072), (4823, 781)]
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
 def _failed(provider, case, detail):
-    dtype, m, n = case
-    return dict(provider=provider, dtype=dtype, M=m, N=n, gbps=0.0, frac_of_copy=0.0, us=0.0,
-                max_err=float("nan"), status="failed", detail=detail)
+    dtype, m, n, *dim = case
+    return dict(provider=provider, dtype=dtype, M=m, N=n, dim=dim[0] if dim else -1, gbps=0.0, frac_of_copy=0.0,
+                us=0.0, max_err=float("nan"), status="failed", detail=detail)
 
 
 def run_provider(provider: str, direction: str, cases: list, case_timeout: float) -> list[dict]:
@@ -77,6 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--bwd", action="store_true", help="benchmark the backward pass")
     p.add_argument("--quick", action="store_true", help="a few shapes only")
     p.add_argument("--sweep", action="store_true", help="also the seed's M=4096 N=256..12672 sweep (fp32)")
+    p.add_argument("--non-last-only", action="store_true", help="only the reductions over dim 0")
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--providers", default="", help="comma list (default: anysoftmax providers + peers)")
     p.add_argument("--out", default="benchmarks/results", help="results folder (a sub-folder per GPU)")
@@ -98,8 +101,10 @@ def main(argv=None) -> int:
     copy = copy_bandwidth_gbps()
     print(f"{device}: copy bandwidth {copy:.0f} GB/s (read + write)", flush=True)
     names = [s for s in args.providers.split(",") if s] or providers.anysoftmax_names() + providers.PEERS
-    shapes = QUICK if args.quick else GRID
+    shapes = [] if args.non_last_only else QUICK if args.quick else GRID
     cases = [(d, m, n) for d in args.dtypes.split(",") for m, n in shapes]
+    if not args.bwd:
+        cases += [(d, m, n, dim) for d in args.dtypes.split(",") for m, n, dim in NON_LAST]
     if args.sweep:
         cases += [("float32", m, n) for m, n in SWEEP]
     rows = []

@@ -18,12 +18,17 @@ from pathlib import Path
 import torch
 
 TILE_SHAPES = [(32768, 128), (32768, 1024), (16384, 4096), (16384, 8192), (4823, 781)]
-SPLIT_SHAPES = []
+SPLIT_SHAPES = [(2048, 65536), (512, 262144), (64, 1048576), (16, 131072)]
+NON_LAST_SHAPES: list = []  # (M, N) reduced over dim 0; the dim-0 experiment used 8192x8192, 16384x1024
 
 
 def tile_candidates():
     for per_slot, rows in itertools.product([1, 4, 64], [2048, 1]):
         yield dict(tile_programs_per_slot=per_slot, rows_tile_elems=rows)
+
+
+def non_last_candidates():
+    yield {}
 
 
 def split_candidates():
@@ -50,8 +55,10 @@ def main(argv=None) -> int:
     copy = copy_bandwidth_gbps()
     print(f"{dev}: copy {copy:.0f} GB/s", flush=True)
     rows = []
-    work = [(s, tile_candidates) for s in TILE_SHAPES] + [(s, split_candidates) for s in SPLIT_SHAPES]
-    for (m, n), cands in work:
+    work = ([((m, n, -1), tile_candidates) for m, n in TILE_SHAPES]
+            + [((m, n, -1), split_candidates) for m, n in SPLIT_SHAPES]
+            + [((m, n, 0), non_last_candidates) for m, n in NON_LAST_SHAPES])
+    for (m, n, dim), cands in work:
         for dname in args.dtypes.split(","):
             dtype = getattr(torch, dname)
             sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),)
@@ -60,17 +67,18 @@ def main(argv=None) -> int:
             for cand in cands():
                 try:
                     with heuristics.override(**cand):
-                        out = anysoftmax.softmax(sets[0][0], -1, backend="triton")
-                        ok = compare(out, sets[0][0], SoftmaxSpec.from_tensor(sets[0][0], -1), device="cuda").ok
-                        ms = median_ms(lambda x: anysoftmax.softmax(x, -1, backend="triton"), sets) if ok else float("nan")
+                        out = anysoftmax.softmax(sets[0][0], dim, backend="triton")
+                        ok = compare(out, sets[0][0], SoftmaxSpec.from_tensor(sets[0][0], dim), device="cuda").ok
+                        ms = (median_ms(lambda x: anysoftmax.softmax(x, dim, backend="triton"), sets)
+                              if ok else float("nan"))
                 except Exception as exc:  # a candidate that does not compile is a result too
                     ok, ms = False, float("nan")
                     cand = {**cand, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}
                 frac = 2 * m * n * dtype.itemsize / (ms * 1e-3) / 1e9 / copy if ok else 0.0
-                rows.append(dict(M=m, N=n, dtype=dname, ok=ok, ms=ms, frac=frac, **{k: str(v) for k, v in cand.items()}))
+                rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=ok, ms=ms, frac=frac, **{k: str(v) for k, v in cand.items()}))
                 if ok and (best is None or frac > best[0]):
                     best = (frac, cand)
-            print(f"{dname:9} {m}x{n}: best {best[0] if best else 0:.3f} with {best[1] if best else None}", flush=True)
+            print(f"{dname:9} {m}x{n} dim {dim}: best {best[0] if best else 0:.3f} with {best[1] if best else None}", flush=True)
     out = Path(args.out) / gpu_dir_name(dev)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune_triton.json").write_text(json.dumps(dict(device=dev, copy_gbps=copy, results=rows), indent=1))

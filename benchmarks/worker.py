@@ -28,12 +28,12 @@ def _check_backward(dx, y, dy, spec) -> tuple[bool, float, str]:
     return ok, float(err.max()), "" if ok else f"max |err| {float(err.max()):.3g} over tolerance"
 
 
-def run_case(provider: str, direction: str, dtype_name: str, m: int, n: int) -> dict:
+def run_case(provider: str, direction: str, dtype_name: str, m: int, n: int, dim: int = -1) -> dict:
     dtype = DTYPES[dtype_name]
-    row = dict(provider=provider, dtype=dtype_name, M=m, N=n, gbps=0.0, frac_of_copy=0.0, us=0.0,
+    row = dict(provider=provider, dtype=dtype_name, M=m, N=n, dim=dim, gbps=0.0, frac_of_copy=0.0, us=0.0,
                max_err=float("nan"), status="failed", detail="")
     try:
-        fn = forward(provider) if direction == "fwd" else backward(provider)
+        fn = forward(provider, dim) if direction == "fwd" else backward(provider)
     except Unavailable as exc:
         row.update(status="unavailable", detail=str(exc))
         return row
@@ -44,7 +44,7 @@ def run_case(provider: str, direction: str, dtype_name: str, m: int, n: int) -> 
         if direction == "fwd":
             sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),) for _ in range(n_sets)]
             out = fn(*sets[0])
-            spec = SoftmaxSpec.from_tensor(sets[0][0], -1)
+            spec = SoftmaxSpec.from_tensor(sets[0][0], dim)
             cmp = compare(out, sets[0][0], spec, device="cuda")
             ok, err, detail = cmp.ok, cmp.max_abs_err, cmp.detail
             bytes_moved = 2 * m * n * elem

@@ -22,7 +22,6 @@ class KernelPlan:
     kind: "tile" (a row fits in one BLOCK_N tile, BLOCK_M rows per step), "online" (a row is
     walked in BLOCK_N sub-blocks by one program) or "split" (a row is cut into `chunks` pieces of
     BLOCK_N held by different programs; `cooperative` fuses the two phases in one launch).
-    `align` > 1 reads rows through 16-byte aligned windows (tile kernel, contiguous rows).
     `options` are extra launch options a backend needs (`num_warps`/`num_stages` on GPUs,
     `multibuffer` on Ascend).
     """
@@ -32,7 +31,6 @@ class KernelPlan:
     block_n: int
     grid: int
     options: dict = field(default_factory=dict)
-    align: int = 1
     chunks: int = 1
     cooperative: bool = False
     prefetch: bool = False
@@ -113,25 +111,13 @@ def split_args(plan: KernelPlan, x, y, layout: RowLayout, stats, counts) -> tupl
     return (x, y, stats, counts, layout.n_rows, layout.n_cols, plan.chunks, *strides_args(layout))
 
 
-def aligned_rows(layout: RowLayout, elem_bytes: int) -> int:
-    """Elements per 16-byte window if rows may be read through aligned windows, else 1: only
-    for unit-stride rows laid out identically in input and output (both contiguous) whose row
-    strides are not already multiples of 16 bytes."""
-    vec = 16 // elem_bytes
-    same = layout.in_row_strides == layout.out_row_strides and layout.in_col_stride == layout.out_col_stride == 1
-    if vec <= 1 or not same or all(s % vec == 0 for s in layout.in_row_strides):
-        return 1
-    return vec
-
-
 def kernel_constexprs(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
     """Compile-time parameters of the plan's kernel."""
     # Column offsets are int32 unless the row's extent in elements could overflow it.
     col_extent = (layout.n_cols - 1) * max(abs(layout.in_col_stride), abs(layout.out_col_stride)) + plan.block_n
     meta = dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=col_extent > INT32_MAX)
     if plan.kind == "tile":
-        meta.update(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, NUM_STAGES=plan.options.get("num_stages", 1),
-                    ALIGN=plan.align)
+        meta.update(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, NUM_STAGES=plan.options.get("num_stages", 1))
     elif plan.kind == "online":
         meta.update(BLOCK_N=plan.block_n)
     else:

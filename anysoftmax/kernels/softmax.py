@@ -59,7 +59,7 @@ def softmax_tile_kernel(
     x_ptr, y_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
@@ -69,20 +69,9 @@ def softmax_tile_kernel(
     for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
-        if ALIGN > 1:
-            # Rows of odd length start at addresses that are not 16-byte aligned, which forces
-            # scalar loads. Read each row through the aligned window that contains it instead
-            # (ALIGN elements = 16 bytes) and mask the row's own elements: the window starts
-            # `shift` elements early, so BLOCK_N >= n_cols + ALIGN - 1. Only used when input
-            # and output rows coincide (both contiguous), so one offset serves both.
-            base = (x_off // ALIGN) * ALIGN
-            shift = x_off - base
-            col_mask = (cols[None, :] >= shift[:, None]) & (cols[None, :] < shift[:, None] + n_cols)
-            mask = (rows < n_rows)[:, None] & col_mask
-            x_ptrs = x_ptr + base[:, None] + cols[None, :]
-        else:
-            mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-            x_ptrs = x_ptr + x_off[:, None] + cols[None, :] * xsn
+        y_off = _row_offsets(rows, S1, S2, ys0, ys1, ys2)
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        x_ptrs = x_ptr + x_off[:, None] + cols[None, :] * xsn
         x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(acc_ty)
         z = x - tl.max(x, axis=1)[:, None]
         e = _exp(z, ACC_FP64)
@@ -91,10 +80,7 @@ def softmax_tile_kernel(
             y = z - tl.log(s)[:, None]
         else:
             y = e * (1.0 / s)[:, None]
-        if ALIGN > 1:
-            y_ptrs = y_ptr + base[:, None] + cols[None, :]
-        else:
-            y_ptrs = y_ptr + _row_offsets(rows, S1, S2, ys0, ys1, ys2)[:, None] + cols[None, :] * ysn
+        y_ptrs = y_ptr + y_off[:, None] + cols[None, :] * ysn
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

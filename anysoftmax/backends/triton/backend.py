@@ -81,18 +81,16 @@ class TritonBackend:
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
         sm_count = None if interpreting() else device_props(self._index(x)).multiprocessor_count
-        tile = heuristics.choose_tile(layout, min(x.element_size(), y.element_size()), sm_count)
+        tile = heuristics.choose_tile(layout, sm_count)
         if backward:
-            # The backward kernel has two forms: whole rows on chip, or rows split in chunks
-            # (its tile form reads rows through strides, never through aligned windows).
-            tile = (heuristics.choose_tile(layout, 16, sm_count) if tile["kind"] == "tile"
-                    else heuristics.split_tile(layout, sm_count))
+            # The backward kernel has two forms: whole rows on chip, or rows split in chunks.
+            tile = tile if tile["kind"] == "tile" else heuristics.split_tile(layout, sm_count)
         if tile["kind"] == "split":
             n_items = layout.n_rows * tile["chunks"]
         else:
             n_items = -(-layout.n_rows // tile["block_m"])
-        common = dict(kind=tile["kind"], block_m=tile["block_m"], block_n=tile["block_n"], align=tile["align"],
-                      chunks=tile["chunks"], prefetch=tile["prefetch"])
+        common = dict(kind=tile["kind"], block_m=tile["block_m"], block_n=tile["block_n"], chunks=tile["chunks"],
+                      prefetch=tile["prefetch"])
         if interpreting():
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).

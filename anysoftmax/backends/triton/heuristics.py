@@ -10,7 +10,6 @@ import triton
 
 from ...config import Overrides, load_tuning
 from ...core.layout import RowLayout
-from ...kernels.launch import aligned_rows
 
 override = Overrides("triton")
 
@@ -33,19 +32,18 @@ def warps_for(elems: int, t: dict) -> int:
     return t["warps_by_tile_elems"][-1][1]
 
 
-def choose_tile(layout: RowLayout, elem_bytes: int, sm_count: int | None = None) -> dict:
-    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, align, chunks}."""
+def choose_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
+    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, chunks, prefetch}."""
     t = table()
-    align = aligned_rows(layout, elem_bytes) if t["align_rows"] else 1
-    block_n = triton.next_power_of_2(max(layout.n_cols + align - 1, 1))
+    block_n = triton.next_power_of_2(max(layout.n_cols, 1))
     if block_n <= t["max_tile_elems"]:
         block_m = max(1, t["rows_tile_elems"] // block_n)
         block_m = min(block_m, triton.next_power_of_2(layout.n_rows))
         return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=warps_for(block_m * block_n, t),
-                    align=align, chunks=1, prefetch=False)
+                    chunks=1, prefetch=False)
     if t["long_rows"] == "online":
         block_n = min(t["online_block_n"], t["max_tile_elems"])
-        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], align=1, chunks=1,
+        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], chunks=1,
                     prefetch=False)
     return split_tile(layout, sm_count)
 
@@ -60,7 +58,7 @@ def split_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
         while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * -(-layout.n_cols // chunk) < wanted:
             chunk //= 2
     warps = next((w for bound, w in t["split_warps_by_chunk"] if chunk <= bound), t["split_warps_by_chunk"][-1][1])
-    return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps, align=1,
+    return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps,
                 chunks=-(-layout.n_cols // chunk), prefetch=bool(t["split_prefetch"]))
 
 
