@@ -39,9 +39,9 @@ def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str |
     got = out.detach().to(device).to(torch.float64)
     nan_e, nan_g = torch.isnan(expected), torch.isnan(got)
     if not torch.equal(nan_e, nan_g):
-        where = (nan_e != nan_g).nonzero()[0].tolist()
+        where = tuple((nan_e != nan_g).nonzero()[0].tolist())
         return Comparison(False, float("nan"), float("inf"),
-                          f"NaN mismatch at {where}: got {got[tuple(where)].item()}, expected {expected[tuple(where)].item()}")
+                          f"NaN mismatch at {list(where)}: got {got[where].item()}, expected {expected[where].item()}")
     inf_e = torch.isinf(expected)
     if not torch.equal(got[inf_e], expected[inf_e]) or torch.isinf(got[~inf_e]).any():
         return Comparison(False, float("inf"), float("inf"), "infinities differ from the reference")

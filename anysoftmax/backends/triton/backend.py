@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, allocate_rows
+from ...core.layout import RowLayout, allocate_rows, new_output
 from ...core.spec import SoftmaxSpec
-from ...core.layout import new_output
-from ...kernels.launch import (KernelPlan, backward_args, backward_constexprs, interpreter_problem, interpreting, kernel_args,
-                               kernel_constexprs, kernel_for, launch, launch_backward, launch_options, split_args)
+from ...kernels.launch import (KernelPlan, backward_args, backward_constexprs, interpreter_problem, interpreting,
+                               kernel_args, kernel_constexprs, kernel_for, launch, launch_backward, launch_options,
+                               split_args)
 from . import heuristics
 from .device import device_props
 from .occupancy import KernelResources, programs_per_sm
@@ -70,7 +70,8 @@ class TritonBackend:
             return None
         if spec.device.type == "cpu":
             return None if interpreting() else (
-                "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax")
+                "CPU tensors run only through the Triton interpreter: "
+                "set TRITON_INTERPRET=1 before importing anysoftmax")
         return f"device type {spec.device.type!r} is not supported (cuda, or cpu with TRITON_INTERPRET=1)"
 
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
