@@ -35,3 +35,20 @@ def check(x: torch.Tensor, dim: int, *, backend: str, log: bool, dtype=None) -> 
     out = fn(x, dim, dtype=dtype, backend=backend)
     result = compare(out, x, spec)
     assert result.ok, f"{backend} {spec.describe()}: {result.detail}"
+
+
+class StubBackend:
+    """A test backend: available, supports everything, serves CPU tensors; subclasses override."""
+
+    name = "stub"
+    devices = ("cpu",)
+    priority = -1
+
+    def is_available(self):
+        return None
+
+    def supports(self, spec):
+        return None
+
+    def run(self, x, spec):
+        raise NotImplementedError

@@ -6,6 +6,7 @@ import torch
 import anysoftmax
 from anysoftmax.core import SoftmaxSpec, compare, registry
 from anysoftmax.core.layout import new_output
+from helpers import StubBackend
 
 
 def _case(gen, dtype=torch.float32, log=False):
@@ -41,18 +42,10 @@ def test_nan_inf_shape_dtype_mismatches_fail(gen):
     assert "dtype" in compare(y.double(), x, spec).detail
 
 
-class _ForgetfulBackend:
+class _ForgetfulBackend(StubBackend):
     """Writes every element but the last, into an output from `new_output`."""
 
     name = "forgetful"
-    devices = ("cpu",)
-    priority = -1
-
-    def is_available(self):
-        return None
-
-    def supports(self, spec):
-        return None
 
     def run(self, x, spec):
         y = new_output(spec.shape, spec.out_dtype, x.device)

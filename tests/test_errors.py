@@ -6,23 +6,15 @@ import torch
 import anysoftmax
 from anysoftmax import BackendUnavailableError, UnsupportedRequestError
 from anysoftmax.core import registry
-from helpers import runnable_backends
+from helpers import StubBackend, runnable_backends
 
 BACKENDS = runnable_backends("cpu")
 
 
-class _ExplodingBackend:
+class _ExplodingBackend(StubBackend):
     """Available, supports everything, and fails the test if a kernel would be launched."""
 
     name = "exploding"
-    devices = ("cpu",)
-    priority = -1
-
-    def is_available(self):
-        return None
-
-    def supports(self, spec):
-        return None
 
     def run(self, x, spec):
         raise AssertionError("a kernel was launched for a bad request")

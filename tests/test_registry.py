@@ -7,6 +7,7 @@ import torch
 
 import anysoftmax
 from anysoftmax.core import SoftmaxSpec, registry, select
+from helpers import StubBackend
 
 
 def test_list_backends_reports_every_backend_with_reason():
@@ -21,19 +22,12 @@ def test_automatic_choice_on_cpu_is_torch():
     assert select(SoftmaxSpec.from_tensor(torch.randn(2, 3), 1)).name == "torch"
 
 
-class _Broken:
+class _Broken(StubBackend):
     name = "cpu-broken"
-    devices = ("cpu",)
     priority = 1000
 
     def is_available(self):
         return "needs hardware this machine lacks"
-
-    def supports(self, spec):
-        return None
-
-    def run(self, x, spec):
-        raise AssertionError("must not run")
 
 
 def test_automatic_choice_falls_through_with_debug_log(caplog):
