@@ -14,17 +14,11 @@ import torch
 
 import anysoftmax
 from anysoftmax.core import unregister
+from helpers import StubBackend
 
 
-class _Base:
-    devices = ("cpu",)
+class _Base(StubBackend):
     priority = -100
-
-    def is_available(self):
-        return None
-
-    def supports(self, spec):
-        return None
 
 
 class Wrong(_Base):

@@ -20,6 +20,18 @@ class Comparison:
     detail: str = ""
 
 
+def check_form(out: torch.Tensor, shape: tuple, dtype: torch.dtype, what: str = "") -> Comparison | None:
+    """The verdict when `out` has the wrong shape or dtype (a failure) or is empty (a pass);
+    None when its values still need checking. `what` prefixes the message ("gradient ")."""
+    if tuple(out.shape) != tuple(shape):
+        return Comparison(False, float("inf"), float("inf"), f"{what}shape {tuple(out.shape)} != {tuple(shape)}")
+    if out.dtype != dtype:
+        return Comparison(False, float("inf"), float("inf"), f"{what}dtype {out.dtype} != {dtype}")
+    if out.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    return None
+
+
 def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu") -> Comparison:
     """Check `out` (a backend's result for input `x`) against the float64 reference.
 
@@ -28,12 +40,9 @@ def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str |
     NaN must match NaN, infinities must match exactly, finite values within the tolerance.
     Shape and dtype are checked first. `device` is where the float64 reference is evaluated.
     """
-    if tuple(out.shape) != spec.shape:
-        return Comparison(False, float("inf"), float("inf"), f"shape {tuple(out.shape)} != {spec.shape}")
-    if out.dtype != spec.out_dtype:
-        return Comparison(False, float("inf"), float("inf"), f"dtype {out.dtype} != {spec.out_dtype}")
-    if out.numel() == 0:
-        return Comparison(True, 0.0, 0.0)
+    early = check_form(out, spec.shape, spec.out_dtype)
+    if early is not None:
+        return early
     tol = spec.tolerance
     expected = reference(x, spec, device).to(spec.out_dtype).to(torch.float64)
     got = out.detach().to(device).to(torch.float64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import api
-from ..core.compare import Comparison, compare
+from ..core.compare import Comparison, check_form, compare
 from ..core.spec import SoftmaxSpec, parse_dtype
 from .cells import Cell
 
@@ -60,12 +60,9 @@ def compare_grad(dx: torch.Tensor, x: torch.Tensor, dy: torch.Tensor, spec: Soft
     rtol * |log p|). Both scales bound |dx_i| itself, so the final rounding is covered too.
     The float64 reference is evaluated on `device`.
     """
-    if tuple(dx.shape) != spec.shape:
-        return Comparison(False, float("inf"), float("inf"), f"gradient shape {tuple(dx.shape)} != {spec.shape}")
-    if dx.dtype != x.dtype:
-        return Comparison(False, float("inf"), float("inf"), f"gradient dtype {dx.dtype} != {x.dtype}")
-    if dx.numel() == 0:
-        return Comparison(True, 0.0, 0.0)
+    early = check_form(dx, spec.shape, x.dtype, "gradient ")
+    if early is not None:
+        return early
     expected, y64 = _grad_reference(x, dy, spec, device)
     got = dx.detach().to(device).to(torch.float64)
     if not torch.isfinite(got).all():
