@@ -27,7 +27,10 @@ def anysoftmax_names() -> list[str]:
     return names
 
 
-PEERS = ["torch", "torch.compile", "seed", "liger", "quack"]
+# "copy" is not a softmax: it moves the same bytes (forward: clone; backward: y + dy, two reads
+# and one write) and shows what any kernel can reach on that shape, launch overhead included.
+PEERS = ["copy", "torch", "torch.compile", "seed", "liger", "quack"]
+REFERENCE_ONLY = {"copy"}
 
 
 def forward(name: str, dim: int = -1):
@@ -39,6 +42,8 @@ def forward(name: str, dim: int = -1):
     if name.startswith("anysoftmax:"):
         backend = name.split(":", 1)[1]
         return lambda x: anysoftmax.softmax(x, dim, backend=backend)
+    if name == "copy":
+        return lambda x: x.clone()
     if name == "torch":
         return lambda x: torch.softmax(x, dim)
     if name == "torch.compile":
@@ -70,6 +75,8 @@ def backward(name: str):
     if name == "anysoftmax" or name.startswith("anysoftmax:"):
         backend = None if name == "anysoftmax" else name.split(":", 1)[1]
         return lambda y, dy: softmax_backward(y, dy, -1, backend=backend)
+    if name == "copy":
+        return lambda y, dy: torch.add(y, dy)
     if name == "torch":
         return lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)
     if name == "torch.compile":

@@ -1,10 +1,11 @@
 """Sweep the `triton` backend's tuning table on the GPU at hand, to fill configs/tuning/triton.yaml.
 
-    python -m benchmarks.tune_triton [--out DIR]
+    python -m benchmarks.tune_triton [--out DIR] [--groups small,tile,split,cols] [--name NAME]
 
 For each shape and dtype, every candidate override of the table is checked against the
 reference and timed (do_bench median, inputs rotated); the best per shape is printed and all
-results are written to DIR/tune_<gpu>.json.
+results are written to DIR/<gpu>/NAME.json. Each shape also records a same-size copy
+(`candidate: copy`): the bandwidth a kernel moving that many bytes can reach at all.
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ from pathlib import Path
 
 import torch
 
-TILE_SHAPES = [(32768, 128), (32768, 1024), (16384, 4096), (16384, 8192), (4823, 781)]
+SMALL_SHAPES = [(32768, 128), (32768, 256), (4823, 781)]
+TILE_SHAPES = [(32768, 1024), (16384, 4096), (16384, 8192)]
 SPLIT_SHAPES = [(2048, 65536), (512, 262144), (64, 1048576), (16, 131072)]
-NON_LAST_SHAPES: list = []  # (M, N) reduced over dim 0; the dim-0 experiment used 8192x8192, 16384x1024
+COLS_SHAPES = [(8192, 8192), (16384, 1024), (1024, 8192)]  # reduced over dim 0
+
+
+def small_candidates():
+    for rows, warps in itertools.product([1024, 2048, 4096, 8192], [2, 4, 8]):
+        yield dict(rows_tile_elems=rows, warps_by_tile_elems=[[2**40, warps]])
 
 
 def tile_candidates():
@@ -27,21 +34,20 @@ def tile_candidates():
         yield dict(tile_programs_per_slot=per_slot, rows_tile_elems=rows)
 
 
-def non_last_candidates():
-    yield {}
-
-
-def split_candidates():
-    for chunk, prefetch in itertools.product([8192, 16384, 32768], [True, False]):
-        yield dict(split_chunk_elems=chunk, split_prefetch=prefetch)
-    yield dict(split_chunk_elems=32768, split_prefetch=False, split_warps_by_chunk=[[2**40, 32]])
-    yield dict(split_chunk_elems=8192, cooperative=False)
+def cols_candidates():
+    yield {}  # the table as it stands
+    yield dict(cols_warps_by_tile_elems=[[2**40, 4]])
+    yield dict(cols_warps_by_tile_elems=[[2**40, 16]])
+    yield dict(cols_block_i=32, cols_chunk_elems=4096)
+    yield dict(cols_block_i=32, cols_chunk_elems=16384)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--groups", default="small,tile,split,cols")
+    p.add_argument("--name", default="tune_triton")
     args = p.parse_args(argv)
 
     import anysoftmax
@@ -55,14 +61,19 @@ def main(argv=None) -> int:
     copy = copy_bandwidth_gbps()
     print(f"{dev}: copy {copy:.0f} GB/s", flush=True)
     rows = []
-    work = ([((m, n, -1), tile_candidates) for m, n in TILE_SHAPES]
-            + [((m, n, -1), split_candidates) for m, n in SPLIT_SHAPES]
-            + [((m, n, 0), non_last_candidates) for m, n in NON_LAST_SHAPES])
+    groups = {"small": (SMALL_SHAPES, -1, small_candidates), "tile": (TILE_SHAPES, -1, tile_candidates),
+              "split": (SPLIT_SHAPES, -1, split_candidates), "cols": (COLS_SHAPES, 0, cols_candidates)}
+    work = [((m, n, dim), cands) for g in args.groups.split(",") for (shapes, dim, cands) in [groups[g]]
+            for m, n in shapes]
     for (m, n, dim), cands in work:
         for dname in args.dtypes.split(","):
             dtype = getattr(torch, dname)
             sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),)
                     for _ in range(rotation_count(m * n * dtype.itemsize))]
+            copy_ms = median_ms(lambda x: x.clone(), sets)
+            rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=True, ms=copy_ms, candidate="copy",
+                             frac=2 * m * n * dtype.itemsize / (copy_ms * 1e-3) / 1e9 / copy))
+            print(f"{dname:9} {m}x{n} dim {dim}: same-size copy {rows[-1]['frac']:.3f}", flush=True)
             best = None
             for cand in cands():
                 try:
@@ -79,9 +90,10 @@ def main(argv=None) -> int:
                 if ok and (best is None or frac > best[0]):
                     best = (frac, cand)
             print(f"{dname:9} {m}x{n} dim {dim}: best {best[0] if best else 0:.3f} with {best[1] if best else None}", flush=True)
-    out = Path(args.out) / gpu_dir_name(dev)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tune_triton.json").write_text(json.dumps(dict(device=dev, copy_gbps=copy, results=rows), indent=1))
+            # Written after every shape: a run cut short by a time limit keeps what it measured.
+            out = Path(args.out) / gpu_dir_name(dev)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{args.name}.json").write_text(json.dumps(dict(device=dev, copy_gbps=copy, results=rows), indent=1))
     return 0
 
 

@@ -75,6 +75,14 @@ def with_specials(shape, scale=3.0):
     return make
 
 
+def with_special_columns(shape, scale=3.0):
+    """`with_specials` along dim 0 of a contiguous (shape[0], shape[1]) tensor: the special
+    values sit in columns, as a reduction over dim 0 sees them."""
+    def make(gen, dtype):
+        return with_specials((shape[1], shape[0]), scale)(gen, dtype).t().contiguous()
+    return make
+
+
 def _rank_dim_cases():
     shapes = {1: (37,), 2: (13, 29), 3: (5, 6, 7), 4: (3, 4, 5, 6)}
     for rank, shape in shapes.items():
@@ -94,6 +102,10 @@ CASES: list[Case] = [
     Case("expanded-rows", expanded((1, 50), (9, 50)), 1),
     Case("expanded-cols", expanded((9, 1), (9, 50)), 1),
     Case("permuted-4d", permuted((3, 4, 5, 6), (2, 0, 3, 1)), 2),
+    # Reductions across contiguous rows (inner dim >= 16): the transposed-tile column kernels.
+    Case("cols-3d", randn((4, 50, 40)), 1),
+    Case("cols-dim0-odd", randn((33, 70)), 0),
+    Case("cols-specials", with_special_columns((100, 20)), 0),
     Case("specials", with_specials((8, 100)), 1),
     Case("large-magnitude-fp32", uniform((16, 300), 1e4), 1, dtypes=(torch.float32, torch.float64)),
     Case("large-magnitude-fp16", uniform((16, 300), 6e4), 1, dtypes=(torch.float16,)),
@@ -129,6 +141,9 @@ LONG_ROW_CASES: list[Case] = [
     Case("long-transposed", transposed((200, 4), 0, 1), 1),
     Case("long-fp16-magnitude", uniform((3, 300), 6e4), 1, dtypes=(torch.float16,)),
     Case("long-dead-head", offset_with_dead_head((4, 300)), 1),
+    Case("long-cols", randn((2, 300, 40)), 1),
+    Case("long-cols-specials", with_special_columns((200, 24)), 0),
+    Case("long-cols-dead-head", lambda gen, dtype: offset_with_dead_head((20, 300))(gen, dtype).t().contiguous(), 0),
 ]
 
 

@@ -19,7 +19,8 @@ def test_cpu(backend, case, dtype, log, gen):
 
 # Tuning overrides that send short rows down each long-row path.
 LONG_ROW_PATHS = {
-    "split": dict(max_tile_elems=64, split_chunk_elems=32),
+    "split": dict(max_tile_elems=64, split_chunk_elems=32, cols_tile_elems=64, cols_block_i=16,
+                  cols_chunk_elems=128),
     "online": dict(max_tile_elems=64, long_rows="online", online_block_n=32),
 }
 
@@ -43,7 +44,7 @@ def test_cpu_backends_include_triton_under_interpreter():
     assert "torch" in CPU_BACKENDS
 
 
-GPU_EXTRA_SHAPES = [((4096, 4096), 1), ((8192, 1000), 0), ((64, 65536), 1), ((3, 262144), 1), ((32768, 128), 1)]
+GPU_EXTRA_SHAPES = [((4096, 4096), 1), ((8192, 1000), 0), ((8192, 8192), 0), ((16384, 1024), 0), ((64, 65536), 1), ((3, 262144), 1), ((32768, 128), 1)]
 
 
 @pytest.mark.gpu

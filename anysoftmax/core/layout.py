@@ -83,6 +83,33 @@ class RowLayout:
         )
 
 
+@dataclass(frozen=True)
+class ColumnView:
+    """A reduction over a non-innermost dim, seen as (n_outer, n_red, n_inner) with the inner
+    positions contiguous (stride 1) in input and output: the layout the column kernels read
+    in coalesced tiles."""
+
+    n_outer: int
+    n_red: int
+    n_inner: int
+    in_outer_stride: int
+    in_red_stride: int
+    out_outer_stride: int
+    out_red_stride: int
+
+
+def column_view(layout: RowLayout) -> ColumnView | None:
+    """`layout` as a `ColumnView`, or None when its innermost row dim is not contiguous in
+    both input and output or a third row dim remains."""
+    s0, s1, s2 = layout.row_sizes
+    if s0 != 1 or s2 < 2 or layout.in_row_strides[2] != 1 or layout.out_row_strides[2] != 1:
+        return None
+    if layout.in_col_stride == 1 or layout.out_col_stride == 1:
+        return None
+    return ColumnView(s1, layout.n_cols, s2, layout.in_row_strides[1], layout.in_col_stride,
+                      layout.out_row_strides[1], layout.out_col_stride)
+
+
 def allocate_rows(x, spec):
     """Allocate the output (contiguous, `spec.out_dtype`) and describe input and output as rows.
 

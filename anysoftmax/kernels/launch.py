@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from ..core.layout import RowLayout
+from ..core.layout import RowLayout, column_view
 from .softmax import softmax_online_kernel, softmax_split_kernel, softmax_tile_kernel
+from .softmax_cols import softmax_cols_kernel, softmax_cols_split_kernel
 
 INT32_MAX = 2**31 - 1
 
@@ -22,6 +23,8 @@ class KernelPlan:
     kind: "tile" (a row fits in one BLOCK_N tile, BLOCK_M rows per step), "online" (a row is
     walked in BLOCK_N sub-blocks by one program) or "split" (a row is cut into `chunks` pieces of
     BLOCK_N held by different programs; `cooperative` fuses the two phases in one launch).
+    "cols" / "cols_split" are the transposed forms for a reduction over a non-innermost dim
+    (`core.layout.ColumnView`): BLOCK_N reduction steps x BLOCK_M contiguous inner positions.
     `options` are extra launch options a backend needs (`num_warps`/`num_stages` on GPUs,
     `multibuffer` on Ascend).
     """
@@ -89,7 +92,9 @@ def interpreter_problem() -> str | None:
     return None
 
 
-KERNELS = {"tile": softmax_tile_kernel, "online": softmax_online_kernel, "split": softmax_split_kernel}
+KERNELS = {"tile": softmax_tile_kernel, "online": softmax_online_kernel, "split": softmax_split_kernel,
+           "cols": softmax_cols_kernel, "cols_split": softmax_cols_split_kernel}
+SPLIT_KINDS = ("split", "cols_split")
 
 
 def kernel_for(kind: str):
@@ -111,10 +116,37 @@ def split_args(plan: KernelPlan, x, y, layout: RowLayout, stats, counts) -> tupl
     return (x, y, stats, counts, layout.n_rows, layout.n_cols, plan.chunks, *strides_args(layout))
 
 
+def cols_args(plan: KernelPlan, x, y, layout: RowLayout, stats=None, counts=None) -> tuple:
+    """Positional arguments of the column kernels."""
+    v = column_view(layout)
+    sizes = (v.n_outer, v.n_red, v.n_inner)
+    strides = (v.in_outer_stride, v.in_red_stride, v.out_outer_stride, v.out_red_stride)
+    if plan.kind == "cols":
+        return (x, y, *sizes, *strides)
+    return (x, y, stats, counts, *sizes, plan.chunks, *strides)
+
+
+def split_groups(plan: KernelPlan, layout: RowLayout) -> int:
+    """Rows (or column groups) whose chunks meet at one barrier: the counters needed."""
+    if plan.kind == "cols_split":
+        v = column_view(layout)
+        return v.n_outer * -(-v.n_inner // plan.block_m)
+    return layout.n_rows
+
+
 def kernel_constexprs(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
     """Compile-time parameters of the plan's kernel."""
     # Column offsets are int32 unless the row's extent in elements could overflow it.
     col_extent = (layout.n_cols - 1) * max(abs(layout.in_col_stride), abs(layout.out_col_stride)) + plan.block_n
+    if plan.kind in ("cols", "cols_split"):
+        # Reduction steps past N are masked but still multiplied by the stride: cover the tile.
+        reach = max(layout.n_cols, plan.block_n * plan.chunks) + layout.row_sizes[2]
+        meta = dict(LOG=log, ACC_FP64=out_dtype == torch.float64,
+                    WIDE=reach * max(abs(layout.in_col_stride), abs(layout.out_col_stride), 1) > INT32_MAX)
+        if plan.kind == "cols":
+            return dict(meta, BLOCK_N=plan.block_n, BLOCK_I=plan.block_m)
+        return dict(meta, CHUNK=plan.block_n, BLOCK_I=plan.block_m, G_POW2=triton.next_power_of_2(plan.chunks),
+                    PHASE=phase)
     meta = dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=col_extent > INT32_MAX)
     if plan.kind == "tile":
         meta.update(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, NUM_STAGES=plan.options.get("num_stages", 1))
@@ -130,21 +162,36 @@ def launch_options(plan: KernelPlan) -> dict:
     return {k: v for k, v in plan.options.items() if k != "num_stages"}
 
 
+def forward_calls(plan: KernelPlan, x, y, layout: RowLayout, log: bool, stats=None, counts=None) -> list:
+    """[(kernel, args, constexprs)] of the launches that run `plan`: one, or the two phases of a
+    split plan that is not cooperative. `stats`/`counts` are the split kernels' scratch."""
+    kernel = kernel_for(plan.kind)
+    if plan.kind in ("cols", "cols_split"):
+        args = cols_args(plan, x, y, layout, stats, counts)
+    elif plan.kind == "split":
+        args = split_args(plan, x, y, layout, stats, counts)
+    else:
+        args = kernel_args(x, y, layout)
+    phases = ((0,) if plan.cooperative else (1, 2)) if plan.kind in SPLIT_KINDS else (0,)
+    return [(kernel, args, kernel_constexprs(plan, layout, log, y.dtype, phase)) for phase in phases]
+
+
+def split_scratch(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, device) -> tuple:
+    """The documented scratch of a split launch: partial (max, sum) per chunk (per inner
+    position for column groups), and the reused barrier counters."""
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    groups = split_groups(plan, layout)
+    per_group = plan.chunks * 2 * (plan.block_m if plan.kind == "cols_split" else 1)
+    stats = torch.empty(max(groups * per_group, 1), dtype=acc, device=device)
+    return stats, row_counters(device, groups if plan.cooperative else 0)
+
+
 def launch(plan: KernelPlan, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, log: bool) -> None:
     """Run `plan` writing the softmax of rows of `x` into `y`."""
     opts = launch_options(plan)
-    if plan.kind != "split":
-        meta = kernel_constexprs(plan, layout, log, y.dtype)
-        kernel_for(plan.kind)[(plan.grid,)](*kernel_args(x, y, layout), **meta, **opts)
-        return
-    # Scratch of a split launch: (max, sum) per chunk, and the rows' barrier counters.
-    acc = torch.float64 if y.dtype == torch.float64 else torch.float32
-    stats = torch.empty(layout.n_rows * plan.chunks * 2, dtype=acc, device=x.device)
-    counts = row_counters(x.device, layout.n_rows if plan.cooperative else 0)
-    args = split_args(plan, x, y, layout, stats, counts)
-    for phase in ((0,) if plan.cooperative else (1, 2)):
-        meta = kernel_constexprs(plan, layout, log, y.dtype, phase)
-        softmax_split_kernel[(plan.grid,)](*args, **meta, **opts)
+    stats, counts = split_scratch(plan, layout, y.dtype, x.device) if plan.kind in SPLIT_KINDS else (None, None)
+    for kernel, args, meta in forward_calls(plan, x, y, layout, log, stats, counts):
+        kernel[(plan.grid,)](*args, **meta, **opts)
 
 
 def backward_constexprs(plan: KernelPlan, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:

@@ -242,3 +242,4 @@ def _load_chunk(x_ptr, item, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, 
     x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn,
                 mask=cols < tl.where(item64 < n_items, n_cols, 0), other=float("-inf")).to(acc_ty)
     return x, row, chunk, cols
+

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, allocate_rows, new_output
+from ...core.layout import RowLayout, allocate_rows, column_view, new_output
 from ...core.spec import SoftmaxSpec
-from ...kernels.launch import (KernelPlan, backward_args, backward_constexprs, interpreter_problem, interpreting,
-                               kernel_args, kernel_constexprs, kernel_for, launch, launch_backward, launch_options,
-                               split_args)
+from ...kernels.launch import (SPLIT_KINDS, KernelPlan, backward_args, backward_constexprs, forward_calls,
+                               interpreter_problem, interpreting, kernel_constexprs, launch, launch_backward,
+                               launch_options)
 from . import heuristics
 from .device import device_props
 from .occupancy import KernelResources, programs_per_sm
@@ -39,12 +39,10 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, meta: dict, inde
             compiled._init_handles()
             return programs_per_sm(device_props(index), KernelResources(compiled.n_regs, compiled.metadata.shared,
                                                                         opts["num_warps"]))
-        if plan.kind == "split":
-            dummy = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
-            args = split_args(plan, x, y, layout, dummy, torch.zeros(1, dtype=torch.int32, device=x.device))
-        else:
-            args = kernel_args(x, y, layout)
-        compiled = kernel_for(plan.kind).warmup(*args, grid=(1,), **meta, **opts)
+        dummy = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
+        kernel, args, _ = forward_calls(plan, x, y, layout, meta["LOG"], dummy,
+                                        torch.zeros(1, dtype=torch.int32, device=x.device))[0]
+        compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
         compiled._init_handles()
         res = KernelResources(n_regs=compiled.n_regs, shared_mem=compiled.metadata.shared,
                               num_warps=opts["num_warps"])
@@ -82,11 +80,18 @@ class TritonBackend:
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
         sm_count = None if interpreting() else device_props(self._index(x)).multiprocessor_count
-        tile = heuristics.choose_tile(layout, sm_count)
+        view = None if backward else column_view(layout)
+        if view is not None and view.n_inner >= heuristics.table()["cols_min_inner"]:
+            # A reduction across contiguous rows: transposed tiles, coalesced along the inner dim.
+            tile = heuristics.choose_cols_tile(view, sm_count)
+        else:
+            tile = heuristics.choose_tile(layout, sm_count)
         if backward:
             # The backward kernel has two forms: whole rows on chip, or rows split in chunks.
             tile = tile if tile["kind"] == "tile" else heuristics.split_tile(layout, sm_count)
-        if tile["kind"] == "split":
+        if tile["kind"] in ("cols", "cols_split"):
+            n_items = view.n_outer * -(-view.n_inner // tile["block_m"]) * tile["chunks"]
+        elif tile["kind"] == "split":
             n_items = layout.n_rows * tile["chunks"]
         else:
             n_items = -(-layout.n_rows // tile["block_m"])
@@ -102,7 +107,7 @@ class TritonBackend:
         options = dict(num_warps=tile["num_warps"])
         if tile["kind"] == "tile":
             options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
-        cooperative = tile["kind"] == "split" and bool(heuristics.table()["cooperative"])
+        cooperative = tile["kind"] in SPLIT_KINDS and bool(heuristics.table()["cooperative"])
         draft = KernelPlan(grid=1, options=options, cooperative=cooperative, **common)
         phase = 0 if cooperative else 1
         meta = (backward_constexprs(draft, spec.log, spec.out_dtype, phase) if backward
@@ -113,7 +118,7 @@ class TritonBackend:
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
             grid = min(n_items, (resident // tile["chunks"]) * tile["chunks"])
-        elif tile["kind"] == "tile":
+        elif tile["kind"] in ("tile", "cols"):
             grid = min(n_items, resident * heuristics.table()["tile_programs_per_slot"])
         else:
             grid = min(n_items, resident)

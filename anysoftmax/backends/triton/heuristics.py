@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 
 from ...config import Overrides, load_tuning
-from ...core.layout import RowLayout
+from ...core.layout import ColumnView, RowLayout
 
 override = Overrides("triton")
 
@@ -60,6 +60,30 @@ def split_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
     warps = next((w for bound, w in t["split_warps_by_chunk"] if chunk <= bound), t["split_warps_by_chunk"][-1][1])
     return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps,
                 chunks=-(-layout.n_cols // chunk), prefetch=bool(t["split_prefetch"]))
+
+
+def choose_cols_tile(view: ColumnView, sm_count: int | None = None) -> dict:
+    """Tile for a reduction across contiguous rows (`ColumnView`): BLOCK_M = inner positions
+    per tile (`cols_block_i`, fewer when the inner dim is shorter), BLOCK_N = reduction steps.
+    The whole reduction in one tile when it fits in `cols_tile_elems`, else chunks of
+    `cols_chunk_elems` split across programs like long rows."""
+    t = table()
+    block_i = min(t["cols_block_i"], triton.next_power_of_2(view.n_inner))
+    red = triton.next_power_of_2(max(view.n_red, 1))
+    if red * block_i <= t["cols_tile_elems"]:
+        return dict(kind="cols", block_m=block_i, block_n=red, num_warps=_cols_warps(red * block_i, t),
+                    chunks=1, prefetch=False)
+    steps = max(1, t["cols_chunk_elems"] // block_i)
+    if sm_count:  # a few groups still spread over the whole GPU
+        groups = view.n_outer * -(-view.n_inner // block_i)
+        while steps // 2 * block_i >= t["split_min_chunk_elems"] and groups * -(-view.n_red // steps) < t["split_items_per_sm"] * sm_count:
+            steps //= 2
+    return dict(kind="cols_split", block_m=block_i, block_n=steps, num_warps=_cols_warps(steps * block_i, t),
+                chunks=-(-view.n_red // steps), prefetch=False)
+
+
+def _cols_warps(elems: int, t: dict) -> int:
+    return next((w for bound, w in t["cols_warps_by_tile_elems"] if elems <= bound), t["cols_warps_by_tile_elems"][-1][1])
 
 
 def num_stages(max_shared_mem: int) -> int:

@@ -10,9 +10,13 @@ usable as general ones, so the budget doubles. Waves per CU are additionally cap
 max threads per CU // wavefront size.
 Both: programs per SM are capped by shared memory (max_shared_mem // shared per program).
 
-One addition to the seed's CUDA rule: it is also capped by max threads per SM // (warp size *
-warps). The seed ignored that cap and could claim more resident programs than the hardware
-holds (harmless for a grid-stride loop, wrong for any kernel that relies on co-residency).
+Two additions to the seed's rules, both because the cooperative split kernels rely on every
+launched program being resident (an over-count there serialises the barrier's waiters):
+* CUDA caps by max threads per SM // (warp size * warps) as well;
+* registers are allocated in granules (CUDA: 256 per warp = 8 per thread; CDNA: 8 VGPRs), so
+  the per-thread count is rounded up first. Found by compiling the kernels for sm_90
+  (tests/test_compile_targets.py): the bf16 column-split kernel uses 84 registers, which the
+  unrounded rule counts as 3 programs of 8 warps per H100 SM; the SM holds 2 (84 -> 88).
 """
 
 from __future__ import annotations
@@ -43,9 +47,12 @@ class KernelResources:
     num_warps: int
 
 
+REGISTER_GRANULE = 8  # registers per thread allocated at a time (CUDA and CDNA alike)
+
+
 def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
     """Resident programs one SM/CU can hold (at least 1: a launch always makes progress)."""
-    n_regs = max(k.n_regs, 1)
+    n_regs = -(-max(k.n_regs, 1) // REGISTER_GRANULE) * REGISTER_GRANULE
     if dev.is_hip:
         gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)
         max_waves = dev.max_threads_per_sm // dev.warp_size
