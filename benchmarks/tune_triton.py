@@ -34,12 +34,19 @@ def tile_candidates():
         yield dict(tile_programs_per_slot=per_slot, rows_tile_elems=rows)
 
 
+def split_candidates():
+    yield {}  # the table as it stands
+    for chunk, prefetch in [(4096, False), (16384, False), (8192, True)]:
+        yield dict(split_chunk_elems=chunk, split_prefetch=prefetch)
+    yield dict(cooperative=False)
+
+
 def cols_candidates():
     yield {}  # the table as it stands
+    yield dict(cols_block_bytes=32, cols_chunk_bytes=16384)
+    yield dict(cols_block_bytes=128, cols_chunk_bytes=32768)
+    yield dict(cols_chunk_bytes=65536)
     yield dict(cols_warps_by_tile_elems=[[2**40, 4]])
-    yield dict(cols_warps_by_tile_elems=[[2**40, 16]])
-    yield dict(cols_block_i=32, cols_chunk_elems=4096)
-    yield dict(cols_block_i=32, cols_chunk_elems=16384)
 
 
 def main(argv=None) -> int:

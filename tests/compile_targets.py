@@ -187,22 +187,15 @@ DEVICES = {"sm_90": "H100_SXM", "sm_80": "A100_SXM", "gfx942": "MI300X"}
 BACKEND_OF = {"cuda": "nvidia", "hip": "amd"}
 
 
-def plan_for(layout, dev, log: bool, backward: bool, overrides: dict):
+def plan_for(layout, elem_bytes: int, dev, log: bool, backward: bool, overrides: dict):
     """The backend's KernelPlan for this layout on `dev` (TritonBackend._make_plan's choice of
     kernel, tile, warps, stages and cooperation; the grid is left at 1: it is not compiled in)."""
     from anysoftmax.backends.triton import heuristics
-    from anysoftmax.core.layout import column_view
     from anysoftmax.kernels.launch import SPLIT_KINDS, KernelPlan
 
     sm_count = dev.multiprocessor_count
     with heuristics.override(**overrides):
-        view = None if backward else column_view(layout)
-        if view is not None and view.n_inner >= heuristics.table()["cols_min_inner"]:
-            tile = heuristics.choose_cols_tile(view, sm_count)
-        else:
-            tile = heuristics.choose_tile(layout, sm_count)
-        if backward and tile["kind"] != "tile":
-            tile = heuristics.split_tile(layout, sm_count)
+        tile = heuristics.choose_kernel(layout, elem_bytes, sm_count, backward)
         options = dict(num_warps=tile["num_warps"])
         if tile["kind"] == "tile":
             options["num_stages"] = heuristics.num_stages(dev.max_shared_mem)
@@ -247,7 +240,7 @@ def compile_target(target: str, dtypes: dict) -> dict:
             try:
                 layout = RowLayout.from_strides(shape, torch.empty(shape, device="meta").stride(),
                                                 torch.empty(shape, device="meta").stride(), dim)
-                plan = plan_for(layout, dev, log, backward, overrides)
+                plan = plan_for(layout, dtype.itemsize, dev, log, backward, overrides)
                 calls = launches(plan, shape, dim, dtype, log, backward)
             except Exception as exc:
                 errors.append(dict(where, stage="plan", error=f"{type(exc).__name__}: {exc}",

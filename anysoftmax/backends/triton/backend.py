@@ -80,16 +80,9 @@ class TritonBackend:
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
         sm_count = None if interpreting() else device_props(self._index(x)).multiprocessor_count
-        view = None if backward else column_view(layout)
-        if view is not None and view.n_inner >= heuristics.table()["cols_min_inner"]:
-            # A reduction across contiguous rows: transposed tiles, coalesced along the inner dim.
-            tile = heuristics.choose_cols_tile(view, sm_count)
-        else:
-            tile = heuristics.choose_tile(layout, sm_count)
-        if backward:
-            # The backward kernel has two forms: whole rows on chip, or rows split in chunks.
-            tile = tile if tile["kind"] == "tile" else heuristics.split_tile(layout, sm_count)
+        tile = heuristics.choose_kernel(layout, x.element_size(), sm_count, backward)
         if tile["kind"] in ("cols", "cols_split"):
+            view = column_view(layout)
             n_items = view.n_outer * -(-view.n_inner // tile["block_m"]) * tile["chunks"]
         elif tile["kind"] == "split":
             n_items = layout.n_rows * tile["chunks"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 
 from ...config import Overrides, load_tuning
-from ...core.layout import ColumnView, RowLayout
+from ...core.layout import ColumnView, RowLayout, column_view
 
 override = Overrides("triton")
 
@@ -30,6 +30,18 @@ def warps_for(elems: int, t: dict) -> int:
         if elems <= bound:
             return warps
     return t["warps_by_tile_elems"][-1][1]
+
+
+def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = None, backward: bool = False) -> dict:
+    """The kernel for a request: column tiles for a reduction across contiguous rows (forward
+    only), else the row kernels; the backward has two forms, whole rows or split rows."""
+    view = None if backward else column_view(layout)
+    if view is not None and view.n_inner >= table()["cols_min_inner"]:
+        return choose_cols_tile(view, elem_bytes, sm_count)
+    tile = choose_tile(layout, sm_count)
+    if backward and tile["kind"] != "tile":
+        return split_tile(layout, sm_count)
+    return tile
 
 
 def choose_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
@@ -62,18 +74,18 @@ def split_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
                 chunks=-(-layout.n_cols // chunk), prefetch=bool(t["split_prefetch"]))
 
 
-def choose_cols_tile(view: ColumnView, sm_count: int | None = None) -> dict:
+def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = None) -> dict:
     """Tile for a reduction across contiguous rows (`ColumnView`): BLOCK_M = inner positions
-    per tile (`cols_block_i`, fewer when the inner dim is shorter), BLOCK_N = reduction steps.
-    The whole reduction in one tile when it fits in `cols_tile_elems`, else chunks of
-    `cols_chunk_elems` split across programs like long rows."""
+    per tile (`cols_block_bytes` of them, fewer when the inner dim is shorter), BLOCK_N =
+    reduction steps. The whole reduction in one tile when it fits in `cols_tile_bytes`, else
+    chunks of `cols_chunk_bytes` split across programs like long rows."""
     t = table()
-    block_i = min(t["cols_block_i"], triton.next_power_of_2(view.n_inner))
+    block_i = min(max(t["cols_block_bytes"] // elem_bytes, 1), triton.next_power_of_2(view.n_inner))
     red = triton.next_power_of_2(max(view.n_red, 1))
-    if red * block_i <= t["cols_tile_elems"]:
+    if red * block_i * elem_bytes <= t["cols_tile_bytes"]:
         return dict(kind="cols", block_m=block_i, block_n=red, num_warps=_cols_warps(red * block_i, t),
                     chunks=1, prefetch=False)
-    steps = max(1, t["cols_chunk_elems"] // block_i)
+    steps = max(1, t["cols_chunk_bytes"] // (block_i * elem_bytes))
     if sm_count:  # a few groups still spread over the whole GPU
         groups = view.n_outer * -(-view.n_inner // block_i)
         while steps // 2 * block_i >= t["split_min_chunk_elems"] and groups * -(-view.n_red // steps) < t["split_items_per_sm"] * sm_count:
