@@ -40,13 +40,15 @@ def run_case(provider: str, direction: str, dtype_name: str, m: int, n: int, dim
     elem = torch.tensor([], dtype=dtype).element_size()
     tensors_per_set = 1 if direction == "fwd" else 2
     n_sets = rotation_count(tensors_per_set * m * n * elem)
+    # A reference provider moves the same bytes but is not a softmax: nothing to check.
+    ok, err, detail = True, float("nan"), "reference: same bytes moved, not a softmax"
     try:
         if direction == "fwd":
             sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),) for _ in range(n_sets)]
             out = fn(*sets[0])
-            spec = SoftmaxSpec.from_tensor(sets[0][0], dim)
-            cmp = compare(out, sets[0][0], spec, device="cuda")
-            ok, err, detail = cmp.ok, cmp.max_abs_err, cmp.detail
+            if provider not in REFERENCE_ONLY:
+                cmp = compare(out, sets[0][0], SoftmaxSpec.from_tensor(sets[0][0], dim), device="cuda")
+                ok, err, detail = cmp.ok, cmp.max_abs_err, cmp.detail
             bytes_moved = 2 * m * n * elem
         else:
             sets = []
@@ -54,15 +56,13 @@ def run_case(provider: str, direction: str, dtype_name: str, m: int, n: int, dim
                 x = torch.randn(m, n, device="cuda") * 3
                 sets.append((torch.softmax(x, -1).to(dtype), torch.randn(m, n, device="cuda").to(dtype)))
             out = fn(*sets[0])
-            spec = SoftmaxSpec.from_tensor(sets[0][0], -1)
-            ok, err, detail = _check_backward(out, *sets[0], spec)
+            if provider not in REFERENCE_ONLY:
+                ok, err, detail = _check_backward(out, *sets[0], SoftmaxSpec.from_tensor(sets[0][0], -1))
             bytes_moved = 3 * m * n * elem
         torch.cuda.synchronize()
     except Exception as exc:  # a provider failing on a shape is a result, not a crash of the run
         row.update(status="failed", detail=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
         return row
-    if provider in REFERENCE_ONLY:  # moves the same bytes; not a softmax, nothing to check
-        ok, err, detail = True, float("nan"), "reference: same bytes moved, not a softmax"
     row["max_err"] = err
     if not ok:
         row.update(status="wrong", detail=detail)

@@ -188,20 +188,13 @@ BACKEND_OF = {"cuda": "nvidia", "hip": "amd"}
 
 
 def plan_for(layout, elem_bytes: int, dev, log: bool, backward: bool, overrides: dict):
-    """The backend's KernelPlan for this layout on `dev` (TritonBackend._make_plan's choice of
-    kernel, tile, warps, stages and cooperation; the grid is left at 1: it is not compiled in)."""
+    """The backend's KernelPlan for this layout on `dev` (`draft_plan`: kernel, tile, warps,
+    stages and cooperation; the grid is left at 1: it is not compiled in)."""
     from anysoftmax.backends.triton import heuristics
-    from anysoftmax.kernels.launch import SPLIT_KINDS, KernelPlan
+    from anysoftmax.backends.triton.backend import draft_plan
 
-    sm_count = dev.multiprocessor_count
     with heuristics.override(**overrides):
-        tile = heuristics.choose_kernel(layout, elem_bytes, sm_count, backward)
-        options = dict(num_warps=tile["num_warps"])
-        if tile["kind"] == "tile":
-            options["num_stages"] = heuristics.num_stages(dev.max_shared_mem)
-        cooperative = tile["kind"] in SPLIT_KINDS and bool(heuristics.table()["cooperative"])
-    return KernelPlan(tile["kind"], tile["block_m"], tile["block_n"], 1, options, tile["chunks"], cooperative,
-                      tile["prefetch"])
+        return draft_plan(layout, elem_bytes, dev, backward)
 
 
 def launches(plan, shape, dim, dtype, log: bool, backward: bool) -> list:

@@ -128,10 +128,17 @@ def cols_args(plan: KernelPlan, x, y, layout: RowLayout, stats=None, counts=None
 
 def split_groups(plan: KernelPlan, layout: RowLayout) -> int:
     """Rows (or column groups) whose chunks meet at one barrier: the counters needed."""
-    if plan.kind == "cols_split":
+    if plan.kind in ("cols", "cols_split"):
         v = column_view(layout)
         return v.n_outer * -(-v.n_inner // plan.block_m)
     return layout.n_rows
+
+
+def work_items(plan: KernelPlan, layout: RowLayout) -> int:
+    """Work items of `plan` on `layout`: the most programs that can have work."""
+    if plan.kind in SPLIT_KINDS or plan.kind == "cols":
+        return split_groups(plan, layout) * plan.chunks
+    return -(-layout.n_rows // plan.block_m)
 
 
 def kernel_constexprs(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:

@@ -121,21 +121,32 @@ class _Checker:
                 self.error(f"{where}.{k}" if where else str(k),
                            f"unknown key {k!r}; allowed: {', '.join(allowed)}")
 
-    def choices(self, where: str, value, allowed: tuple[str, ...], normalise=None) -> tuple:
-        """A non-empty list of distinct names, each one of `allowed`."""
+    def distinct(self, where: str, value, empty: str, item, twice) -> tuple:
+        """A non-empty list of distinct items: `item(where_i, v)` checks one (None after it
+        reported an error) and returns its canonical form; `twice(v)` names a repeat."""
         if not isinstance(value, list) or not value:
-            self.error(where, f"expected a non-empty list; allowed values: {', '.join(allowed)}")
+            self.error(where, empty)
             return ()
         out = []
         for i, v in enumerate(value):
-            name = normalise(v) if normalise and isinstance(v, str) and v in allowed else v
-            if not isinstance(v, str) or v not in allowed:
-                self.error(f"{where}[{i}]", f"unknown value {v!r}; allowed: {', '.join(allowed)}")
-            elif name in out:
-                self.error(f"{where}[{i}]", f"{v!r} is listed twice")
+            name = item(f"{where}[{i}]", v)
+            if name is None:
+                continue
+            if name in out:
+                self.error(f"{where}[{i}]", f"{twice(v)} is listed twice")
             else:
                 out.append(name)
         return tuple(out)
+
+    def choices(self, where: str, value, allowed: tuple[str, ...], normalise=None) -> tuple:
+        """A non-empty list of distinct names, each one of `allowed`."""
+        def item(w, v):
+            if not isinstance(v, str) or v not in allowed:
+                self.error(w, f"unknown value {v!r}; allowed: {', '.join(allowed)}")
+                return None
+            return normalise(v) if normalise else v
+        return self.distinct(where, value, f"expected a non-empty list; allowed values: {', '.join(allowed)}",
+                             item, repr)
 
     def size(self, where: str, v) -> int | None:
         if not _is_int(v) or v < 0:
@@ -187,18 +198,12 @@ class _Checker:
         return values
 
     def dims(self, where: str, v) -> tuple[int, ...]:
-        if not isinstance(v, list) or not v:
-            self.error(where, "expected a non-empty list of integers (e.g. [-1])")
-            return ()
-        out = []
-        for i, d in enumerate(v):
+        def item(w, d):
             if not _is_int(d):
-                self.error(f"{where}[{i}]", f"a dim must be an integer, got {d!r}")
-            elif d in out:
-                self.error(f"{where}[{i}]", f"dim {d} is listed twice")
-            else:
-                out.append(d)
-        return tuple(out)
+                self.error(w, f"a dim must be an integer, got {d!r}")
+                return None
+            return d
+        return self.distinct(where, v, "expected a non-empty list of integers (e.g. [-1])", item, lambda d: f"dim {d}")
 
 
 def _check_dims_fit(c: _Checker, where: str, shape: tuple[int, ...], dims: tuple[int, ...], dims_where: str):

@@ -6,17 +6,19 @@ Triton interpreter on CPU tensors: that is how CI tests them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, allocate_rows, column_view, new_output
+from ...core.layout import RowLayout, allocate_rows, new_output
 from ...core.spec import SoftmaxSpec
 from ...kernels.launch import (SPLIT_KINDS, KernelPlan, backward_args, backward_constexprs, forward_calls,
                                interpreter_problem, interpreting, kernel_constexprs, launch, launch_backward,
-                               launch_options)
+                               launch_options, work_items)
 from . import heuristics
 from .device import device_props
-from .occupancy import KernelResources, programs_per_sm
+from .occupancy import DeviceProps, KernelResources, programs_per_sm
 
 # (kernel kind, constexprs, options, dtypes, device) -> resident programs per SM.
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
@@ -51,6 +53,22 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, meta: dict, inde
     return _occupancy.get(key, compile_and_measure)
 
 
+def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False) -> KernelPlan:
+    """Kernel, tile, warps, stages and cooperation for `layout` on a GPU with `props` (None:
+    the interpreter, never cooperative); the grid, which needs the compiled kernel's
+    occupancy, is left at 1."""
+    tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward)
+    common = dict(kind=tile["kind"], block_m=tile["block_m"], block_n=tile["block_n"], chunks=tile["chunks"],
+                  prefetch=tile["prefetch"], grid=1)
+    if props is None:
+        return KernelPlan(**common)
+    options = dict(num_warps=tile["num_warps"])
+    if tile["kind"] == "tile":
+        options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
+    cooperative = tile["kind"] in SPLIT_KINDS and bool(heuristics.table()["cooperative"])
+    return KernelPlan(options=options, cooperative=cooperative, **common)
+
+
 class TritonBackend:
     name = "triton"
     devices = ("cuda",)  # CPU tensors only when chosen explicitly under the interpreter
@@ -79,43 +97,26 @@ class TritonBackend:
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
-        sm_count = None if interpreting() else device_props(self._index(x)).multiprocessor_count
-        tile = heuristics.choose_kernel(layout, x.element_size(), sm_count, backward)
-        if tile["kind"] in ("cols", "cols_split"):
-            view = column_view(layout)
-            n_items = view.n_outer * -(-view.n_inner // tile["block_m"]) * tile["chunks"]
-        elif tile["kind"] == "split":
-            n_items = layout.n_rows * tile["chunks"]
-        else:
-            n_items = -(-layout.n_rows // tile["block_m"])
-        common = dict(kind=tile["kind"], block_m=tile["block_m"], block_n=tile["block_n"], chunks=tile["chunks"],
-                      prefetch=tile["prefetch"])
-        if interpreting():
+        props = None if interpreting() else device_props(self._index(x))
+        draft = draft_plan(layout, x.element_size(), props, backward)
+        n_items = work_items(draft, layout)
+        if props is None:
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).
-            grid = min(n_items, heuristics.table()["interpreter_programs"])
-            return KernelPlan(grid=max(grid, 1), **common)
-        index = self._index(x)
-        props = device_props(index)
-        options = dict(num_warps=tile["num_warps"])
-        if tile["kind"] == "tile":
-            options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
-        cooperative = tile["kind"] in SPLIT_KINDS and bool(heuristics.table()["cooperative"])
-        draft = KernelPlan(grid=1, options=options, cooperative=cooperative, **common)
-        phase = 0 if cooperative else 1
+            return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
+        phase = 0 if draft.cooperative else 1
         meta = (backward_constexprs(draft, spec.log, spec.out_dtype, phase) if backward
                 else kernel_constexprs(draft, layout, spec.log, spec.out_dtype, phase))
-        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, meta, index)
-        if cooperative and resident < tile["chunks"]:
-            cooperative = False  # a row needs more programs than the GPU holds at once
+        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, meta, self._index(x))
+        cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
-            grid = min(n_items, (resident // tile["chunks"]) * tile["chunks"])
-        elif tile["kind"] in ("tile", "cols"):
+            grid = min(n_items, (resident // draft.chunks) * draft.chunks)
+        elif draft.kind in ("tile", "cols"):
             grid = min(n_items, resident * heuristics.table()["tile_programs_per_slot"])
         else:
             grid = min(n_items, resident)
-        return KernelPlan(grid=max(grid, 1), options=options, cooperative=cooperative, **common)
+        return replace(draft, grid=max(grid, 1), cooperative=cooperative)
 
     @staticmethod
     def _index(x: torch.Tensor) -> int:
