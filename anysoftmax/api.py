@@ -20,20 +20,6 @@ def _softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool) 
     return y32 * (g32 - (y32 * g32).sum(dim, keepdim=True))
 
 
-class _SoftmaxFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, spec, backend):
-        y = backend.run(x, spec)
-        ctx.save_for_backward(y)
-        ctx.spec, ctx.backend, ctx.x_dtype = spec, backend, x.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return _backward_with(ctx.backend, y, grad, ctx.spec).to(ctx.x_dtype), None, None
-
-
 def _backward_with(backend, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
     """The backend's own backward kernel when it has one, else the formula in torch ops."""
     run_backward = getattr(backend, "run_backward", None)
@@ -55,14 +41,24 @@ def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, Softma
     return x, spec
 
 
-def _run(x, dim, dtype, backend, log: bool) -> torch.Tensor:
+def forward_no_grad(x, dim, dtype, backend, log: bool) -> torch.Tensor:
+    """Validate, pick the backend and run it (no autograd): the operators' implementation."""
     x, spec = prepare(x, dim, dtype, log)
     chosen = select(spec, backend)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _SoftmaxFunction.apply(x, spec, chosen)
     return chosen.run(x, spec)
+
+
+def _run(x, dim, dtype, backend, log: bool) -> torch.Tensor:
+    # Under torch.compile, and whenever a gradient is wanted, go through the registered
+    # operator (opaque to the compiler, autograd attached); plain eager inference calls the
+    # backend directly and saves the dispatcher's few microseconds on small tensors.
+    if torch.compiler.is_compiling() or (
+            isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled()):
+        from . import ops
+        return (ops.log_softmax_op if log else ops.softmax_op)(x, dim, dtype, backend)
+    return forward_no_grad(x, dim, dtype, backend, log)
 
 
 def softmax(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
@@ -81,11 +77,29 @@ def log_softmax(x: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None,
     return _run(x, dim, dtype, backend, log=True)
 
 
+def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
+    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec."""
+    spec = SoftmaxSpec.from_tensor(y, dim, log=log)
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.shape != y.shape:
+        raise ValueError(f"softmax_backward: grad shape {tuple(grad.shape)} must equal the output's shape "
+                         f"{tuple(y.shape)}")
+    if grad.device != y.device:
+        raise ValueError(f"softmax_backward: grad is on {grad.device} but the output is on {y.device}; "
+                         f"both must be on one device")
+    if not grad.dtype.is_floating_point:
+        raise TypeError(f"softmax_backward: grad dtype {grad.dtype} is not floating")
+    return spec
+
+
 def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,
                      backend: str | None = None) -> torch.Tensor:
     """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward
-    output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`."""
-    spec = SoftmaxSpec.from_tensor(y, dim, log=log)
-    if grad.shape != y.shape:
-        raise ValueError(f"softmax_backward: grad shape {tuple(grad.shape)} != output shape {tuple(y.shape)}")
-    return _backward_with(select(spec, backend), y, grad, spec)
+    output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in
+    y's dtype."""
+    spec = check_backward_args(y, grad, dim, log)
+    chosen = select(spec, backend)
+    if spec.numel == 0:
+        return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
+    return _backward_with(chosen, y, grad, spec)

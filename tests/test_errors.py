@@ -142,3 +142,28 @@ def test_errors_raise_before_any_backend_runs(backend):
         anysoftmax.softmax(torch.ones(3, 4, dtype=torch.int16), 1, backend=backend)
     with pytest.raises(IndexError):
         anysoftmax.log_softmax(torch.randn(3, 4), 2, backend=backend)
+
+
+@pytest.mark.parametrize("grad,exc,words", [
+    (torch.randn(3, 5), ValueError, r"grad shape \(3, 5\) must equal the output's shape \(3, 4\)"),
+    (torch.ones(3, 4, dtype=torch.int32), TypeError, "grad dtype torch.int32 is not floating"),
+    ("g", TypeError, "grad must be a torch.Tensor"),
+])
+def test_backward_bad_grad_names_it(grad, exc, words, exploding):
+    with pytest.raises(exc, match=words):
+        anysoftmax.api.softmax_backward(torch.rand(3, 4), grad, 1, backend=exploding)
+
+
+def test_backward_grad_on_another_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU to put grad on another device")
+    with pytest.raises(ValueError, match="grad is on cuda"):
+        anysoftmax.api.softmax_backward(torch.rand(3, 4), torch.rand(3, 4, device="cuda"), 1)
+
+
+def test_integer_input_with_float_dtype_is_accepted_complex_is_not(exploding):
+    x = torch.arange(12).reshape(3, 4)
+    torch.testing.assert_close(anysoftmax.softmax(x, 1, dtype=torch.float64, backend="torch"),
+                               torch.softmax(x, 1, dtype=torch.float64))
+    with pytest.raises(TypeError, match="complex64 is not supported"):
+        anysoftmax.softmax(torch.ones(3, 4, dtype=torch.complex64), 1, dtype=torch.float32, backend=exploding)

@@ -2,8 +2,9 @@
 
 Semantics (those of `torch.softmax` / `torch.log_softmax`):
 
-* Inputs are floating tensors (float16, bfloat16, float32, float64) of any rank and strides;
-  integer, bool and complex tensors are refused with `TypeError`.
+* Inputs are floating tensors (float16, bfloat16, float32, float64) of any rank and strides,
+  or integer/bool tensors together with a floating ``dtype=`` (converted first, as torch does);
+  anything else, complex included, is refused with `TypeError`.
 * `dim` is normalised into ``[0, ndim)`` (a 0-dim tensor accepts -1 and 0); out of range is
   an `IndexError`, as in torch.
 * ``dtype=`` (torch's keyword) first converts the input to that dtype, then computes in it.
@@ -124,7 +125,10 @@ class SoftmaxSpec:
 
     @property
     def needs_input_cast(self) -> bool:
-        """True when `dtype=` narrows the input: torch rounds the input first, so must we."""
+        """True when the input must be converted to `out_dtype` on the host first: `dtype=`
+        narrows it (torch rounds the input first, so must we) or it is not floating."""
+        if self.in_dtype not in FLOAT_DTYPES:
+            return True
         return self.out_dtype != self.in_dtype and self.out_dtype.itemsize <= self.in_dtype.itemsize
 
     @property
@@ -150,10 +154,15 @@ class SoftmaxSpec:
         """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"softmax: x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in FLOAT_DTYPES:
+        if x.dtype not in FLOAT_DTYPES and (x.dtype.is_complex or not isinstance(dtype, torch.dtype)
+                                            or dtype not in FLOAT_DTYPES):
+            # torch accepts integer and bool inputs when dtype= names a floating type (it
+            # converts first), and so do we; complex inputs are refused even then, because
+            # torch would drop their imaginary part without an error.
             raise TypeError(
                 f"softmax: input dtype {x.dtype} is not supported; allowed: "
-                f"{', '.join(map(dtype_name, FLOAT_DTYPES))}")
+                f"{', '.join(map(dtype_name, FLOAT_DTYPES))}, or an integer/bool input with dtype= "
+                f"one of those")
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise TypeError(f"softmax: dim must be an int, got {type(dim).__name__}")
         if dtype is None:

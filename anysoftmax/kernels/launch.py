@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -39,8 +40,28 @@ class KernelPlan:
     prefetch: bool = False
 
 
-_counters: dict = {}
+# (device, stream) -> counters, least recently used first; bounded: a program that makes
+# streams on the fly must not grow it forever.
+_counters: OrderedDict = OrderedDict()
 _counters_lock = threading.Lock()
+MAX_COUNTER_STREAMS = 64
+
+# Triton compiles a kernel the first time a specialization is launched, with no lock of its
+# own: threads launching the same new shape at once would each compile it. Launches of one
+# kernel are therefore serialised (a launch is microseconds; a compile happens once). The
+# interpreter patches triton.language globally while a kernel runs, so there every launch
+# shares one lock.
+_launch_locks: dict = {}
+_launch_locks_lock = threading.Lock()
+_interpreter_lock = threading.Lock()
+
+
+def launch_lock(kernel) -> threading.Lock:
+    """The lock held while `kernel` is launched (or warmed up): one per kernel function."""
+    if interpreting():
+        return _interpreter_lock
+    with _launch_locks_lock:
+        return _launch_locks.setdefault(kernel, threading.Lock())
 
 
 def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
@@ -59,6 +80,11 @@ def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
         if buf is None or buf.numel() < n:
             buf = torch.zeros(max(n, 2 * (buf.numel() if buf is not None else 0)), dtype=torch.int32, device=device)
             _counters[key] = buf
+        _counters.move_to_end(key)
+        while len(_counters) > MAX_COUNTER_STREAMS:
+            # Safe to drop: the caching allocator hands a block freed on a stream back only to
+            # allocations on that same stream, which run after the kernels queued there.
+            _counters.popitem(last=False)
         return buf
 
 
@@ -183,14 +209,29 @@ def forward_calls(plan: KernelPlan, x, y, layout: RowLayout, log: bool, stats=No
     return [(kernel, args, kernel_constexprs(plan, layout, log, y.dtype, phase)) for phase in phases]
 
 
-def split_scratch(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, device) -> tuple:
-    """The documented scratch of a split launch: partial (max, sum) per chunk (per inner
-    position for column groups), and the reused barrier counters."""
-    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
-    groups = split_groups(plan, layout)
+def stats_numel(plan: KernelPlan, layout: RowLayout, backward: bool = False) -> int:
+    """Elements (fp32; fp64 for fp64 outputs) of a launch's partial statistics, its only
+    scratch besides the reused barrier counters: forward split rows keep (max, sum) per chunk
+    (per inner position for column groups), backward split rows one sum per chunk; whole-row
+    plans need none (one element is allocated all the same)."""
+    if backward:
+        return layout.n_rows * plan.chunks if plan.kind != "tile" else 0
+    if plan.kind not in SPLIT_KINDS:
+        return 0
     per_group = plan.chunks * 2 * (plan.block_m if plan.kind == "cols_split" else 1)
-    stats = torch.empty(max(groups * per_group, 1), dtype=acc, device=device)
-    return stats, row_counters(device, groups if plan.cooperative else 0)
+    return split_groups(plan, layout) * per_group
+
+
+def new_stats(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, device, backward: bool = False):
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    return torch.empty(max(stats_numel(plan, layout, backward), 1), dtype=acc, device=device)
+
+
+def split_scratch(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, device) -> tuple:
+    """The documented scratch of a split launch: partial statistics (`stats_numel`) and the
+    reused barrier counters."""
+    groups = split_groups(plan, layout)
+    return new_stats(plan, layout, out_dtype, device), row_counters(device, groups if plan.cooperative else 0)
 
 
 def launch(plan: KernelPlan, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, log: bool) -> None:
@@ -198,7 +239,8 @@ def launch(plan: KernelPlan, x: torch.Tensor, y: torch.Tensor, layout: RowLayout
     opts = launch_options(plan)
     stats, counts = split_scratch(plan, layout, y.dtype, x.device) if plan.kind in SPLIT_KINDS else (None, None)
     for kernel, args, meta in forward_calls(plan, x, y, layout, log, stats, counts):
-        kernel[(plan.grid,)](*args, **meta, **opts)
+        with launch_lock(kernel):
+            kernel[(plan.grid,)](*args, **meta, **opts)
 
 
 def backward_constexprs(plan: KernelPlan, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
@@ -220,10 +262,10 @@ def launch_backward(plan: KernelPlan, y, dy, dx, layout: RowLayout, log: bool) -
     from .softmax_bwd import softmax_bwd_kernel
 
     opts = launch_options(plan)
-    acc = torch.float64 if dx.dtype == torch.float64 else torch.float32
     split = plan.kind != "tile"
-    stats = torch.empty(max(layout.n_rows * plan.chunks, 1) if split else 1, dtype=acc, device=y.device)
+    stats = new_stats(plan, layout, dx.dtype, y.device, backward=True)
     counts = row_counters(y.device, layout.n_rows if split and plan.cooperative else 0)
     args = backward_args(y, dy, dx, layout, plan.chunks, stats, counts)
     for phase in ((0,) if not split or plan.cooperative else (1, 2)):
-        softmax_bwd_kernel[(plan.grid,)](*args, **backward_constexprs(plan, log, dx.dtype, phase), **opts)
+        with launch_lock(softmax_bwd_kernel):
+            softmax_bwd_kernel[(plan.grid,)](*args, **backward_constexprs(plan, log, dx.dtype, phase), **opts)

@@ -15,7 +15,7 @@ from ...core.layout import RowLayout, allocate_rows, new_output
 from ...core.spec import SoftmaxSpec
 from ...kernels.launch import (SPLIT_KINDS, KernelPlan, backward_args, backward_constexprs, forward_calls,
                                interpreter_problem, interpreting, kernel_constexprs, launch, launch_backward,
-                               launch_options, work_items)
+                               launch_lock, launch_options, work_items)
 from . import heuristics
 from .device import device_props
 from .occupancy import DeviceProps, KernelResources, programs_per_sm
@@ -36,15 +36,17 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, meta: dict, inde
             from ...kernels.softmax_bwd import softmax_bwd_kernel
             scratch = torch.empty(1, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
             counts = torch.zeros(1, dtype=torch.int32, device=x.device)
-            compiled = softmax_bwd_kernel.warmup(*backward_args(x, x, y, layout, plan.chunks, scratch, counts),
-                                                 grid=(1,), **meta, **opts)
+            with launch_lock(softmax_bwd_kernel):
+                compiled = softmax_bwd_kernel.warmup(*backward_args(x, x, y, layout, plan.chunks, scratch, counts),
+                                                     grid=(1,), **meta, **opts)
             compiled._init_handles()
             return programs_per_sm(device_props(index), KernelResources(compiled.n_regs, compiled.metadata.shared,
                                                                         opts["num_warps"]))
         dummy = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
         kernel, args, _ = forward_calls(plan, x, y, layout, meta["LOG"], dummy,
                                         torch.zeros(1, dtype=torch.int32, device=x.device))[0]
-        compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
+        with launch_lock(kernel):
+            compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
         compiled._init_handles()
         res = KernelResources(n_regs=compiled.n_regs, shared_mem=compiled.metadata.shared,
                               num_warps=opts["num_warps"])

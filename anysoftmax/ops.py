@@ -1,0 +1,95 @@
+"""anysoftmax as PyTorch operators: ``torch.ops.anysoftmax.softmax``, ``.log_softmax`` and
+``.softmax_backward`` (registered with `torch.library.custom_op`).
+
+Why operators: `torch.compile` cannot trace into a backend (registry lookups, Triton launches,
+IREE calls), and a graph break per softmax would split every attention block. As opaque
+operators with fake (meta) implementations the compiler sees only shapes and dtypes, keeps one
+graph, and calls the real implementation at run time; autograd is registered on the operator,
+so compiled and eager training share one backward (`softmax_backward`, itself an operator).
+
+Outputs are always fresh contiguous tensors (the fake implementations promise exactly that).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .core.spec import SoftmaxSpec
+
+
+def _contiguous(y: torch.Tensor) -> torch.Tensor:
+    # Backends return row-major outputs already; this only guards the fake/real contract.
+    return y if y.is_contiguous() else y.contiguous()
+
+
+def _forward_impl(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
+                  log: bool) -> torch.Tensor:
+    from .api import forward_no_grad
+    return _contiguous(forward_no_grad(x, dim, dtype, backend, log))
+
+
+def _forward_fake(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
+                  log: bool) -> torch.Tensor:
+    # The same validation as eager, at trace time: a bad dim or dtype fails while compiling.
+    spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
+    return x.new_empty(spec.shape, dtype=spec.out_dtype)
+
+
+@torch.library.custom_op("anysoftmax::softmax", mutates_args=())
+def softmax_op(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None,
+               backend: Optional[str] = None) -> torch.Tensor:
+    """`anysoftmax.softmax` as an operator (same arguments)."""
+    return _forward_impl(x, dim, dtype, backend, log=False)
+
+
+@torch.library.custom_op("anysoftmax::log_softmax", mutates_args=())
+def log_softmax_op(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None,
+                   backend: Optional[str] = None) -> torch.Tensor:
+    """`anysoftmax.log_softmax` as an operator (same arguments)."""
+    return _forward_impl(x, dim, dtype, backend, log=True)
+
+
+@softmax_op.register_fake
+def _softmax_fake(x, dim, dtype=None, backend=None):
+    return _forward_fake(x, dim, dtype, backend, log=False)
+
+
+@log_softmax_op.register_fake
+def _log_softmax_fake(x, dim, dtype=None, backend=None):
+    return _forward_fake(x, dim, dtype, backend, log=True)
+
+
+@torch.library.custom_op("anysoftmax::softmax_backward", mutates_args=())
+def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool,
+                        backend: Optional[str] = None) -> torch.Tensor:
+    """Gradient w.r.t. the input of softmax (`log`: log_softmax) from its output `y` and the
+    output gradient `grad`, in `y`'s dtype (argument order of aten's _softmax_backward_data)."""
+    from .api import softmax_backward
+    return _contiguous(softmax_backward(y, grad, dim, log=log, backend=backend))
+
+
+@softmax_backward_op.register_fake
+def _softmax_backward_fake(grad, y, dim, log, backend=None):
+    from .api import check_backward_args
+    check_backward_args(y, grad, dim, log)
+    return y.new_empty(y.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, dim, _dtype, backend = inputs
+    ctx.save_for_backward(output)
+    ctx.dim, ctx.backend, ctx.x_dtype = dim, backend, x.dtype
+
+
+def _make_backward(log: bool):
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        dx = softmax_backward_op(grad, y, ctx.dim, log, ctx.backend)
+        return dx.to(ctx.x_dtype), None, None, None
+    return backward
+
+
+softmax_op.register_autograd(_make_backward(False), setup_context=_setup_context)
+log_softmax_op.register_autograd(_make_backward(True), setup_context=_setup_context)

@@ -1,0 +1,84 @@
+"""No allocation besides the output, plus the documented scratch of split rows
+(`kernels.launch.stats_numel`), measured with torch.cuda.max_memory_allocated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import anysoftmax
+from anysoftmax.api import prepare
+from anysoftmax.core.layout import RowLayout, allocate_rows
+from anysoftmax.kernels.launch import stats_numel
+
+ALLOCATOR_BLOCK = 512  # the caching allocator rounds every allocation up to this
+
+
+def rounded(nbytes: int) -> int:
+    return -(-nbytes // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK
+
+
+def plan_of(x, dim, backward=False):
+    backend = anysoftmax.get_backend("triton")
+    x, spec = prepare(x, dim, None, False)
+    if backward:
+        y = torch.empty_like(x)
+        layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
+        return backend.plan(y, y, layout, spec, backward=True), layout
+    x, y, layout = allocate_rows(x, spec)
+    return backend.plan(x, y, layout, spec), layout
+
+
+def peak_extra(fn) -> int:
+    """Bytes allocated at the peak of `fn()` above what was allocated before it."""
+    fn()  # compile, size the grid and allocate the reused barrier counters first
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
+CASES = [
+    # (shape, dim, dtype, expected kernel)
+    ((4096, 1000), 1, torch.float32, "tile"),
+    ((64, 65536), 1, torch.bfloat16, "split"),
+    ((3, 262144), 1, torch.float32, "split"),
+    ((512, 8192), 0, torch.float32, "cols"),
+    ((8192, 2048), 0, torch.float16, "cols_split"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dim,dtype,kind", CASES, ids=[f"{k}-{'x'.join(map(str, s))}" for s, _, _, k in CASES])
+def test_forward_allocates_output_and_scratch_only(shape, dim, dtype, kind, gen):
+    x = torch.randn(shape, generator=gen).to(dtype).cuda()
+    plan, layout = plan_of(x, dim)
+    assert plan.kind == kind
+    scratch = stats_numel(plan, layout) * 4
+    allowed = rounded(x.numel() * x.element_size()) + (rounded(scratch) if scratch else 0)
+    assert peak_extra(lambda: anysoftmax.softmax(x, dim)) <= allowed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 1000), (16, 262144)])
+def test_backward_allocates_gradient_and_scratch_only(shape, gen):
+    y = torch.softmax(torch.randn(shape, generator=gen).cuda(), 1)
+    g = torch.randn(shape, generator=gen).cuda()
+    plan, layout = plan_of(y, 1, backward=True)
+    allowed = rounded(y.numel() * 4) + rounded(max(stats_numel(plan, layout, backward=True), 1) * 4)
+    assert peak_extra(lambda: anysoftmax.api.softmax_backward(y, g, 1)) <= allowed
+
+
+@pytest.mark.gpu
+def test_documented_copies_only_when_needed(gen):
+    """A narrowing dtype= rounds the input once (as torch does): that copy plus the output."""
+    x = torch.randn(2048, 1024, generator=gen).cuda()
+    out_bytes = x.numel() * 2
+    assert peak_extra(lambda: anysoftmax.softmax(x, 1, dtype=torch.float16)) <= 2 * rounded(out_bytes)
+    # A widening dtype= is folded into the kernel's loads: no copy.
+    h = x.half()
+    assert peak_extra(lambda: anysoftmax.softmax(h, 1, dtype=torch.float32)) <= rounded(x.numel() * 4)

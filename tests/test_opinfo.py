@@ -1,0 +1,71 @@
+"""PyTorch's own OpInfo samples of softmax, log_softmax and _softmax_backward_data, run through
+anysoftmax on every CPU-runnable backend (needs `expecttest`, part of the test extra)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("expecttest", reason="OpInfo samples need expecttest (pip install -e '.[test]')")
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+
+import anysoftmax  # noqa: E402
+from anysoftmax.core import SoftmaxSpec  # noqa: E402
+from anysoftmax.core.spec import FLOAT_DTYPES, TOLERANCES  # noqa: E402
+from helpers import check, runnable_backends  # noqa: E402
+
+BACKENDS = runnable_backends("cpu")
+OPINFOS = {(o.name, o.variant_test_name): o for o in op_db
+           if o.name in ("softmax", "log_softmax", "_softmax_backward_data")}
+FORWARD = [key for key in OPINFOS if key[0] != "_softmax_backward_data"]
+
+
+def sample_params(keys):
+    """(opinfo key, input dtype) for every dtype torch declares for the OpInfo."""
+    return [pytest.param(key, dtype, id=f"{key[0]}{'-' + key[1] if key[1] else ''}-{str(dtype)[6:]}")
+            for key in keys for dtype in sorted(OPINFOS[key].dtypes, key=str)]
+
+
+def test_opinfos_found():
+    assert {("softmax", ""), ("softmax", "with_dtype"), ("log_softmax", ""), ("log_softmax", "with_dtype"),
+            ("_softmax_backward_data", "")} <= set(OPINFOS)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("key,dtype", sample_params(FORWARD))
+def test_forward_samples(backend, key, dtype):
+    log = key[0] == "log_softmax"
+    fn = anysoftmax.log_softmax if log else anysoftmax.softmax
+    torch_fn = torch.log_softmax if log else torch.softmax
+    for sample in OPINFOS[key].sample_inputs("cpu", dtype, requires_grad=False):
+        x, (dim,), kwargs = sample.input, sample.args, sample.kwargs
+        try:
+            torch_fn(x, dim, **kwargs)
+            torch_error = None
+        except Exception as exc:  # torch refuses (integer input without dtype=): so must we
+            torch_error = exc
+        if torch_error is not None or x.dtype.is_complex:
+            # Complex inputs: torch drops the imaginary part silently; anysoftmax refuses.
+            with pytest.raises(TypeError, match="dtype"):
+                fn(x, dim, backend=backend, **kwargs)
+            continue
+        check(x, dim, backend=backend, log=log, dtype=kwargs.get("dtype"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("key,dtype", sample_params([("_softmax_backward_data", "")]))
+def test_backward_samples(backend, key, dtype):
+    for sample in OPINFOS[key].sample_inputs("cpu", dtype, requires_grad=False):
+        grad, (y, dim, input_dtype) = sample.input, sample.args
+        spec = SoftmaxSpec.from_tensor(y, dim)
+        if anysoftmax.get_backend(backend).supports(spec) is not None:
+            continue  # declared limit (float64 on NPUs), checked by the forward samples
+        got = anysoftmax.api.softmax_backward(y, grad, dim, backend=backend).to(input_dtype)
+        want = torch._softmax_backward_data(grad, y, dim, input_dtype)
+        y64, g64 = y.double(), grad.double()
+        ref = y64 * (g64 - (y64 * g64).sum(dim, keepdim=True))
+        # The sum cancels: allow the output dtype's rounding of the gradient's scale.
+        tol = 4 * TOLERANCES[input_dtype].rtol
+        scale = g64.abs().max().item() + 1
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got.double(), ref.to(input_dtype).double(), rtol=tol, atol=tol * scale)
