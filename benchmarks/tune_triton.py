@@ -1,6 +1,6 @@
 """Sweep the `triton` backend's tuning table on the GPU at hand, to fill configs/tuning/triton.yaml.
 
-    python -m benchmarks.tune_triton [--out DIR] [--groups small,tile,split,cols] [--name NAME]
+    python -m benchmarks.tune_triton [--out DIR] [--groups small,tile,split,cols,warps] [--name NAME]
 
 For each shape and dtype, every candidate override of the table is checked against the
 reference and timed (do_bench median, inputs rotated); the best per shape is printed and all
@@ -22,6 +22,7 @@ SMALL_SHAPES = [(32768, 128), (32768, 256), (4823, 781)]
 TILE_SHAPES = [(32768, 1024), (16384, 4096), (16384, 8192)]
 SPLIT_SHAPES = [(2048, 65536), (512, 262144), (64, 1048576), (16, 131072)]
 COLS_SHAPES = [(8192, 8192), (16384, 1024), (1024, 8192)]  # reduced over dim 0
+WARPS_SHAPES = [(16384, 4096), (16384, 8192), (8192, 16384), (4096, 32768)]
 
 
 def small_candidates():
@@ -34,19 +35,35 @@ def tile_candidates():
         yield dict(tile_programs_per_slot=per_slot, rows_tile_elems=rows)
 
 
+def warps_candidates():
+    yield {}  # the table as it stands
+    for mid, top in [(8, 16), (16, 16), (8, 32), (16, 32)]:
+        yield dict(warps_by_tile_elems=[[8192, 4], [16384, mid], [32768, top]])
+    yield dict(warps_by_tile_elems=[[4096, 4], [8192, 8], [16384, 16], [32768, 16]])
+
+
+BWD_SHAPES = [(16384, 8192), (8192, 16384), (4096, 32768), (2048, 65536)]
+
+
+def bwd_candidates():
+    yield {}  # the table as it stands
+    yield dict(split_chunk_bytes=32768)
+    yield dict(split_chunk_bytes=8192)
+
+
 def split_candidates():
     yield {}  # the table as it stands
-    for chunk, prefetch in [(4096, False), (16384, False), (8192, True)]:
-        yield dict(split_chunk_elems=chunk, split_prefetch=prefetch)
+    yield dict(split_chunk_bytes=32768)
     yield dict(cooperative=False)
 
 
 def cols_candidates():
     yield {}  # the table as it stands
-    yield dict(cols_block_bytes=32, cols_chunk_bytes=16384)
-    yield dict(cols_block_bytes=128, cols_chunk_bytes=32768)
-    yield dict(cols_chunk_bytes=65536)
-    yield dict(cols_warps_by_tile_elems=[[2**40, 4]])
+    yield dict(cols_split_block_i=32, cols_chunk_bytes=65536)
+    yield dict(cols_split_block_i=64, cols_chunk_bytes=32768)
+    yield dict(cols_split_block_i=64, cols_chunk_bytes=65536)
+    yield dict(cols_split_block_i=32, cols_chunk_bytes=16384)
+    yield dict(cols_split_block_i=32, cols_warps_by_tile_elems=[[8192, 4], [32768, 8]])
 
 
 def main(argv=None) -> int:
@@ -58,6 +75,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import anysoftmax
+    from anysoftmax.api import softmax_backward
     from anysoftmax.backends.triton import heuristics
     from anysoftmax.core import SoftmaxSpec, compare
 
@@ -69,31 +87,44 @@ def main(argv=None) -> int:
     print(f"{dev}: copy {copy:.0f} GB/s", flush=True)
     rows = []
     groups = {"small": (SMALL_SHAPES, -1, small_candidates), "tile": (TILE_SHAPES, -1, tile_candidates),
-              "split": (SPLIT_SHAPES, -1, split_candidates), "cols": (COLS_SHAPES, 0, cols_candidates)}
-    work = [((m, n, dim), cands) for g in args.groups.split(",") for (shapes, dim, cands) in [groups[g]]
+              "split": (SPLIT_SHAPES, -1, split_candidates), "cols": (COLS_SHAPES, 0, cols_candidates),
+              "warps": (WARPS_SHAPES, -1, warps_candidates), "bwd": (BWD_SHAPES, -1, bwd_candidates)}
+    work = [((m, n, dim), cands, g == "bwd") for g in args.groups.split(",") for (shapes, dim, cands) in [groups[g]]
             for m, n in shapes]
-    for (m, n, dim), cands in work:
+    for (m, n, dim), cands, backward in work:
         for dname in args.dtypes.split(","):
             dtype = getattr(torch, dname)
-            sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),)
-                    for _ in range(rotation_count(m * n * dtype.itemsize))]
-            copy_ms = median_ms(lambda x: x.clone(), sets)
+            n_sets = rotation_count((3 if backward else 2) * m * n * dtype.itemsize)
+            if backward:  # (y, dy): the backward reads both and writes dx
+                sets = [(torch.softmax(torch.randn(m, n, device="cuda") * 3, dim).to(dtype),
+                         torch.randn(m, n, device="cuda").to(dtype)) for _ in range(n_sets)]
+                copy_ms = median_ms(lambda y, dy: y + dy, sets)
+            else:
+                sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),) for _ in range(n_sets)]
+                copy_ms = median_ms(lambda x: x.clone(), sets)
+            moved = (3 if backward else 2) * m * n * dtype.itemsize
             rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=True, ms=copy_ms, candidate="copy",
-                             frac=2 * m * n * dtype.itemsize / (copy_ms * 1e-3) / 1e9 / copy))
+                             backward=backward, frac=moved / (copy_ms * 1e-3) / 1e9 / copy))
             print(f"{dname:9} {m}x{n} dim {dim}: same-size copy {rows[-1]['frac']:.3f}", flush=True)
             best = None
             for cand in cands():
                 try:
                     with heuristics.override(**cand):
-                        out = anysoftmax.softmax(sets[0][0], dim, backend="triton")
-                        ok = compare(out, sets[0][0], SoftmaxSpec.from_tensor(sets[0][0], dim), device="cuda").ok
-                        ms = (median_ms(lambda x: anysoftmax.softmax(x, dim, backend="triton"), sets)
-                              if ok else float("nan"))
+                        if backward:
+                            ok = backward_ok(sets[0], dim)
+                            ms = (median_ms(lambda y, dy: softmax_backward(y, dy, dim, backend="triton"), sets)
+                                  if ok else float("nan"))
+                        else:
+                            out = anysoftmax.softmax(sets[0][0], dim, backend="triton")
+                            ok = compare(out, sets[0][0], SoftmaxSpec.from_tensor(sets[0][0], dim), device="cuda").ok
+                            ms = (median_ms(lambda x: anysoftmax.softmax(x, dim, backend="triton"), sets)
+                                  if ok else float("nan"))
                 except Exception as exc:  # a candidate that does not compile is a result too
                     ok, ms = False, float("nan")
                     cand = {**cand, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}
-                frac = 2 * m * n * dtype.itemsize / (ms * 1e-3) / 1e9 / copy if ok else 0.0
-                rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=ok, ms=ms, frac=frac, **{k: str(v) for k, v in cand.items()}))
+                frac = moved / (ms * 1e-3) / 1e9 / copy if ok else 0.0
+                rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=ok, ms=ms, frac=frac, backward=backward,
+                                 **{k: str(v) for k, v in cand.items()}))
                 if ok and (best is None or frac > best[0]):
                     best = (frac, cand)
             print(f"{dname:9} {m}x{n} dim {dim}: best {best[0] if best else 0:.3f} with {best[1] if best else None}", flush=True)

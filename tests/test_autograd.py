@@ -42,7 +42,7 @@ def test_triton_backward_kernels(path, dtype, log, gen):
         pytest.skip("triton does not run on CPU here: TRITON_INTERPRET is not set")
     x = (torch.randn(6, 150, generator=gen) * 2).to(dtype)
     g = torch.randn(6, 150, generator=gen).to(dtype)
-    over = dict(max_tile_elems=64, split_chunk_elems=32) if path == "split" else {}
+    over = dict(max_tile_elems=64, split_chunk_bytes=128) if path == "split" else {}
     with heuristics.override(**over):
         y = (anysoftmax.log_softmax if log else anysoftmax.softmax)(x, 1, backend="triton")
         dx = anysoftmax.api.softmax_backward(y, g, 1, log=log, backend="triton")

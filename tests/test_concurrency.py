@@ -70,6 +70,7 @@ def test_threads_with_new_shapes(device, backend, gen):
         x = torch.randn(shape, generator=gen).mul_(3).to(dtype).to(device)
         cases += [(x, dim, bool(i % 2))] * THREADS_PER_SHAPE
     triton_backend._plans.clear()
+    triton_backend._launchers.clear()
     builds = triton_backend._plans.builds
     compiles = count_triton_compiles() if device == "cuda" else None
     try:

@@ -19,7 +19,7 @@ def test_cpu(backend, case, dtype, log, gen):
 
 # Tuning overrides that send short rows down each long-row path.
 LONG_ROW_PATHS = {
-    "split": dict(max_tile_elems=64, split_chunk_elems=32, cols_tile_bytes=256, cols_block_bytes=64,
+    "split": dict(max_tile_elems=64, split_chunk_bytes=128, cols_tile_bytes=256, cols_block_bytes=64,
                   cols_chunk_bytes=1024),
     "online": dict(max_tile_elems=64, long_rows="online", online_block_n=32),
 }

@@ -167,3 +167,32 @@ def test_integer_input_with_float_dtype_is_accepted_complex_is_not(exploding):
                                torch.softmax(x, 1, dtype=torch.float64))
     with pytest.raises(TypeError, match="complex64 is not supported"):
         anysoftmax.softmax(torch.ones(3, 4, dtype=torch.complex64), 1, dtype=torch.float32, backend=exploding)
+
+
+def test_repeated_requests_are_still_validated_and_reselected(monkeypatch):
+    """Validated requests are memoised (shape, strides, dtypes, dim, backend choice): a
+    variant that differs in any of these, dim=True included, is validated afresh, and a
+    change of $ANYSOFTMAX_BACKEND or of the registered backends is honoured."""
+    x = torch.randn(3, 4)
+    anysoftmax.softmax(x, 1)
+    anysoftmax.softmax(x, 1)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        anysoftmax.softmax(x, True)
+    monkeypatch.setenv("ANYSOFTMAX_BACKEND", "no_such_backend")
+    with pytest.raises(ValueError, match="no_such_backend"):
+        anysoftmax.softmax(x, 1)
+    monkeypatch.delenv("ANYSOFTMAX_BACKEND")
+
+    class _Preferred(StubBackend):
+        name, priority = "preferred", 10 ** 6
+
+        def run(self, x, spec):
+            raise RuntimeError("the newly registered backend was chosen")
+
+    anysoftmax.register(_Preferred())
+    try:
+        with pytest.raises(RuntimeError, match="newly registered"):
+            anysoftmax.softmax(x, 1)
+    finally:
+        registry.unregister("preferred")
+    torch.testing.assert_close(anysoftmax.softmax(x, 1), torch.softmax(x, 1))

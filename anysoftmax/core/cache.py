@@ -45,3 +45,30 @@ class OnceCache(Generic[V]):
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+
+
+class BoundedDict(Generic[V]):
+    """A lock-free memo for hot paths: plain dict reads (atomic under the GIL), at most
+    `maxsize` entries, the oldest dropped first. Values must be cheap to recompute: two
+    threads may both compute and store the same key."""
+
+    def __init__(self, maxsize: int = 1024):
+        self.maxsize = maxsize
+        self._data: dict = {}
+
+    def get(self, key: Hashable):
+        return self._data.get(key)
+
+    def put(self, key: Hashable, value: V) -> None:
+        while len(self._data) >= self.maxsize:
+            try:
+                del self._data[next(iter(self._data))]
+            except (KeyError, StopIteration, RuntimeError):  # another thread evicted it first
+                break
+        self._data[key] = value
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def clear(self) -> None:
+        self._data.clear()

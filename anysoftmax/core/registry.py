@@ -69,6 +69,13 @@ class BackendStatus:
 
 _lock = threading.Lock()
 _backends: dict[str, Backend] = {}
+# Bumped whenever the set of backends changes: memoised selections keyed by it go stale.
+_generation = [0]
+
+
+def generation() -> int:
+    """A number that changes whenever a backend is registered or removed."""
+    return _generation[0]
 
 
 def register(backend: Backend) -> Backend:
@@ -77,6 +84,7 @@ def register(backend: Backend) -> Backend:
         raise TypeError(f"{backend!r} does not implement the Backend protocol")
     with _lock:
         _backends[backend.name] = backend
+        _generation[0] += 1
     return backend
 
 
@@ -84,6 +92,7 @@ def unregister(name: str) -> None:
     """Remove a backend (used by tests that register a deliberately broken one)."""
     with _lock:
         _backends.pop(name, None)
+        _generation[0] += 1
 
 
 def registered() -> dict[str, Backend]:

@@ -132,24 +132,17 @@ def strides_args(layout: RowLayout) -> tuple:
     return (s1, s2, *layout.in_row_strides, layout.in_col_stride, *layout.out_row_strides, layout.out_col_stride)
 
 
-def kernel_args(x: torch.Tensor, y: torch.Tensor, layout: RowLayout) -> tuple:
-    """Positional arguments of the tile and online kernels."""
-    return (x, y, layout.n_rows, layout.n_cols, *strides_args(layout))
-
-
-def split_args(plan: KernelPlan, x, y, layout: RowLayout, stats, counts) -> tuple:
-    """Positional arguments of the split kernel."""
-    return (x, y, stats, counts, layout.n_rows, layout.n_cols, plan.chunks, *strides_args(layout))
-
-
-def cols_args(plan: KernelPlan, x, y, layout: RowLayout, stats=None, counts=None) -> tuple:
-    """Positional arguments of the column kernels."""
-    v = column_view(layout)
-    sizes = (v.n_outer, v.n_red, v.n_inner)
-    strides = (v.in_outer_stride, v.in_red_stride, v.out_outer_stride, v.out_red_stride)
-    if plan.kind == "cols":
-        return (x, y, *sizes, *strides)
-    return (x, y, stats, counts, *sizes, plan.chunks, *strides)
+def static_args(plan: KernelPlan, layout: RowLayout) -> tuple:
+    """The integer arguments of the plan's kernel, after (x, y) and, for split kinds, the
+    scratch (stats, counts)."""
+    if plan.kind in ("cols", "cols_split"):
+        v = column_view(layout)
+        sizes = (v.n_outer, v.n_red, v.n_inner)
+        strides = (v.in_outer_stride, v.in_red_stride, v.out_outer_stride, v.out_red_stride)
+        return (*sizes, *strides) if plan.kind == "cols" else (*sizes, plan.chunks, *strides)
+    if plan.kind == "split":
+        return (layout.n_rows, layout.n_cols, plan.chunks, *strides_args(layout))
+    return (layout.n_rows, layout.n_cols, *strides_args(layout))
 
 
 def split_groups(plan: KernelPlan, layout: RowLayout) -> int:
@@ -199,12 +192,7 @@ def forward_calls(plan: KernelPlan, x, y, layout: RowLayout, log: bool, stats=No
     """[(kernel, args, constexprs)] of the launches that run `plan`: one, or the two phases of a
     split plan that is not cooperative. `stats`/`counts` are the split kernels' scratch."""
     kernel = kernel_for(plan.kind)
-    if plan.kind in ("cols", "cols_split"):
-        args = cols_args(plan, x, y, layout, stats, counts)
-    elif plan.kind == "split":
-        args = split_args(plan, x, y, layout, stats, counts)
-    else:
-        args = kernel_args(x, y, layout)
+    args = ((x, y, stats, counts) if plan.kind in SPLIT_KINDS else (x, y)) + static_args(plan, layout)
     phases = ((0,) if plan.cooperative else (1, 2)) if plan.kind in SPLIT_KINDS else (0,)
     return [(kernel, args, kernel_constexprs(plan, layout, log, y.dtype, phase)) for phase in phases]
 
@@ -234,13 +222,31 @@ def split_scratch(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, d
     return new_stats(plan, layout, out_dtype, device), row_counters(device, groups if plan.cooperative else 0)
 
 
+def forward_launcher(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype):
+    """A function `run(x, y)` that launches `plan` on tensors laid out as `layout`: the
+    constexprs, options and integer arguments are worked out once here, so a call only
+    allocates the split scratch and launches (backends keep these per request shape)."""
+    kernel = kernel_for(plan.kind)
+    opts = launch_options(plan)
+    split = plan.kind in SPLIT_KINDS
+    phases = ((0,) if plan.cooperative else (1, 2)) if split else (0,)
+    metas = [{**kernel_constexprs(plan, layout, log, out_dtype, phase), **opts} for phase in phases]
+    static = static_args(plan, layout)
+    grid = (plan.grid,)
+    lock = launch_lock(kernel)
+
+    def run(x: torch.Tensor, y: torch.Tensor) -> None:
+        head = (x, y, *split_scratch(plan, layout, out_dtype, x.device)) if split else (x, y)
+        with lock:
+            for meta in metas:
+                kernel[grid](*head, *static, **meta)
+
+    return run
+
+
 def launch(plan: KernelPlan, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, log: bool) -> None:
     """Run `plan` writing the softmax of rows of `x` into `y`."""
-    opts = launch_options(plan)
-    stats, counts = split_scratch(plan, layout, y.dtype, x.device) if plan.kind in SPLIT_KINDS else (None, None)
-    for kernel, args, meta in forward_calls(plan, x, y, layout, log, stats, counts):
-        with launch_lock(kernel):
-            kernel[(plan.grid,)](*args, **meta, **opts)
+    forward_launcher(plan, layout, log, y.dtype)(x, y)
 
 
 def backward_constexprs(plan: KernelPlan, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
@@ -257,15 +263,29 @@ def backward_args(y, dy, dx, layout: RowLayout, chunks: int, stats, counts) -> t
             *layout.in_row_strides, layout.in_col_stride)
 
 
-def launch_backward(plan: KernelPlan, y, dy, dx, layout: RowLayout, log: bool) -> None:
-    """dx for softmax (log_softmax) outputs `y` and output gradients `dy`, all laid out alike."""
+def backward_launcher(plan: KernelPlan, layout: RowLayout, log: bool, dtype: torch.dtype):
+    """A function `run(y, dy, dx)` launching the backward `plan` (see `forward_launcher`)."""
     from .softmax_bwd import softmax_bwd_kernel
 
     opts = launch_options(plan)
     split = plan.kind != "tile"
-    stats = new_stats(plan, layout, dx.dtype, y.device, backward=True)
-    counts = row_counters(y.device, layout.n_rows if split and plan.cooperative else 0)
-    args = backward_args(y, dy, dx, layout, plan.chunks, stats, counts)
-    for phase in ((0,) if not split or plan.cooperative else (1, 2)):
-        with launch_lock(softmax_bwd_kernel):
-            softmax_bwd_kernel[(plan.grid,)](*args, **backward_constexprs(plan, log, dx.dtype, phase), **opts)
+    metas = [{**backward_constexprs(plan, log, dtype, phase), **opts}
+             for phase in ((0,) if not split or plan.cooperative else (1, 2))]
+    static = backward_args(None, None, None, layout, plan.chunks, None, None)[5:]
+    grid = (plan.grid,)
+    lock = launch_lock(softmax_bwd_kernel)
+    counter_rows = layout.n_rows if split and plan.cooperative else 0
+
+    def run(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
+        stats = new_stats(plan, layout, dtype, y.device, backward=True)
+        counts = row_counters(y.device, counter_rows)
+        with lock:
+            for meta in metas:
+                softmax_bwd_kernel[grid](y, dy, dx, stats, counts, *static, **meta)
+
+    return run
+
+
+def launch_backward(plan: KernelPlan, y, dy, dx, layout: RowLayout, log: bool) -> None:
+    """dx for softmax (log_softmax) outputs `y` and output gradients `dy`, all laid out alike."""
+    backward_launcher(plan, layout, log, dx.dtype)(y, dy, dx)

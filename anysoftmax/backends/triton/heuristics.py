@@ -38,13 +38,15 @@ def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = Non
     view = None if backward else column_view(layout)
     if view is not None and view.n_inner >= table()["cols_min_inner"]:
         return choose_cols_tile(view, elem_bytes, sm_count)
-    tile = choose_tile(layout, sm_count)
-    if backward and tile["kind"] != "tile":
-        return split_tile(layout, sm_count)
-    return tile
+    if backward:
+        t = table()
+        padded = triton.next_power_of_2(max(layout.n_cols, 1))
+        if padded * elem_bytes > t["bwd_max_tile_bytes"] or padded > t["max_tile_elems"]:
+            return split_tile(layout, elem_bytes, sm_count, t["bwd_split_chunk_bytes"])
+    return choose_tile(layout, elem_bytes, sm_count)
 
 
-def choose_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
+def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None) -> dict:
     """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, chunks, prefetch}."""
     t = table()
     block_n = triton.next_power_of_2(max(layout.n_cols, 1))
@@ -57,14 +59,16 @@ def choose_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
         block_n = min(t["online_block_n"], t["max_tile_elems"])
         return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], chunks=1,
                     prefetch=False)
-    return split_tile(layout, sm_count)
+    return split_tile(layout, elem_bytes, sm_count)
 
 
-def split_tile(layout: RowLayout, sm_count: int | None = None) -> dict:
-    """Rows cut into chunks held by different programs: `split_chunk_elems` wide, halved
-    (down to `split_min_chunk_elems`) while there are too few chunks to fill `sm_count` SMs."""
+def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None,
+               chunk_bytes: int | None = None) -> dict:
+    """Rows cut into chunks held by different programs: `chunk_bytes` (default
+    `split_chunk_bytes`) each, halved (down to `split_min_chunk_elems`) while there are too few
+    chunks to fill `sm_count` SMs."""
     t = table()
-    chunk = min(t["split_chunk_elems"], t["max_tile_elems"])
+    chunk = min(max((chunk_bytes or t["split_chunk_bytes"]) // elem_bytes, 1), t["max_tile_elems"])
     if sm_count:
         wanted = t["split_items_per_sm"] * sm_count
         while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * -(-layout.n_cols // chunk) < wanted:
@@ -78,13 +82,15 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
     """Tile for a reduction across contiguous rows (`ColumnView`): BLOCK_M = inner positions
     per tile (`cols_block_bytes` of them, fewer when the inner dim is shorter), BLOCK_N =
     reduction steps. The whole reduction in one tile when it fits in `cols_tile_bytes`, else
-    chunks of `cols_chunk_bytes` split across programs like long rows."""
+    chunks of `cols_chunk_bytes` and `cols_split_block_i` positions split across programs
+    like long rows."""
     t = table()
     block_i = min(max(t["cols_block_bytes"] // elem_bytes, 1), triton.next_power_of_2(view.n_inner))
     red = triton.next_power_of_2(max(view.n_red, 1))
     if red * block_i * elem_bytes <= t["cols_tile_bytes"]:
         return dict(kind="cols", block_m=block_i, block_n=red, num_warps=_cols_warps(red * block_i, t),
                     chunks=1, prefetch=False)
+    block_i = min(t["cols_split_block_i"], triton.next_power_of_2(view.n_inner))
     steps = max(1, t["cols_chunk_bytes"] // (block_i * elem_bytes))
     if sm_count:  # a few groups still spread over the whole GPU
         groups = view.n_outer * -(-view.n_inner // block_i)
