@@ -11,7 +11,7 @@ from torch.testing._internal.common_methods_invocations import op_db  # noqa: E4
 
 import anysoftmax  # noqa: E402
 from anysoftmax.core import SoftmaxSpec  # noqa: E402
-from anysoftmax.core.spec import FLOAT_DTYPES, TOLERANCES  # noqa: E402
+from anysoftmax.core.spec import TOLERANCES  # noqa: E402
 from helpers import check, runnable_backends  # noqa: E402
 
 BACKENDS = runnable_backends("cpu")

@@ -1,0 +1,34 @@
+"""The GPU-only benchmark tools, checked where they can be without a GPU: the tuning sweep only
+names keys the tuning table has, and merging runs keeps and replaces the right rows."""
+
+import pytest
+
+from anysoftmax.config import load_tuning
+from benchmarks import merge, tune_triton
+
+SWEEPS = [name for name in dir(tune_triton) if name.endswith("_candidates")]
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_sweep_candidates_name_known_tuning_keys(sweep):
+    known = set(load_tuning("triton"))
+    candidates = list(getattr(tune_triton, sweep)())
+    assert candidates
+    for cand in candidates:
+        assert set(cand) <= known, f"{sweep}: unknown keys {set(cand) - known}"
+
+
+def row(provider, n, frac):
+    return dict(provider=provider, dtype="float32", M=4, N=n, dim=-1, frac_of_copy=frac, status="ok")
+
+
+def test_merge_replaces_remeasured_rows_and_drops_stale_providers():
+    old = dict(device="GPU", direction="fwd", copy_gbps=1.0, torch="t", triton="t",
+               results=[row("a", 8, 0.1), row("a", 16, 0.2), row("b", 8, 0.3), row("stale", 8, 0.4)])
+    new = dict(device="GPU", direction="fwd", copy_gbps=2.0, torch="t2", triton="t2", results=[row("a", 8, 0.9)])
+    merged = merge.merge(old, new, "rerun of a", drop=("stale",))
+    got = {(r["provider"], r["N"]): r["frac_of_copy"] for r in merged["results"]}
+    assert got == {("a", 8): 0.9, ("a", 16): 0.2, ("b", 8): 0.3}
+    assert [r["part"] for r in merged["runs"]] == ["earlier run", "rerun of a"]
+    with pytest.raises(ValueError, match="cannot merge"):
+        merge.merge(old, {**new, "direction": "bwd"}, "x")
