@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from .core.cache import BoundedDict
+from .core.reference import backward_from_output
 from .core.registry import ENV_BACKEND, generation, select
 from .core.spec import SoftmaxSpec
 
@@ -25,23 +26,14 @@ def _request_key(t: torch.Tensor, dim, *extra) -> tuple | None:
     return (t.shape, t.stride(), t.dtype, t.device, dim, *extra, os.environ.get(ENV_BACKEND), generation())
 
 
-def _softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    # dx = y * (dy - sum(y * dy)) for softmax; dx = dy - exp(y) * sum(dy) for log_softmax,
-    # accumulated in fp32 (fp64 for fp64) like the forward.
-    acc = torch.float64 if y.dtype == torch.float64 else torch.float32
-    y32, g32 = y.to(acc), grad.to(acc)
-    if log:
-        return g32 - torch.exp(y32) * g32.sum(dim, keepdim=True)
-    return y32 * (g32 - (y32 * g32).sum(dim, keepdim=True))
-
-
 def _backward_with(backend, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
     """The backend's own backward kernel when it has one, else the formula in torch ops.
     `spec` describes y (its dtype in and out)."""
     run_backward = getattr(backend, "run_backward", None)
     if run_backward is not None and spec.numel:
         return run_backward(y, grad, spec)
-    return _softmax_backward(y, grad, spec.dim if y.dim() else 0, spec.log).to(y.dtype)
+    # Accumulated in fp32 (fp64 for fp64) like the forward.
+    return backward_from_output(y, grad, spec.dim if y.dim() else 0, spec.log, spec.acc_dtype).to(y.dtype)
 
 
 def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, SoftmaxSpec]:

@@ -11,6 +11,11 @@ from pathlib import Path
 import yaml
 
 
+def is_int(v) -> bool:
+    """True for an int that is not a bool (YAML's `true` must not pass as 1)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def config_dir() -> Path:
     """The folder holding device matrices and tuning tables."""
     env = os.environ.get("ANYSOFTMAX_CONFIG_DIR")

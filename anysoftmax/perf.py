@@ -24,6 +24,17 @@ GPU_COPY_BYTES = 1 << 30  # >= 1 GiB: far beyond any L2, so the copy streams fro
 CPU_COPY_BYTES = 64 << 20  # enough to leave the CPU caches; small enough for a 2-core CI machine
 
 
+# Inputs rotated through in timing loops: enough sets that together they exceed twice the
+# largest L2 (H100/H200: 50-60 MB) many times over, so a repeat never finds its input cached.
+ROTATE_BYTES = 512 << 20
+MAX_ROTATED_SETS = 8
+
+
+def rotation_count(bytes_per_set: int) -> int:
+    """How many input sets of `bytes_per_set` to rotate through (2 to MAX_ROTATED_SETS)."""
+    return max(2, min(MAX_ROTATED_SETS, -(-ROTATE_BYTES // max(bytes_per_set, 1))))
+
+
 def timer_label(device) -> str:
     """'gpu' (device events via do_bench) or 'cpu' (wall clock, perf_counter)."""
     return "cpu" if torch.device(device).type == "cpu" else "gpu"

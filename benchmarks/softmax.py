@@ -94,11 +94,11 @@ def main(argv=None) -> int:
     import triton
 
     from . import providers, report
-    from .timing import copy_bandwidth_gbps
+    from anysoftmax.perf import copy_bandwidth_gbps
 
     direction = "bwd" if args.bwd else "fwd"
     device = torch.cuda.get_device_name()
-    copy = copy_bandwidth_gbps()
+    copy = copy_bandwidth_gbps("cuda")
     print(f"{device}: copy bandwidth {copy:.0f} GB/s (read + write)", flush=True)
     names = [s for s in args.providers.split(",") if s] or providers.anysoftmax_names() + providers.PEERS
     shapes = [] if args.non_last_only else QUICK if args.quick else GRID

@@ -68,14 +68,13 @@ def cols_candidates():
 
 
 def backward_ok(y_dy, dim) -> bool:
-    """The Triton backward of (y, dy) against the float64 formula, fp32-accumulation tolerance."""
+    """The Triton backward of (y, dy) checked as the benchmark checks every provider's."""
     from anysoftmax.api import softmax_backward
+    from anysoftmax.core import SoftmaxSpec
+
+    from .worker import check_backward
     y, dy = y_dy
-    dx = softmax_backward(y, dy, dim, backend="triton").double()
-    y64, g64 = y.double(), dy.double()
-    ref = y64 * (g64 - (y64 * g64).sum(dim, keepdim=True))
-    tol = 1e-5 if y.dtype == torch.float32 else 2e-2
-    return bool(torch.allclose(dx, ref, rtol=tol, atol=tol * (g64.abs().max().item() + 1)))
+    return check_backward(softmax_backward(y, dy, dim, backend="triton"), y, dy, SoftmaxSpec.from_tensor(y, dim))[0]
 
 
 def main(argv=None) -> int:
@@ -92,10 +91,12 @@ def main(argv=None) -> int:
     from anysoftmax.core import SoftmaxSpec, compare
 
     from .softmax import gpu_dir_name
-    from .timing import copy_bandwidth_gbps, median_ms, rotation_count
+    from anysoftmax.perf import copy_bandwidth_gbps, rotation_count
+
+    from .timing import median_ms
 
     dev = torch.cuda.get_device_name()
-    copy = copy_bandwidth_gbps()
+    copy = copy_bandwidth_gbps("cuda")
     print(f"{dev}: copy {copy:.0f} GB/s", flush=True)
     rows = []
     groups = {"small": (SMALL_SHAPES, -1, small_candidates), "tile": (TILE_SHAPES, -1, tile_candidates),

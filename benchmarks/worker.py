@@ -9,17 +9,21 @@ import sys
 import torch
 
 from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core.reference import backward_from_output
 
 from .providers import REFERENCE_ONLY, Unavailable, backward, forward
-from .timing import median_ms, rotation_count
+from anysoftmax.perf import rotation_count
+
+from .timing import median_ms
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _check_backward(dx, y, dy, spec) -> tuple[bool, float, str]:
-    # dx = y * (dy - sum(y * dy)) in float64 from the same y and dy.
+def check_backward(dx, y, dy, spec) -> tuple[bool, float, str]:
+    """(ok, max error, detail) of a softmax input gradient `dx` against the float64 gradient
+    from the same output `y` and output gradient `dy`."""
     y64, dy64 = y.double(), dy.double()
-    ref = (y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))).to(spec.out_dtype).double()
+    ref = backward_from_output(y, dy, spec.dim).to(spec.out_dtype).double()
     tol = spec.tolerance
     err = (dx.double() - ref).abs()
     # dx is a difference of products: its error scales with |y * dy| rather than |dx|.
@@ -57,7 +61,7 @@ def run_case(provider: str, direction: str, dtype_name: str, m: int, n: int, dim
                 sets.append((torch.softmax(x, -1).to(dtype), torch.randn(m, n, device="cuda").to(dtype)))
             out = fn(*sets[0])
             if provider not in REFERENCE_ONLY:
-                ok, err, detail = _check_backward(out, *sets[0], SoftmaxSpec.from_tensor(sets[0][0], -1))
+                ok, err, detail = check_backward(out, *sets[0], SoftmaxSpec.from_tensor(sets[0][0], -1))
             bytes_moved = 3 * m * n * elem
         torch.cuda.synchronize()
     except Exception as exc:  # a provider failing on a shape is a result, not a crash of the run

@@ -187,7 +187,7 @@ DEVICES = {"sm_90": "H100_SXM", "sm_80": "A100_SXM", "gfx942": "MI300X"}
 BACKEND_OF = {"cuda": "nvidia", "hip": "amd"}
 
 
-def plan_for(layout, elem_bytes: int, dev, log: bool, backward: bool, overrides: dict):
+def plan_for(layout, elem_bytes: int, dev, backward: bool, overrides: dict):
     """The backend's KernelPlan for this layout on `dev` (`draft_plan`: kernel, tile, warps,
     stages and cooperation; the grid is left at 1: it is not compiled in)."""
     from anysoftmax.backends.triton import heuristics
@@ -202,21 +202,19 @@ def launches(plan, shape, dim, dtype, log: bool, backward: bool) -> list:
     only dtypes, strides and the 16-byte alignment every allocation has matter)."""
     from anysoftmax.core.layout import RowLayout
     from anysoftmax.kernels.launch import (SPLIT_KINDS, backward_args, backward_constexprs, forward_calls,
-                                           launch_options, split_scratch)
+                                           launch_options, phases, scratch_maker)
 
     x = torch.empty(shape, dtype=dtype, device="meta")
     y = torch.empty(shape, dtype=dtype, device="meta")
     layout = RowLayout.from_strides(shape, tuple(x.stride()), tuple(y.stride()), dim)
     opts = launch_options(plan)
-    if backward:  # as launch_backward: y, dy and dx alike
+    if backward:  # as the backward launcher: y, dy and dx alike
         from anysoftmax.kernels.softmax_bwd import softmax_bwd_kernel
-        split = plan.kind != "tile"
-        stats = torch.empty(max(layout.n_rows * plan.chunks, 1) if split else 1, dtype=torch.float32, device="meta")
-        counts = torch.empty(max(2 * layout.n_rows, 2), dtype=torch.int32, device="meta")
+        stats, counts = scratch_maker(plan, layout, dtype, backward=True)(x.device)
         args = backward_args(y, torch.empty_like(y), torch.empty_like(y), layout, plan.chunks, stats, counts)
-        phases = (0,) if not split or plan.cooperative else (1, 2)
-        return [(softmax_bwd_kernel, args, backward_constexprs(plan, log, dtype, p), opts) for p in phases]
-    stats, counts = split_scratch(plan, layout, dtype, x.device) if plan.kind in SPLIT_KINDS else (None, None)
+        return [(softmax_bwd_kernel, args, backward_constexprs(plan, log, dtype, p), opts)
+                for p in phases(plan, plan.kind != "tile")]
+    stats, counts = scratch_maker(plan, layout, dtype)(x.device) if plan.kind in SPLIT_KINDS else (None, None)
     return [(k, a, c, opts) for k, a, c in forward_calls(plan, x, y, layout, log, stats, counts)]
 
 
@@ -225,15 +223,14 @@ def compile_target(target: str, dtypes: dict) -> dict:
     from anysoftmax.core.layout import RowLayout
 
     dev = getattr(occupancy, DEVICES[target])
-    planned, kernels, errors = [], [], []
+    kernels, errors = [], []
     for case, shape, dim, log, backward, overrides, expected_kind in CASES:
         for dname, dtype in dtypes.items():
-            planned.append(dict(target=target, case=case, dtype=dname))
             where = dict(target=target, case=case, dtype=dname)
             try:
-                layout = RowLayout.from_strides(shape, torch.empty(shape, device="meta").stride(),
-                                                torch.empty(shape, device="meta").stride(), dim)
-                plan = plan_for(layout, dtype.itemsize, dev, log, backward, overrides)
+                strides = torch.empty(shape, device="meta").stride()
+                layout = RowLayout.from_strides(shape, strides, strides, dim)
+                plan = plan_for(layout, dtype.itemsize, dev, backward, overrides)
                 calls = launches(plan, shape, dim, dtype, log, backward)
             except Exception as exc:
                 errors.append(dict(where, stage="plan", error=f"{type(exc).__name__}: {exc}",
@@ -260,7 +257,7 @@ def compile_target(target: str, dtypes: dict) -> dict:
                 except Exception as exc:
                     errors.append(dict(record, stage="compile", error=f"{type(exc).__name__}: {exc}",
                                        traceback=traceback.format_exc(limit=-4)))
-    return dict(planned=planned, kernels=kernels, errors=errors)
+    return dict(kernels=kernels, errors=errors)
 
 
 def main(argv=None) -> int:
@@ -272,7 +269,7 @@ def main(argv=None) -> int:
 
     doc = dict(triton=triton.__version__, torch=torch.__version__, backends=sorted(available),
                interpreting=os.environ.get("TRITON_INTERPRET", "") not in ("", "0"),
-               planned=[], kernels=[], errors=[], missing_backends={})
+               kernels=[], errors=[], missing_backends={})
     dtypes = {d: DTYPES[d] for d in a.dtypes.split(",")}
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON document only
@@ -282,7 +279,7 @@ def main(argv=None) -> int:
                 doc["missing_backends"][target] = backend
                 continue
             part = compile_target(target, dtypes)
-            for key in ("planned", "kernels", "errors"):
+            for key in ("kernels", "errors"):
                 doc[key] += part[key]
     doc["total_s"] = round(time.perf_counter() - t0, 2)
     json.dump(doc, sys.stdout, indent=1)

@@ -8,6 +8,7 @@ import torch
 import anysoftmax
 from anysoftmax.api import prepare
 from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core.layout import allocate_rows
 
 
 def runnable_backends(device_type: str) -> list[str]:
@@ -20,6 +21,14 @@ def runnable_backends(device_type: str) -> list[str]:
         if anysoftmax.get_backend(status.name).supports(probe) is None:
             names.append(status.name)
     return names
+
+
+def as_backend_sees_it(x: torch.Tensor, dim: int, dtype=None, log: bool = False) -> tuple:
+    """(x, y, layout, spec) of a request as `run` receives and lays it out: validated and
+    converted by the API (`prepare`), output allocated and rows described (`allocate_rows`)."""
+    x, spec = prepare(x, dim, dtype, log)
+    x, y, layout = allocate_rows(x, spec)
+    return x, y, layout, spec
 
 
 def check(x: torch.Tensor, dim: int, *, backend: str, log: bool, dtype=None) -> None:

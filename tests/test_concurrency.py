@@ -58,21 +58,24 @@ def count_triton_compiles():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["triton", "triton_ascend", "torch"])
-def test_threads_with_new_shapes(device, backend, gen):
+def test_threads_with_new_shapes(device, backend, gen, monkeypatch):
+    if backend == "triton_ascend" and device == "cuda":
+        monkeypatch.setenv("ANYSOFTMAX_ASCEND_ON_CUDA", "1")  # the NPU launch cross-checked on CUDA
     if backend not in runnable_backends(device):
         pytest.skip(f"{backend} does not run {device} tensors here")
     shapes = [(3 + i, 50 + 37 * i) for i in range(6)] + [(2, 300, 40 + i) for i in range(2)]
-    dims = [1] * 6 + [1, 1]
     dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
     cases = []
-    for i, (shape, dim) in enumerate(zip(shapes, dims)):
+    for i, shape in enumerate(shapes):
         dtype = dtypes[i % len(dtypes)] if backend != "triton_ascend" else torch.float32
         x = torch.randn(shape, generator=gen).mul_(3).to(dtype).to(device)
-        cases += [(x, dim, bool(i % 2))] * THREADS_PER_SHAPE
+        cases += [(x, 1, bool(i % 2))] * THREADS_PER_SHAPE
     triton_backend._plans.clear()
     triton_backend._launchers.clear()
     builds = triton_backend._plans.builds
     compiles = count_triton_compiles() if device == "cuda" else None
+    if device == "cuda":
+        assert compiles is not None, "this Triton has no jit_post_compile_hook to count compiles with"
     try:
         outs = run_threads([lambda c=c: (anysoftmax.log_softmax if c[2] else anysoftmax.softmax)(
             c[0], c[1], backend=backend) for c in cases])
@@ -84,7 +87,7 @@ def test_threads_with_new_shapes(device, backend, gen):
         assert result.ok, f"{backend} {tuple(x.shape)} dim {dim}: {result.detail}"
     if backend == "triton":  # one plan per shape, however many threads asked for it at once
         assert triton_backend._plans.builds - builds == len(shapes)
-    if compiles:
+    if compiles is not None:
         twice = {k: n for k, n in compiles.items() if n > 1}
         assert not twice, f"kernels compiled more than once: {twice}"
 

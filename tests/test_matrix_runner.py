@@ -20,13 +20,6 @@ def config(tmp_path, **data):
     return load_config(path)
 
 
-def by_status(run):
-    out = {PASSED: [], FAILED: [], SKIPPED: []}
-    for r in run.results:
-        out[r.status].append(r)
-    return out
-
-
 def test_small_matrix_passes_on_torch_and_triton_and_writes_reports(tmp_path):
     cfg = config(tmp_path, backends=["torch", "triton"], dtypes=["float32", "bfloat16"],
                  ops=["softmax", "log_softmax"], directions=["forward", "backward"],

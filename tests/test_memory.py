@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax.api import prepare
-from anysoftmax.core.layout import RowLayout, allocate_rows
 from anysoftmax.kernels.launch import stats_numel
+from helpers import as_backend_sees_it
 
 def allocating(*nbytes: int):
     """The same allocations done directly: the caching allocator rounds each request (512 B,
@@ -18,14 +17,9 @@ def allocating(*nbytes: int):
 
 
 def plan_of(x, dim, backward=False):
-    backend = anysoftmax.get_backend("triton")
-    x, spec = prepare(x, dim, None, False)
-    if backward:
-        y = torch.empty_like(x)
-        layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
-        return backend.plan(y, y, layout, spec, backward=True), layout
-    x, y, layout = allocate_rows(x, spec)
-    return backend.plan(x, y, layout, spec), layout
+    """(plan, layout) the triton backend uses (the backward: y, dy and dx contiguous alike)."""
+    x, y, layout, spec = as_backend_sees_it(x, dim)
+    return anysoftmax.get_backend("triton").plan(x, y, layout, spec, backward=backward), layout
 
 
 def peak_extra(fn) -> int:

@@ -41,7 +41,7 @@ from anysoftmax.core import compare
 from anysoftmax.core.layout import allocate_rows
 from anysoftmax.kernels.launch import KernelPlan, interpreting, launch
 from cases import CASES, LONG_ROW_CASES, Case, params, randn, with_specials
-from helpers import check
+from helpers import as_backend_sees_it, check
 
 BACKEND = anysoftmax.register(TritonAscendBackend())
 NAME = BACKEND.name
@@ -71,11 +71,7 @@ LOGS = pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softma
 
 def plan_for(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> KernelPlan:
     """The plan `run` would launch for this request."""
-    spec = SoftmaxSpec.from_tensor(x, dim, dtype)
-    if spec.needs_input_cast:
-        x = x.to(spec.out_dtype)
-        spec = SoftmaxSpec.from_tensor(x, dim)
-    xr, _, layout = allocate_rows(x, spec)
+    xr, _, layout, spec = as_backend_sees_it(x, dim, dtype)
     return BACKEND.plan(xr, layout, spec)
 
 

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax.api import prepare
 from anysoftmax.backends.triton import heuristics
-from anysoftmax.core.layout import allocate_rows
+from helpers import as_backend_sees_it
 from test_conformance import CPU_BACKENDS, LONG_ROW_PATHS
 
 PATHS = [
@@ -27,11 +26,8 @@ PATHS = [
 
 
 def plan_for(shape, dim, backward=False):
-    x = torch.randn(shape)
-    backend = anysoftmax.get_backend("triton")
-    x, spec = prepare(x, dim, None, False)
-    x, y, layout = allocate_rows(x, spec)
-    return backend.plan(x, y, layout, spec, backward=backward)
+    x, y, layout, spec = as_backend_sees_it(torch.randn(shape), dim)
+    return anysoftmax.get_backend("triton").plan(x, y, layout, spec, backward=backward)
 
 
 @pytest.mark.parametrize("shape,dim,over,kind", PATHS, ids=[f"{k}-{'x'.join(map(str, s))}-dim{d}" for s, d, _, k in PATHS])

@@ -120,8 +120,10 @@ def test_cache_roundtrip_and_key(cache_root):
     assert diskcache.load(KernelKey(781, "float16", "float16", True, SM80)) is None
 
 
-def test_toolchain_tag_without_wave(monkeypatch):
+def test_toolchain_tag_without_wave(monkeypatch, request):
     monkeypatch.setattr(env, "installed_version", lambda dist: "3.9.0" if dist == "iree-base-runtime" else None)
+    env.toolchain_tag.cache_clear()  # read once per process; this test changes what it reads
+    request.addfinalizer(env.toolchain_tag.cache_clear)
     assert env.toolchain_tag() == "wave3.9.1-iree3.9.0"  # runtime-only: the pinned Wave version
 
 

@@ -26,9 +26,10 @@ import torch
 from cases import CASES, LONG_ROW_CASES, params
 from helpers import check
 
-from anysoftmax.backends.wave import WaveBackend, runtime
+from anysoftmax.backends.wave import WaveBackend, diskcache, runtime
 from anysoftmax.backends.wave.backend import as_rows, from_rows
-from anysoftmax.backends.wave.target import on_cuda_requested
+from anysoftmax.backends.wave.env import compiler_missing, runtime_missing
+from anysoftmax.backends.wave.target import detect_target, on_cuda_requested
 from anysoftmax.core import SoftmaxSpec, compare, dtype_name
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -47,14 +48,18 @@ def _skip_reason() -> str | None:
         return "no CUDA GPU" if (torch.version.hip is None and on_cuda_requested()) else "no AMD GPU"
     if torch.version.hip is None and not on_cuda_requested():
         return "no AMD GPU (set ANYSOFTMAX_WAVE_ON_CUDA=1 to validate on an NVIDIA GPU)"
-    return WaveBackend().is_available()
+    # Only a missing package skips (the compiler only when no kernels were precompiled for
+    # this GPU); a GPU whose target cannot be read must fail, not skip.
+    if runtime_missing():
+        return runtime_missing()
+    target = detect_target()
+    if compiler_missing() and not isinstance(target, str) and not diskcache.has_kernels(target.name):
+        return compiler_missing()
+    return None
 
 
 _REASON = _skip_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
-
-
-SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _wave_cases(cases):
@@ -62,23 +67,13 @@ def _wave_cases(cases):
     that `dtype=` narrows: the API rounds it on the host first)."""
     def runs(case, dtype):
         out = case.out_dtype or dtype
-        return out in SUPPORTED and (dtype in SUPPORTED or out.itemsize < dtype.itemsize)
+        return out in DTYPES and (dtype in DTYPES or out.itemsize < dtype.itemsize)
 
     kept = [dataclasses.replace(c, dtypes=tuple(d for d in c.dtypes if runs(c, d))) for c in cases]
     return [c for c in kept if c.dtypes]
 
 
 SHARED_CASES = _wave_cases(CASES + LONG_ROW_CASES)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-    # Until anysoftmax.backends registers it, the public API learns of `wave` here.
-    import anysoftmax
-    from anysoftmax.core.registry import registered
-
-    if "wave" not in registered():
-        anysoftmax.register(WaveBackend())
 
 
 def _input(shape, dtype, gen) -> torch.Tensor:

@@ -17,3 +17,15 @@ def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "
     x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
     op = torch.log_softmax if spec.log else torch.softmax
     return op(x64, spec.dim if x64.dim() else 0)
+
+
+def backward_from_output(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool = False,
+                         dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The input gradient of softmax (log_softmax with `log`) from its output `y` and the output
+    gradient `dy`, evaluated in `dtype`: y * (dy - sum(y * dy)), or dy - exp(y) * sum(dy).
+    The float64 reference of backward kernels, and in fp32/fp64 the backward of backends
+    without a kernel of their own."""
+    y, dy = y.to(dtype), dy.to(dtype)
+    if log:
+        return dy - torch.exp(y) * dy.sum(dim, keepdim=True)
+    return y * (dy - (y * dy).sum(dim, keepdim=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import OrderedDict
@@ -88,6 +89,14 @@ def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
         return buf
 
 
+def device_guard(device: torch.device):
+    """Context making a CUDA/ROCm `device` current for a launch (Triton launches on the current
+    device), entered only when it is not current already; nothing for other devices."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1 at import)."""
     return type(softmax_tile_kernel).__name__ == "InterpretedFunction"
@@ -102,8 +111,6 @@ def interpreter_problem() -> str | None:
     arrays can be converted to Python scalars"), and that must read as "unavailable, because",
     not as a wrong or crashing backend.
     """
-    from ..core.layout import RowLayout
-
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     y = torch.empty_like(x)
     layout = RowLayout.from_strides((2, 3), (3, 1), (3, 1), 1)
@@ -125,6 +132,12 @@ SPLIT_KINDS = ("split", "cols_split")
 
 def kernel_for(kind: str):
     return KERNELS[kind]
+
+
+def phases(plan: KernelPlan, split: bool) -> tuple:
+    """PHASE values of the launches that run a plan: one fused launch (0), or statistics then
+    normalisation (1, 2) for a split plan that is not cooperative."""
+    return (1, 2) if split and not plan.cooperative else (0,)
 
 
 def strides_args(layout: RowLayout) -> tuple:
@@ -192,9 +205,9 @@ def forward_calls(plan: KernelPlan, x, y, layout: RowLayout, log: bool, stats=No
     """[(kernel, args, constexprs)] of the launches that run `plan`: one, or the two phases of a
     split plan that is not cooperative. `stats`/`counts` are the split kernels' scratch."""
     kernel = kernel_for(plan.kind)
-    args = ((x, y, stats, counts) if plan.kind in SPLIT_KINDS else (x, y)) + static_args(plan, layout)
-    phases = ((0,) if plan.cooperative else (1, 2)) if plan.kind in SPLIT_KINDS else (0,)
-    return [(kernel, args, kernel_constexprs(plan, layout, log, y.dtype, phase)) for phase in phases]
+    split = plan.kind in SPLIT_KINDS
+    args = ((x, y, stats, counts) if split else (x, y)) + static_args(plan, layout)
+    return [(kernel, args, kernel_constexprs(plan, layout, log, y.dtype, phase)) for phase in phases(plan, split)]
 
 
 def stats_numel(plan: KernelPlan, layout: RowLayout, backward: bool = False) -> int:
@@ -210,16 +223,18 @@ def stats_numel(plan: KernelPlan, layout: RowLayout, backward: bool = False) -> 
     return split_groups(plan, layout) * per_group
 
 
-def new_stats(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, device, backward: bool = False):
+def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, backward: bool = False):
+    """A function `make(device) -> (stats, counts)`: the documented scratch of a launch, sized
+    once here. `stats` holds the partial statistics (`stats_numel`; one element when there are
+    none, the kernels still take a pointer), `counts` the reused barrier counters."""
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
-    return torch.empty(max(stats_numel(plan, layout, backward), 1), dtype=acc, device=device)
+    n_stats = max(stats_numel(plan, layout, backward), 1)
+    counter_groups = split_groups(plan, layout) if plan.cooperative else 0
 
+    def make(device) -> tuple:
+        return torch.empty(n_stats, dtype=acc, device=device), row_counters(device, counter_groups)
 
-def split_scratch(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype, device) -> tuple:
-    """The documented scratch of a split launch: partial statistics (`stats_numel`) and the
-    reused barrier counters."""
-    groups = split_groups(plan, layout)
-    return new_stats(plan, layout, out_dtype, device), row_counters(device, groups if plan.cooperative else 0)
+    return make
 
 
 def forward_launcher(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype):
@@ -229,14 +244,14 @@ def forward_launcher(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: 
     kernel = kernel_for(plan.kind)
     opts = launch_options(plan)
     split = plan.kind in SPLIT_KINDS
-    phases = ((0,) if plan.cooperative else (1, 2)) if split else (0,)
-    metas = [{**kernel_constexprs(plan, layout, log, out_dtype, phase), **opts} for phase in phases]
+    metas = [{**kernel_constexprs(plan, layout, log, out_dtype, phase), **opts} for phase in phases(plan, split)]
     static = static_args(plan, layout)
+    scratch = scratch_maker(plan, layout, out_dtype)
     grid = (plan.grid,)
     lock = launch_lock(kernel)
 
     def run(x: torch.Tensor, y: torch.Tensor) -> None:
-        head = (x, y, *split_scratch(plan, layout, out_dtype, x.device)) if split else (x, y)
+        head = (x, y, *scratch(x.device)) if split else (x, y)
         with lock:
             for meta in metas:
                 kernel[grid](*head, *static, **meta)
@@ -257,10 +272,14 @@ def backward_constexprs(plan: KernelPlan, log: bool, out_dtype: torch.dtype, pha
                 G_POW2=triton.next_power_of_2(plan.chunks), PHASE=phase)
 
 
-def backward_args(y, dy, dx, layout: RowLayout, chunks: int, stats, counts) -> tuple:
+def backward_static_args(layout: RowLayout, chunks: int) -> tuple:
+    """The integer arguments of the backward kernel, after (y, dy, dx, stats, counts)."""
     _, s1, s2 = layout.row_sizes
-    return (y, dy, dx, stats, counts, layout.n_rows, layout.n_cols, chunks, s1, s2,
-            *layout.in_row_strides, layout.in_col_stride)
+    return (layout.n_rows, layout.n_cols, chunks, s1, s2, *layout.in_row_strides, layout.in_col_stride)
+
+
+def backward_args(y, dy, dx, layout: RowLayout, chunks: int, stats, counts) -> tuple:
+    return (y, dy, dx, stats, counts, *backward_static_args(layout, chunks))
 
 
 def backward_launcher(plan: KernelPlan, layout: RowLayout, log: bool, dtype: torch.dtype):
@@ -268,17 +287,14 @@ def backward_launcher(plan: KernelPlan, layout: RowLayout, log: bool, dtype: tor
     from .softmax_bwd import softmax_bwd_kernel
 
     opts = launch_options(plan)
-    split = plan.kind != "tile"
-    metas = [{**backward_constexprs(plan, log, dtype, phase), **opts}
-             for phase in ((0,) if not split or plan.cooperative else (1, 2))]
-    static = backward_args(None, None, None, layout, plan.chunks, None, None)[5:]
+    metas = [{**backward_constexprs(plan, log, dtype, phase), **opts} for phase in phases(plan, plan.kind != "tile")]
+    static = backward_static_args(layout, plan.chunks)
+    scratch = scratch_maker(plan, layout, dtype, backward=True)
     grid = (plan.grid,)
     lock = launch_lock(softmax_bwd_kernel)
-    counter_rows = layout.n_rows if split and plan.cooperative else 0
 
     def run(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
-        stats = new_stats(plan, layout, dtype, y.device, backward=True)
-        counts = row_counters(y.device, counter_rows)
+        stats, counts = scratch(y.device)
         with lock:
             for meta in metas:
                 softmax_bwd_kernel[grid](y, dy, dx, stats, counts, *static, **meta)

@@ -55,6 +55,19 @@ def _finite_or_zero(m):
 
 
 @triton.jit
+def _softmax_along(x, AXIS: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Softmax (log_softmax) of a tile held on chip, reduced along AXIS: rows of the tile
+    kernel (AXIS=1), columns of the column kernel (AXIS=0)."""
+    z = x - tl.expand_dims(tl.max(x, axis=AXIS), AXIS)
+    e = _exp(z, ACC_FP64)
+    s = tl.expand_dims(tl.sum(e, axis=AXIS), AXIS)
+    if LOG:
+        return z - tl.log(s)
+    else:
+        return e * (1.0 / s)
+
+
+@triton.jit
 def softmax_tile_kernel(
     x_ptr, y_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
@@ -73,13 +86,7 @@ def softmax_tile_kernel(
         mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
         x_ptrs = x_ptr + x_off[:, None] + cols[None, :] * xsn
         x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(acc_ty)
-        z = x - tl.max(x, axis=1)[:, None]
-        e = _exp(z, ACC_FP64)
-        s = tl.sum(e, axis=1)
-        if LOG:
-            y = z - tl.log(s)[:, None]
-        else:
-            y = e * (1.0 / s)[:, None]
+        y = _softmax_along(x, 1, LOG, ACC_FP64)
         y_ptrs = y_ptr + y_off[:, None] + cols[None, :] * ysn
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -129,16 +136,29 @@ def softmax_online_kernel(
 
 
 @triton.jit
-def _combine_chunk_stats(stats_row, n_chunks, G_POW2: tl.constexpr):
-    """Global (max to subtract, sum) of a row from its chunks' (max, sum of exp(x - max))."""
-    g = tl.arange(0, G_POW2)
-    gm = g < n_chunks
-    # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
-    ms = tl.load(stats_row + 2 * g, mask=gm, other=float("-inf"), cache_modifier=".cg")
-    ss = tl.load(stats_row + 2 * g + 1, mask=gm, other=0.0, cache_modifier=".cg")
+def _merge_chunk_stats(ms, ss, valid):
+    """(max to subtract, sum) of a row from its chunks' maxima `ms` and sums of exp(x - max)
+    `ss` along axis 0 (one entry per chunk; a second axis holds the column kernel's inner
+    positions); `valid` masks the padding chunks."""
     m_sub = _finite_or_zero(tl.max(ms, axis=0))
-    total = tl.sum(tl.where(gm, ss * tl.exp(ms - m_sub), 0.0), axis=0)
+    total = tl.sum(tl.where(valid, ss * tl.exp(ms - m_sub), 0.0), axis=0)
     return m_sub, total
+
+
+@triton.jit
+def _normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG: tl.constexpr, REUSE_EXP: tl.constexpr,
+                     ACC_FP64: tl.constexpr):
+    """A chunk's output from the row statistics (m_sub, total). With REUSE_EXP the chunk's own
+    exp(x - m_chunk) `e` is rescaled instead of taking a second exp per element (the
+    special-function unit, not memory, limits 16-bit rows otherwise); a chunk of only -inf
+    contributes 0 (NaN when the whole row is -inf: 0/0). Statistics broadcast over x's
+    leading axis (the column kernel's reduction steps)."""
+    if LOG:
+        return (x - m_sub) - tl.log(total)
+    elif REUSE_EXP:
+        return e * (tl.where(m_raw == float("-inf"), 0.0, _exp(m_chunk - m_sub, ACC_FP64)) / total)
+    else:
+        return _exp(x - m_sub, ACC_FP64) * (1.0 / total)
 
 
 @triton.jit
@@ -212,18 +232,16 @@ def softmax_split_kernel(
         if PHASE == 0:
             _row_wait(count_ptr, row, arrived, n_chunks)
         if PHASE != 1:
-            m_sub, total = _combine_chunk_stats(stats_row, n_chunks, G_POW2)
+            g = tl.arange(0, G_POW2)
+            # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
+            ms = tl.load(stats_row + 2 * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
+            ss = tl.load(stats_row + 2 * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
+            m_sub, total = _merge_chunk_stats(ms, ss, g < n_chunks)
             if PHASE == 0:
                 _row_depart(count_ptr, row, n_chunks)
-            if LOG:
-                y = (x - m_sub) - tl.log(total)
-            elif PHASE == 0:
-                # Reuse the chunk's exp(x - m_chunk): one exp per element instead of two (the
-                # special-function unit, not memory, limits 16-bit rows otherwise).
-                # A chunk of only -inf contributes 0 (NaN when the whole row is -inf: 0/0).
-                y = e * (tl.where(m_raw == float("-inf"), 0.0, _exp(m_chunk - m_sub, ACC_FP64)) / total)
-            else:
-                y = _exp(x - m_sub, ACC_FP64) * (1.0 / total)
+                y = _normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+            else:  # (no chunk statistics of its own in this phase: x stands in for them, unused)
+                y = _normalise_chunk(x, x, x, x, m_sub, total, LOG, False, ACC_FP64)
             tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
         if PREFETCH:

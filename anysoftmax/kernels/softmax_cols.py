@@ -22,7 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .softmax import _exp, _finite_or_zero, _row_arrive, _row_depart, _row_wait
+from .softmax import (_exp, _finite_or_zero, _merge_chunk_stats, _normalise_chunk, _row_arrive, _row_depart,
+                      _row_wait, _softmax_along)
 
 
 @triton.jit
@@ -49,13 +50,7 @@ def softmax_cols_kernel(
         mask = (k < n_red)[:, None] & (inner < n_inner)[None, :]
         x = tl.load(x_ptr + _tile_offsets(o, k, inner, xso, xsn, WIDE), mask=mask,
                     other=float("-inf")).to(acc_ty)
-        z = x - tl.max(x, axis=0)[None, :]
-        e = _exp(z, ACC_FP64)
-        s = tl.sum(e, axis=0)
-        if LOG:
-            y = z - tl.log(s)[None, :]
-        else:
-            y = e * (1.0 / s)[None, :]
+        y = _softmax_along(x, 0, LOG, ACC_FP64)
         tl.store(y_ptr + _tile_offsets(o, k, inner, yso, ysn, WIDE), y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -96,16 +91,10 @@ def softmax_cols_split_kernel(
             st = stats + (2 * g)[:, None] * BLOCK_I + i0[None, :]
             ms = tl.load(st, mask=gm, other=float("-inf"), cache_modifier=".cg")
             ss = tl.load(st + BLOCK_I, mask=gm, other=0.0, cache_modifier=".cg")
-            m_sub = _finite_or_zero(tl.max(ms, axis=0))
-            total = tl.sum(tl.where(gm, ss * tl.exp(ms - m_sub[None, :]), 0.0), axis=0)
+            m_sub, total = _merge_chunk_stats(ms, ss, gm)
             if PHASE == 0:
                 _row_depart(count_ptr, group, n_chunks)
-            if LOG:
-                y = (x - m_sub[None, :]) - tl.log(total)[None, :]
-            elif PHASE == 0:
-                # Reuse exp(x - m_chunk) (one exp per element); a chunk of only -inf adds 0.
-                scale = tl.where(m_raw == float("-inf"), 0.0, _exp(m_chunk - m_sub, ACC_FP64)) / total
-                y = e * scale[None, :]
-            else:
-                y = _exp(x - m_sub[None, :], ACC_FP64) * (1.0 / total)[None, :]
+                y = _normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+            else:  # (no chunk statistics of its own in this phase: x stands in for them, unused)
+                y = _normalise_chunk(x, x, x, x, m_sub, total, LOG, False, ACC_FP64)
             tl.store(y_ptr + _tile_offsets(o, k, inner, yso, ysn, WIDE), y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -18,8 +18,6 @@ from .devices import device_name
 
 # Benchmark inputs rotate among buffers totalling at least this much (beyond the largest
 # last-level caches: H100 L2 50 MB, MI300X Infinity Cache 256 MB), 2 to 8 buffers.
-ROTATE_BYTES = 512 << 20
-MAX_BUFFERS = 8
 
 CPU_BENCH_NOTE = ("benchmark skipped: needs a GPU (a CPU/Triton-interpreter timing says nothing about kernel "
                   "speed); set benchmark.cpu: true to time the CPU anyway")
@@ -43,7 +41,7 @@ def _bench_inputs(cell: Cell, device: str):
     """(inputs to rotate, fn(input), bytes read + written per call)."""
     dtype = parse_dtype(cell.dtype)
     numel = math.prod(cell.shape)
-    n = max(2, min(MAX_BUFFERS, math.ceil(ROTATE_BYTES / max(numel * dtype.itemsize, 1))))
+    n = perf.rotation_count(numel * dtype.itemsize)
     op = OPS[cell.op]
     if cell.direction == "forward":
         inputs = [make_input(cell.shape, dtype, device, cell.seed + k) for k in range(n)]

@@ -22,11 +22,12 @@ Triton tutorial's N = 128·i for i = 2..99.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from ..config import is_int
 from ..core.spec import DTYPE_NAMES, dtype_name, parse_dtype
 
 OPS = ("softmax", "log_softmax")
@@ -94,11 +95,6 @@ class MatrixConfig:
     plugins: tuple[str, ...]
     devices: tuple[DeviceEntry, ...]
     description: str = ""
-    raw: dict = field(default_factory=dict, compare=False, repr=False)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_number(v) -> bool:
@@ -149,7 +145,7 @@ class _Checker:
                              item, repr)
 
     def size(self, where: str, v) -> int | None:
-        if not _is_int(v) or v < 0:
+        if not is_int(v) or v < 0:
             self.error(where, f"a size must be a non-negative integer, got {v!r}")
             return None
         return v
@@ -174,13 +170,13 @@ class _Checker:
         if ("step" in r) == ("mul" in r):
             self.error(where, "a range needs exactly one of `step` (arithmetic) or `mul` (geometric)")
             return []
-        if "step" in r and (not _is_int(r["step"]) or r["step"] <= 0):
+        if "step" in r and (not is_int(r["step"]) or r["step"] <= 0):
             self.error(f"{where}.step", f"step must be a positive integer, got {r['step']!r}")
             return []
         if "mul" in r and (not _is_number(r["mul"]) or r["mul"] <= 1):
             self.error(f"{where}.mul", f"mul must be a number greater than 1, got {r['mul']!r}")
             return []
-        if not (_is_int(start) and _is_int(stop) and 0 <= start and 0 <= stop):
+        if not (is_int(start) and is_int(stop) and 0 <= start and 0 <= stop):
             return []
         if stop < start:
             self.error(where, f"stop ({stop}) is below start ({start})")
@@ -199,7 +195,7 @@ class _Checker:
 
     def dims(self, where: str, v) -> tuple[int, ...]:
         def item(w, d):
-            if not _is_int(d):
+            if not is_int(d):
                 self.error(w, f"a dim must be an integer, got {d!r}")
                 return None
             return d
@@ -371,7 +367,7 @@ def validate(data, path: str = "<config>", backend_names: tuple[str, ...] | None
         from ..core.registry import registered
         backend_names = tuple(registered())
     seed = data.get("seed", 0)
-    if not _is_int(seed):
+    if not is_int(seed):
         c.error("seed", f"expected an integer, got {seed!r}")
         seed = 0
     name = data.get("name", Path(path).stem)
@@ -391,7 +387,7 @@ def validate(data, path: str = "<config>", backend_names: tuple[str, ...] | None
     if c.errors:  # top-level values are checked once per entry that inherits them: report once
         raise ConfigError(list(dict.fromkeys(c.errors)))
     return MatrixConfig(name=name, path=path, seed=seed, plugins=tuple(plugins), devices=tuple(entries),
-                        description=str(data.get("description", "")), raw=data)
+                        description=str(data.get("description", "")))
 
 
 def load_config(path: str | Path, backend_names: tuple[str, ...] | None = None) -> MatrixConfig:

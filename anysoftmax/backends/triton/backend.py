@@ -15,7 +15,7 @@ from ...core.layout import RowLayout, allocate_rows, new_output
 from ...core.spec import SoftmaxSpec
 from ...kernels.launch import (SPLIT_KINDS, KernelPlan, backward_args, backward_constexprs, backward_launcher,
                                forward_calls, forward_launcher, interpreter_problem, interpreting,
-                               kernel_constexprs, launch_lock, launch_options, work_items)
+                               device_guard, kernel_constexprs, launch_lock, launch_options, work_items)
 from . import heuristics
 from .device import device_props
 from .occupancy import DeviceProps, KernelResources, programs_per_sm
@@ -24,8 +24,8 @@ from .occupancy import DeviceProps, KernelResources, programs_per_sm
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
 # (request layout, dtypes, alignment, device, tuning overrides) -> KernelPlan.
 _plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
-# (spec, alignment, tuning overrides[, "bwd"]) -> (layout, launcher): a repeated request skips
-# layout, plan lookup and launch-argument work and goes straight to the launch.
+# (spec, alignment, tuning overrides[, "bwd"]) -> launcher: a repeated request skips layout,
+# plan lookup and launch-argument work and goes straight to the launch.
 _launchers: BoundedDict = BoundedDict(maxsize=4096)
 
 
@@ -35,19 +35,13 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, meta: dict, inde
     key = (plan.kind, tuple(sorted(meta.items())), tuple(sorted(opts.items())), x.dtype, y.dtype, index)
 
     def compile_and_measure() -> int:
+        scratch = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
+        counts = torch.zeros(1, dtype=torch.int32, device=x.device)
         if "SINGLE" in meta:  # the backward kernel
-            from ...kernels.softmax_bwd import softmax_bwd_kernel
-            scratch = torch.empty(1, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
-            counts = torch.zeros(1, dtype=torch.int32, device=x.device)
-            with launch_lock(softmax_bwd_kernel):
-                compiled = softmax_bwd_kernel.warmup(*backward_args(x, x, y, layout, plan.chunks, scratch, counts),
-                                                     grid=(1,), **meta, **opts)
-            compiled._init_handles()
-            return programs_per_sm(device_props(index), KernelResources(compiled.n_regs, compiled.metadata.shared,
-                                                                        opts["num_warps"]))
-        dummy = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
-        kernel, args, _ = forward_calls(plan, x, y, layout, meta["LOG"], dummy,
-                                        torch.zeros(1, dtype=torch.int32, device=x.device))[0]
+            from ...kernels.softmax_bwd import softmax_bwd_kernel as kernel
+            args = backward_args(x, x, y, layout, plan.chunks, scratch, counts)
+        else:
+            kernel, args, _ = forward_calls(plan, x, y, layout, meta["LOG"], scratch, counts)[0]
         with launch_lock(kernel):
             compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
         compiled._init_handles()
@@ -138,7 +132,8 @@ class TritonBackend:
                 _launchers.put(key, launcher)
         else:
             y = new_output(spec.shape, spec.out_dtype, x.device)
-        _on_device(x, launcher, x, y)
+        with device_guard(x.device):
+            launcher(x, y)
         return y
 
     def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
@@ -153,14 +148,7 @@ class TritonBackend:
             layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
             launcher = backward_launcher(self.plan(y, dx, layout, spec, backward=True), layout, spec.log, y.dtype)
             _launchers.put(key, launcher)
-        _on_device(y, launcher, y, grad, dx)
+        with device_guard(y.device):
+            launcher(y, grad, dx)
         return dx
 
-
-def _on_device(t: torch.Tensor, launcher, *tensors) -> None:
-    """Launch on `t`'s GPU (Triton launches on the current device), switching only if needed."""
-    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
-        with torch.cuda.device(t.device):
-            launcher(*tensors)
-    else:
-        launcher(*tensors)

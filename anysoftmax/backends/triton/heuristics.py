@@ -25,11 +25,10 @@ def overrides_key() -> tuple:
     return override.key()
 
 
-def warps_for(elems: int, t: dict) -> int:
-    for bound, warps in t["warps_by_tile_elems"]:
-        if elems <= bound:
-            return warps
-    return t["warps_by_tile_elems"][-1][1]
+def by_bound(rows: list, value: int):
+    """The value of the first [upper bound, value] row of a tuning table whose bound holds
+    `value` (the last row's beyond them all)."""
+    return next((v for bound, v in rows if value <= bound), rows[-1][1])
 
 
 def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = None, backward: bool = False) -> dict:
@@ -53,7 +52,7 @@ def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = N
     if block_n <= t["max_tile_elems"]:
         block_m = max(1, t["rows_tile_elems"] // block_n)
         block_m = min(block_m, triton.next_power_of_2(layout.n_rows))
-        return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=warps_for(block_m * block_n, t),
+        return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=by_bound(t["warps_by_tile_elems"], block_m * block_n),
                     chunks=1, prefetch=False)
     if t["long_rows"] == "online":
         block_n = min(t["online_block_n"], t["max_tile_elems"])
@@ -73,7 +72,7 @@ def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = No
         wanted = t["split_items_per_sm"] * sm_count
         while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * -(-layout.n_cols // chunk) < wanted:
             chunk //= 2
-    warps = next((w for bound, w in t["split_warps_by_chunk"] if chunk <= bound), t["split_warps_by_chunk"][-1][1])
+    warps = by_bound(t["split_warps_by_chunk"], chunk)
     return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps,
                 chunks=-(-layout.n_cols // chunk), prefetch=bool(t["split_prefetch"]))
 
@@ -88,7 +87,7 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
     block_i = min(max(t["cols_block_bytes"] // elem_bytes, 1), triton.next_power_of_2(view.n_inner))
     red = triton.next_power_of_2(max(view.n_red, 1))
     if red * block_i * elem_bytes <= t["cols_tile_bytes"]:
-        return dict(kind="cols", block_m=block_i, block_n=red, num_warps=_cols_warps(red * block_i, t),
+        return dict(kind="cols", block_m=block_i, block_n=red, num_warps=by_bound(t["cols_warps_by_tile_elems"], red * block_i),
                     chunks=1, prefetch=False)
     block_i = min(t["cols_split_block_i"], triton.next_power_of_2(view.n_inner))
     steps = max(1, t["cols_chunk_bytes"] // (block_i * elem_bytes))
@@ -96,12 +95,9 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
         groups = view.n_outer * -(-view.n_inner // block_i)
         while steps // 2 * block_i >= t["split_min_chunk_elems"] and groups * -(-view.n_red // steps) < t["split_items_per_sm"] * sm_count:
             steps //= 2
-    return dict(kind="cols_split", block_m=block_i, block_n=steps, num_warps=_cols_warps(steps * block_i, t),
+    return dict(kind="cols_split", block_m=block_i, block_n=steps, num_warps=by_bound(t["cols_warps_by_tile_elems"], steps * block_i),
                 chunks=-(-view.n_red // steps), prefetch=False)
 
-
-def _cols_warps(elems: int, t: dict) -> int:
-    return next((w for bound, w in t["cols_warps_by_tile_elems"] if elems <= bound), t["cols_warps_by_tile_elems"][-1][1])
 
 
 def num_stages(max_shared_mem: int) -> int:

@@ -12,13 +12,14 @@ kernel runs on that device's current stream, ordered with the caller's torch_npu
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import os
 from functools import lru_cache
 
 import torch
+
+from ...kernels import launch
 
 ENV_ON_CUDA = "ANYSOFTMAX_ASCEND_ON_CUDA"
 INSTALL_HINT = "see README 'Ascend' for the install order"
@@ -85,10 +86,9 @@ def vector_cores(index: int) -> int:
 
 
 def device_guard(device: torch.device):
-    """Context making `device` current for a launch (NPU or CUDA); nothing for CPU tensors."""
+    """Context making `device` current for a launch: NPUs here, CUDA (the cross-check) and CPU
+    as every kernel launch does (`kernels.launch.device_guard`)."""
     if device.type == "npu":
         import_torch_npu()
         return torch.npu.device(device)
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return launch.device_guard(device)

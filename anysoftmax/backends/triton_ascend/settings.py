@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import yaml
 
-from ...config import Overrides, config_dir, load_tuning
+from ...config import Overrides, config_dir, is_int, load_tuning
 
 ENV_GRID = "ANYSOFTMAX_ASCEND_GRID"
 ENV_UB_BYTES = "ANYSOFTMAX_ASCEND_UB_BYTES"
@@ -58,6 +58,11 @@ def load_profiles() -> dict:
 
 # Temporarily replace settings (this thread only), e.g. `override(ub_bytes=1024)`.
 override = Overrides("triton_ascend")
+
+
+def key() -> tuple:
+    """What `current()` depends on besides the tables: overrides and environment (a cache key)."""
+    return (override.key(), os.environ.get(ENV_GRID), os.environ.get(ENV_UB_BYTES), os.environ.get(ENV_PROFILE))
 
 
 def current() -> Settings:
@@ -108,10 +113,6 @@ def resolve(table: Mapping, overrides: Mapping, env: Mapping[str, str], profiles
     return _validated(values, sources, profile)
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _require(ok: bool, key: str, values: Mapping, sources: Mapping, allowed: str) -> None:
     if not ok:
         raise ValueError(f"triton_ascend: {key}={values.get(key)!r} from {sources.get(key, TUNING)} is not allowed; "
@@ -120,15 +121,15 @@ def _require(ok: bool, key: str, values: Mapping, sources: Mapping, allowed: str
 
 def _validated(values: dict, sources: dict, profile: dict | None) -> Settings:
     grid, vb, ub = values.get("grid"), values.get("vector_bytes"), values.get("ub_bytes")
-    _require((_is_int(grid) and grid >= 1) or grid == VECTOR_CORES, "grid", values, sources,
+    _require((is_int(grid) and grid >= 1) or grid == VECTOR_CORES, "grid", values, sources,
              f"a positive integer (launches are capped at 65535 programs and at the work items) or {VECTOR_CORES!r}")
-    _require(_is_int(vb) and vb >= 1 and vb & (vb - 1) == 0, "vector_bytes", values, sources,
+    _require(is_int(vb) and vb >= 1 and vb & (vb - 1) == 0, "vector_bytes", values, sources,
              "a positive power of two (32 on Atlas A2)")
-    _require(_is_int(ub) and ub >= vb, "ub_bytes", values, sources,
+    _require(is_int(ub) and ub >= vb, "ub_bytes", values, sources,
              f"an integer >= vector_bytes ({vb}): the unified buffer must hold at least one vector")
     _require(isinstance(values.get("multibuffer"), bool), "multibuffer", values, sources, "true or false")
     copies = values.get("acc_copies")
-    _require(isinstance(copies, dict) and all(_is_int(copies.get(k)) and copies[k] >= 1 for k in ("tile", "online")),
+    _require(isinstance(copies, dict) and all(is_int(copies.get(k)) and copies[k] >= 1 for k in ("tile", "online")),
              "acc_copies", values, sources, "a mapping {tile: int >= 1, online: int >= 1}")
     return Settings(grid=grid, ub_bytes=ub, multibuffer=values["multibuffer"], vector_bytes=vb,
                     tile_acc_copies=copies["tile"], online_acc_copies=copies["online"], profile=profile,

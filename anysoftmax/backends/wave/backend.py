@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.cache import OnceCache
+from ...core.cache import BoundedDict, OnceCache
 from ...core.layout import new_output
 from ...core.registry import BackendUnavailableError
 from ...core.spec import SoftmaxSpec, dtype_name
@@ -24,6 +24,8 @@ from .target import Target, detect_target
 
 # KernelKey -> .vmfb bytes (from disk or freshly compiled).
 _vmfbs: OnceCache[bytes] = OnceCache(maxsize=512)
+# (spec, device) -> loaded kernel: a repeated request skips target detection and lookups.
+_loaded: BoundedDict = BoundedDict(maxsize=1024)
 
 
 def kernel_key(spec: SoftmaxSpec, target: Target) -> KernelKey:
@@ -99,11 +101,15 @@ class WaveBackend:
     def run_rows(self, rows: torch.Tensor, out: torch.Tensor, spec: SoftmaxSpec) -> str:
         """Write the result for contiguous (M, N) `rows` into contiguous `out`; returns how
         the result arrived ('in-place', 'copied' or 'host', see `runtime.launch`)."""
-        target = detect_target(rows.device.index)
-        if isinstance(target, str):
-            raise BackendUnavailableError(target)
-        key = kernel_key(spec, target)
-        return runtime.launch(runtime.load(key, vmfb_for(key), target.device, rows.device), rows, out)
+        loaded = _loaded.get((spec, rows.device))
+        if loaded is None:
+            target = detect_target(rows.device.index)
+            if isinstance(target, str):
+                raise BackendUnavailableError(target)
+            key = kernel_key(spec, target)
+            loaded = runtime.load(key, vmfb_for(key), target.device, rows.device)
+            _loaded.put((spec, rows.device), loaded)
+        return runtime.launch(loaded, rows, out)
 
 
 def as_rows(x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:

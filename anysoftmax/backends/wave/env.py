@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import os
 import threading
+from functools import lru_cache
 
 from ...core.registry import BackendUnavailableError
 
@@ -57,6 +58,7 @@ def require(reason: str | None) -> None:
         raise BackendUnavailableError(reason)
 
 
+@lru_cache(maxsize=None)
 def toolchain_tag() -> str:
     """'wave3.9.1-iree3.9.0': the versions a compiled kernel depends on (part of the cache key).
 
