@@ -1,12 +1,25 @@
-"""anysoftmax: one fused softmax on NVIDIA, AMD and Ascend accelerators, one conformance suite."""
+"""anysoftmax: one fused softmax on NVIDIA, AMD and Ascend accelerators, one conformance suite.
 
-from .api import log_softmax, softmax
-from .core import (BackendUnavailableError, SoftmaxSpec, UnsupportedRequestError, get_backend, list_backends,
-                   register)
+    import anysoftmax
+    y = anysoftmax.softmax(x, dim=-1)              # torch.softmax's signature and results
+    m = anysoftmax.nn.Softmax(dim=-1)              # a drop-in torch.nn.Module
+    with anysoftmax.use():                         # an unmodified model's torch.softmax calls
+        model(x)
 
-__version__ = "0.1.0"
+Importing the package loads no backend: they are loaded on first use of the registry.
+"""
+
+from ._version import __version__
+from .api import log_softmax, softmax, softmax_backward
+from .core.errors import BackendUnavailableError, UnsupportedRequestError
+from .core.registry import get_backend, list_backends, register, unregister
+from .core.spec import SoftmaxSpec
+from .dispatch import refresh
+from .override import disable, enable, enabled, use
+from . import nn
 
 __all__ = [
-    "BackendUnavailableError", "SoftmaxSpec", "UnsupportedRequestError", "__version__", "get_backend",
-    "list_backends", "log_softmax", "register", "softmax",
+    "BackendUnavailableError", "SoftmaxSpec", "UnsupportedRequestError", "__version__", "disable", "enable",
+    "enabled", "get_backend", "list_backends", "log_softmax", "nn", "refresh", "register", "softmax",
+    "softmax_backward", "unregister", "use",
 ]

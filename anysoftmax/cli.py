@@ -1,19 +1,16 @@
 """The `anysoftmax` command line: `matrix`, `backends`, `bench`, `merge`, `--version`.
 
-Triton and the CPU: Triton decides when a kernel is *defined* whether it runs compiled or
-through its CPU interpreter (TRITON_INTERPRET=1). So `matrix` and `backends` choose before
-anything imports anysoftmax's kernels: with no GPU visible (and no Ascend torch_npu
-installed) and TRITON_INTERPRET unset, they set TRITON_INTERPRET=1, and the `triton` backend
-runs on CPU tensors through the interpreter (slow: small shapes only). Set TRITON_INTERPRET=0
-to keep it off. On a GPU host the GPU cells run compiled and the CPU cells run in a worker
-process of their own with the interpreter.
+Triton and the CPU: whether Triton kernels run compiled or through the CPU interpreter is
+decided once per process, before the kernels are defined. `matrix` asks the backends
+(`anysoftmax.dispatch.use_interpreter_if_needed`): when none has its device here and the user
+did not set TRITON_INTERPRET, the kernels run on CPU tensors through the interpreter (slow:
+small shapes only; TRITON_INTERPRET=0 keeps it off). `backends` changes nothing: it reports
+exactly what `anysoftmax.list_backends()` reports in the same environment.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -24,18 +21,8 @@ from . import __version__
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def use_interpreter_if_no_gpu() -> str | None:
-    """Set TRITON_INTERPRET=1 when no GPU is visible and the user did not decide; return a
-    line saying so, or None when nothing was changed."""
-    if "TRITON_INTERPRET" in os.environ or "anysoftmax.kernels.softmax" in sys.modules:
-        return None
-    import torch
-
-    if torch.cuda.is_available() or importlib.util.find_spec("torch_npu") is not None:
-        return None
-    os.environ["TRITON_INTERPRET"] = "1"
-    return ("no GPU visible: Triton kernels run on the CPU through the Triton interpreter "
-            "(TRITON_INTERPRET=1; set TRITON_INTERPRET=0 to keep it off)")
+class UsageError(Exception):
+    """A bad command-line argument (exit status 2), its message naming the problem."""
 
 
 def _console():
@@ -43,29 +30,44 @@ def _console():
 
     console = Console()
     if not console.is_terminal:  # CI logs: do not squeeze the tables into 80 columns
-        console = Console(width=max(console.width, 180))
+        console = Console(width=100)
     return console
 
 
 def _resolve_config(name: str | None) -> Path:
-    """A path, or a bare name looked up in the configs folder ('h100' -> configs/h100.yaml)."""
-    from .config import config_dir
+    """A path, or a bare name of a shipped matrix ('h100' -> anysoftmax/configs/h100.yaml)."""
+    from .config import matrix_names, matrix_path
 
     if name is None:
-        return config_dir() / "default.yaml"
+        return matrix_path("default")
     path = Path(name)
-    if path.exists() or path.suffix in (".yaml", ".yml") or os.sep in name:
-        return path
-    return config_dir() / f"{name}.yaml"
+    if not (path.exists() or path.suffix in (".yaml", ".yml", ".json") or os.sep in name):
+        path = matrix_path(name)
+        if not path.is_file():
+            raise UsageError(f"{name!r} is neither a file nor a shipped matrix; shipped: {', '.join(matrix_names())}")
+    return check_readable(path, "configuration")
+
+
+def check_readable(path: Path, what: str) -> Path:
+    """`path` when it is a YAML/JSON file that exists, else a UsageError naming it."""
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory, not a {what} file")
+    if not path.exists():
+        raise UsageError(f"{path}: {what} file not found")
+    if path.suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise UsageError(f"{path}: not a YAML or JSON file (expected .yaml, .yml or .json)")
+    return path
 
 
 def _progress(console, enabled: bool):
     """(on_start, on_result, stop): a rich progress bar with live pass/fail/skip counts."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     if not enabled:
         return None, None, lambda: None
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn(),
                    console=console, transient=console.is_terminal)
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     task = {}
@@ -88,8 +90,10 @@ def cmd_matrix(args) -> int:
     from .matrix.devices import locate
     from .matrix.report import print_report, write_reports
 
+    from .dispatch import use_interpreter_if_needed
+
     console = _console()
-    note = use_interpreter_if_no_gpu()
+    note = use_interpreter_if_needed()
     path = _resolve_config(args.config)
     try:
         config = load_config(path)
@@ -129,7 +133,11 @@ def cmd_matrix(args) -> int:
         stop()
     out = Path(args.out) if args.out else Path("out") / "matrix" / config.name
     paths = write_reports(run, out)
-    print_report(run, console, details=True if args.details else None)
+    if args.json:
+        from .matrix.report import summary_json
+        print(json.dumps(summary_json(run), indent=1))
+    else:
+        print_report(run, console, details=True if args.details else None)
     console.print(f"reports: {out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False)
     missing = [name for name, info in run.devices.items() if info["reason"]]
     if args.require_device and missing:
@@ -140,43 +148,38 @@ def cmd_matrix(args) -> int:
 
 
 def cmd_backends(args) -> int:
+    from dataclasses import asdict
+
+    from rich.markup import escape
     from rich.table import Table
 
     from .core import list_backends
     from .matrix.devices import locate
 
+    rows = list_backends()
+    devices = {kind: locate(kind) for kind in ("cuda", "npu")}
+    if args.json:
+        print(json.dumps(dict(backends=[asdict(b) for b in rows],
+                              devices={k: dict(found=f, reason=r) for k, (f, r) in devices.items()}), indent=1))
+        return EXIT_OK
     console = _console()
-    note = use_interpreter_if_no_gpu()
-    if note:
-        console.print(note, style="dim")
     t = Table(title="anysoftmax backends", title_justify="left")
-    for col in ("backend", "available", "devices", "reason"):
-        t.add_column(col)
-    for b in list_backends():
-        t.add_row(b.name, "[green]yes[/]" if b.available else "[red]no[/]", ", ".join(b.devices), b.reason)
+    for col in ("backend", "available", "devices", "reason / note"):
+        t.add_column(col, overflow="fold")
+    for b in rows:
+        t.add_row(b.name, "[green]yes[/]" if b.available else "[red]no[/]", ", ".join(b.devices),
+                  escape(b.reason or b.note))
     console.print(t)
-    for kind in ("cuda", "npu"):
-        found, reason = locate(kind)
+    for kind, (found, reason) in devices.items():
         console.print(f"{kind}: {', '.join(found) if found else reason}", markup=False, highlight=False)
     return EXIT_OK
 
 
 def cmd_bench(argv: list[str]) -> int:
-    """`anysoftmax bench ARGS` = `python -m benchmarks.softmax ARGS` (needs the repository)."""
-    repo = Path(__file__).resolve().parent.parent
-    if (repo / "benchmarks" / "softmax.py").exists() and str(repo) not in sys.path:
-        sys.path.insert(0, str(repo))
-    try:
-        module = importlib.import_module("benchmarks.softmax")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks", "benchmarks.softmax"):
-            raise
-        print("anysoftmax bench: the benchmark suite (benchmarks/softmax.py) ships with the repository, not "
-              "with the package: run it from a checkout (git clone ...; pip install -e '.[bench]')",
-              file=sys.stderr)
-        return EXIT_USAGE
-    rc = module.main(argv)
-    return int(rc or 0)
+    """`anysoftmax bench ARGS` = `python -m anysoftmax.bench.softmax ARGS`."""
+    from .bench import softmax as bench
+
+    return int(bench.main(argv) or 0)
 
 
 def cmd_merge(args) -> int:
@@ -184,7 +187,7 @@ def cmd_merge(args) -> int:
     from .matrix.report import load_report, merge, print_report, write_reports
 
     try:
-        run = merge([load_report(p) for p in args.reports], args.name)
+        run = merge([load_report(check_readable(Path(p), "report")) for p in args.reports], args.name)
     except (OSError, ValueError, KeyError) as exc:
         print(f"anysoftmax merge: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -202,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     m = sub.add_parser("matrix", help="run a device matrix (configs/*.yaml): conformance, then benchmarks",
                        description="Run every cell of a device-matrix YAML file; exit status 1 when any cell fails.")
-    m.add_argument("config", nargs="?", help="YAML file, or a name in configs/ (default: configs/default.yaml)")
+    m.add_argument("config", nargs="?", help="YAML file, or the name of a shipped matrix (default, ci, h100, "
+                   "mi300x, ascend-910b; default: default)")
+    m.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     m.add_argument("--out", help="report folder (default: out/matrix/<config name>)")
     m.add_argument("--device", action="append", metavar="ENTRY", help="run only this device entry (repeatable)")
     m.add_argument("--workers", type=int, metavar="N",
@@ -220,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the entries as JSON objects (entry, device, properties) for CI job matrices")
     m.set_defaults(func=cmd_matrix)
     b = sub.add_parser("backends", help="list backends with their availability and reasons")
+    b.add_argument("--json", action="store_true", help="print list_backends() and the devices as JSON")
     b.set_defaults(func=cmd_backends)
-    sub.add_parser("bench", help="the benchmark suite (benchmarks/softmax.py); arguments pass through",
+    sub.add_parser("bench", help="the benchmark suite (anysoftmax.bench); `anysoftmax bench --help` for its options",
                    add_help=False)
     g = sub.add_parser("merge", help="merge report.json files (e.g. one CI job per device entry)")
     g.add_argument("reports", nargs="+", help="report.json files")
@@ -243,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if getattr(args, "workers", None) is not None and args.workers < 1:
         parser.error("--workers must be at least 1")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"anysoftmax {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -1,4 +1,14 @@
-"""Where configuration lives: the repository's `configs/` folder, or $ANYSOFTMAX_CONFIG_DIR."""
+"""Where configuration lives: package data, read with `importlib.resources`.
+
+Shipped inside the wheel:
+* device matrices: `anysoftmax/configs/<name>.yaml`;
+* tuning tables: `anysoftmax/backends/<backend>/tuning.yaml`, beside the code they tune;
+* device profiles: `anysoftmax/backends/<backend>/profiles.yaml` (Ascend).
+
+`$ANYSOFTMAX_CONFIG_DIR` overrides any of them file by file: `<dir>/<name>.yaml` for a matrix,
+`<dir>/tuning/<backend>.yaml` for a tuning table, `<dir>/devices/<backend>.yaml` for profiles;
+a file missing there falls back to the shipped one.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +16,12 @@ import os
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 
 import yaml
+
+ENV_CONFIG_DIR = "ANYSOFTMAX_CONFIG_DIR"
 
 
 def is_int(v) -> bool:
@@ -16,28 +29,76 @@ def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def config_dir() -> Path:
-    """The folder holding device matrices and tuning tables."""
-    env = os.environ.get("ANYSOFTMAX_CONFIG_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "configs"
+def _override_dir() -> Path | None:
+    env = os.environ.get(ENV_CONFIG_DIR)
+    return Path(env) if env else None
 
 
-@lru_cache(maxsize=None)
-def load_tuning(name: str) -> dict:
-    """The tuning table `configs/tuning/<name>.yaml` as a dict (cached; read once)."""
-    path = config_dir() / "tuning" / f"{name}.yaml"
+def shipped_matrices() -> Path:
+    """The folder of device matrices shipped in the package (a real directory: the package is
+    installed unzipped, as pip always does)."""
+    return Path(str(resources.files("anysoftmax") / "configs"))
+
+
+def matrix_path(name: str) -> Path:
+    """The device matrix called `name` ('h100' -> configs/h100.yaml), override first."""
+    over = _override_dir()
+    if over is not None and (over / f"{name}.yaml").is_file():
+        return over / f"{name}.yaml"
+    return shipped_matrices() / f"{name}.yaml"
+
+
+def matrix_names() -> list[str]:
+    """Names of the shipped device matrices (and any in the override folder)."""
+    names = {p.stem for p in shipped_matrices().glob("*.yaml")}
+    over = _override_dir()
+    if over is not None and over.is_dir():
+        names |= {p.stem for p in over.glob("*.yaml")}
+    return sorted(names)
+
+
+def backend_data_path(backend: str, kind: str) -> Path:
+    """`kind` = "tuning" or "profiles" of `backend`: the override file when there is one, else
+    the package data beside the backend's code."""
+    over = _override_dir()
+    if over is not None:
+        sub = "tuning" if kind == "tuning" else "devices"
+        candidate = over / sub / f"{backend}.yaml"
+        if candidate.is_file():
+            return candidate
+    return Path(str(resources.files(f"anysoftmax.backends.{backend}") / f"{kind}.yaml"))
+
+
+def read_yaml_mapping(path: Path) -> dict:
+    """A YAML file whose top level must be a mapping; errors name the file."""
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
-        raise FileNotFoundError(
-            f"tuning table {path} not found: install anysoftmax from its repository "
-            f"(pip install -e .) or set ANYSOFTMAX_CONFIG_DIR to a copy of its configs/ folder") from None
+        raise FileNotFoundError(f"{path} not found (package data missing from this install?)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     return data
+
+
+@lru_cache(maxsize=None)
+def load_tuning(backend: str) -> dict:
+    """The tuning table of `backend` as a dict (cached: read once per process)."""
+    return read_yaml_mapping(backend_data_path(backend, "tuning"))
+
+
+# Overrides active anywhere right now: while zero (always, outside tests and sweeps),
+# `overrides_key()` is one read of this list.
+_active = [0]
+_instances: list = []
+
+
+def overrides_key() -> tuple:
+    """Every active tuning override as a hashable key: memoised plans and launchers derived
+    from tuning tables include it, so a `with override(...)` block gets its own."""
+    if not _active[0]:
+        return ()
+    return tuple((o.table, o.key()) for o in _instances if o.active())
 
 
 class Overrides:
@@ -47,6 +108,7 @@ class Overrides:
     def __init__(self, table: str):
         self.table = table
         self._local = threading.local()
+        _instances.append(self)
 
     def active(self) -> dict:
         """The values replaced in this thread now."""
@@ -54,7 +116,8 @@ class Overrides:
 
     def key(self) -> tuple:
         """The active overrides as a hashable key (for caches of plans derived from the table)."""
-        return tuple(sorted((k, repr(v)) for k, v in self.active().items()))
+        values = getattr(self._local, "values", None)
+        return tuple(sorted((k, repr(v)) for k, v in values.items())) if values else ()
 
     @contextmanager
     def __call__(self, **values):
@@ -64,7 +127,9 @@ class Overrides:
             raise KeyError(f"unknown {self.table} tuning key(s) {sorted(unknown)}; known: {sorted(known)}")
         old = getattr(self._local, "values", None)
         self._local.values = {**(old or {}), **values}
+        _active[0] += 1
         try:
             yield
         finally:
+            _active[0] -= 1
             self._local.values = old

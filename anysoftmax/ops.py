@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from . import dispatch
 from .core.spec import SoftmaxSpec
 
 
@@ -26,8 +27,7 @@ def _contiguous(y: torch.Tensor) -> torch.Tensor:
 
 def _forward_impl(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
                   log: bool) -> torch.Tensor:
-    from .api import forward_no_grad
-    return _contiguous(forward_no_grad(x, dim, dtype, backend, log))
+    return _contiguous(dispatch.forward(x, dim, dtype, backend, log))
 
 
 def _forward_fake(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
@@ -66,14 +66,12 @@ def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool
                         backend: Optional[str] = None) -> torch.Tensor:
     """Gradient w.r.t. the input of softmax (`log`: log_softmax) from its output `y` and the
     output gradient `grad`, in `y`'s dtype (argument order of aten's _softmax_backward_data)."""
-    from .api import softmax_backward
-    return _contiguous(softmax_backward(y, grad, dim, log=log, backend=backend))
+    return _contiguous(dispatch.backward(y, grad, dim, log=log, backend=backend))
 
 
 @softmax_backward_op.register_fake
 def _softmax_backward_fake(grad, y, dim, log, backend=None):
-    from .api import check_backward_args
-    check_backward_args(y, grad, dim, log)
+    dispatch.check_backward_args(y, grad, dim, log)
     return y.new_empty(y.shape)
 
 

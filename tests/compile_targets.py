@@ -200,22 +200,17 @@ def plan_for(layout, elem_bytes: int, dev, backward: bool, overrides: dict):
 def launches(plan, shape, dim, dtype, log: bool, backward: bool) -> list:
     """[(kernel, args, constexprs, options)] the backend launches for `plan` (meta tensors:
     only dtypes, strides and the 16-byte alignment every allocation has matter)."""
+    from anysoftmax.backends._triton_common.launcher import scratch_maker
     from anysoftmax.core.layout import RowLayout
-    from anysoftmax.kernels.launch import (SPLIT_KINDS, backward_args, backward_constexprs, forward_calls,
-                                           launch_options, phases, scratch_maker)
 
     x = torch.empty(shape, dtype=dtype, device="meta")
     y = torch.empty(shape, dtype=dtype, device="meta")
     layout = RowLayout.from_strides(shape, tuple(x.stride()), tuple(y.stride()), dim)
-    opts = launch_options(plan)
-    if backward:  # as the backward launcher: y, dy and dx alike
-        from anysoftmax.kernels.softmax_bwd import softmax_bwd_kernel
-        stats, counts = scratch_maker(plan, layout, dtype, backward=True)(x.device)
-        args = backward_args(y, torch.empty_like(y), torch.empty_like(y), layout, plan.chunks, stats, counts)
-        return [(softmax_bwd_kernel, args, backward_constexprs(plan, log, dtype, p), opts)
-                for p in phases(plan, plan.kind != "tile")]
-    stats, counts = scratch_maker(plan, layout, dtype)(x.device) if plan.kind in SPLIT_KINDS else (None, None)
-    return [(k, a, c, opts) for k, a, c in forward_calls(plan, x, y, layout, log, stats, counts)]
+    opts = plan.launch_options()
+    stats, counts = scratch_maker(plan, layout, dtype)(x.device) if (plan.split or backward) else (None, None)
+    # as the launchers do: (x, y) forward; y, dy and dx alike backward
+    tensors = (y, torch.empty_like(y), torch.empty_like(y)) if backward else (x, y)
+    return [(k, a, c, opts) for k, a, c in plan.calls(tensors, layout, log, dtype, stats, counts)]
 
 
 def compile_target(target: str, dtypes: dict) -> dict:

@@ -1,20 +1,21 @@
 """Test setup: the Triton interpreter on machines without a GPU, poisoned outputs, fresh seeds."""
 
-import importlib.util
 import os
 import random
 import zlib
 
 import torch
 
-# Without a GPU, Triton kernels run through the interpreter on CPU tensors. The flag is read
-# when kernels are decorated, so it must be set before anysoftmax is imported.
 HAS_CUDA = torch.cuda.is_available()
-# Not on an Ascend machine either: there the kernels compile for the NPU.
-if not HAS_CUDA and importlib.util.find_spec("torch_npu") is None:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 # Every output a kernel writes starts as NaN: an element it forgets to write fails the test.
+# (Read when anysoftmax is imported, so set first.)
 os.environ["ANYSOFTMAX_POISON_OUTPUTS"] = "1"
+
+# Without a GPU or NPU the backends say the Triton kernels can only run interpreted: then they
+# run through the interpreter on CPU tensors (decided before any kernel is defined).
+from anysoftmax import dispatch  # noqa: E402
+
+dispatch.use_interpreter_if_needed()
 
 import pytest  # noqa: E402
 

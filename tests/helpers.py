@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax.api import prepare
+from anysoftmax.dispatch import prepare
 from anysoftmax.core import SoftmaxSpec, compare
 from anysoftmax.core.layout import allocate_rows
 

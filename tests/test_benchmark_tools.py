@@ -4,7 +4,7 @@ names keys the tuning table has, and merging runs keeps and replaces the right r
 import pytest
 
 from anysoftmax.config import load_tuning
-from benchmarks import merge, tune_triton
+from anysoftmax.bench import merge, tune_triton
 
 SWEEPS = [name for name in dir(tune_triton) if name.endswith("_candidates")]
 

@@ -115,21 +115,52 @@ def test_backends_lists_availability_and_reasons(capsys):
 
 
 def test_bench_hands_its_arguments_to_the_benchmark_suite(monkeypatch):
+    from anysoftmax.bench import softmax as bench
+
     seen = []
-    fake = types.ModuleType("benchmarks.softmax")
-    fake.main = lambda argv: seen.append(argv) or 3
-    monkeypatch.setitem(sys.modules, "benchmarks.softmax", fake)
+    monkeypatch.setattr(bench, "main", lambda argv: seen.append(argv) or 3)
     assert main(["bench", "--quick", "--dtypes", "float32"]) == 3
     assert seen == [["--quick", "--dtypes", "float32"]]
 
 
-def test_bench_outside_a_checkout_says_so(monkeypatch, capsys):
-    def missing(name):
-        raise ModuleNotFoundError(f"No module named {name!r}", name="benchmarks")
+def test_backends_json_is_list_backends(capsys):
+    from dataclasses import asdict
 
-    monkeypatch.setattr("anysoftmax.cli.importlib.import_module", missing)
-    assert main(["bench"]) == 2
-    assert "repository" in capsys.readouterr().err
+    import anysoftmax
+
+    assert main(["backends", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["backends"] == json.loads(json.dumps([asdict(b) for b in anysoftmax.list_backends()]))
+
+
+def test_backends_escapes_markup(monkeypatch, capsys):
+    from anysoftmax.core import registry
+    from helpers import StubBackend
+
+    class _Missing(StubBackend):
+        name = "missing_extra"
+
+        def is_available(self):
+            return "pip install 'anysoftmax[wave]' first"
+
+    registry.register(_Missing())
+    try:
+        assert main(["backends"]) == 0
+    finally:
+        registry.unregister("missing_extra")
+    assert "pip install 'anysoftmax[wave]' first" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing", "not-yaml"])
+@pytest.mark.parametrize("command", ["matrix", "merge"])
+def test_bad_paths_exit_2_naming_the_file(tmp_path, capsys, kind, command):
+    path = {"directory": tmp_path, "missing": tmp_path / "nope.yaml", "not-yaml": tmp_path / "notes.txt"}[kind]
+    if kind == "not-yaml":
+        path.write_text("hello")
+    args = ["matrix", str(path)] if command == "matrix" else ["merge", str(path), "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and ("directory" in err or "not found" in err or "not a YAML" in err), err
 
 
 def test_python_m_anysoftmax_chooses_the_interpreter_itself(tmp_path):
@@ -142,4 +173,4 @@ def test_python_m_anysoftmax_chooses_the_interpreter_itself(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed, 0 failed, 0 skipped" in proc.stdout
     if not torch.cuda.is_available():
-        assert "Triton interpreter (TRITON_INTERPRET=1" in proc.stdout
+        assert "Triton interpreter" in proc.stdout and "TRITON_INTERPRET=1" in proc.stdout

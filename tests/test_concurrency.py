@@ -12,7 +12,8 @@ import torch
 import anysoftmax
 from anysoftmax.backends.triton import backend as triton_backend
 from anysoftmax.core import SoftmaxSpec, compare
-from anysoftmax.kernels import launch
+from anysoftmax import dispatch
+from anysoftmax.backends._triton_common import launcher as launch
 from helpers import runnable_backends
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -71,7 +72,7 @@ def test_threads_with_new_shapes(device, backend, gen, monkeypatch):
         x = torch.randn(shape, generator=gen).mul_(3).to(dtype).to(device)
         cases += [(x, 1, bool(i % 2))] * THREADS_PER_SHAPE
     triton_backend._plans.clear()
-    triton_backend._launchers.clear()
+    dispatch.refresh()
     builds = triton_backend._plans.builds
     compiles = count_triton_compiles() if device == "cuda" else None
     if device == "cuda":

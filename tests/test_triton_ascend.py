@@ -39,7 +39,9 @@ from anysoftmax import BackendUnavailableError, SoftmaxSpec, UnsupportedRequestE
 from anysoftmax.backends.triton_ascend import TritonAscendBackend, npu, planning, settings
 from anysoftmax.core import compare
 from anysoftmax.core.layout import allocate_rows
-from anysoftmax.kernels.launch import KernelPlan, interpreting, launch
+from anysoftmax.backends._triton_common.interpreter import interpreting
+from anysoftmax.backends._triton_common.launcher import bind
+from anysoftmax.backends._triton_common.plan import KernelPlan, OnlinePlan, TilePlan
 from cases import CASES, LONG_ROW_CASES, Case, params, randn, with_specials
 from helpers import as_backend_sees_it, check
 
@@ -119,7 +121,7 @@ def test_interpreter_writes_every_element(ub_bytes, gen):
     with settings.override(**({"ub_bytes": ub_bytes} if ub_bytes else {})):
         xr, y, layout = allocate_rows(x, spec)
         y.fill_(float("nan"))
-        launch(BACKEND.plan(xr, layout, spec), xr, y, layout, spec.log)
+        bind(BACKEND.plan(xr, layout, spec), layout, spec.log, y.dtype)(xr, y)
     assert not torch.isnan(y).any()
     result = compare(y, x, spec)
     assert result.ok, result.detail
@@ -295,15 +297,15 @@ def test_tuning_table_defaults():
 def test_plan_seed_shape_fp32():
     # 1823x781 fp32: 24 bytes per tile element (4 in + 4 out + 4 fp32 copies) in 96 KB: 4096
     # elements, so 4 rows of 1024 per step, 456 steps over the seed's 32 programs.
-    assert plan_rows(1823, 781) == KernelPlan("tile", 4, 1024, 32)
+    assert plan_rows(1823, 781) == TilePlan(4, 1024, 32)
 
 
 def test_plan_long_rows_take_subblocks():
     # 65536 fp32 columns do not fit: 2048-column sub-blocks (32 bytes each element, 96 KB).
-    assert plan_rows(4, 65536) == KernelPlan("online", 1, 2048, 4)
+    assert plan_rows(4, 65536) == OnlinePlan(1, 2048, 4)
     # fp16: a 4096-element tile of 20-byte elements fits 96 KB; 8192 columns do not.
     assert plan_rows(10, 4096, in_bytes=2, out_bytes=2).kind == "tile"
-    assert plan_rows(10, 8192, in_bytes=2, out_bytes=2) == KernelPlan("online", 1, 2048, 10)
+    assert plan_rows(10, 8192, in_bytes=2, out_bytes=2) == OnlinePlan(1, 2048, 10)
     # Without multibuffer the whole 192 KB holds 8192 fp32 columns in one tile.
     assert plan_rows(10, 8192, s=defaults(multibuffer=False)).kind == "tile"
 
@@ -316,7 +318,7 @@ def test_plan_narrowest_tile_is_one_vector():
 
 def test_plan_keeps_every_program_busy():
     # 64 short rows over 32 programs: 2 rows per step, not the 512 the UB would hold.
-    assert plan_rows(64, 8) == KernelPlan("tile", 2, 8, 32)
+    assert plan_rows(64, 8) == TilePlan(2, 8, 32)
     assert plan_rows(5, 100).grid == 5  # never more programs than rows
 
 

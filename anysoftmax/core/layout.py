@@ -25,11 +25,26 @@ MAX_ROW_DIMS = 3
 POISON_ENV = "ANYSOFTMAX_POISON_OUTPUTS"
 
 
+# Read once at import (the hot path reads no environment): the test suite sets it first.
+POISON_OUTPUTS = os.environ.get(POISON_ENV) == "1"
+
+
 def new_output(shape, dtype, device):
-    """Allocate a kernel's output; NaN-filled when $ANYSOFTMAX_POISON_OUTPUTS=1."""
-    if os.environ.get(POISON_ENV) == "1":
+    """Allocate a kernel's output; NaN-filled when $ANYSOFTMAX_POISON_OUTPUTS=1 at import."""
+    if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), as `triton.next_power_of_2`; here so that
+    planning imports no Triton (it must not be imported before the interpreter is decided)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive b."""
+    return -(-a // b)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

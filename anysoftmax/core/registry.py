@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from .errors import BackendUnavailableError, UnsupportedRequestError
 from .spec import SoftmaxSpec
 
 log = logging.getLogger("anysoftmax")
@@ -27,12 +28,6 @@ log = logging.getLogger("anysoftmax")
 ENV_BACKEND = "ANYSOFTMAX_BACKEND"
 
 
-class BackendUnavailableError(RuntimeError):
-    """The chosen backend cannot run on this machine (missing package, device, driver)."""
-
-
-class UnsupportedRequestError(RuntimeError):
-    """The chosen backend runs here but does not support this request (dtype, device, shape)."""
 
 
 @runtime_checkable
@@ -44,6 +39,12 @@ class Backend(Protocol):
     `is_available()` and `supports(spec)` return None when fine, else a human-readable reason.
     `run(x, spec)` returns a new tensor of `spec.shape` and `spec.out_dtype`; it is only called
     after `supports(spec)` returned None and never for empty tensors.
+
+    Optional, for speed and features (see `anysoftmax.dispatch`):
+    `launcher(x, spec)` returns a function `f(x) -> y` bound to this request (same shape,
+    strides, dtype, device and 16-byte alignment), which dispatch memoises per request;
+    `backward_launcher(y, spec)` likewise `f(y, grad) -> dx` (else torch's formula is used);
+    `needs_interpreter()` says the backend runs here only through the Triton interpreter.
     """
 
     name: str
@@ -65,6 +66,7 @@ class BackendStatus:
     available: bool
     reason: str  # why not available; "" when available
     devices: tuple[str, ...]
+    note: str = ""  # how it runs here when that is worth knowing (e.g. through the Triton interpreter)
 
 
 _lock = threading.Lock()
@@ -122,7 +124,13 @@ def list_backends() -> list[BackendStatus]:
     rows = []
     for b in registered().values():
         reason = _availability(b)
-        rows.append(BackendStatus(b.name, reason is None, reason or "", tuple(b.devices)))
+        note = ""
+        if reason is None and getattr(b, "status_note", None) is not None:
+            try:
+                note = b.status_note() or ""
+            except Exception as exc:  # a note must never take the listing down
+                note = f"status note failed: {type(exc).__name__}: {exc}"
+        rows.append(BackendStatus(b.name, reason is None, reason or "", tuple(b.devices), note))
     return rows
 
 
@@ -168,16 +176,20 @@ def select(spec: SoftmaxSpec, backend: str | None = None) -> Backend:
         f"no backend can run {spec.describe()}: " + ("; ".join(reasons) or f"none serves device type {device_type!r}"))
 
 
-_builtins_loaded = False
-_load_lock = threading.Lock()
+_loader_lock = threading.RLock()
+_loaders: list = []  # callables that register backends, run once on first use of the registry
+
+
+def add_loader(load) -> None:
+    """Run `load()` (which registers backends) before the registry is next read. `core` knows no
+    backend: `anysoftmax.dispatch` adds the loader of the built-in and entry-point backends."""
+    with _loader_lock:
+        _loaders.append(load)
 
 
 def _load_builtins() -> None:
-    # Imported lazily so that `core` stays free of backend imports (and of their packages).
-    global _builtins_loaded
-    if _builtins_loaded:
+    if not _loaders:
         return
-    with _load_lock:
-        if not _builtins_loaded:
-            from .. import backends  # noqa: F401  (registers the built-in backends)
-            _builtins_loaded = True
+    with _loader_lock:  # other threads wait until the backends are all registered
+        while _loaders:
+            _loaders.pop(0)()

@@ -100,5 +100,5 @@ def write_plots(run, out: Path) -> tuple[list[Path], str]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return [], "No plots: matplotlib is not installed (pip install matplotlib)."
+        return [], "No plots: matplotlib is not installed (pip install 'anysoftmax[plot]')."
     return [_status_map(plt, run.results, out / "status.png")] + _bandwidth(plt, run.results, out), ""

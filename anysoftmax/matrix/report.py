@@ -90,25 +90,34 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
                       f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"), _gbps(r),
                       _num(r.frac_copy, ".2f"), _first_line(r.reason or r.note, 70))
     else:
-        t = Table(title=f"matrix {run.name}: summary (one row per group; --details for every cell)",
-                  title_justify="left")
-        for col in ("entry", "backend", "op", "dir", "dtype", "cells", "passed", "failed", "skipped",
-                    "worst err/tol", "median GB/s", "median ×copy", "best ×copy"):
-            t.add_column(col, justify="left" if col in ("entry", "backend", "op", "dir", "dtype") else "right")
+        # Short headers: the summary must stay readable in a 100-column terminal.
+        t = Table(title=f"matrix {run.name}: one row per group (--details: every cell)", title_justify="left")
+        for col in ("entry", "backend", "op", "dir", "dtype", "n", "ok", "fail", "skip", "err/tol", "GB/s",
+                    "×copy", "best"):
+            t.add_column(col, justify="left" if col in ("entry", "backend", "op", "dir", "dtype") else "right",
+                         overflow="fold")
         for s in summarize(run):
-            bw = _num(s["median_gbps"], ".0f") + (" (cpu)" if s["timer"] == "cpu" else "")
-            t.add_row(s["entry"], s["backend"], s["op"], _dir(s["direction"]), s["dtype"], str(s["cells"]),
+            bw = _num(s["median_gbps"], ".0f") + ("c" if s["timer"] == "cpu" else "")
+            t.add_row(s["entry"], s["backend"], s["op"].replace("log_softmax", "log"), _dir(s["direction"]),
+                      s["dtype"].replace("float", "f").replace("bf", "bf"), str(s["cells"]),
                       f"[green]{s['passed']}[/]", f"[bold red]{s['failed']}[/]" if s["failed"] else "0",
                       f"[yellow]{s['skipped']}[/]" if s["skipped"] else "0", _num(s["worst_err_ratio"], ".2f"),
                       bw, _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f"))
+        t.caption = "GB/s: median (c: CPU wall clock); ×copy: fraction of the same-run copy bandwidth"
     console.print(t)
-    fails = [r for r in run.results if r.status == FAILED]
+    fails: dict[tuple, list[str]] = defaultdict(list)
+    for r in run.results:
+        if r.status == FAILED:  # identical failures grouped, like skips
+            fails[(r.cell.entry, r.cell.backend, _first_line(r.reason, 160))].append(r.cell.id)
     if fails and not details:
-        console.print(f"[bold red]Failed cells ({len(fails)}):[/]")
-        for r in fails[:30]:
-            console.print(f"  {r.cell.id}: {_first_line(r.reason, 160)}", markup=False, highlight=False)
-        if len(fails) > 30:
-            console.print(f"  … and {len(fails) - 30} more (report.md lists them all)")
+        n_fail = sum(len(v) for v in fails.values())
+        console.print(f"[bold red]Failed cells ({n_fail}), by reason:[/]")
+        for i, ((entry, backend, reason), ids) in enumerate(fails.items()):
+            if i == 30:
+                console.print(f"  … and {len(fails) - 30} more reasons (report.md lists every cell)")
+                break
+            console.print(f"  {len(ids)} × {entry}/{backend} (e.g. {ids[0]}): {reason}", markup=False,
+                          highlight=False)
     skips: dict[tuple, list[str]] = defaultdict(list)
     for r in run.results:
         if r.status == SKIPPED:
@@ -121,6 +130,18 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
     if run.copy_gbps:
         console.print("copy bandwidth: " + ", ".join(f"{d} {v:.0f} GB/s" for d, v in run.copy_gbps.items()))
     console.print(f"{_counts_line(run)} in {run.seconds:.1f} s", markup=False, highlight=False)
+
+
+def summary_json(run: MatrixRun) -> dict:
+    """The summary `matrix --json` prints: counts, groups, grouped failures and skips."""
+    grouped: dict[tuple, list[str]] = defaultdict(list)
+    for r in run.results:
+        if r.status in (FAILED, SKIPPED):
+            grouped[(r.status, r.cell.entry, r.cell.backend, _first_line(r.reason, 300))].append(r.cell.id)
+    return dict(name=run.name, seconds=round(run.seconds, 2), counts=run.counts(), copy_gbps=run.copy_gbps,
+                groups=summarize(run),
+                problems=[dict(status=st, entry=e, backend=b, reason=reason, cells=ids)
+                          for (st, e, b, reason), ids in grouped.items()])
 
 
 # ---------------------------------------------------------------- files

@@ -1,7 +1,9 @@
 """The `triton` backend: the shared persistent kernels on CUDA and ROCm GPUs.
 
-With TRITON_INTERPRET=1 set before anysoftmax is imported, the same kernels run through the
-Triton interpreter on CPU tensors: that is how CI tests them.
+It plans (request + device properties + `tuning.yaml` -> kernel, tile, grid) and hands the plan
+to the shared launchers (`backends/_triton_common`). With TRITON_INTERPRET=1 set before the
+kernels are first imported, the same kernels run through the Triton interpreter on CPU
+tensors: that is how CI tests them.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from dataclasses import replace
 
 import torch
 
-from ...core.cache import BoundedDict, OnceCache
-from ...core.layout import RowLayout, allocate_rows, new_output
+from ...config import overrides_key
+from ...core.cache import OnceCache
+from ...core.layout import RowLayout, allocate_rows
 from ...core.spec import SoftmaxSpec
-from ...kernels.launch import (SPLIT_KINDS, KernelPlan, backward_args, backward_constexprs, backward_launcher,
-                               forward_calls, forward_launcher, interpreter_problem, interpreting,
-                               device_guard, kernel_constexprs, launch_lock, launch_options, work_items)
+from .._triton_common import interpreter, request
+from .._triton_common.plan import KernelPlan, make_plan
 from . import heuristics
 from .device import device_props
 from .occupancy import DeviceProps, KernelResources, programs_per_sm
@@ -24,24 +26,22 @@ from .occupancy import DeviceProps, KernelResources, programs_per_sm
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
 # (request layout, dtypes, alignment, device, tuning overrides) -> KernelPlan.
 _plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
-# (spec, alignment, tuning overrides[, "bwd"]) -> launcher: a repeated request skips layout,
-# plan lookup and launch-argument work and goes straight to the launch.
-_launchers: BoundedDict = BoundedDict(maxsize=4096)
 
 
-def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, meta: dict, index: int) -> int:
+def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, log: bool, index: int) -> int:
     """Compile the plan's kernel once (per shape class) and apply the occupancy model to it."""
-    opts = launch_options(plan)
-    key = (plan.kind, tuple(sorted(meta.items())), tuple(sorted(opts.items())), x.dtype, y.dtype, index)
+    from .._triton_common.launcher import launch_lock, scratch_maker
+
+    phase = plan.phases()[0]
+    meta = plan.constexprs(layout, log, y.dtype, phase)
+    opts = plan.launch_options()
+    key = (plan.kind, plan.backward, tuple(sorted(meta.items())), tuple(sorted(opts.items())), x.dtype, y.dtype,
+           index)
 
     def compile_and_measure() -> int:
-        scratch = torch.empty(2, device=x.device, dtype=torch.float64 if meta["ACC_FP64"] else torch.float32)
-        counts = torch.zeros(1, dtype=torch.int32, device=x.device)
-        if "SINGLE" in meta:  # the backward kernel
-            from ...kernels.softmax_bwd import softmax_bwd_kernel as kernel
-            args = backward_args(x, x, y, layout, plan.chunks, scratch, counts)
-        else:
-            kernel, args, _ = forward_calls(plan, x, y, layout, meta["LOG"], scratch, counts)[0]
+        stats, counts = scratch_maker(replace(plan, cooperative=False), layout, y.dtype)(x.device)
+        tensors = (x, x, y) if plan.backward else (x, y)
+        kernel, args, _ = plan.calls(tensors, layout, log, y.dtype, stats, counts)[0]
         with launch_lock(kernel):
             compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
         compiled._init_handles()
@@ -57,15 +57,14 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
     the interpreter, never cooperative); the grid, which needs the compiled kernel's
     occupancy, is left at 1."""
     tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward)
-    common = dict(kind=tile["kind"], block_m=tile["block_m"], block_n=tile["block_n"], chunks=tile["chunks"],
-                  prefetch=tile["prefetch"], grid=1)
+    common = dict(chunks=tile["chunks"], prefetch=tile["prefetch"], backward=backward)
     if props is None:
-        return KernelPlan(**common)
+        return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, **common)
     options = dict(num_warps=tile["num_warps"])
-    if tile["kind"] == "tile":
+    if tile["kind"] == "tile" and not backward:
         options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
-    cooperative = tile["kind"] in SPLIT_KINDS and bool(heuristics.table()["cooperative"])
-    return KernelPlan(options=options, cooperative=cooperative, **common)
+    plan = make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, options=options, **common)
+    return replace(plan, cooperative=plan.split and bool(heuristics.table()["cooperative"]))
 
 
 class TritonBackend:
@@ -73,9 +72,24 @@ class TritonBackend:
     devices = ("cuda",)  # CPU tensors only when chosen explicitly under the interpreter
     priority = 100
 
+    @staticmethod
+    def needs_interpreter() -> bool:
+        """True when no GPU is visible: the kernels then run only through the interpreter."""
+        return not torch.cuda.is_available()
+
+    @staticmethod
+    def status_note() -> str:
+        """Says so when the Triton interpreter is what makes this backend usable here."""
+        if interpreter.interpreting():
+            return "runs CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for testing"
+        return ""
+
     def is_available(self) -> str | None:
-        if interpreting():
-            return interpreter_problem()
+        if interpreter.interpreting():
+            problem = interpreter.interpreter_problem()
+            if problem is not None:
+                return problem
+            return None
         if not torch.cuda.is_available():
             return "no CUDA or ROCm GPU visible (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set"
         return None
@@ -84,7 +98,7 @@ class TritonBackend:
         if spec.device.type == "cuda":
             return None
         if spec.device.type == "cpu":
-            return None if interpreting() else (
+            return None if interpreter.interpreting() else (
                 "CPU tensors run only through the Triton interpreter: "
                 "set TRITON_INTERPRET=1 before importing anysoftmax")
         return f"device type {spec.device.type!r} is not supported (cuda, or cpu with TRITON_INTERPRET=1)"
@@ -92,21 +106,18 @@ class TritonBackend:
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
              backward: bool = False) -> KernelPlan:
         """The kernel, tile and grid for this request (cached per shape class)."""
-        key = (layout, x.dtype, y.dtype, spec.log, x.data_ptr() % 16, x.device, backward, heuristics.overrides_key())
+        key = (layout, x.dtype, y.dtype, spec.log, x.data_ptr() % 16, x.device, backward, overrides_key())
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
-        props = None if interpreting() else device_props(self._index(x))
+        props = None if interpreter.interpreting() else device_props(self._index(x))
         draft = draft_plan(layout, x.element_size(), props, backward)
-        n_items = work_items(draft, layout)
+        n_items = draft.work_items(layout)
         if props is None:
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).
             return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
-        phase = 0 if draft.cooperative else 1
-        meta = (backward_constexprs(draft, spec.log, spec.out_dtype, phase) if backward
-                else kernel_constexprs(draft, layout, spec.log, spec.out_dtype, phase))
-        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, meta, self._index(x))
+        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec.log, self._index(x))
         cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
@@ -121,34 +132,23 @@ class TritonBackend:
     def _index(x: torch.Tensor) -> int:
         return x.device.index if x.device.index is not None else torch.cuda.current_device()
 
+    def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
+        """`f(x) -> y` bound to this request (dispatch memoises it)."""
+        given = x
+        x, y, layout = allocate_rows(x, spec)
+        return request.forward(self.plan(x, y, layout, spec), layout, spec, contiguous=x is not given)
+
+    def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
+        """`f(y, grad) -> dx` bound to this request; y, dy and dx share one contiguous layout."""
+        y = y.contiguous()
+        dx = torch.empty_like(y)
+        layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
+        return request.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec)
+
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        key = (spec, x.data_ptr() % 16, heuristics.overrides_key())
-        launcher = _launchers.get(key)
-        if launcher is None:
-            given = x
-            x, y, layout = allocate_rows(x, spec)
-            launcher = forward_launcher(self.plan(x, y, layout, spec), layout, spec.log, spec.out_dtype)
-            if x is given:  # (an irregular layout is copied on every call: nothing to keep)
-                _launchers.put(key, launcher)
-        else:
-            y = new_output(spec.shape, spec.out_dtype, x.device)
-        with device_guard(x.device):
-            launcher(x, y)
-        return y
+        """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`)."""
+        return self.launcher(x, spec)(x)
 
     def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
-        # One row layout serves y, dy and dx: make y and dy contiguous (a copy only when the
-        # caller hands in other layouts; autograd's usually are contiguous already).
-        y, grad = y.contiguous(), grad.to(y.dtype).contiguous()
-        dx = new_output(spec.shape, y.dtype, y.device)
-        key = (spec, y.data_ptr() % 16, heuristics.overrides_key(), "bwd")
-        launcher = _launchers.get(key)
-        if launcher is None:
-            layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
-            launcher = backward_launcher(self.plan(y, dx, layout, spec, backward=True), layout, spec.log, y.dtype)
-            _launchers.put(key, launcher)
-        with device_guard(y.device):
-            launcher(y, grad, dx)
-        return dx
-
+        return self.backward_launcher(y, spec)(y, grad)

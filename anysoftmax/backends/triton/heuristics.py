@@ -1,4 +1,4 @@
-"""Kernel choice by shape for the `triton` backend; the numbers live in configs/tuning/triton.yaml.
+"""Kernel choice by shape for the `triton` backend; the numbers live in `tuning.yaml` beside it.
 
 `override(...)` replaces table values for the duration of a `with` block: tests use it to
 lower `max_tile_elems` so the long-row path runs on small CPU tensors.
@@ -6,10 +6,9 @@ lower `max_tile_elems` so the long-row path runs on small CPU tensors.
 
 from __future__ import annotations
 
-import triton
 
 from ...config import Overrides, load_tuning
-from ...core.layout import ColumnView, RowLayout, column_view
+from ...core.layout import ColumnView, RowLayout, cdiv, column_view, next_power_of_2
 
 override = Overrides("triton")
 
@@ -18,11 +17,6 @@ def table() -> dict:
     """The tuning table with any active overrides applied."""
     extra = override.active()
     return {**load_tuning("triton"), **extra} if extra else load_tuning("triton")
-
-
-def overrides_key() -> tuple:
-    """The active overrides, for cache keys of plans derived from the table."""
-    return override.key()
 
 
 def by_bound(rows: list, value: int):
@@ -39,7 +33,7 @@ def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = Non
         return choose_cols_tile(view, elem_bytes, sm_count)
     if backward:
         t = table()
-        padded = triton.next_power_of_2(max(layout.n_cols, 1))
+        padded = next_power_of_2(max(layout.n_cols, 1))
         if padded * elem_bytes > t["bwd_max_tile_bytes"] or padded > t["max_tile_elems"]:
             return split_tile(layout, elem_bytes, sm_count, t["bwd_split_chunk_bytes"])
     return choose_tile(layout, elem_bytes, sm_count)
@@ -48,10 +42,10 @@ def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = Non
 def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None) -> dict:
     """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, chunks, prefetch}."""
     t = table()
-    block_n = triton.next_power_of_2(max(layout.n_cols, 1))
+    block_n = next_power_of_2(max(layout.n_cols, 1))
     if block_n <= t["max_tile_elems"]:
         block_m = max(1, t["rows_tile_elems"] // block_n)
-        block_m = min(block_m, triton.next_power_of_2(layout.n_rows))
+        block_m = min(block_m, next_power_of_2(layout.n_rows))
         return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=by_bound(t["warps_by_tile_elems"], block_m * block_n),
                     chunks=1, prefetch=False)
     if t["long_rows"] == "online":
@@ -84,12 +78,12 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
     chunks of `cols_chunk_bytes` and `cols_split_block_i` positions split across programs
     like long rows."""
     t = table()
-    block_i = min(max(t["cols_block_bytes"] // elem_bytes, 1), triton.next_power_of_2(view.n_inner))
-    red = triton.next_power_of_2(max(view.n_red, 1))
+    block_i = min(max(t["cols_block_bytes"] // elem_bytes, 1), next_power_of_2(view.n_inner))
+    red = next_power_of_2(max(view.n_red, 1))
     if red * block_i * elem_bytes <= t["cols_tile_bytes"]:
         return dict(kind="cols", block_m=block_i, block_n=red, num_warps=by_bound(t["cols_warps_by_tile_elems"], red * block_i),
                     chunks=1, prefetch=False)
-    block_i = min(t["cols_split_block_i"], triton.next_power_of_2(view.n_inner))
+    block_i = min(t["cols_split_block_i"], next_power_of_2(view.n_inner))
     steps = max(1, t["cols_chunk_bytes"] // (block_i * elem_bytes))
     if sm_count:  # a few groups still spread over the whole GPU
         groups = view.n_outer * -(-view.n_inner // block_i)

@@ -21,14 +21,11 @@ from dataclasses import replace
 
 import torch
 
-from ...core.cache import BoundedDict
-from ...core.layout import RowLayout, allocate_rows, new_output
+from ...core.layout import RowLayout, allocate_rows
 from ...core.spec import SoftmaxSpec
-from ...kernels.launch import KernelPlan, forward_launcher, interpreter_problem, interpreting
+from .._triton_common import interpreter, request
+from .._triton_common.plan import KernelPlan
 from . import npu, planning, settings
-
-# (spec, settings key) -> launcher: a repeated request skips settings, plan and argument work.
-_launchers: BoundedDict = BoundedDict(maxsize=4096)
 
 _FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp or max (Atlas A2/A3); "
                 "triton_ascend refuses it on every device so that its CPU and CUDA runs match the NPU's")
@@ -39,10 +36,22 @@ class TritonAscendBackend:
     devices = ("npu",)  # CPU (interpreter) and CUDA (cross-check) tensors only when chosen explicitly
     priority = 100
 
+    @staticmethod
+    def needs_interpreter() -> bool:
+        """True when no NPU stack is installed (detected without importing torch_npu)."""
+        return npu.missing_reason() is not None
+
+    @staticmethod
+    def status_note() -> str:
+        """Says so when the Triton interpreter is what makes this backend usable here."""
+        if interpreter.interpreting():
+            return "runs CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for testing"
+        return ""
+
     def is_available(self) -> str | None:
         """None when some device can run it here (interpreter, CUDA cross-check or an NPU)."""
-        if interpreting():
-            return interpreter_problem()
+        if interpreter.interpreting():
+            return interpreter.interpreter_problem()
         if npu.crosscheck_on_cuda() and torch.cuda.is_available():
             return None
         reason = npu.missing_reason()
@@ -59,7 +68,7 @@ class TritonAscendBackend:
         if kind == "npu":
             return npu.missing_reason()
         if kind == "cpu":
-            return None if interpreting() else (
+            return None if interpreter.interpreting() else (
                 "CPU tensors run only through the Triton interpreter: "
                 "set TRITON_INTERPRET=1 before importing anysoftmax")
         if kind == "cuda":
@@ -83,18 +92,14 @@ class TritonAscendBackend:
         # rejects unknown options, so it is passed on an NPU only.
         return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
 
+    def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
+        """`f(x) -> y` bound to this request, on the device's current stream (dispatch memoises
+        it; the settings it was planned with are part of the memo key via `settings.key()`)."""
+        given = x
+        x, y, layout = allocate_rows(x, spec)
+        return request.forward(self.plan(x, layout, spec), layout, spec, contiguous=x is not given,
+                               guard=npu.device_guard)
+
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""
-        key = (spec, settings.key())
-        launcher = _launchers.get(key)
-        if launcher is None:
-            given = x
-            x, y, layout = allocate_rows(x, spec)
-            launcher = forward_launcher(self.plan(x, layout, spec), layout, spec.log, spec.out_dtype)
-            if x is given:  # (an irregular layout is copied on every call: nothing to keep)
-                _launchers.put(key, launcher)
-        else:
-            y = new_output(spec.shape, spec.out_dtype, x.device)
-        with npu.device_guard(x.device):
-            launcher(x, y)
-        return y
+        return self.launcher(x, spec)(x)

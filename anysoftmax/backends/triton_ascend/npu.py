@@ -19,7 +19,6 @@ from functools import lru_cache
 
 import torch
 
-from ...kernels import launch
 
 ENV_ON_CUDA = "ANYSOFTMAX_ASCEND_ON_CUDA"
 INSTALL_HINT = "see README 'Ascend' for the install order"
@@ -30,10 +29,30 @@ def crosscheck_on_cuda() -> bool:
     return os.environ.get(ENV_ON_CUDA, "").strip() == "1"
 
 
+def _triton_package_dir() -> str | None:
+    # Located without importing it: importing `triton` defines its library functions, which
+    # must wait until the interpreter is decided (`_triton_common.interpreter`).
+    spec = importlib.util.find_spec("triton")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+
+
 def _triton_is_ascend() -> bool:
     # triton-ascend installs as the `triton` package with its NPU backend under
     # triton/backends/ascend (older releases: triton/backends/huawei); stock Triton has neither.
-    return any(importlib.util.find_spec(f"triton.backends.{name}") is not None for name in ("ascend", "huawei"))
+    root = _triton_package_dir()
+    return root is not None and any(os.path.isdir(os.path.join(root, "backends", name))
+                                    for name in ("ascend", "huawei"))
+
+
+def _triton_version() -> str:
+    from importlib import metadata
+
+    for dist in ("triton", "triton-ascend"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 @lru_cache(maxsize=1)
@@ -42,9 +61,7 @@ def missing_reason() -> str | None:
     NPU are all present (checked once per process)."""
     missing = []
     if not _triton_is_ascend():
-        import triton
-
-        missing.append(f"triton-ascend is not installed (the `triton` package is stock Triton {triton.__version__})")
+        missing.append(f"triton-ascend is not installed (the `triton` package is stock Triton {_triton_version()})")
     home = os.environ.get("ASCEND_HOME_PATH", "")
     if not home or not os.path.isdir(home):
         missing.append("CANN not found ($ASCEND_HOME_PATH is not set to the toolkit: "
@@ -87,8 +104,10 @@ def vector_cores(index: int) -> int:
 
 def device_guard(device: torch.device):
     """Context making `device` current for a launch: NPUs here, CUDA (the cross-check) and CPU
-    as every kernel launch does (`kernels.launch.device_guard`)."""
+    as every kernel launch does (`_triton_common.launcher.device_guard`)."""
     if device.type == "npu":
         import_torch_npu()
         return torch.npu.device(device)
-    return launch.device_guard(device)
+    from .._triton_common.launcher import device_guard as launch_guard
+
+    return launch_guard(device)

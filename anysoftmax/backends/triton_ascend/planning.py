@@ -18,9 +18,9 @@ The NPU rules (triton-ascend's programming guide, shared/notes/ascend.md):
 
 from __future__ import annotations
 
-from triton import cdiv, next_power_of_2
 
-from ...kernels.launch import KernelPlan
+from ...core.layout import cdiv, next_power_of_2
+from .._triton_common.plan import KernelPlan, OnlinePlan, TilePlan
 from .settings import VECTOR_CORES, Settings
 
 MAX_PROGRAMS = 65535  # "coreDim ... can't be greater than UINT16_MAX"
@@ -80,7 +80,7 @@ def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes:
     if block_n <= tile_elems:
         # Several rows per step fill the tile, but never so many that some program gets no rows.
         block_m = min(tile_elems // block_n, floor_pow2(cdiv(n_rows, programs)))
-        return KernelPlan("tile", block_m, block_n, grid_size(programs, cdiv(n_rows, block_m)))
+        return TilePlan(block_m, block_n, grid_size(programs, cdiv(n_rows, block_m)))
     online_bytes = element_bytes(in_bytes, out_bytes, acc_bytes, s.online_acc_copies)
     sub_block = min(floor_pow2(budget // online_bytes), block_n)
     if sub_block < narrowest:
@@ -90,4 +90,4 @@ def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes:
             f"triton_ascend: ub_bytes={s.ub_bytes} from {s.source('ub_bytes')} leaves {budget} bytes per tile{halved}, "
             f"less than one {s.vector_bytes}-byte vector of {narrowest} elements at {online_bytes} bytes each; "
             f"allowed: ub_bytes >= {need}")
-    return KernelPlan("online", 1, sub_block, grid_size(programs, n_rows))
+    return OnlinePlan(1, sub_block, grid_size(programs, n_rows))

@@ -1,7 +1,7 @@
 """Settings of the `triton_ascend` backend: the tuning table, device profiles, environment.
 
-Values come from `configs/tuning/triton_ascend.yaml`; a device profile of
-`configs/devices/ascend.yaml` (named by `profile:` or $ANYSOFTMAX_ASCEND_PROFILE) replaces its
+Values come from `tuning.yaml` beside this file; a device profile of
+`profiles.yaml` beside it (named by `profile:` or $ANYSOFTMAX_ASCEND_PROFILE) replaces its
 `grid` and `ub_bytes`; `override(...)` (tests) replaces any value for a `with` block; the
 environment variables $ANYSOFTMAX_ASCEND_GRID and $ANYSOFTMAX_ASCEND_UB_BYTES win over all.
 Every value is checked when read, and an error names the setting, where its value came from
@@ -15,16 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-import yaml
 
-from ...config import Overrides, config_dir, is_int, load_tuning
+from ...config import Overrides, backend_data_path, is_int, load_tuning, read_yaml_mapping
 
 ENV_GRID = "ANYSOFTMAX_ASCEND_GRID"
 ENV_UB_BYTES = "ANYSOFTMAX_ASCEND_UB_BYTES"
 ENV_PROFILE = "ANYSOFTMAX_ASCEND_PROFILE"
 VECTOR_CORES = "vector_cores"  # grid value: one program per vector core
-TUNING = "configs/tuning/triton_ascend.yaml"
-DEVICES = "configs/devices/ascend.yaml"
+TUNING = "anysoftmax/backends/triton_ascend/tuning.yaml"
+DEVICES = "anysoftmax/backends/triton_ascend/profiles.yaml"
 
 
 @dataclass(frozen=True)
@@ -46,11 +45,9 @@ class Settings:
 
 @lru_cache(maxsize=None)
 def load_profiles() -> dict:
-    """Device profiles of `configs/devices/ascend.yaml`, by name (read once)."""
-    path = config_dir() / "devices" / "ascend.yaml"
-    with open(path) as f:
-        data = yaml.safe_load(f)
-    profiles = data.get("profiles") if isinstance(data, dict) else None
+    """Device profiles of `profiles.yaml`, by name (read once)."""
+    path = backend_data_path("triton_ascend", "profiles")
+    profiles = read_yaml_mapping(path).get("profiles")
     if not isinstance(profiles, dict):
         raise ValueError(f"{path}: expected a `profiles:` mapping of profile name -> settings")
     return {str(name): dict(p) for name, p in profiles.items()}

@@ -25,17 +25,16 @@ wave_lang lazily.
 import math
 from dataclasses import dataclass
 
+from ...config import load_tuning
 from .target import Target
 
 # Element types the kernel reads and writes (torch dtype names).
 DTYPES = ("float32", "float16", "bfloat16")
 
 MAX_THREADS_PER_BLOCK = 1024  # CUDA's limit and a HIP workgroup's
-# Columns each thread should hold: enough for wide loads, few enough to stay in registers.
-TARGET_ELEMS_PER_THREAD = 8
-# Beyond this a row would no longer be held by one workgroup without heavy register spills;
-# such rows would need a looped (online-softmax) kernel, which this backend does not have.
-MAX_ELEMS_PER_THREAD = 256
+# Elements per thread (target and limit): wave/tuning.yaml.
+TARGET_ELEMS_PER_THREAD = load_tuning("wave")["target_elems_per_thread"]
+MAX_ELEMS_PER_THREAD = load_tuning("wave")["max_elems_per_thread"]
 # CUDA's grid y limit (one workgroup per row along y); HIP's is no smaller.
 MAX_ROWS_PER_LAUNCH = 65535
 

@@ -1,8 +1,8 @@
 """The softmax benchmark: anysoftmax against torch, torch.compile, the seed, Liger and QuACK.
 
-    python -m benchmarks.softmax                 # forward, the full grid, every provider
-    python -m benchmarks.softmax --bwd           # backward
-    python -m benchmarks.softmax --quick         # a few shapes
+    python -m anysoftmax.bench.softmax                 # forward, the full grid, every provider
+    python -m anysoftmax.bench.softmax --bwd           # backward
+    python -m anysoftmax.bench.softmax --quick         # a few shapes
 
 One process per provider (a provider that crashes the CUDA context takes only itself down:
 its current shape is recorded as failed and it restarts on the next shape). Copy bandwidth is
@@ -41,7 +41,7 @@ def run_provider(provider: str, direction: str, cases: list, case_timeout: float
     restarts on the next case."""
     results, todo = [], list(cases)
     while todo:
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.worker"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "anysoftmax.bench.worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=Path(__file__).resolve().parent.parent)
         proc.stdin.write(json.dumps(dict(provider=provider, direction=direction, cases=todo)))
@@ -74,7 +74,7 @@ def gpu_dir_name(name: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.softmax", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.softmax", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bwd", action="store_true", help="benchmark the backward pass")
     p.add_argument("--quick", action="store_true", help="a few shapes only")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .softmax import (_exp, _finite_or_zero, _merge_chunk_stats, _normalise_chunk, _row_arrive, _row_depart,
+from .rows import (_exp, _finite_or_zero, _merge_chunk_stats, _normalise_chunk, _row_arrive, _row_depart,
                       _row_wait, _softmax_along)
 
 

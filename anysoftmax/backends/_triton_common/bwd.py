@@ -14,7 +14,7 @@ layout (the launcher makes them contiguous alike).
 import triton
 import triton.language as tl
 
-from .softmax import _row_arrive, _row_depart, _row_offsets, _row_wait
+from .rows import _row_arrive, _row_depart, _row_offsets, _row_wait
 
 
 @triton.jit

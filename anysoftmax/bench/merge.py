@@ -1,7 +1,7 @@
 """Fold a newer (partial) benchmark run into a results file: the providers the newer run
 measured replace their rows for the shapes it measured; everything else is kept.
 
-    python -m benchmarks.merge benchmarks/results/<gpu>/softmax_fwd.json NEW.json --part "what NEW is"
+    python -m anysoftmax.bench.merge benchmarks/results/<gpu>/softmax_fwd.json NEW.json --part "what NEW is"
 
 Each row keeps its `frac_of_copy` from its own run (against that run's copy bandwidth); the
 `runs` list records which parts came from which run and that run's copy bandwidth. JSON, CSV
@@ -36,7 +36,7 @@ def merge(old: dict, new: dict, part: str, drop: tuple = ()) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.merge", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.merge", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path)

@@ -1,6 +1,6 @@
 """Sweep the `triton` backend's tuning table on the GPU at hand, to fill configs/tuning/triton.yaml.
 
-    python -m benchmarks.tune_triton [--out DIR] [--groups small,tile,split,cols,warps] [--name NAME]
+    python -m anysoftmax.bench.tune_triton [--out DIR] [--groups small,tile,split,cols,warps] [--name NAME]
 
 For each shape and dtype, every candidate override of the table is checked against the
 reference and timed (do_bench median, inputs rotated); the best per shape is printed and all

@@ -1,0 +1,86 @@
+"""Whether Triton kernels run compiled or through Triton's CPU interpreter.
+
+Triton decides when a kernel is *defined* (decorated): with TRITON_INTERPRET=1 in the
+environment, `@triton.jit` makes an interpreted function. The decision is process-wide, so it
+is taken once, here, before anything imports the kernel modules (`rows.py`, `cols.py`,
+`bwd.py`, imported lazily by the plans): the CLI, the matrix workers and the tests call
+`use_interpreter_if_no_device()` instead of each deciding for themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+
+ENV = "TRITON_INTERPRET"
+KERNEL_MODULES = ("rows", "cols", "bwd")
+
+
+def kernels_imported() -> bool:
+    """True once Triton or any kernel module was imported: the interpreter choice is then fixed
+    (Triton's own library functions, such as `tl.cdiv`, are defined when `triton` is imported)."""
+    return "triton" in sys.modules or any(f"{__package__}.{m}" in sys.modules for m in KERNEL_MODULES)
+
+
+def has_triton_device() -> bool:
+    """A device the Triton kernels compile for is visible: a CUDA/ROCm GPU, or an Ascend NPU
+    stack (detected by `torch_npu` being installed, never by importing it: without CANN that
+    import breaks)."""
+    import torch
+
+    return torch.cuda.is_available() or importlib.util.find_spec("torch_npu") is not None
+
+
+def needs_interpreter() -> bool:
+    """True when the Triton kernels can run here only through the interpreter."""
+    return not has_triton_device()
+
+
+def use_interpreter_if_no_device() -> str | None:
+    """Set TRITON_INTERPRET=1 when no Triton device is visible and neither the user (the
+    variable is set) nor an earlier import (kernels already defined) decided; return a line
+    saying so, or None when nothing changed."""
+    if ENV in os.environ or kernels_imported() or not needs_interpreter():
+        return None
+    os.environ[ENV] = "1"
+    return ("no GPU or NPU visible: Triton kernels run on the CPU through the Triton interpreter "
+            f"({ENV}=1; set {ENV}=0 to keep it off)")
+
+
+def interpreting() -> bool:
+    """True when Triton runs the kernels through its CPU interpreter."""
+    from .rows import softmax_tile_kernel
+
+    return type(softmax_tile_kernel).__name__ == "InterpretedFunction"
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_problem() -> str | None:
+    """Why this machine's Triton interpreter cannot run the kernels, or None when it can.
+
+    Probed once by running the tile kernel on a tiny CPU tensor: some Triton/numpy pairs break
+    the interpreter's loops over program ids (Triton 3.6 with numpy >= 2.4: "only 0-dimensional
+    arrays can be converted to Python scalars"), and that must read as "unavailable, because",
+    not as a wrong or crashing backend.
+    """
+    import torch
+    import triton
+
+    from ...core.layout import RowLayout
+    from .launcher import bind
+    from .plan import TilePlan
+
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    y = torch.empty_like(x)
+    layout = RowLayout.from_strides((2, 3), (3, 1), (3, 1), 1)
+    try:
+        bind(TilePlan(1, 4, 1), layout, False, torch.float32)(x, y)
+    except Exception as exc:  # the interpreter's own failure, reported as the reason
+        import numpy
+        return (f"the Triton {triton.__version__} interpreter fails here with numpy {numpy.__version__} "
+                f"({type(exc).__name__}: {exc}); upgrade triton")
+    if not torch.allclose(y, torch.softmax(x, 1)):
+        return f"the Triton {triton.__version__} interpreter computes wrong results on this machine"
+    return None

@@ -1,0 +1,199 @@
+"""From a request to a launch: validation, backend selection and the one request memo.
+
+    api (public functions) ─┐
+    ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
+
+A request is (shape, strides, dtypes, device, dim, log, backend choice, 16-byte alignment). The
+first call of a request validates it (`core.spec.SoftmaxSpec`), selects a backend
+(`core.registry.select`) and asks it for a launcher bound to that request; the launcher is
+memoised, so a repeated request costs a key, a dict lookup and the launch itself: no
+validation, no selection and no environment read (`$ANYSOFTMAX_BACKEND` is read when a request
+is first seen; `refresh()` forgets every memo, e.g. after changing it).
+
+The built-in backends and those of the `anysoftmax.backends` entry-point group are loaded on
+first use of the registry, not at `import anysoftmax`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from .config import overrides_key
+from .core import registry
+from .core.cache import BoundedDict
+from .core.layout import new_output
+from .core.reference import backward_from_output
+from .core.spec import SoftmaxSpec
+
+log = logging.getLogger("anysoftmax")
+
+ENTRY_POINT_GROUP = "anysoftmax.backends"
+
+# Memoised requests -> bound launchers (forward: f(x) -> y; backward: f(y, grad) -> dx).
+_forward: BoundedDict = BoundedDict(maxsize=4096)
+_backward: BoundedDict = BoundedDict(maxsize=4096)
+# The registry generation the memos were filled under.
+_state = {"generation": -1}
+# Counters a CPU test reads to prove the hit path skips validation, selection and env reads.
+stats = {"validated": 0, "selected": 0, "env_reads": 0, "hits": 0}
+
+
+def load_plugins() -> None:
+    """Register the built-in backends, then every backend of the `anysoftmax.backends`
+    entry-point group (a callable returning a backend, or a backend object). A plugin that
+    fails to load is logged and skipped: it must not take the registry down."""
+    from . import backends  # noqa: F401  (registers the built-in backends)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            backend = obj() if callable(obj) and not isinstance(obj, registry.Backend) else obj
+            registry.register(backend)
+        except Exception as exc:  # a broken third-party package is reported, not fatal
+            log.warning("anysoftmax: backend entry point %r (%s) failed to load: %s: %s",
+                        ep.name, ep.value, type(exc).__name__, exc)
+
+
+registry.add_loader(load_plugins)
+
+
+def refresh() -> None:
+    """Forget every memoised request (they are re-validated and re-selected on their next
+    call) and re-read $ANYSOFTMAX_BACKEND."""
+    _forward.clear()
+    _backward.clear()
+    _state["generation"] = registry.generation()
+
+
+def _fresh() -> None:
+    # The registry changed (register/unregister): memoised selections are stale.
+    if _state["generation"] != registry.generation():
+        refresh()
+
+
+def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, SoftmaxSpec]:
+    """Validate a request and return (the input a backend receives, its spec).
+
+    When `dtype=` narrows, torch rounds the input to `dtype` first; that rounding is this one
+    host-side copy, and backends only ever see inputs no wider than their output.
+    """
+    stats["validated"] += 1
+    spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
+    if spec.needs_input_cast:
+        x = x.to(spec.out_dtype)
+        spec = replace(spec, in_dtype=x.dtype, strides=tuple(x.stride()))
+    return x, spec
+
+
+def select(spec: SoftmaxSpec, backend: str | None):
+    """The backend for `spec` (explicit name, then $ANYSOFTMAX_BACKEND, then automatic)."""
+    stats["selected"] += 1
+    stats["env_reads"] += 1  # registry.select reads $ANYSOFTMAX_BACKEND
+    return registry.select(spec, backend)
+
+
+def _forward_launcher(chosen, x: torch.Tensor, spec: SoftmaxSpec):
+    make = getattr(chosen, "launcher", None)
+    if make is not None:
+        return make(x, spec)
+    run = chosen.run
+    return lambda t: run(t, spec)
+
+
+def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
+    """Softmax (log_softmax) of `x` along `dim` without autograd: the operators' implementation
+    and the eager inference path."""
+    if type(x) is torch.Tensor and type(dim) is int:
+        key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, backend, log, x.data_ptr() & 15,
+               registry.generation(), overrides_key())
+        hit = _forward.get(key)
+        if hit is not None:
+            stats["hits"] += 1
+            return hit(x)
+    else:
+        key = None
+    _fresh()
+    prepared, spec = prepare(x, dim, dtype, log)
+    chosen = select(spec, backend)
+    if spec.numel == 0:
+        return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
+    launcher = _forward_launcher(chosen, prepared, spec)
+    if key is not None and prepared is x:  # (a narrowing dtype= converts x on every call)
+        _forward.put(key, launcher)
+    return launcher(prepared)
+
+
+def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
+    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec."""
+    spec = SoftmaxSpec.from_tensor(y, dim, log=log)
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.shape != y.shape:
+        raise ValueError(f"softmax_backward: grad shape {tuple(grad.shape)} must equal the output's shape "
+                         f"{tuple(y.shape)}")
+    if grad.device != y.device:
+        raise ValueError(f"softmax_backward: grad is on {grad.device} but the output is on {y.device}; "
+                         f"both must be on one device")
+    if not grad.dtype.is_floating_point:
+        raise TypeError(f"softmax_backward: grad dtype {grad.dtype} is not floating")
+    return spec
+
+
+def _backward_launcher(chosen, y: torch.Tensor, spec: SoftmaxSpec):
+    make = getattr(chosen, "backward_launcher", None)
+    if make is not None:
+        return make(y, spec)
+    run_backward = getattr(chosen, "run_backward", None)
+    if run_backward is not None:
+        return lambda y_, g: run_backward(y_, g, spec)
+    # Torch's formula, accumulated in fp32 (fp64 for fp64) like the forward.
+    dim = spec.dim if len(spec.shape) else 0
+    return lambda y_, g: backward_from_output(y_, g, dim, spec.log, spec.acc_dtype).to(y_.dtype)
+
+
+def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
+             backend: str | None = None) -> torch.Tensor:
+    """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, from the forward
+    output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`
+    (log: grad - exp(y) * sum(grad)), in y's dtype."""
+    if type(y) is torch.Tensor and type(grad) is torch.Tensor and type(dim) is int:
+        key = (y.shape, y.stride(), y.dtype, y.device, dim, log, backend, y.data_ptr() & 15,
+               grad.shape, grad.stride(), grad.dtype, grad.device, registry.generation(), overrides_key())
+        hit = _backward.get(key)
+        if hit is not None:
+            stats["hits"] += 1
+            return hit(y, grad)
+    else:
+        key = None
+    _fresh()
+    stats["validated"] += 1
+    spec = check_backward_args(y, grad, dim, log)
+    chosen = select(spec, backend)
+    if spec.numel == 0:
+        return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
+    spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
+    launcher = _backward_launcher(chosen, y, spec)
+    if key is not None:
+        _backward.put(key, launcher)
+    return launcher(y, grad)
+
+
+def use_interpreter_if_needed() -> str | None:
+    """Ask the registered backends whether Triton must run through its CPU interpreter here
+    (every backend that runs Triton kernels says `needs_interpreter()`: no device of its own),
+    and if so set TRITON_INTERPRET=1 before any kernel is defined, unless the user set it.
+    Returns a line saying what was done, or None. Importing backends defines no kernel."""
+    triton_family = [b for b in registry.registered().values() if hasattr(b, "needs_interpreter")]
+    if not triton_family or not all(b.needs_interpreter() for b in triton_family):
+        return None
+    from .backends._triton_common.interpreter import use_interpreter_if_no_device
+
+    return use_interpreter_if_no_device()
+
+
+__all__ = ["backward", "check_backward_args", "forward", "load_plugins", "new_output", "prepare", "refresh",
+           "select", "stats", "use_interpreter_if_needed"]

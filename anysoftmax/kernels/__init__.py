@@ -1,1 +1,0 @@
-"""Kernels shared by several backends (one algorithm, several launchers)."""

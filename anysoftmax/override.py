@@ -1,0 +1,170 @@
+"""Opt-in: serve an unmodified model's softmax calls with anysoftmax (FlagGems-style).
+
+    anysoftmax.enable()                 # until anysoftmax.disable()
+    with anysoftmax.use(backend="triton"):
+        model(x).sum().backward()
+
+While on, aten's `_softmax`, `_log_softmax`, `_softmax_backward_data` and
+`_log_softmax_backward_data` are registered with `torch.library` for the dispatch keys of the
+devices the chosen backend(s) serve, so `torch.softmax`, `torch.log_softmax`,
+`F.softmax/log_softmax`, `Tensor.softmax`, `nn.Softmax/LogSoftmax`, attention's math path and
+their autograd backward (torch's own autograd formula calls the backward ops) all run through
+anysoftmax. Tensors on other devices never reach it. `disable()` / leaving the block removes
+the registrations and torch is exactly as before.
+
+Devices served: with `backend=None`, those of the available non-fallback backends (CUDA/ROCm
+with `triton`, Ascend with `triton_ascend`, ...); with a named backend, the device types it
+declares (pass `devices=` to choose, e.g. `("cpu",)` for a CPU test backend).
+
+No recursion: while anysoftmax itself runs (in this thread), a softmax that reaches these
+registrations again — the `torch` fallback backend, or a backend that calls torch — is computed
+by torch's own decomposition of the op (`torch._decomp`), never by anysoftmax again. A request
+the chosen backend does not support is served the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+
+import torch
+
+from . import dispatch
+from .core import registry
+from .core.errors import UnsupportedRequestError
+
+log = logging.getLogger("anysoftmax")
+
+DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1", "xpu": "XPU"}
+OPS = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data")
+
+_state_lock = threading.Lock()
+_active: dict = {}  # "lib", "backend", "devices", "depth" while enabled
+_inside = threading.local()  # set while anysoftmax serves a call in this thread
+calls = {"forward": 0, "backward": 0, "fallback": 0}  # served calls (tests read them)
+
+
+def _decomposed(name: str):
+    from torch._decomp import decompositions
+
+    return getattr(decompositions, name)
+
+
+@contextlib.contextmanager
+def _serving():
+    _inside.on = True
+    try:
+        yield
+    finally:
+        _inside.on = False
+
+
+def _forward_impl(log_form: bool):
+    name = "_log_softmax" if log_form else "_softmax"
+
+    def impl(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+        if getattr(_inside, "on", False):
+            calls["fallback"] += 1
+            return _decomposed(name)(x, dim, half_to_float)
+        out_dtype = torch.float32 if half_to_float else None
+        with _serving():
+            try:
+                y = dispatch.forward(x, dim, out_dtype, _active.get("backend"), log_form)
+            except UnsupportedRequestError as exc:
+                log.debug("anysoftmax override: %s served by torch: %s", name, exc)
+                calls["fallback"] += 1
+                return _decomposed(name)(x, dim, half_to_float)
+        calls["forward"] += 1
+        return y
+
+    return impl
+
+
+def _backward_impl(log_form: bool):
+    name = "_log_softmax_backward_data" if log_form else "_softmax_backward_data"
+
+    def impl(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
+        if getattr(_inside, "on", False):
+            calls["fallback"] += 1
+            return _decomposed(name)(grad, output, dim, input_dtype)
+        with _serving():
+            try:
+                dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
+            except UnsupportedRequestError as exc:
+                log.debug("anysoftmax override: %s served by torch: %s", name, exc)
+                calls["fallback"] += 1
+                return _decomposed(name)(grad, output, dim, input_dtype)
+        calls["backward"] += 1
+        return dx if dx.dtype == input_dtype else dx.to(input_dtype)
+
+    return impl
+
+
+def served_devices(backend: str | None) -> tuple[str, ...]:
+    """Device types the override routes to anysoftmax for `backend` (see the module doc)."""
+    if backend is not None:
+        chosen = registry.get_backend(backend)
+        devices = tuple(chosen.devices)
+        return ("cpu", "cuda") if "*" in devices else devices
+    found = []
+    for status in registry.list_backends():
+        if status.available and "*" not in status.devices:
+            found += [d for d in status.devices if d not in found]
+    return tuple(found)
+
+
+def enable(backend: str | None = None, devices: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """Route torch's softmax ops on the served devices through anysoftmax (see the module doc);
+    returns the device types served. Calling it again while on replaces the choice."""
+    if backend is not None:
+        registry.get_backend(backend)  # an unknown name fails here, not inside a model
+    devices = tuple(devices) if devices is not None else served_devices(backend)
+    unknown = [d for d in devices if d not in DISPATCH_KEYS]
+    if unknown:
+        raise ValueError(f"anysoftmax.enable: device type(s) {unknown} cannot be overridden; "
+                         f"allowed: {', '.join(DISPATCH_KEYS)}")
+    with _state_lock:
+        _disable_locked()
+        lib = torch.library.Library("aten", "IMPL")
+        for device in devices:
+            key = DISPATCH_KEYS[device]
+            lib.impl("_softmax", _forward_impl(False), key)
+            lib.impl("_log_softmax", _forward_impl(True), key)
+            lib.impl("_softmax_backward_data", _backward_impl(False), key)
+            lib.impl("_log_softmax_backward_data", _backward_impl(True), key)
+        _active.update(lib=lib, backend=backend, devices=devices)
+    return devices
+
+
+def _disable_locked() -> None:
+    lib = _active.pop("lib", None)
+    if lib is not None:
+        lib._destroy()  # torch's own kernels are current again
+    _active.clear()
+
+
+def disable() -> None:
+    """Undo `enable()`: torch's own softmax kernels serve every call again."""
+    with _state_lock:
+        _disable_locked()
+
+
+def enabled() -> tuple[str, ...]:
+    """The device types served now (empty when the override is off)."""
+    return tuple(_active.get("devices", ()))
+
+
+@contextlib.contextmanager
+def use(backend: str | None = None, devices: tuple[str, ...] | None = None):
+    """`enable(backend, devices)` for the duration of a `with` block; the state before the
+    block (off, or another choice) is restored after it."""
+    before = dict(_active)
+    enable(backend, devices)
+    try:
+        yield enabled()
+    finally:
+        if before.get("lib") is not None:
+            enable(before.get("backend"), before.get("devices"))
+        else:
+            disable()

@@ -1,0 +1,166 @@
+"""One direction through the code: api -> dispatch -> registry -> backend (plans) -> launcher ->
+kernel. Checked on the source (the import graph) and in fresh interpreters (what importing a
+module really pulls in), so a shortcut back up a layer or an import circle fails here."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import anysoftmax
+from anysoftmax import dispatch
+
+PKG = Path(anysoftmax.__file__).resolve().parent
+ROOT = PKG.parent
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = sorted(module_name(p) for p in PKG.rglob("*.py") if p.name != "__main__.py")
+
+
+def imports_of(name: str, top_level_only: bool) -> set[str]:
+    """anysoftmax modules `name` imports (relative imports resolved); with `top_level_only`,
+    only those run at import time (not inside functions)."""
+    path = ROOT / (name.replace(".", "/") + ("/__init__.py" if (ROOT / name.replace(".", "/")).is_dir() else ".py"))
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.startswith("anysoftmax"):
+                found.add(mod)
+                for alias in node.names:  # `from . import ops` imports a module
+                    if f"{mod}.{alias.name}" in MODULES:
+                        found.add(f"{mod}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("anysoftmax")}
+    return {m for m in found if m in MODULES and m != name}
+
+
+def test_no_import_circle_at_import_time():
+    graph = {m: imports_of(m, top_level_only=True) for m in MODULES}
+
+    def parents(m):  # importing a.b.c runs a/__init__ and a/b/__init__ first
+        parts = m.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))} & set(MODULES)
+
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph[m] - parents(m)):
+            if state.get(n) == "open":
+                cycle = stack[stack.index(n):] + [n]
+                if not all(c == n or c in parents(n) or n in parents(c) for c in cycle):
+                    pytest.fail("import circle: " + " -> ".join(cycle))
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = "done"
+
+    for m in MODULES:
+        if m not in state:
+            visit(m)
+
+
+# (importer prefix, imported prefix) pairs that would point a layer back up.
+FORBIDDEN = [
+    ("anysoftmax.core", "anysoftmax.backends"), ("anysoftmax.core", "anysoftmax.dispatch"),
+    ("anysoftmax.core", "anysoftmax.api"), ("anysoftmax.core", "anysoftmax.matrix"),
+    ("anysoftmax.backends._triton_common", "anysoftmax.backends.triton."),
+    ("anysoftmax.backends._triton_common", "anysoftmax.backends.triton_ascend"),
+    ("anysoftmax.backends", "anysoftmax.dispatch"), ("anysoftmax.backends", "anysoftmax.api"),
+    ("anysoftmax.backends", "anysoftmax.ops"), ("anysoftmax.backends", "anysoftmax.cli"),
+    ("anysoftmax.backends", "anysoftmax.matrix"), ("anysoftmax.backends", "anysoftmax.override"),
+    ("anysoftmax.dispatch", "anysoftmax.api"), ("anysoftmax.dispatch", "anysoftmax.ops"),
+    ("anysoftmax.cli", "anysoftmax.backends"),
+]
+
+
+def test_layers_point_one_way():
+    bad = []
+    for m in MODULES:
+        for n in imports_of(m, top_level_only=False):
+            for importer, imported in FORBIDDEN:
+                if m.startswith(importer) and (n + ".").startswith(imported.rstrip(".") + (
+                        "." if imported.endswith(".") else "")) and not n.startswith(importer):
+                    bad.append(f"{m} imports {n}")
+    assert not bad, "imports against the layering:\n" + "\n".join(sorted(set(bad)))
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_import_anysoftmax_loads_no_backend():
+    res = _fresh("import sys, anysoftmax; "
+                 "print(sorted(m for m in sys.modules if m.startswith(('anysoftmax.backends', 'triton'))))")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", f"import anysoftmax pulled in: {res.stdout}"
+
+
+def test_every_module_imports_alone():
+    def one(m):
+        return m, _fresh(f"import {m}")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(one, MODULES))
+    failed = [f"{m}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+              for m, r in results if r.returncode != 0]
+    assert not failed, "modules that fail to import alone:\n" + "\n".join(failed)
+
+
+def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
+    """A repeated request is a key, a lookup and the launch: counted, so the fast path cannot
+    silently regress (issue: per-call cost)."""
+    import torch
+
+    x = torch.randn(8, 33)
+    for log in (False, True):
+        anysoftmax.log_softmax(x, 1) if log else anysoftmax.softmax(x, 1)  # first call: validated, selected
+    y = anysoftmax.softmax(x, 1)
+    g = torch.randn_like(y)
+    anysoftmax.softmax_backward(y, g, 1)
+    reads = []
+    real_get = os.environ.get
+
+    def counting_get(key, default=None):
+        reads.append(key)
+        return real_get(key, default)
+
+    before = dict(dispatch.stats)
+    monkeypatch.setattr(os.environ, "get", counting_get)
+    for _ in range(50):
+        anysoftmax.softmax(x, 1)
+        anysoftmax.log_softmax(x, 1)
+        anysoftmax.softmax_backward(y, g, 1)
+    monkeypatch.undo()
+    after = dict(dispatch.stats)
+    assert after["validated"] == before["validated"], "the hit path validated a request again"
+    assert after["selected"] == before["selected"], "the hit path selected a backend again"
+    assert after["env_reads"] == before["env_reads"]
+    assert after["hits"] - before["hits"] == 150
+    assert reads == [], f"the hit path read the environment: {sorted(set(reads))}"

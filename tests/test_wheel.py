@@ -1,0 +1,101 @@
+"""The installed wheel, used as a new user would: built from the checkout, installed (not
+editable) into a fresh virtual environment, and run from a directory outside the repository.
+
+A clone-only test once hid a package that could not run (its YAML files were not in the wheel):
+this test imports nothing from the checkout. It takes a minute or two (a venv with CPU torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TORCH_PIN = "torch==2.13.0"  # the CPU wheel this machine holds (README: an unpinned torch pulls CUDA)
+
+
+def _run(cmd, cwd, env=None, timeout=900):
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode in (0,), f"{cmd} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(python, bin dir, a working directory outside the repository) of a fresh venv holding
+    the wheel built from this checkout."""
+    base = tmp_path_factory.mktemp("wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(base / "dist"), str(REPO)], cwd=base)
+    wheels = list((base / "dist").glob("anysoftmax-*.whl"))
+    assert len(wheels) == 1, wheels
+    venv = base / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=base)
+    py = venv / "bin" / "python"
+    _run([str(py), "-m", "pip", "install", "-q", TORCH_PIN], cwd=base)
+    _run([str(py), "-m", "pip", "install", "-q", str(wheels[0])], cwd=base)
+    outside = base / "elsewhere"
+    outside.mkdir()
+    return py, venv / "bin", outside, wheels[0]
+
+
+def _env(extra=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET", "ANYSOFTMAX_CONFIG_DIR")}
+    env.update(extra or {})
+    return env
+
+
+def test_wheel_contents(installed):
+    *_, wheel = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("anysoftmax/configs/default.yaml", "anysoftmax/configs/h100.yaml",
+                   "anysoftmax/backends/triton/tuning.yaml", "anysoftmax/backends/triton_ascend/tuning.yaml",
+                   "anysoftmax/backends/triton_ascend/profiles.yaml", "anysoftmax/backends/wave/tuning.yaml",
+                   "anysoftmax/py.typed", "anysoftmax/bench/softmax.py"):
+        assert needed in names, f"{needed} missing from {wheel.name}"
+    assert any(n.endswith("licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
+    meta = next(n for n in names if n.endswith("METADATA"))
+    text = zipfile.ZipFile(wheel).read(meta).decode()
+    assert "License-Expression: Apache-2.0" in text
+    assert "matplotlib" not in [line.split()[1].split(">")[0] for line in text.splitlines()
+                                if line.startswith("Requires-Dist:") and "extra ==" not in line]
+
+
+def test_installed_package_runs_from_outside(installed):
+    py, bindir, outside, _ = installed
+    probe = ("import anysoftmax, sys; print(anysoftmax.__file__); "
+             "print([m for m in sys.modules if m.startswith('anysoftmax.backends')])")
+    out = _run([str(py), "-c", probe], cwd=outside, env=_env()).stdout.splitlines()
+    assert "site-packages" in out[0] and str(REPO) not in out[0]
+    assert out[1] == "[]", f"import anysoftmax loaded backends: {out[1]}"
+    code = """
+import torch, anysoftmax
+x = torch.randn(37, 300)
+for b in ("triton", "triton_ascend"):
+    y = anysoftmax.softmax(x, 1, backend=b)
+    assert (y - torch.softmax(x, 1)).abs().max() < 1e-6, b
+print("ok", anysoftmax.__version__)
+"""
+    res = _run([str(py), "-c", code], cwd=outside, env=_env({"TRITON_INTERPRET": "1"}))
+    assert res.stdout.startswith("ok ")
+
+
+def test_installed_cli(installed):
+    py, bindir, outside, _ = installed
+    cli = str(bindir / "anysoftmax")
+    backends = json.loads(_run([cli, "backends", "--json"], cwd=outside, env=_env()).stdout)
+    assert {b["name"] for b in backends["backends"]} >= {"torch", "triton", "triton_ascend", "wave"}
+    help_text = _run([cli, "bench", "--help"], cwd=outside, env=_env()).stdout
+    assert "--latency" in help_text or "usage" in help_text
+    res = _run([cli, "matrix", "--no-progress", "--json", "--out", str(outside / "report")], cwd=outside,
+               env=_env(), timeout=1200)
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["counts"]["passed"] > 0 and summary["counts"]["failed"] == 0, summary["counts"]
+    assert (outside / "report" / "report.json").is_file()
+    bad = subprocess.run([cli, "matrix", str(outside)], cwd=outside, env=_env(), capture_output=True, text=True)
+    assert bad.returncode == 2 and "is a directory" in bad.stderr
