@@ -126,9 +126,16 @@ def cmd_matrix(args) -> int:
         return EXIT_OK
     console.print(f"anysoftmax matrix {path} ({config.name})")
     on_start, on_result, stop = _progress(console, not args.no_progress)
+    ray = args.ray if args.ray is not None else config.ray
     try:
-        run = run_matrix(config, entries=entries, workers=args.workers, cell_timeout=args.cell_timeout,
-                         on_start=on_start, on_result=on_result)
+        if ray and ray != "off":  # imports Ray only here: local runs never do
+            from .matrix.ray_runner import run_matrix_ray
+            console.print(f"on Ray ({ray})", style="dim")
+            run = run_matrix_ray(config, ray, entries=entries, workers=args.workers, cell_timeout=args.cell_timeout,
+                                 on_start=on_start, on_result=on_result)
+        else:
+            run = run_matrix(config, entries=entries, workers=args.workers, cell_timeout=args.cell_timeout,
+                             on_start=on_start, on_result=on_result)
     finally:
         stop()
     out = Path(args.out) if args.out else Path("out") / "matrix" / config.name
@@ -142,7 +149,9 @@ def cmd_matrix(args) -> int:
     missing = [name for name, info in run.devices.items() if info["reason"]]
     if args.require_device and missing:
         console.print(f"--require-device: no device for {', '.join(missing)}", style="bold red")
-    bad = (failed(run) or (args.strict and run.counts()["skipped"] > 0)
+    if run.interrupted:
+        console.print(f"partial report: {run.interrupted}", style="bold red")
+    bad = (run.interrupted or failed(run) or (args.strict and run.counts()["skipped"] > 0)
            or (args.require_device and missing))
     return EXIT_FAILED if bad else EXIT_OK
 
@@ -215,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "worker per GPU")
     m.add_argument("--cell-timeout", type=float, default=900.0, metavar="S",
                    help="kill a worker whose cell runs longer than S seconds (default 900)")
+    m.add_argument("--ray", nargs="?", const="auto", metavar="auto|local|ADDRESS",
+                   help="run on a Ray cluster (needs anysoftmax[ray]): 'auto' joins the running one or starts one "
+                        "on 127.0.0.1, 'local' always starts one, ADDRESS joins host:port; 'off' runs locally even "
+                        "when the config says `ray:`")
     m.add_argument("--details", action="store_true", help="print every cell, however many")
     m.add_argument("--no-progress", action="store_true", help="no progress bar")
     m.add_argument("--strict", action="store_true", help="exit status 1 when any cell was skipped, too")

@@ -46,6 +46,8 @@ class Result:
     status: str
     reason: str = ""
     ran_on: str = ""  # concrete device, e.g. "cuda:1"
+    host: str = ""  # hostname of the machine that ran it
+    node: str = ""  # Ray node id when run on Ray ("" for local workers)
     device_name: str = ""
     max_abs_err: float | None = None
     err_ratio: float | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import platform
 import time
 import traceback
 import warnings
@@ -76,7 +77,7 @@ def run_cell(cell: Cell, device: str) -> Result:
     """Run `cell` on the concrete `device`; every exception becomes a failed result with its
     text, an unavailable backend or unsupported request a skipped one with the reason."""
     start = time.perf_counter()
-    res = Result(cell, PASSED, ran_on=device)
+    res = Result(cell, PASSED, ran_on=device, host=platform.node())
     try:
         if device not in _names:
             _names[device] = device_name(device)

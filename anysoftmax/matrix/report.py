@@ -149,7 +149,8 @@ def summary_json(run: MatrixRun) -> dict:
 def to_json(run: MatrixRun) -> dict:
     return dict(name=run.name, path=run.path, description=run.description, started=run.started,
                 seconds=run.seconds, counts=run.counts(), environment=run.environment, devices=run.devices,
-                copy_gbps=run.copy_gbps, summary=summarize(run), cells=[r.as_row() for r in run.results])
+                copy_gbps=run.copy_gbps, interrupted=run.interrupted, summary=summarize(run),
+                cells=[r.as_row() for r in run.results])
 
 
 def load_report(path: str | Path) -> MatrixRun:
@@ -157,7 +158,7 @@ def load_report(path: str | Path) -> MatrixRun:
     data = json.loads(Path(path).read_text())
     return MatrixRun(data["name"], data["path"], data.get("description", ""), data["environment"], data["devices"],
                      [Result.from_row(row) for row in data["cells"]], data.get("started", ""),
-                     data.get("seconds", 0.0), data.get("copy_gbps", {}))
+                     data.get("seconds", 0.0), data.get("copy_gbps", {}), data.get("interrupted", ""))
 
 
 def merge(runs: list[MatrixRun], name: str | None = None) -> MatrixRun:
@@ -194,6 +195,8 @@ def markdown(run: MatrixRun, plots: list[str]) -> str:
     out = [f"# anysoftmax matrix: {run.name}", ""]
     if run.description:
         out += [run.description.strip(), ""]
+    if run.interrupted:
+        out += [f"**Partial report: {run.interrupted}.**", ""]
     out += [f"**{_counts_line(run)}** of {len(run.results)} cells — `{run.path}`, started {run.started}, "
             f"{run.seconds:.1f} s; {versions}.", "",
             "A cell passes when its output (forward) or input gradient (backward) matches the float64 "

@@ -29,6 +29,7 @@ class MatrixRun:
     started: str = ""
     seconds: float = 0.0
     copy_gbps: dict = field(default_factory=dict)  # concrete device -> GB/s
+    interrupted: str = ""  # why the run stopped early (Ctrl-C, lost Ray head); "" = ran to the end
 
     def counts(self) -> dict[str, int]:
         out = {PASSED: 0, FAILED: 0, SKIPPED: 0}

@@ -22,21 +22,22 @@ Triton tutorial's N = 128·i for i = 2..99.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from ..config import is_int
 from ..core.spec import DTYPE_NAMES, dtype_name, parse_dtype
+from .resources import check_labels, check_resources
 
 OPS = ("softmax", "log_softmax")
 DIRECTIONS = ("forward", "backward")
 CHECKS = ("conformance", "benchmark")
 DEVICE_TYPES = ("cpu", "cuda", "npu")
 AXIS_KEYS = ("backends", "shapes", "dtypes", "dims", "ops", "directions", "checks", "benchmark")
-TOP_KEYS = ("name", "description", "seed", "plugins", "devices") + AXIS_KEYS
-ENTRY_KEYS = ("name", "device", "match", "properties") + AXIS_KEYS
+TOP_KEYS = ("name", "description", "seed", "plugins", "ray", "devices") + AXIS_KEYS
+ENTRY_KEYS = ("name", "device", "match", "properties", "resources", "labels") + AXIS_KEYS
 BENCH_KEYS = ("warmup_ms", "rep_ms", "cpu")
 RANGE_KEYS = ("start", "stop", "step", "mul")
 MAX_SWEEP = 10_000  # values in one range: more is almost surely a typo (step 1 for 128)
@@ -85,6 +86,9 @@ class DeviceEntry:
     directions: tuple[str, ...]
     checks: tuple[str, ...]
     benchmark: BenchSettings
+    # Ray only (`--ray`): extra resources / node labels the entry's worker needs (pins hosts).
+    resources: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class MatrixConfig:
     plugins: tuple[str, ...]
     devices: tuple[DeviceEntry, ...]
     description: str = ""
+    ray: str | None = None  # where to run: None (local workers), "auto" or a Ray address
 
 
 def _is_number(v) -> bool:
@@ -307,6 +312,8 @@ def _entry(c: _Checker, i: int, raw, top: dict, backend_names: tuple[str, ...], 
             isinstance(k, str) and (isinstance(v, (str, bool)) or _is_number(v)) for k, v in props.items()):
         c.error(f"{at}.properties", "expected a mapping of names to numbers, strings or booleans")
         props = {}
+    resources = check_resources(c, f"{at}.resources", raw.get("resources", {}))
+    labels = check_labels(c, f"{at}.labels", raw.get("labels", {}))
 
     def axis(key):
         # The entry's own value wins, then the top level, then the default.
@@ -334,7 +341,7 @@ def _entry(c: _Checker, i: int, raw, top: dict, backend_names: tuple[str, ...], 
         shapes=_shapes(c, s_at, shapes, dims_t, dims_at) if shapes is not None else (),
         dtypes=c.choices(d_at, dtypes, tuple(DTYPE_NAMES), lambda s: dtype_name(parse_dtype(s))),
         ops=c.choices(o_at, ops, OPS), directions=c.choices(r_at, directions, DIRECTIONS),
-        checks=checks_t, benchmark=_bench(c, bench_at, bench),
+        checks=checks_t, benchmark=_bench(c, bench_at, bench), resources=resources, labels=labels,
     )
 
 
@@ -374,6 +381,10 @@ def validate(data, path: str = "<config>", backend_names: tuple[str, ...] | None
     if not isinstance(name, str) or not name or "/" in name:
         c.error("name", f"expected a non-empty name without '/', got {name!r}")
         name = Path(path).stem
+    ray = data.get("ray")
+    if ray is not None and (not isinstance(ray, str) or not ray):
+        c.error("ray", f"expected 'auto', 'local' or a Ray address such as '10.0.0.1:6379', got {ray!r}")
+        ray = None
     devices = data.get("devices")
     entries: list[DeviceEntry] = []
     if not isinstance(devices, list) or not devices:
@@ -387,7 +398,7 @@ def validate(data, path: str = "<config>", backend_names: tuple[str, ...] | None
     if c.errors:  # top-level values are checked once per entry that inherits them: report once
         raise ConfigError(list(dict.fromkeys(c.errors)))
     return MatrixConfig(name=name, path=path, seed=seed, plugins=tuple(plugins), devices=tuple(entries),
-                        description=str(data.get("description", "")))
+                        description=str(data.get("description", "")), ray=ray)
 
 
 def load_config(path: str | Path, backend_names: tuple[str, ...] | None = None) -> MatrixConfig:

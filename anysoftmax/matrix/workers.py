@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import queue as queue_mod
 import time
 from dataclasses import dataclass, field, replace
@@ -131,7 +132,7 @@ def run_workers(assignments: list[Assignment], on_result: Callable[[Result], Non
         w.current, w.progressed = None, False
 
     def fail(w: _Worker, index: int, reason: str) -> None:
-        on_result(Result(w.remaining.pop(index), FAILED, reason=reason, ran_on=w.a.device))
+        on_result(Result(w.remaining.pop(index), FAILED, reason=reason, ran_on=w.a.device, host=platform.node()))
 
     def handle(msg) -> None:
         kind, slot, payload = msg
