@@ -75,60 +75,69 @@ def cluster_softmax_kernel(
     C: gl.constexpr, CHUNK: gl.constexpr, SUB: gl.constexpr, RESIDENT: gl.constexpr,
     layout: gl.constexpr,
 ):
-    rank = _cluster_rank()
+    """`layout`: a 2-D [C, width] layout whose CGA bases put tensor row i on CTA i of the
+    cluster, so the reductions along axis 1 stay inside each CTA and nothing is replicated
+    across CTAs (Triton stores replicated data from CTA 0 only)."""
     cid = _cluster_id()
     ncl = _num_clusters()
-    g_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0], layout.cga_layout)
-    g = gl.arange(0, C, layout=g_layout)
-    lo = rank.to(gl.int64) * chunk_len
+    chunk_ids = gl.arange(0, C, layout=gl.SliceLayout(1, layout))[:, None]  # this CTA's row of the tile
+    lo = chunk_ids.to(gl.int64) * chunk_len
     hi = gl.minimum(lo + chunk_len, n_cols)
+    g = gl.arange(0, C, layout=gl.SliceLayout(0, layout))[None, :]
     for row in range(cid, n_rows, ncl):
         x_row = x_ptr + row.to(gl.int64) * n_cols
         y_row = y_ptr + row.to(gl.int64) * n_cols
         st_row = st_ptr + row.to(gl.int64) * (2 * C)
         if RESIDENT:
-            cols = lo + gl.arange(0, CHUNK, layout=layout)
+            cols = lo + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, layout))[None, :]
             x = gl.load(x_row + cols, mask=cols < hi, other=float("-inf")).to(gl.float32)
-            m_raw = gl.max(x, axis=0)
+            m_raw = gl.max(x, axis=1)
             m_loc = _finite(m_raw)
-            e = gl.exp2((x - m_loc) * 1.4426950408889634)
-            s_loc = gl.sum(e, axis=0)
+            e = gl.exp2((x - m_loc[:, None]) * 1.4426950408889634)
+            s_loc = gl.sum(e, axis=1)
         else:
-            m = gl.full([SUB], float("-inf"), gl.float32, layout)
-            s = gl.full([SUB], 0.0, gl.float32, layout)
-            for start in range(lo, hi, SUB):
-                cols = start + gl.arange(0, SUB, layout=layout)
+            m = gl.full([C, SUB], float("-inf"), gl.float32, layout)
+            s = gl.full([C, SUB], 0.0, gl.float32, layout)
+            for start in range(0, chunk_len, SUB):
+                cols = lo + start + gl.arange(0, SUB, layout=gl.SliceLayout(0, layout))[None, :]
                 xs = gl.load(x_row + cols, mask=cols < hi, other=float("-inf")).to(gl.float32)
                 m_new = gl.maximum(m, xs)
                 m_sub = _finite(m_new)
                 s = s * gl.exp2((m - m_sub) * 1.4426950408889634) + gl.exp2((xs - m_sub) * 1.4426950408889634)
                 m = m_new
-            m_raw = gl.max(m, axis=0)
+            m_raw = gl.max(m, axis=1)
             m_loc = _finite(m_raw)
-            s_loc = gl.sum(s * gl.exp2((m - m_loc) * 1.4426950408889634), axis=0)
-        # Publish (max, sum) of this chunk; one lane's store is enough but all store the same.
-        gl.store(st_row + 2 * rank, m_raw)
-        gl.store(st_row + 2 * rank + 1, s_loc)
-        _cluster_barrier(rank)
-        ms = gl.load(st_row + 2 * g, cache_modifier=".cg")
-        ss = gl.load(st_row + 2 * g + 1, cache_modifier=".cg")
-        m_all = _finite(gl.max(ms, axis=0))
-        total = gl.sum(gl.where(ms == float("-inf"), 0.0, ss * gl.exp2((ms - m_all) * 1.4426950408889634)), axis=0)
+            s_loc = gl.sum(s * gl.exp2((m - m_loc[:, None]) * 1.4426950408889634), axis=1)
+        # Publish this chunk's (max, sum); every CTA then reads all C pairs of the row.
+        gl.store(st_row + 2 * chunk_ids, m_raw[:, None])
+        gl.store(st_row + 2 * chunk_ids + 1, s_loc[:, None])
+        _cluster_barrier(cid)
+        ms = gl.load(st_row + 2 * g + 0 * chunk_ids, cache_modifier=".cg")
+        ss = gl.load(st_row + 2 * g + 1 + 0 * chunk_ids, cache_modifier=".cg")
+        m_all = _finite(gl.max(ms, axis=1))
+        total = gl.sum(gl.where(ms == float("-inf"), 0.0, ss * gl.exp2((ms - m_all[:, None]) * 1.4426950408889634)), axis=1)
         if RESIDENT:
             scale = gl.where(m_raw == float("-inf"), 0.0, gl.exp2((m_loc - m_all) * 1.4426950408889634)) / total
-            gl.store(y_row + cols, (e * scale).to(y_ptr.dtype.element_ty), mask=cols < hi)
+            gl.store(y_row + cols, (e * scale[:, None]).to(y_ptr.dtype.element_ty), mask=cols < hi)
         else:
-            inv = 1.0 / total
-            for start in range(lo, hi, SUB):
-                cols = start + gl.arange(0, SUB, layout=layout)
+            inv = (1.0 / total)[:, None]
+            m_b = m_all[:, None]
+            for start in range(0, chunk_len, SUB):
+                cols = lo + start + gl.arange(0, SUB, layout=gl.SliceLayout(0, layout))[None, :]
                 xs = gl.load(x_row + cols, mask=cols < hi, other=float("-inf")).to(gl.float32)
-                y = gl.exp2((xs - m_all) * 1.4426950408889634) * inv
+                y = gl.exp2((xs - m_b) * 1.4426950408889634) * inv
                 gl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=cols < hi)
+        # The next row's statistics go to other addresses: no second barrier is needed.
 
 
-def broadcast_cga(ctas: int) -> list:
-    """CGA bases of a 1-D layout replicated on every CTA of a cluster of `ctas` (a power of 2)."""
-    return [[0] for _ in range(ctas.bit_length() - 1)]
+def split_cga(ctas: int) -> list:
+    """CGA bases of a 2-D [ctas, width] tile putting row i on CTA i (`ctas` a power of 2)."""
+    return [[1 << i, 0] for i in range(ctas.bit_length() - 1)]
+
+
+def tile_layout(ctas: int, vec: int, num_warps: int):
+    """The kernel's [ctas, width] layout: 16-byte vectors along the row, one row per CTA."""
+    return gl.BlockedLayout([1, vec], [1, 32], [1, num_warps], [1, 0], split_cga(ctas))
 
 
 def plan(n_rows: int, n_cols: int, elem_bytes: int, sm_count: int = 132, ctas: int | None = None,
@@ -170,7 +179,7 @@ def cluster_softmax(x: torch.Tensor, y: torch.Tensor, **plan_kw) -> dict:
     width = p["chunk"] if p["resident"] else p["sub"]
     lanes = 32 * p["num_warps"]
     vec = max(1, min(p["vec"], width // lanes))
-    layout = gl.BlockedLayout([vec], [32], [p["num_warps"]], [0], broadcast_cga(c))
+    layout = tile_layout(c, vec, p["num_warps"])
     stats = torch.empty(n_rows * 2 * c, device=x.device, dtype=torch.float32)
     cluster_softmax_kernel[(p["grid"],)](
         x, y, stats, n_rows, n_cols, p["chunk_len"],
