@@ -13,8 +13,10 @@ State kept here, and why:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 
 import torch
 
@@ -86,10 +88,63 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
     return make
 
 
+# Set ANYSOFTMAX_FAST_LAUNCH=0 to launch through Triton's JIT entry point on every call.
+FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
+
+
+class _FastLaunch:
+    """A compiled kernel launched through Triton's low-level launcher with every argument but
+    the tensors already bound: what `kernel[grid](...)` does after its first call, minus the
+    argument binding, specialization key and cache lookup that cost tens of microseconds of
+    Python per call. Valid for one request: same integer arguments and the same 16-byte
+    alignment of every pointer (the memo key guarantees both)."""
+
+    def __init__(self, compiled_kernels: list, grid: int, static: tuple, tails: list):
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        self.knobs = knobs.runtime
+        self.device = driver.active.get_current_device
+        self.stream = driver.active.get_current_stream
+        self.calls = [(k.run, k.function, k.packed_metadata, tail) for k, tail in zip(compiled_kernels, tails)]
+        self.grid, self.static = grid, static
+
+    def usable(self) -> bool:
+        # Launch hooks (profilers) need Triton's own path, which builds their metadata.
+        return self.knobs.launch_enter_hook is None and self.knobs.launch_exit_hook is None
+
+    def __call__(self, head: tuple) -> None:
+        stream = self.stream(self.device())
+        for run, function, packed, tail in self.calls:
+            run(self.grid, 1, 1, stream, function, packed, None, None, None, *head, *self.static, *tail)
+
+
+def _constexpr_tails(kernel, n_positional: int, metas: list) -> list | None:
+    # Triton's launcher takes every parameter in declaration order, constexprs included (it
+    # skips them): ours come last, after the tensors and integers.
+    names = getattr(kernel, "arg_names", None)
+    if names is None:
+        return None
+    rest = names[n_positional:]
+    if not all(n in meta for meta in metas for n in rest):
+        return None
+    return [tuple(meta[n] for n in rest) for meta in metas]
+
+
+def _cooperative_refused(exc: Exception) -> bool:
+    return "cooperative" in str(exc).lower()
+
+
 def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype):
     """A function `run(*tensors)` launching `plan` on tensors laid out as `layout`: (x, y) for a
     forward plan, (y, dy, dx) for a backward one. Constexprs, options and integer arguments are
-    worked out once here; a call allocates the split scratch (if any) and launches."""
+    worked out once here; a call allocates the split scratch (if any) and launches. After the
+    first (compiling) launch, compiled kernels launch through `_FastLaunch`.
+
+    A cooperative plan is launched as a cooperative grid (the driver refuses one whose programs
+    cannot all be resident at once, instead of letting the row barrier spin forever: MPS SM
+    limits, green contexts); when refused, this launcher falls back to the plan's two-launch
+    form (statistics, then normalisation), which waits on nothing."""
     kernel = plan.kernel()
     opts = plan.launch_options()
     metas = [{**plan.constexprs(layout, log, out_dtype, p), **opts} for p in plan.phases()]
@@ -98,20 +153,49 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     scratch = scratch_maker(plan, layout, out_dtype) if needs_scratch else None
     grid = (plan.grid,)
     lock = launch_lock(kernel)
-    always_lock = lock is _interpreter_lock
-    compiled = [False]
+    interpreted = lock is _interpreter_lock
+    state = {"compiled": False, "fast": None, "fallback": None}
 
-    def launch_all(tensors) -> None:
-        head = plan.head(tensors, *scratch(tensors[0].device)) if needs_scratch else tensors
-        for meta in metas:
-            kernel[grid](*head, *static, **meta)
+    def head_of(tensors):
+        return plan.head(tensors, *scratch(tensors[0].device)) if needs_scratch else tensors
+
+    def first_launch(tensors) -> None:
+        head = head_of(tensors)
+        compiled = [kernel[grid](*head, *static, **meta) for meta in metas]
+        state["compiled"] = True
+        if FAST_LAUNCH and not interpreted and all(c is not None and hasattr(c, "packed_metadata")
+                                                   for c in compiled):
+            tails = _constexpr_tails(kernel, len(head) + len(static), metas)
+            if tails is not None:
+                state["fast"] = _FastLaunch(compiled, plan.grid, static, tails)
+
+    def launch(tensors) -> None:
+        fast = state["fast"]
+        if fast is not None and fast.usable():
+            fast(head_of(tensors))
+            return
+        if state["compiled"] and not interpreted:
+            head = head_of(tensors)
+            for meta in metas:
+                kernel[grid](*head, *static, **meta)
+            return
+        with lock:  # a first launch compiles: one thread at a time per kernel
+            first_launch(tensors)
 
     def run(*tensors: torch.Tensor) -> None:
-        if compiled[0] and not always_lock:
-            launch_all(tensors)
+        fallback = state["fallback"]
+        if fallback is not None:
+            fallback(*tensors)
             return
-        with lock:
-            launch_all(tensors)
-            compiled[0] = True
+        if not plan.cooperative:
+            launch(tensors)
+            return
+        try:
+            launch(tensors)
+        except RuntimeError as exc:
+            if not _cooperative_refused(exc):
+                raise
+            state["fallback"] = bind(replace(plan, cooperative=False), layout, log, out_dtype)
+            state["fallback"](*tensors)
 
     return run
