@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import torch
 
+from . import autodiff, batching  # noqa: F401  (batching registers the operators' vmap rules)
 from .core.cache import BoundedDict
 from .core.reference import backward_from_output
 from .core.registry import ENV_BACKEND, generation, select
@@ -66,13 +67,15 @@ def forward_no_grad(x, dim, dtype, backend, log: bool) -> torch.Tensor:
 
 
 def _run(x, dim, dtype, backend, log: bool) -> torch.Tensor:
-    # Under torch.compile, and whenever a gradient is wanted, go through the registered
-    # operator (opaque to the compiler, autograd attached); plain eager inference calls the
+    # Under torch.compile go through the registered operator (opaque to the compiler, autograd
+    # attached); in eager mode, whenever a derivative may be wanted (gradients, forward AD,
+    # torch.func), through the operator's autograd.Function; plain eager inference calls the
     # backend directly and saves the dispatcher's few microseconds on small tensors.
-    if torch.compiler.is_compiling() or (
-            isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled()):
+    if torch.compiler.is_compiling():
         from . import ops
         return (ops.log_softmax_op if log else ops.softmax_op)(x, dim, dtype, backend)
+    if isinstance(x, torch.Tensor) and autodiff.wants_autodiff(x):
+        return autodiff.softmax(x, dim, dtype, backend, log)
     return forward_no_grad(x, dim, dtype, backend, log)
 
 
