@@ -72,8 +72,7 @@ def _run(x, dim, dtype, backend, log: bool) -> torch.Tensor:
     # torch.func), through the operator's autograd.Function; plain eager inference calls the
     # backend directly and saves the dispatcher's few microseconds on small tensors.
     if torch.compiler.is_compiling():
-        from . import ops
-        return (ops.log_softmax_op if log else ops.softmax_op)(x, dim, dtype, backend)
+        return autodiff.compiled_softmax(x, dim, dtype, backend, log)
     if isinstance(x, torch.Tensor) and autodiff.wants_autodiff(x):
         return autodiff.softmax(x, dim, dtype, backend, log)
     return forward_no_grad(x, dim, dtype, backend, log)

@@ -36,6 +36,13 @@ def wants_autodiff(*tensors: torch.Tensor) -> bool:
     return _fwad._current_level >= 0 or any(is_functorch_wrapped_tensor(t) for t in tensors)
 
 
+@torch._dynamo.assume_constant_result
+def _functorch_active() -> bool:
+    # Is any torch.func transform running? Evaluated once while dynamo traces (it cannot trace
+    # the functorch query itself); dynamo guards compiled graphs on the functorch state anyway.
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def _wide(t: torch.Tensor) -> torch.Tensor:
     # The formulas' sums accumulate in float32 for 16-bit tensors, like the kernels.
     return t.float() if t.dtype in _NARROW else t
@@ -51,7 +58,7 @@ def input_grad(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool,
                backend: Optional[str]) -> torch.Tensor:
     """Gradient w.r.t. softmax's input: the `softmax_backward` operator, differentiable
     itself whenever that is needed."""
-    if wants_autodiff(grad, y):
+    if not torch.compiler.is_compiling() and wants_autodiff(grad, y):
         return _SoftmaxBackward.apply(grad, y, dim, log, backend)
     return ops.softmax_backward_op(grad, y, dim, log, backend)
 
@@ -188,6 +195,22 @@ def softmax(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Op
             log: bool) -> torch.Tensor:
     """Differentiable softmax (log_softmax with `log`): what `anysoftmax.softmax` runs in eager
     mode when `wants_autodiff(x)`."""
+    return _Softmax.apply(x, dim, dtype, backend, log)
+
+
+def compiled_softmax(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
+                     log: bool) -> torch.Tensor:
+    """What `anysoftmax.softmax` traces to under torch.compile: the operator (opaque, its autograd
+    registered). Inside a torch.func transform, functorch cannot use an operator's registered
+    autograd and dynamo traces neither a custom jvp nor (correctly) a Function's forward under
+    torch.func in torch 2.13, so that call runs eagerly: one graph break, torch's results."""
+    if _functorch_active():
+        return _eager_softmax(x, dim, dtype, backend, log)
+    return (ops.log_softmax_op if log else ops.softmax_op)(x, dim, dtype, backend)
+
+
+@torch._dynamo.disable
+def _eager_softmax(x, dim, dtype, backend, log):
     return _Softmax.apply(x, dim, dtype, backend, log)
 
 
