@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch
+from . import autodiff, batching, dispatch  # noqa: F401  (batching registers the vmap rules)
 
 
 def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
@@ -37,14 +37,15 @@ def _normalise(name: str, input, dim, dtype, stacklevel):
 
 
 def _run(input, dim, dtype, backend, log: bool) -> torch.Tensor:
-    # Plain eager inference calls dispatch directly (the operator's dispatcher costs a few
-    # microseconds small tensors would wait on); under torch.compile, and whenever a gradient
-    # or a functorch transform may be involved, go through the registered operators.
-    if not isinstance(input, torch.Tensor) or not (
-            (input.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling()):
-        return dispatch.forward(input, dim, dtype, backend, log)
-    from . import ops
-    return (ops.log_softmax_op if log else ops.softmax_op)(input, dim, dtype, backend)
+    # Under torch.compile: the registered operator (opaque to the compiler, autograd attached).
+    # In eager mode, whenever a derivative may be wanted (gradients, forward AD, torch.func):
+    # the operator's autograd.Function. Plain eager inference calls dispatch directly and saves
+    # the dispatcher's microseconds that small tensors would wait on.
+    if torch.compiler.is_compiling():
+        return autodiff.compiled_softmax(input, dim, dtype, backend, log)
+    if isinstance(input, torch.Tensor) and autodiff.wants_autodiff(input):
+        return autodiff.softmax(input, dim, dtype, backend, log)
+    return dispatch.forward(input, dim, dtype, backend, log)
 
 
 def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,

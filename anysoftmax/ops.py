@@ -75,19 +75,5 @@ def _softmax_backward_fake(grad, y, dim, log, backend=None):
     return y.new_empty(y.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    x, dim, _dtype, backend = inputs
-    ctx.save_for_backward(output)
-    ctx.dim, ctx.backend, ctx.x_dtype = dim, backend, x.dtype
-
-
-def _make_backward(log: bool):
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        dx = softmax_backward_op(grad, y, ctx.dim, log, ctx.backend)
-        return dx.to(ctx.x_dtype), None, None, None
-    return backward
-
-
-softmax_op.register_autograd(_make_backward(False), setup_context=_setup_context)
-log_softmax_op.register_autograd(_make_backward(True), setup_context=_setup_context)
+# Derivatives (reverse, double backward, forward mode) are registered in `anysoftmax.autodiff`
+# and vmap rules in `anysoftmax.batching`; both are imported with the package.
