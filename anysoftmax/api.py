@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from . import autodiff, batching, dispatch  # noqa: F401  (batching registers the vmap rules)
+from . import dispatch
+from .grad_mode import wants_autodiff
 
 
 def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
@@ -41,9 +42,13 @@ def _run(input, dim, dtype, backend, log: bool) -> torch.Tensor:
     # In eager mode, whenever a derivative may be wanted (gradients, forward AD, torch.func):
     # the operator's autograd.Function. Plain eager inference calls dispatch directly and saves
     # the dispatcher's microseconds that small tensors would wait on.
+    # (The operators load torch._dynamo and with it Triton: imported on first need, so that
+    # `import anysoftmax` leaves the Triton interpreter choice open.)
     if torch.compiler.is_compiling():
+        from . import autodiff
         return autodiff.compiled_softmax(input, dim, dtype, backend, log)
-    if isinstance(input, torch.Tensor) and autodiff.wants_autodiff(input):
+    if isinstance(input, torch.Tensor) and wants_autodiff(input):
+        from . import autodiff
         return autodiff.softmax(input, dim, dtype, backend, log)
     return dispatch.forward(input, dim, dtype, backend, log)
 

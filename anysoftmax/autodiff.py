@@ -22,18 +22,11 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor
 
-from . import ops
+from . import batching, ops  # noqa: F401  (batching registers the operators' vmap rules)
+from .grad_mode import wants_autodiff
 from .core.reference import backward_from_output
 
 _NARROW = (torch.float16, torch.bfloat16)
-
-
-def wants_autodiff(*tensors: torch.Tensor) -> bool:
-    """True when a call on `tensors` must be differentiable: a tensor needs a gradient, a
-    torch.func transform wraps one, or a forward-AD level is open (dual tensors)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return True
-    return _fwad._current_level >= 0 or any(is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 @torch._dynamo.assume_constant_result

@@ -76,4 +76,5 @@ def _softmax_backward_fake(grad, y, dim, log, backend=None):
 
 
 # Derivatives (reverse, double backward, forward mode) are registered in `anysoftmax.autodiff`
-# and vmap rules in `anysoftmax.batching`; both are imported with the package.
+# and vmap rules in `anysoftmax.batching`; both are imported with `anysoftmax.autodiff`, which
+# `anysoftmax.softmax` loads on its first differentiable or compiled call.

@@ -77,6 +77,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.softmax", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bwd", action="store_true", help="benchmark the backward pass")
+    p.add_argument("--latency", action="store_true",
+                   help="per-call cost on small tensors instead: host us per call back to back and GPU us "
+                        "(anysoftmax.bench.latency)")
+    p.add_argument("--calls", type=int, default=2000, help="--latency: calls back to back per cell")
     p.add_argument("--quick", action="store_true", help="a few shapes only")
     p.add_argument("--sweep", action="store_true", help="also the seed's M=4096 N=256..12672 sweep (fp32)")
     p.add_argument("--non-last-only", action="store_true", help="only the reductions over dim 0")
@@ -85,6 +89,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results", help="results folder (a sub-folder per GPU)")
     p.add_argument("--case-timeout", type=float, default=90.0, help="seconds one case may take (compile included)")
     args = p.parse_args(argv)
+    if args.latency:
+        from . import latency
+        return latency.main(args.out, args.calls)
 
     import torch
 

@@ -195,7 +195,8 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
         except RuntimeError as exc:
             if not _cooperative_refused(exc):
                 raise
-            state["fallback"] = bind(replace(plan, cooperative=False), layout, log, out_dtype)
+            options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
+            state["fallback"] = bind(replace(plan, cooperative=False, options=options), layout, log, out_dtype)
             state["fallback"](*tensors)
 
     return run

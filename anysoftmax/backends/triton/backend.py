@@ -63,8 +63,13 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
     options = dict(num_warps=tile["num_warps"])
     if tile["kind"] == "tile" and not backward:
         options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
-    plan = make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, options=options, **common)
-    return replace(plan, cooperative=plan.split and bool(heuristics.table()["cooperative"]))
+    cooperative = tile["kind"] in ("split", "cols_split") and bool(heuristics.table()["cooperative"])
+    if cooperative:
+        # The driver guarantees co-residency of a cooperative grid (and refuses one that cannot
+        # be): the row barrier can then never wait on a program that is not running.
+        options["launch_cooperative_grid"] = True
+    return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, options=options, cooperative=cooperative,
+                     **common)
 
 
 class TritonBackend:
@@ -119,6 +124,8 @@ class TritonBackend:
             return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
         resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec.log, self._index(x))
         cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
+        if not cooperative:
+            draft = replace(draft, options={k: v for k, v in draft.options.items() if k != "launch_cooperative_grid"})
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
             grid = min(n_items, (resident // draft.chunks) * draft.chunks)

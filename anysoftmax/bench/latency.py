@@ -1,0 +1,193 @@
+"""Per-call cost on small tensors: what an eager model pays for each softmax.
+
+    anysoftmax bench --latency [--out DIR] [--calls 2000]
+
+Two figures per (provider, shape, direction):
+* host us per call: the same tensor called `calls` times back to back, then one synchronize,
+  divided by `calls` (CPU-side launch cost; for small tensors the GPU finishes each kernel
+  before the host has the next one ready, so this is also the eager wall time per call);
+* GPU us: the median of `triton.testing.do_bench` (device events, L2 flushed between calls),
+  the kernel's own time.
+
+Forward calls `softmax(x, -1)`; backward calls the provider's softmax-backward operation on
+(y, dy) directly (torch: `torch._softmax_backward_data`), i.e. what autograd runs per call.
+Results: <out>/<gpu>/latency.{json,csv,png}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = [(1, 128), (8, 1024), (32, 4096), (4, 32, 1, 2048), (1, 32768), (512, 512), (1, 32, 1, 128),
+          (8, 32, 1, 4096), (64, 151936)]
+PROVIDERS = ["torch", "torch.compile", "torch.compile:reduce-overhead", "liger", "anysoftmax",
+             "anysoftmax:triton", "anysoftmax.compile", "anysoftmax.compile:reduce-overhead"]
+
+
+def _compiled(fn, mode: str | None):
+    return torch.compile(fn, dynamic=False, mode=mode) if mode else torch.compile(fn, dynamic=False)
+
+
+def forward_fn(name: str):
+    """fn(x) -> softmax(x, -1) of provider `name`, or None when it cannot run here."""
+    import anysoftmax
+
+    mode = name.split(":", 1)[1] if ":" in name and name.split(":")[0].endswith("compile") else None
+    if name == "torch":
+        return lambda x: torch.softmax(x, -1)
+    if name.startswith("torch.compile"):
+        return _compiled(lambda x: torch.softmax(x, -1), mode)
+    if name == "anysoftmax":
+        return lambda x: anysoftmax.softmax(x, -1)
+    if name == "anysoftmax:triton":
+        return lambda x: anysoftmax.softmax(x, -1, backend="triton")
+    if name.startswith("anysoftmax.compile"):
+        return _compiled(lambda x: anysoftmax.softmax(x, -1), mode)
+    if name == "liger":
+        try:
+            from liger_kernel.ops.softmax import LigerSoftmaxFunction
+        except ImportError:
+            return None
+        return lambda x: LigerSoftmaxFunction.apply(x.view(-1, x.shape[-1])).view(x.shape)
+    return None
+
+
+def backward_fn(name: str):
+    """fn(y, dy) -> dx of provider `name` (softmax over the last dim), or None."""
+    import anysoftmax
+
+    if name == "torch":
+        return lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)
+    if name == "anysoftmax":
+        return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1)
+    if name == "anysoftmax:triton":
+        return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1, backend="triton")
+    if name == "liger":
+        try:
+            from liger_kernel.ops.softmax import _softmax_backward
+            from liger_kernel.ops.utils import calculate_settings
+        except ImportError:
+            return None
+
+        def run(y, dy):
+            y2, dy2 = y.view(-1, y.shape[-1]), dy.view(-1, y.shape[-1])
+            block, warps = calculate_settings(y2.shape[-1])
+            return _softmax_backward(dy2, y2, block, warps, y2.shape[-1] > block).view(y.shape)
+        return run
+    return None
+
+
+def host_us_per_call(call, calls: int) -> float:
+    """Back-to-back wall time per call (us): warm, then `calls` calls and one synchronize."""
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
+    """Every provider x shape x direction that runs here."""
+    from triton.testing import do_bench
+
+    rows = []
+    for shape in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+        y = torch.softmax(x, -1)
+        dy = torch.randn_like(y)
+        for direction in ("fwd", "bwd"):
+            for name in PROVIDERS:
+                fn = forward_fn(name) if direction == "fwd" else backward_fn(name)
+                row = dict(provider=name, shape=list(shape), direction=direction, dtype=str(dtype).split(".")[-1])
+                if fn is None:
+                    rows.append(dict(row, status="unavailable"))
+                    continue
+                call = (lambda: fn(x)) if direction == "fwd" else (lambda: fn(y, dy))
+                try:
+                    out = call()
+                    want = y if direction == "fwd" else torch._softmax_backward_data(dy, y, -1, y.dtype)
+                    ok = torch.allclose(out.float(), want.float(), rtol=1e-4, atol=1e-5)
+                    row.update(status="ok" if ok else "wrong", host_us=host_us_per_call(call, calls),
+                               gpu_us=do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3)
+                except Exception as exc:  # a provider failing one shape is recorded, not fatal
+                    row.update(status="failed", detail=f"{type(exc).__name__}: {str(exc)[:200]}")
+                rows.append(row)
+    return rows
+
+
+def write(rows: list[dict], out_dir: Path, device: str) -> list[Path]:
+    """latency.json / .csv / .png under `out_dir`."""
+    import csv
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = dict(device=device, torch=torch.__version__, results=rows)
+    paths = [out_dir / "latency.json", out_dir / "latency.csv", out_dir / "latency.png"]
+    paths[0].write_text(json.dumps(doc, indent=1))
+    keys = ["provider", "direction", "shape", "dtype", "status", "host_us", "gpu_us", "detail"]
+    with open(paths[1], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "shape": "x".join(map(str, r["shape"]))})
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install 'anysoftmax[plot]')")
+        return paths[:2]
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), squeeze=False)
+    labels = ["x".join(map(str, s)) for s in SHAPES]
+    for ax, direction in zip(axes[0], ("fwd", "bwd")):
+        for name in PROVIDERS:
+            pts = {"x".join(map(str, r["shape"])): r["host_us"] for r in rows
+                   if r["provider"] == name and r["direction"] == direction and r.get("status") == "ok"}
+            if pts:
+                ax.plot([labels.index(k) for k in pts], list(pts.values()), marker="o", label=name)
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("host us per call (back to back)")
+        ax.set_yscale("log")
+        ax.set_title(f"{device}: {direction}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(paths[2], dpi=110)
+    return paths
+
+
+def print_table(rows: list[dict]) -> None:
+    for direction in ("fwd", "bwd"):
+        names = [n for n in PROVIDERS if any(r["provider"] == n and r["direction"] == direction for r in rows)]
+        print(f"\n{direction}: host us/call (GPU us)")
+        print("shape".ljust(16) + "".join(n[:18].rjust(20) for n in names))
+        for shape in SHAPES:
+            line = "x".join(map(str, shape)).ljust(16)
+            for n in names:
+                r = next((r for r in rows if r["provider"] == n and r["direction"] == direction
+                          and r["shape"] == list(shape)), None)
+                cell = "-" if r is None or r.get("status") != "ok" else f"{r['host_us']:.1f} ({r['gpu_us']:.1f})"
+                if r is not None and r.get("status") not in ("ok", "unavailable"):
+                    cell = r["status"]
+                line += cell.rjust(20)
+            print(line)
+
+
+def main(out: str, calls: int) -> int:
+    if not torch.cuda.is_available():
+        print("the latency benchmark needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return 2
+    from .softmax import gpu_dir_name
+
+    device = torch.cuda.get_device_name()
+    rows = measure(calls)
+    paths = write(rows, Path(out) / gpu_dir_name(device), device)
+    print_table(rows)
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
