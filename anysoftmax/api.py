@@ -11,6 +11,8 @@ implicit dim with torch's deprecation warning, as `F.softmax` does.
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as _fwad
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from . import dispatch
 from .grad_mode import wants_autodiff
@@ -38,6 +40,14 @@ def _normalise(name: str, input, dim, dtype, stacklevel):
 
 
 def _run(input, dim, dtype, backend, log: bool) -> torch.Tensor:
+    # (is_compiling first: under torch.compile it is a constant, and nothing after it is traced.)
+    if not torch.compiler.is_compiling() and type(input) is torch.Tensor and not input.requires_grad \
+            and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(input):
+        return dispatch.forward(input, dim, dtype, backend, log)  # eager inference: the hot path
+    return _run_general(input, dim, dtype, backend, log)
+
+
+def _run_general(input, dim, dtype, backend, log: bool) -> torch.Tensor:
     # Under torch.compile: the registered operator (opaque to the compiler, autograd attached).
     # In eager mode, whenever a derivative may be wanted (gradients, forward AD, torch.func):
     # the operator's autograd.Function. Plain eager inference calls dispatch directly and saves
@@ -60,15 +70,17 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
     `backend` names a backend explicitly (see `list_backends()`); otherwise
     $ANYSOFTMAX_BACKEND or the automatic choice for the tensor's device is used.
     """
-    dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
-    return _run(input, dim, dtype, backend, log=False)
+    if dim is None or type(dtype) is int:
+        dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
+    return _run(input, dim, dtype, backend, False)
 
 
 def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,
                 _stacklevel: int = 3, *, backend: str | None = None) -> torch.Tensor:
     """Log-softmax of `input` along `dim`, as `torch.log_softmax(input, dim, dtype=dtype)`."""
-    dim, dtype = _normalise("log_softmax", input, dim, dtype, _stacklevel)
-    return _run(input, dim, dtype, backend, log=True)
+    if dim is None or type(dtype) is int:
+        dim, dtype = _normalise("log_softmax", input, dim, dtype, _stacklevel)
+    return _run(input, dim, dtype, backend, True)
 
 
 def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,

@@ -22,7 +22,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor
 
-from . import batching, ops  # noqa: F401  (batching registers the operators' vmap rules)
+from . import ops
 from .grad_mode import wants_autodiff
 from .core.reference import backward_from_output
 
@@ -207,34 +207,17 @@ def _eager_softmax(x, dim, dtype, backend, log):
     return _Softmax.apply(x, dim, dtype, backend, log)
 
 
-# ---- the operators' own registrations (torch.compile, direct torch.ops calls) ----------------
+# ---- what the operators' own registrations call (`anysoftmax.ops`) ---------------------------
 
-def _setup_forward(ctx, inputs, output):
-    x, dim, _dtype, backend = inputs
-    ctx.save_for_backward(output)
-    ctx.dim, ctx.backend, ctx.x_dtype = dim, backend, x.dtype
-
-
-def _forward_backward(log: bool):
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return input_grad(grad, y, ctx.dim, log, ctx.backend).to(ctx.x_dtype), None, None, None
-    return backward
+def op_forward_backward(ctx, grad, log: bool):
+    """Backward of the softmax/log_softmax operator (torch.compile, direct torch.ops calls)."""
+    (y,) = ctx.saved_tensors
+    return input_grad(grad, y, ctx.dim, log, ctx.backend).to(ctx.x_dtype), None, None, None
 
 
-def _setup_backward(ctx, inputs, output):
-    grad, y, dim, log, backend = inputs
-    ctx.save_for_backward(grad, y)
-    ctx.dim, ctx.log, ctx.backend = dim, log, backend
-
-
-def _backward_backward(ctx, gdx):
+def op_backward_backward(ctx, gdx):
+    """Backward of the softmax_backward operator: double backward."""
     grad, y = ctx.saved_tensors
     d_grad, d_y = backward_grads(gdx, grad, y, ctx.dim, ctx.log, ctx.backend,
                                  ctx.needs_input_grad[0], ctx.needs_input_grad[1])
     return d_grad, d_y, None, None, None
-
-
-ops.softmax_op.register_autograd(_forward_backward(False), setup_context=_setup_forward)
-ops.log_softmax_op.register_autograd(_forward_backward(True), setup_context=_setup_forward)
-ops.softmax_backward_op.register_autograd(_backward_backward, setup_context=_setup_backward)

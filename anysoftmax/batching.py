@@ -50,6 +50,6 @@ def _backward_vmap(info, in_dims, grad, y, dim, log, backend=None):
     return ops.softmax_backward_op(grad, y, _physical_dim(y, dim, log=log), log, backend), 0
 
 
-ops.softmax_op.register_vmap(_forward_vmap(False))
-ops.log_softmax_op.register_vmap(_forward_vmap(True))
-ops.softmax_backward_op.register_vmap(_backward_vmap)
+softmax_vmap = _forward_vmap(False)
+log_softmax_vmap = _forward_vmap(True)
+softmax_backward_vmap = _backward_vmap

@@ -75,6 +75,47 @@ def _softmax_backward_fake(grad, y, dim, log, backend=None):
     return y.new_empty(y.shape)
 
 
-# Derivatives (reverse, double backward, forward mode) are registered in `anysoftmax.autodiff`
-# and vmap rules in `anysoftmax.batching`; both are imported with `anysoftmax.autodiff`, which
-# `anysoftmax.softmax` loads on its first differentiable or compiled call.
+# Derivatives (reverse, double backward, forward mode) live in `anysoftmax.autodiff` and vmap
+# rules in `anysoftmax.batching`; they are registered here, importing those modules on first
+# use (they import this one).
+
+def _setup_forward(ctx, inputs, output):
+    x, dim, _dtype, backend = inputs
+    ctx.save_for_backward(output)
+    ctx.dim, ctx.backend, ctx.x_dtype = dim, backend, x.dtype
+
+
+def _setup_backward(ctx, inputs, output):
+    grad, y, dim, log, backend = inputs
+    ctx.save_for_backward(grad, y)
+    ctx.dim, ctx.log, ctx.backend = dim, log, backend
+
+
+def _softmax_grad(ctx, grad):
+    from .autodiff import op_forward_backward
+    return op_forward_backward(ctx, grad, False)
+
+
+def _log_softmax_grad(ctx, grad):
+    from .autodiff import op_forward_backward
+    return op_forward_backward(ctx, grad, True)
+
+
+def _backward_grad(ctx, gdx):
+    from .autodiff import op_backward_backward
+    return op_backward_backward(ctx, gdx)
+
+
+def _vmap_rule(name: str):
+    def rule(*args, **kwargs):
+        from . import batching
+        return getattr(batching, name)(*args, **kwargs)
+    return rule
+
+
+softmax_op.register_autograd(_softmax_grad, setup_context=_setup_forward)
+log_softmax_op.register_autograd(_log_softmax_grad, setup_context=_setup_forward)
+softmax_backward_op.register_autograd(_backward_grad, setup_context=_setup_backward)
+softmax_op.register_vmap(_vmap_rule("softmax_vmap"))
+log_softmax_op.register_vmap(_vmap_rule("log_softmax_vmap"))
+softmax_backward_op.register_vmap(_vmap_rule("softmax_backward_vmap"))

@@ -95,9 +95,9 @@ FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
 class _FastLaunch:
     """A compiled kernel launched through Triton's low-level launcher with every argument but
     the tensors already bound: what `kernel[grid](...)` does after its first call, minus the
-    argument binding, specialization key and cache lookup that cost tens of microseconds of
-    Python per call. Valid for one request: same integer arguments and the same 16-byte
-    alignment of every pointer (the memo key guarantees both)."""
+    argument binding, specialization key, cache lookup and launch-metadata work that cost tens
+    of microseconds of Python per call. Valid for one request: same integer arguments and the
+    same 16-byte alignment of every pointer (the memo key guarantees both)."""
 
     def __init__(self, compiled_kernels: list, grid: int, static: tuple, tails: list):
         from triton import knobs
@@ -106,17 +106,37 @@ class _FastLaunch:
         self.knobs = knobs.runtime
         self.device = driver.active.get_current_device
         self.stream = driver.active.get_current_stream
-        self.calls = [(k.run, k.function, k.packed_metadata, tail) for k, tail in zip(compiled_kernels, tails)]
+        self.calls = []
+        for k, tail in zip(compiled_kernels, tails):
+            run = k.run
+            direct = getattr(run, "launch", None)
+            # (Only Triton's CUDA launcher, whose argument order this mirrors, is called directly.)
+            if type(run).__name__ == "CudaLauncher" and direct is not None and \
+                    not getattr(run, "global_scratch_size", 1) and \
+                    not getattr(run, "profile_scratch_size", 1) and getattr(run, "num_ctas", 1) == 1:
+                # The CUDA launcher's own __call__ only allocates (here: no) scratch, then calls
+                # this extension function.
+                coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+                fn = (lambda launch, c, p: lambda g, st, f, pk, *a: launch(g, 1, 1, st, f, c, p, None, None, pk,
+                                                                           None, None, None, *a))(direct, coop, pdl)
+            else:
+                fn = (lambda r: lambda g, st, f, pk, *a: r(g, 1, 1, st, f, pk, None, None, None, *a))(run)
+            self.calls.append((fn, k.function, k.packed_metadata, tail))
         self.grid, self.static = grid, static
 
     def usable(self) -> bool:
-        # Launch hooks (profilers) need Triton's own path, which builds their metadata.
-        return self.knobs.launch_enter_hook is None and self.knobs.launch_exit_hook is None
+        # Launch hooks (profilers) need Triton's own path, which builds their metadata. Triton
+        # 3.6 keeps them as (usually empty) chains, older releases as None.
+        return _inactive(self.knobs.launch_enter_hook) and _inactive(self.knobs.launch_exit_hook)
 
     def __call__(self, head: tuple) -> None:
         stream = self.stream(self.device())
-        for run, function, packed, tail in self.calls:
-            run(self.grid, 1, 1, stream, function, packed, None, None, None, *head, *self.static, *tail)
+        for fn, function, packed, tail in self.calls:
+            fn(self.grid, stream, function, packed, *head, *self.static, *tail)
+
+
+def _inactive(hook) -> bool:
+    return hook is None or (isinstance(getattr(hook, "calls", None), list) and not hook.calls)
 
 
 def _constexpr_tails(kernel, n_positional: int, metas: list) -> list | None:

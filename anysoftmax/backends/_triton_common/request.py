@@ -11,20 +11,33 @@ from .launcher import bind, device_guard
 from .plan import KernelPlan
 
 
+def _guard_for(device: torch.device, guard):
+    """The device guard a launch needs, or None: a process that sees a single GPU (or runs on
+    the CPU) never has another device current, so it skips the per-call check."""
+    if guard is not None:
+        return guard
+    if device.type == "cpu" or (device.type == "cuda" and torch.cuda.device_count() == 1):
+        return None
+    return device_guard
+
+
 def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None):
     """`f(x) -> y` for requests like `spec`: allocates the output, makes `x` contiguous first
     when its rows needed that (`contiguous`: the one copy `core.layout.allocate_rows` makes) and
     launches `plan` on the device's current stream."""
     launch = bind(plan, layout, spec.log, spec.out_dtype)
-    shape, dtype = spec.shape, spec.out_dtype
-    guard = guard or device_guard
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    guard = _guard_for(device, guard)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         if contiguous:
             x = x.contiguous()
-        y = new_output(shape, dtype, x.device)
-        with guard(x.device):  # checked per call: the current device may change between calls
+        y = new_output(shape, dtype, device)
+        if guard is None:
             launch(x, y)
+        else:
+            with guard(device):  # checked per call: the current device may change between calls
+                launch(x, y)
         return y
 
     return run
@@ -34,16 +47,19 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None)
     """`f(y, grad) -> dx` for requests like `spec` (y contiguous, row layout `layout`); `grad`
     is converted to y's dtype and made contiguous when it is not already."""
     launch = bind(plan, layout, spec.log, spec.out_dtype)
-    shape, dtype = spec.shape, spec.out_dtype
-    guard = guard or device_guard
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    guard = _guard_for(device, guard)
 
     def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         y = y.contiguous()
         if grad.dtype != dtype or not grad.is_contiguous():
             grad = grad.to(dtype).contiguous()
-        dx = new_output(shape, dtype, y.device)
-        with guard(y.device):
+        dx = new_output(shape, dtype, device)
+        if guard is None:
             launch(y, grad, dx)
+        else:
+            with guard(device):
+                launch(y, grad, dx)
         return dx
 
     return run
