@@ -43,6 +43,14 @@ def launch_lock(kernel) -> threading.Lock:
         return _launch_locks.setdefault(kernel, threading.Lock())
 
 
+def _raw_stream(device: torch.device) -> int:
+    # The current stream's handle without building a torch.cuda.Stream object.
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
     """Zeroed (arrived, departed) int32 counters for `n_rows` rows, reused across launches.
 
@@ -51,7 +59,7 @@ def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
     buffer per stream, because launches on different streams may overlap.
     """
     n = max(2 * n_rows, 2)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = _raw_stream(device) if device.type == "cuda" else 0
     key = (str(device), stream)
     with _counters_lock:
         buf = _counters.get(key)
@@ -76,14 +84,22 @@ def device_guard(device: torch.device):
 
 def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
     """A function `make(device) -> (stats, counts)`: the documented scratch of a launch, sized
-    once here. `stats` holds the partial statistics (`plan.stats_numel`; one element when there
-    are none, the kernels still take a pointer), `counts` the reused barrier counters."""
+    once here. `stats` holds the partial statistics (`plan.stats_numel`), `counts` the reused
+    barrier counters. A plan that uses neither (whole-row backward: the kernel still takes both
+    pointers) gets one small placeholder pair per device, allocated once."""
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
-    n_stats = max(plan.stats_numel(layout), 1)
+    n_stats = plan.stats_numel(layout)
     counter_groups = plan.groups(layout) if plan.cooperative else 0
+    placeholders: dict = {}
 
     def make(device) -> tuple:
-        return torch.empty(n_stats, dtype=acc, device=device), row_counters(device, counter_groups)
+        if n_stats == 0 and counter_groups == 0:
+            pair = placeholders.get(device)
+            if pair is None:
+                pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
+                                               torch.zeros(2, dtype=torch.int32, device=device))
+            return pair
+        return torch.empty(max(n_stats, 1), dtype=acc, device=device), row_counters(device, counter_groups)
 
     return make
 
@@ -92,47 +108,29 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
 FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
 
 
-class _FastLaunch:
-    """A compiled kernel launched through Triton's low-level launcher with every argument but
-    the tensors already bound: what `kernel[grid](...)` does after its first call, minus the
-    argument binding, specialization key, cache lookup and launch-metadata work that cost tens
-    of microseconds of Python per call. Valid for one request: same integer arguments and the
-    same 16-byte alignment of every pointer (the memo key guarantees both)."""
-
-    def __init__(self, compiled_kernels: list, grid: int, static: tuple, tails: list):
-        from triton import knobs
-        from triton.runtime.driver import driver
-
-        self.knobs = knobs.runtime
-        self.device = driver.active.get_current_device
-        self.stream = driver.active.get_current_stream
-        self.calls = []
-        for k, tail in zip(compiled_kernels, tails):
-            run = k.run
-            direct = getattr(run, "launch", None)
-            # (Only Triton's CUDA launcher, whose argument order this mirrors, is called directly.)
-            if type(run).__name__ == "CudaLauncher" and direct is not None and \
-                    not getattr(run, "global_scratch_size", 1) and \
-                    not getattr(run, "profile_scratch_size", 1) and getattr(run, "num_ctas", 1) == 1:
-                # The CUDA launcher's own __call__ only allocates (here: no) scratch, then calls
-                # this extension function.
-                coop, pdl = run.launch_cooperative_grid, run.launch_pdl
-                fn = (lambda launch, c, p: lambda g, st, f, pk, *a: launch(g, 1, 1, st, f, c, p, None, None, pk,
-                                                                           None, None, None, *a))(direct, coop, pdl)
-            else:
-                fn = (lambda r: lambda g, st, f, pk, *a: r(g, 1, 1, st, f, pk, None, None, None, *a))(run)
-            self.calls.append((fn, k.function, k.packed_metadata, tail))
-        self.grid, self.static = grid, static
-
-    def usable(self) -> bool:
-        # Launch hooks (profilers) need Triton's own path, which builds their metadata. Triton
-        # 3.6 keeps them as (usually empty) chains, older releases as None.
-        return _inactive(self.knobs.launch_enter_hook) and _inactive(self.knobs.launch_exit_hook)
-
-    def __call__(self, head: tuple) -> None:
-        stream = self.stream(self.device())
-        for fn, function, packed, tail in self.calls:
-            fn(self.grid, stream, function, packed, *head, *self.static, *tail)
+def _fast_calls(compiled_kernels: list, tails: list) -> list:
+    """[(launch, function, packed metadata, constexpr tail)] launching compiled kernels through
+    Triton's low-level launcher with everything but the tensors already bound: what
+    `kernel[grid](...)` does after its first call, minus the argument binding, specialization
+    key, cache lookup and launch-metadata work that cost tens of microseconds of Python per
+    call. Valid for one request: same integer arguments and the same 16-byte alignment of every
+    pointer (the memo key guarantees both)."""
+    calls = []
+    for k, tail in zip(compiled_kernels, tails):
+        run = k.run
+        direct = getattr(run, "launch", None)
+        # Triton's CUDA launcher's own __call__ only allocates scratch (none here), then calls
+        # its extension function with this argument order: called directly, one frame less.
+        if type(run).__name__ == "CudaLauncher" and direct is not None and \
+                not getattr(run, "global_scratch_size", 1) and not getattr(run, "profile_scratch_size", 1) \
+                and getattr(run, "num_ctas", 1) == 1:
+            fn = (lambda launch, c, p: lambda g, st, f, pk, *a: launch(g, 1, 1, st, f, c, p, None, None, pk,
+                                                                       None, None, None, *a))(
+                direct, run.launch_cooperative_grid, run.launch_pdl)
+        else:
+            fn = (lambda r: lambda g, st, f, pk, *a: r(g, 1, 1, st, f, pk, None, None, None, *a))(run)
+        calls.append((fn, k.function, k.packed_metadata, tail))
+    return calls
 
 
 def _inactive(hook) -> bool:
@@ -159,7 +157,7 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     """A function `run(*tensors)` launching `plan` on tensors laid out as `layout`: (x, y) for a
     forward plan, (y, dy, dx) for a backward one. Constexprs, options and integer arguments are
     worked out once here; a call allocates the split scratch (if any) and launches. After the
-    first (compiling) launch, compiled kernels launch through `_FastLaunch`.
+    first (compiling) launch, compiled kernels launch through `_fast_calls`.
 
     A cooperative plan is launched as a cooperative grid (the driver refuses one whose programs
     cannot all be resident at once, instead of letting the row barrier spin forever: MPS SM
@@ -187,13 +185,23 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
                                                    for c in compiled):
             tails = _constexpr_tails(kernel, len(head) + len(static), metas)
             if tails is not None:
-                state["fast"] = _FastLaunch(compiled, plan.grid, static, tails)
+                from triton import knobs
+                from triton.runtime.driver import driver
+
+                state["fast"] = (_fast_calls(compiled, tails), knobs.runtime, driver.active.get_current_stream,
+                                 tensors[0].device.index)
 
     def launch(tensors) -> None:
         fast = state["fast"]
-        if fast is not None and fast.usable():
-            fast(head_of(tensors))
-            return
+        if fast is not None:
+            calls, hooks, stream_of, index = fast
+            if _inactive(hooks.launch_enter_hook) and _inactive(hooks.launch_exit_hook):
+                # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
+                head = head_of(tensors) if needs_scratch else tensors
+                stream = stream_of(index)
+                for fn, function, packed, tail in calls:
+                    fn(plan.grid, stream, function, packed, *head, *static, *tail)
+                return
         if state["compiled"] and not interpreted:
             head = head_of(tensors)
             for meta in metas:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.layout import RowLayout, new_output
+from ...core.layout import POISON_OUTPUTS, RowLayout, contiguous_strides, new_output
 from ...core.spec import SoftmaxSpec
 from .launcher import bind, device_guard
 from .plan import KernelPlan
@@ -28,11 +28,15 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
     launch = bind(plan, layout, spec.log, spec.out_dtype)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
     guard = _guard_for(device, guard)
+    # A contiguous input of the output's dtype: empty_like is the cheapest allocation (the
+    # memo key fixes strides and dtype, so this holds for every call of the request).
+    like_input = (not POISON_OUTPUTS and not contiguous and spec.in_dtype == dtype
+                  and spec.strides == contiguous_strides(shape))
 
     def run(x: torch.Tensor) -> torch.Tensor:
         if contiguous:
             x = x.contiguous()
-        y = new_output(shape, dtype, device)
+        y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
         if guard is None:
             launch(x, y)
         else:
