@@ -198,9 +198,12 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
             if _inactive(hooks.launch_enter_hook) and _inactive(hooks.launch_exit_hook):
                 # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
                 head = head_of(tensors) if needs_scratch else tensors
+                # Raw addresses: the request was validated (tensors on this device), so the
+                # launcher's per-pointer driver query is skipped.
+                ptrs = [t.data_ptr() for t in head]
                 stream = stream_of(index)
                 for fn, function, packed, tail in calls:
-                    fn(plan.grid, stream, function, packed, *head, *static, *tail)
+                    fn(plan.grid, stream, function, packed, *ptrs, *static, *tail)
                 return
         if state["compiled"] and not interpreted:
             head = head_of(tensors)
