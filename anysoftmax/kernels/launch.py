@@ -188,13 +188,20 @@ def kernel_constexprs(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype:
                     PHASE=phase)
     meta = dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=col_extent > INT32_MAX)
     if plan.kind == "tile":
-        meta.update(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, NUM_STAGES=plan.options.get("num_stages", 1))
+        meta.update(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, NUM_STAGES=plan.options.get("num_stages", 1),
+                    FLAT_ROWS=flat_rows(layout))
     elif plan.kind == "online":
         meta.update(BLOCK_N=plan.block_n)
     else:
         meta.update(CHUNK=plan.block_n, G_POW2=triton.next_power_of_2(plan.chunks), PHASE=phase,
                     PREFETCH=plan.prefetch)
     return meta
+
+
+def flat_rows(layout: RowLayout) -> bool:
+    """True when the rows form one (size, stride) dimension: the tile kernel then addresses
+    them as `rows * stride` (no div/mod), the form triton-ascend lowers to bounded loads."""
+    return layout.row_sizes[0] == 1 and layout.row_sizes[1] == 1
 
 
 def launch_options(plan: KernelPlan) -> dict:

@@ -24,14 +24,26 @@ import torch
 from ...core.cache import BoundedDict
 from ...core.layout import RowLayout, allocate_rows, new_output
 from ...core.spec import SoftmaxSpec
-from ...kernels.launch import KernelPlan, forward_launcher, interpreter_problem, interpreting
-from . import npu, planning, settings
+from ...kernels.launch import KernelPlan, flat_rows, forward_launcher, interpreter_problem, interpreting
+from . import npu, planning, settings, ub_retry
 
 # (spec, settings key) -> launcher: a repeated request skips settings, plan and argument work.
 _launchers: BoundedDict = BoundedDict(maxsize=4096)
+# shape class -> halvings of the UB budget the NPU compiler accepted (ub_retry).
+_halvings = ub_retry.Halvings()
 
 _FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp or max (Atlas A2/A3); "
                 "triton_ascend refuses it on every device so that its CPU and CUDA runs match the NPU's")
+
+
+def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, programs: int, on_npu: bool) -> KernelPlan:
+    """The plan for rows of `layout` under settings `s` on `programs` programs (pure: the
+    front-end test compiles exactly these)."""
+    plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
+                              spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, flat_rows(layout))
+    # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
+    # rejects unknown options, so it is passed on an NPU only.
+    return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
 
 
 class TritonAscendBackend:
@@ -69,32 +81,37 @@ class TritonAscendBackend:
         return (f"device type {kind!r} is not supported "
                 f"(npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)")
 
-    def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
-        """Kernel, tile, grid and launch options for rows of `layout` (x on its device)."""
+    def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec, halvings: int = 0) -> KernelPlan:
+        """Kernel, tile, grid and launch options for rows of `layout` (x on its device), with the
+        unified-buffer budget halved `halvings` times (after a compile-time overflow)."""
         s = settings.current()
+        if halvings:
+            s = replace(s, ub_bytes=s.ub_bytes >> halvings)
         on_npu = x.device.type == "npu"
         live_cores = None
         if on_npu and s.grid == settings.VECTOR_CORES:
             live_cores = npu.vector_cores(npu.device_index(x.device))
-        programs = planning.resolve_programs(s, live_cores)
-        plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
-                                  spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s)
-        # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
-        # rejects unknown options, so it is passed on an NPU only.
-        return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
+        return plan_for(layout, spec, s, planning.resolve_programs(s, live_cores), on_npu)
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""
         key = (spec, settings.key())
         launcher = _launchers.get(key)
-        if launcher is None:
-            given = x
-            x, y, layout = allocate_rows(x, spec)
-            launcher = forward_launcher(self.plan(x, layout, spec), layout, spec.log, spec.out_dtype)
-            if x is given:  # (an irregular layout is copied on every call: nothing to keep)
-                _launchers.put(key, launcher)
-        else:
+        if launcher is not None:
             y = new_output(spec.shape, spec.out_dtype, x.device)
+            with npu.device_guard(x.device):
+                launcher(x, y)
+            return y
+        given = x
+        x, y, layout = allocate_rows(x, spec)
+        cls = ub_retry.shape_class(spec.in_dtype, spec.out_dtype, spec.log, layout.n_cols, flat_rows(layout))
+
+        def attempt(plan: KernelPlan) -> None:  # the first launch compiles: a UB overflow shows here
+            forward_launcher(plan, layout, spec.log, spec.out_dtype)(x, y)
+
         with npu.device_guard(x.device):
-            launcher(x, y)
+            plan, halvings = ub_retry.fit_plan(lambda h: self.plan(x, layout, spec, h), attempt, _halvings.get(cls))
+        _halvings.put(cls, halvings)
+        if x is given:  # (an irregular layout is copied on every call: nothing to keep)
+            _launchers.put(key, forward_launcher(plan, layout, spec.log, spec.out_dtype))
         return y
