@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 import anysoftmax
 from anysoftmax import BackendUnavailableError, SoftmaxSpec, UnsupportedRequestError
-from anysoftmax.backends.triton_ascend import TritonAscendBackend, npu, planning, settings
+from anysoftmax.backends.triton_ascend import TritonAscendBackend, install, npu, planning, settings
 from anysoftmax.core import compare
 from anysoftmax.core.layout import allocate_rows
 from anysoftmax.backends._triton_common.interpreter import interpreting
@@ -505,3 +505,132 @@ def test_device_guard_on_cpu_is_a_no_op():
     with npu.device_guard(torch.device("cpu")):
         pass
     assert "torch_npu" not in sys.modules
+
+
+# --- which distribution provides `triton` (install.py; pure functions of the metadata) ------------
+
+
+def test_triton_owner_check_accepts_triton_ascend_alone():
+    assert install.owner_problem(["triton_ascend"], {"triton-ascend": "3.2.0"}) is None
+
+
+@pytest.mark.parametrize("owners,words", [
+    (["triton"], ["triton-ascend is not installed", "triton 3.6.0"]),
+    (["triton", "triton-ascend"], ["both triton-ascend 3.2.0 and triton 3.6.0", "overwrote"]),
+    ([], ["no installed distribution provides"]),
+])
+def test_triton_owner_check_names_the_problem_and_the_fix(owners, words):
+    reason = install.owner_problem(owners, {"triton": "3.6.0", "triton-ascend": "3.2.0"})
+    for w in words:
+        assert w in reason, reason
+    assert "pip uninstall -y triton triton-ascend" in reason and "triton-ascend==3.2.0" in reason
+    assert "--no-deps -e ." in reason
+
+
+def test_triton_owner_check_reads_this_environment(monkeypatch):
+    """On this (stock Triton) machine the live check reports stock Triton by name, and reads
+    the owners from importlib.metadata (mocked here to the repaired state)."""
+    if importlib.util.find_spec("triton.backends.ascend") is None:
+        assert "triton-ascend is not installed (the `triton` package comes from triton " in install.triton_problem()
+    monkeypatch.setattr(install.importlib.metadata, "packages_distributions", lambda: {"triton": ["triton_ascend"]})
+    assert install.triton_owners() == ["triton-ascend"]
+    assert install.triton_problem() is None
+
+
+def test_version_note_only_for_untested_versions():
+    assert install.version_note({"triton-ascend": "3.2.0", "torch-npu": "2.7.1"}) is None
+    assert install.version_note({"triton-ascend": "3.2.0"}) is None
+    note = install.version_note({"triton-ascend": "3.3.0", "torch-npu": "2.7.1.post2"})
+    assert "triton-ascend 3.3.0 (tested: 3.2.0)" in note and "torch-npu 2.7.1.post2 (tested: 2.7.1)" in note
+
+
+# --- unified-buffer overflow at compile time: halve the tile, retry, remember (ub_retry.py) -------
+
+from anysoftmax.backends.triton_ascend import backend as backend_module  # noqa: E402
+from anysoftmax.backends.triton_ascend import ub_retry  # noqa: E402
+
+OVERFLOW_TEXT = "error: ub overflow, requires {} bits while 1572864 bits available"
+
+
+def overflow_above(limit_elems: int, calls: list):
+    """An injected compile step: overflows (as bishengir-compile reports it) for tiles larger
+    than `limit_elems` elements, recording every plan it is asked to compile."""
+    def attempt(plan: KernelPlan) -> None:
+        calls.append(tile_of(plan))
+        if plan.block_m * plan.block_n > limit_elems:
+            raise RuntimeError(OVERFLOW_TEXT.format(plan.block_m * plan.block_n * 96))
+    return attempt
+
+
+def test_overflow_message_is_recognised():
+    assert ub_retry.overflow_in(RuntimeError(OVERFLOW_TEXT.format(2000000))) == (2000000, 1572864)
+    err = subprocess.CalledProcessError(1, ["bishengir-compile"], stderr=OVERFLOW_TEXT.format(7).encode())
+    assert ub_retry.overflow_in(err) == (7, 1572864)
+    assert ub_retry.overflow_in(RuntimeError("some other compile error")) is None
+
+
+def test_fit_plan_halves_until_it_compiles():
+    s = defaults()
+    calls: list = []
+
+    def plan_at(h):
+        return planning.plan_rows(1823, 781, 32, 4, 4, 4, replace(s, ub_bytes=s.ub_bytes >> h))
+
+    plan, halvings = ub_retry.fit_plan(plan_at, overflow_above(1024, calls))
+    assert tile_of(plan) == ("tile", 1, 1024) and halvings >= 1
+    assert calls[0] == ("tile", 4, 1024) and calls[-1] == ("tile", 1, 1024)
+    assert len(calls) == len(set(calls)), "an unchanged plan was compiled twice"
+    # Rows longer than what fits fall through to narrower online sub-blocks.
+    calls.clear()
+    plan, _ = ub_retry.fit_plan(plan_at, overflow_above(256, calls))
+    assert tile_of(plan) == ("online", 1, 256)
+
+
+def test_fit_plan_gives_up_with_the_compiler_numbers():
+    s = defaults()
+    with pytest.raises(ub_retry.UBOverflowError, match=r"requires \d+ bits while 1572864 bits available.*allowed"):
+        ub_retry.fit_plan(lambda h: planning.plan_rows(4, 781, 32, 4, 4, 4, replace(s, ub_bytes=s.ub_bytes >> h)),
+                          overflow_above(0, []))
+
+
+def test_fit_plan_does_not_retry_other_errors():
+    def attempt(plan):
+        raise RuntimeError("MLIRCompilationError: something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        ub_retry.fit_plan(lambda h: TilePlan(1, 16, 1), attempt)
+
+
+@needs_interpreter
+def test_backend_retries_overflow_and_remembers_the_shape_class(monkeypatch, gen):
+    """Through `run`: an injected overflow for tiles above 64 elements (at the first launch of
+    a plan, where the NPU compiles); the result is still right, the halvings are remembered,
+    and a later request of the same class (other row count) compiles its first plan directly."""
+    compiled: list = []
+    real = backend_module.bind
+
+    def bind_that_overflows(plan, layout, log, out_dtype):
+        run = real(plan, layout, log, out_dtype)
+
+        def go(x, y):
+            compiled.append(tile_of(plan))
+            if plan.block_m * plan.block_n > 64:
+                raise RuntimeError(OVERFLOW_TEXT.format(plan.block_m * plan.block_n * 96))
+            run(x, y)
+        return go
+
+    monkeypatch.setattr(backend_module, "bind", bind_that_overflows)
+    monkeypatch.setattr(backend_module, "compile_may_overflow", lambda device: True)  # as on an NPU
+    monkeypatch.setattr(backend_module, "_halvings", ub_retry.Halvings())
+    for rows in (300, 301):
+        x = randn((rows, 50))(gen, torch.float32)
+        spec = SoftmaxSpec.from_tensor(x, 1)
+        compiled.clear()
+        y = BACKEND.run(x, spec)
+        result = compare(y, x, spec)
+        assert result.ok, result.detail
+        assert compiled[-1] == ("tile", 1, 64)
+        if rows == 300:
+            assert compiled[0][1] * compiled[0][2] > 64 and len(compiled) > 1
+        else:
+            assert compiled == [("tile", 1, 64)], "the remembered halvings were not used"

@@ -290,3 +290,88 @@ def test_rows_per_launch_keeps_chunks_aligned(n, sizes):
     rows = runtime.rows_per_launch(n, sizes)
     assert 0 < rows <= runtime.MAX_ROWS_PER_LAUNCH
     assert all(rows * n * size % runtime.ALIGNMENT == 0 for size in sizes)
+
+
+# --- libamdhip64.so for IREE's hip driver (hiplib.py) ----------------------------------------------
+
+from anysoftmax.backends.wave import hiplib, limits  # noqa: E402
+
+
+def test_hip_dylib_search_order_and_hit(tmp_path):
+    rocm, torch_lib = tmp_path / "rocm", tmp_path / "torch_lib"
+    (rocm / "lib").mkdir(parents=True)
+    torch_lib.mkdir()
+    dirs = hiplib.search_dirs({"ROCM_PATH": str(rocm)}, str(torch_lib))
+    assert dirs == [rocm / "lib", hiplib.Path("/opt/rocm/lib"), torch_lib]
+    (torch_lib / "libamdhip64.so.6").write_bytes(b"")
+    found = hiplib.find_hip_dylib([rocm / "lib", torch_lib])
+    assert found == torch_lib / "libamdhip64.so.6"  # ROCm's lib lacks it: torch's bundled copy
+    (rocm / "lib" / "libamdhip64.so").write_bytes(b"")
+    assert hiplib.find_hip_dylib([rocm / "lib", torch_lib]) == rocm / "lib" / "libamdhip64.so"
+
+
+def test_hip_dylib_missing_names_every_folder(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    with pytest.raises(FileNotFoundError, match="libamdhip64.so not found") as err:
+        hiplib.find_hip_dylib(dirs)
+    assert str(dirs[0]) in str(err.value) and str(dirs[1]) in str(err.value) and "ROCM_PATH" in str(err.value)
+
+
+@pytest.mark.skipif(not _has("iree.runtime"), reason="iree-base-runtime is not installed")
+def test_hip_dylib_flag_is_known_to_iree():
+    """IREE 3.9 accepts the flag name anysoftmax passes (an unknown flag raises)."""
+    import iree.runtime as rt
+
+    rt.flags.parse_flags(f"{hiplib.FLAG}=/nonexistent/libamdhip64.so")
+    with pytest.raises(Exception, match="not recognized"):
+        rt.flags.parse_flags(f"{hiplib.FLAG}x=/x")
+
+
+# --- device matching by UUID, else by ordinal with a warning ---------------------------------------
+
+@pytest.mark.skipif(not _has("iree.runtime"), reason="iree-base-runtime is not installed")
+def test_unmatched_uuid_warns_and_names_both(monkeypatch):
+    from types import SimpleNamespace
+
+    import iree.runtime as rt
+
+    class FakeDriver:
+        def query_available_devices(self):
+            return [{"path": "GPU-aaaa", "name": "d0"}, {"path": "GPU-bbbb", "name": "d1"}]
+
+        def create_device(self, info):
+            return ("device", info["path"])
+
+    monkeypatch.setattr(rt, "get_driver", lambda name: FakeDriver())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid="cccc"))
+    with pytest.warns(UserWarning, match=r"UUID cccc.*aaaa.*bbbb.*'GPU-bbbb' by ordinal 1"):
+        dev = runtime._create_device("cuda", torch.device("cuda", 1))
+    assert dev.hal == ("device", "GPU-bbbb")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid="aaaa"))
+    import warnings as w
+
+    with w.catch_warnings():
+        w.simplefilter("error")
+        assert runtime._create_device("cuda", torch.device("cuda", 1)).hal == ("device", "GPU-aaaa")
+
+
+# --- the longest row per target (limits.py, backends/wave/tuning.yaml) -------------------------------
+
+def test_max_row_length_per_target():
+    gfx942, gfx90a = parse_target("gfx942"), parse_target("gfx90a")
+    assert limits.max_row_length(gfx942) == 131072  # 151936 spills registers on gfx942
+    assert limits.max_row_length(gfx90a) == max_row_length(64)
+    assert limits.max_row_length(gfx942, {"max_row_length": {"default": 10**9}}) == max_row_length(64)
+    with pytest.raises(ValueError, match=r"max_row_length\['gfx942'\]=-1 .*positive integer"):
+        limits.max_row_length(gfx942, {"max_row_length": {"gfx942": -1}})
+
+
+def test_gfx942_refuses_rows_that_spill_and_names_triton(monkeypatch):
+    import anysoftmax.backends.wave.backend as b
+
+    monkeypatch.setattr(b, "detect_target", lambda index=None: parse_target("gfx942"))
+    monkeypatch.setattr(b, "compiler_missing", lambda: None)
+    cuda = torch.device("cuda", 0)
+    for n, refused in ((131072, False), (151936, True)):
+        reason = WaveBackend().supports(SoftmaxSpec((2, n), (n, 1), torch.float16, 1, torch.float16, False, cuda))
+        assert (reason is not None and "gfx942" in reason and "'triton'" in reason) == refused, reason

@@ -1,4 +1,4 @@
-"""Sweep the `triton` backend's tuning table on the GPU at hand, to fill configs/tuning/triton.yaml.
+"""Sweep the `triton` backend's tuning table on the GPU at hand, to fill backends/triton/tuning.yaml.
 
     python -m anysoftmax.bench.tune_triton [--out DIR] [--groups small,tile,split,cols,warps] [--name NAME]
 

@@ -34,6 +34,12 @@ def _row_strides(layout: RowLayout) -> tuple:
     return (s1, s2, *layout.in_row_strides, layout.in_col_stride, *layout.out_row_strides, layout.out_col_stride)
 
 
+def flat_rows(layout: RowLayout) -> bool:
+    """True when the rows form one (size, stride) dimension: the tile kernel then addresses
+    them as `rows * stride` (no div/mod), the form triton-ascend lowers to bounded loads."""
+    return layout.row_sizes[0] == 1 and layout.row_sizes[1] == 1
+
+
 def _wide_cols(layout: RowLayout, block_n: int) -> bool:
     # Column offsets are int32 unless the row's extent in elements could overflow it.
     extent = (layout.n_cols - 1) * max(abs(layout.in_col_stride), abs(layout.out_col_stride)) + block_n
@@ -113,7 +119,8 @@ class TilePlan(KernelPlan):
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
-                    BLOCK_M=self.block_m, BLOCK_N=self.block_n, NUM_STAGES=self.options.get("num_stages", 1))
+                    BLOCK_M=self.block_m, BLOCK_N=self.block_n, NUM_STAGES=self.options.get("num_stages", 1),
+                    FLAT_ROWS=flat_rows(layout))
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def softmax_tile_kernel(
     x_ptr, y_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, FLAT_ROWS: tl.constexpr = False,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
@@ -81,8 +81,15 @@ def softmax_tile_kernel(
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
     for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
-        y_off = _row_offsets(rows, S1, S2, ys0, ys1, ys2)
+        if FLAT_ROWS:
+            # One row dimension (S0 = S1 = 1): offsets `rows * stride`, which triton-ascend's
+            # front end lowers to one bounded 2-D load; the div/mod form below it lowers to
+            # per-row loads of the full tile width, reading past the tensor (ascend.md).
+            x_off = rows * xs2
+            y_off = rows * ys2
+        else:
+            x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
+            y_off = _row_offsets(rows, S1, S2, ys0, ys1, ys2)
         mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
         x_ptrs = x_ptr + x_off[:, None] + cols[None, :] * xsn
         x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(acc_ty)

@@ -1,6 +1,6 @@
 """The `triton_ascend` backend: the shared persistent kernels on Ascend NPUs (triton-ascend).
 
-Same kernels as the `triton` backend (anysoftmax/kernels/softmax.py); what differs is what the
+Same kernels as the `triton` backend (backends/_triton_common); what differs is what the
 NPU forces: a fixed grid (settings.py), tiles sized by the unified buffer (planning.py), the
 `multibuffer` launch option, and the NPU host glue (npu.py).
 
@@ -24,11 +24,30 @@ import torch
 from ...core.layout import RowLayout, allocate_rows
 from ...core.spec import SoftmaxSpec
 from .._triton_common import interpreter, request
-from .._triton_common.plan import KernelPlan
-from . import npu, planning, settings
+from .._triton_common.launcher import bind
+from .._triton_common.plan import KernelPlan, flat_rows
+from . import npu, planning, settings, ub_retry
+
+# shape class -> halvings of the UB budget the NPU compiler accepted (ub_retry).
+_halvings = ub_retry.Halvings()
 
 _FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp or max (Atlas A2/A3); "
                 "triton_ascend refuses it on every device so that its CPU and CUDA runs match the NPU's")
+
+
+def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, programs: int, on_npu: bool) -> KernelPlan:
+    """The plan for rows of `layout` under settings `s` on `programs` programs (pure: the
+    front-end test compiles exactly these)."""
+    plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
+                              spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, flat_rows(layout))
+    # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
+    # rejects unknown options, so it is passed on an NPU only.
+    return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
+
+
+def compile_may_overflow(device: torch.device) -> bool:
+    """Only the NPU compiler decides the real unified-buffer use (and may refuse a tile)."""
+    return device.type == "npu"
 
 
 class TritonAscendBackend:
@@ -78,27 +97,36 @@ class TritonAscendBackend:
         return (f"device type {kind!r} is not supported "
                 f"(npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)")
 
-    def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec) -> KernelPlan:
-        """Kernel, tile, grid and launch options for rows of `layout` (x on its device)."""
+    def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec, halvings: int = 0) -> KernelPlan:
+        """Kernel, tile, grid and launch options for rows of `layout` (x on its device), with the
+        unified-buffer budget halved `halvings` times (after a compile-time overflow)."""
         s = settings.current()
+        if halvings:
+            s = replace(s, ub_bytes=s.ub_bytes >> halvings)
         on_npu = x.device.type == "npu"
         live_cores = None
         if on_npu and s.grid == settings.VECTOR_CORES:
             live_cores = npu.vector_cores(npu.device_index(x.device))
-        programs = planning.resolve_programs(s, live_cores)
-        plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
-                                  spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s)
-        # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
-        # rejects unknown options, so it is passed on an NPU only.
-        return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
+        return plan_for(layout, spec, s, planning.resolve_programs(s, live_cores), on_npu)
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request, on the device's current stream (dispatch memoises
-        it; the settings it was planned with are part of the memo key via `settings.key()`)."""
+        it). On an NPU the first plan is compiled here: a unified-buffer overflow halves the
+        tile and retries (`ub_retry`), and the halvings are remembered per shape class."""
         given = x
         x, y, layout = allocate_rows(x, spec)
-        return request.forward(self.plan(x, layout, spec), layout, spec, contiguous=x is not given,
-                               guard=npu.device_guard)
+        cls = ub_retry.shape_class(spec.in_dtype, spec.out_dtype, spec.log, layout.n_cols, flat_rows(layout))
+        if compile_may_overflow(x.device):
+            def attempt(plan: KernelPlan) -> None:  # the first launch compiles: an overflow shows here
+                bind(plan, layout, spec.log, spec.out_dtype)(x, y)
+
+            with npu.device_guard(x.device):
+                plan, halvings = ub_retry.fit_plan(lambda h: self.plan(x, layout, spec, h), attempt,
+                                                   _halvings.get(cls))
+            _halvings.put(cls, halvings)
+        else:
+            plan = self.plan(x, layout, spec, _halvings.get(cls))
+        return request.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard)
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""

@@ -15,9 +15,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import warnings
 from functools import lru_cache
 
 import torch
+
+from . import install
 
 
 ENV_ON_CUDA = "ANYSOFTMAX_ASCEND_ON_CUDA"
@@ -44,24 +47,18 @@ def _triton_is_ascend() -> bool:
                                     for name in ("ascend", "huawei"))
 
 
-def _triton_version() -> str:
-    from importlib import metadata
-
-    for dist in ("triton", "triton-ascend"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
 @lru_cache(maxsize=1)
 def missing_reason() -> str | None:
     """Why Ascend NPUs cannot be used here, or None when triton-ascend, CANN, torch_npu and an
     NPU are all present (checked once per process)."""
     missing = []
-    if not _triton_is_ascend():
-        missing.append(f"triton-ascend is not installed (the `triton` package is stock Triton {_triton_version()})")
+    # Which distribution owns the `triton` files (stock Triton installed after triton-ascend
+    # overwrites it silently), and the exact commands that repair it.
+    problem = install.triton_problem()
+    if problem is None and not _triton_is_ascend():
+        problem = f"the `triton` package has no Ascend backend (triton/backends/ascend); reinstall: {install.FIX}"
+    if problem is not None:
+        missing.append(problem)
     home = os.environ.get("ASCEND_HOME_PATH", "")
     if not home or not os.path.isdir(home):
         missing.append("CANN not found ($ASCEND_HOME_PATH is not set to the toolkit: "
@@ -76,6 +73,9 @@ def missing_reason() -> str | None:
         return f"import torch_npu failed: {type(exc).__name__}: {exc}; {INSTALL_HINT}"
     if not torch.npu.is_available():
         return "torch_npu is installed but no NPU is visible (torch.npu.is_available() is False)"
+    note = install.version_note(install.installed_versions([install.DIST, "torch-npu"]))
+    if note is not None:
+        warnings.warn(f"triton_ascend: {note}; see README 'Ascend'", stacklevel=2)
     return None
 
 

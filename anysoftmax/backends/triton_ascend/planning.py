@@ -68,8 +68,13 @@ def grid_size(programs: int, n_work: int) -> int:
 
 
 def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes: int, acc_bytes: int,
-              s: Settings) -> KernelPlan:
+              s: Settings, flat_rows: bool = True) -> KernelPlan:
     """Kernel, tile and grid for `n_rows` rows of `n_cols` elements (launch options left empty).
+
+    `flat_rows`: the rows form one (size, stride) dimension (`_triton_common.plan.flat_rows`).
+    When they do not, the tile kernel takes one row per step: its several-row form addresses
+    rows by div/mod, which triton-ascend lowers to unbounded loads of the whole tile width
+    (reading past the tensor); one row per step lowers to one bounded, strided load.
 
     ValueError when the UB budget cannot hold even the narrowest sub-block.
     """
@@ -79,7 +84,7 @@ def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes:
     tile_elems = floor_pow2(budget // element_bytes(in_bytes, out_bytes, acc_bytes, s.tile_acc_copies))
     if block_n <= tile_elems:
         # Several rows per step fill the tile, but never so many that some program gets no rows.
-        block_m = min(tile_elems // block_n, floor_pow2(cdiv(n_rows, programs)))
+        block_m = min(tile_elems // block_n, floor_pow2(cdiv(n_rows, programs))) if flat_rows else 1
         return TilePlan(block_m, block_n, grid_size(programs, cdiv(n_rows, block_m)))
     online_bytes = element_bytes(in_bytes, out_bytes, acc_bytes, s.online_acc_copies)
     sub_block = min(floor_pow2(budget // online_bytes), block_n)

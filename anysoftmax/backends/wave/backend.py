@@ -19,7 +19,8 @@ from ...core.registry import BackendUnavailableError
 from ...core.spec import SoftmaxSpec, dtype_name
 from . import diskcache, runtime
 from .env import compiler_missing, runtime_missing
-from .kernel import DTYPES, KernelKey, max_row_length
+from . import limits
+from .kernel import DTYPES, KernelKey
 from .target import Target, detect_target
 
 # KernelKey -> .vmfb bytes (from disk or freshly compiled).
@@ -84,9 +85,11 @@ class WaveBackend:
         target = detect_target(spec.device.index)
         if isinstance(target, str):
             return target
-        longest = max_row_length(target.threads_per_wave)
+        longest = limits.max_row_length(target)
         if spec.n_cols > longest:
-            return f"rows of {spec.n_cols} elements exceed {longest}, the longest row one Wave workgroup holds"
+            return (f"rows of {spec.n_cols} elements exceed {longest}, the longest row the Wave kernel takes on "
+                    f"{target.chip} ({limits.TUNING}: longer rows spill registers or exceed one workgroup); "
+                    f"backend 'triton' handles them")
         missing = compiler_missing()
         if missing is not None and not diskcache.vmfb_path(kernel_key(spec, target)).is_file():
             return f"{missing}; and {diskcache.vmfb_path(kernel_key(spec, target))} is not precompiled"

@@ -23,11 +23,13 @@ from __future__ import annotations
 import math
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ...core.cache import OnceCache
+from . import hiplib
 from .kernel import MAX_ROWS_PER_LAUNCH
 
 ENV_TRANSFER = "ANYSOFTMAX_WAVE_TRANSFER"
@@ -72,6 +74,8 @@ _modules: OnceCache[LoadedKernel] = OnceCache(maxsize=512)
 def _create_device(driver_name: str, torch_device: torch.device) -> _Device:
     import iree.runtime as rt
 
+    if driver_name == "hip":
+        hiplib.configure()  # before the driver loads libamdhip64.so from the system path
     driver = rt.get_driver(driver_name)
     infos = driver.query_available_devices()
     if not infos:
@@ -83,7 +87,13 @@ def _create_device(driver_name: str, torch_device: torch.device) -> _Device:
         index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         by_uuid = {str(i.get("path", "")).removeprefix("GPU-"): i for i in infos}
-        info = by_uuid.get(uuid) or infos[min(index, len(infos) - 1)]
+        info = by_uuid.get(uuid)
+        if info is None:
+            info = infos[min(index, len(infos) - 1)]
+            warnings.warn(
+                f"wave: torch GPU {index} (UUID {uuid}) matches no {driver_name!r} device by UUID "
+                f"(IREE reports {sorted(by_uuid) or 'none'}); using IREE device {info.get('path', '?')!r} "
+                f"by ordinal {min(index, len(infos) - 1)}", stacklevel=2)
     return _Device(driver_name, torch_device, rt.VmInstance(), driver.create_device(info))
 
 

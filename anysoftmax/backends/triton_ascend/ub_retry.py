@@ -1,0 +1,95 @@
+"""Unified-buffer overflow at compile time: halve the tile and retry, remembering per shape
+class how many halvings compiled.
+
+The planner's UB estimate (`planning`, `acc_copies` in the tuning table) is an upper bound
+counted from the kernel source, but the NPU compiler (bishengir-compile) decides the real
+buffer use; when it needs more it fails with "ub overflow, requires N bits while 1572864 bits
+available" (the first launch compiles). Instead of failing the request, the backend plans
+again with half the budget (the tile halves: fewer rows per step, then narrower sub-blocks)
+until the compiler accepts it, and keeps that count for every later request of the same shape
+class, so the failing compile is paid once per class and process. Pure logic: the compile is
+a callable, so the retry is tested on a CPU with an injected failure.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+
+from triton import next_power_of_2
+
+from .._triton_common.plan import KernelPlan
+
+OVERFLOW = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available")
+
+
+class UBOverflowError(RuntimeError):
+    """The compiler overflowed the unified buffer even with the narrowest tile."""
+
+
+def overflow_in(exc: BaseException) -> tuple[int, int] | None:
+    """(required, available) bits when `exc` is the compiler's UB overflow, else None (the
+    message may sit in the exception text or, for subprocess errors, in its stderr)."""
+    texts = [str(exc)]
+    stderr = getattr(exc, "stderr", None)
+    if stderr:
+        texts.append(stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr))
+    for text in texts:
+        m = OVERFLOW.search(text)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def shape_class(in_dtype, out_dtype, log: bool, n_cols: int, flat_rows: bool) -> tuple:
+    """Requests that compile to the same tile kernel shape share one halving count."""
+    return (str(in_dtype), str(out_dtype), bool(log), next_power_of_2(max(n_cols, 1)), bool(flat_rows))
+
+
+class Halvings:
+    """shape class -> halvings of the UB budget that compiled (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._known: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key) -> int:
+        with self._lock:
+            return self._known.get(key, 0)
+
+    def put(self, key, halvings: int) -> None:
+        with self._lock:
+            self._known[key] = max(halvings, self._known.get(key, 0))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._known.clear()
+
+
+def fit_plan(plan_at: Callable[[int], KernelPlan], attempt: Callable[[KernelPlan], None],
+             start: int = 0) -> tuple[KernelPlan, int]:
+    """The first plan, from `start` halvings of the budget on, that `attempt` (compile and
+    launch) accepts; returns it and its halving count. Only UB overflows are retried; a
+    halving that leaves the plan unchanged is skipped without compiling again. Raises
+    `UBOverflowError` when the budget is too small for even the narrowest tile."""
+    halvings, failed, last = start, None, None
+    while True:
+        try:
+            plan = plan_at(halvings)
+        except ValueError as exc:
+            raise UBOverflowError(
+                f"triton_ascend: the NPU compiler reported a unified-buffer overflow ({last}) and halving "
+                f"the tile {halvings} times left no tile that fits: {exc}") from exc
+        if plan == failed:
+            halvings += 1
+            continue
+        try:
+            attempt(plan)
+            return plan, halvings
+        except Exception as exc:  # the compiler's own error types vary: recognised by message
+            over = overflow_in(exc)
+            if over is None:
+                raise
+            last = f"requires {over[0]} bits while {over[1]} bits available, tile {plan.block_m}x{plan.block_n}"
+            failed, halvings = plan, halvings + 1
