@@ -38,7 +38,8 @@ EOF
     "$PY" benchmarks/profile_hit_path.py 2>&1 | tee "$OUT/profile.txt"
     ;;
   tests)
-    "$PY" -m pytest -m gpu -q -x -p no:cacheprovider --timeout=900 tests "$@" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
+    [ $# -eq 0 ] && set -- tests
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider --timeout=900 "$@" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
     ;;
   fwd|bwd)
     flag=""; [ "$stage" = bwd ] && flag="--bwd"
