@@ -122,6 +122,17 @@ def test_import_anysoftmax_loads_no_backend():
     assert res.stdout.strip() == "[]", f"import anysoftmax pulled in: {res.stdout}"
 
 
+def test_loading_the_backends_defines_no_triton_kernel():
+    """The registry loads every backend to ask whether Triton must run interpreted: none of
+    them may import Triton for that (it would fix the choice before it is made)."""
+    res = _fresh("import sys; from anysoftmax.core import registry; from anysoftmax import dispatch; "
+                 "names = sorted(registry.registered()); "
+                 "print(names, sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.')))")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().endswith("[]"), f"loading the backends imported Triton: {res.stdout}"
+    assert "'triton_ascend'" in res.stdout and "'wave'" in res.stdout
+
+
 def test_every_module_imports_alone():
     def one(m):
         return m, _fresh(f"import {m}")

@@ -17,7 +17,7 @@ import re
 import threading
 from collections.abc import Callable
 
-from triton import next_power_of_2
+from ...core.layout import next_power_of_2
 
 from .._triton_common.plan import KernelPlan
 
