@@ -42,8 +42,7 @@ def run_provider(provider: str, direction: str, cases: list, case_timeout: float
     results, todo = [], list(cases)
     while todo:
         proc = subprocess.Popen([sys.executable, "-m", "anysoftmax.bench.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=Path(__file__).resolve().parent.parent)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc.stdin.write(json.dumps(dict(provider=provider, direction=direction, cases=todo)))
         proc.stdin.close()
         lines: queue.Queue = queue.Queue()
