@@ -25,12 +25,12 @@ class UsageError(Exception):
     """A bad command-line argument (exit status 2), its message naming the problem."""
 
 
-def _console():
+def _console(stderr: bool = False):
     from rich.console import Console
 
-    console = Console()
+    console = Console(stderr=stderr)
     if not console.is_terminal:  # CI logs: do not squeeze the tables into 80 columns
-        console = Console(width=100)
+        console = Console(width=100, stderr=stderr)
     return console
 
 
@@ -92,7 +92,8 @@ def cmd_matrix(args) -> int:
 
     from .dispatch import use_interpreter_if_needed
 
-    console = _console()
+    # With --json, stdout carries the JSON document only; the other lines go to stderr.
+    console = _console(stderr=args.json)
     note = use_interpreter_if_needed()
     path = _resolve_config(args.config)
     try:
