@@ -10,14 +10,17 @@
 set -euo pipefail
 CONFIG=${1:-h100}
 OUT=${OUT:-out/ray_gpu_run}
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 
 if ! $PY -c "import ray" 2>/dev/null; then
   W=ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
-  cat .gpu/ray/part1/ray.whl.part00 .gpu/ray/part2/ray.whl.part01 > "/tmp/$W"
+  # The two halves travel in consecutive calls (64 MiB each): part 1 may already wait in /tmp.
+  P0=.gpu/ray/part1/ray.whl.part00; [ -f "$P0" ] || P0=/tmp/ray.whl.part00
+  DEPS=.gpu/ray/part1/deps; [ -d "$DEPS" ] || DEPS=/tmp/raydeps
+  cat "$P0" .gpu/ray/part2/ray.whl.part01 > "/tmp/$W"
   (cd /tmp && sha256sum -c <(sed "s#wheels/##" "$OLDPWD/.gpu/ray/part2/ray.whl.sha256"))
-  $PY -m pip install --no-index --find-links .gpu/ray/part1/deps "/tmp/$W"
+  $PY -m pip install -q --no-index --find-links "$DEPS" "/tmp/$W"
 fi
 
 export RAY_AUTH_MODE=token
