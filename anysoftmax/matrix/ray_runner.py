@@ -83,8 +83,14 @@ class CellWorker:
         import_plugins(plugins)
         if threads:
             torch.set_num_threads(threads)
-        self.node = ray.get_runtime_context().get_node_id()
+        context = ray.get_runtime_context()
+        self.node = context.get_node_id()
         self.host = platform.node()
+        # Ray shows the worker only its own accelerator (as cuda:0): record which physical one.
+        try:
+            self.physical = {k: list(v) for k, v in context.get_accelerator_ids().items() if v}
+        except Exception:  # older Ray: no accelerator ids; the visible index is all there is
+            self.physical = {}
         self.located: dict = {}
 
     def run(self, cell: Cell, match: tuple[str, ...]) -> tuple[Result, bool]:
@@ -107,6 +113,9 @@ class CellWorker:
             res = run_cell(cell, device)
             healthy = res.status != FAILED or device == "cpu" or _healthy(device)
         res.host, res.node = self.host, self.node
+        ids = self.physical.get("GPU" if kind == "cuda" else kind.upper())
+        if res.ran_on and ids:
+            res.ran_on = f"{res.ran_on} (Ray {'GPU' if kind == 'cuda' else kind.upper()} {','.join(map(str, ids))})"
         return res, healthy
 
 
