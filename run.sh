@@ -18,7 +18,7 @@ else
     python3 -m venv .venv
     "$PY" -m pip install -q --upgrade pip
     "$PY" -m pip install -q torch==2.13.0
-    "$PY" -m pip install -q -e '.[test,wave]'
+    "$PY" -m pip install -q -e '.[test,wave,ray,plot]'
     touch .venv/.installed
   fi
 fi

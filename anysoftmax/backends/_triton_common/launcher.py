@@ -188,15 +188,17 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
                 from triton import knobs
                 from triton.runtime.driver import driver
 
-                state["fast"] = (_fast_calls(compiled, tails), knobs.runtime, driver.active.get_current_stream,
-                                 tensors[0].device.index)
+                hooks = knobs.runtime
+                state["fast"] = (_fast_calls(compiled, tails), hooks, driver.active.get_current_stream,
+                                 tensors[0].device.index, hooks.launch_enter_hook, hooks.launch_exit_hook)
 
     def launch(tensors) -> None:
         fast = state["fast"]
         if fast is not None:
-            calls, hooks, stream_of, index = fast
-            if _inactive(hooks.launch_enter_hook) and _inactive(hooks.launch_exit_hook):
-                # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
+            calls, hooks, stream_of, index, enter, leave = fast
+            # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
+            if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and _inactive(enter) \
+                    and _inactive(leave):
                 head = head_of(tensors) if needs_scratch else tensors
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.
@@ -213,13 +215,13 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
         with lock:  # a first launch compiles: one thread at a time per kernel
             first_launch(tensors)
 
+    if not plan.cooperative:
+        return lambda *tensors: launch(tensors)
+
     def run(*tensors: torch.Tensor) -> None:
         fallback = state["fallback"]
         if fallback is not None:
             fallback(*tensors)
-            return
-        if not plan.cooperative:
-            launch(tensors)
             return
         try:
             launch(tensors)
