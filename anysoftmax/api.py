@@ -88,4 +88,8 @@ def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool
     """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward
     output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in
     y's dtype."""
+    if torch.compiler.is_compiling() or wants_autodiff(y, grad):
+        # The operator: traceable (fake implementation) and differentiable (double backward).
+        from . import ops
+        return ops.softmax_backward_op(grad, y, dim, log, backend)
     return dispatch.backward(y, grad, dim, log=log, backend=backend)

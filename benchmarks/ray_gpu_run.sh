@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/ray_gpu_run.sh [CONFIG]      # CONFIG: default h100 (bare names resolve)
 #
-# Installs Ray from .gpu/ray/ if it is missing (the host has no network; see RAY_README_SECTION),
+# Installs Ray from .gpu/ray/ if it is missing (the host has no network; see README, "The matrix on Ray"),
 # starts a Ray head bound to 127.0.0.1 (no dashboard, token auth with a throwaway token), runs
 # the matrix with local workers, then on Ray, and writes both reports, the timings and a
 # cell-by-cell status comparison under $OUT (default: out/ray_gpu_run).

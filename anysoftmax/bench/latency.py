@@ -66,6 +66,11 @@ def backward_fn(name: str):
         return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1)
     if name == "anysoftmax:triton":
         return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1, backend="triton")
+    mode = name.split(":", 1)[1] if ":" in name and name.split(":")[0].endswith("compile") else None
+    if name.startswith("torch.compile"):
+        return _compiled(lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype), mode)
+    if name.startswith("anysoftmax.compile"):
+        return _compiled(lambda y, dy: anysoftmax.softmax_backward(y, dy, -1), mode)
     if name == "liger":
         try:
             from liger_kernel.ops.softmax import _softmax_backward
