@@ -52,7 +52,9 @@ def load_plugins() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             obj = ep.load()
-            backend = obj() if callable(obj) and not isinstance(obj, registry.Backend) else obj
+            # A class is instantiated (a class object itself passes the Backend protocol's
+            # attribute check); another callable is a factory; anything else is the backend.
+            backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, registry.Backend)) else obj
             registry.register(backend)
         except Exception as exc:  # a broken third-party package is reported, not fatal
             log.warning("anysoftmax: backend entry point %r (%s) failed to load: %s: %s",

@@ -32,3 +32,22 @@ def test_named_paths_exist():
     named = set(re.findall(r"`((?:anysoftmax|benchmarks|tests)/[\w./-]+?)`", README))
     missing = sorted(p for p in named if "<" not in p and "*" not in p and not (ROOT / p).exists())
     assert not missing, f"README names paths that do not exist: {missing}"
+
+
+def test_example_backend_runs():
+    code = re.search(r"### Add a backend in five steps\n\n```python\n(.*?)```", README, re.S).group(1)
+    import torch
+
+    import anysoftmax
+    from anysoftmax.core import SoftmaxSpec, compare
+
+    namespace: dict = {}
+    exec(compile(code, "README example", "exec"), namespace)
+    anysoftmax.register(namespace["MyBackend"]())
+    try:
+        x = torch.randn(5, 40) * 3
+        y = anysoftmax.softmax(x, 1, backend="mine")
+        assert compare(y, x, SoftmaxSpec.from_tensor(x, 1)).ok
+        assert "mine" in [s.name for s in anysoftmax.list_backends()]
+    finally:
+        anysoftmax.unregister("mine")

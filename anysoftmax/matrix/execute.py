@@ -13,6 +13,7 @@ import torch
 from .. import perf
 from ..core.registry import BackendUnavailableError, UnsupportedRequestError
 from ..core.spec import parse_dtype
+from . import memory
 from .cells import FAILED, PASSED, SKIPPED, Cell, Result
 from .conformance import OPS, check_cell, make_input
 from .devices import device_name
@@ -82,6 +83,11 @@ def run_cell(cell: Cell, device: str) -> Result:
         if device not in _names:
             _names[device] = device_name(device)
         res.device_name = _names[device]
+        too_big = memory.refusal(cell, device)
+        if too_big is not None:
+            res.status, res.reason = SKIPPED, too_big
+            res.seconds = time.perf_counter() - start
+            return res
         cmp, spec = check_cell(cell, device)
         res.max_abs_err, res.err_ratio = cmp.max_abs_err, cmp.max_rel_err
         res.atol, res.rtol = spec.tolerance.atol, spec.tolerance.rtol
