@@ -258,3 +258,89 @@ def test_triton_ops_refuse_other_backends(gen):
 
     with pytest.raises(RuntimeError, match="served by another backend"):
         torch.ops.anysoftmax.softmax_triton(torch.randn(3, 4, generator=gen), 1, None, "torch")
+
+
+# ---- GPU plans, traced on this CPU-only machine ----------------------------------------------
+
+GPU_PLAN_TRACE = r'''
+import json, sys
+import torch
+import anysoftmax
+from anysoftmax import ops
+from anysoftmax.backends.triton import backend as tb
+from anysoftmax.backends.triton.occupancy import DeviceProps
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import dispatch_functionalize
+from torch.fx.experimental.proxy_tensor import make_fx
+
+# An H100's properties and occupancy stand in for the GPU this machine lacks.
+tb.device_props = lambda index: DeviceProps(name="H100", multiprocessor_count=132, max_num_regs=65536,
+                                            max_shared_mem=232448, warp_size=32, max_threads_per_sm=2048,
+                                            is_hip=False, is_cdna=False)
+tb._programs_per_sm = lambda *a, **k: 2
+tb.TritonBackend.is_available = lambda self: None
+tb.TritonBackend._index = staticmethod(lambda x: 0)
+
+def launches(gm):
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and "triton_kernel_wrapper" in str(n.target):
+            k = kernel_side_table.get_kernel(n.kwargs["kernel_idx"])
+            configs = getattr(k, "configs", [])
+            fn = getattr(k, "fn", k)
+            out.append(dict(kernel=fn.__name__, phase=n.kwargs["kwargs"].get("PHASE"), grid=list(n.kwargs["grid"][0]),
+                            num_warps=configs[0].num_warps if configs else None, args=sorted(n.kwargs["kwargs"])))
+    return out, [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+from anysoftmax.core.layout import allocate_rows
+
+result = {}
+with FakeTensorMode():
+    cases = {"split": torch.empty(8, 262144, device="cuda"), "tile": torch.empty(64, 1000, device="cuda",
+             dtype=torch.bfloat16)}
+    plans = {}
+    for name, x in cases.items():
+        spec = anysoftmax.SoftmaxSpec.from_tensor(x, -1)
+        xr, y, layout = allocate_rows(x, spec)
+        plans[name] = anysoftmax.get_backend("triton").plan(xr, y, layout, spec)
+for name, x in cases.items():
+    plan = plans[name]
+    fw = make_fx(dispatch_functionalize(lambda t: ops.softmax_op(t, -1, None, None)), tracing_mode="fake")(x)
+    bw = make_fx(dispatch_functionalize(lambda g, y: ops.softmax_backward_op(g, y, -1, False, None)),
+                 tracing_mode="fake")(x, x)
+    result[name] = dict(eager_plan=dict(kind=plan.kind, cooperative=plan.cooperative, options=plan.options),
+                        forward=launches(fw), backward=launches(bw))
+print("RESULT" + json.dumps(result))
+'''
+
+
+def test_gpu_plans_trace_on_fake_cuda_tensors():
+    """What a GPU compile records, on this CPU-only machine: fake CUDA tensors, an H100's
+    properties stubbed in, kernels compiled-mode (`JITFunction`s: a fresh interpreter without
+    TRITON_INTERPRET), traced through functionalization as AOTAutograd does. A split plan that is
+    cooperative in eager mode is traced as its two launches (PHASE 1, 2) with launch options
+    passed as torch's single-config autotuner (num_warps), never `launch_cooperative_grid`."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", GPU_PLAN_TRACE], capture_output=True, text=True, env=env, timeout=600)
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
+    assert res.returncode == 0 and line, res.stderr[-3000:]
+    got = json.loads(line[0][len("RESULT"):])
+    split, tile = got["split"], got["tile"]
+    assert split["eager_plan"]["kind"] == "split" and split["eager_plan"]["cooperative"]
+    assert split["eager_plan"]["options"].get("launch_cooperative_grid") is True
+    fw, fw_targets = split["forward"]
+    assert [(k["kernel"], k["phase"]) for k in fw] == [("softmax_split_kernel", 1), ("softmax_split_kernel", 2)]
+    assert all(k["num_warps"] == split["eager_plan"]["options"]["num_warps"] for k in fw)
+    assert not any("launch_cooperative_grid" in k["args"] for k in fw)
+    assert not any("anysoftmax" in t for t in fw_targets), fw_targets
+    bw, bw_targets = split["backward"]
+    assert [k["kernel"] for k in bw] in (["softmax_bwd_kernel"], ["softmax_bwd_kernel"] * 2)
+    assert not any("anysoftmax" in t for t in bw_targets)
+    assert [k["kernel"] for k in tile["forward"][0]] == ["softmax_tile_kernel"]
+    assert [k["kernel"] for k in tile["backward"][0]] == ["softmax_bwd_kernel"]

@@ -4,7 +4,7 @@
 
 The block: x -> qkv projection -> QK^T * scale -> softmax -> @V -> output projection, compiled
 with `torch.compile(fullgraph=True, dynamic=False)` in the default mode and in
-`mode="reduce-overhead"` (CUDA graphs). Providers:
+`mode="reduce-overhead"` (CUDA graphs). Providers (`--providers`; the first two by default):
 * `torch`: torch.softmax (Inductor generates and may fuse its own softmax);
 * `anysoftmax`: anysoftmax.softmax, whose Triton kernels appear in the graph as user-defined
   kernels (`anysoftmax.traced_ops`);
@@ -146,12 +146,15 @@ def measure_cell(provider: str, shape: tuple, dtype: torch.dtype, mode: str, dir
     return row, first
 
 
-def measure(shapes: list[tuple], dtypes: list[torch.dtype], providers: list[str], steps: int) -> list[dict]:
+def measure(shapes: list[tuple], dtypes: list[torch.dtype], providers: list[str], steps: int,
+            modes: list[str] = MODES, directions: list[str] = DIRECTIONS, on_row=None) -> list[dict]:
+    """Every cell; `on_row(rows)` after each (the JSON is rewritten as cells finish, so a run
+    cut short keeps what it measured)."""
     rows = []
     for shape in shapes:
         for dtype in dtypes:
-            for mode in MODES:
-                for direction in DIRECTIONS:
+            for mode in modes:
+                for direction in directions:
                     reference = None
                     for provider in providers:
                         label = f"{provider} {'x'.join(map(str, shape))} {dtype} {mode} {direction}"
@@ -170,6 +173,8 @@ def measure(shapes: list[tuple], dtypes: list[torch.dtype], providers: list[str]
                         print(f"  {label}: " + (f"gpu {row['gpu_ms']:.3f} ms, wall {row['wall_ms']:.3f} ms"
                                                 if "error" not in row else row["error"]), file=sys.stderr, flush=True)
                         rows.append(row)
+                        if on_row is not None:
+                            on_row(rows)
     return rows
 
 
@@ -207,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for compiled_block.json")
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="BxHxSxD (batch, heads, seq, head dim)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
-    ap.add_argument("--providers", nargs="+", default=PROVIDERS, choices=PROVIDERS)
+    ap.add_argument("--providers", nargs="+", default=["torch", "anysoftmax"], choices=PROVIDERS,
+                    help="anysoftmax:opaque adds the opaque-operator form (compiles again: slower run)")
+    ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    ap.add_argument("--directions", nargs="+", default=DIRECTIONS, choices=DIRECTIONS)
     ap.add_argument("--steps", type=int, default=50, help="back-to-back steps for the wall time")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -220,12 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     if any(len(s) != 4 for s in shapes):
         ap.error("--shapes: BxHxSxD, e.g. 8x16x1024x64")
     providers = ["torch"] + [p for p in args.providers if p != "torch"]  # torch first: the reference
-    rows = measure(shapes, [DTYPES[d] for d in args.dtypes], providers, args.steps)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               steps=args.steps, rows=rows)
-    (out / "compiled_block.json").write_text(json.dumps(doc, indent=1))
+               steps=args.steps, rows=[])
+
+    def save(rows):
+        doc["rows"] = rows
+        (out / "compiled_block.json").write_text(json.dumps(doc, indent=1))
+
+    rows = measure(shapes, [DTYPES[d] for d in args.dtypes], providers, args.steps, args.modes, args.directions,
+                   on_row=save)
+    save(rows)
     print(f"# compiled attention block on {doc['device']} (torch {doc['torch']}, triton {doc['triton']})\n")
     print(table(rows))
     print(f"\n(written: {out / 'compiled_block.json'})")
