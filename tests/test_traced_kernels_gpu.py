@@ -156,3 +156,19 @@ def test_eager_path_unchanged():
     hits = dispatch.stats["hits"]
     anysoftmax.softmax(x, -1)
     assert dispatch.stats["hits"] == hits + 1
+
+
+def test_input_from_a_padded_matmul():
+    """The kernels' strides are constants in the graph: Inductor must hand them buffers with
+    exactly the traced strides (user-kernel inputs are constrained to their eager strides), even
+    where it would pad a matmul output's rows (comprehensive padding, rows of 3000 fp32)."""
+    from torch._inductor import config
+
+    a = torch.randn(512, 256, device="cuda")
+    b = torch.randn(256, 3000, device="cuda")
+    with config.patch(comprehensive_padding=True, padding_stride_threshold=1):
+        fn = compile_fn(lambda a_, b_: anysoftmax.softmax((a_ @ b_) * 0.5, -1), "default")
+        y = fn(a, b)
+    x = (a @ b) * 0.5
+    result = compare(y, x, SoftmaxSpec.from_tensor(x, -1), device="cuda")
+    assert result.ok, result.detail
