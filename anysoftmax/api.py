@@ -48,7 +48,9 @@ def _run(input, dim, dtype, backend, log: bool) -> torch.Tensor:
 
 
 def _run_general(input, dim, dtype, backend, log: bool) -> torch.Tensor:
-    # Under torch.compile: the registered operator (opaque to the compiler, autograd attached).
+    # Under torch.compile: the registered operator (autograd attached); when AOTAutograd traces
+    # it for a request the triton backend serves, its kernels enter the graph as user-defined
+    # Triton kernels (anysoftmax.traced_ops), else it stays opaque.
     # In eager mode, whenever a derivative may be wanted (gradients, forward AD, torch.func):
     # the operator's autograd.Function. Plain eager inference calls dispatch directly and saves
     # the dispatcher's microseconds that small tensors would wait on.

@@ -193,8 +193,9 @@ def softmax(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Op
 
 def compiled_softmax(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
                      log: bool) -> torch.Tensor:
-    """What `anysoftmax.softmax` traces to under torch.compile: the operator (opaque, its autograd
-    registered). Inside a torch.func transform, functorch cannot use an operator's registered
+    """What `anysoftmax.softmax` traces to under torch.compile: the operator (its autograd
+    registered; AOTAutograd replaces it by the backend's Triton kernels where `traced_ops` routes
+    it, else it stays opaque). Inside a torch.func transform, functorch cannot use an operator's registered
     autograd and dynamo traces neither a custom jvp nor (correctly) a Function's forward under
     torch.func in torch 2.13, so that call runs eagerly: one graph break, torch's results."""
     if _functorch_active():

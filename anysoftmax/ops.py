@@ -8,6 +8,11 @@ graph, and calls the real implementation at run time; autograd is registered on 
 so compiled and eager training share one backward (`softmax_backward`, itself an operator).
 
 Outputs are always fresh contiguous tensors (the fake implementations promise exactly that).
+
+Under torch.compile a request the `triton` backend serves does not stay opaque: while
+AOTAutograd traces the graph, a rule registered here hands it to the `anysoftmax::*_triton`
+`triton_op`s, whose kernels then appear in the graph as user-defined Triton kernels
+(`anysoftmax.traced_ops` says when and why).
 """
 
 from __future__ import annotations
@@ -119,3 +124,61 @@ softmax_backward_op.register_autograd(_backward_grad, setup_context=_setup_backw
 softmax_op.register_vmap(_vmap_rule("softmax_vmap"))
 log_softmax_op.register_vmap(_vmap_rule("log_softmax_vmap"))
 softmax_backward_op.register_vmap(_vmap_rule("softmax_backward_vmap"))
+
+
+# ---- torch.compile: routing to the triton_ops (anysoftmax.traced_ops) -------------------------
+
+def _bound(args, kwargs, names, defaults):
+    values = dict(zip(names, args))
+    values.update(kwargs)
+    return [values.get(n, defaults.get(n)) for n in names]
+
+
+def _export_keeps_ops() -> bool:
+    # torch.export keeps triton_ops whole (no backend kernels in an exported program); so do we.
+    try:
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+    except ImportError:  # pragma: no cover - older torch: no such switch
+        return False
+    return custom_triton_ops_decomposition_disabled()
+
+
+def _routing_rule(kind: str):
+    """A torch_dispatch rule for FunctionalTensorMode (AOTAutograd's tracing mode): run the
+    matching `triton_op` instead of the opaque operator when `traced_ops` says so; otherwise
+    trace the operator as it is. `triton_op`'s own decomposition is the model (and, like it,
+    nothing is decomposed for torch.export)."""
+    if kind == "backward":
+        names, defaults = ("grad", "y", "dim", "log", "backend"), {"backend": None}
+    else:
+        names, defaults = ("x", "dim", "dtype", "backend"), {"dtype": None, "backend": None}
+
+    def rule(mode, op, types, args, kwargs):
+        target = None
+        plain = all(issubclass(t, (torch._subclasses.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor))
+                    or t is torch.Tensor for t in types)
+        if plain and not _export_keeps_ops():
+            from . import traced_ops
+
+            values = _bound(args, kwargs, names, defaults)
+            target = traced_ops.backward_target(*values) if kind == "backward" else \
+                traced_ops.forward_target(*values, log=kind == "log_softmax")
+        if target is None:
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        with mode:
+            return target(*values)
+
+    return rule
+
+
+def _install_routing() -> None:
+    try:
+        from torch._subclasses.functional_tensor import FunctionalTensorMode
+    except ImportError:  # pragma: no cover
+        return
+    softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("softmax"))
+    log_softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("log_softmax"))
+    softmax_backward_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("backward"))
+
+
+_install_routing()

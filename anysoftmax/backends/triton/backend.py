@@ -14,9 +14,9 @@ import torch
 
 from ...config import overrides_key
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, allocate_rows
+from ...core.layout import RowLayout, allocate_rows, new_output
 from ...core.spec import SoftmaxSpec
-from .._triton_common import interpreter, request
+from .._triton_common import interpreter, request, traced
 from .._triton_common.plan import KernelPlan, make_plan
 from . import heuristics
 from .device import device_props
@@ -39,6 +39,11 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, log: bool, index
            index)
 
     def compile_and_measure() -> int:
+        nonlocal x, y
+        # Planning a traced call (torch.compile) sees fake tensors: compile with small real
+        # stand-ins of the same dtypes (the specialization depends on dtypes, the integer
+        # arguments and 16-byte alignment, which fresh allocations have).
+        x, y = _stand_in(x), _stand_in(y)
         stats, counts = scratch_maker(replace(plan, cooperative=False), layout, y.dtype)(x.device)
         tensors = (x, x, y) if plan.backward else (x, y)
         kernel, args, _ = plan.calls(tensors, layout, log, y.dtype, stats, counts)[0]
@@ -50,6 +55,15 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, log: bool, index
         return programs_per_sm(device_props(index), res)
 
     return _occupancy.get(key, compile_and_measure)
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    return t if type(t) is torch.Tensor else torch.empty(16, dtype=t.dtype, device=t.device)
+
+
+def _alignment(t: torch.Tensor) -> int:
+    # Fake tensors (torch.compile's tracing) have no address: planned as 16-byte aligned.
+    return t.data_ptr() % 16 if type(t) is torch.Tensor else 0
 
 
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False) -> KernelPlan:
@@ -111,7 +125,7 @@ class TritonBackend:
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
              backward: bool = False) -> KernelPlan:
         """The kernel, tile and grid for this request (cached per shape class)."""
-        key = (layout, x.dtype, y.dtype, spec.log, x.data_ptr() % 16, x.device, backward, overrides_key())
+        key = (layout, x.dtype, y.dtype, spec.log, _alignment(x), x.device, backward, overrides_key())
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
@@ -151,6 +165,38 @@ class TritonBackend:
         dx = torch.empty_like(y)
         layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
         return request.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec)
+
+    # ---- torch.compile: the kernels as user-defined Triton kernels (anysoftmax.traced_ops) ----
+
+    @staticmethod
+    def traceable(spec: SoftmaxSpec) -> bool:
+        """Whether a compiled graph may call this backend's kernels directly for `spec`: GPU
+        tensors, and CPU tensors under the interpreter (how CI traces them)."""
+        return spec.device.type == "cuda" or (spec.device.type == "cpu" and interpreter.interpreting())
+
+    def traced_forward(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+        """Softmax of `x` per `spec` as torch ops and `wrap_triton` launches: the body of the
+        `anysoftmax::softmax_triton` operator, traced by torch.compile (fake tensors) and run
+        by that operator in eager mode (real tensors)."""
+        x, y, layout = allocate_rows(x, spec)
+        traced.launch(self._traced_plan(x, y, layout, spec, False), (x,), (y,), layout, spec.log, y.dtype)
+        return y
+
+    def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+        """`softmax_backward` per `spec` (y's dtype), traceable like `traced_forward`."""
+        y = y.contiguous()
+        if grad.dtype != spec.out_dtype or not grad.is_contiguous():
+            grad = grad.to(spec.out_dtype).contiguous()
+        dx = new_output(spec.shape, spec.out_dtype, y.device)
+        layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
+        traced.launch(self._traced_plan(y, dx, layout, spec, True), (y, grad), (dx,), layout, spec.log, dx.dtype)
+        return dx
+
+    def _traced_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
+        # Planning is plain Python on metadata (and, once per shape class, a real compile for
+        # the occupancy model): outside the tracing modes, so its stand-in tensors are real.
+        with traced.no_tracing():
+            return self.plan(x, y, layout, spec, backward=backward)
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`)."""

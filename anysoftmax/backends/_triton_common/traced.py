@@ -1,0 +1,122 @@
+"""The shared kernels as torch.compile sees them: launches through `torch.library.wrap_triton`.
+
+`launch` runs a plan the way the eager launcher does (`launcher.bind`), but written with torch
+ops and `wrap_triton(kernel)[grid](...)` only, so that AOTAutograd records every launch as a
+`triton_kernel_wrapper_functional` node and Inductor compiles it as a user-defined Triton kernel
+(fusing nothing into it, but scheduling, allocating and CUDA-graphing it with the rest). It is
+the body of the `anysoftmax::*_triton` operators (`anysoftmax.traced_ops`); in eager mode the same
+body launches through Triton's ordinary JIT entry point (slower than `launcher.bind`'s raw
+launcher: the eager path never comes here).
+
+Differences from the eager launcher, and why:
+* Split plans run their two-launch form (PHASE 1: per-chunk statistics, PHASE 2: normalise),
+  never the cooperative grid. The cooperative form needs `launch_cooperative_grid=True`, a
+  launch option rather than a kernel parameter, and torch's user-kernel tracing passes through
+  only the options it knows (num_warps, num_stages, num_ctas, ...: `SPECIAL_CONFIG_NAMES` in
+  torch/_higher_order_ops/triton_kernel_wrap.py, folded into an autotuning `Config`); anything
+  else is taken for a kernel argument. Without the driver's co-residency guarantee the row
+  barrier could spin on programs that never run, so the traced path uses the form that waits on
+  nothing (the same fallback the eager launcher takes when the driver refuses a cooperative grid).
+* Scratch is allocated per call with torch (`torch.empty`): partial statistics are written
+  before they are read within the call, and the barrier counters are never touched outside
+  PHASE 0 (a placeholder of two int32s is passed). Under CUDA graphs these are graph-pool
+  buffers with a fixed address per replay; no process-wide state (the eager path's reused,
+  self-resetting counters, `launcher.row_counters`) is captured into a graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ...core.layout import RowLayout
+from .plan import KernelPlan
+
+
+def no_tracing():
+    """A context where tensors are real again (torch.compile's fake/functional modes off):
+    planning compiles a kernel once per shape class with small real tensors."""
+    try:
+        from torch.utils._python_dispatch import _disable_current_modes
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return contextlib.nullcontext()
+    return _disable_current_modes()
+
+
+_twins: dict = {}
+
+
+def interpreted(kernel) -> bool:
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def traceable(kernel):
+    """`kernel` as `wrap_triton` accepts it. A compiled kernel (`JITFunction`) as is.
+
+    Under the interpreter (CPU tests), `@triton.jit` made an `InterpretedFunction`, which
+    `wrap_triton` passes through untraced: calling it on fake tensors fails. Its twin here is a
+    `JITFunction` of the same source (so torch traces and side-tables it like a GPU kernel) whose
+    launches run through the interpreter, so a compiled graph's user-kernel nodes execute on CPU.
+    """
+    if not interpreted(kernel):
+        return kernel
+    twin = _twins.get(kernel)
+    if twin is None:
+        from triton.runtime.jit import JITFunction
+
+        class InterpretedTwin(JITFunction):
+            def run(self, *args, grid, warmup, **kwargs):
+                return kernel.run(*args, grid=grid, warmup=warmup, **kwargs)
+
+            @property
+            def cache_key(self):
+                # (JITFunction's walks the helpers it calls, which are interpreted functions.)
+                import hashlib
+                return hashlib.sha256(self.src.encode()).hexdigest()
+
+        twin = _twins[kernel] = InterpretedTwin(kernel.fn)
+    return twin
+
+
+def traced_plan(plan: KernelPlan) -> KernelPlan:
+    """The form of `plan` a traced launch runs: never cooperative (see the module docstring)."""
+    if not plan.cooperative:
+        return plan
+    from dataclasses import replace
+
+    options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
+    return replace(plan, cooperative=False, options=options)
+
+
+def launch(plan: KernelPlan, inputs: tuple, outputs: tuple, layout: RowLayout, log: bool,
+           out_dtype: torch.dtype) -> None:
+    """Launch `plan` on `inputs` (read) and `outputs` (written): (x,), (y,) forward; (y, dy),
+    (dx,) backward. Traceable by torch.compile; runs eagerly on real tensors too."""
+    from torch.library import wrap_triton
+
+    plan = traced_plan(plan)
+    kernel = plan.kernel()
+    if interpreted(kernel):
+        # Without a GPU driver torch cannot read the kernel's TTIR to learn which arguments it
+        # writes, and assumes all of them: copies keep the caller's tensors out of that.
+        inputs = tuple(t.clone() for t in inputs)
+    device = outputs[0].device
+    stats = counts = None
+    if plan.split or plan.backward:
+        acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+        stats = torch.empty(max(plan.stats_numel(layout), 1), dtype=acc, device=device)
+        counts = torch.empty(2, dtype=torch.int32, device=device)  # PHASE 0 only: never read here
+    options = plan.launch_options()
+    for kern, args, meta in plan.calls((*inputs, *outputs), layout, log, out_dtype, stats, counts):
+        wrap_triton(traceable(kern))[(plan.grid,)](*args, **meta, **options)
+
+
+def kernels() -> list:
+    """Every kernel `launch` may run (torch's compile caches key on their source)."""
+    from .bwd import softmax_bwd_kernel
+    from .cols import softmax_cols_kernel, softmax_cols_split_kernel
+    from .rows import softmax_online_kernel, softmax_split_kernel, softmax_tile_kernel
+
+    return [traceable(k) for k in (softmax_tile_kernel, softmax_online_kernel, softmax_split_kernel,
+                                   softmax_cols_kernel, softmax_cols_split_kernel, softmax_bwd_kernel)]
