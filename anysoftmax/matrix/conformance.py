@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from .. import api
 from ..core.compare import Comparison, compare, compare_backward
+from ..core.reference import reference
 from ..core.spec import SoftmaxSpec, parse_dtype
+from . import providers
 from .cells import Cell
 
 # Logits spread like randn * 4 put softmax outputs across many orders of magnitude (so the
 # exp range and the tolerance's atol region are both exercised) while no row degenerates.
 SCALE = 4.0
-
-OPS = {"softmax": api.softmax, "log_softmax": api.log_softmax}
 
 
 def reference_device(device: str) -> str:
@@ -36,17 +35,31 @@ def make_input(shape, dtype: torch.dtype, device: str, seed: int, scale: float =
     return (x * scale).to(dtype)
 
 
+def rounded_output(x: torch.Tensor, spec: SoftmaxSpec, device: str) -> torch.Tensor:
+    """The float64 reference output of `x`, rounded to the output dtype, on `device`: the `y`
+    that backward-only providers (peers, benchmark inputs) start from."""
+    return reference(x, spec, reference_device(device)).to(spec.out_dtype).to(device)
+
+
 def check_cell(cell: Cell, device: str) -> tuple[Comparison, SoftmaxSpec]:
-    """Run `cell` once on fresh random data and compare with the reference."""
+    """Run `cell` once on fresh random data and compare with the reference.
+
+    An anysoftmax backend's gradient goes through autograd (what users run) after its forward
+    output is checked; a peer's backward runs on (y, dy) directly, y the rounded reference."""
     dtype = parse_dtype(cell.dtype)
-    op = OPS[cell.op]
     x = make_input(cell.shape, dtype, device, cell.seed)
     spec = SoftmaxSpec.from_tensor(x, cell.dim, log=cell.op == "log_softmax")
     ref = reference_device(device)
     if cell.direction == "forward":
-        return compare(op(x, cell.dim, backend=cell.backend), x, spec, ref), spec
+        fwd = providers.forward(cell.backend, cell.op, cell.dim, x.dim(), device)
+        return compare(fwd(x), x, spec, ref), spec
+    dy = make_input(cell.shape, dtype, device, cell.seed + 1, scale=1.0)
+    if providers.is_peer(cell.backend):
+        bwd = providers.backward(cell.backend, cell.op, cell.dim, x.dim(), device)
+        y = rounded_output(x, spec, device)
+        return compare_backward(bwd(y, dy), y, dy, spec, ref), spec
     x.requires_grad_()
-    y = op(x, cell.dim, backend=cell.backend)
+    y = providers.forward(cell.backend, cell.op, cell.dim, x.dim(), device)(x)
     if x.numel() == 0:  # nothing to differentiate (the forward returns a constant empty tensor)
         return Comparison(True, 0.0, 0.0), spec
     # The output the gradient flows from must itself be right (the forward cells check it too,
@@ -54,6 +67,5 @@ def check_cell(cell: Cell, device: str) -> tuple[Comparison, SoftmaxSpec]:
     fwd = compare(y, x, spec, ref)
     if not fwd.ok:
         return Comparison(False, fwd.max_abs_err, fwd.max_rel_err, f"forward output: {fwd.detail}"), spec
-    dy = make_input(cell.shape, dtype, device, cell.seed + 1, scale=1.0)
     (dx,) = torch.autograd.grad(y, x, dy)
     return compare_backward(dx, y, dy, spec, ref), spec
