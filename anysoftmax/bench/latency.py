@@ -17,10 +17,12 @@ Results: <out>/<gpu>/latency.{json,csv,png}.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
+
+from ..core import SoftmaxSpec, compare, compare_backward
+from ..perf import back_to_back_us
 
 SHAPES = [(1, 128), (8, 1024), (32, 4096), (4, 32, 1, 2048), (1, 32768), (512, 512), (1, 32, 1, 128),
           (8, 32, 1, 4096), (64, 151936)]
@@ -81,18 +83,6 @@ def backward_fn(name: str):
     return None
 
 
-def host_us_per_call(call, calls: int) -> float:
-    """Back-to-back wall time per call (us): warm, then `calls` calls and one synchronize."""
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
 def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
     """Every provider x shape x direction that runs here."""
     from triton.testing import do_bench
@@ -113,9 +103,11 @@ def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
                 call = (lambda: fn(x)) if direction == "fwd" else (lambda: fn(y, dy))
                 try:
                     out = call()
-                    want = y if direction == "fwd" else torch._softmax_backward_data(dy, y, -1, y.dtype)
-                    ok = torch.allclose(out.float(), want.float(), rtol=1e-4, atol=1e-5)
-                    row.update(status="ok" if ok else "wrong", host_us=host_us_per_call(call, calls),
+                    spec = SoftmaxSpec.from_tensor(x, -1)
+                    check = compare(out, x, spec, "cuda") if direction == "fwd" else \
+                        compare_backward(out, y, dy, spec, "cuda")
+                    row.update(status="ok" if check.ok else "wrong",
+                               host_us=back_to_back_us(call, "cuda", calls, warmup=20),
                                gpu_us=do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3)
                 except Exception as exc:  # a provider failing one shape is recorded, not fatal
                     row.update(status="failed", detail=f"{type(exc).__name__}: {str(exc)[:200]}")
