@@ -18,9 +18,6 @@ from .cells import FAILED, PASSED, SKIPPED, Cell, Result
 from .conformance import check_cell, make_input, rounded_output
 from .devices import device_name
 
-# Benchmark inputs rotate among buffers totalling at least this much (beyond the largest
-# last-level caches: H100 L2 50 MB, MI300X Infinity Cache 256 MB), 2 to 8 buffers.
-
 CPU_BENCH_NOTE = ("benchmark skipped: needs a GPU (a CPU/Triton-interpreter timing says nothing about kernel "
                   "speed); set benchmark.cpu: true to time the CPU anyway")
 
