@@ -34,53 +34,43 @@ def _compiled(fn, mode: str | None):
     return torch.compile(fn, dynamic=False, mode=mode) if mode else torch.compile(fn, dynamic=False)
 
 
-def forward_fn(name: str):
-    """fn(x) -> softmax(x, -1) of provider `name`, or None when it cannot run here."""
+# Providers the benchmark and the matrix share (`anysoftmax.matrix.providers`); the compiled
+# variants with their modes are this benchmark's own.
+SHARED = ("torch", "liger", "anysoftmax", "anysoftmax:triton")
+
+
+def _shared(build, name: str, ndim: int):
+    """The shared provider's function (softmax over the last dim on CUDA), or None."""
+    from ..core.registry import BackendUnavailableError, UnsupportedRequestError
+    from .harness import to_backend
+
+    try:
+        return build(to_backend(name)[1], "softmax", -1, ndim, "cuda")
+    except (BackendUnavailableError, UnsupportedRequestError):
+        return None
+
+
+def forward_fn(name: str, ndim: int = 2):
+    """fn(x) -> softmax(x, -1) of provider `name` for an `ndim`-d input, or None when it cannot run here."""
     import anysoftmax
 
-    mode = name.split(":", 1)[1] if ":" in name and name.split(":")[0].endswith("compile") else None
-    if name == "torch":
-        return lambda x: torch.softmax(x, -1)
+    from ..matrix import providers
+
+    if name in SHARED:
+        return _shared(providers.forward, name, ndim)
+    mode = name.split(":", 1)[1] if ":" in name else None
     if name.startswith("torch.compile"):
         return _compiled(lambda x: torch.softmax(x, -1), mode)
-    if name == "anysoftmax":
-        return lambda x: anysoftmax.softmax(x, -1)
-    if name == "anysoftmax:triton":
-        return lambda x: anysoftmax.softmax(x, -1, backend="triton")
     if name.startswith("anysoftmax.compile"):
         return _compiled(lambda x: anysoftmax.softmax(x, -1), mode)
-    if name == "liger":
-        try:
-            from liger_kernel.ops.softmax import LigerSoftmaxFunction
-        except ImportError:
-            return None
-        return lambda x: LigerSoftmaxFunction.apply(x.view(-1, x.shape[-1])).view(x.shape)
     return None
 
 
-def backward_fn(name: str):
+def backward_fn(name: str, ndim: int = 2):
     """fn(y, dy) -> dx of provider `name` (softmax over the last dim), or None."""
-    import anysoftmax
+    from ..matrix import providers
 
-    if name == "torch":
-        return lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)
-    if name == "anysoftmax":
-        return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1)
-    if name == "anysoftmax:triton":
-        return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1, backend="triton")
-    if name == "liger":
-        try:
-            from liger_kernel.ops.softmax import _softmax_backward
-            from liger_kernel.ops.utils import calculate_settings
-        except ImportError:
-            return None
-
-        def run(y, dy):
-            y2, dy2 = y.view(-1, y.shape[-1]), dy.view(-1, y.shape[-1])
-            block, warps = calculate_settings(y2.shape[-1])
-            return _softmax_backward(dy2, y2, block, warps, y2.shape[-1] > block).view(y.shape)
-        return run
-    return None
+    return _shared(providers.backward, name, ndim) if name in SHARED else None
 
 
 def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
@@ -95,7 +85,7 @@ def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
         dy = torch.randn_like(y)
         for direction in ("fwd", "bwd"):
             for name in PROVIDERS:
-                fn = forward_fn(name) if direction == "fwd" else backward_fn(name)
+                fn = forward_fn(name, len(shape)) if direction == "fwd" else backward_fn(name, len(shape))
                 row = dict(provider=name, shape=list(shape), direction=direction, dtype=str(dtype).split(".")[-1])
                 if fn is None:
                     rows.append(dict(row, status="unavailable"))
