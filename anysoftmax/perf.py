@@ -92,6 +92,45 @@ def time_ms(fn: Callable[[object], object], inputs: Sequence[object], device, *,
         return float(do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+BACK_TO_BACK_CALLS = 200  # enough to average out the host's jitter; little next to do_bench
+
+
+def back_to_back_us(call: Callable[[], object], device, calls: int = BACK_TO_BACK_CALLS, warmup: int = 5) -> float:
+    """Host wall time per call in us: `calls` calls of `call()` issued back to back (no L2
+    flush, no per-call sync), then one synchronize. What an eager program pays per call: when
+    it exceeds the device time of `time_ms`, the op is host-bound (launch overhead), which a
+    device-event timing alone never shows."""
+    device = torch.device(device)
+    sync = (lambda: None) if device.type == "cpu" else torch.get_device_module(device.type).synchronize
+    with _device_context(device):
+        for _ in range(warmup):
+            call()
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def warm_up(device, seconds: float = 0.5) -> None:
+    """Keep an accelerator busy for a moment before its first timing (nothing on the CPU). A
+    fresh process used to time its first (small) shapes at idle clocks: the provider that ran
+    first lost up to 0.3 of copy bandwidth on 16-32 MB tensors against the same kernel timed
+    second (H100)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return
+    mod = torch.get_device_module(device.type)
+    with _device_context(device):
+        a = torch.randn(4096, 4096, device=device)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(8):
+                a = (a @ a).mul_(1e-3)
+            mod.synchronize()
+
+
 def copy_bandwidth_gbps(device, nbytes: int | None = None) -> float:
     """Device-to-device copy bandwidth of `device` in GB/s (bytes read + written).
 

@@ -63,3 +63,45 @@ def test_poisoned_outputs_expose_unwritten_elements(gen):
         assert not compare(out, x, SoftmaxSpec.from_tensor(x, 1)).ok
     finally:
         registry.unregister("forgetful")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("log", [False, True])
+def test_backward_correct_gradient_passes_and_perturbed_fails(dtype, log, gen):
+    from anysoftmax.core import compare_backward
+    from anysoftmax.core.reference import backward_from_output
+
+    x, spec, y = _case(gen, dtype, log)
+    dy = torch.randn(x.shape, generator=gen).to(dtype)
+    dx = backward_from_output(y, dy, 1, log).to(dtype)  # the float64 gradient, rounded once
+    ok = compare_backward(dx, y, dy, spec)
+    assert ok.ok and 0 <= ok.max_rel_err <= 1, ok.detail
+    # Three bounds off at the element with the largest allowance: must fail, naming the error.
+    bad = dx.double().clone()
+    y64, g = y.double(), dy.double()
+    scale = (g.abs() + y64.exp() * g.sum(1, keepdim=True).abs() * (1 + y64.abs())) if log else \
+        y64 * (g.abs() + 2 * (y64 * g.abs()).sum(1, keepdim=True))
+    i = scale.argmax()
+    tol = spec.tolerance
+    bad.view(-1)[i] += 3 * (tol.atol + tol.rtol * scale.view(-1)[i]) + 4 * torch.finfo(dtype).eps * bad.view(-1)[i].abs()
+    result = compare_backward(bad.to(dtype), y, dy, spec)
+    assert not result.ok and result.max_rel_err > 1 and "gradient error" in result.detail
+    nan = dx.clone()
+    nan[0, 0] = float("nan")
+    assert not compare_backward(nan, y, dy, spec).ok
+    assert not compare_backward(dx[:, :-1], y, dy, spec).ok  # shape
+
+
+def test_backward_bound_is_per_element_not_per_row(gen):
+    """An error the size of the row's whole |y * dy| sum at a tiny output must fail: the bound
+    scales with y_i, not with the row."""
+    from anysoftmax.core import compare_backward
+    from anysoftmax.core.reference import backward_from_output
+
+    x, spec, y = _case(gen, torch.float32)
+    dy = torch.randn(x.shape, generator=gen)
+    dx = backward_from_output(y, dy, 1).float()
+    i = y[0].argmin()
+    row = float((y[0].double() * dy[0].double()).abs().sum())
+    dx[0, i] += 2 * spec.tolerance.rtol * row
+    assert not compare_backward(dx, y, dy, spec).ok

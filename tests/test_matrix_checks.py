@@ -1,20 +1,22 @@
-"""The matrix's own checks: the gradient comparison and the timing helpers of anysoftmax.perf."""
+"""The gradient comparison (`core.compare.compare_backward`) on torch's own gradients, and the
+timing helpers of anysoftmax.perf."""
 
 import pytest
 import torch
 
 from anysoftmax import perf
-from anysoftmax.core import SoftmaxSpec
-from anysoftmax.matrix.conformance import compare_grad, make_input
+from anysoftmax.core import SoftmaxSpec, compare_backward
+from anysoftmax.matrix.conformance import make_input
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
 def torch_grad(x, dy, dim, log):
+    """(dx, y): torch's gradient through autograd and the output it flows from."""
     x = x.detach().requires_grad_()
     y = (torch.log_softmax if log else torch.softmax)(x, dim)
     (dx,) = torch.autograd.grad(y, x, dy)
-    return dx
+    return dx, y.detach()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -24,7 +26,8 @@ def test_torch_gradient_passes(dtype, log, shape, dim):
     x = make_input(shape, dtype, "cpu", seed=1)
     dy = make_input(shape, dtype, "cpu", seed=2, scale=1.0)
     spec = SoftmaxSpec.from_tensor(x, dim, log=log)
-    result = compare_grad(torch_grad(x, dy, dim, log), x, dy, spec)
+    dx, y = torch_grad(x, dy, dim, log)
+    result = compare_backward(dx, y, dy, spec)
     assert result.ok, result.detail
     assert 0 <= result.max_rel_err <= 1
 
@@ -35,13 +38,13 @@ def test_wrong_gradients_fail(dtype, log):
     x = make_input((8, 512), dtype, "cpu", seed=3)
     dy = make_input((8, 512), dtype, "cpu", seed=4, scale=1.0)
     spec = SoftmaxSpec.from_tensor(x, -1, log=log)
-    good = torch_grad(x, dy, -1, log)
+    good, y = torch_grad(x, dy, -1, log)
     off = {torch.float16: 1.02, torch.bfloat16: 1.1, torch.float32: 1.001, torch.float64: 1 + 1e-7}[dtype]
-    assert not compare_grad(good * off, x, dy, spec).ok, "a gradient a few tolerances off passed"
-    y = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
-    no_sum_term = (dy.double() if log else y * dy.double()).to(dtype)  # forgot the row-sum term
-    assert not compare_grad(no_sum_term, x, dy, spec).ok
-    assert not compare_grad(good.float() if dtype != torch.float32 else good.double(), x, dy, spec).ok  # dtype
+    assert not compare_backward(good * off, y, dy, spec).ok, "a gradient a few tolerances off passed"
+    no_sum_term = (dy.double() if log else y.double() * dy.double()).to(dtype)  # forgot the row-sum term
+    assert not compare_backward(no_sum_term, y, dy, spec).ok
+    wrong_dtype = good.float() if dtype != torch.float32 else good.double()
+    assert not compare_backward(wrong_dtype, y, dy, spec).ok
 
 
 def test_gbps_counts_bytes_read_and_written():

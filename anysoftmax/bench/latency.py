@@ -17,10 +17,12 @@ Results: <out>/<gpu>/latency.{json,csv,png}.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
+
+from ..core import SoftmaxSpec, compare, compare_backward
+from ..perf import back_to_back_us
 
 SHAPES = [(1, 128), (8, 1024), (32, 4096), (4, 32, 1, 2048), (1, 32768), (512, 512), (1, 32, 1, 128),
           (8, 32, 1, 4096), (64, 151936)]
@@ -32,70 +34,52 @@ def _compiled(fn, mode: str | None):
     return torch.compile(fn, dynamic=False, mode=mode) if mode else torch.compile(fn, dynamic=False)
 
 
-def forward_fn(name: str):
-    """fn(x) -> softmax(x, -1) of provider `name`, or None when it cannot run here."""
+# Providers the benchmark and the matrix share (`anysoftmax.matrix.providers`); the compiled
+# variants with their modes are this benchmark's own.
+SHARED = ("torch", "liger", "anysoftmax", "anysoftmax:triton")
+
+
+def _shared(build, name: str, ndim: int):
+    """The shared provider's function (softmax over the last dim on CUDA), or None."""
+    from ..core.registry import BackendUnavailableError, UnsupportedRequestError
+    from .harness import to_backend
+
+    try:
+        return build(to_backend(name)[1], "softmax", -1, ndim, "cuda")
+    except (BackendUnavailableError, UnsupportedRequestError):
+        return None
+
+
+def forward_fn(name: str, ndim: int = 2):
+    """fn(x) -> softmax(x, -1) of provider `name` for an `ndim`-d input, or None when it cannot run here."""
     import anysoftmax
 
-    mode = name.split(":", 1)[1] if ":" in name and name.split(":")[0].endswith("compile") else None
-    if name == "torch":
-        return lambda x: torch.softmax(x, -1)
+    from ..matrix import providers
+
+    if name in SHARED:
+        return _shared(providers.forward, name, ndim)
+    mode = name.split(":", 1)[1] if ":" in name else None
     if name.startswith("torch.compile"):
         return _compiled(lambda x: torch.softmax(x, -1), mode)
-    if name == "anysoftmax":
-        return lambda x: anysoftmax.softmax(x, -1)
-    if name == "anysoftmax:triton":
-        return lambda x: anysoftmax.softmax(x, -1, backend="triton")
     if name.startswith("anysoftmax.compile"):
         return _compiled(lambda x: anysoftmax.softmax(x, -1), mode)
-    if name == "liger":
-        try:
-            from liger_kernel.ops.softmax import LigerSoftmaxFunction
-        except ImportError:
-            return None
-        return lambda x: LigerSoftmaxFunction.apply(x.view(-1, x.shape[-1])).view(x.shape)
     return None
 
 
-def backward_fn(name: str):
+def backward_fn(name: str, ndim: int = 2):
     """fn(y, dy) -> dx of provider `name` (softmax over the last dim), or None."""
     import anysoftmax
 
-    if name == "torch":
-        return lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)
-    if name == "anysoftmax":
-        return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1)
-    if name == "anysoftmax:triton":
-        return lambda y, dy: anysoftmax.softmax_backward(y, dy, -1, backend="triton")
-    mode = name.split(":", 1)[1] if ":" in name and name.split(":")[0].endswith("compile") else None
+    from ..matrix import providers
+
+    if name in SHARED:
+        return _shared(providers.backward, name, ndim)
+    mode = name.split(":", 1)[1] if ":" in name else None
     if name.startswith("torch.compile"):
         return _compiled(lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype), mode)
     if name.startswith("anysoftmax.compile"):
         return _compiled(lambda y, dy: anysoftmax.softmax_backward(y, dy, -1), mode)
-    if name == "liger":
-        try:
-            from liger_kernel.ops.softmax import _softmax_backward
-            from liger_kernel.ops.utils import calculate_settings
-        except ImportError:
-            return None
-
-        def run(y, dy):
-            y2, dy2 = y.view(-1, y.shape[-1]), dy.view(-1, y.shape[-1])
-            block, warps = calculate_settings(y2.shape[-1])
-            return _softmax_backward(dy2, y2, block, warps, y2.shape[-1] > block).view(y.shape)
-        return run
     return None
-
-
-def host_us_per_call(call, calls: int) -> float:
-    """Back-to-back wall time per call (us): warm, then `calls` calls and one synchronize."""
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
@@ -110,7 +94,7 @@ def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
         dy = torch.randn_like(y)
         for direction in ("fwd", "bwd"):
             for name in PROVIDERS:
-                fn = forward_fn(name) if direction == "fwd" else backward_fn(name)
+                fn = forward_fn(name, len(shape)) if direction == "fwd" else backward_fn(name, len(shape))
                 row = dict(provider=name, shape=list(shape), direction=direction, dtype=str(dtype).split(".")[-1])
                 if fn is None:
                     rows.append(dict(row, status="unavailable"))
@@ -118,9 +102,11 @@ def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
                 call = (lambda: fn(x)) if direction == "fwd" else (lambda: fn(y, dy))
                 try:
                     out = call()
-                    want = y if direction == "fwd" else torch._softmax_backward_data(dy, y, -1, y.dtype)
-                    ok = torch.allclose(out.float(), want.float(), rtol=1e-4, atol=1e-5)
-                    row.update(status="ok" if ok else "wrong", host_us=host_us_per_call(call, calls),
+                    spec = SoftmaxSpec.from_tensor(x, -1)
+                    check = compare(out, x, spec, "cuda") if direction == "fwd" else \
+                        compare_backward(out, y, dy, spec, "cuda")
+                    row.update(status="ok" if check.ok else "wrong",
+                               host_us=back_to_back_us(call, "cuda", calls, warmup=20),
                                gpu_us=do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3)
                 except Exception as exc:  # a provider failing one shape is recorded, not fatal
                     row.update(status="failed", detail=f"{type(exc).__name__}: {str(exc)[:200]}")

@@ -7,7 +7,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-FIELDS = ["provider", "dtype", "M", "N", "dim", "gbps", "frac_of_copy", "us", "max_err", "status", "detail"]
+FIELDS = ["provider", "dtype", "M", "N", "dim", "gbps", "frac_of_copy", "us", "host_us", "max_err", "status", "detail"]
 
 
 def write(result: dict, out_dir: Path, stem: str) -> list[Path]:
@@ -16,10 +16,14 @@ def write(result: dict, out_dir: Path, stem: str) -> list[Path]:
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.csv", out_dir / f"{stem}.png"]
     paths[0].write_text(json.dumps(result, indent=1))
     with open(paths[1], "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS, extrasaction="ignore")
+        w = csv.DictWriter(f, FIELDS, extrasaction="ignore")  # rows of older runs have no host_us: left empty
         w.writeheader()
         w.writerows(result["results"])
-    plot(result, paths[2])
+    try:
+        plot(result, paths[2])
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install 'anysoftmax[plot]')")
+        return paths[:2]
     return paths
 
 

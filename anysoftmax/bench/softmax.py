@@ -3,21 +3,23 @@
     python -m anysoftmax.bench.softmax                 # forward, the full grid, every provider
     python -m anysoftmax.bench.softmax --bwd           # backward
     python -m anysoftmax.bench.softmax --quick         # a few shapes
+    python -m anysoftmax.bench.softmax --device cpu    # tiny shapes on the CPU (Triton interpreter)
 
-One process per provider (a provider that crashes the CUDA context takes only itself down:
-its current shape is recorded as failed and it restarts on the next shape). Copy bandwidth is
-measured first, in the same run. Results: benchmarks/results/<gpu>/softmax_<fwd|bwd>.{json,csv,png}.
+A thin entry point to the device matrix: every (provider, dtype, shape) is a matrix cell,
+checked against the float64 reference (one tolerance, `anysoftmax.core.compare`) and then
+timed, in the matrix's worker process per device (a cell that crashes the process or runs
+past --case-timeout is recorded as failed and a fresh worker takes the rest). Each worker
+measures the copy bandwidth once. Besides the median device time (`us`, L2 flushed, inputs
+rotated) each row has `host_us`: wall time per call with calls issued back to back and one
+synchronize, so a host-bound provider shows. Results:
+<out>/<device>/softmax_<fwd|bwd>.{json,csv,png}.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import queue
 import re
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 GRID = [(32768, 128), (32768, 256), (32768, 1024), (16384, 4096), (16384, 8192), (8192, 16384),
@@ -26,53 +28,45 @@ SWEEP = [(4096, n) for n in range(256, 12672 + 1, 128)]
 # Reductions over dim 0 (strided columns, adjacent rows): (M, N, dim).
 NON_LAST = [(8192, 8192, 0), (16384, 1024, 0)]
 QUICK = [(32768, 128), (32768, 1024), (16384, 8192), (1024, 131072), (64, 1048576), (16, 131072), (4823, 781)]
+# --device cpu: shapes the Triton interpreter runs in seconds (the whole path, not a speed).
+CPU_GRID = [(4, 128), (16, 781)]
+CPU_NON_LAST = [(64, 32, 0)]
 DTYPES = ["float32", "bfloat16", "float16"]
-
-
-def _failed(provider, case, detail):
-    dtype, m, n, *dim = case
-    return dict(provider=provider, dtype=dtype, M=m, N=n, dim=dim[0] if dim else -1, gbps=0.0, frac_of_copy=0.0,
-                us=0.0, max_err=float("nan"), status="failed", detail=detail)
-
-
-def run_provider(provider: str, direction: str, cases: list, case_timeout: float) -> list[dict]:
-    """All `cases` for one provider in a subprocess; a case that crashes the process or runs past
-    `case_timeout` seconds (a compile that never ends) is recorded as failed and the provider
-    restarts on the next case."""
-    results, todo = [], list(cases)
-    while todo:
-        proc = subprocess.Popen([sys.executable, "-m", "anysoftmax.bench.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        proc.stdin.write(json.dumps(dict(provider=provider, direction=direction, cases=todo)))
-        proc.stdin.close()
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(text) for text in proc.stdout] + [lines.put(None)], daemon=True).start()
-        while todo:
-            try:
-                line = lines.get(timeout=case_timeout)
-            except queue.Empty:
-                proc.kill()
-                results.append(_failed(provider, todo[0], f"timed out after {case_timeout:.0f} s"))
-                todo = todo[1:]
-                break
-            if line is None:  # the process died on todo[0]
-                proc.wait()
-                err = (proc.stderr.read().strip().splitlines() or ["process died"])[-1][:200]
-                results.append(_failed(provider, todo[0], f"crashed: {err}"))
-                todo = todo[1:]
-                break
-            if line.startswith("{"):
-                results.append(json.loads(line))
-                todo = todo[1:]
-        proc.kill()
-    return results
+GPU_TIMING = dict(warmup_ms=10, rep_ms=60)
+CPU_TIMING = dict(warmup_ms=1, rep_ms=20, cpu=True)
 
 
 def gpu_dir_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
 
 
-def main(argv=None) -> int:
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'4x128,64x32:0' -> [(4, 128, -1), (64, 32, 0)]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        shape, _, dim = item.partition(":")
+        m, n = (int(v) for v in shape.lower().split("x"))
+        out.append((m, n, int(dim) if dim else -1))
+    return out
+
+
+def grid(args) -> list[tuple[str, list[str], list[tuple[int, int, int]]]]:
+    """The benchmark's parts: (entry name, dtypes, [(M, N, dim)])."""
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if args.shapes:
+        return [("grid", dtypes, parse_shapes(args.shapes))]
+    cpu = args.device == "cpu"
+    last = [] if args.non_last_only else CPU_GRID if cpu else QUICK if args.quick else GRID
+    shapes = [(m, n, -1) for m, n in last]
+    if not args.bwd:
+        shapes += CPU_NON_LAST if cpu else NON_LAST
+    parts = [("grid", dtypes, shapes)]
+    if args.sweep:
+        parts.append(("sweep", ["float32"], [(m, n, -1) for m, n in SWEEP]))
+    return parts
+
+
+def parse(argv):
     p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.softmax", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bwd", action="store_true", help="benchmark the backward pass")
@@ -80,50 +74,75 @@ def main(argv=None) -> int:
                    help="per-call cost on small tensors instead: host us per call back to back and GPU us "
                         "(anysoftmax.bench.latency)")
     p.add_argument("--calls", type=int, default=2000, help="--latency: calls back to back per cell")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (default: refuses to run without a GPU) or cpu: tiny shapes through the Triton "
+                        "interpreter, CPU wall-clock timings (exercises the whole path, says nothing about speed)")
     p.add_argument("--quick", action="store_true", help="a few shapes only")
     p.add_argument("--sweep", action="store_true", help="also the seed's M=4096 N=256..12672 sweep (fp32)")
     p.add_argument("--non-last-only", action="store_true", help="only the reductions over dim 0")
+    p.add_argument("--shapes", default="", metavar="MxN[:dim],...", help="these shapes instead of the grid")
     p.add_argument("--dtypes", default=",".join(DTYPES))
-    p.add_argument("--providers", default="", help="comma list (default: anysoftmax providers + peers)")
-    p.add_argument("--out", default="benchmarks/results", help="results folder (a sub-folder per GPU)")
+    p.add_argument("--providers", default="",
+                   help="comma list: anysoftmax, anysoftmax:<backend>, and peers copy, torch, torch.compile, seed, "
+                        "liger, quack (also spelled peer:<name>); default: anysoftmax providers + peers")
+    p.add_argument("--out", default="benchmarks/results", help="results folder (a sub-folder per device)")
     p.add_argument("--case-timeout", type=float, default=90.0, help="seconds one case may take (compile included)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     if args.latency:
         from . import latency
         return latency.main(args.out, args.calls)
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("the benchmark needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("the benchmark needs a CUDA GPU (torch.cuda.is_available() is False); --device cpu runs tiny "
+              "shapes on the CPU", file=sys.stderr)
         return 2
     import triton
 
-    from . import providers, report
-    from anysoftmax.perf import copy_bandwidth_gbps
+    from ..matrix import ConfigError, run_matrix
+    from ..matrix.devices import device_name
+    from . import harness, report
 
+    device = "cuda:0" if args.device == "cuda" else "cpu"
+    if device == "cpu":  # Triton kernels on CPU tensors: the interpreter, as `anysoftmax matrix` chooses
+        from ..dispatch import use_interpreter_if_needed
+        use_interpreter_if_needed()
+    names = [s for s in args.providers.split(",") if s] or harness.default_providers(device)
+    try:
+        config, row_names = harness.config(names, "bwd" if args.bwd else "fwd", device, grid(args),
+                                           GPU_TIMING if args.device == "cuda" else CPU_TIMING)
+    except (harness.UnknownProvider, ConfigError) as exc:
+        print(f"anysoftmax bench: {exc}", file=sys.stderr)
+        return 2
     direction = "bwd" if args.bwd else "fwd"
-    device = torch.cuda.get_device_name()
-    copy = copy_bandwidth_gbps("cuda")
-    print(f"{device}: copy bandwidth {copy:.0f} GB/s (read + write)", flush=True)
-    names = [s for s in args.providers.split(",") if s] or providers.anysoftmax_names() + providers.PEERS
-    shapes = [] if args.non_last_only else QUICK if args.quick else GRID
-    cases = [(d, m, n) for d in args.dtypes.split(",") for m, n in shapes]
-    if not args.bwd:
-        cases += [(d, m, n, dim) for d in args.dtypes.split(",") for m, n, dim in NON_LAST]
-    if args.sweep:
-        cases += [("float32", m, n) for m, n in SWEEP]
-    rows = []
-    out_dir = Path(args.out) / gpu_dir_name(device)
-    result = dict(device=device, copy_gbps=copy, torch=torch.__version__, triton=triton.__version__,
-                  direction=direction, results=rows)
-    for name in names:
-        print(f"  {name} ...", flush=True)
-        for r in run_provider(name, direction, cases, args.case_timeout):
-            r["frac_of_copy"] = r["gbps"] / copy if r["status"] == "ok" else 0.0
-            rows.append(r)
-        paths = report.write(result, out_dir, f"softmax_{direction}")  # after each provider: a cut run keeps what it measured
-    report.print_table(result)
+    name = device_name(device)
+    out_dir = Path(args.out) / gpu_dir_name(name)
+    doc = dict(device=name, copy_gbps=0.0, torch=torch.__version__, triton=triton.__version__,
+               direction=direction, results=[])
+    seen = []
+
+    def on_result(r) -> None:
+        provider = row_names[r.cell.backend]
+        if not seen or row_names[seen[-1].cell.backend] != provider:
+            if seen:  # after each provider: a cut run keeps what it measured
+                report.write(doc, out_dir, f"softmax_{direction}")
+            print(f"  {provider} ...", flush=True)
+        seen.append(r)
+        doc["results"].append(harness.row(r, provider))
+        doc["copy_gbps"] = harness.copy_gbps(seen)
+
+    print(f"{name}: {len(names)} providers, {direction}", flush=True)
+    run = run_matrix(config, cell_timeout=args.case_timeout, on_result=on_result, isolate=True)
+    doc["results"] = [harness.row(r, row_names[r.cell.backend]) for r in run.results]
+    doc["copy_gbps"] = harness.copy_gbps(run.results)
+    paths = report.write(doc, out_dir, f"softmax_{direction}")
+    print(f"{name}: copy bandwidth {doc['copy_gbps']:.0f} GB/s (read + write)")
+    report.print_table(doc)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 

@@ -1,6 +1,6 @@
 """Hardware-free core: the spec, the reference, comparison, shape normalisation, the registry."""
 
-from .compare import Comparison, compare
+from .compare import Comparison, compare, compare_backward
 from .reference import reference
 from .registry import (Backend, BackendStatus, BackendUnavailableError, UnsupportedRequestError,
                        get_backend, list_backends, register, select, unregister)
@@ -8,6 +8,6 @@ from .spec import FLOAT_DTYPES, TOLERANCES, SoftmaxSpec, Tolerance, dtype_name, 
 
 __all__ = [
     "Backend", "BackendStatus", "BackendUnavailableError", "Comparison", "FLOAT_DTYPES", "SoftmaxSpec",
-    "TOLERANCES", "Tolerance", "UnsupportedRequestError", "compare", "dtype_name", "get_backend",
+    "TOLERANCES", "Tolerance", "UnsupportedRequestError", "compare", "compare_backward", "dtype_name", "get_backend",
     "list_backends", "parse_dtype", "reference", "register", "select", "unregister",
 ]

@@ -2,8 +2,9 @@
 checked against the float64 reference and optionally benchmarked (`anysoftmax matrix`).
 
 Modules, one job each: `schema` (read and validate the YAML), `cells` (expand it into cells;
-result records), `devices` (find the devices on this machine), `conformance` (forward and
-backward checks), `execute` (one cell, conformance then benchmark), `workers` (worker
+result records), `devices` (find the devices on this machine), `providers` (what a cell runs:
+a backend, `auto`, or a peer such as `peer:torch`), `conformance` (forward and backward
+checks), `execute` (one cell, conformance then benchmark), `workers` (worker
 processes, one per GPU), `runner` (a whole run), `report` and `plots` (terminal, JSON, CSV,
 Markdown, PNG).
 """

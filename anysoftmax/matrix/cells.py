@@ -40,7 +40,8 @@ class Result:
     """The outcome of a cell. `err_ratio` is max |err| / tolerance (<= 1 passes); `gbps` is
     (bytes read + written) / median time and `frac_copy` that over the copy bandwidth measured
     in the same run on the same device. `timer` says how time was taken ("gpu" events or "cpu"
-    wall clock)."""
+    wall clock). `host_us` is the host's wall time per call with calls issued back to back and
+    one synchronize at the end: above `ms` the provider is host-bound."""
 
     cell: Cell
     status: str
@@ -57,6 +58,7 @@ class Result:
     gbps: float | None = None
     copy_gbps: float | None = None
     frac_copy: float | None = None
+    host_us: float | None = None  # back-to-back wall time per call (perf.back_to_back_us)
     timer: str = ""
     note: str = ""
     seconds: float = 0.0

@@ -12,14 +12,11 @@ import torch
 
 from .. import perf
 from ..core.registry import BackendUnavailableError, UnsupportedRequestError
-from ..core.spec import parse_dtype
-from . import memory
+from ..core.spec import SoftmaxSpec, parse_dtype
+from . import memory, providers
 from .cells import FAILED, PASSED, SKIPPED, Cell, Result
-from .conformance import OPS, check_cell, make_input
+from .conformance import check_cell, make_input, rounded_output
 from .devices import device_name
-
-# Benchmark inputs rotate among buffers totalling at least this much (beyond the largest
-# last-level caches: H100 L2 50 MB, MI300X Infinity Cache 256 MB), 2 to 8 buffers.
 
 CPU_BENCH_NOTE = ("benchmark skipped: needs a GPU (a CPU/Triton-interpreter timing says nothing about kernel "
                   "speed); set benchmark.cpu: true to time the CPU anyway")
@@ -30,6 +27,7 @@ warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runt
 
 _copy_gbps: dict[str, float] = {}  # per process: one copy measurement per device
 _names: dict[str, str] = {}
+_warm: set[str] = set()  # devices this process has warmed up
 
 
 def copy_gbps(device: str) -> float:
@@ -40,38 +38,55 @@ def copy_gbps(device: str) -> float:
 
 
 def _bench_inputs(cell: Cell, device: str):
-    """(inputs to rotate, fn(input), bytes read + written per call)."""
+    """(inputs to rotate, fn(input), bytes read + written per call). Every provider is timed
+    the same way: forward x -> y; backward (y, dy) -> dx, the backward kernel alone (what
+    autograd runs per call, without its bookkeeping)."""
     dtype = parse_dtype(cell.dtype)
     numel = math.prod(cell.shape)
-    n = perf.rotation_count(numel * dtype.itemsize)
-    op = OPS[cell.op]
+    ndim = len(cell.shape)
     if cell.direction == "forward":
+        n = perf.rotation_count(numel * dtype.itemsize)
+        fn = providers.forward(cell.backend, cell.op, cell.dim, ndim, device)
         inputs = [make_input(cell.shape, dtype, device, cell.seed + k) for k in range(n)]
-        return inputs, (lambda x: op(x, cell.dim, backend=cell.backend)), 2 * numel * dtype.itemsize
+        return inputs, fn, 2 * numel * dtype.itemsize
+    n = perf.rotation_count(2 * numel * dtype.itemsize)
+    bwd = providers.backward(cell.backend, cell.op, cell.dim, ndim, device)
     inputs = []
     for k in range(n):
-        x = make_input(cell.shape, dtype, device, cell.seed + k).requires_grad_()
-        dy = make_input(cell.shape, dtype, device, cell.seed + k + n, scale=1.0)
-        inputs.append((x, op(x, cell.dim, backend=cell.backend), dy))
+        x = make_input(cell.shape, dtype, device, cell.seed + k)
+        spec = SoftmaxSpec.from_tensor(x, cell.dim, log=cell.op == "log_softmax")
+        inputs.append((rounded_output(x, spec, device), make_input(cell.shape, dtype, device, cell.seed + k + n,
+                                                                   scale=1.0)))
     # Backward reads y and dy and writes dx.
-    return inputs, (lambda t: torch.autograd.grad(t[1], t[0], t[2], retain_graph=True)), 3 * numel * dtype.itemsize
+    return inputs, (lambda t: bwd(*t)), 3 * numel * dtype.itemsize
+
+
+def _note(res: Result, text: str) -> None:
+    res.note = f"{res.note}; {text}" if res.note else text
 
 
 def _benchmark(cell: Cell, device: str, res: Result) -> None:
     if device == "cpu" and not cell.bench_cpu:
-        res.note = CPU_BENCH_NOTE
+        _note(res, CPU_BENCH_NOTE)
         return
     if math.prod(cell.shape) == 0:
-        res.note = "benchmark skipped: empty tensor"
+        _note(res, "benchmark skipped: empty tensor")
         return
+    if device not in _warm:
+        perf.warm_up(device)
+        _warm.add(device)
     inputs, fn, moved = _bench_inputs(cell, device)
     res.ms = perf.time_ms(fn, inputs, device, warmup_ms=cell.warmup_ms, rep_ms=cell.rep_ms)
     res.gbps = perf.gbps(moved, res.ms)
     res.copy_gbps = copy_gbps(device)
     res.frac_copy = res.gbps / res.copy_gbps
     res.timer = perf.timer_label(device)
+    # On a CPU (the interpreter: ms per call) fewer back-to-back calls, within the rep budget.
+    calls = perf.BACK_TO_BACK_CALLS if res.timer == "gpu" else max(3, min(perf.BACK_TO_BACK_CALLS,
+                                                                           int(cell.rep_ms / max(res.ms, 1e-3))))
+    res.host_us = perf.back_to_back_us(lambda: fn(inputs[0]), device, calls, warmup=1 if res.timer == "cpu" else 5)
     if res.timer == "cpu":
-        res.note = "CPU wall-clock timing" + (" of the Triton interpreter" if cell.backend == "triton" else "")
+        _note(res, "CPU wall-clock timing" + (" of the Triton interpreter" if cell.backend == "triton" else ""))
 
 
 def run_cell(cell: Cell, device: str) -> Result:
@@ -88,10 +103,14 @@ def run_cell(cell: Cell, device: str) -> Result:
             res.status, res.reason = SKIPPED, too_big
             res.seconds = time.perf_counter() - start
             return res
-        cmp, spec = check_cell(cell, device)
-        res.max_abs_err, res.err_ratio = cmp.max_abs_err, cmp.max_rel_err
-        res.atol, res.rtol = spec.tolerance.atol, spec.tolerance.rtol
-        if not cmp.ok:
+        if providers.is_reference_only(cell.backend):
+            cmp = None
+            res.note = providers.REFERENCE_NOTE
+        else:
+            cmp, spec = check_cell(cell, device)
+            res.max_abs_err, res.err_ratio = cmp.max_abs_err, cmp.max_rel_err
+            res.atol, res.rtol = spec.tolerance.atol, spec.tolerance.rtol
+        if cmp is not None and not cmp.ok:
             res.status, res.reason = FAILED, cmp.detail
         elif cell.benchmark:
             _benchmark(cell, device, res)

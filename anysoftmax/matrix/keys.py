@@ -5,6 +5,7 @@ that the README holds exactly that text and that every key the schema accepts is
 from __future__ import annotations
 
 from ..core.spec import DTYPE_NAMES
+from .providers import PEER_NAMES
 from .schema import BENCH_KEYS, CHECKS, DEVICE_TYPES, DIRECTIONS, ENTRY_KEYS, OPS, RANGE_KEYS, TOP_KEYS
 
 _AXIS = "top level (default of every entry) or inside an entry"
@@ -25,7 +26,9 @@ KEYS: dict[str, tuple[str, str, str]] = {
     "devices[].resources": ("entry", "Ray only: extra Ray resources the entry's worker needs (pins hosts)",
                             "a mapping of resource name to a positive number"),
     "devices[].labels": ("entry", "Ray only: node labels the entry's worker needs", "a mapping of strings"),
-    "backends": (_AXIS, "backends to run", "names from `anysoftmax backends` (and plugins)"),
+    "backends": (_AXIS, "backends (and peers) to run",
+                 "names from `anysoftmax backends` (and plugins), `auto` (the automatic choice), or peers: "
+                 + ", ".join(f"`{p}`" for p in PEER_NAMES)),
     "shapes": (_AXIS, "shapes: `[M, N, ...]`, `{shape: [...], dims: [...]}` or an `{M, N}` sweep",
                "positive sizes; sweep values a size, a list or a range"),
     "dtypes": (_AXIS, "input dtypes (default float32)", ", ".join(sorted(DTYPE_NAMES))),

@@ -82,13 +82,13 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
     if details:
         t = Table(title=f"matrix {run.name}: cells", title_justify="left")
         for col in ("entry", "backend", "op", "dir", "dtype", "shape", "dim", "status", "err/tol", "GB/s",
-                    "×copy", "reason / note"):
-            t.add_column(col, justify="right" if col in ("dim", "err/tol", "GB/s", "×copy") else "left")
+                    "×copy", "host µs", "reason / note"):
+            t.add_column(col, justify="right" if col in ("dim", "err/tol", "GB/s", "×copy", "host µs") else "left")
         for r in run.results:
             c = r.cell
             t.add_row(c.entry, c.backend, c.op, _dir(c.direction), c.dtype, _shape(r), str(c.dim),
                       f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"), _gbps(r),
-                      _num(r.frac_copy, ".2f"), _first_line(r.reason or r.note, 70))
+                      _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"), _first_line(r.reason or r.note, 70))
     else:
         # Short headers: the summary must stay readable in a 100-column terminal.
         t = Table(title=f"matrix {run.name}: one row per group (--details: every cell)", title_justify="left")
@@ -201,7 +201,9 @@ def markdown(run: MatrixRun, plots: list[str]) -> str:
             f"{run.seconds:.1f} s; {versions}.", "",
             "A cell passes when its output (forward) or input gradient (backward) matches the float64 "
             "torch reference within the dtype's tolerance (`err/tol` ≤ 1). GB/s = (bytes read + written) / "
-            "median time; ×copy = that over the device-to-device copy bandwidth measured in the same run. "
+            "median time; ×copy = that over the device-to-device copy bandwidth measured in the same run; "
+            "host µs = wall time per call with calls issued back to back and one synchronize (above the "
+            "median time: host-bound). "
             "Values marked (cpu) are CPU wall-clock timings, not GPU kernel timings.", "", "## Devices", ""]
     rows = []
     for entry, info in run.devices.items():
@@ -230,10 +232,10 @@ def markdown(run: MatrixRun, plots: list[str]) -> str:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     out += ["## All cells", ""]
     rows = [[r.cell.entry, r.cell.backend, r.cell.op, r.cell.direction, r.cell.dtype, _shape(r), r.cell.dim,
-             r.status, _num(r.err_ratio, ".3g"), _gbps(r), _num(r.frac_copy, ".2f"), r.ran_on,
-             _first_line(r.reason or r.note, 120)] for r in run.results]
+             r.status, _num(r.err_ratio, ".3g"), _gbps(r), _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"),
+             r.ran_on, _first_line(r.reason or r.note, 120)] for r in run.results]
     out += [_md_table(["entry", "backend", "op", "direction", "dtype", "shape", "dim", "status", "err/tol",
-                       "GB/s", "×copy", "ran on", "reason / note"], rows), ""]
+                       "GB/s", "×copy", "host µs", "ran on", "reason / note"], rows), ""]
     return "\n".join(out)
 
 

@@ -48,12 +48,13 @@ def _in_process_ok(assignments, workers: int | None) -> bool:
 
 def run_matrix(config: MatrixConfig, *, entries: list[str] | None = None, workers: int | None = None,
                cell_timeout: float | None = None, on_start: Callable[[int], None] | None = None,
-               on_result: Callable[[Result], None] | None = None) -> MatrixRun:
+               on_result: Callable[[Result], None] | None = None, isolate: bool = False) -> MatrixRun:
     """Run every cell of `config` (of the named `entries` only, when given).
 
     Cells of a missing device are `skipped` with the reason. CPU cells run in this process
-    unless `workers` > 1 asks for that many worker processes; accelerator cells run in one
-    worker process per device. `on_start(n_cells)` and `on_result(result)` report progress.
+    unless `workers` > 1 asks for that many worker processes, or `isolate` (a crash or a hang
+    then costs only its cell); accelerator cells run in one worker process per device.
+    `on_start(n_cells)` and `on_result(result)` report progress.
     """
     t0 = time.perf_counter()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -80,7 +81,7 @@ def run_matrix(config: MatrixConfig, *, entries: list[str] | None = None, worker
         else:
             record(Result(cell, SKIPPED, reason=devices[cell.entry]["reason"]))
     assignments = assign(runnable, located, workers or 1)
-    if _in_process_ok(assignments, workers):
+    if not isolate and _in_process_ok(assignments, workers):
         run_in_process(assignments, record)
     else:
         run_workers(assignments, record, config.plugins, cell_timeout)

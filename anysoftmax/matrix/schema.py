@@ -337,12 +337,20 @@ def _entry(c: _Checker, i: int, raw, top: dict, backend_names: tuple[str, ...], 
                       "proven right (allowed: [conformance] or [conformance, benchmark])")
     return DeviceEntry(
         name=name if isinstance(name, str) else "", device=device, match=tuple(match), properties=dict(props),
-        backends=c.choices(b_at, backends, backend_names) if backends is not None else (),
+        backends=c.choices(b_at, backends, provider_names(backend_names)) if backends is not None else (),
         shapes=_shapes(c, s_at, shapes, dims_t, dims_at) if shapes is not None else (),
         dtypes=c.choices(d_at, dtypes, tuple(DTYPE_NAMES), lambda s: dtype_name(parse_dtype(s))),
         ops=c.choices(o_at, ops, OPS), directions=c.choices(r_at, directions, DIRECTIONS),
         checks=checks_t, benchmark=_bench(c, bench_at, bench), resources=resources, labels=labels,
     )
+
+
+def provider_names(backend_names: tuple[str, ...]) -> tuple[str, ...]:
+    """What `backends:` may name: the registered backends, `auto` (anysoftmax's automatic
+    choice) and the peers (`peer:torch`, ...; see `matrix.providers`)."""
+    from .providers import AUTO, PEER_NAMES
+
+    return tuple(backend_names) + (AUTO,) + PEER_NAMES
 
 
 def import_plugins(plugins) -> None:

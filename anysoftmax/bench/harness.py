@@ -1,0 +1,106 @@
+"""The benchmark as a matrix: its providers become matrix backends, its grid one in-memory
+matrix config, its rows the matrix's results (one worker pool, one tolerance, one timing).
+
+Provider names keep the benchmark's spelling in its rows (`anysoftmax`, `anysoftmax:triton`,
+`torch`, `copy`, ...) so that older result files merge with newer ones; `--providers` also
+takes the matrix's peer spelling (`peer:torch`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from ..matrix import providers
+from ..matrix.cells import PASSED, SKIPPED, Result
+from ..matrix.schema import MatrixConfig, validate
+
+OURS = "anysoftmax"
+# Benchmark status of a matrix result: a failed comparison is "wrong", any other failure
+# (crash, timeout, dead worker) "failed", a provider that cannot run here "unavailable".
+OK, WRONG, CRASHED, UNAVAILABLE = "ok", "wrong", "failed", "unavailable"
+
+
+class UnknownProvider(ValueError):
+    """A --providers name that is neither ours nor a peer."""
+
+
+def to_backend(name: str) -> tuple[str, str]:
+    """(row name, matrix backend) of a benchmark provider name: `anysoftmax` -> `auto`,
+    `anysoftmax:<b>` -> `<b>`, `torch` or `peer:torch` -> `peer:torch`."""
+    if name == OURS:
+        return OURS, providers.AUTO
+    if name.startswith(OURS + ":"):
+        return name, name.split(":", 1)[1]
+    peer = name[len(providers.PEER_PREFIX):] if providers.is_peer(name) else name
+    if peer in providers.PEERS:
+        return peer, providers.PEER_PREFIX + peer
+    raise UnknownProvider(f"unknown provider {name!r}; allowed: {OURS}, {OURS}:<backend>, "
+                          f"{', '.join(providers.PEERS)} (or peer:<name>)")
+
+
+def anysoftmax_names(device: str) -> list[str]:
+    """`anysoftmax` (automatic choice) and `anysoftmax:<backend>` for every available backend
+    that supports a float32 request on `device`."""
+    from dataclasses import replace
+
+    import torch
+
+    import anysoftmax
+    from anysoftmax.core import SoftmaxSpec
+
+    # A request described without allocating on the device (the parent leaves the GPU to the workers).
+    probe = replace(SoftmaxSpec.from_tensor(torch.empty(2, 2, device="meta"), 1), device=torch.device(device))
+    names = [OURS]
+    for status in anysoftmax.list_backends():
+        if status.available and anysoftmax.get_backend(status.name).supports(probe) is None:
+            names.append(f"{OURS}:{status.name}")
+    return names
+
+
+def default_providers(device: str) -> list[str]:
+    """Every provider that may run on `device`: ours, then the peers (missing ones are skipped)."""
+    return anysoftmax_names(device) + list(providers.PEERS)
+
+
+def config(names: list[str], direction: str, device: str, parts: list[tuple[str, list[str], list]],
+           bench: dict) -> tuple[MatrixConfig, dict[str, str]]:
+    """The matrix of the benchmark: one entry per part (name, dtypes, [(M, N, dim)]), every
+    provider on every cell, conformance then benchmark. Returns it with the map matrix backend
+    -> row name. Names are checked by the matrix schema (ConfigError)."""
+    backend_of = dict(to_backend(n) for n in names)  # row name -> matrix backend
+    entries = [{"name": name, "device": device, "dtypes": dtypes,
+                "shapes": [{"shape": [m, n], "dims": [dim]} for m, n, dim in shapes]}
+               for name, dtypes, shapes in parts if shapes]
+    data = {"name": f"softmax_{direction}", "backends": list(backend_of.values()),
+            "directions": ["forward" if direction == "fwd" else "backward"],
+            "checks": ["conformance", "benchmark"], "benchmark": bench, "devices": entries}
+    return validate(data, "<anysoftmax bench>"), {b: row for row, b in backend_of.items()}
+
+
+def _num(v, default):
+    return default if v is None else v
+
+
+def row(r: Result, provider: str) -> dict:
+    """The benchmark's row of one matrix result."""
+    m, n = r.cell.shape
+    if r.status == PASSED:
+        status, detail = OK, r.note
+    elif r.status == SKIPPED:
+        status, detail = UNAVAILABLE, r.reason
+    else:  # a comparison that ran and failed, or a crash / timeout / dead worker
+        status, detail = (WRONG if r.max_abs_err is not None else CRASHED), r.reason
+    timed = status == OK and r.ms is not None
+    return dict(provider=provider, dtype=r.cell.dtype, M=m, N=n, dim=r.cell.dim,
+                gbps=r.gbps if timed else 0.0, frac_of_copy=r.frac_copy if timed else 0.0,
+                us=r.ms * 1e3 if timed else 0.0, host_us=_num(r.host_us, 0.0) if timed else 0.0,
+                max_err=_num(r.max_abs_err, math.nan), status=status, detail=detail.strip().splitlines()[0][:300]
+                if detail.strip() else "")
+
+
+def copy_gbps(results: list[Result]) -> float:
+    """The copy bandwidth of a run: the median of its workers' measurements (0 when none)."""
+    values = [r.copy_gbps for r in results if r.copy_gbps]
+    return statistics.median(values) if values else 0.0
+
