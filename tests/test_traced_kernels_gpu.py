@@ -51,13 +51,18 @@ def compile_fn(fn, mode):
 
 
 def step(fn, x, mode):
-    """One forward+backward step: (output, input gradient) as fresh tensors."""
+    """One forward+backward step: (output, input gradient) as fresh tensors. The gradient is
+    taken with `autograd.grad` of the output itself (a fixed upstream gradient): eager ops on a
+    CUDA-graph output between steps (`out.square().sum().backward()`) read buffers the next
+    replay may overwrite, which torch rejects for any compiled model, anysoftmax or not."""
     if mode == "reduce-overhead":
         torch.compiler.cudagraph_mark_step_begin()
     x = x.detach().requires_grad_()
     out = fn(x)
-    out.float().square().sum().backward()
-    return out.detach().clone(), x.grad.clone()
+    g = torch.randn(out.shape, generator=torch.Generator(out.device).manual_seed(1), device=out.device,
+                    dtype=out.dtype)
+    (gx,) = torch.autograd.grad(out, x, g)
+    return out.detach().clone(), gx.clone()
 
 
 def assert_near(got, want, dtype):
@@ -172,3 +177,27 @@ def test_input_from_a_padded_matmul():
     x = (a @ b) * 0.5
     result = compare(y, x, SoftmaxSpec.from_tensor(x, -1), device="cuda")
     assert result.ok, result.detail
+
+
+@pytest.mark.parametrize("shape,dim,backward", [((4096, 1000), -1, False), ((4096, 1000), -1, True),
+                                                ((8, 262144), -1, False), ((8, 262144), -1, True),
+                                                ((16, 512, 64), 1, False), ((8, 4096, 128), 1, False)])
+def test_no_input_looks_written(shape, dim, backward):
+    """torch's analysis of which arguments a user kernel writes (it follows each store's address
+    back through helper calls) must see only outputs and scratch written: an input that looks
+    mutated keeps the whole model out of CUDA graphs ("skipping cudagraphs due to mutated
+    inputs"), which the split kernel's shared load helper once caused."""
+    import torch._higher_order_ops.triton_kernel_wrap as tkw
+    from anysoftmax.backends._triton_common import traced
+
+    x = torch.randn(shape, device="cuda")
+    spec = SoftmaxSpec.from_tensor(x, dim)
+    xr, y, layout = allocate_rows(x, spec)
+    plan = traced.traced_plan(anysoftmax.get_backend("triton").plan(xr, y, layout, spec, backward=backward))
+    stats = torch.empty(max(plan.stats_numel(layout), 1), device="cuda")
+    counts = torch.empty(2, dtype=torch.int32, device="cuda")
+    tensors = (xr, torch.randn_like(xr), y) if backward else (xr, y)
+    for kern, args, meta in plan.calls(tensors, layout, False, y.dtype, stats, counts):
+        kwargs = {**dict(zip(kern.arg_names, args)), **meta}
+        written = set(tkw.identify_mutated_tensors(kern, kwargs, {}))
+        assert written and written <= {"y_ptr", "dx_ptr", "stats_ptr", "count_ptr"}, (kern.fn.__name__, written)

@@ -28,7 +28,7 @@ def write(result: dict, out_dir: Path, stem: str) -> list[Path]:
 
 
 def plot(result: dict, path: Path) -> None:
-    """GB/s against N per provider, one panel per dtype, the copy bandwidth as a line."""
+    """GB/s against N per provider (a line per row count M), one panel per dtype, the copy bandwidth as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,10 +41,17 @@ def plot(result: dict, path: Path) -> None:
         for r in result["results"]:
             if r["dtype"] == dtype and r["status"] == "ok" and r.get("dim", -1) in (-1, 1):
                 series[r["provider"]].append((r["N"], r["gbps"], r["M"]))
-        for name, pts in sorted(series.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
-        ax.axhline(result["copy_gbps"], color="k", ls="--", lw=0.8, label="copy")
+        for i, (name, pts) in enumerate(sorted(series.items())):
+            # Lines join only shapes of one family (same M); every shape is a marker. One colour
+            # and one legend entry per provider.
+            by_m = defaultdict(list)
+            for n, gbps, m in pts:
+                by_m[m].append((n, gbps))
+            for j, (m, line) in enumerate(sorted(by_m.items())):
+                line.sort()
+                ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", ms=3, color=f"C{i % 10}",
+                        label=name if j == 0 else "_nolegend_")
+        ax.axhline(result["copy_gbps"], color="k", ls="--", lw=0.8, label="copy bandwidth of the run")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("N (row length)")
         ax.set_ylabel("GB/s (read + written)")

@@ -222,8 +222,8 @@ def softmax_split_kernel(
                                           S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
     for item in tl.range(tl.program_id(0), n_items, nprog):
         if not PREFETCH:
-            x, row, chunk, cols = _load_chunk(x_ptr, item, n_items, n_chunks, n_cols, offs,
-                                              S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
+            row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+            x = _chunk_values(x_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, acc_ty)
         stats_row = stats_ptr + row * (2 * n_chunks)
         if PHASE != 2:
             m_raw = tl.max(x, axis=0)
@@ -260,11 +260,26 @@ def _load_chunk(x_ptr, item, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, 
                 CHUNK: tl.constexpr, acc_ty: tl.constexpr):
     """Work item `item` of the split kernel: its row, chunk index, columns and loaded values
     (all -inf past the last item)."""
+    row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+    x = _chunk_values(x_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, acc_ty)
+    return x, row, chunk, cols
+
+
+@triton.jit
+def _chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
+    """(row, chunk index, columns) of work item `item`. Kept apart from the load: torch.compile's
+    analysis of which arguments a kernel writes follows a store's address back through helper
+    calls, and an address computed inside a call that also takes `x_ptr` marks `x` as written
+    (graph inputs that look mutated keep a model out of CUDA graphs)."""
     item64 = tl.cast(item, tl.int64)
     row = item64 // n_chunks
     chunk = item64 % n_chunks
-    cols = chunk * CHUNK + offs
-    x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn,
-                mask=cols < tl.where(item64 < n_items, n_cols, 0), other=float("-inf")).to(acc_ty)
-    return x, row, chunk, cols
+    return row, chunk, chunk * CHUNK + offs
+
+
+@triton.jit
+def _chunk_values(x_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, acc_ty: tl.constexpr):
+    item64 = tl.cast(item, tl.int64)
+    return tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn,
+                   mask=cols < tl.where(item64 < n_items, n_cols, 0), other=float("-inf")).to(acc_ty)
 
