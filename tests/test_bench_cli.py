@@ -75,11 +75,11 @@ def test_provider_names_map_to_matrix_backends():
 
 def test_older_result_files_still_load_merge_and_write(tmp_path):
     """Results written before host_us existed: merged with a newer row and written again."""
-    old = json.loads((REPO / "benchmarks/results/NVIDIA_H100_80GB_HBM3/softmax_bwd.json").read_text())
+    old = json.loads((REPO / "benchmarks/results/NVIDIA_H200/softmax_fwd.json").read_text())
     assert old["results"] and "host_us" not in old["results"][0]
     newer = dict(old["results"][0], host_us=12.5, frac_of_copy=0.5)
     merged = merge.merge(old, {**old, "results": [newer]}, "newer row")
-    paths = report.write(merged, tmp_path, "softmax_bwd")
+    paths = report.write(merged, tmp_path, "softmax_fwd")
     assert paths[0].exists() and paths[1].exists()
     with open(paths[1]) as f:
         rows = list(csv.DictReader(f))

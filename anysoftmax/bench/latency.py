@@ -27,7 +27,7 @@ from ..perf import back_to_back_us
 SHAPES = [(1, 128), (8, 1024), (32, 4096), (4, 32, 1, 2048), (1, 32768), (512, 512), (1, 32, 1, 128),
           (8, 32, 1, 4096), (64, 151936)]
 PROVIDERS = ["torch", "torch.compile", "torch.compile:reduce-overhead", "liger", "anysoftmax",
-             "anysoftmax:triton", "anysoftmax.compile", "anysoftmax.compile:reduce-overhead"]
+             "anysoftmax:triton", "anysoftmax.compile", "anysoftmax.compile:reduce-overhead", "anysoftmax:wave"]
 
 
 def _compiled(fn, mode: str | None):
@@ -36,7 +36,7 @@ def _compiled(fn, mode: str | None):
 
 # Providers the benchmark and the matrix share (`anysoftmax.matrix.providers`); the compiled
 # variants with their modes are this benchmark's own.
-SHARED = ("torch", "liger", "anysoftmax", "anysoftmax:triton")
+SHARED = ("torch", "liger", "anysoftmax", "anysoftmax:triton", "anysoftmax:wave")
 
 
 def _shared(build, name: str, ndim: int):
@@ -44,8 +44,14 @@ def _shared(build, name: str, ndim: int):
     from ..core.registry import BackendUnavailableError, UnsupportedRequestError
     from .harness import to_backend
 
+    backend = to_backend(name)[1]
+    if name.startswith("anysoftmax:"):
+        import anysoftmax
+
+        if anysoftmax.get_backend(backend).is_available() is not None:  # e.g. wave without IREE
+            return None
     try:
-        return build(to_backend(name)[1], "softmax", -1, ndim, "cuda")
+        return build(backend, "softmax", -1, ndim, "cuda")
     except (BackendUnavailableError, UnsupportedRequestError):
         return None
 
@@ -82,7 +88,7 @@ def backward_fn(name: str, ndim: int = 2):
     return None
 
 
-def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
+def measure(calls: int = 2000, dtype=torch.float32, providers: list[str] = PROVIDERS) -> list[dict]:
     """Every provider x shape x direction that runs here."""
     from triton.testing import do_bench
 
@@ -93,7 +99,7 @@ def measure(calls: int = 2000, dtype=torch.float32) -> list[dict]:
         y = torch.softmax(x, -1)
         dy = torch.randn_like(y)
         for direction in ("fwd", "bwd"):
-            for name in PROVIDERS:
+            for name in providers:
                 fn = forward_fn(name, len(shape)) if direction == "fwd" else backward_fn(name, len(shape))
                 row = dict(provider=name, shape=list(shape), direction=direction, dtype=str(dtype).split(".")[-1])
                 if fn is None:
@@ -171,14 +177,14 @@ def print_table(rows: list[dict]) -> None:
             print(line)
 
 
-def main(out: str, calls: int) -> int:
+def main(out: str, calls: int, providers: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("the latency benchmark needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     from .softmax import gpu_dir_name
 
     device = torch.cuda.get_device_name()
-    rows = measure(calls)
+    rows = measure(calls, providers=providers or PROVIDERS)
     paths = write(rows, Path(out) / gpu_dir_name(device), device)
     print_table(rows)
     print("wrote " + ", ".join(map(str, paths)))

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     if args.latency:
         from . import latency
-        return latency.main(args.out, args.calls)
+        return latency.main(args.out, args.calls, [s for s in args.providers.split(",") if s] or None)
 
     import torch
 
