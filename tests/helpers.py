@@ -61,3 +61,11 @@ class StubBackend:
 
     def run(self, x, spec):
         raise NotImplementedError
+
+
+def backend_devices() -> list:
+    """(backend, device) pairs: the backends runnable on CPU tensors here, and on CUDA tensors
+    those runnable there, marked `gpu` (skipped with the reason on a machine without CUDA)."""
+    pairs = [(b, "cpu") for b in runnable_backends("cpu")]
+    cuda = runnable_backends("cuda") if torch.cuda.is_available() else ["torch", "triton"]
+    return pairs + [pytest.param(b, "cuda", marks=pytest.mark.gpu) for b in cuda]

@@ -16,7 +16,7 @@ from anysoftmax import dispatch
 from anysoftmax.backends._triton_common import launcher as launch
 from helpers import runnable_backends
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # gpu: skipped with the reason without CUDA
 THREADS_PER_SHAPE = 4
 
 

@@ -6,10 +6,9 @@ import torch
 import anysoftmax
 from anysoftmax import ops
 from anysoftmax.core import SoftmaxSpec, compare
-from helpers import runnable_backends
+from helpers import backend_devices
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-BACKEND_DEVICES = [(b, d) for d in DEVICES for b in runnable_backends(d)]
+BACKEND_DEVICES = backend_devices()
 FORWARD_OPS = {"softmax": ops.softmax_op, "log_softmax": ops.log_softmax_op}
 
 
@@ -66,7 +65,7 @@ class _Attention(torch.nn.Module):
         return p @ x, logp
 
 
-@pytest.mark.parametrize("backend,device", [(None, d) for d in DEVICES] + BACKEND_DEVICES)
+@pytest.mark.parametrize("backend,device", [(None, "cpu"), pytest.param(None, "cuda", marks=pytest.mark.gpu)] + BACKEND_DEVICES)
 def test_compile_fullgraph_same_results(backend, device, gen):
     """No graph break (fullgraph=True raises on one), results and gradients as in eager."""
     torch._dynamo.reset()

@@ -12,12 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cases import DTYPES
-from helpers import check, runnable_backends
+from helpers import backend_devices, check
 from test_conformance import LONG_ROW_PATHS
 from test_triton_ascend import SUBBLOCK_UB
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-BACKEND_DEVICES = [(b, d) for d in DEVICES for b in runnable_backends(d)]
+BACKEND_DEVICES = backend_devices()
 SPECIALS = (float("nan"), float("inf"), float("-inf"))
 # Enough examples to walk the layouts on each CI run (fresh ones every run), few enough for
 # the Triton interpreter to stay within seconds per backend.

@@ -17,7 +17,7 @@ from anysoftmax.core import registry
 from anysoftmax.core.reference import backward_from_output
 from helpers import StubBackend, runnable_backends
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # gpu: skipped with the reason without CUDA
 
 
 class CountingBackend(StubBackend):
@@ -44,7 +44,7 @@ class CountingBackend(StubBackend):
 
 @pytest.fixture
 def counting():
-    devices = tuple(DEVICES)
+    devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
     b = anysoftmax.register(CountingBackend(devices))
     try:
         yield b
