@@ -93,8 +93,13 @@ def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool
     # Inline checks, as in `_run` (a helper call costs ~1.5 us per call on small tensors):
     # eager without autodiff goes straight to dispatch; otherwise the operator, which is
     # traceable (fake implementation) and differentiable (double backward).
-    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (y.requires_grad or grad.requires_grad)) \
-            and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(y) and not is_functorch_wrapped_tensor(grad):
+    try:
+        plain = not torch.compiler.is_compiling() \
+            and not (torch.is_grad_enabled() and (y.requires_grad or grad.requires_grad)) \
+            and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(y) and not is_functorch_wrapped_tensor(grad)
+    except (AttributeError, TypeError):  # not tensors: dispatch's validation names the argument
+        plain = True
+    if plain:
         return dispatch.backward(y, grad, dim, log=log, backend=backend)
     from . import ops
     return ops.softmax_backward_op(grad, y, dim, log, backend)
