@@ -59,15 +59,35 @@ def test_gradgradcheck_float64(backend, shape, dim, log, gen):
 @BACKENDS
 def test_second_order_matches_torch(backend, log, gen):
     """Double backward by create_graph in the backend's dtype (float32 for NPU backends)."""
-    _, tol, rand = setup(backend, gen, 4, 7)
+    dtype, tol, rand = setup(backend, gen, 4, 7)
     x, w, v = rand(), rand(), rand()
-    results = []
-    for f in pair(backend, log, 1):
+
+    def first_and_second(f, x, w, v):
         a = x.clone().requires_grad_()
         (g,) = torch.autograd.grad(scalar_loss(f, w)(a), a, create_graph=True)
         (gg,) = torch.autograd.grad((g * v).sum(), a)
-        results.append((g, gg))
-    torch.testing.assert_close(results[0], results[1], **tol)
+        return g, gg
+
+    ours, theirs = pair(backend, log, 1)
+    got, torch_same_dtype = first_and_second(ours, x, w, v), first_and_second(theirs, x, w, v)
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, torch_same_dtype, **tol)
+        return
+    # float32: second derivatives are sums of products that cancel, so an elementwise rtol
+    # against torch's float32 result is noise (one element in 28 missed 2e-5 by 1.5x on a fresh
+    # seed). Both are measured against float64 torch; ours may not be much worse than torch's own.
+    exact = first_and_second(theirs, x.double(), w.double(), v.double())
+    for mine, torch32, ref in zip(got, torch_same_dtype, exact):
+        assert_no_worse_than_torch(mine, torch32, ref, tol)
+
+
+def assert_no_worse_than_torch(mine, torch32, ref, tol):
+    """`mine` (float32) is within a small multiple of torch float32's own error from the float64
+    `ref`, plus the dtype's tolerance on ref's scale."""
+    err = (mine.double() - ref).abs().max().item()
+    torch_err = (torch32.double() - ref).abs().max().item()
+    bound = 4 * torch_err + tol["rtol"] * ref.abs().max().item() + tol["atol"]
+    assert err <= bound, f"error {err:.3g} vs float64; torch float32's {torch_err:.3g}; bound {bound:.3g}"
 
 
 @LOG
@@ -128,7 +148,11 @@ def test_grad_vjp_hessian(backend, log, gen):
     x, w, v = rand(), rand(), rand()
     ours, theirs = pair(backend, log, 1)
     for transform in (grad, hessian, lambda f: jacrev(jacrev(f)), lambda f: jacrev(jacfwd(f))):
-        torch.testing.assert_close(transform(scalar_loss(ours, w))(x), transform(scalar_loss(theirs, w))(x), **tol)
+        got, torch_same_dtype = transform(scalar_loss(ours, w))(x), transform(scalar_loss(theirs, w))(x)
+        if x.dtype == torch.float64:
+            torch.testing.assert_close(got, torch_same_dtype, **tol)
+        else:  # second derivatives in float32: measured against float64 torch (see test_second_order)
+            assert_no_worse_than_torch(got, torch_same_dtype, transform(scalar_loss(theirs, w.double()))(x.double()), tol)
     (out_a, pull_a), (out_b, pull_b) = vjp(ours, x), vjp(theirs, x)
     torch.testing.assert_close((out_a, pull_a(v)), (out_b, pull_b(v)), **tol)
 
