@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import anysoftmax
+from anysoftmax.bench.compiled_block import Attention  # the benchmark's block: QK^T -> softmax -> V
 from anysoftmax.core import SoftmaxSpec, compare
 from anysoftmax.core.layout import allocate_rows
 
@@ -21,26 +22,10 @@ pytestmark = pytest.mark.gpu
 MODES = ["default", "reduce-overhead"]
 
 
-class Attention(torch.nn.Module):
-    """QK^T -> softmax -> V with input and output projections; `softmax` picks the function."""
-
-    def __init__(self, dim: int, heads: int, softmax):
-        super().__init__()
-        self.heads, self.softmax = heads, softmax
-        self.qkv = torch.nn.Linear(dim, 3 * dim)
-        self.out = torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        p = self.softmax(q @ k.transpose(-1, -2) * (d // self.heads) ** -0.5, -1)
-        return self.out((p @ v).transpose(1, 2).reshape(b, s, d))
-
-
 def pair(dtype, dim=256, heads=4):
     torch.manual_seed(0)
-    ours = Attention(dim, heads, anysoftmax.softmax).cuda().to(dtype)
-    ref = Attention(dim, heads, torch.softmax).cuda().to(dtype)
+    ours = Attention(heads, dim // heads, anysoftmax.softmax).cuda().to(dtype)
+    ref = Attention(heads, dim // heads, torch.softmax).cuda().to(dtype)
     ref.load_state_dict(ours.state_dict())
     return ours, ref
 

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -41,6 +42,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class Attention(torch.nn.Module):
+    """QK^T -> softmax -> V with input and output projections; `softmax` picks the function."""
+
     def __init__(self, heads: int, head_dim: int, softmax):
         super().__init__()
         dim = heads * head_dim
@@ -61,21 +64,6 @@ def _softmax_of(provider: str):
     import anysoftmax
 
     return anysoftmax.softmax
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str | None):
-    old = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if value is not None:
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
 
 
 def _reset() -> None:
@@ -121,7 +109,8 @@ def measure_cell(provider: str, shape: tuple, dtype: torch.dtype, mode: str, dir
     _reset()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, mode=None if mode == "default" else mode)
     run = _step_fn(model, compiled, x, gout, mode, direction)
-    with _env("ANYSOFTMAX_COMPILE_KERNELS", "0" if provider == "anysoftmax:opaque" else None):
+    opaque = provider == "anysoftmax:opaque"
+    with mock.patch.dict(os.environ, {"ANYSOFTMAX_COMPILE_KERNELS": "0"}) if opaque else contextlib.nullcontext():
         out, codes = run_and_get_code(run)
     code = "\n".join(codes)
     for _ in range(3):  # reduce-overhead: warm-up, record, replay

@@ -44,14 +44,8 @@ def _shared(build, name: str, ndim: int):
     from ..core.registry import BackendUnavailableError, UnsupportedRequestError
     from .harness import to_backend
 
-    backend = to_backend(name)[1]
-    if name.startswith("anysoftmax:"):
-        import anysoftmax
-
-        if anysoftmax.get_backend(backend).is_available() is not None:  # e.g. wave without IREE
-            return None
     try:
-        return build(backend, "softmax", -1, ndim, "cuda")
+        return build(to_backend(name)[1], "softmax", -1, ndim, "cuda")
     except (BackendUnavailableError, UnsupportedRequestError):
         return None
 
@@ -160,23 +154,6 @@ def write(rows: list[dict], out_dir: Path, device: str) -> list[Path]:
     return paths
 
 
-def print_table(rows: list[dict]) -> None:
-    for direction in ("fwd", "bwd"):
-        names = [n for n in PROVIDERS if any(r["provider"] == n and r["direction"] == direction for r in rows)]
-        print(f"\n{direction}: host us/call (GPU us)")
-        print("shape".ljust(16) + "".join(n[:18].rjust(20) for n in names))
-        for shape in SHAPES:
-            line = "x".join(map(str, shape)).ljust(16)
-            for n in names:
-                r = next((r for r in rows if r["provider"] == n and r["direction"] == direction
-                          and r["shape"] == list(shape)), None)
-                cell = "-" if r is None or r.get("status") != "ok" else f"{r['host_us']:.1f} ({r['gpu_us']:.1f})"
-                if r is not None and r.get("status") not in ("ok", "unavailable"):
-                    cell = r["status"]
-                line += cell.rjust(20)
-            print(line)
-
-
 def main(out: str, calls: int, providers: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("the latency benchmark needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -186,6 +163,8 @@ def main(out: str, calls: int, providers: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name()
     rows = measure(calls, providers=providers or PROVIDERS)
     paths = write(rows, Path(out) / gpu_dir_name(device), device)
-    print_table(rows)
+    from .tables import latency_table
+
+    print(latency_table(dict(device=device, results=rows)))
     print("wrote " + ", ".join(map(str, paths)))
     return 0

@@ -64,17 +64,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def print_table(result: dict) -> None:
-    """Fraction of copy bandwidth per shape (rows) and provider (columns)."""
-    providers = list(dict.fromkeys(r["provider"] for r in result["results"]))
-    cells = {(r["dtype"], r["M"], r["N"], r.get("dim", -1), r["provider"]): r for r in result["results"]}
-    shapes = list(dict.fromkeys((r["dtype"], r["M"], r["N"], r.get("dim", -1)) for r in result["results"]))
-    head = f"{'dtype':9} {'M x N':>15} " + " ".join(f"{p[-14:]:>14}" for p in providers)
-    print(f"\nfraction of copy bandwidth ({result['copy_gbps']:.0f} GB/s), {result['device']}")
-    print(head)
-    for d, m, n, dim in shapes:
-        vals = []
-        for p in providers:
-            r = cells.get((d, m, n, dim, p))
-            vals.append(f"{r['frac_of_copy']:.2f}" if r and r["status"] == "ok" else (r["status"] if r else "-"))
-        label = f"{m}x{n}" + (f" dim{dim}" if dim not in (-1, 1) else "")
-        print(f"{d:9} {label:>15} " + " ".join(f"{v:>14}" for v in vals))
+    """Fraction of copy bandwidth per shape (rows) and provider (columns), as markdown tables."""
+    from .tables import bandwidth_tables
+
+    print("\n" + bandwidth_tables(result))

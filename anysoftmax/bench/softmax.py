@@ -84,7 +84,8 @@ def parse(argv):
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--providers", default="",
                    help="comma list: anysoftmax, anysoftmax:<backend>, and peers copy, torch, torch.compile, seed, "
-                        "liger, quack (also spelled peer:<name>); default: anysoftmax providers + peers")
+                        "liger, quack (also spelled peer:<name>); default: anysoftmax providers + peers. With "
+                        "--latency: names of anysoftmax.bench.latency.PROVIDERS")
     p.add_argument("--out", default="benchmarks/results", help="results folder (a sub-folder per device)")
     p.add_argument("--case-timeout", type=float, default=90.0, help="seconds one case may take (compile included)")
     return p.parse_args(argv)

@@ -112,6 +112,11 @@ def get_backend(name: str) -> Backend:
     return backends[name]
 
 
+def unavailable_reason(name: str) -> str | None:
+    """Why the backend called `name` cannot run here (None when it can)."""
+    return _availability(get_backend(name))
+
+
 def _availability(backend: Backend) -> str | None:
     try:
         return backend.is_available()

@@ -52,9 +52,10 @@ def _bench_inputs(cell: Cell, device: str):
     n = perf.rotation_count(2 * numel * dtype.itemsize)
     bwd = providers.backward(cell.backend, cell.op, cell.dim, ndim, device)
     inputs = []
+    spec = None
     for k in range(n):
         x = make_input(cell.shape, dtype, device, cell.seed + k)
-        spec = SoftmaxSpec.from_tensor(x, cell.dim, log=cell.op == "log_softmax")
+        spec = spec or SoftmaxSpec.from_tensor(x, cell.dim, log=cell.op == "log_softmax")
         inputs.append((rounded_output(x, spec, device), make_input(cell.shape, dtype, device, cell.seed + k + n,
                                                                    scale=1.0)))
     # Backward reads y and dy and writes dx.

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from .. import api
-from ..core.registry import BackendUnavailableError, UnsupportedRequestError
+from ..core.registry import BackendUnavailableError, UnsupportedRequestError, unavailable_reason
 
 AUTO = "auto"
 PEER_PREFIX = "peer:"
@@ -72,6 +72,18 @@ def _peer(name: str, op: str, dim: int, ndim: int, device: str):
     return peer, module
 
 
+def _ours(name: str) -> str | None:
+    """The `backend=` argument of anysoftmax provider `name` (None: the automatic choice). A
+    named backend that cannot run here raises now, when the provider is built, like a peer
+    whose package is missing (not at its first call)."""
+    if name == AUTO:
+        return None
+    reason = unavailable_reason(name)
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {name!r} is not available: {reason}")
+    return name
+
+
 def _rows(fn):
     """fn on 2-D (rows, last dim) views: the row kernels take 2-D tensors only."""
     return lambda *ts: fn(*(t.reshape(-1, t.shape[-1]) for t in ts)).view(ts[0].shape)
@@ -88,7 +100,7 @@ def forward(name: str, op: str, dim: int, ndim: int, device: str) -> Forward:
     """The forward function of provider `name` for `op` over `dim` of an `ndim`-d input on `device`."""
     log = op == "log_softmax"
     if not is_peer(name):
-        fn, backend = (api.log_softmax if log else api.softmax), (None if name == AUTO else name)
+        fn, backend = (api.log_softmax if log else api.softmax), _ours(name)
         return lambda x: fn(x, dim, backend=backend)
     peer, module = _peer(name, op, dim, ndim, device)
     torch_op = torch.log_softmax if log else torch.softmax
@@ -110,7 +122,7 @@ def backward(name: str, op: str, dim: int, ndim: int, device: str) -> Backward:
     """The backward function (y, dy) -> dx of provider `name` for `op` over `dim`."""
     log = op == "log_softmax"
     if not is_peer(name):
-        backend = None if name == AUTO else name
+        backend = _ours(name)
         return lambda y, dy: api.softmax_backward(y, dy, dim, log=log, backend=backend)
     peer, module = _peer(name, op, dim, ndim, device)
     torch_bwd = torch._log_softmax_backward_data if log else torch._softmax_backward_data

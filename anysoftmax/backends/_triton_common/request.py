@@ -55,9 +55,7 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None)
     guard = _guard_for(device, guard)
 
     def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        y = y.contiguous()
-        if grad.dtype != dtype or not grad.is_contiguous():
-            grad = grad.to(dtype).contiguous()
+        y, grad = backward_operands(y, grad, dtype)
         dx = new_output(shape, dtype, device)
         if guard is None:
             launch(y, grad, dx)
@@ -67,3 +65,11 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None)
         return dx
 
     return run
+
+
+def backward_operands(y: torch.Tensor, grad: torch.Tensor, dtype: torch.dtype) -> tuple:
+    """(y, grad) as the backward kernels read them: both contiguous, grad in y's dtype."""
+    y = y.contiguous()
+    if grad.dtype != dtype or not grad.is_contiguous():
+        grad = grad.to(dtype).contiguous()
+    return y, grad

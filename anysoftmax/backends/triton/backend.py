@@ -66,6 +66,11 @@ def _alignment(t: torch.Tensor) -> int:
     return t.data_ptr() % 16 if type(t) is torch.Tensor else 0
 
 
+def _backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> RowLayout:
+    # y (contiguous), dy and dx share one row layout.
+    return RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
+
+
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False) -> KernelPlan:
     """Kernel, tile, warps, stages and cooperation for `layout` on a GPU with `props` (None:
     the interpreter, never cooperative); the grid, which needs the compiled kernel's
@@ -163,7 +168,7 @@ class TritonBackend:
         """`f(y, grad) -> dx` bound to this request; y, dy and dx share one contiguous layout."""
         y = y.contiguous()
         dx = torch.empty_like(y)
-        layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
+        layout = _backward_layout(y, spec)
         return request.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec)
 
     # ---- torch.compile: the kernels as user-defined Triton kernels (anysoftmax.traced_ops) ----
@@ -184,11 +189,9 @@ class TritonBackend:
 
     def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """`softmax_backward` per `spec` (y's dtype), traceable like `traced_forward`."""
-        y = y.contiguous()
-        if grad.dtype != spec.out_dtype or not grad.is_contiguous():
-            grad = grad.to(spec.out_dtype).contiguous()
+        y, grad = request.backward_operands(y, grad, spec.out_dtype)
         dx = new_output(spec.shape, spec.out_dtype, y.device)
-        layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
+        layout = _backward_layout(y, spec)
         traced.launch(self._traced_plan(y, dx, layout, spec, True), (y, grad), (dx,), layout, spec.log, dx.dtype)
         return dx
 
