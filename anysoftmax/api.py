@@ -1,7 +1,9 @@
 """Public functions: `softmax` and `log_softmax`, drop-ins for `torch.softmax` /
-`torch.nn.functional.softmax` (and the log forms): same positions, keywords and results.
+`torch.nn.functional.softmax` (and the log forms): same positions, keywords and results —
+plus the fused family's keywords (`core.variant` states what they mean):
 
-    anysoftmax.softmax(input, dim=None, dtype=None, *, backend=None)
+    anysoftmax.softmax(input, dim=None, dtype=None, *, scale=None, mask=None, causal=False,
+                       softcap=None, sinks=None, empty_rows="zero", backend=None)
 
 A third positional argument is `dtype` as in `torch.softmax(x, 1, torch.float32)`; an int there
 is `F.softmax`'s `_stacklevel` (then a fourth positional is `dtype`). `dim=None` picks torch's
@@ -57,32 +59,66 @@ def _run_general(input, dim, dtype, backend, log: bool) -> torch.Tensor:
     # (The operators load torch._dynamo and with it Triton: imported on first need, so that
     # `import anysoftmax` leaves the Triton interpreter choice open.)
     if torch.compiler.is_compiling():
-        from . import autodiff
+        from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)
         return autodiff.compiled_softmax(input, dim, dtype, backend, log)
     if isinstance(input, torch.Tensor) and wants_autodiff(input):
-        from . import autodiff
+        from . import autodiff, registration  # noqa: F401
         return autodiff.softmax(input, dim, dtype, backend, log)
     return dispatch.forward(input, dim, dtype, backend, log)
 
 
-def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,
-            _stacklevel: int = 3, *, backend: str | None = None) -> torch.Tensor:
-    """Softmax of `input` along `dim`, as `torch.softmax(input, dim, dtype=dtype)`.
+def _run_fused(input, dim, dtype, backend, log: bool, a: dispatch.FusedArgs) -> torch.Tensor:
+    # The fused family: its own operators (they also return the rows' sink shares, which the
+    # sinks' gradient needs), otherwise routed like the plain ones.
+    if torch.compiler.is_compiling():
+        from . import fused_autodiff, registration  # noqa: F401
+        return fused_autodiff.compiled_fused(input, dim, dtype, backend, log, a.mask, a.sinks, a.scale, a.softcap,
+                                             a.causal, a.empty_rows)
+    operands = [t for t in (input, a.mask, a.sinks) if isinstance(t, torch.Tensor)]
+    if isinstance(input, torch.Tensor) and wants_autodiff(*operands):
+        from . import fused_autodiff, registration  # noqa: F401
+        return fused_autodiff.fused_softmax(input, dim, dtype, backend, log, a.mask, a.sinks, a.scale, a.softcap,
+                                            a.causal, a.empty_rows)
+    return dispatch.forward_fused(input, dim, dtype, backend, log, a)[0]
 
-    `backend` names a backend explicitly (see `list_backends()`); otherwise
-    $ANYSOFTMAX_BACKEND or the automatic choice for the tensor's device is used.
+
+def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,
+            _stacklevel: int = 3, *, scale: float | None = None, mask: torch.Tensor | None = None,
+            causal: bool | str = False, softcap: float | None = None, sinks: torch.Tensor | None = None,
+            empty_rows: str = "zero", backend: str | None = None) -> torch.Tensor:
+    """Softmax of `input` along `dim`, as `torch.softmax(input, dim, dtype=dtype)`; with the
+    fused keywords, softmax(softcap(scale * input) + mask, causal) with `sinks` in the
+    denominator and `empty_rows` for rows the mask leaves empty (`anysoftmax.core.variant`).
+
+    `mask`: bool (True = excluded) or floating (added), broadcastable to `input`; `causal`:
+    True/"top_left" or "bottom_right" over the last two dims; `softcap` > 0; `sinks`: one
+    logit per row, broadcasting against `input` with size 1 in `dim`; `empty_rows`: "zero",
+    "nan" or "uniform". `backend` names a backend explicitly (see `list_backends()`);
+    otherwise $ANYSOFTMAX_BACKEND or the automatic choice for the tensor's device is used.
     """
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
-    return _run(input, dim, dtype, backend, False)
+    if scale is None and mask is None and causal is False and softcap is None and sinks is None \
+            and empty_rows == "zero":
+        return _run(input, dim, dtype, backend, False)
+    return _run_fused(input, dim, dtype, backend, False,
+                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))
 
 
 def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,
-                _stacklevel: int = 3, *, backend: str | None = None) -> torch.Tensor:
-    """Log-softmax of `input` along `dim`, as `torch.log_softmax(input, dim, dtype=dtype)`."""
+                _stacklevel: int = 3, *, scale: float | None = None, mask: torch.Tensor | None = None,
+                causal: bool | str = False, softcap: float | None = None, sinks: torch.Tensor | None = None,
+                empty_rows: str = "zero", backend: str | None = None) -> torch.Tensor:
+    """Log-softmax of `input` along `dim`, as `torch.log_softmax(input, dim, dtype=dtype)`;
+    the fused keywords as in `softmax` (log forms: excluded positions -inf, empty rows -inf /
+    NaN / -log N)."""
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("log_softmax", input, dim, dtype, _stacklevel)
-    return _run(input, dim, dtype, backend, True)
+    if scale is None and mask is None and causal is False and softcap is None and sinks is None \
+            and empty_rows == "zero":
+        return _run(input, dim, dtype, backend, True)
+    return _run_fused(input, dim, dtype, backend, True,
+                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))
 
 
 def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,
@@ -101,5 +137,5 @@ def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool
         plain = True
     if plain:
         return dispatch.backward(y, grad, dim, log=log, backend=backend)
-    from . import ops
+    from . import ops, registration  # noqa: F401  (registers the operators' autograd)
     return ops.softmax_backward_op(grad, y, dim, log, backend)

@@ -56,7 +56,7 @@ def input_grad(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool,
     return ops.softmax_backward_op(grad, y, dim, log, backend)
 
 
-def _refuse_forward_over_forward() -> None:
+def refuse_forward_over_forward() -> None:
     # torch runs an autograd.Function's jvp with forward AD switched off, so an enclosing
     # forward-mode transform sees its result as a constant: jacfwd(jacfwd(f)) would silently
     # be zero (true of any autograd.Function in torch 2.13). Refuse it instead.
@@ -150,7 +150,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, t, *_):
         (y,) = ctx.saved_tensors
-        _refuse_forward_over_forward()
+        refuse_forward_over_forward()
         return output_tangent(t, y, ctx.dim, ctx.log)
 
 
@@ -180,7 +180,7 @@ class _SoftmaxBackward(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, t_grad, t_y, *_):
         grad, y = ctx.saved_tensors
-        _refuse_forward_over_forward()
+        refuse_forward_over_forward()
         return backward_tangent(t_grad, t_y, grad, y, ctx.dim, ctx.log)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -25,8 +26,9 @@ from .config import overrides_key
 from .core import registry
 from .core.cache import BoundedDict
 from .core.layout import new_output
-from .core.reference import backward_from_output
+from .core.reference import backward_from_output, fused_backward
 from .core.spec import SoftmaxSpec
+from .core.variant import Operands, runtime_values
 
 log = logging.getLogger("anysoftmax")
 
@@ -36,6 +38,9 @@ ENTRY_POINT_GROUP = "anysoftmax.backends"
 _forward: BoundedDict = BoundedDict(maxsize=4096)
 _backward: BoundedDict = BoundedDict(maxsize=4096)
 _forward_hits, _backward_hits = _forward._data.get, _backward._data.get  # the hit path's one lookup
+# The same for the fused family: request -> (launcher, spec).
+_fused: BoundedDict = BoundedDict(maxsize=4096)
+_fused_backward: BoundedDict = BoundedDict(maxsize=4096)
 # The registry generation the memos were filled under.
 _state = {"generation": -1}
 # Counters a CPU test reads to prove the hit path skips validation, selection and env reads.
@@ -69,6 +74,8 @@ def refresh() -> None:
     call) and re-read $ANYSOFTMAX_BACKEND."""
     _forward.clear()
     _backward.clear()
+    _fused.clear()
+    _fused_backward.clear()
     _state["generation"] = registry.generation()
 
 
@@ -198,5 +205,145 @@ def use_interpreter_if_needed() -> str | None:
     return use_interpreter_if_no_device()
 
 
-__all__ = ["backward", "check_backward_args", "forward", "load_plugins", "new_output", "prepare", "refresh",
+# ---- the fused family (core.variant) --------------------------------------------------------
+
+class FusedArgs(NamedTuple):
+    """The fused keywords of one call, as the user gave them."""
+
+    scale: object = None
+    mask: object = None
+    causal: object = False
+    softcap: object = None
+    sinks: object = None
+    empty_rows: object = "zero"
+
+    def as_kwargs(self) -> dict:
+        return self._asdict()
+
+
+def _operand_key(t):
+    # What a launcher bound to a request depends on in an operand: its layout, dtype, device
+    # and 16-byte alignment (Triton specialises pointers on it). The broadcast view's strides,
+    # which kernels read, follow from (shape, stride) and the input's shape, also in the key.
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
+def fused_request_key(x, dim, dtype, backend, log: bool, a: FusedArgs):
+    """The memo key of a fused request: the raw form of `SoftmaxSpec.kernel_key()` (input
+    layout, dim, dtypes, log, the operands' layouts, which steps are present, causal form,
+    empty-row policy) plus what the launcher binds (alignment, backend choice, registry
+    generation, tuning overrides). None when an argument is not of an exact type (then the
+    request is validated, and its errors raised, on every call)."""
+    m, s = a.mask, a.sinks
+    if type(x) is not torch.Tensor or type(dim) is not int or (m is not None and type(m) is not torch.Tensor) \
+            or (s is not None and type(s) is not torch.Tensor) or type(a.causal) not in (bool, str) \
+            or type(a.empty_rows) is not str:
+        return None
+    return (x.shape, x.stride(), x.dtype, x.device, dim, dtype, backend, log, x.data_ptr() & 15, _operand_key(m),
+            _operand_key(s), a.scale is None, a.softcap is None, a.causal, a.empty_rows, registry.generation(),
+            overrides_key())
+
+
+def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor, SoftmaxSpec]:
+    """Validate a fused request: (the input a backend receives, its spec with the variant)."""
+    stats["validated"] += 1
+    spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())
+    if spec.needs_input_cast:
+        x = x.to(spec.out_dtype)
+        spec = replace(spec, in_dtype=x.dtype, strides=tuple(x.stride()))
+    return x, spec
+
+
+def _pair(result):
+    return result if isinstance(result, tuple) else (result, None)
+
+
+def _fused_launcher(chosen, x: torch.Tensor, spec: SoftmaxSpec):
+    make = getattr(chosen, "launcher", None)
+    if make is not None:
+        return make(x, spec)
+    run = chosen.run
+    return lambda t, ops: _pair(run(t, spec, ops))
+
+
+def _empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool):
+    y = torch.empty(spec.shape, dtype=spec.out_dtype, device=device)
+    p = torch.empty(tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape)), dtype=spec.acc_dtype,
+                    device=device) if with_sinks else None
+    return y, p
+
+
+def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused family without autograd: (y, p_sink), p_sink being each row's sink share in
+    the accumulation dtype (None without sinks; the backward's dsinks needs it)."""
+    key = fused_request_key(x, dim, dtype, backend, log, a)
+    hit = _fused._data.get(key) if key is not None else None
+    if hit is not None:
+        stats["hits"] += 1
+        launcher, spec = hit
+        prepared = x
+    else:
+        _fresh()
+        prepared, spec = prepare_fused(x, dim, dtype, log, a)
+        chosen = select(spec, backend)
+        if spec.numel == 0:
+            return _empty_outputs(spec, x.device, a.sinks is not None)
+        launcher = _fused_launcher(chosen, prepared, spec)
+        if key is not None and prepared is x:
+            _fused.put(key, (launcher, spec))
+    scale, softcap = runtime_values(a.scale, a.softcap)
+    return launcher(prepared, Operands(a.mask, a.sinks, scale, softcap))
+
+
+def _fused_backward_launcher(chosen, y: torch.Tensor, spec: SoftmaxSpec):
+    make = getattr(chosen, "fused_backward_launcher", None)
+    if make is not None:
+        return make(y, spec)
+    v, dim, log, acc = spec.variant, spec.dim, spec.log, spec.acc_dtype
+
+    def run(grad, y_, x, ops: Operands, p_sink):
+        variant = replace(v, scale=None if v.scale is None else ops.scale,
+                          softcap=None if v.softcap is None else ops.softcap)
+        dx, ds, _ = fused_backward(grad, y_, x, variant, dim, log, ops.mask, p_sink, acc)
+        return dx.to(y_.dtype), ds
+    return run
+
+
+def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=None):
+    """Gradients of the fused family from its output `y`: (dx in y's dtype, per-row dsinks in
+    the accumulation dtype or None). `x` is the forward's input (read with softcap only), `p_sink` the
+    forward's sink shares (with sinks only)."""
+    softcap = a.softcap is not None
+    key = None
+    if type(y) is torch.Tensor and type(grad) is torch.Tensor and (not softcap or type(x) is torch.Tensor):
+        base = fused_request_key(y, dim, None, backend, log, a)
+        if base is not None:
+            key = (base, grad.shape, grad.stride(), grad.dtype, grad.device,
+                   _operand_key(x) if softcap else None, _operand_key(p_sink))
+    hit = _fused_backward._data.get(key) if key is not None else None
+    if hit is not None:
+        stats["hits"] += 1
+        launcher = hit
+    else:
+        _fresh()
+        stats["validated"] += 1
+        spec = check_backward_args(y, grad, dim, log)
+        spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
+        if softcap and (not isinstance(x, torch.Tensor) or x.shape != y.shape):
+            raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
+        if a.sinks is not None and p_sink is None:
+            raise ValueError("softmax_backward: a sinks gradient needs the forward's per-row sink shares (p_sink)")
+        chosen = select(spec, backend)
+        if spec.numel == 0:
+            dx = torch.empty(spec.shape, dtype=y.dtype, device=y.device)
+            return dx, (torch.empty_like(p_sink) if p_sink is not None else None)
+        spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
+        launcher = _fused_backward_launcher(chosen, y, spec)
+        if key is not None:
+            _fused_backward.put(key, launcher)
+    scale, cap = runtime_values(a.scale, a.softcap)
+    return launcher(grad, y, x, Operands(a.mask, a.sinks, scale, cap), p_sink)
+
+
+__all__ = ["FusedArgs", "backward_fused", "forward_fused", "fused_request_key", "prepare_fused", "backward", "check_backward_args", "forward", "load_plugins", "new_output", "prepare", "refresh",
            "select", "stats", "use_interpreter_if_needed"]

@@ -9,10 +9,14 @@ so compiled and eager training share one backward (`softmax_backward`, itself an
 
 Outputs are always fresh contiguous tensors (the fake implementations promise exactly that).
 
-Under torch.compile a request the `triton` backend serves does not stay opaque: while
-AOTAutograd traces the graph, a rule registered here hands it to the `anysoftmax::*_triton`
-`triton_op`s, whose kernels then appear in the graph as user-defined Triton kernels
-(`anysoftmax.traced_ops` says when and why).
+The fused family (`core.variant`) has its own pair: ``anysoftmax::softmax_fused`` returns
+(y, p_sink) — p_sink being each row's sink share in the accumulation dtype (float32; float64
+for float64 outputs), the one statistic the sinks' gradient needs ([0]-shaped without sinks) — and ``anysoftmax::softmax_fused_backward`` returns
+(dx, per-row dsinks).
+
+This module only defines the operators (a leaf: it imports dispatch and core). Their autograd,
+vmap rules and torch.compile routing are registered on top of it by `anysoftmax.registration`,
+which imports this module, `autodiff`, `batching` and (when a graph is traced) `traced_ops`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from . import dispatch
 from .core.spec import SoftmaxSpec
+from .dispatch import FusedArgs
 
 
 def _contiguous(y: torch.Tensor) -> torch.Tensor:
@@ -80,105 +85,59 @@ def _softmax_backward_fake(grad, y, dim, log, backend=None):
     return y.new_empty(y.shape)
 
 
-# Derivatives (reverse, double backward, forward mode) live in `anysoftmax.autodiff` and vmap
-# rules in `anysoftmax.batching`; they are registered here, importing those modules on first
-# use (they import this one).
 
-def _setup_forward(ctx, inputs, output):
-    x, dim, _dtype, backend = inputs
-    ctx.save_for_backward(output)
-    ctx.dim, ctx.backend, ctx.x_dtype = dim, backend, x.dtype
+# ---- the fused family -------------------------------------------------------------------------
+
+def _fused_args(mask, sinks, scale, softcap, causal, empty_rows) -> FusedArgs:
+    return FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
 
 
-def _setup_backward(ctx, inputs, output):
-    grad, y, dim, log, backend = inputs
-    ctx.save_for_backward(grad, y)
-    ctx.dim, ctx.log, ctx.backend = dim, log, backend
+def _no_sinks(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0, dtype=torch.float32)
 
 
-def _softmax_grad(ctx, grad):
-    from .autodiff import op_forward_backward
-    return op_forward_backward(ctx, grad, False)
+def row_shape(shape, dim: int) -> tuple:
+    """x's shape with size 1 in `dim`: the shape of per-row statistics."""
+    return tuple(1 if d == dim else s for d, s in enumerate(shape))
 
 
-def _log_softmax_grad(ctx, grad):
-    from .autodiff import op_forward_backward
-    return op_forward_backward(ctx, grad, True)
+@torch.library.custom_op("anysoftmax::softmax_fused", mutates_args=())
+def softmax_fused_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], dim: int,
+                     dtype: Optional[torch.dtype], scale: Optional[float], softcap: Optional[float], causal: str,
+                     empty_rows: str, log: bool, backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused family (`anysoftmax.softmax` with its fused keywords) as an operator:
+    (y, p_sink), p_sink the rows' sink shares (float32; [0]-shaped without sinks)."""
+    y, p = dispatch.forward_fused(x, dim, dtype, backend, log, _fused_args(mask, sinks, scale, softcap, causal,
+                                                                        empty_rows))
+    return _contiguous(y), (_no_sinks(x) if p is None else _contiguous(p))
 
 
-def _backward_grad(ctx, gdx):
-    from .autodiff import op_backward_backward
-    return op_backward_backward(ctx, gdx)
+@softmax_fused_op.register_fake
+def _softmax_fused_fake(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend=None):
+    spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=_fused_args(mask, sinks, scale, softcap, causal,
+                                                                                  empty_rows).as_kwargs())
+    p = x.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype) if sinks is not None else _no_sinks(x)
+    return x.new_empty(spec.shape, dtype=spec.out_dtype), p
 
 
-def _vmap_rule(name: str):
-    def rule(*args, **kwargs):
-        from . import batching
-        return getattr(batching, name)(*args, **kwargs)
-    return rule
+@torch.library.custom_op("anysoftmax::softmax_fused_backward", mutates_args=())
+def softmax_fused_backward_op(grad: torch.Tensor, y: torch.Tensor, x: Optional[torch.Tensor],
+                              mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], p_sink: torch.Tensor,
+                              dim: int, scale: Optional[float], softcap: Optional[float], causal: str,
+                              empty_rows: str, log: bool, backend: Optional[str] = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of `softmax_fused` from its output: (dx in y's dtype, per-row dsinks in
+    float32, [0]-shaped without sinks). `x` is read with softcap only."""
+    dx, ds = dispatch.backward_fused(grad, y, x, dim, log, _fused_args(mask, sinks, scale, softcap, causal, empty_rows),
+                                     p_sink if sinks is not None else None, backend)
+    return _contiguous(dx), (_no_sinks(y) if ds is None else _contiguous(ds))
 
 
-softmax_op.register_autograd(_softmax_grad, setup_context=_setup_forward)
-log_softmax_op.register_autograd(_log_softmax_grad, setup_context=_setup_forward)
-softmax_backward_op.register_autograd(_backward_grad, setup_context=_setup_backward)
-softmax_op.register_vmap(_vmap_rule("softmax_vmap"))
-log_softmax_op.register_vmap(_vmap_rule("log_softmax_vmap"))
-softmax_backward_op.register_vmap(_vmap_rule("softmax_backward_vmap"))
-
-
-# ---- torch.compile: routing to the triton_ops (anysoftmax.traced_ops) -------------------------
-
-def _bound(args, kwargs, names, defaults):
-    values = dict(zip(names, args))
-    values.update(kwargs)
-    return [values.get(n, defaults.get(n)) for n in names]
-
-
-def _export_keeps_ops() -> bool:
-    # torch.export keeps triton_ops whole (no backend kernels in an exported program); so do we.
-    try:
-        from torch.export._trace import custom_triton_ops_decomposition_disabled
-    except ImportError:  # pragma: no cover - older torch: no such switch
-        return False
-    return custom_triton_ops_decomposition_disabled()
-
-
-def _routing_rule(kind: str):
-    """A torch_dispatch rule for FunctionalTensorMode (AOTAutograd's tracing mode): run the
-    matching `triton_op` instead of the opaque operator when `traced_ops` says so; otherwise
-    trace the operator as it is. `triton_op`'s own decomposition is the model (and, like it,
-    nothing is decomposed for torch.export)."""
-    if kind == "backward":
-        names, defaults = ("grad", "y", "dim", "log", "backend"), {"backend": None}
-    else:
-        names, defaults = ("x", "dim", "dtype", "backend"), {"dtype": None, "backend": None}
-
-    def rule(mode, op, types, args, kwargs):
-        target = None
-        plain = all(issubclass(t, (torch._subclasses.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor))
-                    or t is torch.Tensor for t in types)
-        if plain and not _export_keeps_ops():
-            from . import traced_ops
-
-            values = _bound(args, kwargs, names, defaults)
-            target = traced_ops.backward_target(*values) if kind == "backward" else \
-                traced_ops.forward_target(*values, log=kind == "log_softmax")
-        if target is None:
-            return mode.__torch_dispatch__(op, types, args, kwargs)
-        with mode:
-            return target(*values)
-
-    return rule
-
-
-def _install_routing() -> None:
-    try:
-        from torch._subclasses.functional_tensor import FunctionalTensorMode
-    except ImportError:  # pragma: no cover
-        return
-    softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("softmax"))
-    log_softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("log_softmax"))
-    softmax_backward_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("backward"))
-
-
-_install_routing()
+@softmax_fused_backward_op.register_fake
+def _softmax_fused_backward_fake(grad, y, x, mask, sinks, p_sink, dim, scale, softcap, causal, empty_rows, log,
+                                 backend=None):
+    dispatch.check_backward_args(y, grad, dim, log)
+    spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=_fused_args(mask, sinks, scale, softcap, causal,
+                                                                           empty_rows).as_kwargs())
+    ds = y.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype) if sinks is not None else _no_sinks(y)
+    return y.new_empty(y.shape), ds

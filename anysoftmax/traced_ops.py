@@ -32,7 +32,12 @@ Otherwise the public operator stays in the graph (opaque; other backends, CPU). 
 planning errors are not raised here: the operator then runs, and fails, at run time as before.
 
 Nothing here runs on the eager path (eager calls never enter FunctionalTensorMode). This module
-is imported by the rule on its first use (registering a `triton_op` imports Triton).
+is imported by the rule on its first use (registering a `triton_op` imports Triton), and
+`anysoftmax.registration` registers these operators' autograd and vmap rules (the public
+operators' own) when it imports it.
+
+The fused family has the same pair: ``softmax_fused_triton`` / ``softmax_fused_backward_triton``
+(the backend's `traced_fused_forward` / `traced_fused_backward`).
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ from typing import Optional
 import torch
 from torch.library import triton_op
 
-from . import dispatch, ops
+from . import dispatch
 from .core.spec import SoftmaxSpec
+from .dispatch import FusedArgs
 
 ENV = "ANYSOFTMAX_COMPILE_KERNELS"
 
@@ -102,16 +108,6 @@ def softmax_backward_triton(grad: torch.Tensor, y: torch.Tensor, dim: int, log: 
     return _traced_backend(spec, backend, "softmax_backward_triton").traced_backward(y, grad, spec)
 
 
-# The same derivatives and vmap rules as the public operators (anysoftmax.ops, whose handlers
-# call anysoftmax.autodiff's formulas), so a direct call of these operators is differentiable too.
-softmax_triton.register_autograd(ops._softmax_grad, setup_context=ops._setup_forward)
-log_softmax_triton.register_autograd(ops._log_softmax_grad, setup_context=ops._setup_forward)
-softmax_backward_triton.register_autograd(ops._backward_grad, setup_context=ops._setup_backward)
-softmax_triton.register_vmap(ops._vmap_rule("softmax_vmap"))
-log_softmax_triton.register_vmap(ops._vmap_rule("log_softmax_vmap"))
-softmax_backward_triton.register_vmap(ops._vmap_rule("softmax_backward_vmap"))
-
-
 def _register_kernel_sources() -> None:
     # torch's AOTAutograd cache keys a graph on the source of the Triton kernels its custom ops
     # run (found by reading the op's body for `wrap_triton(name)`; ours pick the kernel from a
@@ -122,7 +118,7 @@ def _register_kernel_sources() -> None:
     from .backends._triton_common.traced import kernels
 
     found = kernels()
-    for name in ("softmax", "log_softmax", "softmax_backward"):
+    for name in ("softmax", "log_softmax", "softmax_backward", "softmax_fused", "softmax_fused_backward"):
         table[f"anysoftmax::{name}_triton"] = found
         table[f"anysoftmax::{name}"] = found
 
@@ -130,7 +126,46 @@ def _register_kernel_sources() -> None:
 _register_kernel_sources()
 
 
-# ---- routing (the FunctionalTensorMode rule on the public operators, `ops.install_routing`) ----
+# ---- the fused family ---------------------------------------------------------------------------
+
+def _empty_p(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0, dtype=torch.float32)
+
+
+@triton_op("anysoftmax::softmax_fused_triton", mutates_args=())
+def softmax_fused_triton(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], dim: int,
+                         dtype: Optional[torch.dtype], scale: Optional[float], softcap: Optional[float], causal: str,
+                         empty_rows: str, log: bool, backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`anysoftmax::softmax_fused` as Triton kernels torch.compile can see (GPU backends)."""
+    a = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
+    prepared, spec = dispatch.prepare_fused(x, dim, dtype, log, a)
+    if spec.numel == 0:
+        y, p = dispatch._empty_outputs(spec, x.device, sinks is not None)
+        return y, (_empty_p(x) if p is None else p)
+    chosen = _traced_backend(spec, backend, "softmax_fused_triton")
+    y, p = chosen.traced_fused_forward(prepared, spec, a)
+    return y, (_empty_p(x) if p is None else p)
+
+
+@triton_op("anysoftmax::softmax_fused_backward_triton", mutates_args=())
+def softmax_fused_backward_triton(grad: torch.Tensor, y: torch.Tensor, x: Optional[torch.Tensor],
+                                  mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], p_sink: torch.Tensor,
+                                  dim: int, scale: Optional[float], softcap: Optional[float], causal: str,
+                                  empty_rows: str, log: bool, backend: Optional[str] = None
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`anysoftmax::softmax_fused_backward` as Triton kernels torch.compile can see."""
+    a = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
+    dispatch.check_backward_args(y, grad, dim, log)
+    spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
+    if spec.numel == 0:
+        return torch.empty_like(y), (_empty_p(y) if sinks is None else torch.empty_like(p_sink))
+    spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
+    chosen = _traced_backend(spec, backend, "softmax_fused_backward_triton")
+    dx, ds = chosen.traced_fused_backward(grad, y, x, spec, a, p_sink if sinks is not None else None)
+    return dx, (_empty_p(y) if ds is None else ds)
+
+
+# ---- routing (the FunctionalTensorMode rule on the public operators, `anysoftmax.registration`) ----
 
 def _concrete(*tensors: torch.Tensor) -> bool:
     return all(type(s) is int for t in tensors for s in (*t.shape, *t.stride()))
@@ -163,3 +198,54 @@ def backward_target(grad, y, dim, log, backend):
     except Exception:
         return None
     return torch.ops.anysoftmax.softmax_backward_triton.default
+
+
+def fused_forward_target(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend):
+    """`softmax_fused_triton` to trace instead of `softmax_fused`, or None."""
+    if os.environ.get(ENV, "1") == "0" or not isinstance(x, torch.Tensor) or \
+            not _concrete(*(t for t in (x, mask, sinks) if isinstance(t, torch.Tensor))):
+        return None
+    try:
+        a = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
+        spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())
+        if spec.needs_input_cast:
+            spec = replace(spec, in_dtype=spec.out_dtype)
+        chosen = _backend_for(spec, backend)
+        if spec.numel == 0 or chosen is None or not hasattr(chosen, "traced_fused_forward"):
+            return None
+    except Exception:  # reported by the operator at run time, as without routing
+        return None
+    return torch.ops.anysoftmax.softmax_fused_triton.default
+
+
+def fused_backward_target(grad, y, x, mask, sinks, p, dim, scale, softcap, causal, empty_rows, log, backend):
+    """`softmax_fused_backward_triton` to trace instead of `softmax_fused_backward`, or None."""
+    tensors = [t for t in (grad, y, x, mask, sinks, p) if isinstance(t, torch.Tensor)]
+    if os.environ.get(ENV, "1") == "0" or not all(isinstance(t, torch.Tensor) for t in (grad, y)) \
+            or not _concrete(*tensors):
+        return None
+    try:
+        a = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
+        dispatch.check_backward_args(y, grad, dim, log)
+        spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
+        chosen = _backend_for(spec, backend)
+        if spec.numel == 0 or chosen is None or not hasattr(chosen, "traced_fused_backward"):
+            return None
+    except Exception:
+        return None
+    return torch.ops.anysoftmax.softmax_fused_backward_triton.default
+
+
+_TARGETS = {
+    "softmax": lambda v: forward_target(*v, log=False),
+    "log_softmax": lambda v: forward_target(*v, log=True),
+    "backward": lambda v: backward_target(*v),
+    "fused": lambda v: fused_forward_target(*v),
+    "fused_backward": lambda v: fused_backward_target(*v),
+}
+
+
+def target(kind: str, values: list):
+    """The `*_triton` operator to trace instead of the public operator of `kind` (its bound
+    arguments `values`), or None to trace that operator as it is."""
+    return _TARGETS[kind](values)

@@ -6,8 +6,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import backward_from_output, reference
+from .reference import backward_from_output, fused_backward, fused_forward, prologue, reference
 from .spec import SoftmaxSpec
+from .variant import keep_mask
+
+# Roundings the fused prologue may add per unit of |z| (scale * x, the softcap's tanh, an added
+# mask): a few roundings of the accumulation dtype each, with a 2x margin.
+PROLOGUE_ROUNDINGS = 8
+
+
+def _eps(spec: SoftmaxSpec) -> float:
+    return torch.finfo(spec.acc_dtype).eps / 2  # unit roundoff of the accumulation dtype
 
 
 @dataclass(frozen=True)
@@ -32,19 +41,44 @@ def check_form(out: torch.Tensor, shape: tuple, dtype: torch.dtype, what: str = 
     return None
 
 
-def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu") -> Comparison:
+def _prologue_allowance(x: torch.Tensor, spec: SoftmaxSpec, mask, sinks, device) -> tuple:
+    """(per-element relative allowance, per-row absolute-in-z allowance) that a fused prologue
+    adds: z = scale*x (softcap, + mask) is computed in the accumulation dtype, so each z_j
+    carries ~|z_j| * eps of rounding that exp() turns into a relative error of the output,
+    and the row's normaliser carries the p-weighted mean of those. Scale amplifies the input's
+    magnitude (a temperature of 1e3 makes |z| large while z - max stays small): a fixed rtol
+    cannot cover that, a bound proportional to |z| does."""
+    x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
+    z = prologue(x64, spec.variant, None if mask is None else mask.detach().to(device), torch.float64)
+    keep = keep_mask(tuple(z.shape), spec.variant, None if mask is None else mask.detach().to(device))
+    absz = z.abs()
+    absz = torch.where(torch.isfinite(absz), absz, torch.zeros_like(absz))
+    if keep is not None:
+        absz = absz.masked_fill(~keep.to(absz.device), 0.0)
+    p, _ = fused_forward(x64, spec.variant, spec.dim, False, None if mask is None else mask.detach().to(device),
+                         None if sinks is None else sinks.detach().to(device), torch.float64)
+    p = torch.nan_to_num(p, nan=0.0)
+    row = (p * absz).sum(spec.dim, keepdim=True)
+    k = PROLOGUE_ROUNDINGS * _eps(spec)
+    return k * absz, k * row
+
+
+def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu",
+            mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> Comparison:
     """Check `out` (a backend's result for input `x`) against the float64 reference.
 
     `expected` is the reference rounded once to the output dtype, so overflow to +-inf in a
     narrow dtype (log_softmax of large fp16 inputs) is expected exactly as torch produces it.
     NaN must match NaN, infinities must match exactly, finite values within the tolerance.
     Shape and dtype are checked first. `device` is where the float64 reference is evaluated.
+    A fused spec (`spec.variant`) takes its operands `mask` and `sinks`, and its bound grows
+    with |z| (`_prologue_allowance`).
     """
     early = check_form(out, spec.shape, spec.out_dtype)
     if early is not None:
         return early
     tol = spec.tolerance
-    expected = reference(x, spec, device).to(spec.out_dtype).to(torch.float64)
+    expected = reference(x, spec, device, mask, sinks).to(spec.out_dtype).to(torch.float64)
     got = out.detach().to(device).to(torch.float64)
     nan_e, nan_g = torch.isnan(expected), torch.isnan(got)
     if not torch.equal(nan_e, nan_g):
@@ -59,6 +93,10 @@ def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str |
     if diff.numel() == 0:
         return Comparison(True, 0.0, 0.0)
     bound = tol.atol + tol.rtol * expected.abs()[finite]
+    if not spec.is_plain:
+        per_elem, per_row = _prologue_allowance(x, spec, mask, sinks, device)
+        amp = (per_elem + per_row).expand(expected.shape)[finite]
+        bound = bound + (amp if spec.log else amp * expected.abs()[finite])
     ratio = diff / bound
     max_abs, max_rel = diff.max().item(), ratio.max().item()
     if max_rel <= 1.0:
@@ -115,3 +153,72 @@ def compare_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, spec: 
     got_w, exp_w = got.flatten()[worst].item(), expected.flatten()[worst].item()
     return Comparison(False, max_abs, max_rel, f"gradient error {max_abs:.3g} exceeds the tolerance by "
                                                f"{max_rel:.3g}x (worst: got {got_w:.8g}, expected {exp_w:.8g})")
+
+
+def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec,
+                           mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                           dsinks: torch.Tensor | None = None, device: str | torch.device = "cpu") -> Comparison:
+    """`compare_backward` for a fused spec: `dx` (and `dsinks` when the call has sinks) against
+    `core.reference.fused_backward` in float64 from the forward output `y` the backend gave,
+    the sink shares of the float64 reference and the output gradient `dy`.
+
+    Bound per element: the plain backward's sensitivity to the output's own rounding, times the
+    chain factor |scale * (1 - tanh^2)| the gradient is multiplied by, plus the rounding of
+    that factor itself (1 - t^2 computed from t loses ~eps absolutely, and t carries the
+    rounding of its argument scale*x/softcap). dsinks: per row rtol * p_sink * sum |y dy|
+    (twice, for the sum and the share), summed over the rows sharing a sink."""
+    early = check_form(dx, spec.shape, spec.in_dtype, "gradient ")
+    if early is not None:
+        return early
+    dim = spec.dim
+    dev = lambda t: None if t is None else t.detach().to(device)  # noqa: E731
+    y64, g, got = dev(y).to(torch.float64), dev(dy).to(torch.float64), dev(dx).to(torch.float64)
+    x64 = dev(x).to(spec.out_dtype).to(torch.float64)
+    m, s = dev(mask), dev(sinks)
+    if not torch.isfinite(got).all():
+        return Comparison(False, float("inf"), float("inf"), "non-finite values in the gradient")
+    _, p_sink = fused_forward(x64, spec.variant, dim, spec.log, m, s, torch.float64)
+    expected, ds_rows, _ = fused_backward(g, y64, x64, spec.variant, dim, spec.log, m, p_sink, torch.float64)
+    keep = keep_mask(tuple(y64.shape), spec.variant, m)
+    gk = g if keep is None else g.masked_fill(~keep, 0.0)
+    yk = torch.nan_to_num(y64, nan=0.0, neginf=0.0 if not spec.log else -torch.inf)
+    if spec.log:
+        p = yk.exp()
+        sens = gk.abs() + p * gk.sum(dim, keepdim=True).abs() * (1 + torch.nan_to_num(yk, neginf=0.0).abs())
+    else:
+        sens = yk.abs() * (gk.abs() + 2 * (yk.abs() * gk.abs()).sum(dim, keepdim=True))
+    v = spec.variant
+    scale = 1.0 if v.scale is None else abs(v.scale)
+    factor = torch.full_like(sens, scale)
+    eps = _eps(spec)
+    tol = spec.tolerance
+    extra = torch.zeros_like(sens)
+    if v.softcap is not None:
+        arg = x64 * (1.0 if v.scale is None else v.scale) / v.softcap
+        t = torch.tanh(arg)
+        factor = factor * (1 - t * t)
+        dz = expected.abs() / torch.clamp(factor, min=torch.finfo(torch.float64).tiny)
+        extra = PROLOGUE_ROUNDINGS * eps * dz.clamp(max=1e300) * scale * (1 + arg.abs())
+    diff = (got - expected).abs()
+    bound = tol.atol * max(1.0, scale) + tol.rtol * sens * factor + extra
+    ratio = diff / bound
+    max_abs, max_rel = diff.max().item(), ratio.max().item()
+    if max_rel > 1.0:
+        worst = ratio.argmax()
+        return Comparison(False, max_abs, max_rel,
+                          f"gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x (worst: got "
+                          f"{got.flatten()[worst].item():.8g}, expected {expected.flatten()[worst].item():.8g})")
+    if s is not None and dsinks is not None:
+        if tuple(dsinks.shape) != tuple(s.shape):
+            return Comparison(False, float("inf"), float("inf"), f"dsinks shape {tuple(dsinks.shape)} != {tuple(s.shape)}")
+        exp_ds = ds_rows.sum_to_size(s.shape)
+        rows_bound = tol.atol + 2 * tol.rtol * p_sink * (yk * gk).abs().sum(dim, keepdim=True) if not spec.log else \
+            tol.atol + 2 * tol.rtol * p_sink * gk.abs().sum(dim, keepdim=True)
+        ds_bound = rows_bound.sum_to_size(s.shape)
+        ds_diff = (dsinks.detach().to(device).to(torch.float64) - exp_ds).abs()
+        ds_ratio = (ds_diff / ds_bound).max().item()
+        if not ds_ratio <= 1.0:
+            return Comparison(False, ds_diff.max().item(), ds_ratio,
+                              f"dsinks error {ds_diff.max().item():.3g} exceeds the tolerance by {ds_ratio:.3g}x")
+        max_rel = max(max_rel, ds_ratio)
+    return Comparison(True, max_abs, max_rel)

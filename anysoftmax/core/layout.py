@@ -68,24 +68,35 @@ class RowLayout:
     out_row_strides: tuple[int, ...]
     in_col_stride: int
     out_col_stride: int
+    # Broadcast operands of the fused family (mask, sinks), in that order: their row strides
+    # (as `in_row_strides`) and column stride; () for a plain request.
+    op_row_strides: tuple[tuple[int, ...], ...] = ()
+    op_col_strides: tuple[int, ...] = ()
 
     @classmethod
     def from_strides(cls, shape: tuple[int, ...], in_strides: tuple[int, ...],
-                     out_strides: tuple[int, ...], dim: int) -> "RowLayout | None":
-        """Normalise; None when more than `MAX_ROW_DIMS` irregular row dimensions remain."""
+                     out_strides: tuple[int, ...], dim: int,
+                     operands: tuple[tuple[int, ...], ...] = ()) -> "RowLayout | None":
+        """Normalise; None when more than `MAX_ROW_DIMS` irregular row dimensions remain.
+        `operands`: strides of broadcast operands (one per dim of `shape`, 0 where broadcast)
+        that the kernels read beside the input; dims merge only where every tensor chains."""
         if not shape:  # 0-dim: one row of one element
-            return cls(1, 1, (1,) * MAX_ROW_DIMS, (0,) * MAX_ROW_DIMS, (0,) * MAX_ROW_DIMS, 0, 0)
-        rows: list[list[int]] = []  # [size, in_stride, out_stride], outermost first
+            zeros = (0,) * MAX_ROW_DIMS
+            return cls(1, 1, (1,) * MAX_ROW_DIMS, zeros, zeros, 0, 0, tuple(zeros for _ in operands),
+                       tuple(0 for _ in operands))
+        all_strides = (in_strides, out_strides, *operands)
+        rows: list[list[int]] = []  # [size, stride of each tensor...], outermost first
         for d, size in enumerate(shape):
             if d == dim or size == 1:
                 continue
-            if rows and rows[-1][1] == size * in_strides[d] and rows[-1][2] == size * out_strides[d]:
-                rows[-1] = [rows[-1][0] * size, in_strides[d], out_strides[d]]
+            strides = [st[d] for st in all_strides]
+            if rows and all(prev == size * cur for prev, cur in zip(rows[-1][1:], strides)):
+                rows[-1] = [rows[-1][0] * size, *strides]
             else:
-                rows.append([size, in_strides[d], out_strides[d]])
+                rows.append([size, *strides])
         if len(rows) > MAX_ROW_DIMS:
             return None
-        rows = [[1, 0, 0]] * (MAX_ROW_DIMS - len(rows)) + rows
+        rows = [[1] + [0] * len(all_strides)] * (MAX_ROW_DIMS - len(rows)) + rows
         n_rows = 1
         for r in rows:
             n_rows *= r[0]
@@ -95,6 +106,8 @@ class RowLayout:
             in_row_strides=tuple(r[1] for r in rows),
             out_row_strides=tuple(r[2] for r in rows),
             in_col_stride=in_strides[dim], out_col_stride=out_strides[dim],
+            op_row_strides=tuple(tuple(r[3 + k] for r in rows) for k in range(len(operands))),
+            op_col_strides=tuple(st[dim] for st in operands),
         )
 
 
@@ -111,6 +124,8 @@ class ColumnView:
     in_red_stride: int
     out_outer_stride: int
     out_red_stride: int
+    # Fused operands: (outer, reduction, inner) strides of each (mask, sinks), () when plain.
+    op_strides: tuple[tuple[int, int, int], ...] = ()
 
 
 def column_view(layout: RowLayout) -> ColumnView | None:
@@ -121,20 +136,34 @@ def column_view(layout: RowLayout) -> ColumnView | None:
         return None
     if layout.in_col_stride == 1 or layout.out_col_stride == 1:
         return None
+    ops = tuple((r[1], c, r[2]) for r, c in zip(layout.op_row_strides, layout.op_col_strides))
     return ColumnView(s1, layout.n_cols, s2, layout.in_row_strides[1], layout.in_col_stride,
-                      layout.out_row_strides[1], layout.out_col_stride)
+                      layout.out_row_strides[1], layout.out_col_stride, ops)
+
+
+def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
+    """The strides the kernels read the fused operands with (mask, then sinks; each present
+    one's broadcast view over the input's shape, from `spec.variant`)."""
+    v = getattr(spec, "variant", None)
+    if v is None:
+        return ()
+    return tuple(m.strides for m in (v.mask, v.sinks) if m is not None)
 
 
 def allocate_rows(x, spec):
-    """Allocate the output (contiguous, `spec.out_dtype`) and describe input and output as rows.
+    """Allocate the output (contiguous, `spec.out_dtype`) and describe input and output (and
+    the fused operands) as rows.
 
     Returns (x, y, layout). `x` is returned unchanged unless its row dimensions cannot be
     expressed in `MAX_ROW_DIMS` strided dimensions; then it is the one copy this library makes
-    (`x.contiguous()`), after which two row dimensions always suffice.
+    (`x.contiguous()`), after which the input chains like the output. A broadcast operand's
+    own irregular strides could still need more: `layout` is None then (the caller copies the
+    operand, see `contiguous_operands`).
     """
     y = new_output(spec.shape, spec.out_dtype, x.device)
-    layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim)
+    ops = operand_strides(spec)
+    layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops)
     if layout is None:
         x = x.contiguous()
-        layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim)
+        layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops)
     return x, y, layout

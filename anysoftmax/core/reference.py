@@ -1,22 +1,139 @@
-"""The single reference every backend is checked against: torch in float64, on the CPU."""
+"""The single reference every backend is checked against: torch in float64, on the CPU.
+
+The fused family's formulas (`fused_forward`, `fused_backward`) spell out each step of
+`core.variant` in torch ops, in a dtype of the caller's choice: float64 for the reference, the
+accumulation dtype for the `torch` backend and for backends without a backward kernel of their
+own. One formula, so the reference and the fallback cannot drift apart.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .spec import SoftmaxSpec
+from .variant import MASK_ADDITIVE, Variant, keep_mask
 
 
-def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu") -> torch.Tensor:
+def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu", mask: torch.Tensor | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Exact-as-possible result of `spec` on `x`, as a float64 tensor on `device` (the CPU by
     default; benchmarks of large tensors evaluate it on the GPU, in float64 all the same).
 
     The input is first converted to the output dtype (torch's `dtype=` semantics: this rounds
-    when it narrows), then to float64, and the softmax is evaluated in float64.
+    when it narrows), then to float64, and the softmax is evaluated in float64. A fused spec
+    needs its operands: `mask` and `sinks` as given to the call.
     """
     x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
-    op = torch.log_softmax if spec.log else torch.softmax
-    return op(x64, spec.dim if x64.dim() else 0)
+    if spec.is_plain:
+        op = torch.log_softmax if spec.log else torch.softmax
+        return op(x64, spec.dim if x64.dim() else 0)
+    mask = None if mask is None else mask.detach().to(device)
+    sinks = None if sinks is None else sinks.detach().to(device)
+    y, _ = fused_forward(x64, spec.variant, spec.dim, spec.log, mask, sinks, torch.float64)
+    return y
+
+
+def _row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    return tuple(1 if d == dim else s for d, s in enumerate(shape))
+
+
+def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Steps 1-3a of the family in `dtype`: z = scale*x, softcap, plus a floating mask."""
+    z = x.to(dtype)
+    if variant.scale is not None:
+        z = z * variant.scale
+    if variant.softcap is not None:
+        z = variant.softcap * torch.tanh(z / variant.softcap)
+    if variant.mask_kind == MASK_ADDITIVE:
+        z = z + mask.to(dtype)
+    return z
+
+
+def empty_row_value(policy: str, n: int, log: bool) -> float:
+    """What an empty row's elements are under `policy` (core.variant: zero / nan / uniform)."""
+    if policy == "nan":
+        return math.nan
+    if policy == "uniform":
+        return -math.log(n) if log else 1.0 / n
+    return -math.inf if log else 0.0
+
+
+def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: torch.Tensor | None,
+                  sinks: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y, p_sink) of the fused family evaluated in `dtype` (float64: the reference). `p_sink`
+    is the sink's share of each row, exp(s - m) / denominator (shape of x with size 1 in
+    `dim`), None without sinks. Differentiable in x, sinks and a floating mask."""
+    z = prologue(x, variant, mask, dtype)
+    keep = keep_mask(tuple(z.shape), variant, mask)
+    empty = None
+    if keep is not None:
+        keep = keep.to(z.device)
+        z = z.masked_fill(~keep, -math.inf)
+        empty = ~keep.any(dim, keepdim=True)
+        # Empty rows get their policy's constant below; a finite z keeps their (unused) gradient finite.
+        z = z.masked_fill(empty, 0.0)
+    m = z.detach().amax(dim, keepdim=True)
+    s = None
+    if sinks is not None:
+        s = sinks.to(dtype).expand(_row_shape(tuple(z.shape), dim))
+        m = torch.maximum(m, s.detach())
+    # A row max of -inf (nothing but -inf) is replaced by 0 when subtracted: exp(-inf - 0) = 0,
+    # so an all -inf row ends as 0/0 = NaN, as torch gives it (the kernels do the same).
+    m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    e = torch.exp(z - m)
+    total = e.sum(dim, keepdim=True)
+    p_sink = None
+    if s is not None:
+        es = torch.exp(s - m)
+        total = total + es
+        p_sink = es / total
+    y = (z - m) - torch.log(total) if log else e / total
+    if empty is not None and bool(empty.any()):
+        value = empty_row_value(variant.empty_rows, z.shape[dim], log)
+        y = torch.where(empty, torch.full((), value, dtype=y.dtype, device=y.device), y)
+        if p_sink is not None:
+            p_sink = torch.where(empty, torch.zeros_like(p_sink), p_sink)
+    return y, p_sink
+
+
+def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, variant: Variant, dim: int,
+                   log: bool, mask: torch.Tensor | None, p_sink: torch.Tensor | None, dtype: torch.dtype,
+                   want_dz: bool = False):
+    """Gradients of the fused family from its output `y`, evaluated in `dtype`:
+    (dx, ds, dz) with dx of x's shape, ds the per-row sink gradient -p_sink * sum(y * grad)
+    (log: -p_sink * sum(grad)) or None without `p_sink`, and dz (the gradient of the logits
+    after softcap, which a floating mask receives) when `want_dz`. `x` is needed with softcap
+    only (its derivative 1 - tanh^2 is recomputed from x). Excluded positions and empty rows
+    get 0."""
+    g = grad.to(dtype)
+    yy = y.to(dtype)
+    keep = keep_mask(tuple(y.shape), variant, mask)
+    empty = None
+    if keep is not None:
+        keep = keep.to(g.device)
+        g = g.masked_fill(~keep, 0.0)  # excluded outputs are constants: their gradient goes nowhere
+        empty = ~keep.any(dim, keepdim=True)
+    if log:
+        total = g.sum(dim, keepdim=True)
+        dz = g - yy.exp() * total
+    else:
+        total = (yy * g).sum(dim, keepdim=True)
+        dz = yy * (g - total)
+    ds = None if p_sink is None else -p_sink.to(dtype) * total
+    if keep is not None:
+        dz = dz.masked_fill(~keep | empty, 0.0)
+        if ds is not None:
+            ds = ds.masked_fill(empty, 0.0)
+    dmask = dz if want_dz else None
+    dx = dz
+    if variant.softcap is not None:
+        t = torch.tanh(x.to(dtype) * (1.0 if variant.scale is None else variant.scale) / variant.softcap)
+        dx = dx * (1 - t * t)
+    if variant.scale is not None:
+        dx = dx * variant.scale
+    return dx, ds, dmask
 
 
 def backward_from_output(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool = False,

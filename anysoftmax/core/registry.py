@@ -45,6 +45,16 @@ class Backend(Protocol):
     strides, dtype, device and 16-byte alignment), which dispatch memoises per request;
     `backward_launcher(y, spec)` likewise `f(y, grad) -> dx` (else torch's formula is used);
     `needs_interpreter()` says the backend runs here only through the Triton interpreter.
+
+    The fused family (`core.variant`: scale, mask, causal, softcap, sinks): a backend that
+    computes it declares `fused = True`; requests with a variant are never sent to one that
+    does not (its plain kernel would silently ignore the mask). For such a request `run` is
+    called as `run(x, spec, operands)` (`core.variant.Operands`: the mask and sinks tensors as
+    given, scale and softcap values) and returns y or (y, p_sink), p_sink being each row's sink
+    share in float32 (x's shape with size 1 in `dim`) when the call has sinks; `launcher(x,
+    spec)` returns `f(x, operands) -> (y, p_sink or None)`; `fused_backward_launcher(y, spec)`
+    returns `f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` (else the formula of
+    `core.reference.fused_backward` runs in torch).
     """
 
     name: str
@@ -139,11 +149,25 @@ def list_backends() -> list[BackendStatus]:
     return rows
 
 
+def fused_refusal(backend: Backend, spec: SoftmaxSpec) -> str | None:
+    """Why `backend` cannot take a fused request (it does not declare `fused = True`), or None."""
+    if spec.is_plain or getattr(backend, "fused", False):
+        return None
+    return (f"computes the plain softmax only (it does not declare the fused family, `fused = True`), "
+            f"so it cannot apply {spec.variant.describe()}")
+
+
+def refusal(backend: Backend, spec: SoftmaxSpec) -> str | None:
+    """Why `backend` does not serve `spec` on an available device (the fused-family gate, then
+    its own `supports`), or None."""
+    return fused_refusal(backend, spec) or backend.supports(spec)
+
+
 def _check_explicit(backend: Backend, spec: SoftmaxSpec, source: str) -> Backend:
     reason = _availability(backend)
     if reason is not None:
         raise BackendUnavailableError(f"backend {backend.name!r} ({source}) is not available: {reason}")
-    reason = backend.supports(spec)
+    reason = refusal(backend, spec)
     if reason is not None:
         raise UnsupportedRequestError(
             f"backend {backend.name!r} ({source}) does not support {spec.describe()}: {reason}")
@@ -172,7 +196,7 @@ def select(spec: SoftmaxSpec, backend: str | None = None) -> Backend:
     candidates.sort(key=lambda b: -b.priority)
     reasons = []
     for b in candidates:
-        reason = _availability(b) or b.supports(spec)
+        reason = _availability(b) or refusal(b, spec)
         if reason is None:
             return b
         log.debug("anysoftmax: passing over backend %r for %s: %s", b.name, spec.describe(), reason)

@@ -23,9 +23,11 @@ and by the matrix runner; `anysoftmax.core.compare` explains how they are applie
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from .variant import PLAIN, Variant, build as build_variant
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_NAMES: dict[str, torch.dtype] = {
@@ -96,6 +98,23 @@ class SoftmaxSpec:
     out_dtype: torch.dtype
     log: bool
     device: torch.device
+    variant: Variant = PLAIN  # the fused family's steps (core.variant); PLAIN: torch's softmax
+
+    @property
+    def is_plain(self) -> bool:
+        """True for torch's softmax without any fused step."""
+        return self.variant is PLAIN or self.variant.is_plain
+
+    def kernel_key(self) -> tuple:
+        """The one cache key of this request: everything a plan or a compiled kernel depends on
+        (shape, strides, dtypes, dim, log, device, and the variant's steps with its operands'
+        layouts and dtypes; not the values of `scale`/`softcap`, which are kernel arguments).
+        Backends add what only they depend on (alignment, tuning overrides, direction)."""
+        return (self.shape, self.strides, self.in_dtype, self.out_dtype, self.dim, self.log, self.device,
+                self.variant.key())
+
+    def with_variant(self, variant: Variant) -> "SoftmaxSpec":
+        return replace(self, variant=variant)
 
     @property
     def ndim(self) -> int:
@@ -142,8 +161,19 @@ class SoftmaxSpec:
         return Tolerance(max(tol.atol, tol.rtol), tol.rtol) if self.log else tol
 
     def describe(self) -> str:
+        fused = "" if self.is_plain else f", {self.variant.describe()}"
         return (f"{self.op_name}(shape={list(self.shape)}, dim={self.dim}, "
-                f"{dtype_name(self.in_dtype)}->{dtype_name(self.out_dtype)}, device={self.device})")
+                f"{dtype_name(self.in_dtype)}->{dtype_name(self.out_dtype)}{fused}, device={self.device})")
+
+    @classmethod
+    def from_request(cls, x: object, dim: object, dtype: object = None, log: bool = False,
+                     fused: dict | None = None) -> tuple["SoftmaxSpec", object]:
+        """`from_tensor` plus the fused keywords (`scale, mask, causal, softcap, sinks,
+        empty_rows` in `fused`): returns (spec, `core.variant.Operands`). Errors name the
+        argument (see `core.variant.build`)."""
+        spec = cls.from_tensor(x, dim, dtype, log=log)
+        variant, operands = build_variant(spec.shape, spec.device, spec.dim, **(fused or {}))
+        return spec.with_variant(variant), operands
 
     @classmethod
     def from_tensor(cls, x: object, dim: object, dtype: object = None, log: bool = False) -> "SoftmaxSpec":

@@ -1,19 +1,24 @@
-"""Backward of softmax and log_softmax, shared by the Triton backends.
+"""Backward of softmax and log_softmax and of their fused family, shared by the Triton backends.
 
-    softmax:      dx = y * (dy - sum(y * dy))
-    log_softmax:  dx = dy - exp(y) * sum(dy)
+    softmax:      dz = y * (dy - sum(y * dy))
+    log_softmax:  dz = dy - exp(y) * sum(dy)
+    fused:        the sums over kept positions only; excluded positions and empty rows get 0;
+                  dx = dz * (1 - tanh^2) (softcap, tanh recomputed from x) * scale;
+                  per row, the sinks' gradient -p_s * sum (p_s: the forward's sink share).
 
 A work item is a tile of BLOCK_M rows x CHUNK columns. With one chunk per row (SINGLE) the
 row sum is taken on chip: one read of y and dy and one write of dx. Longer rows are cut into
 chunks whose partial sums meet in `stats`, exactly as in the forward split kernel: PHASE 0
 waits at a per-row barrier (cooperative, co-resident grid) keeping y and dy in registers;
-PHASE 1 / PHASE 2 are the two-launch form for the interpreter. y, dy and dx share one row
-layout (the launcher makes them contiguous alike).
+PHASE 1 / PHASE 2 are the two-launch form for the interpreter. y, dy, dx (and x) share one
+row layout (the launcher makes them contiguous alike); a mask is read through its own strides.
+Causal rows read y and dy only over their kept prefix (the rest of dx is written as 0).
 """
 
 import triton
 import triton.language as tl
 
+from .fused import col_limit, pair, tanh
 from .rows import _row_arrive, _row_depart, _row_offsets, _row_wait
 
 
@@ -27,10 +32,12 @@ def _partial(y, dy, LOG: tl.constexpr):
 
 @triton.jit
 def softmax_bwd_kernel(
-    y_ptr, dy_ptr, dx_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
-    S1, S2, s0, s1, s2, sn,
+    y_ptr, dy_ptr, dx_ptr, x_ptr, m_ptr, p_ptr, ds_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
+    S1, S2, s0, s1, s2, sn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, SINGLE: tl.constexpr,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
@@ -40,22 +47,37 @@ def softmax_bwd_kernel(
         rows = (item64 // n_chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
         chunk = item64 % n_chunks
         cols = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
-        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        if CAUSAL:
+            live = row_ok[:, None] & (cols[None, :] < col_limit(rows, n_cols, SQ, C_OFF, CAUSAL)[:, None])
+        else:
+            live = mask
         off = _row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
-        y = tl.load(y_ptr + off, mask=mask, other=0.0).to(acc_ty)
-        dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(acc_ty)
+        y = tl.load(y_ptr + off, mask=live, other=0.0).to(acc_ty)
+        dy = tl.load(dy_ptr + off, mask=live, other=0.0).to(acc_ty)
+        keep = live
+        if MASK == 1:
+            excluded = tl.load(m_ptr + _row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn,
+                               mask=live, other=1)
+            keep = live & (excluded == 0)
+        if MASK == 1 or CAUSAL:
+            # Excluded outputs are constants: their gradient goes nowhere (an empty row's
+            # y may be NaN under empty_rows="nan"; its gradient is still 0).
+            dy = tl.where(keep, dy, 0.0)
+            y = tl.where(keep, y, 0.0 if not LOG else float("-inf"))
         if SINGLE:
             total = _partial(y, dy, LOG)
         else:
             stats = stats_ptr + rows * n_chunks
             if PHASE != 2:
-                tl.store(stats + chunk, _partial(y, dy, LOG), mask=rows < n_rows)
+                tl.store(stats + chunk, _partial(y, dy, LOG), mask=row_ok)
             if PHASE == 0:
                 # BLOCK_M is 1 on this path: the row's barrier, as in the forward split kernel.
                 row = (item64 // n_chunks) * BLOCK_M
                 _row_wait(count_ptr, row, _row_arrive(count_ptr, row), n_chunks)
             g = tl.arange(0, G_POW2)
-            part = tl.load(stats[:, None] + g[None, :], mask=(rows < n_rows)[:, None] & (g < n_chunks)[None, :],
+            part = tl.load(stats[:, None] + g[None, :], mask=row_ok[:, None] & (g < n_chunks)[None, :],
                            other=0.0, cache_modifier=".cg")
             total = tl.sum(part, axis=1)
             if PHASE == 0:
@@ -65,4 +87,21 @@ def softmax_bwd_kernel(
                 dx = dy - tl.exp(y) * total[:, None]
             else:
                 dx = y * (dy - total[:, None])
+            if MASK == 1 or CAUSAL:
+                dx = tl.where(keep, dx, 0.0)
+            if HAS_CAP:
+                scale = 1.0
+                if HAS_SCALE:
+                    scale = pair(scale_hi, scale_lo, ACC_FP64)
+                cap = pair(cap_hi, cap_lo, ACC_FP64)
+                x = tl.load(x_ptr + off, mask=live, other=0.0).to(acc_ty)
+                t = tanh(x * scale / cap, ACC_FP64)
+                dx = dx * (1.0 - t * t)
+            if HAS_SCALE:
+                dx = dx * pair(scale_hi, scale_lo, ACC_FP64)
             tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_SINK:
+                # ds = -p_s * sum(y dy) (log: -p_s * sum(dy)); p_s is 0 in an empty row.
+                first = row_ok & ((rows * 0 + chunk) == 0)
+                p = tl.load(p_ptr + rows, mask=first, other=0.0).to(acc_ty)
+                tl.store(ds_ptr + rows, (-p * total).to(ds_ptr.dtype.element_ty), mask=first)

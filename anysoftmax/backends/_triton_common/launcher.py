@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from ...core.layout import RowLayout
-from .plan import KernelPlan
+from .plan import PLAIN_SCALARS, KernelPlan
 
 # (device, stream) -> counters, least recently used first; bounded: a program that makes
 # streams on the fly must not grow it forever.
@@ -154,10 +154,12 @@ def _cooperative_refused(exc: Exception) -> bool:
 
 
 def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype):
-    """A function `run(*tensors)` launching `plan` on tensors laid out as `layout`: (x, y) for a
-    forward plan, (y, dy, dx) for a backward one. Constexprs, options and integer arguments are
-    worked out once here; a call allocates the split scratch (if any) and launches. After the
-    first (compiling) launch, compiled kernels launch through `_fast_calls`.
+    """A function `run(tensors, values=PLAIN_SCALARS)` launching `plan` on tensors laid out as
+    `layout`: `tensors` as `plan.tensors` lists them (forward: x, y, mask, sinks, p_sink;
+    backward: y, dy, dx, x, mask, p_sink, dsinks; None for an absent operand), `values` the
+    per-call floats (`plan.scalars`). Constexprs, options and integer arguments are worked out
+    once here; a call allocates the split scratch (if any) and launches. After the first
+    (compiling) launch, compiled kernels launch through `_fast_calls`.
 
     A cooperative plan is launched as a cooperative grid (the driver refuses one whose programs
     cannot all be resident at once, instead of letting the row barrier spin forever: MPS SM
@@ -173,63 +175,63 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     lock = launch_lock(kernel)
     interpreted = lock is _interpreter_lock
     state = {"compiled": False, "fast": None, "fallback": None}
+    as_kernel_takes = plan.tensors
 
     def head_of(tensors):
+        tensors = as_kernel_takes(tensors)
         return plan.head(tensors, *scratch(tensors[0].device)) if needs_scratch else tensors
 
-    def first_launch(tensors) -> None:
-        head = head_of(tensors)
-        compiled = [kernel[grid](*head, *static, **meta) for meta in metas]
+    def first_launch(head, values) -> None:
+        compiled = [kernel[grid](*head, *static, *values, **meta) for meta in metas]
         state["compiled"] = True
         if FAST_LAUNCH and not interpreted and all(c is not None and hasattr(c, "packed_metadata")
                                                    for c in compiled):
-            tails = _constexpr_tails(kernel, len(head) + len(static), metas)
+            tails = _constexpr_tails(kernel, len(head) + len(static) + len(values), metas)
             if tails is not None:
                 from triton import knobs
                 from triton.runtime.driver import driver
 
                 hooks = knobs.runtime
                 state["fast"] = (_fast_calls(compiled, tails), hooks, driver.active.get_current_stream,
-                                 tensors[0].device.index, hooks.launch_enter_hook, hooks.launch_exit_hook)
+                                 head[0].device.index, hooks.launch_enter_hook, hooks.launch_exit_hook)
 
-    def launch(tensors) -> None:
+    def launch(tensors, values) -> None:
+        head = head_of(tensors)
         fast = state["fast"]
         if fast is not None:
             calls, hooks, stream_of, index, enter, leave = fast
             # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and _inactive(enter) \
                     and _inactive(leave):
-                head = head_of(tensors) if needs_scratch else tensors
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.
                 ptrs = [t.data_ptr() for t in head]
                 stream = stream_of(index)
                 for fn, function, packed, tail in calls:
-                    fn(plan.grid, stream, function, packed, *ptrs, *static, *tail)
+                    fn(plan.grid, stream, function, packed, *ptrs, *static, *values, *tail)
                 return
         if state["compiled"] and not interpreted:
-            head = head_of(tensors)
             for meta in metas:
-                kernel[grid](*head, *static, **meta)
+                kernel[grid](*head, *static, *values, **meta)
             return
         with lock:  # a first launch compiles: one thread at a time per kernel
-            first_launch(tensors)
+            first_launch(head, values)
 
     if not plan.cooperative:
-        return lambda *tensors: launch(tensors)
+        return lambda tensors, values=PLAIN_SCALARS: launch(tensors, values)
 
-    def run(*tensors: torch.Tensor) -> None:
+    def run(tensors, values=PLAIN_SCALARS) -> None:
         fallback = state["fallback"]
         if fallback is not None:
-            fallback(*tensors)
+            fallback(tensors, values)
             return
         try:
-            launch(tensors)
+            launch(tensors, values)
         except RuntimeError as exc:
             if not _cooperative_refused(exc):
                 raise
             options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
             state["fallback"] = bind(replace(plan, cooperative=False, options=options), layout, log, out_dtype)
-            state["fallback"](*tensors)
+            state["fallback"](tensors, values)
 
     return run

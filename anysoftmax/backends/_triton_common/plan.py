@@ -24,6 +24,80 @@ from ...core.layout import RowLayout, column_view, next_power_of_2
 
 INT32_MAX = 2**31 - 1
 
+MASK_CODES = {"none": 0, "bool": 1, "additive": 2}
+EMPTY_CODES = {"zero": 0, "nan": 1, "uniform": 2}
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The fused family's part of a plan (`fused.py`): which steps the kernels compile in
+    (constexprs) and the causal geometry (integer arguments). Operand strides live in the
+    layout (`RowLayout.op_row_strides`), values (scale, softcap) are passed per call."""
+
+    has_scale: bool = False
+    has_cap: bool = False
+    mask: int = 0  # 0 none, 1 bool, 2 additive
+    causal: bool = False
+    has_sink: bool = False
+    empty: int = 0  # 0 zero, 1 nan, 2 uniform
+    sq: int = 1  # queries (the dim before the last) under causal
+    c_off: int = 0  # kept: key j <= query q + c_off
+
+    @classmethod
+    def of(cls, spec) -> "Fusion":
+        """The fusion of a request (`SoftmaxSpec` with its variant)."""
+        v = getattr(spec, "variant", None)
+        if v is None or spec.is_plain:
+            return NO_FUSION
+        causal = v.causal != "none"
+        sq = spec.shape[-2] if causal else 1
+        c_off = spec.shape[-1] - spec.shape[-2] if v.causal == "bottom_right" else 0
+        return cls(v.scale is not None, v.softcap is not None, MASK_CODES[v.mask_kind], causal, v.sinks is not None,
+                   EMPTY_CODES[v.empty_rows] if v.has_empty_rows else 0, sq, c_off)
+
+    @property
+    def has_empty(self) -> bool:
+        return self.mask == 1 or self.causal
+
+    @property
+    def stats_per_chunk(self) -> int:
+        """Statistics a split kernel keeps per chunk: max and sum, and with a bool mask the
+        count of kept columns (an empty row is decided by the mask, not by values)."""
+        return 3 if self.mask == 1 else 2
+
+    def constexprs(self, backward: bool = False) -> dict:
+        flags = dict(HAS_SCALE=self.has_scale, HAS_CAP=self.has_cap, MASK=self.mask, CAUSAL=self.causal,
+                     HAS_SINK=self.has_sink)
+        return flags if backward else dict(flags, HAS_EMPTY=self.has_empty, EMPTY=self.empty)
+
+    def operand_strides(self, layout: RowLayout) -> tuple[tuple, tuple]:
+        """((mask row strides, mask column stride), (sink row strides)) from the layout,
+        zeros for an absent operand."""
+        ops_rows, ops_cols = list(layout.op_row_strides), list(layout.op_col_strides)
+        zero = (0,) * len(layout.row_sizes)
+        mask = (ops_rows.pop(0), ops_cols.pop(0)) if self.mask else (zero, 0)
+        sink = ops_rows.pop(0) if self.has_sink else zero
+        return mask, sink
+
+
+NO_FUSION = Fusion()
+# Runtime values of a plain launch: (scale hi, lo, softcap hi, lo), unused.
+PLAIN_SCALARS = (1.0, 0.0, 1.0, 0.0)
+
+
+def split_value(v: float) -> tuple[float, float]:
+    """`v` as float32 hi + lo (Triton passes float arguments as float32; float64 kernels add
+    the two back, ~48 bits)."""
+    import struct
+
+    hi = struct.unpack("f", struct.pack("f", v))[0]
+    return hi, float(v - hi)
+
+
+def scalars(scale: float, softcap: float) -> tuple[float, float, float, float]:
+    """The per-call float arguments of a fused launch."""
+    return (*split_value(scale), *split_value(softcap))
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -58,6 +132,7 @@ class KernelPlan:
     chunks: int = 1
     cooperative: bool = False
     prefetch: bool = False
+    fusion: Fusion = NO_FUSION
 
     kind: ClassVar[str] = ""
     split: ClassVar[bool] = False  # programs of one row (group) combine partial statistics
@@ -95,14 +170,31 @@ class KernelPlan:
         """The integer arguments after the tensors (and, for split kinds, the scratch)."""
         raise NotImplementedError
 
+    def tensors(self, given: tuple) -> tuple:
+        """The kernel's tensor arguments from the launcher's: forward (x, y, mask, sinks,
+        p_sink), backward (y, dy, dx, x, mask, p_sink, dsinks); an absent operand (None) is
+        stood in for by x (read) or the output (written): the kernel never touches it."""
+        if self.backward:
+            y, dy, dx, x, m, p, ds = given
+            return (y, dy, dx, y if x is None else x, y if m is None else m, dx if p is None else p,
+                    dx if ds is None else ds)
+        x, y, m, s, p = given
+        return (x, y, x if m is None else m, x if s is None else s, y if p is None else p)
+
     def head(self, tensors: tuple, stats, counts) -> tuple:
         """The pointer arguments: the tensors, then the scratch where the kernel takes it."""
         return (*tensors, stats, counts) if self.split else tensors
 
+    def fusion_args(self, layout: RowLayout) -> tuple:
+        """Mask and sink strides and the causal geometry (row kernels' order)."""
+        (m_rows, m_col), s_rows = self.fusion.operand_strides(layout)
+        return (*m_rows, m_col, *s_rows, self.fusion.sq, self.fusion.c_off)
+
     def calls(self, tensors: tuple, layout: RowLayout, log: bool, out_dtype: torch.dtype,
-              stats=None, counts=None) -> list:
-        """[(kernel, args, constexprs)] of the launches that run this plan."""
-        args = self.head(tensors, stats, counts) + self.static_args(layout)
+              stats=None, counts=None, values: tuple = PLAIN_SCALARS) -> list:
+        """[(kernel, args, constexprs)] of the launches that run this plan (`tensors` as the
+        kernel takes them, see `tensors`; `values` the per-call floats)."""
+        args = self.head(tensors, stats, counts) + self.static_args(layout) + tuple(values)
         return [(self.kernel(), args, self.constexprs(layout, log, out_dtype, p)) for p in self.phases()]
 
 
@@ -115,12 +207,12 @@ class TilePlan(KernelPlan):
         return softmax_tile_kernel
 
     def static_args(self, layout):
-        return (layout.n_rows, layout.n_cols, *_row_strides(layout))
+        return (layout.n_rows, layout.n_cols, *_row_strides(layout), *self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     BLOCK_M=self.block_m, BLOCK_N=self.block_n, NUM_STAGES=self.options.get("num_stages", 1),
-                    FLAT_ROWS=flat_rows(layout))
+                    FLAT_ROWS=flat_rows(layout), **self.fusion.constexprs())
 
 
 @dataclass(frozen=True)
@@ -132,11 +224,11 @@ class OnlinePlan(KernelPlan):
         return softmax_online_kernel
 
     def static_args(self, layout):
-        return (layout.n_rows, layout.n_cols, *_row_strides(layout))
+        return (layout.n_rows, layout.n_cols, *_row_strides(layout), *self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
-                    BLOCK_N=self.block_n)
+                    BLOCK_N=self.block_n, **self.fusion.constexprs())
 
 
 @dataclass(frozen=True)
@@ -152,15 +244,15 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks
 
     def stats_numel(self, layout):
-        return layout.n_rows * self.chunks * 2  # (max, sum) per chunk
+        return layout.n_rows * self.chunks * self.fusion.stats_per_chunk  # (max, sum[, kept]) per chunk
 
     def static_args(self, layout):
-        return (layout.n_rows, layout.n_cols, self.chunks, *_row_strides(layout))
+        return (layout.n_rows, layout.n_cols, self.chunks, *_row_strides(layout), *self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
-                    PREFETCH=self.prefetch)
+                    PREFETCH=self.prefetch, **self.fusion.constexprs())
 
 
 @dataclass(frozen=True)
@@ -183,15 +275,25 @@ class ColsPlan(KernelPlan):
         return (v.n_outer, v.n_red, v.n_inner), (v.in_outer_stride, v.in_red_stride, v.out_outer_stride,
                                                  v.out_red_stride)
 
+    def fusion_args(self, layout):
+        """Mask (outer, reduction, inner) and sink (outer, inner) strides, causal geometry."""
+        (m_rows, m_col), s_rows = self.fusion.operand_strides(layout)
+        return (m_rows[1], m_col, m_rows[2], s_rows[1], s_rows[2], self.fusion.sq, self.fusion.c_off)
+
     def static_args(self, layout):
         sizes, strides = self._sizes_strides(layout)
-        return (*sizes, *strides)
+        return (*sizes, *strides, *self.fusion_args(layout))
 
     def _common_constexprs(self, layout, log, out_dtype) -> dict:
         # Reduction steps past N are masked but still multiplied by the stride: cover the tile.
         reach = max(layout.n_cols, self.block_n * self.chunks) + layout.row_sizes[2]
-        stride = max(abs(layout.in_col_stride), abs(layout.out_col_stride), 1)
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE=reach * stride > INT32_MAX)
+        strides = [layout.in_col_stride, layout.out_col_stride]
+        (m_rows, m_col), _ = self.fusion.operand_strides(layout)
+        if self.fusion.mask:
+            strides += [m_col, m_rows[1], m_rows[2]]
+        stride = max(max(abs(s) for s in strides), 1)
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE=reach * stride > INT32_MAX,
+                    **self.fusion.constexprs())
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(self._common_constexprs(layout, log, out_dtype), BLOCK_N=self.block_n, BLOCK_I=self.block_m)
@@ -207,11 +309,12 @@ class ColsSplitPlan(ColsPlan):
         return softmax_cols_split_kernel
 
     def stats_numel(self, layout):
-        return self.groups(layout) * self.chunks * 2 * self.block_m  # (max, sum) per inner position
+        # (max, sum[, kept]) per inner position
+        return self.groups(layout) * self.chunks * self.fusion.stats_per_chunk * self.block_m
 
     def static_args(self, layout):
         sizes, strides = self._sizes_strides(layout)
-        return (*sizes, self.chunks, *strides)
+        return (*sizes, self.chunks, *strides, *self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(self._common_constexprs(layout, log, out_dtype), CHUNK=self.block_n, BLOCK_I=self.block_m,
@@ -234,13 +337,15 @@ class BackwardTilePlan(KernelPlan):
 
     def static_args(self, layout):
         _, s1, s2 = layout.row_sizes
-        return (layout.n_rows, layout.n_cols, self.chunks, s1, s2, *layout.in_row_strides, layout.in_col_stride)
+        (m_rows, m_col), _ = self.fusion.operand_strides(layout)
+        return (layout.n_rows, layout.n_cols, self.chunks, s1, s2, *layout.in_row_strides, layout.in_col_stride,
+                *m_rows, m_col, self.fusion.sq, self.fusion.c_off)
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         single = not self.split
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, SINGLE=single,
                     BLOCK_M=self.block_m if single else 1, CHUNK=self.block_n,
-                    G_POW2=next_power_of_2(self.chunks), PHASE=phase)
+                    G_POW2=next_power_of_2(self.chunks), PHASE=phase, **self.fusion.constexprs(backward=True))
 
 
 @dataclass(frozen=True)

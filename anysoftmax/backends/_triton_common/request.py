@@ -1,14 +1,19 @@
 """Launchers bound to one request, shared by the `triton` and `triton_ascend` backends: the
-one `run` both use. A backend plans (its own rules); these functions only apply the plan."""
+one `run` both use. A backend plans (its own rules); these functions only apply the plan.
+
+Plain requests: `f(x) -> y` and `f(y, grad) -> dx`. Fused ones (`core.variant`):
+`f(x, operands) -> (y, p_sink)` and `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from ...core.layout import POISON_OUTPUTS, RowLayout, contiguous_strides, new_output
+from ...core.layout import POISON_OUTPUTS, RowLayout, allocate_rows, contiguous_strides, new_output, operand_strides
 from ...core.spec import SoftmaxSpec
+from ...core.variant import Operands
 from .launcher import bind, device_guard
-from .plan import KernelPlan
+from .plan import KernelPlan, scalars
 
 
 def _guard_for(device: torch.device, guard):
@@ -21,10 +26,70 @@ def _guard_for(device: torch.device, guard):
     return device_guard
 
 
-def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None):
-    """`f(x) -> y` for requests like `spec`: allocates the output, makes `x` contiguous first
-    when its rows needed that (`contiguous`: the one copy `core.layout.allocate_rows` makes) and
-    launches `plan` on the device's current stream."""
+def row_shape(spec: SoftmaxSpec) -> tuple:
+    """The shape of per-row statistics: the input's with size 1 in `dim`."""
+    return tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape))
+
+
+def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool) -> torch.Tensor | None:
+    """The mask as the kernels read it: a bool mask as bytes (nonzero = excluded); with
+    `materialise`, the broadcast view copied to the input's shape (only for operand layouts
+    too irregular for three row dims: `core.layout.allocate_rows`)."""
+    if mask is None:
+        return None
+    if materialise:
+        mask = mask.expand(spec.shape).contiguous()
+    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+
+
+def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool) -> torch.Tensor | None:
+    """The sinks as the kernels read them (see `mask_operand`)."""
+    if sinks is None or not materialise:
+        return sinks
+    return sinks.expand(row_shape(spec)).contiguous()
+
+
+def _materialised_strides(spec: SoftmaxSpec) -> tuple:
+    # The operands copied to the input's shape (mask) and row shape (sinks), contiguous.
+    v = spec.variant
+    rows = tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape))
+    out = []
+    if v.mask is not None:
+        out.append(contiguous_strides(spec.shape))
+    if v.sinks is not None:
+        st = contiguous_strides(rows)
+        out.append(tuple(0 if d == spec.dim else st[d] for d in range(len(spec.shape))))
+    return tuple(out)
+
+
+def forward_layout(x: torch.Tensor, spec: SoftmaxSpec):
+    """(x, y, layout, materialise): `allocate_rows`, and when the operands' own strides need more
+    than three row dims even after that, the layout of materialised (contiguous) operands."""
+    x, y, layout = allocate_rows(x, spec)
+    if layout is not None:
+        return x, y, layout, False
+    x = x.contiguous()
+    layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim,
+                                    _materialised_strides(spec))
+    return x, y, layout, True
+
+
+def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool]:
+    # y (contiguous), dy and dx (and x) share one row layout; the mask has its own strides.
+    ops = operand_strides(spec)
+    layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim, ops)
+    if layout is not None:
+        return layout, False
+    return RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim,
+                                  _materialised_strides(spec)), True
+
+
+def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None,
+            materialise: bool = False):
+    """`f(x) -> y` (plain) or `f(x, operands) -> (y, p_sink)` (fused) for requests like `spec`:
+    allocates the outputs, makes `x` contiguous first when its rows needed that (`contiguous`:
+    the one copy `core.layout.allocate_rows` makes) and launches `plan` on the device's current
+    stream. `materialise`: the operands' broadcast views are copied (see `mask_operand`)."""
     launch = bind(plan, layout, spec.log, spec.out_dtype)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
     guard = _guard_for(device, guard)
@@ -33,38 +98,80 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
     like_input = (not POISON_OUTPUTS and not contiguous and spec.in_dtype == dtype
                   and spec.strides == contiguous_strides(shape))
 
-    def run(x: torch.Tensor) -> torch.Tensor:
+    if spec.is_plain:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            if contiguous:
+                x = x.contiguous()
+            y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
+            if guard is None:
+                launch((x, y, None, None, None))
+            else:
+                with guard(device):  # checked per call: the current device may change between calls
+                    launch((x, y, None, None, None))
+            return y
+
+        return run
+
+    has_sinks = plan.fusion.has_sink
+    p_shape = row_shape(spec)
+
+    def run_fused(x: torch.Tensor, ops: Operands):
         if contiguous:
             x = x.contiguous()
-        y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
+        y = new_output(shape, dtype, device)
+        p = torch.empty(p_shape, dtype=spec.acc_dtype, device=device) if has_sinks else None
+        tensors = (x, y, mask_operand(ops.mask, spec, materialise), sinks_operand(ops.sinks, spec, materialise), p)
+        values = scalars(ops.scale, ops.softcap)
         if guard is None:
-            launch(x, y)
+            launch(tensors, values)
         else:
-            with guard(device):  # checked per call: the current device may change between calls
-                launch(x, y)
-        return y
+            with guard(device):
+                launch(tensors, values)
+        return y, p
 
-    return run
+    return run_fused
 
 
-def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None):
-    """`f(y, grad) -> dx` for requests like `spec` (y contiguous, row layout `layout`); `grad`
-    is converted to y's dtype and made contiguous when it is not already."""
+def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None, materialise: bool = False):
+    """`f(y, grad) -> dx` (plain) or `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` (fused)
+    for requests like `spec` (y contiguous, row layout `layout`); `grad` (and x, read with
+    softcap) are converted to y's dtype and made contiguous when they are not already."""
     launch = bind(plan, layout, spec.log, spec.out_dtype)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
     guard = _guard_for(device, guard)
 
-    def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    if spec.is_plain:
+        def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+            y, grad = backward_operands(y, grad, dtype)
+            dx = new_output(shape, dtype, device)
+            if guard is None:
+                launch((y, grad, dx, None, None, None, None))
+            else:
+                with guard(device):
+                    launch((y, grad, dx, None, None, None, None))
+            return dx
+
+        return run
+
+    f = plan.fusion
+    p_shape = row_shape(spec)
+
+    def run_fused(grad: torch.Tensor, y: torch.Tensor, x, ops: Operands, p_sink):
         y, grad = backward_operands(y, grad, dtype)
         dx = new_output(shape, dtype, device)
+        xs = x.to(dtype).contiguous() if f.has_cap else None  # (the forward's rounding of x)
+        ds = torch.empty(p_shape, dtype=spec.acc_dtype, device=device) if f.has_sink else None
+        p = p_sink.contiguous() if f.has_sink else None
+        tensors = (y, grad, dx, xs, mask_operand(ops.mask, spec, materialise), p, ds)
+        values = scalars(ops.scale, ops.softcap)
         if guard is None:
-            launch(y, grad, dx)
+            launch(tensors, values)
         else:
             with guard(device):
-                launch(y, grad, dx)
-        return dx
+                launch(tensors, values)
+        return dx, ds
 
-    return run
+    return run_fused
 
 
 def backward_operands(y: torch.Tensor, grad: torch.Tensor, dtype: torch.dtype) -> tuple:

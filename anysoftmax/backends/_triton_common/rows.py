@@ -1,11 +1,12 @@
 """The one softmax algorithm, as Triton kernels shared by the `triton` (CUDA/HIP) and
 `triton_ascend` (NPU) backends. Backends differ only in how they size the grid and the tiles.
 
-Both kernels are persistent: a fixed number of programs walks the rows with a grid-stride
+Every kernel is persistent: a fixed number of programs walks the work with a grid-stride
 loop, so the launch is sized by the hardware (occupancy on GPUs, core count on NPUs) rather
 than by the problem. Rows are addressed through `core.layout.RowLayout`: up to three
 (size, stride) row dimensions plus a column stride, which reads transposed, sliced and
-expanded inputs in place.
+expanded inputs in place; the fused family's mask and sinks are read the same way, with
+their own (broadcast, often 0) strides.
 
 * `softmax_tile_kernel`: a whole row fits in one tile; BLOCK_M rows are processed per step
   (several short rows per program keep 16-byte accesses busy when N is small). One read, one
@@ -14,6 +15,12 @@ expanded inputs in place.
   sub-blocks keeping a running max and a rescaled running sum per lane (the online normalizer
   of Milakov & Gimelshein, 2018); pass 2 re-reads the row and writes the result. This is also
   the NPU's sub-block path, where BLOCK_N is bounded by the on-chip unified buffer.
+* `softmax_split_kernel`: a row cut into chunks held by different programs, meeting at a
+  per-row barrier (one read, one write), or in two launches.
+
+The fused family (`fused.py`): after every load the prologue (scale, softcap, mask, causal);
+the sink joins where a row's statistics close; empty rows get their policy's value. Causal
+rows read only their kept prefix (masked loads move no bytes).
 
 Numerics: accumulation in fp32 (fp64 for fp64 outputs); exp(z) = exp2(z * log2(e)) in fp32 (one
 multiply folded into the ex2 instruction's input); -inf - -inf is kept out of the running
@@ -25,6 +32,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .fused import close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, merge_stats, prologue, sink_share
 
 LOG2E = 1.4426950408889634
 
@@ -39,40 +48,21 @@ def _row_offsets(rows, S1, S2, st0, st1, st2):
     return i0 * st0 + i1 * st1 + i2 * st2
 
 
-@triton.jit
-def _exp(z, ACC_FP64: tl.constexpr):
-    if ACC_FP64:
-        return tl.exp(z)
-    else:
-        return tl.exp2(z * 1.4426950408889634)
-
-
-@triton.jit
-def _finite_or_zero(m):
-    # A running max of -inf (nothing but -inf seen yet) is replaced by 0 when subtracted, so
-    # exp(-inf - m) is 0 instead of exp(NaN).
-    return tl.where(m == float("-inf"), 0.0, m)
-
-
-@triton.jit
-def _softmax_along(x, AXIS: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr):
-    """Softmax (log_softmax) of a tile held on chip, reduced along AXIS: rows of the tile
-    kernel (AXIS=1), columns of the column kernel (AXIS=0)."""
-    z = x - tl.expand_dims(tl.max(x, axis=AXIS), AXIS)
-    e = _exp(z, ACC_FP64)
-    s = tl.expand_dims(tl.sum(e, axis=AXIS), AXIS)
-    if LOG:
-        return z - tl.log(s)
-    else:
-        return e * (1.0 / s)
+# Kept for the column kernels and older callers: the same helpers under their former names.
+_exp = exp_acc
+_finite_or_zero = finite_or_zero
 
 
 @triton.jit
 def softmax_tile_kernel(
-    x_ptr, y_ptr, n_rows, n_cols,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
+    ms0, ms1, ms2, msn, ss0, ss1, ss2, SQ, C_OFF,
+    scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, FLAT_ROWS: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, FLAT_ROWS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols = tl.arange(0, BLOCK_N)
@@ -87,23 +77,41 @@ def softmax_tile_kernel(
             # per-row loads of the full tile width, reading past the tensor (ascend.md).
             x_off = rows * xs2
             y_off = rows * ys2
+            m_off = rows * ms2
+            s_off = rows * ss2
         else:
             x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
             y_off = _row_offsets(rows, S1, S2, ys0, ys1, ys2)
-        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-        x_ptrs = x_ptr + x_off[:, None] + cols[None, :] * xsn
-        x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(acc_ty)
-        y = _softmax_along(x, 1, LOG, ACC_FP64)
-        y_ptrs = y_ptr + y_off[:, None] + cols[None, :] * ysn
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+            m_off = _row_offsets(rows, S1, S2, ms0, ms1, ms2)
+            s_off = _row_offsets(rows, S1, S2, ss0, ss1, ss2)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        if CAUSAL:
+            live = row_ok[:, None] & (cols[None, :] < col_limit(rows, n_cols, SQ, C_OFF, CAUSAL)[:, None])
+        else:
+            live = mask
+        x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * xsn, mask=live, other=float("-inf")).to(acc_ty)
+        z, keep = prologue(x, live, m_ptr + m_off[:, None] + cols[None, :] * msn, scale_hi, scale_lo, cap_hi, cap_lo,
+                           HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
+        sink = 0.0
+        if HAS_SINK:
+            sink = tl.load(s_ptr + s_off, mask=row_ok, other=0.0).to(acc_ty)
+        y, p = close_tile(z, keep, sink, n_cols, 1, LOG, ACC_FP64, HAS_SINK, HAS_EMPTY, EMPTY)
+        tl.store(y_ptr + y_off[:, None] + cols[None, :] * ysn, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if HAS_SINK:
+            tl.store(p_ptr + rows, p.to(p_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
 def softmax_online_kernel(
-    x_ptr, y_ptr, n_rows, n_cols,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
+    ms0, ms1, ms2, msn, ss0, ss1, ss2, SQ, C_OFF,
+    scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols0 = tl.arange(0, BLOCK_N)
@@ -113,43 +121,52 @@ def softmax_online_kernel(
         row64 = tl.cast(row, tl.int64)
         x_row = x_ptr + _row_offsets(row64, S1, S2, xs0, xs1, xs2)
         y_row = y_ptr + _row_offsets(row64, S1, S2, ys0, ys1, ys2)
-        # Pass 1: per-lane running max m and sum s of exp(x - m).
+        m_row = m_ptr + _row_offsets(row64, S1, S2, ms0, ms1, ms2)
+        lim = col_limit(row64, n_cols, SQ, C_OFF, CAUSAL)
+        # Pass 1: per-lane running max m and sum s of exp(z - m), over the columns read.
         m = tl.full([BLOCK_N], float("-inf"), acc_ty)
         s = tl.zeros([BLOCK_N], acc_ty)
-        for start in tl.range(0, n_cols, BLOCK_N):
+        kept = tl.zeros([BLOCK_N], tl.int32)
+        for start in tl.range(0, lim, BLOCK_N):
             cols = start + cols0
-            x = tl.load(x_row + cols * xsn, mask=cols < n_cols, other=float("-inf")).to(acc_ty)
-            m_new = tl.maximum(m, x)
-            m_sub = _finite_or_zero(m_new)
-            s = s * _exp(m - m_sub, ACC_FP64) + _exp(x - m_sub, ACC_FP64)
+            live = cols < lim
+            x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
+            z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
+                               HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
+            m_new = tl.maximum(m, z)
+            m_sub = finite_or_zero(m_new)
+            s = s * exp_acc(m - m_sub, ACC_FP64) + exp_acc(z - m_sub, ACC_FP64)
             m = m_new
-        row_max = tl.max(m, axis=0)
-        m_sub = _finite_or_zero(row_max)
-        total = tl.sum(s * _exp(m - m_sub, ACC_FP64), axis=0)
+            if HAS_EMPTY:
+                kept += keep.to(tl.int32)
+        sink = 0.0
+        if HAS_SINK:
+            sink = tl.load(s_ptr + _row_offsets(row64, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+        m_sub, total = merge_stats(m, s, True, sink, HAS_SINK, ACC_FP64)
+        empty = False
+        if HAS_EMPTY:
+            empty = tl.sum(kept, axis=0) == 0
+        if HAS_SINK:
+            tl.store(p_ptr + row64, sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty))
         # log_softmax subtracts m and log(sum) separately: folding them into one shift would
         # round m + log(sum) at the magnitude of m and lose the small outputs' precision.
         log_total = tl.log(total)
         inv = 1.0 / total
-        # Pass 2: normalise.
+        # Pass 2: normalise every column (those past a causal prefix are written too).
         for start in tl.range(0, n_cols, BLOCK_N):
             cols = start + cols0
             cmask = cols < n_cols
-            x = tl.load(x_row + cols * xsn, mask=cmask, other=float("-inf")).to(acc_ty)
+            live = cols < lim
+            x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
+            z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
+                               HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
             if LOG:
-                y = (x - m_sub) - log_total
+                y = (z - m_sub) - log_total
             else:
-                y = _exp(x - m_sub, ACC_FP64) * inv
+                y = exp_acc(z - m_sub, ACC_FP64) * inv
+            if HAS_EMPTY:
+                y = tl.where(empty, empty_fill(y, n_cols, LOG, EMPTY), y)
             tl.store(y_row + cols * ysn, y.to(y_ptr.dtype.element_ty), mask=cmask)
-
-
-@triton.jit
-def _merge_chunk_stats(ms, ss, valid):
-    """(max to subtract, sum) of a row from its chunks' maxima `ms` and sums of exp(x - max)
-    `ss` along axis 0 (one entry per chunk; a second axis holds the column kernel's inner
-    positions); `valid` masks the padding chunks."""
-    m_sub = _finite_or_zero(tl.max(ms, axis=0))
-    total = tl.sum(tl.where(valid, ss * tl.exp(ms - m_sub), 0.0), axis=0)
-    return m_sub, total
 
 
 @triton.jit
@@ -163,9 +180,9 @@ def _normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG: tl.constexpr, REUS
     if LOG:
         return (x - m_sub) - tl.log(total)
     elif REUSE_EXP:
-        return e * (tl.where(m_raw == float("-inf"), 0.0, _exp(m_chunk - m_sub, ACC_FP64)) / total)
+        return e * (tl.where(m_raw == float("-inf"), 0.0, exp_acc(m_chunk - m_sub, ACC_FP64)) / total)
     else:
-        return _exp(x - m_sub, ACC_FP64) * (1.0 / total)
+        return exp_acc(x - m_sub, ACC_FP64) * (1.0 / total)
 
 
 @triton.jit
@@ -193,76 +210,94 @@ def _row_depart(count_ptr, row, n_chunks):
 
 @triton.jit
 def softmax_split_kernel(
-    x_ptr, y_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
+    ms0, ms1, ms2, msn, ss0, ss1, ss2, SQ, C_OFF,
+    scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
     CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
 ):
     """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
 
-    PHASE 0 (cooperative, one launch): each program computes its chunk's (max, sum), publishes
-    it to `stats`, bumps the row's counter and waits until all chunks of the row arrived, then
-    normalises the chunk it still holds in registers: one read and one write per element.
-    The launcher guarantees co-residency: the grid is a multiple of n_chunks and no larger than
-    the programs the GPU holds at once, and work items are ordered row-major, so all chunks of
-    a row are in flight together. PHASE 1 / PHASE 2 split the same work into two launches
-    (statistics, then normalisation re-reading the input) for the interpreter, where programs
-    run one after another and a barrier would never open.
+    PHASE 0 (cooperative, one launch): each program computes its chunk's (max, sum[, kept
+    count]), publishes it to `stats`, bumps the row's counter and waits until all chunks of
+    the row arrived, then normalises the chunk it still holds in registers: one read and one
+    write per element. The launcher guarantees co-residency: the grid is a multiple of
+    n_chunks and no larger than the programs the GPU holds at once, and work items are ordered
+    row-major, so all chunks of a row are in flight together. PHASE 1 / PHASE 2 split the same
+    work into two launches (statistics, then normalisation re-reading the input) for the
+    interpreter, where programs run one after another and a barrier would never open.
     PREFETCH loads the next item's chunk before waiting at the barrier, so its memory latency
     overlaps the wait and the stores of the current one (at twice the registers).
     """
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
+    NSTAT: tl.constexpr = 3 if MASK == 1 else 2
     offs = tl.arange(0, CHUNK)
     if WIDE_COLS:
         offs = offs.to(tl.int64)
     n_items = n_rows * n_chunks
     nprog = tl.num_programs(0)
     if PREFETCH:
-        x, row, chunk, cols = _load_chunk(x_ptr, tl.program_id(0), n_items, n_chunks, n_cols, offs,
-                                          S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
+        row, chunk, cols = _chunk_at(tl.program_id(0), n_chunks, offs, CHUNK)
+        z, keep = _chunk_logits(x_ptr, m_ptr, tl.program_id(0), n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2,
+                                xsn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64)
     for item in tl.range(tl.program_id(0), n_items, nprog):
         if not PREFETCH:
             row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
-            x = _chunk_values(x_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, acc_ty)
-        stats_row = stats_ptr + row * (2 * n_chunks)
+            z, keep = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                    ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                    HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64)
+        stats_row = stats_ptr + row * (NSTAT * n_chunks)
         if PHASE != 2:
-            m_raw = tl.max(x, axis=0)
-            m_chunk = _finite_or_zero(m_raw)
-            e = _exp(x - m_chunk, ACC_FP64)
-            tl.store(stats_row + 2 * chunk, m_raw)
-            tl.store(stats_row + 2 * chunk + 1, tl.sum(e, axis=0))
+            m_raw = tl.max(z, axis=0)
+            m_chunk = finite_or_zero(m_raw)
+            e = exp_acc(z - m_chunk, ACC_FP64)
+            tl.store(stats_row + NSTAT * chunk, m_raw)
+            tl.store(stats_row + NSTAT * chunk + 1, tl.sum(e, axis=0))
+            if NSTAT == 3:
+                tl.store(stats_row + NSTAT * chunk + 2, tl.sum(keep.to(acc_ty), axis=0))
         if PHASE == 0:
             arrived = _row_arrive(count_ptr, row)
         if PREFETCH:
-            x_next, row_next, chunk_next, cols_next = _load_chunk(
-                x_ptr, item + nprog, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, xs2, xsn, CHUNK, acc_ty)
+            row_next, chunk_next, cols_next = _chunk_at(item + nprog, n_chunks, offs, CHUNK)
+            z_next, keep_next = _chunk_logits(x_ptr, m_ptr, item + nprog, n_items, n_cols, row_next, cols_next, S1, S2,
+                                              xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo,
+                                              cap_hi, cap_lo, acc_ty, HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64)
         if PHASE == 0:
             _row_wait(count_ptr, row, arrived, n_chunks)
         if PHASE != 1:
             g = tl.arange(0, G_POW2)
             # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
-            ms = tl.load(stats_row + 2 * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
-            ss = tl.load(stats_row + 2 * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
-            m_sub, total = _merge_chunk_stats(ms, ss, g < n_chunks)
+            ms = tl.load(stats_row + NSTAT * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
+            ss = tl.load(stats_row + NSTAT * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
+            sink = 0.0
+            if HAS_SINK:
+                sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+            m_sub, total = merge_stats(ms, ss, g < n_chunks, sink, HAS_SINK, ACC_FP64)
+            empty = False
+            if MASK == 1:
+                kept = tl.load(stats_row + NSTAT * g + 2, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
+                empty = tl.sum(kept, axis=0) == 0
+            elif CAUSAL:
+                empty = col_limit(row, n_cols, SQ, C_OFF, CAUSAL) == 0
             if PHASE == 0:
                 _row_depart(count_ptr, row, n_chunks)
-                y = _normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
-            else:  # (no chunk statistics of its own in this phase: x stands in for them, unused)
-                y = _normalise_chunk(x, x, x, x, m_sub, total, LOG, False, ACC_FP64)
+                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+            else:  # (no chunk statistics of its own in this phase: z stands in for them, unused)
+                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+            if HAS_EMPTY:
+                y = tl.where(empty, empty_fill(y, n_cols, LOG, EMPTY), y)
             tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+            if HAS_SINK:
+                tl.store(p_ptr + row, sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty),
+                         mask=(row * 0 + chunk) == 0)
         if PREFETCH:
-            x, row, chunk, cols = x_next, row_next, chunk_next, cols_next
-
-
-@triton.jit
-def _load_chunk(x_ptr, item, n_items, n_chunks, n_cols, offs, S1, S2, xs0, xs1, xs2, xsn,
-                CHUNK: tl.constexpr, acc_ty: tl.constexpr):
-    """Work item `item` of the split kernel: its row, chunk index, columns and loaded values
-    (all -inf past the last item)."""
-    row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
-    x = _chunk_values(x_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, acc_ty)
-    return x, row, chunk, cols
+            z, keep, row, chunk, cols = z_next, keep_next, row_next, chunk_next, cols_next
 
 
 @triton.jit
@@ -278,8 +313,15 @@ def _chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _chunk_values(x_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, acc_ty: tl.constexpr):
+def _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn,
+                  SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr,
+                  HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+                  ACC_FP64: tl.constexpr):
+    """(z, keep) of work item `item`'s chunk after the prologue (all -inf past the last item)."""
     item64 = tl.cast(item, tl.int64)
-    return tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn,
-                   mask=cols < tl.where(item64 < n_items, n_cols, 0), other=float("-inf")).to(acc_ty)
-
+    lim = tl.where(item64 < n_items, col_limit(row, n_cols, SQ, C_OFF, CAUSAL), 0)
+    live = cols < lim
+    x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live,
+                other=float("-inf")).to(acc_ty)
+    return prologue(x, live, m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn, scale_hi, scale_lo,
+                    cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64)

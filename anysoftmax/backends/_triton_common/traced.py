@@ -31,7 +31,7 @@ import contextlib
 import torch
 
 from ...core.layout import RowLayout
-from .plan import KernelPlan
+from .plan import PLAIN_SCALARS, KernelPlan
 
 
 def no_tracing():
@@ -89,10 +89,15 @@ def traced_plan(plan: KernelPlan) -> KernelPlan:
     return replace(plan, cooperative=False, options=options)
 
 
-def launch(plan: KernelPlan, inputs: tuple, outputs: tuple, layout: RowLayout, log: bool,
-           out_dtype: torch.dtype) -> None:
-    """Launch `plan` on `inputs` (read) and `outputs` (written): (x,), (y,) forward; (y, dy),
-    (dx,) backward. Traceable by torch.compile; runs eagerly on real tensors too."""
+# Positions of the tensors a kernel writes, in the launcher's tuples (`KernelPlan.tensors`).
+_OUTPUTS = {False: (1, 4), True: (2, 6)}
+
+
+def launch(plan: KernelPlan, tensors: tuple, layout: RowLayout, log: bool, out_dtype: torch.dtype,
+           values: tuple = PLAIN_SCALARS) -> None:
+    """Launch `plan` on `tensors` (as `KernelPlan.tensors` takes them: forward (x, y, mask,
+    sinks, p_sink), backward (y, dy, dx, x, mask, p_sink, dsinks); None where absent) with the
+    per-call floats `values`. Traceable by torch.compile; runs eagerly on real tensors too."""
     from torch.library import wrap_triton
 
     plan = traced_plan(plan)
@@ -100,15 +105,16 @@ def launch(plan: KernelPlan, inputs: tuple, outputs: tuple, layout: RowLayout, l
     if interpreted(kernel):
         # Without a GPU driver torch cannot read the kernel's TTIR to learn which arguments it
         # writes, and assumes all of them: copies keep the caller's tensors out of that.
-        inputs = tuple(t.clone() for t in inputs)
-    device = outputs[0].device
+        outputs = _OUTPUTS[plan.backward]
+        tensors = tuple(t if t is None or i in outputs else t.clone() for i, t in enumerate(tensors))
+    device = tensors[0].device
     stats = counts = None
     if plan.split or plan.backward:
         acc = torch.float64 if out_dtype == torch.float64 else torch.float32
         stats = torch.empty(max(plan.stats_numel(layout), 1), dtype=acc, device=device)
         counts = torch.empty(2, dtype=torch.int32, device=device)  # PHASE 0 only: never read here
     options = plan.launch_options()
-    for kern, args, meta in plan.calls((*inputs, *outputs), layout, log, out_dtype, stats, counts):
+    for kern, args, meta in plan.calls(plan.tensors(tensors), layout, log, out_dtype, stats, counts, values):
         wrap_triton(traceable(kern))[(plan.grid,)](*args, **meta, **options)
 
 

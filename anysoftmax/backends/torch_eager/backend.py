@@ -1,16 +1,23 @@
-"""The `torch` backend: eager `torch.softmax` / `torch.log_softmax` on whatever device."""
+"""The `torch` backend: eager `torch.softmax` / `torch.log_softmax` on whatever device, and
+the fused family as `core.reference.fused_forward` evaluated in the accumulation dtype (the
+reference's own formula: what every other backend is checked against, computed in fp32)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from ...core.reference import fused_forward
 from ...core.spec import SoftmaxSpec
+from ...core.variant import NO_OPERANDS, Operands
 
 
 class TorchBackend:
     name = "torch"
     devices = ("*",)
     priority = 0
+    fused = True
 
     def is_available(self) -> str | None:
         return None
@@ -18,7 +25,14 @@ class TorchBackend:
     def supports(self, spec: SoftmaxSpec) -> str | None:
         return None
 
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+    def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
+        """y for a plain spec; (y, p_sink) for a fused one (p_sink None without sinks)."""
+        if not spec.is_plain:
+            v = spec.variant
+            v = replace(v, scale=None if v.scale is None else operands.scale,
+                        softcap=None if v.softcap is None else operands.softcap)
+            y, p_sink = fused_forward(x, v, spec.dim, spec.log, operands.mask, operands.sinks, spec.acc_dtype)
+            return y.to(spec.out_dtype), p_sink
         op = torch.log_softmax if spec.log else torch.softmax
         if x.device.type == "cpu" and spec.out_dtype.itemsize == 2:
             # torch's CPU kernels for 16-bit dtypes do not keep the whole reduction in fp32

@@ -14,29 +14,43 @@ import torch
 
 from ...config import overrides_key
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, allocate_rows, new_output
+from ...core.layout import RowLayout, new_output
 from ...core.spec import SoftmaxSpec
+from ...core.variant import runtime_values
 from .._triton_common import interpreter, request, traced
-from .._triton_common.plan import KernelPlan, make_plan
+from .._triton_common.plan import Fusion, KernelPlan, make_plan, scalars
 from . import heuristics
 from .device import device_props
 from .occupancy import DeviceProps, KernelResources, programs_per_sm
 
 # (kernel kind, constexprs, options, dtypes, device) -> resident programs per SM.
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
-# (request layout, dtypes, alignment, device, tuning overrides) -> KernelPlan.
+# (spec.kernel_key(), alignment, direction, tuning overrides) -> KernelPlan.
 _plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
 
 
-def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, log: bool, index: int) -> int:
+def _operand_stand_ins(spec: SoftmaxSpec, device) -> tuple:
+    """(mask, sinks, p_sink) of the variant's dtypes as the kernels take them, small: what a
+    compile for the occupancy model needs (its code depends on the dtypes, not the sizes)."""
+    v = spec.variant
+    mask = None if v.mask is None else torch.empty(16, dtype=torch.uint8 if v.mask_kind == "bool" else v.mask.dtype,
+                                                   device=device)
+    sinks = None if v.sinks is None else torch.empty(16, dtype=v.sinks.dtype, device=device)
+    p = None if v.sinks is None else torch.empty(16, dtype=spec.acc_dtype, device=device)
+    return mask, sinks, p
+
+
+def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpec, index: int) -> int:
     """Compile the plan's kernel once (per shape class) and apply the occupancy model to it."""
     from .._triton_common.launcher import launch_lock, scratch_maker
 
+    log = spec.log
     phase = plan.phases()[0]
     meta = plan.constexprs(layout, log, y.dtype, phase)
     opts = plan.launch_options()
+    operand_dtypes = tuple(None if t is None else t.dtype for t in _operand_stand_ins(spec, "meta"))
     key = (plan.kind, plan.backward, tuple(sorted(meta.items())), tuple(sorted(opts.items())), x.dtype, y.dtype,
-           index)
+           operand_dtypes, index)
 
     def compile_and_measure() -> int:
         nonlocal x, y
@@ -44,9 +58,10 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, log: bool, index
         # stand-ins of the same dtypes (the specialization depends on dtypes, the integer
         # arguments and 16-byte alignment, which fresh allocations have).
         x, y = _stand_in(x), _stand_in(y)
+        mask, sinks, p = _operand_stand_ins(spec, x.device)
         stats, counts = scratch_maker(replace(plan, cooperative=False), layout, y.dtype)(x.device)
-        tensors = (x, x, y) if plan.backward else (x, y)
-        kernel, args, _ = plan.calls(tensors, layout, log, y.dtype, stats, counts)[0]
+        given = (x, x, y, x, mask, p, p) if plan.backward else (x, y, mask, sinks, p)
+        kernel, args, _ = plan.calls(plan.tensors(given), layout, log, y.dtype, stats, counts)[0]
         with launch_lock(kernel):
             compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
         compiled._init_handles()
@@ -55,6 +70,10 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, log: bool, index
         return programs_per_sm(device_props(index), res)
 
     return _occupancy.get(key, compile_and_measure)
+
+
+def _values(args) -> tuple:
+    return scalars(*runtime_values(args.scale, args.softcap))
 
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:
@@ -66,17 +85,13 @@ def _alignment(t: torch.Tensor) -> int:
     return t.data_ptr() % 16 if type(t) is torch.Tensor else 0
 
 
-def _backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> RowLayout:
-    # y (contiguous), dy and dx share one row layout.
-    return RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim)
-
-
-def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False) -> KernelPlan:
+def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False,
+               fusion: Fusion = Fusion()) -> KernelPlan:
     """Kernel, tile, warps, stages and cooperation for `layout` on a GPU with `props` (None:
     the interpreter, never cooperative); the grid, which needs the compiled kernel's
     occupancy, is left at 1."""
     tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward)
-    common = dict(chunks=tile["chunks"], prefetch=tile["prefetch"], backward=backward)
+    common = dict(chunks=tile["chunks"], prefetch=tile["prefetch"], backward=backward, fusion=fusion)
     if props is None:
         return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, **common)
     options = dict(num_warps=tile["num_warps"])
@@ -95,6 +110,7 @@ class TritonBackend:
     name = "triton"
     devices = ("cuda",)  # CPU tensors only when chosen explicitly under the interpreter
     priority = 100
+    fused = True  # the fused family (core.variant): every kernel kind applies it
 
     @staticmethod
     def needs_interpreter() -> bool:
@@ -129,19 +145,21 @@ class TritonBackend:
 
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
              backward: bool = False) -> KernelPlan:
-        """The kernel, tile and grid for this request (cached per shape class)."""
-        key = (layout, x.dtype, y.dtype, spec.log, _alignment(x), x.device, backward, overrides_key())
+        """The kernel, tile and grid for this request (cached per request: `spec.kernel_key()`,
+        which holds every layout and dtype the plan depends on, plus the input's alignment and
+        layout as planned, the direction and active tuning overrides)."""
+        key = (spec.kernel_key(), layout, x.dtype, _alignment(x), backward, overrides_key())
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
         props = None if interpreter.interpreting() else device_props(self._index(x))
-        draft = draft_plan(layout, x.element_size(), props, backward)
+        draft = draft_plan(layout, x.element_size(), props, backward, Fusion.of(spec))
         n_items = draft.work_items(layout)
         if props is None:
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).
             return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
-        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec.log, self._index(x))
+        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec, self._index(x))
         cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
         if not cooperative:
             draft = replace(draft, options={k: v for k, v in draft.options.items() if k != "launch_cooperative_grid"})
@@ -159,17 +177,23 @@ class TritonBackend:
         return x.device.index if x.device.index is not None else torch.cuda.current_device()
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
-        """`f(x) -> y` bound to this request (dispatch memoises it)."""
+        """`f(x) -> y` bound to this request (dispatch memoises it); for a fused spec
+        `f(x, operands) -> (y, p_sink)`."""
         given = x
-        x, y, layout = allocate_rows(x, spec)
-        return request.forward(self.plan(x, y, layout, spec), layout, spec, contiguous=x is not given)
+        x, y, layout, materialise = request.forward_layout(x, spec)
+        return request.forward(self.plan(x, y, layout, spec), layout, spec, contiguous=x is not given,
+                               materialise=materialise)
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, dy and dx share one contiguous layout."""
         y = y.contiguous()
         dx = torch.empty_like(y)
-        layout = _backward_layout(y, spec)
-        return request.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec)
+        layout, materialise = request.backward_layout(y, spec)
+        return request.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec, materialise=materialise)
+
+    def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
+        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` bound to this fused request."""
+        return self.backward_launcher(y, spec)
 
     # ---- torch.compile: the kernels as user-defined Triton kernels (anysoftmax.traced_ops) ----
 
@@ -183,17 +207,45 @@ class TritonBackend:
         """Softmax of `x` per `spec` as torch ops and `wrap_triton` launches: the body of the
         `anysoftmax::softmax_triton` operator, traced by torch.compile (fake tensors) and run
         by that operator in eager mode (real tensors)."""
-        x, y, layout = allocate_rows(x, spec)
-        traced.launch(self._traced_plan(x, y, layout, spec, False), (x,), (y,), layout, spec.log, y.dtype)
+        x, y, layout, _ = request.forward_layout(x, spec)
+        traced.launch(self._traced_plan(x, y, layout, spec, False), (x, y, None, None, None), layout, spec.log,
+                      y.dtype)
         return y
 
     def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """`softmax_backward` per `spec` (y's dtype), traceable like `traced_forward`."""
         y, grad = request.backward_operands(y, grad, spec.out_dtype)
         dx = new_output(spec.shape, spec.out_dtype, y.device)
-        layout = _backward_layout(y, spec)
-        traced.launch(self._traced_plan(y, dx, layout, spec, True), (y, grad), (dx,), layout, spec.log, dx.dtype)
+        layout, _ = request.backward_layout(y, spec)
+        traced.launch(self._traced_plan(y, dx, layout, spec, True), (y, grad, dx, None, None, None, None), layout,
+                      spec.log, dx.dtype)
         return dx
+
+    def traced_fused_forward(self, x: torch.Tensor, spec: SoftmaxSpec, args) -> tuple:
+        """The fused family, traceable like `traced_forward`: (y, p_sink or None). `args` are
+        the call's `dispatch.FusedArgs` (scale and softcap become the launch's float arguments)."""
+        x, y, layout, materialise = request.forward_layout(x, spec)
+        plan = self._traced_plan(x, y, layout, spec, False)
+        p = torch.empty(request.row_shape(spec), dtype=spec.acc_dtype, device=x.device) if plan.fusion.has_sink \
+            else None
+        tensors = (x, y, request.mask_operand(args.mask, spec, materialise),
+                   request.sinks_operand(args.sinks, spec, materialise), p)
+        traced.launch(plan, tensors, layout, spec.log, y.dtype, _values(args))
+        return y, p
+
+    def traced_fused_backward(self, grad, y, x, spec: SoftmaxSpec, args, p_sink) -> tuple:
+        """Gradients of the fused family, traceable: (dx, ds_rows or None)."""
+        y, grad = request.backward_operands(y, grad, spec.out_dtype)
+        dx = new_output(spec.shape, spec.out_dtype, y.device)
+        layout, materialise = request.backward_layout(y, spec)
+        plan = self._traced_plan(y, dx, layout, spec, True)
+        f = plan.fusion
+        ds = torch.empty(request.row_shape(spec), dtype=spec.acc_dtype, device=y.device) if f.has_sink else None
+        tensors = (y, grad, dx, x.to(spec.out_dtype).contiguous() if f.has_cap else None,
+                   request.mask_operand(args.mask, spec, materialise),
+                   p_sink.contiguous() if f.has_sink else None, ds)
+        traced.launch(plan, tensors, layout, spec.log, dx.dtype, _values(args))
+        return dx, ds
 
     def _traced_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
         # Planning is plain Python on metadata (and, once per shape class, a real compile for

@@ -21,11 +21,11 @@ from dataclasses import replace
 
 import torch
 
-from ...core.layout import RowLayout, allocate_rows
+from ...core.layout import RowLayout
 from ...core.spec import SoftmaxSpec
 from .._triton_common import interpreter, request
 from .._triton_common.launcher import bind
-from .._triton_common.plan import KernelPlan, flat_rows
+from .._triton_common.plan import PLAIN_SCALARS, Fusion, KernelPlan, flat_rows
 from . import npu, planning, settings, ub_retry
 
 # shape class -> halvings of the UB budget the NPU compiler accepted (ub_retry).
@@ -39,7 +39,9 @@ def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, program
     """The plan for rows of `layout` under settings `s` on `programs` programs (pure: the
     front-end test compiles exactly these)."""
     plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
-                              spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, flat_rows(layout))
+                              spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, flat_rows(layout),
+                              planning.operand_bytes(spec))
+    plan = replace(plan, fusion=Fusion.of(spec))
     # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
     # rejects unknown options, so it is passed on an NPU only.
     return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
@@ -50,10 +52,23 @@ def compile_may_overflow(device: torch.device) -> bool:
     return device.type == "npu"
 
 
+def _stand_in_operands(spec: SoftmaxSpec, device) -> tuple:
+    """(mask, sinks, p_sink) for a first compile: the variant's dtypes, zero-filled, of the
+    shapes the request reads (compiling is what may overflow the unified buffer)."""
+    v = spec.variant
+    rows = request.row_shape(spec)
+    mask = None if v.mask is None else torch.zeros(spec.shape, dtype=torch.uint8 if v.mask_kind == "bool"
+                                                   else v.mask.dtype, device=device)
+    sinks = None if v.sinks is None else torch.zeros(rows, dtype=v.sinks.dtype, device=device)
+    p = None if v.sinks is None else torch.empty(rows, dtype=spec.acc_dtype, device=device)
+    return mask, sinks, p
+
+
 class TritonAscendBackend:
     name = "triton_ascend"
     devices = ("npu",)  # CPU (interpreter) and CUDA (cross-check) tensors only when chosen explicitly
     priority = 100
+    fused = True  # the fused family: the same shared kernels and prologue as `triton`
 
     @staticmethod
     def needs_interpreter() -> bool:
@@ -114,11 +129,13 @@ class TritonAscendBackend:
         it). On an NPU the first plan is compiled here: a unified-buffer overflow halves the
         tile and retries (`ub_retry`), and the halvings are remembered per shape class."""
         given = x
-        x, y, layout = allocate_rows(x, spec)
-        cls = ub_retry.shape_class(spec.in_dtype, spec.out_dtype, spec.log, layout.n_cols, flat_rows(layout))
+        x, y, layout, materialise = request.forward_layout(x, spec)
+        cls = ub_retry.shape_class(spec.in_dtype, spec.out_dtype, spec.log, layout.n_cols, flat_rows(layout),
+                                   spec.variant.key())
         if compile_may_overflow(x.device):
             def attempt(plan: KernelPlan) -> None:  # the first launch compiles: an overflow shows here
-                bind(plan, layout, spec.log, spec.out_dtype)(x, y)
+                tensors = (x, y, *_stand_in_operands(spec, x.device))
+                bind(plan, layout, spec.log, spec.out_dtype)(tensors, PLAIN_SCALARS)
 
             with npu.device_guard(x.device):
                 plan, halvings = ub_retry.fit_plan(lambda h: self.plan(x, layout, spec, h), attempt,
@@ -126,7 +143,8 @@ class TritonAscendBackend:
             _halvings.put(cls, halvings)
         else:
             plan = self.plan(x, layout, spec, _halvings.get(cls))
-        return request.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard)
+        return request.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard,
+                               materialise=materialise)
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""

@@ -67,9 +67,25 @@ def grid_size(programs: int, n_work: int) -> int:
     return max(1, min(programs, MAX_PROGRAMS, n_work))
 
 
+def operand_bytes(spec) -> int:
+    """UB bytes per tile element that the fused family's operands add: the mask tile (1 byte
+    per element for a bool mask, its dtype's size for an additive one) and, with softcap, one
+    more accumulator copy (tanh keeps its argument and its exponential live at once)."""
+    v = getattr(spec, "variant", None)
+    if v is None or spec.is_plain:
+        return 0
+    extra = 0
+    if v.mask is not None:
+        extra += 1 if v.mask_kind == "bool" else v.mask.dtype.itemsize
+    if v.softcap is not None:
+        extra += spec.acc_dtype.itemsize
+    return extra
+
+
 def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes: int, acc_bytes: int,
-              s: Settings, flat_rows: bool = True) -> KernelPlan:
+              s: Settings, flat_rows: bool = True, extra_bytes: int = 0) -> KernelPlan:
     """Kernel, tile and grid for `n_rows` rows of `n_cols` elements (launch options left empty).
+    `extra_bytes`: UB bytes per element that a fused request's operands add (`operand_bytes`).
 
     `flat_rows`: the rows form one (size, stride) dimension (`_triton_common.plan.flat_rows`).
     When they do not, the tile kernel takes one row per step: its several-row form addresses
@@ -81,12 +97,13 @@ def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes:
     budget = tile_budget(s)
     narrowest = min_block_n(s, in_bytes, out_bytes)
     block_n = max(next_power_of_2(n_cols), narrowest)
-    tile_elems = floor_pow2(budget // element_bytes(in_bytes, out_bytes, acc_bytes, s.tile_acc_copies))
+    tile_elems = floor_pow2(budget // (element_bytes(in_bytes, out_bytes, acc_bytes, s.tile_acc_copies)
+                                       + extra_bytes))
     if block_n <= tile_elems:
         # Several rows per step fill the tile, but never so many that some program gets no rows.
         block_m = min(tile_elems // block_n, floor_pow2(cdiv(n_rows, programs))) if flat_rows else 1
         return TilePlan(block_m, block_n, grid_size(programs, cdiv(n_rows, block_m)))
-    online_bytes = element_bytes(in_bytes, out_bytes, acc_bytes, s.online_acc_copies)
+    online_bytes = element_bytes(in_bytes, out_bytes, acc_bytes, s.online_acc_copies) + extra_bytes
     sub_block = min(floor_pow2(budget // online_bytes), block_n)
     if sub_block < narrowest:
         halved = " (halved by multibuffer)" if s.multibuffer else ""

@@ -42,9 +42,11 @@ def overflow_in(exc: BaseException) -> tuple[int, int] | None:
     return None
 
 
-def shape_class(in_dtype, out_dtype, log: bool, n_cols: int, flat_rows: bool) -> tuple:
-    """Requests that compile to the same tile kernel shape share one halving count."""
-    return (str(in_dtype), str(out_dtype), bool(log), next_power_of_2(max(n_cols, 1)), bool(flat_rows))
+def shape_class(in_dtype, out_dtype, log: bool, n_cols: int, flat_rows: bool, variant_key: tuple = ()) -> tuple:
+    """Requests that compile to the same tile kernel shape share one halving count (the fused
+    variant's steps and operand dtypes change what a tile holds)."""
+    return (str(in_dtype), str(out_dtype), bool(log), next_power_of_2(max(n_cols, 1)), bool(flat_rows),
+            variant_key)
 
 
 class Halvings:

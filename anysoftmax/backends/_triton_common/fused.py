@@ -1,0 +1,177 @@
+"""The fused family's steps as Triton helpers, shared by every kernel kind (row tiles, online
+rows, split rows, column tiles, the backward): one prologue after every load, the sink where
+a row's statistics close, one empty-row epilogue. `core.variant` states the semantics; these
+functions are that statement in Triton.
+
+Which steps exist is decided by constexprs (a plain softmax compiles to the same code as
+before: every step is behind a flag that is False); their values are runtime arguments, so a
+new temperature never recompiles:
+
+* HAS_SCALE / HAS_CAP: z = scale * x, then z = softcap * tanh(z / softcap). The values come
+  as (hi, lo) float32 pairs (Triton passes float arguments as float32): hi + lo carries ~48
+  bits, which float64 outputs need and float32 ones ignore.
+* MASK: 0 none, 1 bool (read as uint8; nonzero = excluded), 2 additive (read in its dtype,
+  added in the accumulation dtype).
+* CAUSAL: keep column j of a row whose query index is q when j <= q + C_OFF (C_OFF = 0: top
+  left; sk - sq: bottom right). q = (logical row index) % SQ: the rows of a request reduced
+  over its last dim are numbered row-major over the other dims, so the query dim (the one
+  before the last) is the fastest-varying row dim.
+* HAS_SINK: one extra logit per row in the max and the denominator; its share p_s is written.
+* HAS_EMPTY (a bool mask or causal): rows with no kept column get the policy's value (EMPTY:
+  0 zero, 1 NaN, 2 uniform), decided by the count of kept columns, never by values.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tanh(a, ACC_FP64: tl.constexpr):
+    """tanh accurate to a few roundings in either precision: an odd Taylor polynomial where
+    1 - exp(-2|a|) would cancel (|a| < 0.3 in float32, 0.05 in float64, where the first
+    omitted term is below the precision), the exponential form elsewhere; +-inf give +-1, NaN
+    stays NaN."""
+    ax = tl.abs(a)
+    if ACC_FP64:
+        e = tl.exp(-2.0 * ax)
+        small_limit = 0.05
+    else:
+        e = tl.exp2(ax * -2.8853900817779268)  # -2 * log2(e)
+        small_limit = 0.3
+    big = (1.0 - e) / (1.0 + e)
+    a2 = a * a
+    small = ax * (1.0 + a2 * (-0.3333333333333333 + a2 * (0.13333333333333333 + a2 * (
+        -0.05396825396825397 + a2 * (0.021869488536155203 + a2 * (-0.008863235529902197
+                                                                  + a2 * 0.003592128036572481))))))
+    t = tl.where(ax < small_limit, small, big)
+    return tl.where(a < 0, -t, t)
+
+
+@triton.jit
+def pair(hi, lo, ACC_FP64: tl.constexpr):
+    """A runtime value passed as float32 hi + lo, in the accumulation precision."""
+    if ACC_FP64:
+        return hi.to(tl.float64) + lo.to(tl.float64)
+    else:
+        return hi
+
+
+@triton.jit
+def col_limit(rows, n_cols, SQ, C_OFF, CAUSAL: tl.constexpr):
+    """Columns a row reads: all of them, or under causal the kept prefix min(n, q + C_OFF + 1)
+    (at most n, at least 0: a row before the first kept key reads nothing)."""
+    if CAUSAL:
+        q = rows % SQ
+        return tl.maximum(tl.minimum(q + C_OFF + 1, n_cols), 0)
+    else:
+        return n_cols
+
+
+@triton.jit
+def prologue(x, live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
+             HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """(z, keep) from loaded values `x` (-inf where not `live`: outside the row or past the
+    causal prefix): scale, softcap, the mask; excluded positions become -inf. `keep` counts
+    the row's kept columns for the empty-row epilogue."""
+    z = x
+    keep = live
+    if HAS_SCALE:
+        z = z * pair(scale_hi, scale_lo, ACC_FP64)
+    if HAS_CAP:
+        cap = pair(cap_hi, cap_lo, ACC_FP64)
+        z = cap * tanh(z / cap, ACC_FP64)
+    if MASK == 1:
+        excluded = tl.load(m_ptrs, mask=live, other=1)
+        keep = live & (excluded == 0)
+    if MASK == 2:
+        z = z + tl.load(m_ptrs, mask=live, other=0.0).to(z.dtype)
+    if HAS_SCALE or HAS_CAP or MASK != 0:
+        # (scale < 0 or a softcap would turn the -inf padding into something else)
+        z = tl.where(keep, z, float("-inf"))
+    return z, keep
+
+
+@triton.jit
+def finite_or_zero(m):
+    """A row max of -inf (nothing but -inf seen yet) is replaced by 0 when subtracted, so
+    exp(-inf - m) is 0 instead of exp(NaN)."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def exp_acc(z, ACC_FP64: tl.constexpr):
+    """exp in the accumulation precision: exp2 with log2(e) folded in for float32."""
+    if ACC_FP64:
+        return tl.exp(z)
+    else:
+        return tl.exp2(z * 1.4426950408889634)
+
+
+@triton.jit
+def empty_fill(like, n_cols, LOG: tl.constexpr, EMPTY: tl.constexpr):
+    """The value of an empty row's elements (core.variant): 0 / -inf, NaN, or 1/N / -log N."""
+    one = tl.full(like.shape, 1.0, like.dtype)
+    if EMPTY == 1:
+        return one * float("nan")
+    elif EMPTY == 2:
+        if LOG:
+            return -tl.log(one * n_cols)
+        else:
+            return one / n_cols
+    else:
+        if LOG:
+            return one * float("-inf")
+        else:
+            return one * 0.0
+
+
+@triton.jit
+def close_tile(z, keep, sink, n_cols, AXIS: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+               HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr):
+    """Softmax (log_softmax) of a tile held on chip, reduced along AXIS (1: rows of the tile
+    kernel, 0: columns of the column kernel), with the sink in the max and the denominator and
+    the empty-row epilogue. Returns (y, p_sink); p_sink is meaningless without HAS_SINK."""
+    m = tl.max(z, axis=AXIS)
+    if HAS_SINK:
+        m = finite_or_zero(tl.maximum(m, sink))
+    zc = z - tl.expand_dims(m, AXIS)
+    e = exp_acc(zc, ACC_FP64)
+    total = tl.sum(e, axis=AXIS)
+    p = total
+    if HAS_SINK:
+        es = exp_acc(sink - m, ACC_FP64)
+        total = total + es
+        p = es / total
+    if LOG:
+        y = zc - tl.expand_dims(tl.log(total), AXIS)
+    else:
+        y = e * tl.expand_dims(1.0 / total, AXIS)
+    if HAS_EMPTY:
+        empty = tl.sum(keep.to(tl.int32), axis=AXIS) == 0
+        y = tl.where(tl.expand_dims(empty, AXIS), empty_fill(y, n_cols, LOG, EMPTY), y)
+        p = tl.where(empty, 0.0, p)
+    return y, p
+
+
+@triton.jit
+def merge_stats(ms, ss, valid, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """(max to subtract, denominator) of a row from its pieces' maxima `ms` and sums of
+    exp(x - max) `ss` along axis 0 (one entry per piece: chunks of a split row, lanes of an
+    online row; a second axis holds the column kernel's inner positions); `valid` masks
+    padding. The sink joins here, where the statistics close."""
+    m = tl.max(ms, axis=0)
+    if HAS_SINK:
+        m = tl.maximum(m, sink)
+    m_sub = finite_or_zero(m)
+    total = tl.sum(tl.where(valid, ss * exp_acc(ms - m_sub, ACC_FP64), 0.0), axis=0)
+    if HAS_SINK:
+        total = total + exp_acc(sink - m_sub, ACC_FP64)
+    return m_sub, total
+
+
+@triton.jit
+def sink_share(sink, m_sub, total, empty, ACC_FP64: tl.constexpr):
+    """The sink's share of a row, exp(s - m) / denominator (0 for an empty row)."""
+    return tl.where(empty, 0.0, exp_acc(sink - m_sub, ACC_FP64) / total)

@@ -1,0 +1,246 @@
+"""The fused softmax family: what `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`
+mean, stated once. `SoftmaxSpec.variant` holds one `Variant`; every backend, the float64
+reference and the tests read the semantics from here.
+
+Order of the steps, per row of the reduced dim (`dim`):
+
+1. ``z = scale * x``                                   (scale: any finite float; None = 1, skipped)
+2. ``z = softcap * tanh(z / softcap)``                  (Gemma2's logit cap; softcap > 0)
+3. mask and causal:
+   * a **bool** mask (broadcastable to x): True = **excluded** (as `Tensor.masked_fill`,
+     Megatron, torch_npu); excluded positions are outside the softmax;
+   * a **floating** mask is **added** to z (HF / SDPA additive masks; -inf entries behave as
+     torch does on z: they give 0, and a row of only -inf gives NaN);
+   * ``causal`` on the last two dims (queries, keys) with `dim` the last: "top_left" (or
+     True) keeps key j <= query i (SDPA's `is_causal`), "bottom_right" keeps j <= i + sk - sq
+     (FlashAttention, TransformerEngine);
+4. softmax over the kept z with the **sink** in the denominator: for a row with sink logit s
+   (a tensor broadcasting against x with size 1 in `dim`, e.g. `[H, 1, 1]` for scores
+   `[B, H, Sq, Sk]`): ``y_j = exp(z_j - m) / (exp(s - m) + sum_k exp(z_k - m))`` with
+   ``m = max(max_k z_k, s)``; rows sum to < 1. The sink is taken as given (not scaled or
+   capped: gpt-oss concatenates it after scaling). log_softmax: ``z_j - m - log(...)``.
+5. Rows that the bool mask and/or causal leave with no kept position ("empty rows") — decided
+   by the mask, never by values — are given by `empty_rows`:
+   ``"zero"`` (default; apex/Megatron on CUDA, SDPA's `_safe_softmax`): 0 (log: -inf);
+   ``"nan"`` (torch's ``masked_fill(-inf)`` then softmax): NaN (log: NaN);
+   ``"uniform"`` (the -10000 fill of Megatron and torch_npu): 1/N (log: -log N), N = row length.
+   A sink does not change this (the default gives 0, what the sink formula gives).
+
+Gradients: excluded positions and empty rows get 0; softcap multiplies by 1 - (z/softcap)^2,
+scale by scale; the sinks get ``ds = -p_s * sum_j y_j dy_j`` per row (``p_s`` the sink's share
+of the row, ``1 - sum_j y_j``; log form: ``-p_s * sum_j dy_j``), summed over the rows sharing a
+sink; a floating mask gets the gradient of z, summed over its broadcast dims.
+
+Tensors are operands, not part of a spec: a `Variant` holds their metadata (shape, strides
+after broadcasting to x, dtype), so it is hashable and `kernel_key()` can tell apart requests
+whose operands are laid out differently. `scale` and `softcap` values are kernel *arguments*
+(a new temperature never recompiles): `kernel_key()` keeps only whether they are present.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+MASK_NONE, MASK_BOOL, MASK_ADDITIVE = "none", "bool", "additive"
+CAUSAL_NONE, TOP_LEFT, BOTTOM_RIGHT = "none", "top_left", "bottom_right"
+EMPTY_ROWS = ("zero", "nan", "uniform")
+
+_CAUSAL_NAMES = {False: CAUSAL_NONE, None: CAUSAL_NONE, True: TOP_LEFT, TOP_LEFT: TOP_LEFT,
+                 BOTTOM_RIGHT: BOTTOM_RIGHT, CAUSAL_NONE: CAUSAL_NONE}
+
+
+@dataclass(frozen=True)
+class OperandMeta:
+    """A broadcast operand (mask or sinks) as a kernel reads it: its dtype and its strides
+    after broadcasting to the input's shape (0 on broadcast dims: never materialised). `shape`
+    is the operand's own shape (for gradients summed back to it)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # of the broadcast view, one per input dim
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, t: torch.Tensor, view: torch.Tensor) -> "OperandMeta":
+        return cls(tuple(t.shape), tuple(view.stride()), t.dtype)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One member of the fused family (see the module docstring). `Variant()` is the plain
+    softmax."""
+
+    scale: float | None = None
+    softcap: float | None = None
+    mask: OperandMeta | None = None
+    mask_kind: str = MASK_NONE
+    causal: str = CAUSAL_NONE
+    sinks: OperandMeta | None = None
+    empty_rows: str = "zero"
+
+    @property
+    def is_plain(self) -> bool:
+        """True when nothing but the plain softmax is asked for."""
+        return self == PLAIN
+
+    @property
+    def has_empty_rows(self) -> bool:
+        """True when rows may be left empty (a bool mask or causal): `empty_rows` applies."""
+        return self.mask_kind == MASK_BOOL or self.causal != CAUSAL_NONE
+
+    def key(self) -> tuple:
+        """Everything a compiled kernel depends on: which steps are present, the operands'
+        layouts and dtypes, the causal form and the empty-row policy — not the values of
+        `scale` and `softcap`, which are runtime arguments."""
+        return (self.scale is not None, self.softcap is not None, self.mask_kind, self.mask, self.causal,
+                self.sinks, self.empty_rows if self.has_empty_rows else "zero")
+
+    def values(self) -> tuple[float, float]:
+        """(scale, softcap) as kernel arguments: 1.0 where absent (unused then)."""
+        return (1.0 if self.scale is None else self.scale, 1.0 if self.softcap is None else self.softcap)
+
+    def describe(self) -> str:
+        """The variant's non-default parts, e.g. 'scale=0.125, mask=bool[8, 1, 64, 64], causal=top_left'."""
+        parts = []
+        if self.scale is not None:
+            parts.append(f"scale={self.scale:g}")
+        if self.softcap is not None:
+            parts.append(f"softcap={self.softcap:g}")
+        if self.mask is not None:
+            parts.append(f"mask={self.mask_kind}{list(self.mask.shape)}")
+        if self.causal != CAUSAL_NONE:
+            parts.append(f"causal={self.causal}")
+        if self.sinks is not None:
+            parts.append(f"sinks{list(self.sinks.shape)}")
+        if self.has_empty_rows:
+            parts.append(f"empty_rows={self.empty_rows}")
+        return ", ".join(parts)
+
+
+PLAIN = Variant()
+
+
+class Operands(NamedTuple):
+    """The tensors and values of one fused call, broadcast to the input's shape: `mask` and
+    `sinks` are stride-0 views (None when absent); `scale`, `softcap` the float arguments."""
+
+    mask: torch.Tensor | None
+    sinks: torch.Tensor | None
+    scale: float
+    softcap: float
+
+
+NO_OPERANDS = Operands(None, None, 1.0, 1.0)
+
+
+def _finite_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
+            value = value.item()
+        else:
+            raise TypeError(f"softmax: {name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"softmax: {name} must be finite, got {value}")
+    return value
+
+
+def causal_name(causal) -> str:
+    """Normalise `causal`: False/None -> "none", True -> "top_left", or the form's name."""
+    try:
+        return _CAUSAL_NAMES[causal]
+    except (KeyError, TypeError):
+        raise ValueError(f"softmax: causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
+
+
+def _broadcast_view(name: str, t, shape: tuple[int, ...], device: torch.device, rule: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"softmax: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"softmax: {name} is on {t.device} but the input is on {device}; both must be on one device")
+    if t.dim() > len(shape) or any(s not in (1, n) for s, n in zip(reversed(t.shape), reversed(shape))):
+        raise ValueError(f"softmax: {name} of shape {list(t.shape)} does not broadcast to {list(shape)} ({rule})")
+    return t.expand(shape)
+
+
+def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=None, mask=None, causal=False,
+          softcap=None, sinks=None, empty_rows: str = "zero") -> tuple[Variant, Operands]:
+    """Validate the fused keywords of a request on an input of `x_shape` reduced over the
+    normalised `dim`, and return its `Variant` and `Operands`. Errors name the argument."""
+    if scale is not None:
+        scale = _finite_float("scale", scale)
+    if softcap is not None:
+        softcap = _finite_float("softcap", softcap)
+        if softcap <= 0:
+            raise ValueError(f"softmax: softcap must be > 0, got {softcap}")
+    if not isinstance(empty_rows, str) or empty_rows not in EMPTY_ROWS:
+        raise ValueError(f"softmax: empty_rows must be one of {', '.join(map(repr, EMPTY_ROWS))}, got {empty_rows!r}")
+    form = causal_name(causal)
+    ndim = len(x_shape)
+    if form != CAUSAL_NONE and (ndim < 2 or dim != ndim - 1):
+        raise ValueError(f"softmax: causal={causal!r} needs the softmax over the last dim of an input with at "
+                         f"least 2 dims (queries, keys); got dim={dim} of a {ndim}-dim input")
+    mask_meta, kind, mask_view = None, MASK_NONE, None
+    if mask is not None:
+        mask_view = _broadcast_view("mask", mask, x_shape, device, "mask must broadcast to the input")
+        if mask.dtype == torch.bool:
+            kind = MASK_BOOL
+        elif mask.dtype.is_floating_point:
+            kind = MASK_ADDITIVE
+        else:
+            raise TypeError(f"softmax: mask dtype {mask.dtype} is not supported: a bool mask (True = excluded) or a "
+                            f"floating mask (added to the logits)")
+        mask_meta = OperandMeta.of(mask, mask_view)
+    sink_meta, sink_view = None, None
+    if sinks is not None:
+        row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
+        view = _broadcast_view("sinks", sinks, row_shape, device,
+                               f"sinks broadcast against the input with size 1 in dim {dim}: one logit per row")
+        if not sinks.dtype.is_floating_point:
+            raise TypeError(f"softmax: sinks dtype {sinks.dtype} is not floating")
+        sink_view = view.expand(x_shape)
+        sink_meta = OperandMeta.of(sinks, sink_view)
+    variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, empty_rows)
+    if not variant.has_empty_rows and empty_rows != "zero":
+        variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, "zero")  # no row can be empty
+    ops = Operands(mask_view, sink_view, *variant.values())
+    return variant, ops
+
+
+def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The kept positions (bool, `shape`) the bool mask and causal leave, or None when every
+    position is kept. `mask` is the mask operand (any broadcastable view)."""
+    keep = None
+    if variant.mask_kind == MASK_BOOL:
+        keep = ~mask.expand(shape)
+    if variant.causal != CAUSAL_NONE:
+        sq, sk = shape[-2], shape[-1]
+        shift = sk - sq if variant.causal == BOTTOM_RIGHT else 0
+        i = torch.arange(sq, device=mask.device if mask is not None else "cpu").unsqueeze(1)
+        j = torch.arange(sk, device=i.device).unsqueeze(0)
+        tri = (j <= i + shift).expand(shape)
+        keep = tri if keep is None else keep & tri.to(keep.device)
+    return keep
+
+
+def runtime_values(scale, softcap) -> tuple[float, float]:
+    """(scale, softcap) as the kernel arguments of one call, validated on every call (a
+    memoised request skips `build`, not these checks): 1.0 where absent."""
+    if scale is None:
+        s = 1.0
+    elif type(scale) is float and math.isfinite(scale):
+        s = scale
+    else:
+        s = _finite_float("scale", scale)
+    if softcap is None:
+        c = 1.0
+    elif type(softcap) is float and math.isfinite(softcap) and softcap > 0:
+        c = softcap
+    else:
+        c = _finite_float("softcap", softcap)
+        if c <= 0:
+            raise ValueError(f"softmax: softcap must be > 0, got {c}")
+    return s, c
