@@ -152,3 +152,135 @@ def params(cases):
     import pytest
 
     return [pytest.param(c, d, id=f"{c.name}-{str(d).removeprefix('torch.')}") for c in cases for d in c.dtypes]
+
+
+# ---- the fused family (core.variant) ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class VariantCase:
+    """A fused-family case: an input (`make`, as `Case`), the softmax dim, and the fused
+    keywords made from the same generator (`kwargs(gen, x)`: masks and sinks are fresh random
+    tensors too, in the dtypes a model would use)."""
+
+    name: str
+    make: Callable[[torch.Generator, torch.dtype], torch.Tensor]
+    dim: int
+    kwargs: Callable[[torch.Generator, torch.Tensor], dict]
+    dtypes: tuple = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    tags: frozenset = field(default_factory=frozenset)
+
+
+def bool_mask(shape, density=0.3, empty_rows=(), dim=-1):
+    """A random bool mask (True = excluded) of `shape`; rows listed in `empty_rows` (index
+    tuples of all dims but the last) are excluded entirely."""
+    def make(gen):
+        m = torch.rand(shape, generator=gen) < density
+        for r in empty_rows:
+            m[r] = True
+        return m
+    return make
+
+
+def additive_mask(shape, dtype=None, blocked=0.2):
+    """A floating mask added to the logits: small random values, and a `blocked` fraction at
+    finfo.min (HF's convention for excluded positions). `dtype` None: the input's dtype (as
+    HF builds it; `_kw` converts)."""
+    def make(gen):
+        m = torch.randn(shape, generator=gen, dtype=torch.float64)
+        m[torch.rand(shape, generator=gen) < blocked] = -torch.inf  # finfo.min of the final dtype
+        if dtype is not None:
+            m = m.to(dtype)
+            m[m == -torch.inf] = torch.finfo(dtype).min
+        return m
+    return make
+
+
+def sinks(shape, scale=1.5):
+    def make(gen):
+        return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+    return make
+
+
+def _kw(**parts):
+    """kwargs(gen, x): constant values as given, callables called with the generator (masks,
+    sinks); sinks take the input's dtype unless the case says otherwise."""
+    def make(gen, x):
+        out = {}
+        for k, v in parts.items():
+            v = v(gen) if callable(v) else v
+            if k in ("sinks", "mask") and isinstance(v, torch.Tensor) and v.dtype == torch.float64:
+                v = v.to(x.dtype if x.dtype.is_floating_point else torch.float32)
+            if k == "mask" and isinstance(v, torch.Tensor) and v.dtype.is_floating_point:
+                v = v.masked_fill(v == -torch.inf, torch.finfo(v.dtype).min)
+            out[k] = v
+        return out
+    return make
+
+
+ATT = (2, 3, 16, 24)  # [B, H, Sq, Sk]: sq < sk (bottom-right differs from top-left)
+ATT_SQ_GT_SK = (2, 2, 20, 12)  # sq > sk: bottom-right leaves the first rows empty
+
+VARIANT_CASES: list[VariantCase] = [
+    VariantCase("scale", randn(ATT), -1, _kw(scale=0.125)),
+    VariantCase("scale-negative-large", randn(ATT, 1.0), -1, _kw(scale=-40.0)),
+    VariantCase("softcap", randn(ATT, 20.0), -1, _kw(softcap=30.0)),
+    VariantCase("scale-softcap", randn(ATT, 8.0), -1, _kw(scale=0.5, softcap=5.0)),
+    VariantCase("bool-mask-broadcast", randn(ATT), -1, _kw(mask=bool_mask((2, 1, 16, 24)))),
+    VariantCase("bool-mask-full-empty-zero", randn(ATT), -1,
+                _kw(mask=bool_mask(ATT, empty_rows=[(0, 1, 3), (1, 2, 0)]))),
+    VariantCase("bool-mask-empty-nan", randn(ATT), -1,
+                _kw(mask=bool_mask((2, 1, 16, 24), empty_rows=[(1, 0, 5)]), empty_rows="nan")),
+    VariantCase("bool-mask-empty-uniform", randn(ATT), -1,
+                _kw(mask=bool_mask((16, 24), empty_rows=[(7,)]), empty_rows="uniform", scale=0.3)),
+    VariantCase("additive-mask", randn(ATT), -1, _kw(mask=additive_mask((2, 1, 16, 24)))),
+    VariantCase("additive-mask-fp16", randn(ATT), -1, _kw(mask=additive_mask((16, 24), torch.float16))),
+    VariantCase("causal-top-left", randn(ATT), -1, _kw(causal=True)),
+    VariantCase("causal-bottom-right", randn(ATT), -1, _kw(causal="bottom_right")),
+    VariantCase("causal-bottom-right-empty-uniform", randn(ATT_SQ_GT_SK), -1,
+                _kw(causal="bottom_right", empty_rows="uniform")),
+    VariantCase("causal-bottom-right-empty-zero", randn(ATT_SQ_GT_SK), -1, _kw(causal="bottom_right")),
+    VariantCase("sinks", randn(ATT), -1, _kw(sinks=sinks((3, 1, 1)))),
+    VariantCase("sinks-fp32-with-16bit-input", randn(ATT), -1,
+                _kw(sinks=lambda g: sinks((3, 1, 1))(g).float())),
+    VariantCase("sinks-masked-rows", randn(ATT), -1,
+                _kw(sinks=sinks((3, 1, 1)), mask=bool_mask((2, 1, 16, 24), empty_rows=[(0, 0, 2)]))),
+    VariantCase("gemma2", randn(ATT, 4.0), -1,
+                _kw(scale=0.25, softcap=50.0, mask=additive_mask((2, 1, 16, 24)))),
+    VariantCase("gpt-oss", randn(ATT, 4.0), -1, _kw(scale=0.25, causal=True, sinks=sinks((3, 1, 1)))),
+    VariantCase("megatron", randn(ATT, 4.0), -1,
+                _kw(scale=0.125, mask=bool_mask((2, 1, 16, 24), empty_rows=[(1, 0, 0)]), empty_rows="zero")),
+    VariantCase("everything", randn(ATT_SQ_GT_SK, 4.0), -1,
+                _kw(scale=0.7, softcap=6.0, mask=bool_mask((2, 1, 20, 12)), causal="bottom_right",
+                    sinks=sinks((2, 1, 1)), empty_rows="uniform")),
+    # Layouts: transposed scores, a non-last dim (column kernels), rank 2, one-element rows.
+    VariantCase("transposed-input-causal", transposed((2, 3, 24, 16), 2, 3), -1, _kw(causal=True, scale=0.5)),
+    VariantCase("dim0-mask-sinks", randn((30, 20)), 0,
+                _kw(mask=bool_mask((30, 1)), sinks=sinks((1, 20)), scale=2.0)),
+    VariantCase("dim1-additive-softcap", randn((4, 50, 40)), 1, _kw(mask=additive_mask((50, 1)), softcap=3.0)),
+    VariantCase("rank2-specials", with_specials((8, 100)), 1, _kw(scale=0.5, mask=bool_mask((8, 100)))),
+    VariantCase("n1-sinks", randn((17, 1)), 1, _kw(sinks=sinks((17, 1)))),
+]
+
+# Rows longer than the (lowered) tile limit: the online, split and column-split kernels.
+LONG_DTYPES = (torch.bfloat16, torch.float32)  # interpreted long rows are slow: two dtypes suffice here
+LONG_VARIANT_CASES: list[VariantCase] = [
+    VariantCase("long-causal-mask-sinks", randn((1, 2, 12, 200)), -1,
+                _kw(causal="bottom_right", mask=bool_mask((1, 1, 12, 200), empty_rows=[(0, 0, 3)]),
+                    sinks=sinks((2, 1, 1)), scale=0.4), dtypes=LONG_DTYPES),
+    VariantCase("long-softcap-additive", randn((3, 300), 10.0), 1, _kw(softcap=8.0, mask=additive_mask((300,))),
+                dtypes=LONG_DTYPES + (torch.float64,)),
+    VariantCase("long-uniform", randn((1, 2, 6, 150)), -1,
+                _kw(mask=bool_mask((1, 1, 6, 150), empty_rows=[(0, 0, 4)]), empty_rows="uniform"), dtypes=LONG_DTYPES),
+    VariantCase("long-nan-causal", randn((1, 1, 20, 130)), -1,
+                _kw(causal=True, mask=bool_mask((1, 1, 20, 130), empty_rows=[(0, 0, 9)]), empty_rows="nan"),
+                dtypes=LONG_DTYPES),
+    VariantCase("long-cols", randn((2, 300, 20)), 1, _kw(mask=bool_mask((300, 20)), sinks=sinks((2, 1, 20)), scale=0.8),
+                dtypes=LONG_DTYPES),
+]
+
+
+def variant_params(cases):
+    """(case, dtype) pairs as pytest params with readable ids."""
+    import pytest
+
+    return [pytest.param(c, d, id=f"{c.name}-{str(d).removeprefix('torch.')}") for c in cases for d in c.dtypes]

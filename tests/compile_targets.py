@@ -43,7 +43,7 @@ TARGETS = {
 }
 
 _TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-                 torch.int32: "i32", torch.int64: "i64"}
+                 torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 
 
 def _arg_type(value) -> str:
@@ -53,6 +53,8 @@ def _arg_type(value) -> str:
         return "i1"
     if isinstance(value, int):
         return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
     raise TypeError(f"cannot type kernel argument {value!r}")
 
 
@@ -181,41 +183,80 @@ CASES = [
     ("cols_split", (8192, 8192), 0, False, False, {}, "cols_split"),
     ("bwd_tile", (64, 1024), 1, False, True, {}, "tile"),
     ("bwd_split", (128, 65536), 1, False, True, {}, "split"),
+    # The fused family (core.variant): attention-shaped scores with every step compiled in.
+    ("fused_tile", (2, 4, 128, 1024), 3, False, False, {}, "tile"),
+    ("fused_split", (1, 2, 64, 65536), 3, True, False, {}, "split"),
+    ("fused_online", (1, 2, 64, 65536), 3, False, False, {"long_rows": "online"}, "online"),
+    ("fused_cols", (1024, 8192), 0, False, False, {}, "cols"),
+    ("fused_cols_split", (8192, 8192), 0, False, False, {}, "cols_split"),
+    ("fused_bwd_tile", (2, 4, 128, 1024), 3, False, True, {}, "tile"),
+    ("fused_bwd_split", (1, 2, 64, 65536), 3, False, True, {}, "split"),
 ]
+
+
+def fused_kwargs(case: str, shape: tuple, dim: int) -> dict | None:
+    """The fused keywords of a `fused_*` case (meta tensors: only dtypes and strides matter):
+    a bool mask broadcast over heads, causal where the dim is the last, sinks, softcap, scale."""
+    if not case.startswith("fused"):
+        return None
+    rows = tuple(1 if d == dim else s for d, s in enumerate(shape))
+    mask_shape = (shape[0], 1, *shape[2:]) if len(shape) == 4 else shape
+    kw = dict(scale=0.125, softcap=30.0, mask=torch.empty(mask_shape, dtype=torch.bool, device="meta"),
+              sinks=torch.empty(rows, dtype=torch.float32, device="meta"), empty_rows="uniform")
+    if dim == len(shape) - 1:
+        kw["causal"] = "bottom_right"
+    return kw
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEVICES = {"sm_90": "H100_SXM", "sm_80": "A100_SXM", "gfx942": "MI300X"}
 BACKEND_OF = {"cuda": "nvidia", "hip": "amd"}
 
 
-def plan_for(layout, elem_bytes: int, dev, backward: bool, overrides: dict):
+def plan_for(layout, elem_bytes: int, dev, backward: bool, overrides: dict, spec=None):
     """The backend's KernelPlan for this layout on `dev` (`draft_plan`: kernel, tile, warps,
-    stages and cooperation; the grid is left at 1: it is not compiled in)."""
+    stages and cooperation; the grid is left at 1: it is not compiled in); `spec` carries a
+    fused variant."""
+    from anysoftmax.backends._triton_common.plan import Fusion
     from anysoftmax.backends.triton import heuristics
     from anysoftmax.backends.triton.backend import draft_plan
 
     with heuristics.override(**overrides):
-        return draft_plan(layout, elem_bytes, dev, backward)
+        return draft_plan(layout, elem_bytes, dev, backward, Fusion.of(spec) if spec is not None else Fusion())
 
 
-def launches(plan, shape, dim, dtype, log: bool, backward: bool) -> list:
+def case_layout(shape, dim, dtype, log, fused):
+    """(spec, layout) of a case on meta tensors, the fused operands' strides included."""
+    from anysoftmax.core.layout import RowLayout, operand_strides
+    from anysoftmax.core.spec import SoftmaxSpec
+
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    spec, _ = SoftmaxSpec.from_request(x, dim, log=log, fused=fused)
+    strides = tuple(x.stride())
+    return spec, RowLayout.from_strides(shape, strides, strides, dim, operand_strides(spec))
+
+
+def launches(plan, shape, dim, dtype, log: bool, backward: bool, fused: dict | None = None) -> list:
     """[(kernel, args, constexprs, options)] the backend launches for `plan` (meta tensors:
     only dtypes, strides and the 16-byte alignment every allocation has matter)."""
     from anysoftmax.backends._triton_common.launcher import scratch_maker
-    from anysoftmax.core.layout import RowLayout
 
     x = torch.empty(shape, dtype=dtype, device="meta")
     y = torch.empty(shape, dtype=dtype, device="meta")
-    layout = RowLayout.from_strides(shape, tuple(x.stride()), tuple(y.stride()), dim)
+    spec, layout = case_layout(shape, dim, dtype, log, fused)
     opts = plan.launch_options()
     stats, counts = scratch_maker(plan, layout, dtype)(x.device) if (plan.split or backward) else (None, None)
-    # as the launchers do: (x, y) forward; y, dy and dx alike backward
-    tensors = (y, torch.empty_like(y), torch.empty_like(y)) if backward else (x, y)
-    return [(k, a, c, opts) for k, a, c in plan.calls(tensors, layout, log, dtype, stats, counts)]
+    mask = sinks = p = None
+    if fused:
+        mask = fused["mask"].view(torch.uint8)
+        sinks = fused["sinks"]
+        p = torch.empty(sinks.shape, dtype=spec.acc_dtype, device="meta")
+    # as the launchers do: (x, y, operands) forward; y, dy and dx alike backward
+    given = (y, torch.empty_like(y), torch.empty_like(y), x if fused else None, mask, p, p) if backward else \
+        (x, y, mask, sinks, p)
+    return [(k, a, c, opts) for k, a, c in plan.calls(plan.tensors(given), layout, log, dtype, stats, counts)]
 
 
 def compile_target(target: str, dtypes: dict) -> dict:
     from anysoftmax.backends.triton import occupancy
-    from anysoftmax.core.layout import RowLayout
 
     dev = getattr(occupancy, DEVICES[target])
     kernels, errors = [], []
@@ -223,10 +264,10 @@ def compile_target(target: str, dtypes: dict) -> dict:
         for dname, dtype in dtypes.items():
             where = dict(target=target, case=case, dtype=dname)
             try:
-                strides = torch.empty(shape, device="meta").stride()
-                layout = RowLayout.from_strides(shape, strides, strides, dim)
-                plan = plan_for(layout, dtype.itemsize, dev, backward, overrides)
-                calls = launches(plan, shape, dim, dtype, log, backward)
+                fused = fused_kwargs(case, shape, dim)
+                spec, layout = case_layout(shape, dim, dtype, log, fused)
+                plan = plan_for(layout, dtype.itemsize, dev, backward, overrides, spec if fused else None)
+                calls = launches(plan, shape, dim, dtype, log, backward, fused)
             except Exception as exc:
                 errors.append(dict(where, stage="plan", error=f"{type(exc).__name__}: {exc}",
                                    traceback=traceback.format_exc(limit=-4)))

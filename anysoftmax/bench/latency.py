@@ -158,7 +158,7 @@ def main(out: str, calls: int, providers: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("the latency benchmark needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
-    from .softmax import gpu_dir_name
+    from .report import gpu_dir_name
 
     device = torch.cuda.get_device_name()
     rows = measure(calls, providers=providers or PROVIDERS)

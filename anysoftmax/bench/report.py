@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
+
+
+def gpu_dir_name(name: str) -> str:
+    """A device name as a results folder: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
 
 FIELDS = ["provider", "dtype", "M", "N", "dim", "gbps", "frac_of_copy", "us", "host_us", "max_err", "status", "detail"]
 

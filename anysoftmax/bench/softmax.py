@@ -18,9 +18,10 @@ synchronize, so a host-bound provider shows. Results:
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
+
+from .report import gpu_dir_name
 
 GRID = [(32768, 128), (32768, 256), (32768, 1024), (16384, 4096), (16384, 8192), (8192, 16384),
         (4096, 32768), (2048, 65536), (1024, 131072), (512, 262144), (64, 1048576), (16, 131072), (4823, 781)]
@@ -34,10 +35,6 @@ CPU_NON_LAST = [(64, 32, 0)]
 DTYPES = ["float32", "bfloat16", "float16"]
 GPU_TIMING = dict(warmup_ms=10, rep_ms=60)
 CPU_TIMING = dict(warmup_ms=1, rep_ms=20, cpu=True)
-
-
-def gpu_dir_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:

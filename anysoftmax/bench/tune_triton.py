@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     from anysoftmax.backends.triton import heuristics
     from anysoftmax.core import SoftmaxSpec, compare
 
-    from .softmax import gpu_dir_name
+    from .report import gpu_dir_name
     from anysoftmax.perf import copy_bandwidth_gbps, rotation_count
 
     from .timing import median_ms

@@ -51,11 +51,22 @@ def _input(shape, layout, dtype):
     return torch.randn(shape, dtype=torch.float32).to(dtype)
 
 
-def _plans(x, spec):
+def _plans(x, spec, operands=None):
     s = settings.current()
     x, y, layout = allocate_rows(x, spec)
     plan = plan_for(layout, spec, s, s.grid, on_npu=True)
-    return plan, plan.calls((x, y), layout, spec.log, spec.out_dtype)
+    mask, sinks, p = operands or (None, None, None)
+    if mask is not None and mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)
+    return plan, plan.calls(plan.tensors((x, y, mask, sinks, p)), layout, spec.log, spec.out_dtype)
+
+
+def _check(plan, calls, what):
+    for kernel, args, meta in calls:
+        kwargs = {**meta, **plan.launch_options()}
+        low = classify(compile_ttadapter(kernel, args, kwargs))
+        assert low.ok, f"{plan} for {what}: unbounded accesses:\n" + "\n".join(low.unbounded[:5])
+        assert low.bounded_copies >= 1, f"{plan}: no bounded load found; the classifier no longer reads this output"
 
 
 @pytest.mark.parametrize("ub", UB_BYTES)
@@ -67,13 +78,41 @@ def test_every_npu_plan_loads_bounded(shape, dim, layout, in_dtype, out_dtype, u
     spec = SoftmaxSpec(tuple(x.shape), tuple(x.stride()), in_dtype, dim % x.dim(), out_dtype, log, x.device)
     with settings.override(**({} if ub is None else {"ub_bytes": ub})):
         plan, calls = _plans(x, spec)
-    for kernel, args, meta in calls:
-        kwargs = {**meta, **plan.launch_options()}
-        text = compile_ttadapter(kernel, args, kwargs)
-        low = classify(text)
-        assert low.ok, (f"{plan} for {shape} dim={dim} {layout} {in_dtype}->{out_dtype}: unbounded accesses:\n"
-                        + "\n".join(low.unbounded[:5]))
-        assert low.bounded_copies >= 1, f"{plan}: no bounded load found; the classifier no longer reads this output"
+    _check(plan, calls, f"{shape} dim={dim} {layout} {in_dtype}->{out_dtype}")
+
+
+# The fused family on attention-shaped scores [B, H, Sq, Sk] (and a long row): every step's
+# plan, with masks broadcast over heads (stride 0) and full ones, sinks per head.
+VARIANTS = {
+    "scale": lambda sh: dict(scale=0.125),
+    "softcap": lambda sh: dict(scale=0.5, softcap=30.0),
+    "bool-mask-broadcast": lambda sh: dict(mask=torch.rand(sh[0], 1, *sh[2:]) < 0.3),
+    "bool-mask-full-uniform": lambda sh: dict(mask=torch.rand(sh) < 0.3, empty_rows="uniform"),
+    "additive-mask": lambda sh: dict(mask=torch.randn(sh[-2:])),
+    "causal-top-left": lambda sh: dict(causal=True),
+    "causal-bottom-right-nan": lambda sh: dict(causal="bottom_right", mask=torch.rand(sh) < 0.1, empty_rows="nan"),
+    "sinks": lambda sh: dict(sinks=torch.randn(sh[1], 1, 1)),
+    "everything": lambda sh: dict(scale=0.2, softcap=20.0, mask=torch.rand(sh[0], 1, *sh[2:]) < 0.3,
+                                  causal="bottom_right", sinks=torch.randn(sh[1], 1, 1), empty_rows="uniform"),
+}
+VARIANT_SHAPES = [(2, 4, 64, 96), (1, 2, 8, 9000)]
+
+
+@pytest.mark.parametrize("ub", UB_BYTES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=["x".join(map(str, s)) for s in VARIANT_SHAPES])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("log", [False, True])
+def test_every_variant_plan_loads_bounded(variant, shape, dtype, ub, log):
+    x = torch.randn(shape).to(dtype)
+    kwargs = VARIANTS[variant](shape)
+    spec, _ = SoftmaxSpec.from_request(x, -1, log=log, fused=kwargs)
+    mask, sinks = kwargs.get("mask"), kwargs.get("sinks")
+    p = None if sinks is None else torch.empty(*shape[:-1], 1, dtype=spec.acc_dtype)
+    with settings.override(**({} if ub is None else {"ub_bytes": ub})):
+        plan, calls = _plans(x, spec, (mask, sinks, p))
+    assert plan.fusion.has_sink == (sinks is not None) and plan.fusion.causal == ("causal" in kwargs)
+    _check(plan, calls, f"{variant} {shape} {dtype}")
 
 
 def test_check_flags_the_div_mod_row_form():
@@ -81,10 +120,15 @@ def test_check_flags_the_div_mod_row_form():
     used before FLAT_ROWS) lowers unbounded, and the classifier says so."""
     from anysoftmax.backends._triton_common.rows import softmax_tile_kernel
 
+    from anysoftmax.backends._triton_common.plan import NO_FUSION, PLAIN_SCALARS
+
     x = torch.randn(1823, 781)
     y = torch.empty_like(x)
-    args = (x, y, 1823, 781, 1, 1823, 0, 0, 781, 1, 0, 0, 781, 1)
-    meta = dict(LOG=False, ACC_FP64=False, WIDE_COLS=False, BLOCK_M=4, BLOCK_N=1024, NUM_STAGES=1, multibuffer=True)
+    # x, y, mask, sinks, p_sink; sizes and strides; mask/sink strides, causal geometry; values
+    args = (x, y, x, x, y, 1823, 781, 1, 1823, 0, 0, 781, 1, 0, 0, 781, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0,
+            *PLAIN_SCALARS)
+    meta = dict(LOG=False, ACC_FP64=False, WIDE_COLS=False, BLOCK_M=4, BLOCK_N=1024, NUM_STAGES=1, multibuffer=True,
+                **NO_FUSION.constexprs())
     div_mod = classify(compile_ttadapter(softmax_tile_kernel, args, {**meta, "FLAT_ROWS": False}))
     assert not div_mod.ok and any("ExtractedLoadOrStore" in line for line in div_mod.unbounded)
     flat = classify(compile_ttadapter(softmax_tile_kernel, args, {**meta, "FLAT_ROWS": True}))

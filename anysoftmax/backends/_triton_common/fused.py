@@ -53,7 +53,7 @@ def tanh(a, ACC_FP64: tl.constexpr):
 def pair(hi, lo, ACC_FP64: tl.constexpr):
     """A runtime value passed as float32 hi + lo, in the accumulation precision."""
     if ACC_FP64:
-        return hi.to(tl.float64) + lo.to(tl.float64)
+        return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
     else:
         return hi
 
@@ -87,7 +87,7 @@ def prologue(x, live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
         keep = live & (excluded == 0)
     if MASK == 2:
         z = z + tl.load(m_ptrs, mask=live, other=0.0).to(z.dtype)
-    if HAS_SCALE or HAS_CAP or MASK != 0:
+    if (HAS_SCALE or HAS_CAP) or MASK != 0:
         # (scale < 0 or a softcap would turn the -inf padding into something else)
         z = tl.where(keep, z, float("-inf"))
     return z, keep

@@ -141,7 +141,12 @@ def softmax_online_kernel(
                 kept += keep.to(tl.int32)
         sink = 0.0
         if HAS_SINK:
-            sink = tl.load(s_ptr + _row_offsets(row64, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+            # A one-element tile under a row bound rather than a scalar load: triton-ascend lowers
+            # this form to a copy clamped by the bound (tests/ascend_frontend), a scalar load to
+            # an element access and a constant-true mask to an unclamped copy.
+            one = tl.arange(0, 1)
+            sink = tl.max(tl.load(s_ptr + _row_offsets(row64, S1, S2, ss0, ss1, ss2) + one, mask=row64 + one < n_rows,
+                                  other=0.0).to(acc_ty), axis=0)
         m_sub, total = merge_stats(m, s, True, sink, HAS_SINK, ACC_FP64)
         empty = False
         if HAS_EMPTY:

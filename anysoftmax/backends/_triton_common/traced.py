@@ -108,6 +108,10 @@ def launch(plan: KernelPlan, tensors: tuple, layout: RowLayout, log: bool, out_d
         outputs = _OUTPUTS[plan.backward]
         tensors = tuple(t if t is None or i in outputs else t.clone() for i, t in enumerate(tensors))
     device = tensors[0].device
+    # Absent operands get small tensors of their own rather than another argument standing in
+    # (`KernelPlan.tensors`): a functionalized kernel call copies every argument it may write,
+    # and two arguments aliasing one tensor would each get their own copy.
+    tensors = tuple(torch.empty(1, dtype=tensors[0].dtype, device=device) if t is None else t for t in tensors)
     stats = counts = None
     if plan.split or plan.backward:
         acc = torch.float64 if out_dtype == torch.float64 else torch.float32

@@ -38,8 +38,12 @@ _FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp
 def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, programs: int, on_npu: bool) -> KernelPlan:
     """The plan for rows of `layout` under settings `s` on `programs` programs (pure: the
     front-end test compiles exactly these)."""
+    # Causal rows read a prefix of their own length: several rows per step would need a
+    # per-row bound, which triton-ascend's front end lowers to an unbounded load of the full
+    # tile (checked by tests/ascend_frontend); one row per step keeps the load bounded.
+    several_rows = flat_rows(layout) and spec.variant.causal == "none"
     plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
-                              spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, flat_rows(layout),
+                              spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, several_rows,
                               planning.operand_bytes(spec))
     plan = replace(plan, fusion=Fusion.of(spec))
     # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
