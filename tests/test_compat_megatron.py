@@ -212,3 +212,21 @@ def test_bad_arguments_are_named(gen):
         mg.scaled_masked_softmax(x, torch.zeros(2, 1, 4, 4), 1.0)
     with pytest.raises(ValueError, match="scale"):
         mg.scaled_softmax(x, float("nan"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_beyond_apex_limits(dtype, gen):
+    # On the GPU (automatic backend): a masked row of 6000 keys (apex: <= 4096), a causal
+    # block of 2100 (apex's warp kernels: powers of two up to 16384 after padding, sq % 4 == 0
+    # for Megatron's gate; 2100 % 8 != 0) and Megatron's module on them.
+    x = _scores(gen, (2, 4, 8, 6000), dtype).cuda()
+    mask = (torch.rand(2, 1, 8, 6000, generator=gen) < 0.3).cuda()
+    mask[0, 0, 1] = True
+    assert_close_to(mg.scaled_masked_softmax(x, mask, 0.25), fill_softmax(x, mask, 0.25, True), dtype,
+                    x.double() * 0.25, "sk = 6000 on CUDA")
+    x3 = _scores(gen, (3, 2100, 2100), dtype).cuda()
+    assert_close_to(mg.scaled_upper_triang_masked_softmax(x3, 0.5), causal_softmax(x3, 0.5), dtype,
+                    x3.double() * 0.5, "causal 2100 on CUDA")
+    module = _megatron_module(dtype, AttnMaskType.padding, True, 0.25, backend=None)
+    assert_close_to(module(x, mask), fill_softmax(x, mask, 0.25, True), dtype, x.double() * 0.25, "module on CUDA")

@@ -79,3 +79,17 @@ def test_bad_arguments_are_named(gen):
         npu_scaled_masked_softmax(x, torch.zeros(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="scale"):
         npu_scaled_masked_softmax(x, None, float("inf"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_beyond_torch_npu_limits(dtype, gen):
+    # The same call on an NVIDIA GPU (automatic backend), last dims 4100 x 4100 and 8 x 6000.
+    x = (torch.randn(1, 2, 8, 6000, generator=gen) * 4).to(dtype).cuda()
+    mask = (torch.rand(1, 1, 8, 6000, generator=gen) < 0.3).cuda()
+    mask[0, 0, 3] = True
+    assert_close_to(npu_scaled_masked_softmax(x, mask, 0.5), fill_softmax(x, mask, 0.5, False), dtype,
+                    x.double() * 0.5, "8 x 6000 on CUDA")
+    sq = (torch.randn(1, 1, 4100, 4100, generator=gen) * 4).to(dtype).cuda()
+    assert_close_to(npu_scaled_masked_softmax(sq, None, 0.5, True), causal_softmax(sq, 0.5), dtype,
+                    sq.double() * 0.5, "fixed_triu_mask 4100 on CUDA")

@@ -143,14 +143,14 @@ def _flat(t) -> torch.Tensor:
 
 def assert_as_accurate_as_eager(ours, eager, ref, dtype: torch.dtype, what: str, factor: float = 2.0) -> None:
     """`ours` (a tensor or a dict of gradients) is no further from the float64 run `ref` than
-    eager attention's run `eager` is: ||ours - ref|| <= factor * ||eager - ref|| + 2 eps ||ref||
-    (2-norms over every entry; eps of `dtype`, the dtype both ran in). Same parameters in all
-    three dicts."""
+    eager attention's run `eager` is: ||ours - ref|| <= factor * ||eager - ref|| + eps/8 ||ref||
+    (2-norms over every entry; eps of `dtype`, the dtype both ran in; the eps/8 term only
+    matters if eager were exact). Same parameters in all three dicts."""
     if isinstance(ref, dict):
         assert sorted(ours) == sorted(ref) == sorted(eager), f"{what}: gradients of different parameters"
     o, e, r = _flat(ours), _flat(eager), _flat(ref)
     assert torch.isfinite(o).all(), f"{what}: non-finite values"
     err, err_eager, scale = (o - r).norm().item(), (e - r).norm().item(), r.norm().item()
-    bound = factor * err_eager + 2 * torch.finfo(dtype).eps * scale
+    bound = factor * err_eager + torch.finfo(dtype).eps / 8 * scale
     assert err <= bound, (f"{what}: |ours - float64| = {err:.3e} > {bound:.3e} "
                           f"(eager's {err_eager:.3e}, |float64| = {scale:.3e})")
