@@ -1,8 +1,8 @@
 """Tiny random models of the families the real-model suite covers, built from configs.
 
 Sizes are CI-sized (2 layers, hidden 64, 4 query heads over 2 key/value heads where the family
-has grouped-query attention, sequences of a dozen tokens) but every feature the attention
-function must carry is switched on: GQA, Gemma2's logit softcap and sliding window, gpt-oss's
+has grouped-query attention; a dozen tokens on the CPU, 200 on the GPU, positions up to 256)
+but every feature the attention function must carry is switched on: GQA, Gemma2's logit softcap and sliding window, gpt-oss's
 learned sinks (set non-zero here) and sliding window, Mistral's sliding window. gpt-oss routes
 every token to EVERY expert (num_experts_per_tok = num_local_experts): with top-k routing a
 last-bit difference in the attention flips an expert and moves the logits far more than the
@@ -21,7 +21,7 @@ transformers = __import__("pytest").importorskip(
     "transformers", reason="the real-model suite needs transformers (pip install 'anysoftmax[hf]')")
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=64, initializer_range=0.15,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.15,
               attention_dropout=0.0, tie_word_embeddings=False)
 
 FAMILIES = ("llama", "gpt2", "gemma2", "gpt_oss", "qwen2", "mistral")
@@ -37,7 +37,7 @@ def config(family: str, **overrides):
     if family == "llama":
         cfg = t.LlamaConfig(**COMMON)
     elif family == "gpt2":
-        cfg = t.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.15,
+        cfg = t.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=256, initializer_range=0.15,
                            attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
     elif family == "gemma2":
         cfg = t.Gemma2Config(**COMMON, query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
