@@ -18,8 +18,9 @@ reasons hold for the fused operators).
 from __future__ import annotations
 
 import torch
+from torch._C._functorch import is_functorch_wrapped_tensor
 
-from . import ops
+from . import dispatch, ops
 from .autodiff import _functorch_active, refuse_forward_over_forward
 from .core.reference import fused_backward
 from .core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
@@ -32,18 +33,27 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class Args:
-    """The non-tensor arguments of a fused call, normalised once (dim in range, the Variant
-    with its values) and kept on the autograd context."""
+    """The non-tensor arguments of a fused call, normalised once (dim in range) and kept on the
+    autograd context; `variant` (the `core.variant.Variant` with its values, which the torch
+    formulas need) is built on first use only: the kernel paths never need it."""
 
-    __slots__ = ("dim", "dtype", "scale", "softcap", "causal", "empty_rows", "log", "backend", "variant")
+    __slots__ = ("dim", "dtype", "scale", "softcap", "causal", "empty_rows", "log", "backend", "_shape", "_device",
+                 "_mask", "_sinks", "_variant")
 
     def __init__(self, shape, device, dim, dtype, scale, softcap, causal, empty_rows, log, backend, mask, sinks):
         ndim = len(shape)
         self.dim = dim % max(ndim, 1)
         self.dtype, self.scale, self.softcap, self.causal = dtype, scale, softcap, causal
         self.empty_rows, self.log, self.backend = empty_rows, log, backend
-        self.variant: Variant = build(tuple(shape), device, self.dim, scale=scale, mask=mask, causal=causal,
-                                      softcap=softcap, sinks=sinks, empty_rows=empty_rows)[0]
+        self._shape, self._device, self._mask, self._sinks, self._variant = tuple(shape), device, mask, sinks, None
+
+    @property
+    def variant(self) -> Variant:
+        if self._variant is None:
+            self._variant = build(self._shape, self._device, self.dim, scale=self.scale, mask=self._mask,
+                                  causal=self.causal, softcap=self.softcap, sinks=self._sinks,
+                                  empty_rows=self.empty_rows)[0]
+        return self._variant
 
     def op_tail(self) -> tuple:
         """(dim, scale, softcap, causal, empty_rows, log, backend) as the backward operator takes them."""
@@ -97,12 +107,41 @@ def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
     return ty.to(y.dtype)
 
 
+def _direct(*tensors) -> bool:
+    """True when a call may skip the operator and run dispatch itself: eager, and no tensor is
+    wrapped by a torch.func transform (those need the operator's vmap rule). The operator's
+    dispatcher round trip costs tens of microseconds per call, which a training step of a
+    small model pays at every layer."""
+    return not torch.compiler.is_compiling() and not any(
+        t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def forward_op(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend):
+    """`softmax_fused` (y, p_sink), through dispatch directly when `_direct`."""
+    if _direct(x, mask, sinks):
+        y, p = dispatch.forward_fused(x, dim, dtype, backend, log,
+                                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))
+        return y, (ops._no_sinks(x) if p is None else p)
+    return ops.softmax_fused_op(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend)
+
+
+def backward_op(grad, y, x, mask, sinks, p, dim, scale, softcap, causal, empty_rows, log, backend):
+    """`softmax_fused_backward` (dx, ds_rows), through dispatch directly when `_direct`."""
+    if _direct(grad, y, x, mask, sinks, p):
+        dx, ds = dispatch.backward_fused(grad, y, x, dim, log,
+                                         dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows),
+                                         p if sinks is not None else None, backend)
+        return dx, (ops._no_sinks(y) if ds is None else ds)
+    return ops.softmax_fused_backward_op(grad, y, x, mask, sinks, p, dim, scale, softcap, causal, empty_rows, log,
+                                         backend)
+
+
 def _call_backward(grad, y, x, mask, sinks, p, a: Args):
     """(dx, ds_rows) through the backward operator, differentiable again when that is needed."""
     p_arg = p if sinks is not None else ops._no_sinks(y)
     if not torch.compiler.is_compiling() and wants_autodiff(grad, y, *(t for t in (x, mask, sinks) if t is not None)):
         return _FusedBackward.apply(grad, y, x, mask, sinks, p_arg, *a.op_tail())
-    return ops.softmax_fused_backward_op(grad, y, x, mask, sinks, p_arg, *a.op_tail())
+    return backward_op(grad, y, x, mask, sinks, p_arg, *a.op_tail())
 
 
 def input_grads(grad, y, p, x, mask, sinks, a: Args, x_dtype, needs) -> tuple:
@@ -115,7 +154,7 @@ def input_grads(grad, y, p, x, mask, sinks, a: Args, x_dtype, needs) -> tuple:
             d_x = dx.to(x_dtype)
         if need_sinks:
             d_sinks = ds.sum_to_size(sinks.shape).to(sinks.dtype)
-    if need_mask and a.variant.mask_kind == MASK_ADDITIVE:
+    if need_mask and mask is not None and mask.dtype.is_floating_point:
         acc = acc_dtype(y.dtype)
         _, _, dz = fused_backward(grad, y, None, Variant(mask=a.variant.mask, mask_kind=MASK_ADDITIVE,
                                                          causal=a.variant.causal, sinks=a.variant.sinks), a.dim,
@@ -131,7 +170,7 @@ class _FusedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend):
-        return ops.softmax_fused_op(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend)
+        return forward_op(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -166,8 +205,7 @@ class _FusedBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(grad, y, x, mask, sinks, p, dim, scale, softcap, causal, empty_rows, log, backend):
-        return ops.softmax_fused_backward_op(grad, y, x, mask, sinks, p, dim, scale, softcap, causal, empty_rows,
-                                             log, backend)
+        return backward_op(grad, y, x, mask, sinks, p, dim, scale, softcap, causal, empty_rows, log, backend)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

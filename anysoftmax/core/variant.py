@@ -67,8 +67,21 @@ class OperandMeta:
     dtype: torch.dtype
 
     @classmethod
-    def of(cls, t: torch.Tensor, view: torch.Tensor) -> "OperandMeta":
-        return cls(tuple(t.shape), tuple(view.stride()), t.dtype)
+    def of(cls, t: torch.Tensor, shape: tuple[int, ...]) -> "OperandMeta":
+        """The metadata of `t` read as broadcast to `shape` (which it must broadcast to)."""
+        return cls(tuple(t.shape), broadcast_strides(tuple(t.shape), tuple(t.stride()), shape), t.dtype)
+
+
+def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], to: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a tensor of `shape`/`strides` expanded to `to` (right-aligned, as
+    `Tensor.expand`: 0 where a size-1 or missing dim is broadcast). Computed from metadata
+    alone: it also runs on tensors torch.compile is tracing."""
+    lead = len(to) - len(shape)
+    out = []
+    for d, size in enumerate(to):
+        k = d - lead
+        out.append(0 if k < 0 or (shape[k] == 1 and size != 1) else strides[k])
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -127,8 +140,9 @@ PLAIN = Variant()
 
 
 class Operands(NamedTuple):
-    """The tensors and values of one fused call, broadcast to the input's shape: `mask` and
-    `sinks` are stride-0 views (None when absent); `scale`, `softcap` the float arguments."""
+    """The tensors and values of one fused call: `mask` and `sinks` as the caller gave them
+    (None when absent; `Variant.mask` / `.sinks` say how they broadcast), `scale` and `softcap`
+    the float arguments (1.0 where absent)."""
 
     mask: torch.Tensor | None
     sinks: torch.Tensor | None
@@ -159,14 +173,13 @@ def causal_name(causal) -> str:
         raise ValueError(f"softmax: causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}") from None
 
 
-def _broadcast_view(name: str, t, shape: tuple[int, ...], device: torch.device, rule: str) -> torch.Tensor:
+def _check_broadcast(name: str, t, shape: tuple[int, ...], device: torch.device, rule: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"softmax: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != device:
         raise ValueError(f"softmax: {name} is on {t.device} but the input is on {device}; both must be on one device")
     if t.dim() > len(shape) or any(s not in (1, n) for s, n in zip(reversed(t.shape), reversed(shape))):
         raise ValueError(f"softmax: {name} of shape {list(t.shape)} does not broadcast to {list(shape)} ({rule})")
-    return t.expand(shape)
 
 
 def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=None, mask=None, causal=False,
@@ -186,9 +199,9 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
     if form != CAUSAL_NONE and (ndim < 2 or dim != ndim - 1):
         raise ValueError(f"softmax: causal={causal!r} needs the softmax over the last dim of an input with at "
                          f"least 2 dims (queries, keys); got dim={dim} of a {ndim}-dim input")
-    mask_meta, kind, mask_view = None, MASK_NONE, None
+    mask_meta, kind = None, MASK_NONE
     if mask is not None:
-        mask_view = _broadcast_view("mask", mask, x_shape, device, "mask must broadcast to the input")
+        _check_broadcast("mask", mask, x_shape, device, "mask must broadcast to the input")
         if mask.dtype == torch.bool:
             kind = MASK_BOOL
         elif mask.dtype.is_floating_point:
@@ -196,21 +209,19 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
         else:
             raise TypeError(f"softmax: mask dtype {mask.dtype} is not supported: a bool mask (True = excluded) or a "
                             f"floating mask (added to the logits)")
-        mask_meta = OperandMeta.of(mask, mask_view)
-    sink_meta, sink_view = None, None
+        mask_meta = OperandMeta.of(mask, x_shape)
+    sink_meta = None
     if sinks is not None:
         row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
-        view = _broadcast_view("sinks", sinks, row_shape, device,
-                               f"sinks broadcast against the input with size 1 in dim {dim}: one logit per row")
+        _check_broadcast("sinks", sinks, row_shape, device,
+                         f"sinks broadcast against the input with size 1 in dim {dim}: one logit per row")
         if not sinks.dtype.is_floating_point:
             raise TypeError(f"softmax: sinks dtype {sinks.dtype} is not floating")
-        sink_view = view.expand(x_shape)
-        sink_meta = OperandMeta.of(sinks, sink_view)
+        sink_meta = OperandMeta.of(sinks, x_shape)
     variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, empty_rows)
     if not variant.has_empty_rows and empty_rows != "zero":
         variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, "zero")  # no row can be empty
-    ops = Operands(mask_view, sink_view, *variant.values())
-    return variant, ops
+    return variant, Operands(mask, sinks, *variant.values())
 
 
 def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -40,6 +40,7 @@ def softmax_bwd_kernel(
     HAS_SINK: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    PRECISE: tl.constexpr = dx_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 gradients
     n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
     n_items = n_row_blocks * n_chunks
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -95,7 +96,7 @@ def softmax_bwd_kernel(
                     scale = pair(scale_hi, scale_lo, ACC_FP64)
                 cap = pair(cap_hi, cap_lo, ACC_FP64)
                 x = tl.load(x_ptr + off, mask=live, other=0.0).to(acc_ty)
-                t = tanh(x * scale / cap, ACC_FP64)
+                t = tanh(x * scale * (1.0 / cap), PRECISE, ACC_FP64)
                 dx = dx * (1.0 - t * t)
             if HAS_SCALE:
                 dx = dx * pair(scale_hi, scale_lo, ACC_FP64)

@@ -39,7 +39,7 @@ def _tile_offsets(o, k, inner, so, sn, si, WIDE: tl.constexpr):
 def _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi, SQ, C_OFF,
                    scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr, WIDE: tl.constexpr,
                    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                   ACC_FP64: tl.constexpr):
+                   ACC_FP64: tl.constexpr, PRECISE: tl.constexpr):
     """(z, keep) of a tile: reduction steps `k` x inner positions `inner` of outer index `o`,
     after the prologue. Under causal, inner position i of outer index o is the logical row
     o * n_inner + i, whose kept prefix bounds the steps read."""
@@ -50,7 +50,7 @@ def _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn
         live = (k < n_red)[:, None] & (inner < n_inner)[None, :]
     x = tl.load(x_ptr + _tile_offsets(o, k, inner, xso, xsn, 1, WIDE), mask=live, other=float("-inf")).to(acc_ty)
     return prologue(x, live, m_ptr + _tile_offsets(o, k, inner, mso, msn, msi, WIDE), scale_hi, scale_lo, cap_hi,
-                    cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
+                    cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
 
 
 @triton.jit
@@ -63,6 +63,7 @@ def softmax_cols_kernel(
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     k = tl.arange(0, BLOCK_N)
     i0 = tl.arange(0, BLOCK_I)
     n_iblk = tl.cdiv(n_inner, BLOCK_I)
@@ -72,7 +73,7 @@ def softmax_cols_kernel(
         mask = (k < n_red)[:, None] & (inner < n_inner)[None, :]
         z, keep = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi, SQ, C_OFF,
                                  scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE, HAS_CAP, MASK, CAUSAL,
-                                 ACC_FP64)
+                                 ACC_FP64, PRECISE)
         sink = 0.0
         if HAS_SINK:
             sink = tl.load(s_ptr + tl.cast(o, tl.int64) * sso + inner * ssi, mask=inner < n_inner,
@@ -96,6 +97,7 @@ def softmax_cols_split_kernel(
     """Work item = (group of BLOCK_I inner positions of one outer index, chunk of N).
     stats holds, per group, n_chunks x (max[BLOCK_I], sum[BLOCK_I][, kept count[BLOCK_I]])."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
     k0 = tl.arange(0, CHUNK)
     i0 = tl.arange(0, BLOCK_I)
@@ -110,7 +112,7 @@ def softmax_cols_split_kernel(
         mask = (k < n_red)[:, None] & (inner < n_inner)[None, :]
         z, keep = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi, SQ, C_OFF,
                                  scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE, HAS_CAP, MASK, CAUSAL,
-                                 ACC_FP64)
+                                 ACC_FP64, PRECISE)
         stats = stats_ptr + tl.cast(group, tl.int64) * (NSTAT * n_chunks * BLOCK_I)
         if PHASE != 2:
             m_raw = tl.max(z, axis=0)

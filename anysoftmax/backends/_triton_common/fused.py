@@ -28,24 +28,29 @@ import triton.language as tl
 
 
 @triton.jit
-def tanh(a, ACC_FP64: tl.constexpr):
-    """tanh accurate to a few roundings in either precision: an odd Taylor polynomial where
-    1 - exp(-2|a|) would cancel (|a| < 0.3 in float32, 0.05 in float64, where the first
-    omitted term is below the precision), the exponential form elsewhere; +-inf give +-1, NaN
-    stays NaN."""
+def tanh(a, PRECISE: tl.constexpr, ACC_FP64: tl.constexpr):
+    """tanh from one exponential: sign(a) * (1 - e) / (1 + e), e = exp(-2|a|); +-inf give +-1,
+    NaN stays NaN. Near 0, 1 - e cancels: its absolute error (~2^-22 with float32's ex2) is a
+    relative error of tanh, which 16-bit outputs never see but float32 outputs would (softcap
+    multiplies it back by the cap), so with PRECISE an odd Taylor polynomial takes |a| < 0.3
+    (float64: < 0.05), where its first omitted term is below the precision. The float32
+    quotient is the fast (2-ulp) division: the precise one costs a dozen instructions per
+    element and turned softcap from memory- into instruction-bound."""
     ax = tl.abs(a)
     if ACC_FP64:
         e = tl.exp(-2.0 * ax)
+        t = (1.0 - e) / (1.0 + e)
         small_limit = 0.05
     else:
         e = tl.exp2(ax * -2.8853900817779268)  # -2 * log2(e)
+        t = tl.fdiv(1.0 - e, 1.0 + e)
         small_limit = 0.3
-    big = (1.0 - e) / (1.0 + e)
-    a2 = a * a
-    small = ax * (1.0 + a2 * (-0.3333333333333333 + a2 * (0.13333333333333333 + a2 * (
-        -0.05396825396825397 + a2 * (0.021869488536155203 + a2 * (-0.008863235529902197
-                                                                  + a2 * 0.003592128036572481))))))
-    t = tl.where(ax < small_limit, small, big)
+    if PRECISE:
+        a2 = a * a
+        small = ax * (1.0 + a2 * (-0.3333333333333333 + a2 * (0.13333333333333333 + a2 * (
+            -0.05396825396825397 + a2 * (0.021869488536155203 + a2 * (-0.008863235529902197
+                                                                      + a2 * 0.003592128036572481))))))
+        t = tl.where(ax < small_limit, small, t)
     return tl.where(a < 0, -t, t)
 
 
@@ -63,7 +68,9 @@ def col_limit(rows, n_cols, SQ, C_OFF, CAUSAL: tl.constexpr):
     """Columns a row reads: all of them, or under causal the kept prefix min(n, q + C_OFF + 1)
     (at most n, at least 0: a row before the first kept key reads nothing)."""
     if CAUSAL:
-        q = rows % SQ
+        # int32: compared with every column index, and a 64-bit compare per element costs
+        # twice the instructions (a row is shorter than 2^31 elements).
+        q = (rows % SQ).to(tl.int32)
         return tl.maximum(tl.minimum(q + C_OFF + 1, n_cols), 0)
     else:
         return n_cols
@@ -71,17 +78,18 @@ def col_limit(rows, n_cols, SQ, C_OFF, CAUSAL: tl.constexpr):
 
 @triton.jit
 def prologue(x, live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
-             HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, ACC_FP64: tl.constexpr):
+             HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, ACC_FP64: tl.constexpr,
+             PRECISE: tl.constexpr):
     """(z, keep) from loaded values `x` (-inf where not `live`: outside the row or past the
     causal prefix): scale, softcap, the mask; excluded positions become -inf. `keep` counts
-    the row's kept columns for the empty-row epilogue."""
+    the row's kept columns for the empty-row epilogue. PRECISE: float32/64 outputs (`tanh`)."""
     z = x
     keep = live
     if HAS_SCALE:
         z = z * pair(scale_hi, scale_lo, ACC_FP64)
     if HAS_CAP:
         cap = pair(cap_hi, cap_lo, ACC_FP64)
-        z = cap * tanh(z / cap, ACC_FP64)
+        z = cap * tanh(z * (1.0 / cap), PRECISE, ACC_FP64)
     if MASK == 1:
         excluded = tl.load(m_ptrs, mask=live, other=1)
         keep = live & (excluded == 0)

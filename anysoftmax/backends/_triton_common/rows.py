@@ -65,6 +65,7 @@ def softmax_tile_kernel(
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     cols = tl.arange(0, BLOCK_N)
     if WIDE_COLS:
         cols = cols.to(tl.int64)
@@ -92,7 +93,7 @@ def softmax_tile_kernel(
             live = mask
         x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * xsn, mask=live, other=float("-inf")).to(acc_ty)
         z, keep = prologue(x, live, m_ptr + m_off[:, None] + cols[None, :] * msn, scale_hi, scale_lo, cap_hi, cap_lo,
-                           HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
+                           HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
         sink = 0.0
         if HAS_SINK:
             sink = tl.load(s_ptr + s_off, mask=row_ok, other=0.0).to(acc_ty)
@@ -114,6 +115,7 @@ def softmax_online_kernel(
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     cols0 = tl.arange(0, BLOCK_N)
     if WIDE_COLS:
         cols0 = cols0.to(tl.int64)
@@ -132,7 +134,7 @@ def softmax_online_kernel(
             live = cols < lim
             x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
             z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
-                               HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
+                               HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
             m_new = tl.maximum(m, z)
             m_sub = finite_or_zero(m_new)
             s = s * exp_acc(m - m_sub, ACC_FP64) + exp_acc(z - m_sub, ACC_FP64)
@@ -164,7 +166,7 @@ def softmax_online_kernel(
             live = cols < lim
             x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
             z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
-                               HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
+                               HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
             if LOG:
                 y = (z - m_sub) - log_total
             else:
@@ -238,6 +240,7 @@ def softmax_split_kernel(
     overlaps the wait and the stores of the current one (at twice the registers).
     """
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
     offs = tl.arange(0, CHUNK)
@@ -249,13 +252,13 @@ def softmax_split_kernel(
         row, chunk, cols = _chunk_at(tl.program_id(0), n_chunks, offs, CHUNK)
         z, keep = _chunk_logits(x_ptr, m_ptr, tl.program_id(0), n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2,
                                 xsn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64)
+                                HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
     for item in tl.range(tl.program_id(0), n_items, nprog):
         if not PREFETCH:
             row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
             z, keep = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
                                     ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                    HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64)
+                                    HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
         stats_row = stats_ptr + row * (NSTAT * n_chunks)
         if PHASE != 2:
             m_raw = tl.max(z, axis=0)
@@ -271,7 +274,7 @@ def softmax_split_kernel(
             row_next, chunk_next, cols_next = _chunk_at(item + nprog, n_chunks, offs, CHUNK)
             z_next, keep_next = _chunk_logits(x_ptr, m_ptr, item + nprog, n_items, n_cols, row_next, cols_next, S1, S2,
                                               xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo,
-                                              cap_hi, cap_lo, acc_ty, HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64)
+                                              cap_hi, cap_lo, acc_ty, HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
         if PHASE == 0:
             _row_wait(count_ptr, row, arrived, n_chunks)
         if PHASE != 1:
@@ -321,7 +324,7 @@ def _chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
 def _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn,
                   SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr,
                   HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                  ACC_FP64: tl.constexpr):
+                  ACC_FP64: tl.constexpr, PRECISE: tl.constexpr):
     """(z, keep) of work item `item`'s chunk after the prologue (all -inf past the last item)."""
     item64 = tl.cast(item, tl.int64)
     lim = tl.where(item64 < n_items, col_limit(row, n_cols, SQ, C_OFF, CAUSAL), 0)
@@ -329,4 +332,4 @@ def _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, x
     x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live,
                 other=float("-inf")).to(acc_ty)
     return prologue(x, live, m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn, scale_hi, scale_lo,
-                    cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64)
+                    cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
