@@ -105,6 +105,7 @@ def check_variant(x: torch.Tensor, dim: int, kwargs: dict, *, backend: str, log:
         wants.append(kw["mask"])
     y = fn(xg, dim, dtype=dtype, backend=backend, **kw)
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(int(x.numel()) + 7), dtype=torch.float64)
+    g = g.to(y.device)
     grads = torch.autograd.grad(y, wants, g.to(y.dtype))
     ds = grads[1] if sinks is not None else None
     result = compare_fused_backward(grads[0], y.detach(), g.to(y.dtype), x, spec, mask, sinks, ds)
@@ -123,4 +124,5 @@ def check_variant(x: torch.Tensor, dim: int, kwargs: dict, *, backend: str, log:
         tol = spec.tolerance
         bound = (tol.atol + tol.rtol * scale).sum_to_size(mask.shape) + torch.finfo(mask.dtype).eps * want.abs()
         err = (grads[-1].to(torch.float64) - want).abs()
+        bound = bound.to(err.device)
         assert bool((err <= bound).all()), f"{backend} mask gradient off by {float((err / bound).max()):.3g}x its bound"
