@@ -1,4 +1,4 @@
-"""The `anysoftmax` command line: `matrix`, `backends`, `bench`, `merge`, `--version`.
+"""The `anysoftmax` command line: `matrix`, `backends`, `bench`, `select`, `merge`, `--version`.
 
 Triton and the CPU: whether Triton kernels run compiled or through the CPU interpreter is
 decided once per process, before the kernels are defined. `matrix` asks the backends
@@ -157,6 +157,43 @@ def cmd_matrix(args) -> int:
     return EXIT_FAILED if bad else EXIT_OK
 
 
+def parse_request(text: str, device: str):
+    """'1024x131072[:bf16[:DIM]]' -> the SoftmaxSpec of such a request on `device` (no tensor
+    is allocated); UsageError naming the part that is wrong."""
+    from dataclasses import replace
+
+    import torch
+
+    from .core.spec import SoftmaxSpec, parse_dtype
+
+    shape_text, _, rest = text.partition(":")
+    dtype_text, _, dim_text = rest.partition(":")
+    try:
+        shape = tuple(int(v) for v in shape_text.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"--explain {text!r}: shape must look like 1024x131072") from None
+    try:
+        dtype = parse_dtype(dtype_text or "float32")
+        dim = int(dim_text) if dim_text else -1
+        spec = SoftmaxSpec.from_tensor(torch.empty(shape, dtype=dtype, device="meta"), dim)
+    except (ValueError, TypeError, IndexError) as exc:
+        raise UsageError(f"--explain {text!r}: {exc}") from None
+    return replace(spec, device=torch.device(device))
+
+
+def explain_lines(args) -> list[str]:
+    """`backends --explain`: the automatic choice for each request, and why."""
+    from .core.registry import explain
+
+    lines = []
+    for text in args.explain:
+        spec = parse_request(text, args.device)
+        for direction in ("fwd", "bwd") if args.direction == "both" else (args.direction,):
+            name, why = explain(spec, direction, args.gpu_name)
+            lines.append(f"{text} {direction} on {args.gpu_name or args.device}: {name or 'none'} <- {why}")
+    return lines
+
+
 def cmd_backends(args) -> int:
     from dataclasses import asdict
 
@@ -166,6 +203,10 @@ def cmd_backends(args) -> int:
     from .core import list_backends
     from .matrix.devices import locate
 
+    if args.explain:
+        for line in explain_lines(args):
+            print(line)
+        return EXIT_OK
     rows = list_backends()
     devices = {kind: locate(kind) for kind in ("cuda", "npu")}
     if args.json:
@@ -190,6 +231,52 @@ def cmd_bench(argv: list[str]) -> int:
     from .bench import softmax as bench
 
     return int(bench.main(argv) or 0)
+
+
+def _candidates(device: str) -> list[str]:
+    """`anysoftmax:<backend>` for every backend available here that serves `device`."""
+    from .bench.harness import OURS, anysoftmax_names
+
+    return [n for n in anysoftmax_names(device) if n != OURS]
+
+
+def cmd_select(args) -> int:
+    """Write the selection table of the device the results (or a fresh run) measured."""
+    from .bench import selection_table
+    from .config import read_yaml_mapping
+
+    paths = [Path(p) for p in args.results]
+    if args.run:
+        from .bench import softmax as bench
+
+        out = Path(args.bench_out)
+        providers = ",".join(_candidates("cuda:0"))
+        extra = ["--quick"] if args.quick else []
+        for direction in ([], ["--bwd"]):
+            code = bench.main([*direction, *extra, "--providers", providers, "--out", str(out)])
+            if code:
+                return code
+        paths += sorted(out.glob("*/softmax_fwd.json")) + sorted(out.glob("*/softmax_bwd.json"))
+    if not paths:
+        raise UsageError("give benchmark result files (softmax_fwd.json, softmax_bwd.json) or --run")
+    docs = [read_yaml_mapping(check_readable(p, "results")) for p in paths]  # JSON is YAML
+    try:
+        table = selection_table.build_table(docs, args.margin, [str(p) for p in paths])
+    except (ValueError, KeyError) as exc:
+        print(f"anysoftmax select: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{table['key']}.yaml"
+    target.write_text(selection_table.dump(table))
+    for name, why in table["excluded"].items():
+        print(f"excluded {name}: {why}")
+    for r in table["rules"]:
+        best = {b: v for m in r["measured"].values() for b, v in m.items()}
+        print(f"{r['direction']} {r['dtype']:9s} {r['dim']:8s} n {r['n'][0]}..{r['n'][1] or 'inf'} "
+              f"rows {r['rows'][0]}..{r['rows'][1] or 'inf'} -> {r['backend']}  {best}")
+    print(f"wrote {target} ({len(table['rules'])} rules)")
+    return EXIT_OK
 
 
 def cmd_merge(args) -> int:
@@ -240,7 +327,30 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_matrix)
     b = sub.add_parser("backends", help="list backends with their availability and reasons")
     b.add_argument("--json", action="store_true", help="print list_backends() and the devices as JSON")
+    b.add_argument("--explain", action="append", metavar="SHAPE[:DTYPE[:DIM]]",
+                   help="which backend the automatic choice takes for this request, and why (selection table "
+                        "rule or priority); e.g. 1024x131072:bf16 or 8192x8192:fp32:0 (repeatable)")
+    b.add_argument("--direction", choices=("fwd", "bwd", "both"), default="fwd", help="--explain: forward, backward")
+    b.add_argument("--device", default="cuda", help="--explain: the request's device type (default cuda)")
+    b.add_argument("--gpu-name", help="--explain: read the selection table of this GPU (e.g. 'NVIDIA H100 80GB "
+                                      "HBM3') instead of the one of the device here")
     b.set_defaults(func=cmd_backends)
+    c = sub.add_parser("select", help="write the per-device selection table from benchmark results",
+                       description="Build configs/selection/<device>.yaml: per shape class the backend the automatic "
+                                   "choice takes, from `anysoftmax bench` results (anysoftmax:<backend> rows) of one "
+                                   "device; only backends that passed conformance in that run are chosen.")
+    c.add_argument("results", nargs="*", help="softmax_fwd.json / softmax_bwd.json of one device")
+    c.add_argument("--run", action="store_true",
+                   help="first run the benchmark (forward and backward) over every backend available here")
+    c.add_argument("--quick", action="store_true", help="--run: a few shapes only")
+    c.add_argument("--bench-out", default="benchmarks/results", help="--run: results folder (default "
+                                                                      "benchmarks/results)")
+    c.add_argument("--out", default="anysoftmax/configs/selection",
+                   help="folder for <device>.yaml (default: the package's configs/selection of this checkout)")
+    c.add_argument("--margin", type=float, default=0.02,
+                   help="a backend beats the priority order's choice only when faster by more than this fraction "
+                        "of its time (default 0.02: run-to-run noise)")
+    c.set_defaults(func=cmd_select)
     sub.add_parser("bench", help="the benchmark suite (anysoftmax.bench); `anysoftmax bench --help` for its options",
                    add_help=False)
     g = sub.add_parser("merge", help="merge report.json files (e.g. one CI job per device entry)")

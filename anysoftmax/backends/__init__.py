@@ -6,6 +6,7 @@ that through `is_available()` instead.
 """
 
 from ..core.registry import register
+from .cute import CuteBackend
 from .torch_eager import TorchBackend
 from .triton import TritonBackend
 from .triton_ascend import TritonAscendBackend
@@ -15,3 +16,4 @@ register(TorchBackend())
 register(TritonBackend())
 register(TritonAscendBackend())
 register(WaveBackend())
+register(CuteBackend())

@@ -5,9 +5,11 @@ Selection order (Liger-Kernel's rule: an explicit choice never falls back silent
 1. ``backend="name"`` in the call: unknown, unavailable or unsupporting backends raise an error
    naming the backend and the reason.
 2. The environment variable ``ANYSOFTMAX_BACKEND``: treated exactly like an explicit choice.
-3. Automatic: the backends that serve the tensor's device type, by priority (CUDA/ROCm ->
-   ``triton``, Ascend ``npu`` -> ``triton_ascend``, anything -> ``torch``); one that is
-   unavailable or does not support the request is passed over with a debug log line.
+3. Automatic: the rule of the device's measured selection table (`core.selection`) that covers
+   the request, if its backend can run it; else the backends that serve the tensor's device
+   type, by priority (CUDA/ROCm -> ``triton``, Ascend ``npu`` -> ``triton_ascend``, anything ->
+   ``torch``); one that is unavailable or does not support the request is passed over with a
+   debug log line. `explain(spec)` says which one and why.
 """
 
 from __future__ import annotations
@@ -178,8 +180,10 @@ def _serves(backend: Backend, device_type: str) -> bool:
     return "*" in backend.devices or device_type in backend.devices
 
 
-def select(spec: SoftmaxSpec, backend: str | None = None) -> Backend:
-    """Pick the backend for `spec`: explicit name, then $ANYSOFTMAX_BACKEND, then automatic."""
+def select(spec: SoftmaxSpec, backend: str | None = None, direction: str = "fwd") -> Backend:
+    """Pick the backend for `spec`: explicit name, then $ANYSOFTMAX_BACKEND, then automatic
+    (the device's selection table, then priority). `direction` ("fwd" or "bwd") picks the
+    table's rows for a forward or a backward request."""
     if backend is not None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
@@ -194,6 +198,9 @@ def select(spec: SoftmaxSpec, backend: str | None = None) -> Backend:
     device_type = spec.device.type
     candidates = [b for b in registered().values() if _serves(b, device_type)]
     candidates.sort(key=lambda b: -b.priority)
+    measured = _from_table(spec, candidates, direction)[0]
+    if measured is not None:
+        return measured
     reasons = []
     for b in candidates:
         reason = _availability(b) or refusal(b, spec)
@@ -203,6 +210,54 @@ def select(spec: SoftmaxSpec, backend: str | None = None) -> Backend:
         reasons.append(f"{b.name}: {reason}")
     raise UnsupportedRequestError(
         f"no backend can run {spec.describe()}: " + ("; ".join(reasons) or f"none serves device type {device_type!r}"))
+
+
+def _from_table(spec: SoftmaxSpec, candidates: list, direction: str,
+                device_name: str | None = None) -> tuple[Backend | None, str]:
+    """The backend the device's selection table (or that of the device named `device_name`)
+    names for `spec` if it can run it here, and why (or why not); (None, reason) sends the
+    choice on to the priority order."""
+    from .selection import lookup
+
+    try:
+        rule, table = lookup(spec, direction, device_name)
+    except Exception as exc:  # a broken table must not take softmax down: priority decides
+        log.warning("anysoftmax: selection table unusable for %s: %s", spec.device, exc)
+        return None, f"selection table unusable: {exc}"
+    if table is None:
+        from .selection import device_name as name_of
+
+        name = device_name or name_of(spec.device)
+        return None, (f"no selection table for {name!r}" if name else
+                      f"no selection table ({spec.device} is not visible here; --gpu-name names a table)")
+    if rule is None:
+        return None, f"{table.path}: no rule for this request"
+    where = f"{table.path} rule {rule.index} ({rule.describe()})"
+    chosen = next((b for b in candidates if b.name == rule.backend), None)
+    reason = (f"backend {rule.backend!r} is not registered for device type {spec.device.type!r}" if chosen is None
+              else _availability(chosen) or chosen.supports(spec))
+    if reason is not None:
+        log.debug("anysoftmax: %s names %r for %s, passed over: %s", where, rule.backend, spec.describe(), reason)
+        return None, f"{where} names {rule.backend!r}, passed over: {reason}"
+    return chosen, f"{where}; measured {rule.measured}" if rule.measured else where
+
+
+def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None = None) -> tuple[str, str]:
+    """(backend, why) of the automatic choice for `spec`: the table rule that picked it, or
+    the priority order and what it passed over. `select` decides the same way. `device_name`
+    reads that device's table instead of the one of `spec.device` (explaining another GPU)."""
+    candidates = sorted((b for b in registered().values() if _serves(b, spec.device.type)), key=lambda b: -b.priority)
+    chosen, why = _from_table(spec, candidates, direction, device_name)
+    if chosen is not None:
+        return chosen.name, f"selection table: {why}"
+    passed = []
+    for b in candidates:
+        reason = _availability(b) or b.supports(spec)
+        if reason is None:
+            return b.name, f"priority {b.priority}, the first of {[c.name for c in candidates]} that runs it " \
+                           f"({why}{'; passed over: ' + '; '.join(passed) if passed else ''})"
+        passed.append(f"{b.name}: {reason}")
+    return "", f"no backend can run {spec.describe()} ({why}; {'; '.join(passed)})"
 
 
 _loader_lock = threading.RLock()

@@ -1,0 +1,122 @@
+"""The `cute` backend: CuTe DSL kernels that split a long row over a thread-block cluster.
+
+It serves NVIDIA GPUs of compute capability 9.0+ (Hopper: clusters and distributed shared
+memory) with `nvidia-cutlass-dsl` installed; float32, float16 and bfloat16; softmax and
+log_softmax, forward and backward; reductions over a dim whose elements are contiguous (the last
+dim), rows equally spaced (any row stride, 0 included). Everything else is refused with the
+reason, and the automatic choice passes it on to the `triton` backend.
+
+Its priority is below `triton`'s: it is chosen automatically only where the device's
+selection table (`anysoftmax/configs/selection/<GPU>.yaml`) measured it faster.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...core.cache import OnceCache
+from ...core.layout import RowLayout, contiguous_strides
+from ...core.spec import SoftmaxSpec, dtype_name
+from . import compiler, env, launch
+from .plan import DTYPE_BYTES, KernelKey, make_plan, plan_cache_key
+
+# (direction, dtypes, log, row length, alignment, arch, convention, overrides) -> KernelKey.
+_plans: OnceCache[KernelKey] = OnceCache(maxsize=4096)
+
+
+def _pow2_alignment(value: int) -> int:
+    """The largest power of two dividing `value` (64 for 0: any vector width divides it)."""
+    return 64 if value == 0 else min(value & -value, 64)
+
+
+def rows_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> tuple[int, int, int] | str:
+    """(rows, row length, input row stride) of a request whose reduced elements are contiguous
+    and whose rows are equally spaced; else the reason why the kernels cannot read it."""
+    out_strides = contiguous_strides(spec.shape)
+    layout = RowLayout.from_strides(spec.shape, in_strides, out_strides, spec.dim)
+    if layout is None:
+        return "rows spread over more than 3 irregular dimensions"
+    if layout.n_cols > 1 and (layout.in_col_stride != 1 or layout.out_col_stride != 1):
+        return (f"the reduced dim {spec.dim} of {list(spec.shape)} is not contiguous (input stride "
+                f"{layout.in_col_stride}); the cute kernels read rows of adjacent elements: use backend 'triton' "
+                f"for other dims")
+    dims = [(s, i, o) for s, i, o in zip(layout.row_sizes, layout.in_row_strides, layout.out_row_strides) if s != 1]
+    if len(dims) > 1:
+        return f"rows are not equally spaced (row dims {[d[0] for d in dims]} with input strides {[d[1] for d in dims]})"
+    row_stride = dims[0][1] if dims else layout.n_cols
+    return layout.n_rows, layout.n_cols, row_stride
+
+
+class CuteBackend:
+    name = "cute"
+    devices = ("cuda",)
+    priority = 90  # below triton (100): chosen automatically where the selection table says so
+
+    @staticmethod
+    def status_note() -> str:
+        """How calls reach the kernels (TVM-FFI, or the slower DLPack fallback)."""
+        if env.tvm_ffi_available():
+            return "kernels called through TVM-FFI"
+        return "apache-tvm-ffi not installed: kernels called through DLPack wrappers (slower per call)"
+
+    def is_available(self) -> str | None:
+        # Cheap checks first: no import of the DSL on a machine that could not run it anyway.
+        return env.dsl_missing(check_import=False) or env.device_missing() or env.dsl_missing()
+
+    def supports(self, spec: SoftmaxSpec) -> str | None:
+        if not getattr(spec, "is_plain", True):
+            return "cute serves the plain softmax only"
+        if spec.device.type != "cuda":
+            return f"device type {spec.device.type!r} is not supported (NVIDIA sm_90+ GPUs)"
+        for dtype in (spec.in_dtype, spec.out_dtype):
+            if dtype_name(dtype) not in DTYPE_BYTES:
+                return (f"{dtype_name(dtype)} is not supported by the cute kernels (float32, float16, bfloat16); "
+                        f"backend 'triton' handles it")
+        if spec.numel == 0:
+            return None  # nothing to launch: the API returns the empty result itself
+        rows = rows_of(spec, spec.strides)
+        if isinstance(rows, str):
+            return rows
+        return env.capable(spec.device)
+
+    # ---- planning
+
+    def plan(self, backward: bool, spec: SoftmaxSpec, n_cols: int, align_elems: int) -> KernelKey:
+        """The compiled kernel's key for this request (memoised per shape class)."""
+        tvm_ffi = env.tvm_ffi_available()
+        arch = env.compile_arch()
+        in_dtype, out_dtype = dtype_name(spec.in_dtype), dtype_name(spec.out_dtype)
+        key = (backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch, tvm_ffi, plan_cache_key())
+        return _plans.get(key, lambda: make_plan(backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch,
+                                                 tvm_ffi))
+
+    def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
+        """`f(x) -> y` bound to this request (dispatch memoises it per request, 16-byte
+        alignment included)."""
+        rows = rows_of(spec, tuple(x.stride()))
+        if isinstance(rows, str):
+            raise ValueError(f"cute: {rows}")
+        n_rows, n_cols, row_stride = rows
+        esize = x.element_size()
+        align = math.gcd(_pow2_alignment(x.data_ptr() // esize), _pow2_alignment(row_stride))
+        key = self.plan(False, spec, n_cols, align)
+        call = launch.bind(compiler.kernel(key), key)
+        return launch.forward(call, spec, n_rows, n_cols, row_stride)
+
+    def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
+        """`f(y, grad) -> dx` bound to this request; y, grad and dx are read as contiguous rows."""
+        rows = rows_of(spec, contiguous_strides(spec.shape))
+        n_rows, n_cols, _ = rows
+        key = self.plan(True, spec, n_cols, 64)  # contiguous operands, checked per call
+        call = launch.bind(compiler.kernel(key), key)
+        return launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size())
+
+    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+        """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`)."""
+        return self.launcher(x, spec)(x)
+
+    def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
+        """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
+        return self.backward_launcher(y, spec)(y, grad)

@@ -1,0 +1,69 @@
+"""Compiling a `KernelKey` with `cute.compile`: on a GPU machine for its GPU, on any other
+machine for $CUTE_DSL_ARCH (sm_90a by default), which is how CI checks every kernel kind.
+
+Rows, row length and row strides are symbolic (run-time) arguments: one compiled kernel serves
+every tensor of its shape class. What the compiler may assume about them is stated in the fake
+tensors: the row length and the row strides are multiples of `vec`, the pointers aligned to a
+vector (so every vector load is one 16-byte instruction). TVM-FFI checks these assumptions at
+each call and raises on a tensor that breaks them; the planner never hands it one.
+"""
+
+from __future__ import annotations
+
+from ...core.cache import OnceCache
+from .env import import_dsl
+from .plan import DTYPE_BYTES, KernelKey
+
+_compiled: OnceCache = OnceCache(maxsize=256)
+_CUTLASS_DTYPES = {"float32": "Float32", "float16": "Float16", "bfloat16": "BFloat16"}
+
+
+def _fake_rows(dtype: str, vec: int):
+    """A (rows, n) tensor description with symbolic rows, length and row stride."""
+    cute = import_dsl()
+    import cutlass
+
+    rows = cute.sym_int()
+    n = cute.sym_int(divisibility=vec)
+    stride = cute.sym_int64(divisibility=vec)
+    return cute.runtime.make_fake_tensor(getattr(cutlass, _CUTLASS_DTYPES[dtype]), (rows, n), stride=(stride, 1),
+                                         assumed_align=vec * DTYPE_BYTES[dtype])
+
+
+def compile_kernel(key: KernelKey, keep: bool = False):
+    """The compiled entry point of `key` (not cached; see `kernel`). With `keep` its PTX and
+    cubin stay available on the result (`__ptx__`, `__cubin__`) for inspection."""
+    cute = import_dsl()
+    from .kernels import entries
+
+    kernels = entries()
+
+    options = []
+    if key.tvm_ffi:
+        options.append("--enable-tvm-ffi")
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    else:
+        stream = cute.runtime.make_fake_stream()
+    if keep:  # the DSL writes them as files too, into $CUTE_DSL_DUMP_DIR (see env.import_dsl)
+        options += ["--keep-ptx", "--keep-cubin"]
+    if key.arch:
+        options.append(f"--gpu-arch={key.arch}")
+    consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass)
+    if key.backward:
+        args = (_fake_rows(key.in_dtype, key.vec), _fake_rows(key.in_dtype, key.vec),
+                _fake_rows(key.out_dtype, key.vec), stream)
+        entry = kernels.backward_entry
+    else:
+        args = (_fake_rows(key.in_dtype, key.vec), _fake_rows(key.out_dtype, key.vec), stream)
+        entry = kernels.forward_entry
+    return cute.compile(entry, *args, *consts, options=" ".join(options))
+
+
+def kernel(key: KernelKey):
+    """The compiled entry point of `key`, compiled once per process."""
+    return _compiled.get(key, lambda: compile_kernel(key))
+
+
+def compiled_count() -> int:
+    """How many kernels this process compiled (tests check that shape classes share one)."""
+    return _compiled.builds

@@ -1,0 +1,159 @@
+"""The CuTe DSL toolchain and the GPU on this machine: what is installed, what the GPU is, and
+how to import the DSL so that it compiles for that GPU (or for sm_90a where there is none).
+
+Compiling needs `nvidia-cutlass-dsl` only (no GPU: CI compiles every kernel on CPU machines);
+running needs an NVIDIA GPU of compute capability 9.0 or newer (thread-block clusters and
+distributed shared memory). `apache-tvm-ffi` gives the fast per-call path (`launch`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ...core.errors import BackendUnavailableError
+
+INSTALL_HINT = "pip install 'anysoftmax[cute]'"
+ARCH_ENV = "CUTE_DSL_ARCH"
+DUMP_ENV = "CUTE_DSL_DUMP_DIR"
+# The architecture compiled for when no GPU is visible (CI): Hopper's, with its `a` features.
+DEFAULT_ARCH = "sm_90a"
+MIN_CAPABILITY = (9, 0)
+
+
+def _importable(module: str) -> bool:
+    """True when `module` can be found without importing it (a half-installed parent is missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def dsl_missing(check_import: bool = True) -> str | None:
+    """None when the CuTe DSL is installed (and, with `check_import`, imports), else what is
+    missing and how to install it. Without `check_import` nothing is imported (cheap)."""
+    if not _importable("cutlass"):
+        return f"nvidia-cutlass-dsl is not installed ({INSTALL_HINT})"
+    if not check_import:
+        return None
+    problem = _import_problem()
+    if problem is not None:
+        return f"nvidia-cutlass-dsl does not import: {problem} ({INSTALL_HINT})"
+    return None
+
+
+def tvm_ffi_available() -> bool:
+    """True when the TVM-FFI calling convention can be used (apache-tvm-ffi importable)."""
+    return _importable("tvm_ffi")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What planning needs to know of one GPU."""
+
+    name: str
+    capability: tuple[int, int]
+    multiprocessor_count: int
+
+    @property
+    def arch(self) -> str:
+        """The DSL's target name: sm_90a for Hopper (its `a` features: clusters, setmaxnreg)."""
+        major, minor = self.capability
+        return f"sm_{major}{minor}a"
+
+
+@lru_cache(maxsize=None)
+def gpu(index: int) -> Gpu:
+    """GPU `index`'s properties (queried once per process)."""
+    import torch
+
+    p = torch.cuda.get_device_properties(index)
+    return Gpu(p.name, (p.major, p.minor), p.multi_processor_count)
+
+
+def device_missing() -> str | None:
+    """None when an sm_90+ NVIDIA GPU is visible, else why not."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs an NVIDIA GPU of compute capability 9.0 or newer (sm_90+); none is visible " \
+               "(torch.cuda.is_available() is False)"
+    if torch.version.hip is not None:
+        return "needs an NVIDIA GPU (sm_90+); this is a ROCm build of torch"
+    found = [gpu(i) for i in range(torch.cuda.device_count())]
+    if not any(g.capability >= MIN_CAPABILITY for g in found):
+        names = ", ".join(f"{g.name} (sm_{g.capability[0]}{g.capability[1]})" for g in found)
+        return f"needs an sm_90+ GPU (thread-block clusters); this machine has {names}"
+    return None
+
+
+def capable(device) -> str | None:
+    """None when CUDA device `device` (a torch.device) can run the kernels, else why not."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return device_missing()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    g = gpu(index)
+    if g.capability < MIN_CAPABILITY:
+        return f"GPU {index} ({g.name}) is sm_{g.capability[0]}{g.capability[1]}; the cute kernels need sm_90+"
+    return None
+
+
+_import_lock = threading.Lock()
+_imported: dict = {}
+
+
+def _import_problem() -> str | None:
+    try:
+        import_dsl()
+    except Exception as exc:  # a broken install: reported as the reason, never raised from a probe
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def import_dsl(arch: str | None = None):
+    """Import `cutlass.cute` (once) and return it. Without a GPU the DSL cannot detect the
+    architecture, so $CUTE_DSL_ARCH is set to `arch` (default sm_90a) before the import unless
+    the user set it: compiling then works on any machine. $CUTE_DSL_DUMP_DIR likewise defaults
+    to a scratch folder."""
+    with _import_lock:
+        if "cute" in _imported:
+            return _imported["cute"]
+        if ARCH_ENV not in os.environ:
+            os.environ[ARCH_ENV] = arch or _detected_arch()
+        # Kept PTX/cubin files (compile_kernel(keep=True), the CI compile test) go to a scratch
+        # folder rather than the working directory, the DSL's default; the user's choice wins.
+        if DUMP_ENV not in os.environ:  # (the DSL needs the folder to exist)
+            os.environ[DUMP_ENV] = os.path.join(tempfile.gettempdir(), f"anysoftmax-cute-{os.getpid()}")
+            os.makedirs(os.environ[DUMP_ENV], exist_ok=True)
+        import cutlass.cute as cute
+
+        _imported["cute"] = cute
+        return cute
+
+
+def _detected_arch() -> str:
+    import torch
+
+    if torch.cuda.is_available() and torch.version.hip is None:
+        g = gpu(torch.cuda.current_device())
+        if g.capability >= MIN_CAPABILITY:
+            return g.arch
+    return DEFAULT_ARCH
+
+
+def compile_arch() -> str:
+    """The architecture kernels are compiled for in this process ($CUTE_DSL_ARCH once imported)."""
+    import_dsl()
+    return os.environ.get(ARCH_ENV, DEFAULT_ARCH)
+
+
+def require(reason: str | None) -> None:
+    """Raise `BackendUnavailableError(reason)` when `reason` is not None."""
+    if reason is not None:
+        raise BackendUnavailableError(reason)

@@ -1,0 +1,420 @@
+"""The CuTe DSL kernels: softmax / log_softmax forward and backward over a thread-block cluster.
+
+The kernels are defined when first needed (`entries()`, which imports `cutlass`), so the module
+imports without the DSL. One kernel body serves every plan; the plan's numbers
+(`plan.KernelKey`) are compile-time constants.
+
+A row belongs to one cluster of `cluster` CTAs of `threads` threads. Thread `t` of CTA `r`
+holds `vectors` vectors of `vec` elements (16 bytes when the row allows it) in registers:
+vector `k` of tile `i` is vector number
+
+    i * (cluster * threads * vectors) + r * (threads * vectors) + k * threads + t
+
+of the row, so that the 32 threads of a warp touch 32 consecutive vectors (512 coalesced bytes
+per fp32 load instruction). A row that fits in one tile (`two_pass` False) is read once, reduced,
+and written from the registers: one read and one write. A longer row is streamed tile by tile
+(`two_pass`): the first pass only reduces (an online max and sum); the second reads the tiles
+again, newest first, so that they come from L2, and writes the result; the last tile stays in
+the registers between the passes. (Bulk L2 prefetches of the coming tiles were tried on an
+H100 and made these kernels hang or fault: "illegal instruction"; they are not used.)
+
+What a thread keeps from its loads to its stores: softmax keeps exp(x - m) against its own
+maximum m (one exp an element; the output is that times exp(m - M) / S), as float16 for a 16-bit
+output; log_softmax keeps x; backward y and dy. Two-pass tiles are exponentiated again against
+the row's maximum (the last tile too: it is the one path measured correct in two passes). 16-bit values stay packed two to a register
+(`_opaque` stops the compilers from keeping float32 copies across the reduction instead).
+
+The reduction of a row (forward: the pair (max m, sum of exp(x - m)); backward: one sum) runs
+thread -> warp (butterfly shuffles) -> cluster: lane l < cluster of every warp stores its warp's
+partial result into slot [rank * warps + warp] of CTA l's shared memory (`mapa` +
+`st.shared::cluster`), the cluster barrier (arrive has release, wait acquire semantics) makes
+every slot visible everywhere, and then every warp reduces all `cluster * warps` slots itself,
+so every thread ends with the row's result and no second barrier is needed. A CTA only writes
+into a peer's shared memory after the peer has started: a relaxed cluster arrive at the top of
+the kernel and its wait just before the remote stores (overlapped with the loads) ensure that.
+
+Numerics (see `core.spec`): exp2((x - m) * log2(e)) with x - m formed first (it is exact near
+the maximum, where the outputs are large); accumulation in float32. Special values follow from
+the formula: a thread whose values are all -inf contributes (m=-inf, s=0) and exponentiates
+against 0 instead of -inf (else -inf - -inf = NaN would poison a finite row); partial results
+combine as s1 * scale(m1) + s2 * scale(m2) with scale(m) = 1 when m is the larger maximum (so
+-inf/-inf and inf/inf pairs never form NaN by themselves), else exp2((m - M) * log2(e)); a NaN
+input makes its sum NaN and with it the whole row; a row of -inf ends with M = -inf and
+(x - M) = NaN everywhere, as torch gives it.
+"""
+
+import math
+import threading
+from types import SimpleNamespace
+
+LOG2_E = math.log2(math.e)
+WARP = 32
+# Shuffle distances of a full-warp butterfly reduction.
+BUTTERFLY = (16, 8, 4, 2, 1)
+_lock = threading.Lock()
+_built: list = []
+
+
+def entries() -> SimpleNamespace:
+    """The host entry points `forward_entry` and `backward_entry` (for `cute.compile`),
+    defined on first use: this module imports without the DSL (its kernels need it to compile)."""
+    with _lock:
+        if not _built:
+            _built.append(_define())
+        return _built[0]
+
+
+def _define() -> SimpleNamespace:
+    # The DSL, imported for the architecture chosen by `env` (sm_90a without a GPU).
+    from .env import import_dsl
+
+    cute = import_dsl()
+    import cutlass
+    from cutlass import Float32, Int32, const_expr
+
+    # ---------------------------------------------------------------- combining partial results
+
+    @cute.jit
+    def _scale(m: Float32, big: Float32) -> Float32:
+        """exp(m - big), 1 when m is the maximum itself (also for infinite maxima)."""
+        r = cute.math.exp2((m - big) * LOG2_E, fastmath=True)
+        if m == big:
+            r = Float32(1.0)
+        return r
+
+    @cute.jit
+    def _combine_pair(m1: Float32, s1: Float32, m2: Float32, s2: Float32):
+        """(max, sum of exp(x - max)) of the union of two partial results."""
+        big = cute.arch.fmax(m1, m2)
+        return big, s1 * _scale(m1, big) + s2 * _scale(m2, big)
+
+    @cute.jit
+    def _warp_pair(m: Float32, s: Float32):
+        """Every lane gets the warp's combined (max, sum)."""
+        for off in cutlass.range_constexpr(len(BUTTERFLY)):
+            m2 = cute.arch.shuffle_sync_bfly(m, BUTTERFLY[off])
+            s2 = cute.arch.shuffle_sync_bfly(s, BUTTERFLY[off])
+            m, s = _combine_pair(m, s, m2, s2)
+        return m, s
+
+    @cute.jit
+    def _warp_sum(s: Float32) -> Float32:
+        for off in cutlass.range_constexpr(len(BUTTERFLY)):
+            s = s + cute.arch.shuffle_sync_bfly(s, BUTTERFLY[off])
+        return s
+
+    @cute.jit
+    def _store_to_peer(addr: Int32, peer: Int32, a: Float32, b: Float32, pair: cutlass.Constexpr[bool]):
+        """Store the slot (a, b) at shared address `addr` of cluster CTA `peer` (itself included);
+        only b when not `pair`."""
+        if const_expr(pair):
+            cute.arch.inline_ptx(
+                "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; "
+                "st.shared::cluster.v2.f32 [ra], {{$r2}, {$r3}}; }",
+                read_only_args=[addr, peer, a, b])
+        else:  # a sum: its slot's second word, where `_row_reduce` reads it
+            cute.arch.inline_ptx(
+                "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; st.shared::cluster.f32 [ra+4], {$r2}; }",
+                read_only_args=[addr, peer, b])
+
+    @cute.jit
+    def _row_reduce(a: Float32, b: Float32, slots: cute.Tensor, pair: cutlass.Constexpr[bool],
+                    cluster: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]):
+        """The row's reduction of every thread's partial result, in every thread of the cluster.
+
+        `pair`: (a, b) = (max, sum) combined by `_combine_pair`; else `b` is a sum (`a` ignored).
+        `slots` is this CTA's (cluster * warps, 2) float32 shared buffer.
+        """
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        if const_expr(pair):
+            a, b = _warp_pair(a, b)
+        else:
+            b = _warp_sum(b)
+        if const_expr(cluster > 1):
+            rank = cute.arch.block_idx_in_cluster()
+            cute.arch.cluster_wait()  # every peer has started (relaxed arrive at the kernel's top)
+            if lane < cluster:
+                _store_to_peer((slots.iterator + (rank * warps + warp) * 2).toint(), lane, a, b, pair)
+            cute.arch.cluster_arrive()  # release: the stores above become visible ...
+            cute.arch.cluster_wait()  # ... to every thread of the cluster after this acquire
+        else:
+            if lane == 0:
+                slots[warp, 0] = a
+                slots[warp, 1] = b
+            cute.arch.barrier()
+        # Every warp reduces all slots: lane l takes slots l, l + 32, ... (identity elsewhere).
+        ra, rb = -Float32.inf, Float32(0.0)
+        for i in cutlass.range_constexpr((cluster * warps + WARP - 1) // WARP):
+            idx = lane + i * WARP
+            if idx < cluster * warps:
+                if const_expr(pair):
+                    ra, rb = _combine_pair(ra, rb, slots[idx, 0], slots[idx, 1])
+                else:
+                    rb = rb + slots[idx, 1]
+        if const_expr(pair):
+            ra, rb = _warp_pair(ra, rb)
+        else:
+            rb = _warp_sum(rb)
+        return ra, rb
+
+    # ---------------------------------------------------------------- per-thread tiles
+
+    @cute.jit
+    def _load_tile(gv: cute.Tensor, frag: cute.Tensor, first: Int32, threads: cutlass.Constexpr[int],
+                   n_vec: Int32, fill, guard: cutlass.Constexpr[bool]):
+        """Vectors first + k * threads (k < vectors) of the row view `gv` (vec, n) into `frag`
+        (vec, vectors); with `guard`, vectors past the row's end are `fill` instead."""
+        if const_expr(guard):
+            frag.fill(fill)
+        for k in cutlass.range_constexpr(cute.size(frag, mode=[1])):
+            j = first + k * threads
+            if const_expr(guard):
+                if j < n_vec:
+                    cute.autovec_copy(gv[None, j], frag[None, k])
+            else:
+                cute.autovec_copy(gv[None, j], frag[None, k])
+
+    @cute.jit
+    def _store_tile(frag: cute.Tensor, gv: cute.Tensor, first: Int32, threads: cutlass.Constexpr[int],
+                    n_vec: Int32, guard: cutlass.Constexpr[bool]):
+        for k in cutlass.range_constexpr(cute.size(frag, mode=[1])):
+            j = first + k * threads
+            if const_expr(guard):
+                if j < n_vec:
+                    cute.autovec_copy(frag[None, k], gv[None, j])
+            else:
+                cute.autovec_copy(frag[None, k], gv[None, j])
+
+    @cute.jit
+    def _runtime_zero() -> Int32:
+        """0, computed from the launch's dynamic shared memory size (a few hundred bytes, shifted
+        right by 31): a value no compiler can fold, unlike a constant or a shape it has bounds of."""
+        return Int32(cute.arch.dynamic_smem_size()) >> 31
+
+    @cute.jit
+    def _after(zero: Int32, value: Float32) -> Int32:
+        """`zero` again, but computed from `value`: an `_opaque` with it cannot run before `value`
+        exists (the row's reduction), so conversions of kept values cannot be hoisted above the
+        cluster barrier, where they would keep float32 copies live across it."""
+        return zero & Int32(value == value)
+
+    @cute.jit
+    def _opaque(frag: cute.Tensor, zero: Int32):
+        """Make the compilers forget what `frag` (16-bit values) holds: each 32-bit word is XORed
+        with `zero`, a run-time 0 that neither NVVM nor ptxas can prove to be 0 (a move or an
+        identity they would see through). Values converted to float32 before this point cannot be
+        reused after it, so the packed words (two values a register) stay live across the row
+        reduction instead of the float32 copies (one value a register: twice the registers)."""
+        words = cute.recast_tensor(frag, Int32)
+        words.store(words.load() ^ zero)
+
+    @cute.jit
+    def _tile_stats(frag: cute.Tensor, fe: cute.Tensor, keep: cutlass.Constexpr[bool], packed: cutlass.Constexpr[bool],
+                    zero: Int32):
+        """(max m, sum of exp(x - m)) of one thread's tile; (-inf, 0) when it holds only -inf. With
+        `keep`, exp(x - m) goes to `fe` (the forward output is then fe * exp(m - M) / S). `packed`
+        (16-bit values, two a word): converted again after the max rather than kept as float32."""
+        m = frag.load().to(Float32).reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+        if const_expr(packed):
+            _opaque(frag, zero)
+        x = frag.load().to(Float32)
+        pivot = m
+        if m == -Float32.inf:
+            pivot = Float32(0.0)  # exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN
+        e = cute.math.exp2((x - pivot) * LOG2_E, fastmath=True)
+        if const_expr(keep):
+            fe.store(e.to(fe.element_type))
+        return m, e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+
+    @cute.jit
+    def _forward_kept(fx: cute.Tensor, fe: cute.Tensor, dst: cute.Tensor, m: Float32, big: Float32, total: Float32,
+                      log: cutlass.Constexpr[bool], packed: cutlass.Constexpr[bool], zero: Int32):
+        """dst = the tile's result from what `_tile_stats` kept: softmax fe * exp(m - M) / S (one
+        multiply an element), log_softmax (x - M) - log(S). 16-bit kept values stay packed until
+        the row's result exists (`_after`)."""
+        if const_expr(log):
+            if const_expr(packed):
+                _opaque(fx, _after(zero, total))
+            y = (fx.load().to(Float32) - big) - cute.math.log(total, fastmath=False)
+        else:
+            if const_expr(fe.element_type.width == 16):
+                _opaque(fe, _after(zero, total))
+            y = fe.load().to(Float32) * (_scale(m, big) / total)
+        dst.store(y.to(dst.element_type))
+
+    @cute.jit
+    def _forward_fresh(fx: cute.Tensor, dst: cute.Tensor, big: Float32, total: Float32, log: cutlass.Constexpr[bool]):
+        """dst = softmax (log_softmax) of a reloaded tile, given the row's max and sum."""
+        x = fx.load().to(Float32)
+        if const_expr(log):
+            y = (x - big) - cute.math.log(total, fastmath=False)
+        else:
+            y = cute.math.exp2((x - big) * LOG2_E, fastmath=True) * (Float32(1.0) / total)
+        dst.store(y.to(dst.element_type))
+
+    @cute.jit
+    def _backward_partial(fy: cute.Tensor, fg: cute.Tensor, log: cutlass.Constexpr[bool]) -> Float32:
+        """softmax: sum(y * g); log_softmax: sum(g) over one thread's tile."""
+        g = fg.load().to(Float32)
+        if const_expr(log):
+            return g.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        return (fy.load().to(Float32) * g).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+
+    @cute.jit
+    def _backward_tile(fy: cute.Tensor, fg: cute.Tensor, dst: cute.Tensor, total: Float32, log: cutlass.Constexpr[bool]):
+        """softmax: y * (g - sum(y * g)); log_softmax: g - exp(y) * sum(g)."""
+        y = fy.load().to(Float32)
+        g = fg.load().to(Float32)
+        if const_expr(log):
+            dx = g - cute.math.exp2(y * LOG2_E, fastmath=True) * total
+        else:
+            dx = y * (g - total)
+        dst.store(dx.to(dst.element_type))
+
+    def _vectors(t: cute.Tensor, row: Int32, vec: int) -> cute.Tensor:
+        """Row `row` of the (rows, n) tensor `t` as (vec, n // vec) vectors."""
+        return cute.zipped_divide(t[row, None], (vec,))
+
+    def _narrow(t: cute.Tensor) -> bool:
+        return t.element_type.width == 16
+
+    # ---------------------------------------------------------------- kernels
+
+    @cute.kernel
+    def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
+                        threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], vectors: cutlass.Constexpr[int],
+                        two_pass: cutlass.Constexpr[bool]):
+        warps = threads // WARP
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if const_expr(cluster > 1):
+            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the remote stores
+        smem = cutlass.memory.SmemAllocator()
+        slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
+        rank = bidx % cluster
+        row = bidx // cluster
+        gx, gy = _vectors(mX, row, vec), _vectors(mY, row, vec)
+        n_vec = cute.size(gx, mode=[1])
+        zero = _runtime_zero()
+        per_cta = threads * vectors
+        first = rank * per_cta + tidx  # this thread's first vector in tile 0
+        frag = cute.make_layout((vec, vectors))
+        fx = cute.make_rmem_tensor(frag, mX.element_type)
+        fy = cute.make_rmem_tensor(frag, mY.element_type)
+        # exp(x - m) kept between the reduction and the store: float16 (two a register) for a 16-bit
+        # output (fp16's 2**-11 relative rounding is a quarter ulp of bf16 and half an ulp of fp16,
+        # inside their tolerances, but a hundred times float32's), float32 otherwise.
+        packed = const_expr(_narrow(mX) and vec % 2 == 0)  # 16-bit values, two to a word
+        fe_half = const_expr(_narrow(mY) and vec % 2 == 0)
+        fe = cute.make_rmem_tensor(frag, cutlass.Float16 if fe_half else Float32)
+        neg_inf = -mX.element_type.inf
+        if const_expr(not two_pass):
+            _load_tile(gx, fx, first, threads, n_vec, neg_inf, True)
+            m, s = _tile_stats(fx, fe, not log, packed, zero)
+            big, total = _row_reduce(m, s, slots, True, cluster, warps)
+            _forward_kept(fx, fe, fy, m, big, total, log, packed, zero)
+            _store_tile(fy, gy, first, threads, n_vec, True)
+        else:
+            per_tile = cluster * per_cta
+            n_tiles = (n_vec + per_tile - 1) // per_tile
+            m, s = -Float32.inf, Float32(0.0)
+            for i in cutlass.range(n_tiles - 1, unroll=1):  # the full tiles
+                _load_tile(gx, fx, first + i * per_tile, threads, n_vec, neg_inf, False)
+                tm, ts = _tile_stats(fx, fe, False, packed, zero)
+                m, s = _combine_pair(m, s, tm, ts)
+            last = first + (n_tiles - 1) * per_tile
+            _load_tile(gx, fx, last, threads, n_vec, neg_inf, True)
+            tm, ts = _tile_stats(fx, fe, False, packed, zero)
+            m, s = _combine_pair(m, s, tm, ts)
+            big, total = _row_reduce(m, s, slots, True, cluster, warps)
+            if const_expr(packed):
+                _opaque(fx, _after(zero, total))  # the last tile stays packed across the reduction
+            _forward_fresh(fx, fy, big, total, log)  # the last tile, from the registers
+            _store_tile(fy, gy, last, threads, n_vec, True)
+            for i in cutlass.range(n_tiles - 1, unroll=1):  # newest first: the likeliest still in L2
+                t = n_tiles - 2 - i
+                _load_tile(gx, fx, first + t * per_tile, threads, n_vec, neg_inf, False)
+                _forward_fresh(fx, fy, big, total, log)
+                _store_tile(fy, gy, first + t * per_tile, threads, n_vec, False)
+
+    @cute.kernel
+    def _backward_kernel(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, log: cutlass.Constexpr[bool],
+                         cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                         vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
+        warps = threads // WARP
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if const_expr(cluster > 1):
+            cute.arch.cluster_arrive_relaxed()
+        smem = cutlass.memory.SmemAllocator()
+        slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
+        rank = bidx % cluster
+        row = bidx // cluster
+        gy, gg, gd = _vectors(mY, row, vec), _vectors(mG, row, vec), _vectors(mD, row, vec)
+        n_vec = cute.size(gy, mode=[1])
+        zero = _runtime_zero()
+        per_cta = threads * vectors
+        first = rank * per_cta + tidx
+        frag = cute.make_layout((vec, vectors))
+        fy = cute.make_rmem_tensor(frag, mY.element_type)
+        fg = cute.make_rmem_tensor(frag, mG.element_type)
+        fd = cute.make_rmem_tensor(frag, mD.element_type)
+        narrow = const_expr(_narrow(mY) and vec % 2 == 0)  # packed two to a word
+        # Vectors past the row's end read as y = 0, g = 0: they add nothing to either sum.
+        fill_zero = mY.element_type(0.0)
+        if const_expr(not two_pass):
+            _load_tile(gy, fy, first, threads, n_vec, fill_zero, True)
+            _load_tile(gg, fg, first, threads, n_vec, fill_zero, True)
+            _, total = _row_reduce(Float32(0.0), _backward_partial(fy, fg, log), slots, False, cluster, warps)
+            if const_expr(narrow):
+                _opaque(fy, _after(zero, total))
+                _opaque(fg, _after(zero, total))
+            _backward_tile(fy, fg, fd, total, log)
+            _store_tile(fd, gd, first, threads, n_vec, True)
+        else:
+            per_tile = cluster * per_cta
+            n_tiles = (n_vec + per_tile - 1) // per_tile
+            acc = Float32(0.0)
+            for i in cutlass.range(n_tiles - 1, unroll=1):
+                start = first + i * per_tile
+                _load_tile(gy, fy, start, threads, n_vec, fill_zero, False)
+                _load_tile(gg, fg, start, threads, n_vec, fill_zero, False)
+                acc = acc + _backward_partial(fy, fg, log)
+            last = first + (n_tiles - 1) * per_tile
+            _load_tile(gy, fy, last, threads, n_vec, fill_zero, True)
+            _load_tile(gg, fg, last, threads, n_vec, fill_zero, True)
+            acc = acc + _backward_partial(fy, fg, log)
+            _, total = _row_reduce(Float32(0.0), acc, slots, False, cluster, warps)
+            if const_expr(narrow):
+                _opaque(fy, _after(zero, total))
+                _opaque(fg, _after(zero, total))
+            _backward_tile(fy, fg, fd, total, log)
+            _store_tile(fd, gd, last, threads, n_vec, True)
+            for i in cutlass.range(n_tiles - 1, unroll=1):
+                t = n_tiles - 2 - i
+                start = first + t * per_tile
+                _load_tile(gy, fy, start, threads, n_vec, fill_zero, False)
+                _load_tile(gg, fg, start, threads, n_vec, fill_zero, False)
+                _backward_tile(fy, fg, fd, total, log)
+                _store_tile(fd, gd, start, threads, n_vec, False)
+
+    # ---------------------------------------------------------------- host entry points
+
+    @cute.jit
+    def forward_entry(mX: cute.Tensor, mY: cute.Tensor, stream, log: cutlass.Constexpr[bool],
+                      cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                      vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
+        """One cluster per row: grid = rows * cluster CTAs."""
+        _forward_kernel(mX, mY, log, cluster, threads, vec, vectors, two_pass).launch(
+            grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+
+    @cute.jit
+    def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: cutlass.Constexpr[bool],
+                       cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                       vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
+        _backward_kernel(mY, mG, mD, log, cluster, threads, vec, vectors, two_pass).launch(
+            grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+
+    return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry)

@@ -1,0 +1,117 @@
+"""Calling a compiled kernel on torch tensors, once per request: the per-call path.
+
+Two calling conventions, chosen when the kernel is compiled (`KernelKey.tvm_ffi`):
+
+* TVM-FFI (`--enable-tvm-ffi`, needs apache-tvm-ffi): torch tensors go straight to the
+  compiled function, which reads their pointers, shapes and strides itself (checking them
+  against the compiled assumptions) and launches on torch's current stream. A few
+  microseconds a call.
+* DLPack (fallback): each call wraps its tensors with `cute.runtime.from_dlpack` and passes
+  torch's current stream explicitly; tens of microseconds a call.
+
+The kernels take (rows, n) tensors with unit column stride: `rows_view` gives that view of a
+request's tensor (a view, never a copy).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ...core.layout import POISON_OUTPUTS, new_output
+from .plan import DTYPE_BYTES, KernelKey
+
+
+def rows_view(t: torch.Tensor, n_rows: int, n_cols: int, row_stride: int) -> torch.Tensor:
+    """`t` as (n_rows, n_cols) with strides (row_stride, 1): `view` for a contiguous tensor,
+    else `as_strided` over its storage (its rows must be equally spaced; the backend checks)."""
+    if t.is_contiguous() and row_stride == n_cols:
+        return t.view(n_rows, n_cols)
+    return t.as_strided((n_rows, n_cols), (row_stride, 1), t.storage_offset())
+
+
+def _dlpack_call(fn, key: KernelKey) -> Callable:
+    """fn(*tensors) through DLPack wrappers and an explicit stream."""
+    import cuda.bindings.driver as cuda
+
+    from .env import import_dsl
+
+    cute = import_dsl()
+
+    def wrap(t: torch.Tensor, dtype: str):
+        return cute.runtime.from_dlpack(t, assumed_align=key.vec * DTYPE_BYTES[dtype]).mark_layout_dynamic(
+            leading_dim=1)
+
+    dtypes = (key.in_dtype, key.in_dtype, key.out_dtype) if key.backward else (key.in_dtype, key.out_dtype)
+
+    def call(*tensors: torch.Tensor) -> None:
+        stream = cuda.CUstream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
+        fn(*(wrap(t, d) for t, d in zip(tensors, dtypes)), stream)
+
+    return call
+
+
+def bind(fn, key: KernelKey) -> Callable:
+    """`call(*tensors)` launching the compiled `fn` of `key` on (rows, n) tensors."""
+    return fn if key.tvm_ffi else _dlpack_call(fn, key)
+
+
+def device_guard(device: torch.device):
+    """A context that makes `device` current, or None when no other device can be current
+    (a process that sees one GPU): then calls skip the per-call check."""
+    if torch.cuda.device_count() <= 1:
+        return None
+    return lambda: torch.cuda.device(device)
+
+
+def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -> Callable:
+    """`f(x) -> y` for requests like `spec` (dim last, unit column stride). A 2-D input goes to
+    the kernel as it is and a contiguous one of the output's dtype gets its output from
+    `empty_like`: each view or allocation saved is about a microsecond of host time a call."""
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    guard = device_guard(device)
+    flat = len(shape) == 2 and spec.strides[1] == 1 and shape == (n_rows, n_cols)
+    like_input = not POISON_OUTPUTS and flat and spec.in_dtype == dtype and spec.strides[0] == n_cols
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
+        xr = x if flat else rows_view(x, n_rows, n_cols, x_row_stride)
+        yr = y if flat else y.view(n_rows, n_cols)
+        if guard is None:
+            call(xr, yr)
+        else:
+            with guard():
+                call(xr, yr)
+        return y
+
+    return run
+
+
+def _aligned(t: torch.Tensor, align_bytes: int) -> torch.Tensor:
+    """`t` contiguous with its data aligned to `align_bytes` (a copy only when it is not)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % align_bytes == 0 else t.clone()
+
+
+def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int) -> Callable:
+    """`f(y, grad) -> dx` for requests like `spec`: y and grad contiguous and aligned to
+    `align_bytes` (the compiled vector width; copied when not), grad in y's dtype (converted
+    when it is not)."""
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    guard = device_guard(device)
+    flat = shape == (n_rows, n_cols)
+
+    def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        y = _aligned(y, align_bytes)
+        grad = _aligned(grad if grad.dtype == dtype else grad.to(dtype), align_bytes)
+        dx = new_output(shape, dtype, device) if POISON_OUTPUTS else torch.empty_like(y)
+        args = (y, grad, dx) if flat else (y.view(n_rows, n_cols), grad.view(n_rows, n_cols), dx.view(n_rows, n_cols))
+        if guard is None:
+            call(*args)
+        else:
+            with guard():
+                call(*args)
+        return dx
+
+    return run

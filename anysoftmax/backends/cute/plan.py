@@ -1,0 +1,111 @@
+"""Plans of the `cute` backend: a pure function of the request, the alignment of its tensors
+and the tuning table (`tuning.yaml`); no GPU, no DSL import. A plan is the compiled kernel's
+key: everything that changes the compiled code is in it, the row count and length are not
+(they are run-time arguments).
+
+Arithmetic of a plan (the default table): a thread holds `vectors` vectors of `vec` elements
+(16 bytes): fp32 softmax 64 elements = 16 vectors of 4 floats in ~88 registers; a CTA of 256
+threads then holds 16384 elements, and a cluster of `cluster` CTAs `cluster` times that. The
+planner takes the smallest cluster that holds the row (then as few vectors per thread as
+suffice); a row longer than the largest cluster holds is streamed in tiles (two passes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import load_tuning, overrides_key
+from ...config import Overrides
+from ...core.layout import cdiv, next_power_of_2
+
+TABLE = "cute"
+# Tuning overrides for tests and sweeps: `with overrides(threads=128): ...`.
+overrides = Overrides(TABLE)
+VECTOR_BYTES = 16  # the widest global load/store (ld.global.v4.b32)
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """One compiled kernel (see `kernels.py` for what each number means)."""
+
+    backward: bool
+    in_dtype: str  # forward: x; backward: y and dy
+    out_dtype: str
+    log: bool
+    cluster: int
+    threads: int
+    vec: int  # elements per vector (16 bytes where alignment allows)
+    vectors: int  # vectors per thread per tile
+    two_pass: bool
+    arch: str  # compile target, e.g. sm_90a
+    tvm_ffi: bool  # compiled for the TVM-FFI calling convention (else DLPack tensors)
+
+    @property
+    def elems_per_cta(self) -> int:
+        return self.threads * self.vec * self.vectors
+
+    @property
+    def elems_per_tile(self) -> int:
+        """Elements of a row one cluster holds at once."""
+        return self.cluster * self.elems_per_cta
+
+    def describe(self) -> str:
+        """'fwd fp32 cluster 8 x 256 threads x 16 vec4 (one pass)'."""
+        passes = "two passes" if self.two_pass else "one pass"
+        op = ("log_" if self.log else "") + ("bwd" if self.backward else "fwd")
+        dt = self.in_dtype if self.in_dtype == self.out_dtype else f"{self.in_dtype}->{self.out_dtype}"
+        return f"{op} {dt} cluster {self.cluster} x {self.threads} threads x {self.vectors} vec{self.vec} ({passes})"
+
+
+def table() -> dict:
+    """The tuning table with the active overrides applied."""
+    base = load_tuning(TABLE)
+    active = overrides.active()
+    return {**base, **active} if active else base
+
+
+def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
+    """Elements per vector: 16 bytes, halved until it divides the row length and the
+    alignment (in elements) of every pointer and row stride, down to one element."""
+    vec = VECTOR_BYTES // elem_bytes
+    while vec > 1 and (n_cols % vec or align_elems % vec):
+        vec //= 2
+    return vec
+
+
+def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
+              arch: str, tvm_ffi: bool, tuning: dict | None = None) -> KernelKey:
+    """The kernel for rows of `n_cols` elements whose tensors are aligned to `align_elems`
+    elements (pointers and row strides). Pure: the same arguments give the same plan."""
+    t = table() if tuning is None else tuning
+    elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
+    vec = vector_width(n_cols, align_elems, elem_bytes)
+    n_vec = n_cols // vec
+    # Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
+    # from the loads to the stores (see tuning.yaml). Odd vectors of 16-bit values do not pack
+    # two to a register: they count as 32-bit ones.
+    # A float32 output (a widening dtype= too) computes and keeps float32: the 32-bit counts.
+    kind = "backward" if backward else "log_softmax" if log else "softmax"
+    bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
+    elems = int(t["elems_per_thread"][kind][bits] * t["elems_scale"])
+    max_vectors = max(1, elems // vec)
+    threads = t["threads"]
+    clusters = sorted(t["clusters"])
+    need = cdiv(n_vec, threads * max_vectors)  # CTAs that hold the row
+    if need <= 1:
+        # One CTA: as few threads as hold the row, then as few vectors as suffice.
+        threads = min(threads, max(t["min_threads"], next_power_of_2(cdiv(n_vec, max_vectors))))
+        return KernelKey(backward, in_dtype, out_dtype, log, 1, threads, vec, cdiv(n_vec, threads), False, arch,
+                         tvm_ffi)
+    fitting = [c for c in clusters if c >= need]
+    if fitting:
+        cluster = fitting[0]
+        return KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, cdiv(n_vec, cluster * threads),
+                         False, arch, tvm_ffi)
+    return KernelKey(backward, in_dtype, out_dtype, log, clusters[-1], threads, vec, max_vectors, True, arch, tvm_ffi)
+
+
+def plan_cache_key() -> tuple:
+    """What besides the request a memoised plan depends on (active tuning overrides)."""
+    return overrides_key()
