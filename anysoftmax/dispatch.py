@@ -99,11 +99,12 @@ def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, Softma
     return x, spec
 
 
-def select(spec: SoftmaxSpec, backend: str | None):
-    """The backend for `spec` (explicit name, then $ANYSOFTMAX_BACKEND, then automatic)."""
+def select(spec: SoftmaxSpec, backend: str | None, direction: str = "fwd"):
+    """The backend for `spec` (explicit name, then $ANYSOFTMAX_BACKEND, then automatic: the
+    device's selection table for `direction`, then priority)."""
     stats["selected"] += 1
     stats["env_reads"] += 1  # registry.select reads $ANYSOFTMAX_BACKEND
-    return registry.select(spec, backend)
+    return registry.select(spec, backend, direction)
 
 
 def _forward_launcher(chosen, x: torch.Tensor, spec: SoftmaxSpec):
@@ -182,7 +183,7 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
     _fresh()
     stats["validated"] += 1
     spec = check_backward_args(y, grad, dim, log)
-    chosen = select(spec, backend)
+    chosen = select(spec, backend, "bwd")
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
     spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
@@ -333,7 +334,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
             raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
         if a.sinks is not None and p_sink is None:
             raise ValueError("softmax_backward: a sinks gradient needs the forward's per-row sink shares (p_sink)")
-        chosen = select(spec, backend)
+        chosen = select(spec, backend, "bwd")
         if spec.numel == 0:
             dx = torch.empty(spec.shape, dtype=y.dtype, device=y.device)
             return dx, (torch.empty_like(p_sink) if p_sink is not None else None)

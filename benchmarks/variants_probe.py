@@ -93,7 +93,7 @@ def main():
                 ok = compare(y, x, spec, "cuda", kw.get("mask"), kw.get("sinks")) if S <= 2048 else None
                 xg = x.detach().requires_grad_()
                 yg = anysoftmax.softmax(xg, -1, **kw)
-                (dx,) = torch.autograd.grad(yg, xg, dy)
+                (dx,) = torch.autograd.grad(yg, xg, dy, retain_graph=True)
                 okb = compare_fused_backward(dx, yg.detach(), dy, x, spec, kw.get("mask"), kw.get("sinks"),
                                              device="cuda") if S <= 1024 else None
                 bwd = lambda: torch.autograd.grad(yg, xg, dy, retain_graph=True)  # noqa: E731

@@ -235,7 +235,7 @@ def _from_table(spec: SoftmaxSpec, candidates: list, direction: str,
     where = f"{table.path} rule {rule.index} ({rule.describe()})"
     chosen = next((b for b in candidates if b.name == rule.backend), None)
     reason = (f"backend {rule.backend!r} is not registered for device type {spec.device.type!r}" if chosen is None
-              else _availability(chosen) or chosen.supports(spec))
+              else _availability(chosen) or refusal(chosen, spec))
     if reason is not None:
         log.debug("anysoftmax: %s names %r for %s, passed over: %s", where, rule.backend, spec.describe(), reason)
         return None, f"{where} names {rule.backend!r}, passed over: {reason}"
