@@ -91,7 +91,7 @@ def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
         tz = tz + factor
     if tmask is not None and v.mask_kind == MASK_ADDITIVE:
         tz = tz + tmask.to(acc)
-    keep = keep_mask(tuple(y.shape), v, mask)
+    keep = keep_mask(tuple(y.shape), v, mask, y.device)
     if keep is not None:
         tz = tz.masked_fill(~keep, 0.0)
     yw = y.to(acc)

@@ -223,3 +223,19 @@ def test_request_keys_imply_kernel_keys(gen):
             rk = dispatch.fused_request_key(x, -1, None, None, False, a)
             kk = SoftmaxSpec.from_request(x, -1, fused=a.as_kwargs())[0].kernel_key()
             assert seen.setdefault(rk, kk) == kk
+
+
+def test_broadcast_mask_rows_run_fastest(gen):
+    """With a mask broadcast over heads, rows are numbered heads-fastest (the heads of one query
+    share the mask row they read), and causal finds each row's query through `inner_div`."""
+    from anysoftmax.core.layout import allocate_rows
+
+    x = _x(gen, (2, 3, 8, 10))
+    mask = torch.rand(2, 1, 8, 10, generator=gen) < 0.3
+    spec, _ = SoftmaxSpec.from_request(x, -1, fused=dict(mask=mask, causal=True, sinks=torch.randn(3, 1, 1)))
+    _, _, layout = allocate_rows(x, spec)
+    assert layout.row_sizes == (2, 8, 3) and layout.op_row_strides[0][2] == 0
+    assert layout.inner_pos == 1 and layout.inner_div == 3
+    # plain requests keep the logical order
+    _, _, plain = allocate_rows(x, SoftmaxSpec.from_tensor(x, -1))
+    assert plain.inner_div == 1

@@ -50,11 +50,11 @@ def _prologue_allowance(x: torch.Tensor, spec: SoftmaxSpec, mask, sinks, device)
     cannot cover that, a bound proportional to |z| does."""
     x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
     z = prologue(x64, spec.variant, None if mask is None else mask.detach().to(device), torch.float64)
-    keep = keep_mask(tuple(z.shape), spec.variant, None if mask is None else mask.detach().to(device))
+    keep = keep_mask(tuple(z.shape), spec.variant, None if mask is None else mask.detach().to(device), z.device)
     absz = z.abs()
     absz = torch.where(torch.isfinite(absz), absz, torch.zeros_like(absz))
     if keep is not None:
-        absz = absz.masked_fill(~keep.to(absz.device), 0.0)
+        absz = absz.masked_fill(~keep, 0.0)
     p, _ = fused_forward(x64, spec.variant, spec.dim, False, None if mask is None else mask.detach().to(device),
                          None if sinks is None else sinks.detach().to(device), torch.float64)
     p = torch.nan_to_num(p, nan=0.0)
@@ -182,7 +182,7 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     if not torch.equal(torch.isnan(got), nan_e) or torch.isinf(got).any():
         return Comparison(False, float("inf"), float("inf"), "non-finite gradient values differ from the reference's")
     got, expected = got.masked_fill(nan_e, 0.0), expected.masked_fill(nan_e, 0.0)
-    keep = keep_mask(tuple(y64.shape), spec.variant, m)
+    keep = keep_mask(tuple(y64.shape), spec.variant, m, y64.device)
     gk = g if keep is None else g.masked_fill(~keep, 0.0)
     yk = torch.nan_to_num(y64, nan=0.0, neginf=0.0 if not spec.log else -torch.inf)
     if spec.log:

@@ -68,18 +68,25 @@ class RowLayout:
     out_row_strides: tuple[int, ...]
     in_col_stride: int
     out_col_stride: int
-    # Broadcast operands of the fused family (mask, sinks), in that order: their row strides
-    # (as `in_row_strides`) and column stride; () for a plain request.
+    # Broadcast operands of the fused family (mask, sinks, the sinks' per-row output), in that
+    # order: their row strides (as `in_row_strides`) and column stride; () for a plain request.
     op_row_strides: tuple[tuple[int, ...], ...] = ()
     op_col_strides: tuple[int, ...] = ()
+    # Position (in `row_sizes`) of the row dim that holds the innermost logical row dim (the
+    # queries of causal attention scores): rows are not always numbered in logical order.
+    inner_pos: int = MAX_ROW_DIMS - 1
 
     @classmethod
     def from_strides(cls, shape: tuple[int, ...], in_strides: tuple[int, ...],
                      out_strides: tuple[int, ...], dim: int,
-                     operands: tuple[tuple[int, ...], ...] = ()) -> "RowLayout | None":
+                     operands: tuple[tuple[int, ...], ...] = (), fastest_where_zero: int | None = None
+                     ) -> "RowLayout | None":
         """Normalise; None when more than `MAX_ROW_DIMS` irregular row dimensions remain.
         `operands`: strides of broadcast operands (one per dim of `shape`, 0 where broadcast)
-        that the kernels read beside the input; dims merge only where every tensor chains."""
+        that the kernels read beside the input; dims merge only where every tensor chains.
+        `fastest_where_zero`: the index of an operand whose broadcast row dims (stride 0) are
+        to vary fastest: consecutive rows then share that operand's row (the heads of one
+        query share a [B, 1, Sq, Sk] mask row), so it is read from memory once, not per head."""
         if not shape:  # 0-dim: one row of one element
             zeros = (0,) * MAX_ROW_DIMS
             return cls(1, 1, (1,) * MAX_ROW_DIMS, zeros, zeros, 0, 0, tuple(zeros for _ in operands),
@@ -96,7 +103,14 @@ class RowLayout:
                 rows.append([size, *strides])
         if len(rows) > MAX_ROW_DIMS:
             return None
-        rows = [[1] + [0] * len(all_strides)] * (MAX_ROW_DIMS - len(rows)) + rows
+        inner = len(rows) - 1  # the last entry holds the innermost logical row dim
+        if fastest_where_zero is not None and rows:
+            k = 3 + fastest_where_zero
+            order = sorted(range(len(rows)), key=lambda i: rows[i][k] == 0)  # stable: broadcast dims last
+            rows = [rows[i] for i in order]
+            inner = order.index(inner)
+        pad = MAX_ROW_DIMS - len(rows)
+        rows = [[1] + [0] * len(all_strides)] * pad + rows
         n_rows = 1
         for r in rows:
             n_rows *= r[0]
@@ -108,7 +122,17 @@ class RowLayout:
             in_col_stride=in_strides[dim], out_col_stride=out_strides[dim],
             op_row_strides=tuple(tuple(r[3 + k] for r in rows) for k in range(len(operands))),
             op_col_strides=tuple(st[dim] for st in operands),
+            inner_pos=max(inner + pad, 0),
         )
+
+    @property
+    def inner_div(self) -> int:
+        """Rows to divide a row number by before taking the innermost logical row dim's index
+        modulo its size: the product of the row dims numbered faster than it."""
+        n = 1
+        for s in self.row_sizes[self.inner_pos + 1:]:
+            n *= s
+        return n
 
 
 @dataclass(frozen=True)
@@ -142,12 +166,27 @@ def column_view(layout: RowLayout) -> ColumnView | None:
 
 
 def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
-    """The strides the kernels read the fused operands with (mask, then sinks; each present
-    one's broadcast view over the input's shape, from `spec.variant`)."""
+    """The strides the kernels read the fused operands with: the mask's and the sinks' broadcast
+    views over the input's shape (from `spec.variant`), and with sinks the per-row output the
+    kernels write (a contiguous tensor of the input's shape with size 1 in `dim`)."""
     v = getattr(spec, "variant", None)
     if v is None:
         return ()
-    return tuple(m.strides for m in (v.mask, v.sinks) if m is not None)
+    out = [m.strides for m in (v.mask, v.sinks) if m is not None]
+    if v.sinks is not None:
+        rows = contiguous_strides(tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape)))
+        out.append(tuple(0 if d == spec.dim else st for d, st in enumerate(rows)))
+    return tuple(out)
+
+
+def mask_fastest(spec, in_strides, out_strides) -> int | None:
+    """`fastest_where_zero` for a request: the mask (operand 0) when there is one and the
+    reduction is over the last, contiguous dim (row kernels; the column kernels number rows in
+    logical order), else None."""
+    v = getattr(spec, "variant", None)
+    if v is None or v.mask is None or not spec.shape or spec.dim != len(spec.shape) - 1:
+        return None
+    return 0 if in_strides[spec.dim] == 1 and out_strides[spec.dim] == 1 else None
 
 
 def allocate_rows(x, spec):
@@ -162,8 +201,10 @@ def allocate_rows(x, spec):
     """
     y = new_output(spec.shape, spec.out_dtype, x.device)
     ops = operand_strides(spec)
-    layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops)
+    layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops,
+                                    mask_fastest(spec, x.stride(), y.stride()))
     if layout is None:
         x = x.contiguous()
-        layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops)
+        layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops,
+                                        mask_fastest(spec, x.stride(), y.stride()))
     return x, y, layout

@@ -66,10 +66,9 @@ def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: 
     is the sink's share of each row, exp(s - m) / denominator (shape of x with size 1 in
     `dim`), None without sinks. Differentiable in x, sinks and a floating mask."""
     z = prologue(x, variant, mask, dtype)
-    keep = keep_mask(tuple(z.shape), variant, mask)
+    keep = keep_mask(tuple(z.shape), variant, mask, z.device)
     empty = None
     if keep is not None:
-        keep = keep.to(z.device)
         z = z.masked_fill(~keep, -math.inf)
         empty = ~keep.any(dim, keepdim=True)
         # Empty rows get their policy's constant below; a finite z keeps their (unused) gradient finite.
@@ -109,10 +108,9 @@ def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, 
     get 0."""
     g = grad.to(dtype)
     yy = y.to(dtype)
-    keep = keep_mask(tuple(y.shape), variant, mask)
+    keep = keep_mask(tuple(y.shape), variant, mask, g.device)
     empty = None
     if keep is not None:
-        keep = keep.to(g.device)
         g = g.masked_fill(~keep, 0.0)  # excluded outputs are constants: their gradient goes nowhere
         empty = ~keep.any(dim, keepdim=True)
     if log:

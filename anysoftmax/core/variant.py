@@ -224,19 +224,22 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
     return variant, Operands(mask, sinks, *variant.values())
 
 
-def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """The kept positions (bool, `shape`) the bool mask and causal leave, or None when every
-    position is kept. `mask` is the mask operand (any broadcastable view)."""
+def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None,
+              device: torch.device | str | None = None) -> torch.Tensor | None:
+    """The kept positions (bool, `shape`, on `device`: the mask's by default) the bool mask and
+    causal leave, or None when every position is kept. `mask` is the mask operand (any
+    broadcastable view)."""
+    device = device if device is not None else (mask.device if mask is not None else "cpu")
     keep = None
     if variant.mask_kind == MASK_BOOL:
-        keep = ~mask.expand(shape)
+        keep = ~mask.to(device).expand(shape)
     if variant.causal != CAUSAL_NONE:
         sq, sk = shape[-2], shape[-1]
         shift = sk - sq if variant.causal == BOTTOM_RIGHT else 0
-        i = torch.arange(sq, device=mask.device if mask is not None else "cpu").unsqueeze(1)
-        j = torch.arange(sk, device=i.device).unsqueeze(0)
+        i = torch.arange(sq, device=device).unsqueeze(1)
+        j = torch.arange(sk, device=device).unsqueeze(0)
         tri = (j <= i + shift).expand(shape)
-        keep = tri if keep is None else keep & tri.to(keep.device)
+        keep = tri if keep is None else keep & tri
     return keep
 
 

@@ -33,14 +33,13 @@ def _partial(y, dy, LOG: tl.constexpr):
 @triton.jit
 def softmax_bwd_kernel(
     y_ptr, dy_ptr, dx_ptr, x_ptr, m_ptr, p_ptr, ds_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
-    S1, S2, s0, s1, s2, sn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
+    S1, S2, s0, s1, s2, sn, ms0, ms1, ms2, msn, ps0, ps1, ps2, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, SINGLE: tl.constexpr,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SINK: tl.constexpr,
+    HAS_SINK: tl.constexpr, PRECISE: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    PRECISE: tl.constexpr = dx_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 gradients
     n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
     n_items = n_row_blocks * n_chunks
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -51,7 +50,7 @@ def softmax_bwd_kernel(
         row_ok = rows < n_rows
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
         if CAUSAL:
-            live = row_ok[:, None] & (cols[None, :] < col_limit(rows, n_cols, SQ, C_OFF, CAUSAL)[:, None])
+            live = row_ok[:, None] & (cols[None, :] < col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)[:, None])
         else:
             live = mask
         off = _row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
@@ -104,5 +103,6 @@ def softmax_bwd_kernel(
             if HAS_SINK:
                 # ds = -p_s * sum(y dy) (log: -p_s * sum(dy)); p_s is 0 in an empty row.
                 first = row_ok & ((rows * 0 + chunk) == 0)
-                p = tl.load(p_ptr + rows, mask=first, other=0.0).to(acc_ty)
-                tl.store(ds_ptr + rows, (-p * total).to(ds_ptr.dtype.element_ty), mask=first)
+                p_off = _row_offsets(rows, S1, S2, ps0, ps1, ps2)  # (ds is laid out as p_sink)
+                p = tl.load(p_ptr + p_off, mask=first, other=0.0).to(acc_ty)
+                tl.store(ds_ptr + p_off, (-p * total).to(ds_ptr.dtype.element_ty), mask=first)

@@ -44,7 +44,7 @@ def _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn
     after the prologue. Under causal, inner position i of outer index o is the logical row
     o * n_inner + i, whose kept prefix bounds the steps read."""
     if CAUSAL:
-        lim = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, C_OFF, CAUSAL)
+        lim = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL)
         live = (k[:, None] < lim[None, :]) & (inner < n_inner)[None, :]
     else:
         live = (k < n_red)[:, None] & (inner < n_inner)[None, :]
@@ -60,10 +60,9 @@ def softmax_cols_kernel(
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     k = tl.arange(0, BLOCK_N)
     i0 = tl.arange(0, BLOCK_I)
     n_iblk = tl.cdiv(n_inner, BLOCK_I)
@@ -78,7 +77,8 @@ def softmax_cols_kernel(
         if HAS_SINK:
             sink = tl.load(s_ptr + tl.cast(o, tl.int64) * sso + inner * ssi, mask=inner < n_inner,
                            other=0.0).to(acc_ty)
-        y, p = close_tile(z, keep, sink, n_red, 0, LOG, ACC_FP64, HAS_SINK, HAS_EMPTY, EMPTY)
+        lim = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL)
+        y, p = close_tile(z, keep, sink, n_red, lim, 0, LOG, ACC_FP64, HAS_SINK, MASK, CAUSAL, EMPTY)
         tl.store(y_ptr + _tile_offsets(o, k, inner, yso, ysn, 1, WIDE), y.to(y_ptr.dtype.element_ty), mask=mask)
         if HAS_SINK:
             tl.store(p_ptr + tl.cast(o, tl.int64) * n_inner + inner, p.to(p_ptr.dtype.element_ty),
@@ -92,12 +92,11 @@ def softmax_cols_split_kernel(
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_I: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """Work item = (group of BLOCK_I inner positions of one outer index, chunk of N).
     stats holds, per group, n_chunks x (max[BLOCK_I], sum[BLOCK_I][, kept count[BLOCK_I]])."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
     k0 = tl.arange(0, CHUNK)
     i0 = tl.arange(0, BLOCK_I)
@@ -140,7 +139,7 @@ def softmax_cols_split_kernel(
                 kept = tl.load(st + 2 * BLOCK_I, mask=gm, other=0.0, cache_modifier=".cg")
                 empty = tl.sum(kept, axis=0) == 0
             elif CAUSAL:
-                empty = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, C_OFF, CAUSAL) == 0
+                empty = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL) == 0
             if PHASE == 0:
                 _row_depart(count_ptr, group, n_chunks)
                 y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)

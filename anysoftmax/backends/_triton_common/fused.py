@@ -13,12 +13,14 @@ new temperature never recompiles:
 * MASK: 0 none, 1 bool (read as uint8; nonzero = excluded), 2 additive (read in its dtype,
   added in the accumulation dtype).
 * CAUSAL: keep column j of a row whose query index is q when j <= q + C_OFF (C_OFF = 0: top
-  left; sk - sq: bottom right). q = (logical row index) % SQ: the rows of a request reduced
-  over its last dim are numbered row-major over the other dims, so the query dim (the one
-  before the last) is the fastest-varying row dim.
+  left; sk - sq: bottom right). q = (row // Q_DIV) % SQ: the query dim (the one before the
+  last) is the innermost logical row dim, and Q_DIV the product of the row dims numbered
+  faster than it (1 in logical order; the heads when a broadcast mask puts them fastest,
+  `core.layout.RowLayout.inner_div`).
 * HAS_SINK: one extra logit per row in the max and the denominator; its share p_s is written.
-* HAS_EMPTY (a bool mask or causal): rows with no kept column get the policy's value (EMPTY:
-  0 zero, 1 NaN, 2 uniform), decided by the count of kept columns, never by values.
+* A bool mask or causal: rows with no kept column get the policy's value (EMPTY: 0 zero,
+  1 NaN, 2 uniform), decided by the kept prefix (causal) or the count of kept columns,
+  never by values (HAS_EMPTY says so to the kernels whose loops count as they go).
 """
 
 from __future__ import annotations
@@ -64,13 +66,14 @@ def pair(hi, lo, ACC_FP64: tl.constexpr):
 
 
 @triton.jit
-def col_limit(rows, n_cols, SQ, C_OFF, CAUSAL: tl.constexpr):
+def col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
     """Columns a row reads: all of them, or under causal the kept prefix min(n, q + C_OFF + 1)
-    (at most n, at least 0: a row before the first kept key reads nothing)."""
+    (at most n, at least 0: a row before the first kept key reads nothing), q being the row's
+    query, (row // Q_DIV) % SQ (`core.layout.RowLayout.inner_div`)."""
     if CAUSAL:
         # int32: compared with every column index, and a 64-bit compare per element costs
         # twice the instructions (a row is shorter than 2^31 elements).
-        q = (rows % SQ).to(tl.int32)
+        q = ((rows // Q_DIV) % SQ).to(tl.int32)
         return tl.maximum(tl.minimum(q + C_OFF + 1, n_cols), 0)
     else:
         return n_cols
@@ -136,12 +139,29 @@ def empty_fill(like, n_cols, LOG: tl.constexpr, EMPTY: tl.constexpr):
 
 
 @triton.jit
-def close_tile(z, keep, sink, n_cols, AXIS: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
-               HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr):
+def empty_rows_of(m, keep, lim, AXIS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
+    """Which rows of a tile have no kept column. Causal alone: those whose kept prefix is
+    empty (no reduction). With a bool mask the kept columns are counted, but only in a tile
+    where some row's max is -inf: a row with a kept finite value is not empty, and counting
+    costs a third reduction per row that 16-bit tiles cannot afford."""
+    if MASK == 1:
+        empty = m < m  # all False (NaN included), the shape of a row statistic
+        if tl.sum((m == float("-inf")).to(tl.int32), axis=0) > 0:
+            empty = tl.sum(keep.to(tl.int32), axis=AXIS) == 0
+        return empty
+    else:
+        return lim == 0
+
+
+@triton.jit
+def close_tile(z, keep, sink, n_cols, lim, AXIS: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
+               HAS_SINK: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, EMPTY: tl.constexpr):
     """Softmax (log_softmax) of a tile held on chip, reduced along AXIS (1: rows of the tile
     kernel, 0: columns of the column kernel), with the sink in the max and the denominator and
-    the empty-row epilogue. Returns (y, p_sink); p_sink is meaningless without HAS_SINK."""
-    m = tl.max(z, axis=AXIS)
+    the empty-row epilogue (a bool mask or causal; `lim`: the causal prefixes). Returns
+    (y, p_sink); p_sink is meaningless without HAS_SINK."""
+    m_raw = tl.max(z, axis=AXIS)
+    m = m_raw
     if HAS_SINK:
         m = finite_or_zero(tl.maximum(m, sink))
     zc = z - tl.expand_dims(m, AXIS)
@@ -156,8 +176,8 @@ def close_tile(z, keep, sink, n_cols, AXIS: tl.constexpr, LOG: tl.constexpr, ACC
         y = zc - tl.expand_dims(tl.log(total), AXIS)
     else:
         y = e * tl.expand_dims(1.0 / total, AXIS)
-    if HAS_EMPTY:
-        empty = tl.sum(keep.to(tl.int32), axis=AXIS) == 0
+    if MASK == 1 or CAUSAL:
+        empty = empty_rows_of(m_raw, keep, lim, AXIS, MASK, CAUSAL)
         y = tl.where(tl.expand_dims(empty, AXIS), empty_fill(y, n_cols, LOG, EMPTY), y)
         p = tl.where(empty, 0.0, p)
     return y, p

@@ -65,19 +65,26 @@ class Fusion:
         count of kept columns (an empty row is decided by the mask, not by values)."""
         return 3 if self.mask == 1 else 2
 
-    def constexprs(self, backward: bool = False) -> dict:
+    def constexprs(self, out_dtype: torch.dtype, backward: bool = False) -> dict:
+        """The kernels' flags; PRECISE (float32/64 outputs) asks `fused.tanh` for its
+        accurate small-argument form."""
         flags = dict(HAS_SCALE=self.has_scale, HAS_CAP=self.has_cap, MASK=self.mask, CAUSAL=self.causal,
-                     HAS_SINK=self.has_sink)
+                     HAS_SINK=self.has_sink, PRECISE=out_dtype.itemsize > 2)
         return flags if backward else dict(flags, HAS_EMPTY=self.has_empty, EMPTY=self.empty)
 
-    def operand_strides(self, layout: RowLayout) -> tuple[tuple, tuple]:
-        """((mask row strides, mask column stride), (sink row strides)) from the layout,
-        zeros for an absent operand."""
+    def operand_strides(self, layout: RowLayout) -> tuple[tuple, tuple, tuple]:
+        """((mask row strides, mask column stride), sink row strides, p_sink row strides)
+        from the layout (`core.layout.operand_strides` order), zeros for an absent operand."""
         ops_rows, ops_cols = list(layout.op_row_strides), list(layout.op_col_strides)
         zero = (0,) * len(layout.row_sizes)
         mask = (ops_rows.pop(0), ops_cols.pop(0)) if self.mask else (zero, 0)
         sink = ops_rows.pop(0) if self.has_sink else zero
-        return mask, sink
+        p = ops_rows.pop(0) if self.has_sink else zero
+        return mask, sink, p
+
+    def causal_args(self, layout: RowLayout) -> tuple[int, int, int]:
+        """(SQ, Q_DIV, C_OFF): the query of row r is (r // Q_DIV) % SQ (`RowLayout.inner_div`)."""
+        return self.sq, layout.inner_div if self.causal else 1, self.c_off
 
 
 NO_FUSION = Fusion()
@@ -186,9 +193,9 @@ class KernelPlan:
         return (*tensors, stats, counts) if self.split else tensors
 
     def fusion_args(self, layout: RowLayout) -> tuple:
-        """Mask and sink strides and the causal geometry (row kernels' order)."""
-        (m_rows, m_col), s_rows = self.fusion.operand_strides(layout)
-        return (*m_rows, m_col, *s_rows, self.fusion.sq, self.fusion.c_off)
+        """Mask, sink and p_sink strides and the causal geometry (row kernels' order)."""
+        (m_rows, m_col), s_rows, p_rows = self.fusion.operand_strides(layout)
+        return (*m_rows, m_col, *s_rows, *p_rows, *self.fusion.causal_args(layout))
 
     def calls(self, tensors: tuple, layout: RowLayout, log: bool, out_dtype: torch.dtype,
               stats=None, counts=None, values: tuple = PLAIN_SCALARS) -> list:
@@ -212,7 +219,7 @@ class TilePlan(KernelPlan):
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     BLOCK_M=self.block_m, BLOCK_N=self.block_n, NUM_STAGES=self.options.get("num_stages", 1),
-                    FLAT_ROWS=flat_rows(layout), **self.fusion.constexprs())
+                    FLAT_ROWS=flat_rows(layout), **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)
@@ -228,7 +235,7 @@ class OnlinePlan(KernelPlan):
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
-                    BLOCK_N=self.block_n, **self.fusion.constexprs())
+                    BLOCK_N=self.block_n, **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)
@@ -252,7 +259,7 @@ class SplitPlan(KernelPlan):
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
-                    PREFETCH=self.prefetch, **self.fusion.constexprs())
+                    PREFETCH=self.prefetch, **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)
@@ -276,8 +283,9 @@ class ColsPlan(KernelPlan):
                                                  v.out_red_stride)
 
     def fusion_args(self, layout):
-        """Mask (outer, reduction, inner) and sink (outer, inner) strides, causal geometry."""
-        (m_rows, m_col), s_rows = self.fusion.operand_strides(layout)
+        """Mask (outer, reduction, inner) and sink (outer, inner) strides, causal geometry
+        (rows in logical order here: p_sink at outer * n_inner + inner)."""
+        (m_rows, m_col), s_rows, _ = self.fusion.operand_strides(layout)
         return (m_rows[1], m_col, m_rows[2], s_rows[1], s_rows[2], self.fusion.sq, self.fusion.c_off)
 
     def static_args(self, layout):
@@ -288,12 +296,12 @@ class ColsPlan(KernelPlan):
         # Reduction steps past N are masked but still multiplied by the stride: cover the tile.
         reach = max(layout.n_cols, self.block_n * self.chunks) + layout.row_sizes[2]
         strides = [layout.in_col_stride, layout.out_col_stride]
-        (m_rows, m_col), _ = self.fusion.operand_strides(layout)
+        (m_rows, m_col), _, _ = self.fusion.operand_strides(layout)
         if self.fusion.mask:
             strides += [m_col, m_rows[1], m_rows[2]]
         stride = max(max(abs(s) for s in strides), 1)
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE=reach * stride > INT32_MAX,
-                    **self.fusion.constexprs())
+                    **self.fusion.constexprs(out_dtype))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(self._common_constexprs(layout, log, out_dtype), BLOCK_N=self.block_n, BLOCK_I=self.block_m)
@@ -337,15 +345,15 @@ class BackwardTilePlan(KernelPlan):
 
     def static_args(self, layout):
         _, s1, s2 = layout.row_sizes
-        (m_rows, m_col), _ = self.fusion.operand_strides(layout)
+        (m_rows, m_col), _, p_rows = self.fusion.operand_strides(layout)
         return (layout.n_rows, layout.n_cols, self.chunks, s1, s2, *layout.in_row_strides, layout.in_col_stride,
-                *m_rows, m_col, self.fusion.sq, self.fusion.c_off)
+                *m_rows, m_col, *p_rows, *self.fusion.causal_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         single = not self.split
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, SINGLE=single,
                     BLOCK_M=self.block_m if single else 1, CHUNK=self.block_n,
-                    G_POW2=next_power_of_2(self.chunks), PHASE=phase, **self.fusion.constexprs(backward=True))
+                    G_POW2=next_power_of_2(self.chunks), PHASE=phase, **self.fusion.constexprs(out_dtype, backward=True))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ...core.layout import POISON_OUTPUTS, RowLayout, allocate_rows, contiguous_strides, new_output, operand_strides
+from ...core.layout import (POISON_OUTPUTS, RowLayout, allocate_rows, contiguous_strides, mask_fastest, new_output,
+                            operand_strides)
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .launcher import bind, device_guard
@@ -50,15 +51,16 @@ def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec, materialise: bo
 
 
 def _materialised_strides(spec: SoftmaxSpec) -> tuple:
-    # The operands copied to the input's shape (mask) and row shape (sinks), contiguous.
+    # The operands copied to the input's shape (mask) and row shape (sinks), contiguous; the
+    # sinks' per-row output as `operand_strides` gives it.
     v = spec.variant
-    rows = tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape))
+    rows = row_shape(spec)
     out = []
     if v.mask is not None:
         out.append(contiguous_strides(spec.shape))
     if v.sinks is not None:
         st = contiguous_strides(rows)
-        out.append(tuple(0 if d == spec.dim else st[d] for d in range(len(spec.shape))))
+        out += [tuple(0 if d == spec.dim else st[d] for d in range(len(spec.shape)))] * 2
     return tuple(out)
 
 
@@ -77,11 +79,11 @@ def forward_layout(x: torch.Tensor, spec: SoftmaxSpec):
 def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool]:
     # y (contiguous), dy and dx (and x) share one row layout; the mask has its own strides.
     ops = operand_strides(spec)
-    layout = RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim, ops)
+    st = tuple(y.stride())
+    layout = RowLayout.from_strides(spec.shape, st, st, spec.dim, ops, mask_fastest(spec, st, st))
     if layout is not None:
         return layout, False
-    return RowLayout.from_strides(spec.shape, tuple(y.stride()), tuple(y.stride()), spec.dim,
-                                  _materialised_strides(spec)), True
+    return RowLayout.from_strides(spec.shape, st, st, spec.dim, _materialised_strides(spec)), True
 
 
 def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None,

@@ -57,15 +57,14 @@ _finite_or_zero = finite_or_zero
 def softmax_tile_kernel(
     x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
-    ms0, ms1, ms2, msn, ss0, ss1, ss2, SQ, C_OFF,
+    ms0, ms1, ms2, msn, ss0, ss1, ss2, ps0, ps1, ps2, SQ, Q_DIV, C_OFF,
     scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, FLAT_ROWS: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     cols = tl.arange(0, BLOCK_N)
     if WIDE_COLS:
         cols = cols.to(tl.int64)
@@ -80,15 +79,18 @@ def softmax_tile_kernel(
             y_off = rows * ys2
             m_off = rows * ms2
             s_off = rows * ss2
+            p_off = rows * ps2
         else:
             x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
             y_off = _row_offsets(rows, S1, S2, ys0, ys1, ys2)
             m_off = _row_offsets(rows, S1, S2, ms0, ms1, ms2)
             s_off = _row_offsets(rows, S1, S2, ss0, ss1, ss2)
+            p_off = _row_offsets(rows, S1, S2, ps0, ps1, ps2)
         row_ok = rows < n_rows
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
         if CAUSAL:
-            live = row_ok[:, None] & (cols[None, :] < col_limit(rows, n_cols, SQ, C_OFF, CAUSAL)[:, None])
+            live = row_ok[:, None] & (cols[None, :] < lim[:, None])
         else:
             live = mask
         x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * xsn, mask=live, other=float("-inf")).to(acc_ty)
@@ -97,25 +99,24 @@ def softmax_tile_kernel(
         sink = 0.0
         if HAS_SINK:
             sink = tl.load(s_ptr + s_off, mask=row_ok, other=0.0).to(acc_ty)
-        y, p = close_tile(z, keep, sink, n_cols, 1, LOG, ACC_FP64, HAS_SINK, HAS_EMPTY, EMPTY)
+        y, p = close_tile(z, keep, sink, n_cols, lim, 1, LOG, ACC_FP64, HAS_SINK, MASK, CAUSAL, EMPTY)
         tl.store(y_ptr + y_off[:, None] + cols[None, :] * ysn, y.to(y_ptr.dtype.element_ty), mask=mask)
         if HAS_SINK:
-            tl.store(p_ptr + rows, p.to(p_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(p_ptr + p_off, p.to(p_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
 def softmax_online_kernel(
     x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
-    ms0, ms1, ms2, msn, ss0, ss1, ss2, SQ, C_OFF,
+    ms0, ms1, ms2, msn, ss0, ss1, ss2, ps0, ps1, ps2, SQ, Q_DIV, C_OFF,
     scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     cols0 = tl.arange(0, BLOCK_N)
     if WIDE_COLS:
         cols0 = cols0.to(tl.int64)
@@ -124,7 +125,7 @@ def softmax_online_kernel(
         x_row = x_ptr + _row_offsets(row64, S1, S2, xs0, xs1, xs2)
         y_row = y_ptr + _row_offsets(row64, S1, S2, ys0, ys1, ys2)
         m_row = m_ptr + _row_offsets(row64, S1, S2, ms0, ms1, ms2)
-        lim = col_limit(row64, n_cols, SQ, C_OFF, CAUSAL)
+        lim = col_limit(row64, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
         # Pass 1: per-lane running max m and sum s of exp(z - m), over the columns read.
         m = tl.full([BLOCK_N], float("-inf"), acc_ty)
         s = tl.zeros([BLOCK_N], acc_ty)
@@ -154,7 +155,8 @@ def softmax_online_kernel(
         if HAS_EMPTY:
             empty = tl.sum(kept, axis=0) == 0
         if HAS_SINK:
-            tl.store(p_ptr + row64, sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty))
+            tl.store(p_ptr + _row_offsets(row64, S1, S2, ps0, ps1, ps2),
+                     sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty))
         # log_softmax subtracts m and log(sum) separately: folding them into one shift would
         # round m + log(sum) at the magnitude of m and lose the small outputs' precision.
         log_total = tl.log(total)
@@ -219,12 +221,12 @@ def _row_depart(count_ptr, row, n_chunks):
 def softmax_split_kernel(
     x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
-    ms0, ms1, ms2, msn, ss0, ss1, ss2, SQ, C_OFF,
+    ms0, ms1, ms2, msn, ss0, ss1, ss2, ps0, ps1, ps2, SQ, Q_DIV, C_OFF,
     scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
     CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
 
@@ -240,7 +242,6 @@ def softmax_split_kernel(
     overlaps the wait and the stores of the current one (at twice the registers).
     """
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
-    PRECISE: tl.constexpr = y_ptr.dtype.element_ty.primitive_bitwidth > 16  # float32/64 outputs
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
     offs = tl.arange(0, CHUNK)
@@ -251,13 +252,13 @@ def softmax_split_kernel(
     if PREFETCH:
         row, chunk, cols = _chunk_at(tl.program_id(0), n_chunks, offs, CHUNK)
         z, keep = _chunk_logits(x_ptr, m_ptr, tl.program_id(0), n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2,
-                                xsn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                xsn, ms0, ms1, ms2, msn, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
                                 HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
     for item in tl.range(tl.program_id(0), n_items, nprog):
         if not PREFETCH:
             row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
             z, keep = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
-                                    ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                    ms0, ms1, ms2, msn, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
                                     HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
         stats_row = stats_ptr + row * (NSTAT * n_chunks)
         if PHASE != 2:
@@ -273,7 +274,7 @@ def softmax_split_kernel(
         if PREFETCH:
             row_next, chunk_next, cols_next = _chunk_at(item + nprog, n_chunks, offs, CHUNK)
             z_next, keep_next = _chunk_logits(x_ptr, m_ptr, item + nprog, n_items, n_cols, row_next, cols_next, S1, S2,
-                                              xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn, SQ, C_OFF, scale_hi, scale_lo,
+                                              xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn, SQ, Q_DIV, C_OFF, scale_hi, scale_lo,
                                               cap_hi, cap_lo, acc_ty, HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
         if PHASE == 0:
             _row_wait(count_ptr, row, arrived, n_chunks)
@@ -291,7 +292,7 @@ def softmax_split_kernel(
                 kept = tl.load(stats_row + NSTAT * g + 2, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
                 empty = tl.sum(kept, axis=0) == 0
             elif CAUSAL:
-                empty = col_limit(row, n_cols, SQ, C_OFF, CAUSAL) == 0
+                empty = col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL) == 0
             if PHASE == 0:
                 _row_depart(count_ptr, row, n_chunks)
                 y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
@@ -302,7 +303,8 @@ def softmax_split_kernel(
             tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
             if HAS_SINK:
-                tl.store(p_ptr + row, sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty),
+                tl.store(p_ptr + _row_offsets(row, S1, S2, ps0, ps1, ps2),
+                         sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty),
                          mask=(row * 0 + chunk) == 0)
         if PREFETCH:
             z, keep, row, chunk, cols = z_next, keep_next, row_next, chunk_next, cols_next
@@ -322,12 +324,12 @@ def _chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
 
 @triton.jit
 def _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn,
-                  SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr,
+                  SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr,
                   HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                   ACC_FP64: tl.constexpr, PRECISE: tl.constexpr):
     """(z, keep) of work item `item`'s chunk after the prologue (all -inf past the last item)."""
     item64 = tl.cast(item, tl.int64)
-    lim = tl.where(item64 < n_items, col_limit(row, n_cols, SQ, C_OFF, CAUSAL), 0)
+    lim = tl.where(item64 < n_items, col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL), 0)
     live = cols < lim
     x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live,
                 other=float("-inf")).to(acc_ty)
