@@ -14,7 +14,9 @@ Writes DIR/latency_wave.{json,csv,png}:
   async call and its wait, the whole API call), medians of single timed calls;
 * `bandwidth`: 4096x4096 fp32 in GB/s (bytes read + written): wave per call through the API,
   wave through IREE's queue with the calls chained by fences and one wait at the end (the
-  asynchronous ABI's throughput), triton and torch (do_bench, L2 flushed).
+  asynchronous ABI's throughput), triton and torch (do_bench, L2 flushed);
+* with `--ptx`, `direct_launch_floor`: the same compiled kernel launched by the CUDA driver on
+  torch's stream (no IREE runtime): how much of a call is IREE's queue.
 """
 
 from __future__ import annotations
@@ -105,6 +107,43 @@ def breakdown(calls: int = 300) -> dict:
                                                                calls),
         "torch.softmax": _median_us(lambda: torch.softmax(x, -1), calls),
     }
+
+
+def direct_launch(ptx: Path, calls: int) -> dict:
+    """A floor, not a path of the backend: the PTX that IREE compiled for the plain 8x1024 fp32
+    kernel (dumped with --iree-hal-dump-executable-files-to), launched by the CUDA driver
+    (cuda.bindings) on torch's stream, no IREE runtime in the call. Its arguments as IREE's
+    CUDA HAL passes them: the two buffers, then M as two 32-bit push constants; one row per
+    block along grid y, 128 threads (the PTX's .maxntid), the block exchange's dynamic shared
+    memory (16 bytes; 1 KiB given)."""
+    import ctypes
+
+    from cuda.bindings import driver as cu
+
+    def ok(result):
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"CUDA driver: {err}")
+        return rest[0] if rest else None
+
+    x = torch.randn(8, 1024, device="cuda") * 3
+    torch.cuda.synchronize()
+    ok(cu.cuInit(0))
+    module = ok(cu.cuModuleLoadData(ptx.read_bytes() + b"\0"))
+    fn = ok(cu.cuModuleGetFunction(module, b"softmax"))
+    stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
+    types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32)
+
+    def call():
+        out = torch.empty_like(x)
+        ok(cu.cuLaunchKernel(fn, 1, x.shape[0], 1, 128, 1, 1, 1024, stream,
+                             ((x.data_ptr(), out.data_ptr(), x.shape[0], 0), types), 0))
+        return out
+
+    spec = SoftmaxSpec.from_tensor(x, -1)
+    check = compare(call(), x, spec, "cuda")
+    return dict(device=torch.cuda.get_device_name(), shape=[8, 1024], ok=check.ok, detail=check.detail,
+                host_us=back_to_back_us(call, "cuda", calls, warmup=20), single_call_us=_median_us(call, 300))
 
 
 def _chained_us(loaded, views, calls: int) -> float:
@@ -205,6 +244,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--before", help="latency.json of the previous code (sync entry point)")
     p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--ptx", help="IREE's PTX of the plain 8x1024 fp32 kernel: also time it launched directly")
     args = p.parse_args(argv)
     device = torch.cuda.get_device_name()
     rows = latency.measure(args.calls, providers=PROVIDERS)
@@ -213,6 +253,11 @@ def main(argv=None) -> int:
         rows += [dict(r, provider=BEFORE) for r in before["results"] if r["provider"] == "anysoftmax:wave"]
     rows += fused_rows(args.calls)
     doc = dict(device=device, torch=torch.__version__, results=rows, breakdown=breakdown(), bandwidth=bandwidth())
+    if args.ptx:
+        try:
+            doc["direct_launch_floor"] = direct_launch(Path(args.ptx), args.calls)
+        except Exception as exc:  # an experiment: recorded, never fatal
+            doc["direct_launch_floor"] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
     paths = write(doc, Path(args.out))
     from anysoftmax.bench.tables import latency_table
 
@@ -222,6 +267,7 @@ def main(argv=None) -> int:
             print(f"{device}: fused {r['variant']} {'x'.join(map(str, r['shape']))} {r['provider']}: "
                   f"{r['status']} {r.get('host_us', float('nan')):.1f} us per call ({r.get('gpu_us', float('nan')):.1f})")
     print(json.dumps(doc["breakdown"], indent=1))
+    print("direct launch floor:", json.dumps(doc.get("direct_launch_floor")))
     for r in doc["bandwidth"]:
         print(f"{r['device']}: {r['provider']:<48} {r['us']:9.1f} us {r['gbps']:8.1f} GB/s  ({r['timing']})")
     print("wrote " + ", ".join(map(str, paths)))

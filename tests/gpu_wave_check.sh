@@ -9,6 +9,8 @@
 #   before/ and before_cache/ (optional): the previous anysoftmax/ and its kernels
 #             (`python -m anysoftmax.backends.wave.aot --shapes 128,512,1024,2048,4096,32768,151936
 #             --ops softmax --target sm_80`), for the per-call cost before this code
+#   ptx/      (optional) IREE's PTX of the plain 8x1024 fp32 kernel (iree-compile
+#             --iree-hal-dump-executable-files-to=DIR), timed launched directly as a floor
 # Run from the repository root on the GPU host; results go to $OUT (default ./wave_gpu_out):
 # latency_wave.{json,csv,png} and logs.tgz (pytest logs, per-test errors as JSON lines).
 set -u
@@ -45,7 +47,8 @@ if [ -d "$W/before" ]; then
     >"$LOGS/latency_before.txt" 2>&1
   before=$(ls "$LOGS"/before/*/latency.json 2>/dev/null | head -1)
 fi
-timeout "${BENCH_S:-180}" python3 benchmarks/wave_latency.py --out "$OUT" ${before:+--before "$before"} \
+ptx=$(ls "$W"/ptx/*.ptx 2>/dev/null | head -1)
+timeout "${BENCH_S:-180}" python3 benchmarks/wave_latency.py --out "$OUT" ${before:+--before "$before"} ${ptx:+--ptx "$ptx"} \
   2>&1 | tee "$LOGS/latency_wave.txt" | tail -n 60
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
 exit $status
