@@ -271,6 +271,10 @@ def needed_specs() -> list[SoftmaxSpec]:
     specs += [spec_of(BY_NAME[name], MANY_ROWS) for name in MANY_ROWS_CASES]
     specs += [spec_of(BY_NAME[name], (2, 8, 256, 256)) for name in GRADIENT_CASES]
     specs.append(spec_of(BY_NAME["scale_softcap"], (256, 1024)))
+    # benchmarks/wave_latency.py's fused request
+    x = meta((8, 1024), torch.float32)
+    specs.append(SoftmaxSpec.from_request(x, -1, fused=dict(scale=0.3, mask=meta((8, 1024), torch.bool),
+                                                            sinks=meta((8, 1), torch.float32)))[0])
     return specs
 
 
