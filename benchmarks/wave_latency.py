@@ -95,18 +95,46 @@ def breakdown(calls: int = 300) -> dict:
     dev = loaded.device
     views = (runtime._import(dev, x), runtime._import(dev, y))
     stream = torch.cuda.current_stream()
-    return {
+    api = lambda: anysoftmax.softmax(x, -1, backend="wave")  # noqa: E731
+    out = {
         "device": torch.cuda.get_device_name(),
         "shape": [8, 1024],
+        "spin_us (default)": runtime.SPIN_S * 1e6,
         "torch stream synchronize (idle)": _median_us(stream.synchronize, calls),
         "2 DLPack imports": _median_us(lambda: (runtime._import(dev, x), runtime._import(dev, y)), calls),
-        "async call + wait on its fence (views imported once)": _median_us(
-            lambda: runtime.invoke(loaded, [views[0]], [views[1]], []), calls),
-        "runtime.launch (sync, imports, call, wait)": _median_us(lambda: runtime.launch(loaded, x, y), calls),
-        "anysoftmax.softmax(x, -1, backend='wave')": _median_us(lambda: anysoftmax.softmax(x, -1, backend="wave"),
-                                                               calls),
-        "torch.softmax": _median_us(lambda: torch.softmax(x, -1), calls),
     }
+    spin = runtime.SPIN_S
+    for label, s in (("blocking wait", 0.0), ("polled wait", spin or 200e-6)):
+        runtime.SPIN_S = s
+        out[f"async call + {label} (views imported once)"] = _median_us(
+            lambda: runtime.invoke(loaded, [views[0]], [views[1]], []), calls)
+        out[f"runtime.launch, {label} (sync, imports, call, wait)"] = _median_us(
+            lambda: runtime.launch(loaded, x, y), calls)
+        out[f"anysoftmax.softmax(x, -1, backend='wave'), {label}"] = _median_us(api, calls)
+        out[f"anysoftmax.softmax(x, -1, backend='wave'), {label}, back to back"] = back_to_back_us(api, "cuda", calls)
+    runtime.SPIN_S = spin
+    out["torch.softmax"] = _median_us(lambda: torch.softmax(x, -1), calls)
+    return out
+
+
+def profile(calls: int = 300) -> str:
+    """cProfile of `calls` API calls (8x1024 fp32): where the host time of a call goes."""
+    import cProfile
+    import io
+    import pstats
+
+    x = torch.randn(8, 1024, device="cuda")
+    anysoftmax.softmax(x, -1, backend="wave")
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        anysoftmax.softmax(x, -1, backend="wave")
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    return text.getvalue()
 
 
 def direct_launch(ptx: Path, calls: int) -> dict:
@@ -252,7 +280,8 @@ def main(argv=None) -> int:
         before = json.loads(Path(args.before).read_text())
         rows += [dict(r, provider=BEFORE) for r in before["results"] if r["provider"] == "anysoftmax:wave"]
     rows += fused_rows(args.calls)
-    doc = dict(device=device, torch=torch.__version__, results=rows, breakdown=breakdown(), bandwidth=bandwidth())
+    doc = dict(device=device, torch=torch.__version__, results=rows, breakdown=breakdown(), bandwidth=bandwidth(),
+               profile=profile())
     if args.ptx:
         try:
             doc["direct_launch_floor"] = direct_launch(Path(args.ptx), args.calls)
@@ -267,6 +296,7 @@ def main(argv=None) -> int:
             print(f"{device}: fused {r['variant']} {'x'.join(map(str, r['shape']))} {r['provider']}: "
                   f"{r['status']} {r.get('host_us', float('nan')):.1f} us per call ({r.get('gpu_us', float('nan')):.1f})")
     print(json.dumps(doc["breakdown"], indent=1))
+    print(doc["profile"])
     print("direct launch floor:", json.dumps(doc.get("direct_launch_floor")))
     for r in doc["bandwidth"]:
         print(f"{r['device']}: {r['provider']:<48} {r['us']:9.1f} us {r['gbps']:8.1f} GB/s  ({r['timing']})")

@@ -25,7 +25,7 @@ cd "$W/src"
 status=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, iree.runtime as rt; print('torch', torch.__version__, '|', torch.cuda.get_device_name(), '| iree', rt.version.VERSION)"
+  python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '|', torch.cuda.get_device_name(), '| iree-base-runtime', m.version('iree-base-runtime'))"
   echo "seed $ANYSOFTMAX_TEST_SEED"
 } 2>&1 | tee "$LOGS/gpu.txt"
 
@@ -42,9 +42,10 @@ rc=$?; [ $rc -ne 0 ] && status=$rc; echo "== pytest (host copies): exit $rc"; ta
 # Per call and bandwidth: the previous code (Wave's synchronous entry point) first, if carried.
 before=""
 if [ -d "$W/before" ]; then
-  PYTHONPATH=/tmp/site:$W/before ANYSOFTMAX_CACHE_DIR=$W/before_cache timeout 80 \
+  # (run from before/: `python -m` puts the current folder first on sys.path)
+  (cd "$W/before" && PYTHONPATH=/tmp/site:$W/before ANYSOFTMAX_CACHE_DIR=$W/before_cache timeout 80 \
     python3 -m anysoftmax.bench.softmax --latency --providers anysoftmax:wave --calls 1000 --out "$LOGS/before" \
-    >"$LOGS/latency_before.txt" 2>&1
+    >"$LOGS/latency_before.txt" 2>&1)
   before=$(ls "$LOGS"/before/*/latency.json 2>/dev/null | head -1)
 fi
 ptx=$(ls "$W"/ptx/*.ptx 2>/dev/null | head -1)

@@ -194,11 +194,18 @@ def build_kernel(key: KernelKey):
             cap = tkw.bitcast(tkw.broadcast(softcap, target_shape=[M, N]), f32)
             z = cap * tkw.tanh(z / cap)
         col = tkw.broadcast(tkw.self_index(N, tkl.i32), target_shape=[M, N])
+        sq, off = f.causal_sq, f.causal_offset
         if f.causal_sq:
-            # Kept: inside the row and at or before the row's last key (q + offset).
+            # Kept: inside the row and at or before the row's last key, j <= q + offset. Wave
+            # 3.9.1 emits index arithmetic with overflow<nsw, nuw> (codegen/emitter.py), so an
+            # index that goes negative is poison (seen on the H100: bottom_right rows with
+            # q < -offset came out empty, and so did the rest): the offset moves to the side
+            # where it is positive, j + (-offset) <= q.
             r = tkw.broadcast(tkw.self_index(M, tkl.i32), target_shape=[M, N])
-            sq, off = f.causal_sq, f.causal_offset
-            live = tkw.apply_expr([r, col], lambda i, j: (j < N) & (j <= (i + ROW0) % sq + off))
+            if off >= 0:
+                live = tkw.apply_expr([r, col], lambda i, j: (j < N) & (j <= (i + ROW0) % sq + off))
+            else:
+                live = tkw.apply_expr([r, col], lambda i, j: (j < N) & (j - off <= (i + ROW0) % sq))
         else:
             live = tkw.apply_expr(col, lambda j: j < N)
         live = tkw.cast(live, tkw.i1)
@@ -241,9 +248,8 @@ def build_kernel(key: KernelKey):
             kept = tkw.select(live, tkl.Register[M, N, f32](1.0), tkl.Register[M, N, f32](0.0))
             kept = tkw.select(excluded, tkl.Register[M, N, f32](0.0), kept)
             empty = tkw.sum(kept, dim=N, block=True) < tkl.Register[M, f32](0.5)
-        elif f.empty == "causal":
-            r1 = tkw.self_index(M, tkl.i32)
-            empty = tkw.apply_expr(r1, lambda i: (i + ROW0) % f.causal_sq + f.causal_offset < 0)
+        elif f.empty == "causal":  # q + offset < 0, i.e. q < -offset (offset < 0 here; see above)
+            empty = tkw.apply_expr(tkw.self_index(M, tkl.i32), lambda i: (i + ROW0) % sq < -off)
         if empty is not None:
             empty = tkw.cast(empty, tkw.i1)
             fill = tkl.Register[M, N, f32](empty_value(f.empty_rows, key.n, key.log))

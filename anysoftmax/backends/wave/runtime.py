@@ -14,7 +14,7 @@ How a call is ordered against torch's stream (`ANYSOFTMAX_WAVE_TRANSFER`):
   `_CudaSemaphoreInterop` in wave_lang/runtime/device.py), so the order is kept on the host:
   torch's stream is synchronised before the call (x written, y allocated), the call waits on
   an empty fence and signals the device's timeline semaphore, and the host waits for that
-  value before returning (IREE's writes done). The outputs are imported as the kernel's tied
+  value before returning (IREE's writes done; `wait` polls briefly before it blocks). The outputs are imported as the kernel's tied
   results: IREE writes into y (and p_sink) in place; checked once per loaded kernel, and a
   kernel whose results came back elsewhere has them copied on every call.
 * ``host``: copies through host memory (inputs up, results down). About 100 times slower;
@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -40,6 +41,10 @@ from . import hiplib
 from .kernel import ENTRY_POINT, MAX_ROWS_PER_LAUNCH
 
 ENV_TRANSFER = "ANYSOFTMAX_WAVE_TRANSFER"
+# How long a call polls its fence before it blocks on it, in seconds ($ANYSOFTMAX_WAVE_SPIN_US,
+# microseconds; 0 blocks at once). IREE signals the fence from its completion thread; a thread
+# blocked on it is woken some microseconds later, which a small kernel's call can do without.
+SPIN_S = float(os.environ.get("ANYSOFTMAX_WAVE_SPIN_US", "200")) * 1e-6
 TRANSFERS = ("dlpack", "host")
 # Byte alignment IREE requires of an imported buffer (buffer_heap.c: "must be aligned to 64").
 ALIGNMENT = 64
@@ -187,6 +192,19 @@ def _sync_torch(t: torch.Tensor) -> None:
         torch.cuda.current_stream(t.device).synchronize()
 
 
+def wait(semaphore, value: int) -> None:
+    """Return once `semaphore` has reached `value`: polled for up to `SPIN_S`, then blocked on.
+    A failed semaphore raises (from `query` or `wait`)."""
+    if SPIN_S > 0:
+        deadline = time.perf_counter() + SPIN_S
+        while semaphore.query() < value:
+            if time.perf_counter() > deadline:
+                break
+        else:
+            return
+    semaphore.wait(value)
+
+
 def invoke(kernel: LoadedKernel, inputs: list, outputs: list[torch.Tensor], values: list) -> list:
     """One call of the async entry point on buffer views `inputs` + `outputs` (in the kernel's
     argument order) and int32 `values` (floats travel as their bits: `backend.f32_bits`):
@@ -208,7 +226,7 @@ def invoke(kernel: LoadedKernel, inputs: list, outputs: list[torch.Tensor], valu
         args.push_ref(rt.HalFence(0))  # nothing to wait for: torch's stream was synchronised
         args.push_ref(signal)
         kernel.context.invoke(kernel.function, args, rets)
-        signal.wait()
+        wait(dev.timeline, dev.value)
     return [rets.get_variant(i).deref(rt.HalBufferView) for i in range(len(outputs))]
 
 
@@ -270,13 +288,15 @@ def launch(kernel: LoadedKernel, x: torch.Tensor, y: torch.Tensor, *, operands: 
     operands = [_aligned(t, transfer) for t in operands]
     if transfer == "dlpack":
         _sync_torch(x)  # x written and the outputs allocated on torch's stream; IREE runs on its own
-    how = "in-place"
     row_bytes = (x.shape[1] * x.element_size(), y.shape[1] * y.element_size()) + ((4,) if p_sink is not None else ())
     chunk = rows_per_launch(row_bytes)
-    for start in range(0, x.shape[0], chunk):
-        stop = start + chunk
-        how = call(kernel, [x[start:stop], *operands], [t[start:stop] for t in outs],
-                   [*values, *([start] if with_row else [])])
+    if x.shape[0] <= chunk:  # one launch (the usual case): no row views to make
+        how = call(kernel, [x, *operands], outs, [*values, *([0] if with_row else [])])
+    else:
+        for start in range(0, x.shape[0], chunk):
+            stop = start + chunk
+            how = call(kernel, [x[start:stop], *operands], [t[start:stop] for t in outs],
+                       [*values, *([start] if with_row else [])])
     for dest, out in zip(given, outs):
         if dest is not out:
             dest.copy_(out)
