@@ -12,7 +12,8 @@
 #   ptx/      (optional) IREE's PTX of the plain 8x1024 fp32 kernel (iree-compile
 #             --iree-hal-dump-executable-files-to=DIR), timed launched directly as a floor
 # Run from the repository root on the GPU host; results go to $OUT (default ./wave_gpu_out):
-# latency_wave.{json,csv,png} and logs.tgz (pytest logs, per-test errors as JSON lines).
+# latency_wave.{json,csv,png}, latency_wave_ab.json and logs.tgz (pytest logs, per-test errors
+# as JSON lines).
 set -u
 W=$(cd "${WAVE_GPU_DIR:-.gpu/wave}" && pwd)
 OUT=${OUT:-$PWD/wave_gpu_out}
@@ -51,5 +52,9 @@ fi
 ptx=$(ls "$W"/ptx/*.ptx 2>/dev/null | head -1)
 timeout "${BENCH_S:-180}" python3 benchmarks/wave_latency.py --out "$OUT" ${before:+--before "$before"} ${ptx:+--ptx "$ptx"} \
   2>&1 | tee "$LOGS/latency_wave.txt" | tail -n 60
+# The same per-call comparison in one process, interleaved (latency_wave_ab.json).
+old_vmfb=$(ls "$W"/before_cache/wave/*/cuda-sm_80/softmax_n1024_float32-float32.vmfb 2>/dev/null | head -1)
+[ -n "$old_vmfb" ] && timeout 60 python3 benchmarks/wave_ab.py --before-vmfb "$old_vmfb" --out "$OUT" \
+  >"$LOGS/latency_wave_ab.txt" 2>&1
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
 exit $status

@@ -593,6 +593,22 @@ def test_rows_per_launch_keeps_chunks_aligned(row_bytes):
     assert all(rows * size % runtime.ALIGNMENT == 0 for size in row_bytes)
 
 
+@pytest.mark.parametrize("make, dim", [(lambda: torch.randn(3, 5, 8), -1), (lambda: torch.randn(3, 5, 8), 1),
+                                       (lambda: torch.randn(8, 5).t(), -1), (lambda: torch.randn(()), 0)])
+def test_rows_round_trip(make, dim):
+    from anysoftmax.backends.wave.backend import as_rows, from_rows
+
+    x = make()
+    spec = SoftmaxSpec.from_tensor(x, dim)
+    rows = as_rows(x, spec)
+    assert rows.is_contiguous() and rows.shape == (spec.n_rows if x.dim() else 1, spec.n_cols)
+    no_copy = x.dim() == 0 or (spec.dim == x.dim() - 1 and x.is_contiguous())
+    assert (rows.data_ptr() == x.data_ptr()) == no_copy  # the one copy, only where rows are not dense
+    assert torch.equal(rows, x.movedim(spec.dim, -1).reshape(rows.shape) if x.dim() else x.reshape(1, 1))
+    back = from_rows(rows.clone(), x, spec)
+    assert torch.equal(back, x) and back.is_contiguous()
+
+
 # --- the backend's host side with the kernel emulated in torch (pure) -----------------------------
 
 

@@ -181,9 +181,12 @@ class WaveBackend:
 
 def as_rows(x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
     """`x` as a contiguous (rows, N) tensor, N being the reduced dim: the one copy this backend
-    makes (none when `dim` is last and `x` contiguous), since Wave reads dense 2-D buffers."""
+    makes (none when `dim` is last and `x` contiguous), since Wave reads dense 2-D buffers.
+    (The common case is a view alone: each torch call costs microseconds of the call.)"""
     if x.dim() == 0:
         return x.reshape(1, 1)
+    if spec.dim == x.dim() - 1 and x.is_contiguous():
+        return x.view(-1, spec.n_cols)
     return x.movedim(spec.dim, -1).contiguous().view(-1, spec.n_cols)
 
 
@@ -191,4 +194,6 @@ def from_rows(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Te
     """The (rows, N) result back in `x`'s shape, contiguous (a copy only when `dim` is not last)."""
     if x.dim() == 0:
         return out.view(())
+    if spec.dim == x.dim() - 1:
+        return out.view(x.shape)
     return out.view(x.movedim(spec.dim, -1).shape).movedim(-1, spec.dim).contiguous()

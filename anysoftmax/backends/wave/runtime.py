@@ -33,6 +33,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -253,6 +254,7 @@ def _call_host(kernel: LoadedKernel, inputs: list[torch.Tensor], outputs: list[t
 
 # ---- a whole launch: row chunks --------------------------------------------------------------
 
+@lru_cache(maxsize=256)
 def rows_per_launch(row_bytes: tuple[int, ...]) -> int:
     """Rows per launch: at most `MAX_ROWS_PER_LAUNCH`, and a multiple of the row count that
     keeps every chunk's start on the `ALIGNMENT` IREE requires of imported buffers, for rows
