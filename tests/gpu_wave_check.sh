@@ -1,38 +1,60 @@
 #!/usr/bin/env bash
-# Wave conformance and timings on an NVIDIA GPU through IREE's CUDA path, with nothing but the
-# iree-base-runtime wheel installed: the kernels are precompiled (sm_80) into .wave_gpu/cache.
-#
-# Prepare on a machine with the `wave` extra (from the repository root):
-#   ANYSOFTMAX_CACHE_DIR=$PWD/.wave_gpu/cache python tests/test_wave_gpu.py precompile --target sm_80
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 -d .wave_gpu iree-base-runtime==3.9.0
-# Then run this from the repository root on the GPU host; logs go to $OUT (default ./wave_gpu_out).
+# Wave conformance, per-call cost and bandwidth on an NVIDIA GPU through IREE's CUDA HAL, with
+# nothing but the iree-base-runtime wheel installed there: every kernel is precompiled (sm_80)
+# on a CPU machine. One folder travels ($WAVE_GPU_DIR, default .gpu/wave):
+#   src/      this checkout's anysoftmax/, tests/, benchmarks/wave_latency.py, pyproject.toml
+#   cache/    ANYSOFTMAX_CACHE_DIR=$PWD/cache python tests/test_wave_gpu.py precompile --target sm_80
+#   whl/      pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#                 --platform manylinux_2_28_x86_64 -d whl iree-base-runtime==3.9.0
+#   before/ and before_cache/ (optional): the previous anysoftmax/ and its kernels
+#             (`python -m anysoftmax.backends.wave.aot --shapes 128,512,1024,2048,4096,32768,151936
+#             --ops softmax --target sm_80`), for the per-call cost before this code
+#   ptx/      (optional) IREE's PTX of the plain 8x1024 fp32 kernel (iree-compile
+#             --iree-hal-dump-executable-files-to=DIR), timed launched directly as a floor
+# Run from the repository root on the GPU host; results go to $OUT (default ./wave_gpu_out):
+# latency_wave.{json,csv,png}, latency_wave_ab.json and logs.tgz (pytest logs, per-test errors
+# as JSON lines).
 set -u
+W=$(cd "${WAVE_GPU_DIR:-.gpu/wave}" && pwd)
 OUT=${OUT:-$PWD/wave_gpu_out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .wave_gpu/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-export ANYSOFTMAX_WAVE_ON_CUDA=1 ANYSOFTMAX_CACHE_DIR=$PWD/.wave_gpu/cache PYTHONUNBUFFERED=1
-
+LOGS=/tmp/wave_logs
+mkdir -p "$OUT" "$LOGS"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$W"/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$W/src ANYSOFTMAX_WAVE_ON_CUDA=1 ANYSOFTMAX_CACHE_DIR=$W/cache PYTHONUNBUFFERED=1
+export ANYSOFTMAX_TEST_SEED=${ANYSOFTMAX_TEST_SEED:-$RANDOM$RANDOM}
+cd "$W/src"
+status=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 - <<'PY'
-import torch, iree.runtime as rt
-from anysoftmax.backends.wave import WaveBackend, diskcache
-print("torch", torch.__version__, "|", torch.cuda.get_device_name(), "| uuid", torch.cuda.get_device_properties(0).uuid)
-print("iree cuda devices:", rt.get_driver("cuda").query_available_devices())
-print("cache:", diskcache.vmfb_path.__module__, diskcache.cache_dir(), "kernels:", diskcache.has_kernels("cuda-sm_80"))
-print("is_available:", WaveBackend().is_available())
-PY
-} 2>&1 | tee "$OUT/gpu.txt"
+  python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '|', torch.cuda.get_device_name(), '| iree-base-runtime', m.version('iree-base-runtime'))"
+  echo "seed $ANYSOFTMAX_TEST_SEED"
+} 2>&1 | tee "$LOGS/gpu.txt"
 
-status=0
-for mode in dlpack host; do
-  rm -f "$OUT/results_$mode.jsonl"
-  ANYSOFTMAX_WAVE_TRANSFER=$mode ANYSOFTMAX_WAVE_RESULTS="$OUT/results_$mode.jsonl" \
-    timeout 170 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_wave_gpu.py >"$OUT/pytest_$mode.log" 2>&1
-  rc=$?; [ $rc -ne 0 ] && status=$rc
-  echo "== pytest ($mode transfer): exit $rc"; tail -n 25 "$OUT/pytest_$mode.log"
-done
-timeout 120 python3 tests/test_wave_gpu.py bench 2>&1 | tee "$OUT/bench.txt"
+# Conformance: the plain softmax and every member of the fused family (tests/test_wave_gpu.py),
+# zero-copy (DLPack), then a few through host copies.
+ANYSOFTMAX_WAVE_RESULTS="$LOGS/results_dlpack.jsonl" timeout "${PYTEST_S:-270}" \
+  python3 -m pytest -q -rfE -p no:cacheprovider -n "${WORKERS:-8}" tests/test_wave_gpu.py >"$LOGS/pytest_dlpack.log" 2>&1
+rc=$?; [ $rc -ne 0 ] && status=$rc; echo "== pytest (dlpack): exit $rc"; tail -n 30 "$LOGS/pytest_dlpack.log"
+ANYSOFTMAX_WAVE_TRANSFER=host ANYSOFTMAX_WAVE_RESULTS="$LOGS/results_host.jsonl" timeout 45 \
+  python3 -m pytest -q -rfE -p no:cacheprovider tests/test_wave_gpu.py -k "2x128 and (softmax or float32)" \
+  >"$LOGS/pytest_host.log" 2>&1
+rc=$?; [ $rc -ne 0 ] && status=$rc; echo "== pytest (host copies): exit $rc"; tail -n 5 "$LOGS/pytest_host.log"
+
+# Per call and bandwidth: the previous code (Wave's synchronous entry point) first, if carried.
+before=""
+if [ -d "$W/before" ]; then
+  # (run from before/: `python -m` puts the current folder first on sys.path)
+  (cd "$W/before" && PYTHONPATH=/tmp/site:$W/before ANYSOFTMAX_CACHE_DIR=$W/before_cache timeout 80 \
+    python3 -m anysoftmax.bench.softmax --latency --providers anysoftmax:wave --calls 1000 --out "$LOGS/before" \
+    >"$LOGS/latency_before.txt" 2>&1)
+  before=$(ls "$LOGS"/before/*/latency.json 2>/dev/null | head -1)
+fi
+ptx=$(ls "$W"/ptx/*.ptx 2>/dev/null | head -1)
+timeout "${BENCH_S:-180}" python3 benchmarks/wave_latency.py --out "$OUT" ${before:+--before "$before"} ${ptx:+--ptx "$ptx"} \
+  2>&1 | tee "$LOGS/latency_wave.txt" | tail -n 60
+# The same per-call comparison in one process, interleaved (latency_wave_ab.json).
+old_vmfb=$(ls "$W"/before_cache/wave/*/cuda-sm_80/softmax_n1024_float32-float32.vmfb 2>/dev/null | head -1)
+[ -n "$old_vmfb" ] && timeout 60 python3 benchmarks/wave_ab.py --before-vmfb "$old_vmfb" --out "$OUT" \
+  >"$LOGS/latency_wave_ab.txt" 2>&1
+tar czf "$OUT/logs.tgz" -C "$LOGS" .
 exit $status

@@ -3,13 +3,20 @@
 AMD GPUs run it normally (`device="hip"`, target read from the GPU). On NVIDIA it is an opt-in
 validation path (ANYSOFTMAX_WAVE_ON_CUDA=1), never an automatic choice otherwise.
 
-The kernel reads dense 2-D (rows, N) buffers, so `run` makes the rows contiguous:
-``x.movedim(dim, -1).contiguous()`` (a copy unless `dim` is last and `x` contiguous) and writes
-a contiguous (rows, N) result, moved back to `dim` (a second copy when `dim` is not last).
+The kernel reads dense 2-D (rows, N) buffers, so x is made rows-contiguous:
+``x.movedim(dim, -1).contiguous()`` (a copy unless `dim` is last and `x` contiguous) and the
+contiguous (rows, N) result is moved back to `dim` (a second copy when `dim` is not last).
+The fused family (`fused = True`): scale and softcap go to the kernel as values, a mask and
+sinks as flat views of their own storage (no copy; read through their broadcast strides),
+the sink shares come back as a third output. The backward is dispatch's torch formula
+(`core.reference.fused_backward`, and torch's for the plain softmax): no Wave backward kernel.
 Kernels come from memory, then the disk cache, then the compiler (`diskcache`, `compiler`).
 """
 
 from __future__ import annotations
+
+import math
+import struct
 
 import torch
 
@@ -17,36 +24,38 @@ from ...core.cache import BoundedDict, OnceCache
 from ...core.layout import new_output
 from ...core.registry import BackendUnavailableError
 from ...core.spec import SoftmaxSpec, dtype_name
-from . import diskcache, runtime
+from ...core.variant import NO_OPERANDS, Operands
+from . import diskcache, fusion, limits, runtime
 from .env import compiler_missing, runtime_missing
-from . import limits
 from .kernel import DTYPES, KernelKey
 from .target import Target, detect_target
 
 # KernelKey -> .vmfb bytes (from disk or freshly compiled).
 _vmfbs: OnceCache[bytes] = OnceCache(maxsize=512)
-# (spec, device) -> loaded kernel: a repeated request skips target detection and lookups.
+# spec.kernel_key() -> loaded kernel: a repeated request skips target detection and lookups.
 _loaded: BoundedDict = BoundedDict(maxsize=1024)
 
 
 def kernel_key(spec: SoftmaxSpec, target: Target) -> KernelKey:
-    """The compiled kernel that serves `spec` on `target`."""
-    return KernelKey(spec.n_cols, dtype_name(spec.in_dtype), dtype_name(spec.out_dtype), spec.log, target)
+    """The compiled kernel that serves `spec` on `target`: the key of its canonical form."""
+    return KernelKey(fusion.canonical(spec), target)
 
 
-def vmfb_for(key: KernelKey) -> bytes:
-    """The .vmfb of `key`: from the disk cache, else compiled now and stored there."""
+def vmfb_for(key: KernelKey, spec: SoftmaxSpec | None = None) -> bytes:
+    """The .vmfb of `key`: from the disk cache, else compiled now and stored there. `spec`
+    (the request) only words the error when neither is possible."""
 
     def build() -> bytes:
         data = diskcache.load(key)
         if data is None:
             reason = compiler_missing()
             if reason is not None:
+                from .aot import command_for
+
+                command = command_for(spec if spec is not None else key.spec, key.target)
                 raise BackendUnavailableError(
                     f"no precompiled Wave kernel {diskcache.vmfb_path(key)} and {reason} "
-                    f"(or precompile it elsewhere: python -m anysoftmax.backends.wave.aot "
-                    f"--shapes {key.n} --dtypes {key.in_dtype} --out-dtypes {key.out_dtype} "
-                    f"--ops {'log_softmax' if key.log else 'softmax'} --target {key.target.chip})")
+                    f"(or precompile it elsewhere: {command})")
             from .compiler import compile_vmfb
 
             data = compile_vmfb(key)
@@ -56,10 +65,32 @@ def vmfb_for(key: KernelKey) -> bytes:
     return _vmfbs.get(key, build)
 
 
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """A mask or sinks operand as the kernel takes it: a 1-D view of its storage from its first
+    element to its last (a bool mask as its bytes), no copy; the kernel adds the offsets."""
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.as_strided((span,), (1,))
+
+
+def f32_bits(value: float) -> int:
+    """`value` rounded to float32, as the int32 with its bits (how the kernel takes scale and
+    softcap: `kernel._signature`); beyond float32's range it is +-inf, as a float32 product would be."""
+    try:
+        return _F32_BITS.unpack(_F32.pack(value))[0]
+    except OverflowError:
+        return _F32_BITS.unpack(_F32.pack(math.copysign(math.inf, value)))[0]
+
+
+_F32, _F32_BITS = struct.Struct("<f"), struct.Struct("<i")
+
+
 class WaveBackend:
     name = "wave"
     devices = ("cuda",)  # ROCm tensors are torch device type "cuda" too
     priority = 50  # below triton (100), above torch (0)
+    fused = True  # every step of core.variant is compiled into the kernel (fusion.Fusion)
 
     def is_available(self) -> str | None:
         reason = runtime_missing()
@@ -80,6 +111,9 @@ class WaveBackend:
         for dtype in (spec.in_dtype, spec.out_dtype):
             if dtype_name(dtype) not in DTYPES:
                 return f"{dtype_name(dtype)} is not supported by the Wave kernel (float32, float16, bfloat16)"
+        reason = fusion.refusal(spec)
+        if reason is not None:
+            return reason
         if spec.numel == 0:
             return None  # nothing to launch: the API returns the empty result itself
         target = detect_target(spec.device.index)
@@ -90,36 +124,69 @@ class WaveBackend:
             return (f"rows of {spec.n_cols} elements exceed {longest}, the longest row the Wave kernel takes on "
                     f"{target.chip} ({limits.TUNING}: longer rows spill registers or exceed one workgroup); "
                     f"backend 'triton' handles them")
+        if not spec.is_plain and spec.n_rows >= fusion.ROW_LIMIT:
+            return f"{spec.n_rows} rows: a fused Wave kernel indexes rows with int32 (fewer than {fusion.ROW_LIMIT})"
         missing = compiler_missing()
         if missing is not None and not diskcache.vmfb_path(kernel_key(spec, target)).is_file():
             return f"{missing}; and {diskcache.vmfb_path(kernel_key(spec, target))} is not precompiled"
         return None
 
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        rows = as_rows(x, spec)
-        out = new_output(rows.shape, spec.out_dtype, x.device)  # NaN-filled in the tests
-        self.run_rows(rows, out, spec)
-        return from_rows(out, x, spec)
-
-    def run_rows(self, rows: torch.Tensor, out: torch.Tensor, spec: SoftmaxSpec) -> str:
-        """Write the result for contiguous (M, N) `rows` into contiguous `out`; returns how
-        the result arrived ('in-place', 'copied' or 'host', see `runtime.launch`)."""
-        loaded = _loaded.get((spec, rows.device))
-        if loaded is None:
-            target = detect_target(rows.device.index)
+    def _kernel(self, spec: SoftmaxSpec, device: torch.device):
+        """The loaded kernel for `spec` on `device`, and its `Fusion` (memoised per request)."""
+        hit = _loaded.get((spec.kernel_key(), device))
+        if hit is None:
+            target = detect_target(device.index)
             if isinstance(target, str):
                 raise BackendUnavailableError(target)
             key = kernel_key(spec, target)
-            loaded = runtime.load(key, vmfb_for(key), target.device, rows.device)
-            _loaded.put((spec, rows.device), loaded)
+            hit = runtime.load(key, vmfb_for(key, spec), target.device, device), key.fusion
+            _loaded.put((spec.kernel_key(), device), hit)
+        return hit
+
+    def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
+        """`f(x) -> y` bound to this request (dispatch memoises it); for a fused spec
+        `f(x, operands) -> (y, p_sink or None)`."""
+        loaded, f = self._kernel(spec, x.device)
+        if spec.is_plain:
+            def run(t: torch.Tensor) -> torch.Tensor:
+                rows = as_rows(t, spec)
+                out = new_output(rows.shape, spec.out_dtype, t.device)  # NaN-filled in the tests
+                runtime.launch(loaded, rows, out)
+                return from_rows(out, t, spec)
+            return run
+
+        p_shape = tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape))
+
+        def run_fused(t: torch.Tensor, ops: Operands):
+            rows = as_rows(t, spec)
+            out = new_output(rows.shape, spec.out_dtype, t.device)
+            p = torch.empty(rows.shape[0], dtype=torch.float32, device=t.device) if f.sink_dtype else None
+            operands = tuple(flat(o) for o, on in ((ops.mask, f.mask != "none"), (ops.sinks, f.sink_dtype)) if on)
+            values = tuple(f32_bits(v) for v, on in ((ops.scale, f.scale), (ops.softcap, f.softcap)) if on)
+            runtime.launch(loaded, rows, out, operands=operands, p_sink=p, values=values, with_row=f.needs_row)
+            return from_rows(out, t, spec), (None if p is None else p.view(p_shape))
+        return run_fused
+
+    def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
+        """y for a plain spec; (y, p_sink) for a fused one (unmemoised; dispatch uses `launcher`)."""
+        f = self.launcher(x, spec)
+        return f(x) if spec.is_plain else f(x, operands)
+
+    def run_rows(self, rows: torch.Tensor, out: torch.Tensor, spec: SoftmaxSpec) -> str:
+        """Write the plain result for contiguous (M, N) `rows` into contiguous `out`; returns how
+        the result arrived ('in-place', 'copied' or 'host', see `runtime.launch`)."""
+        loaded, _ = self._kernel(spec, rows.device)
         return runtime.launch(loaded, rows, out)
 
 
 def as_rows(x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
     """`x` as a contiguous (rows, N) tensor, N being the reduced dim: the one copy this backend
-    makes (none when `dim` is last and `x` contiguous), since Wave reads dense 2-D buffers."""
+    makes (none when `dim` is last and `x` contiguous), since Wave reads dense 2-D buffers.
+    (The common case is a view alone: each torch call costs microseconds of the call.)"""
     if x.dim() == 0:
         return x.reshape(1, 1)
+    if spec.dim == x.dim() - 1 and x.is_contiguous():
+        return x.view(-1, spec.n_cols)
     return x.movedim(spec.dim, -1).contiguous().view(-1, spec.n_cols)
 
 
@@ -127,4 +194,6 @@ def from_rows(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Te
     """The (rows, N) result back in `x`'s shape, contiguous (a copy only when `dim` is not last)."""
     if x.dim() == 0:
         return out.view(())
+    if spec.dim == x.dim() - 1:
+        return out.view(x.shape)
     return out.view(x.movedim(spec.dim, -1).shape).movedim(-1, spec.dim).contiguous()

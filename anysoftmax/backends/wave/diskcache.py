@@ -1,14 +1,15 @@
 """The on-disk cache of compiled kernels (.vmfb files).
 
 Layout: ``<cache dir>/<toolchain>-k<kernel digest>/<target>/<kernel name>.vmfb``, e.g.
-``~/.cache/anysoftmax/wave/wave3.9.1-iree3.9.0-k1a2b3c4d5e6/cuda-sm_80/softmax_n781_float32-float32.vmfb``.
-The key is (row length, dtypes, op, target, versions): M is dynamic, so every row count shares a
-file. The kernel digest hashes the sources that decide the compiled code, so editing them never
-serves a stale kernel. A process with only iree-base-runtime finds files compiled elsewhere as
-long as the folder is copied over whole (`python -m anysoftmax.backends.wave.aot` fills it).
-
-The cache dir is ``$ANYSOFTMAX_CACHE_DIR/wave`` if set, else ``$XDG_CACHE_HOME/anysoftmax/wave``
-(``~/.cache/anysoftmax/wave``); never Wave's own ~/.wave.
+``~/.cache/anysoftmax/wave/wave3.9.1-iree3.9.0-k1a2b3c4d5e6/cuda-sm_80/softmax_n781_float32-float32.vmfb``
+or, for a member of the fused family, ``..._scale-maskbool-causal-r5f0c2a19d3e7.vmfb``: the
+name carries the variant's steps and a digest of the kernel key (`KernelKey.request`, i.e.
+`SoftmaxSpec.kernel_key()` of the canonical request: operand layouts and dtypes, causal
+form, empty-row policy), so two layouts never share a file. M is dynamic, so every row
+count shares one. The kernel digest hashes the sources that decide the compiled code, so
+editing them never serves a stale kernel. A process with only iree-base-runtime finds files
+compiled elsewhere as long as the folder is copied over whole (`python -m
+anysoftmax.backends.wave.aot` fills it). The root is `env.cache_dir()`.
 """
 
 from __future__ import annotations
@@ -19,22 +20,11 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from .env import toolchain_tag
+from .env import cache_dir, toolchain_tag
 from .kernel import KernelKey
 
-ENV_CACHE_DIR = "ANYSOFTMAX_CACHE_DIR"
 # The modules whose text decides the compiled code.
-_DIGEST_SOURCES = ("kernel.py", "cuda_mlir.py", "compiler.py", "target.py")
-
-
-def cache_dir() -> Path:
-    """Root of the Wave kernel cache (not created here)."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env).expanduser() / "wave"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "anysoftmax" / "wave"
+_DIGEST_SOURCES = ("kernel.py", "fusion.py", "cuda_mlir.py", "compiler.py", "target.py")
 
 
 @lru_cache(maxsize=None)
@@ -48,9 +38,21 @@ def kernel_digest() -> str:
     return h.hexdigest()[:12]
 
 
+def kernel_name(key: KernelKey) -> str:
+    """File-name stem: 'log_softmax_n781_float16-float32' for the plain softmax, with the
+    variant's steps and a digest of the whole key appended otherwise."""
+    op = "log_softmax" if key.log else "softmax"
+    stem = f"{op}_n{key.n}_{key.in_dtype}-{key.out_dtype}"
+    if key.spec.is_plain:
+        return stem
+    # repr of the key: shapes, strides, dtypes and names only, stable across processes.
+    digest = hashlib.sha256(repr(key.request).encode()).hexdigest()[:12]
+    return f"{stem}_{key.fusion.describe()}-r{digest}"
+
+
 def vmfb_path(key: KernelKey) -> Path:
     """Where the .vmfb of `key` lives."""
-    return cache_dir() / f"{toolchain_tag()}-k{kernel_digest()}" / key.target.name / f"{key.name}.vmfb"
+    return cache_dir() / f"{toolchain_tag()}-k{kernel_digest()}" / key.target.name / f"{kernel_name(key)}.vmfb"
 
 
 def load(key: KernelKey) -> bytes | None:

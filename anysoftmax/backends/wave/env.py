@@ -1,5 +1,5 @@
-"""The Wave toolchain on this machine: which packages are installed, their versions, and how
-to import Wave so that it never writes to ~/.wave.
+"""The Wave toolchain on this machine: which packages are installed, their versions, where
+compiled kernels are cached, and how to import Wave so that it never writes to ~/.wave.
 
 Compiling needs `wave-lang` (which brings `iree-base-compiler`); running needs only
 `iree-base-runtime`, so a machine can run kernels compiled elsewhere. The `wave` extra pins the
@@ -13,12 +13,25 @@ import importlib.util
 import os
 import threading
 from functools import lru_cache
+from pathlib import Path
 
 from ...core.registry import BackendUnavailableError
 
+ENV_CACHE_DIR = "ANYSOFTMAX_CACHE_DIR"
 INSTALL_HINT = "pip install 'anysoftmax[wave]'"
 # What `pip install 'anysoftmax[wave]'` installs (keep in step with pyproject.toml).
 PINS = {"wave-lang": "3.9.1", "iree-base-compiler": "3.9.0", "iree-base-runtime": "3.9.0"}
+
+
+def cache_dir() -> Path:
+    """Root of the Wave kernel cache (not created here): ``$ANYSOFTMAX_CACHE_DIR/wave`` if set,
+    else ``$XDG_CACHE_HOME/anysoftmax/wave`` (``~/.cache/anysoftmax/wave``); never Wave's ~/.wave."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env:
+        return Path(env).expanduser() / "wave"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "anysoftmax" / "wave"
 
 
 def installed_version(dist: str) -> str | None:
@@ -84,8 +97,6 @@ def import_wave() -> None:
     with _import_lock:
         os.environ["WAVE_CACHE_ON"] = "0"
         if "WAVE_CACHE_DIR" not in os.environ:
-            from .diskcache import cache_dir
-
             os.environ["WAVE_CACHE_DIR"] = str(cache_dir() / "wave-lang")
         import wave_lang.kernel.wave.cache as wave_cache
 

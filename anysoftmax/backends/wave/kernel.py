@@ -1,4 +1,4 @@
-"""The Wave (tkw) softmax kernel: the seed's body, generalised.
+"""The Wave (tkw) softmax kernel: the seed's body, generalised to the fused family.
 
 The seed (Wave's `test_fused_softmax`) holds one row per wave, `vector_shapes={M: 1, N: N}`, and
 computes read -> max -> broadcast -> subtract -> exp -> sum -> broadcast -> divide -> write.
@@ -11,21 +11,34 @@ It needs N to be a multiple of the wave size and a whole row in one wave's regis
   are `block=True`: a butterfly of shuffles inside each wave, then one shared-memory exchange
   between the waves.
 * **Any M.** M is a dynamic symbol: one compiled kernel serves every row count (one workgroup
-  per row, grid y = M; the runtime launches at most `MAX_ROWS_PER_LAUNCH` rows at a time).
+  per row, grid y = M; the runtime launches at most `MAX_ROWS_PER_LAUNCH` rows at a time and
+  tells a fused kernel the launch's first row, `ROW0`).
 * **fp16 / bf16 / fp32** inputs and outputs, accumulated in fp32 (cast after the read, cast
   back before the write); `dtype=` widening is a different output type.
 * **log_softmax**: (x - max) - log(sum). tkw has no natural log, so ln(s) = log2(s) * ln(2).
+* **The fused family** (`core.variant`, located by `fusion.Fusion`): scale and softcap are
+  runtime f32 arguments (a new temperature never recompiles) applied before the reduction;
+  a mask is a second Memory read in place through its broadcast strides (the element offset
+  of row r is an index expression in r = ROW0 + workgroup id, `fusion.row_terms`), a bool mask
+  excluding with a select, a floating one added; causal keeps column j <= q + offset with q
+  from the row index (as Wave's attention templates derive it from `tkw.self_index`); a sink
+  is one value per row read the same way, joining the row max and the denominator, its share
+  written to a third output; empty rows (no kept column, decided by the mask: counted, or
+  from the causal index) get their policy's value with a final select.
 
-`plan_row` is pure arithmetic (tested without Wave); `build_kernel` / `kernel_mlir` import
-wave_lang lazily.
+`plan_row` is pure arithmetic (tested without Wave); `build_kernel` imports wave_lang lazily.
 """
 
 # No `from __future__ import annotations` here: Wave evaluates the kernel's type hints
 # (tkl.Memory[...]) with get_type_hints, which needs them as live objects.
+import linecache
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...config import load_tuning
+from ...core.spec import SoftmaxSpec, dtype_name
+from ...core.variant import MASK_BOOL
+from .fusion import Fusion, Term, fusion_of
 from .target import Target
 
 # Element types the kernel reads and writes (torch dtype names).
@@ -37,23 +50,43 @@ TARGET_ELEMS_PER_THREAD = load_tuning("wave")["target_elems_per_thread"]
 MAX_ELEMS_PER_THREAD = load_tuning("wave")["max_elems_per_thread"]
 # CUDA's grid y limit (one workgroup per row along y); HIP's is no smaller.
 MAX_ROWS_PER_LAUNCH = 65535
+# The function Wave generates with `iree_launch_async=True`: buffers, scalars, a wait fence
+# and a signal fence in; the outputs (tied to the output buffers) back.
+ENTRY_POINT = "isolated_benchmark$async"
 
 
 @dataclass(frozen=True)
 class KernelKey:
-    """Everything that selects one compiled kernel (M is dynamic, so it is not part of it)."""
+    """One compiled kernel: a canonical spec (`fusion.canonical`) on a target. Equality and
+    hashing go through `request`, the spec's `kernel_key()` (the project's one cache key), so
+    the variant's steps and operand layouts are in it and scale/softcap values are not."""
 
-    n: int
-    in_dtype: str
-    out_dtype: str
-    log: bool
+    spec: SoftmaxSpec = field(compare=False)
     target: Target
+    request: tuple = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "request", self.spec.kernel_key())
 
     @property
-    def name(self) -> str:
-        """File-name stem, e.g. 'log_softmax_n781_float16-float32'."""
-        op = "log_softmax" if self.log else "softmax"
-        return f"{op}_n{self.n}_{self.in_dtype}-{self.out_dtype}"
+    def n(self) -> int:
+        return self.spec.shape[-1]
+
+    @property
+    def in_dtype(self) -> str:
+        return dtype_name(self.spec.in_dtype)
+
+    @property
+    def out_dtype(self) -> str:
+        return dtype_name(self.spec.out_dtype)
+
+    @property
+    def log(self) -> bool:
+        return self.spec.log
+
+    @property
+    def fusion(self) -> Fusion:
+        return fusion_of(self.spec)
 
 
 @dataclass(frozen=True)
@@ -99,15 +132,40 @@ def plan_row(n: int, threads_per_wave: int) -> RowPlan:
     return RowPlan(n, threads_per_wave, waves, elems)
 
 
+def offset_expr(terms: tuple[Term, ...], row):
+    """The sympy offset of row `row`'s first operand element (`fusion.row_terms`)."""
+    total = 0
+    for t in terms:
+        index = row // t.period if t.period > 1 else row
+        if t.size is not None:
+            index = index % t.size
+        total = total + index * t.stride
+    return total
+
+
+def empty_value(policy: str, n: int, log: bool) -> float:
+    """What an empty row's elements are (`core.reference.empty_row_value`, in float32)."""
+    if policy == "nan":
+        return float("nan")
+    if policy == "uniform":
+        return -math.log(n) if log else 1.0 / n
+    return float("-inf") if log else 0.0
+
+
 def build_kernel(key: KernelKey):
-    """The tkw kernel for `key` and its compile options' `subs` and `dynamic_symbols`."""
+    """The tkw kernel for `key` and its compile options' `subs` and `dynamic_symbols`. Its
+    arguments: x, [mask], [sinks], y, [p_sink], [scale], [softcap], [row0]."""
     import wave_lang.kernel.lang as tkl
     import wave_lang.kernel.wave as tkw
 
-    types = {"float32": tkl.f32, "float16": tkl.f16, "bfloat16": tkl.bf16}
+    types = {"float32": tkl.f32, "float16": tkl.f16, "bfloat16": tkl.bf16, "bool": tkl.i8}
     in_t, out_t, f32 = types[key.in_dtype], types[key.out_dtype], tkl.f32
+    f = key.fusion
     plan = plan_row(key.n, key.target.threads_per_wave)
     M, N, ADDRESS_SPACE = tkl.sym.M, tkl.sym.N, tkl.sym.ADDRESS_SPACE
+    MASK_LEN, SINK_LEN, ROW0 = tkl.sym.MASK_LEN, tkl.sym.SINK_LEN, tkl.sym.ROW0
+    m, n = tkl.sym.m, tkl.sym.n  # iterators of the operands' index expressions
+    GLOBAL = ADDRESS_SPACE
 
     constraints = [
         tkw.HardwareConstraint(threads_per_wave=plan.threads_per_wave,
@@ -116,46 +174,148 @@ def build_kernel(key: KernelKey):
         tkw.WorkgroupConstraint(N, plan.block_n, 0),  # the whole row in one workgroup
         tkw.WaveConstraint(M, 1),
         tkw.WaveConstraint(N, plan.per_wave),  # `waves` waves share the row
+        tkw.IteratorBindings({m: M, n: N}),
     ]
     ln2 = math.log(2.0)
+    neg_inf = float("-inf")
+    row = m + ROW0  # the global row index (ROW0: the launch's first row)
 
-    @tkw.wave(constraints)
-    def softmax(x: tkl.Memory[M, N, ADDRESS_SPACE, in_t], y: tkl.Memory[M, N, ADDRESS_SPACE, out_t]):
+    def body(x, mask, sinks, y, p_sink, scale, softcap, row0):
+        if f.needs_row:
+            tkw.set_symbol(ROW0, row0)  # index expressions below use the launch's first row
         v = tkw.read(x)  # columns >= N are masked off (they read 0)
         if in_t != f32:
             v = tkw.cast(v, f32)
-        col = tkw.self_index(N, tkl.i32)
-        in_row = tkw.cast(tkw.broadcast(tkw.apply_expr(col, lambda c: c < N), target_shape=[M, N]), tkw.i1)
-        v = tkw.select(in_row, v, tkl.Register[M, N, f32](float("-inf")))
-        row_max = tkw.max(v, dim=N, block=True)
-        shifted = v - tkw.broadcast(row_max, [M, N])
+        z = v
+        # (Wave's bitcast takes registers with a shape, not scalars: broadcast first.)
+        if f.scale:
+            z = z * tkw.bitcast(tkw.broadcast(scale, target_shape=[M, N]), f32)
+        if f.softcap:
+            cap = tkw.bitcast(tkw.broadcast(softcap, target_shape=[M, N]), f32)
+            z = cap * tkw.tanh(z / cap)
+        col = tkw.broadcast(tkw.self_index(N, tkl.i32), target_shape=[M, N])
+        sq, off = f.causal_sq, f.causal_offset
+        if f.causal_sq:
+            # Kept: inside the row and at or before the row's last key, j <= q + offset. Wave
+            # 3.9.1 emits index arithmetic with overflow<nsw, nuw> (codegen/emitter.py), so an
+            # index that goes negative is poison (seen on the H100: bottom_right rows with
+            # q < -offset came out empty, and so did the rest): the offset moves to the side
+            # where it is positive, j + (-offset) <= q.
+            r = tkw.broadcast(tkw.self_index(M, tkl.i32), target_shape=[M, N])
+            if off >= 0:
+                live = tkw.apply_expr([r, col], lambda i, j: (j < N) & (j <= (i + ROW0) % sq + off))
+            else:
+                live = tkw.apply_expr([r, col], lambda i, j: (j < N) & (j - off <= (i + ROW0) % sq))
+        else:
+            live = tkw.apply_expr(col, lambda j: j < N)
+        live = tkw.cast(live, tkw.i1)
+        excluded = None
+        if f.mask != "none":
+            if f.mask_col == 1 and not f.mask_terms:  # one row of mask for every row: Memory[N]
+                mv = tkw.broadcast(tkw.read(mask), target_shape=[M, N])
+            elif f.mask_col:
+                mv = tkw.read(mask, source=(offset_expr(f.mask_terms, row) + n * f.mask_col,), target=(m, n))
+            else:  # one mask value per row (broadcast along the row): read once, broadcast
+                mv = tkw.broadcast(tkw.read(mask, source=(offset_expr(f.mask_terms, row),), target=(m,),
+                                            elements_per_thread=1), target_shape=[M, N])
+            if f.mask == MASK_BOOL:
+                excluded = tkw.cast(mv, tkw.i1)  # torch's bool is one byte, 0 or 1
+            else:
+                z = z + (mv if types[f.mask_dtype] == f32 else tkw.cast(mv, f32))
+        z = tkw.select(live, z, tkl.Register[M, N, f32](neg_inf))  # padding, causal (and scale < 0)
+        if excluded is not None:
+            z = tkw.select(excluded, tkl.Register[M, N, f32](neg_inf), z)
+        row_max = tkw.max(z, dim=N, block=True)
+        if f.sink_dtype:
+            s = tkw.read(sinks, source=(offset_expr(f.sink_terms, row),), target=(m,), elements_per_thread=1)
+            if types[f.sink_dtype] != f32:
+                s = tkw.cast(s, f32)
+            row_max = tkw.maximum(row_max, s)
+        shifted = z - tkw.broadcast(row_max, [M, N])
         e = tkw.exp(shifted)
         total = tkw.sum(e, dim=N, block=True)
+        if f.sink_dtype:
+            e_sink = tkw.exp(s - row_max)
+            total = total + e_sink
+            p = e_sink / total
         if key.log:
             log_total = tkw.log2(total) * tkl.Register[M, f32](ln2)
             out = shifted - tkw.broadcast(log_total, [M, N])
         else:
             out = e / tkw.broadcast(total, [M, N])
+        empty = None
+        if f.empty == "count":
+            kept = tkw.select(live, tkl.Register[M, N, f32](1.0), tkl.Register[M, N, f32](0.0))
+            kept = tkw.select(excluded, tkl.Register[M, N, f32](0.0), kept)
+            empty = tkw.sum(kept, dim=N, block=True) < tkl.Register[M, f32](0.5)
+        elif f.empty == "causal":  # q + offset < 0, i.e. q < -offset (offset < 0 here; see above)
+            empty = tkw.apply_expr(tkw.self_index(M, tkl.i32), lambda i: (i + ROW0) % sq < -off)
+        if empty is not None:
+            empty = tkw.cast(empty, tkw.i1)
+            fill = tkl.Register[M, N, f32](empty_value(f.empty_rows, key.n, key.log))
+            out = tkw.select(tkw.broadcast(empty, [M, N]), fill, out)
+            if f.sink_dtype:
+                p = tkw.select(empty, tkl.Register[M, f32](0.0), p)
         if out_t != f32:
             out = tkw.cast(out, out_t)
         tkw.write(out, y)
+        if f.sink_dtype:
+            tkw.write(p, p_sink, elements_per_thread=1)
 
+    kernel = _signature(tkw, tkl, constraints, body, f, in_t, out_t, types, M, N, MASK_LEN, SINK_LEN, GLOBAL)
     subs = {N: key.n, ADDRESS_SPACE: tkl.AddressSpace.GLOBAL_MEMORY.value}
-    return softmax, subs, [M]
+    flat_mask = f.mask != "none" and not (f.mask_col == 1 and not f.mask_terms)
+    dynamic = [M] + ([MASK_LEN] if flat_mask else []) + ([SINK_LEN] if f.sink_dtype else [])
+    return kernel, subs, dynamic
 
 
-def kernel_mlir(key: KernelKey) -> str:
-    """Wave's MLIR for `key` (before any CUDA rewrite); its entry point is
-    `isolated_benchmark(x: tensor<?xNxT>, y: tensor<?xNxU>) -> tensor<?xNxU>` (synchronous)."""
-    from .env import import_wave
+def _signature(tkw, tkl, constraints, body, f: Fusion, in_t, out_t, types, M, N, MASK_LEN, SINK_LEN, GLOBAL):
+    """The @tkw.wave function for `f`'s arguments. Wave traces a function through torch.fx,
+    which reads the parameters from the code object (no *args) and their types from the
+    annotations: each combination of optional operands needs its own `def`, generated here."""
+    x_t, y_t = tkl.Memory[M, N, GLOBAL, in_t], tkl.Memory[M, N, GLOBAL, out_t]
+    hints = {"x": x_t, "y": y_t}
+    if f.mask != "none":
+        # A mask that is one row for all rows is read like x (an [N] Memory, no index
+        # expression); any other is a flat buffer read through its offsets.
+        length = N if f.mask_col == 1 and not f.mask_terms else MASK_LEN
+        hints["mask"] = tkl.Memory[length, GLOBAL, types[f.mask_dtype]]
+    if f.sink_dtype:
+        hints["sinks"] = tkl.Memory[SINK_LEN, GLOBAL, types[f.sink_dtype]]
+        hints["p_sink"] = tkl.Memory[M, GLOBAL, tkl.f32]
+    # Scale and softcap arrive as the bits of a float32 in an i32: IREE's Python runtime pushes
+    # floats as f64, and its VM does not convert f64 to an f32 argument (list.c converts
+    # between integer widths only; the f32 reads 0), nor are f64 arguments kept (iree-compile
+    # demotes them to f32). The kernel bitcasts them back.
+    if f.scale:
+        hints["scale"] = tkl.i32
+    if f.softcap:
+        hints["softcap"] = tkl.i32
+    if f.needs_row:
+        hints["row0"] = tkl.i32
+    names = argument_names(f)
+    call = ", ".join(f"{k}={k if k in names else None}"
+                     for k in ("x", "mask", "sinks", "y", "p_sink", "scale", "softcap", "row0"))
+    source = f"def softmax({', '.join(names)}):\n    _body({call})\n"
+    # Wave records source locations (inspect.getsourcelines): register the generated text
+    # with linecache under a name of its own, as dataclasses do for their generated methods.
+    filename = f"<anysoftmax-wave-kernel {'-'.join(names)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"_body": body}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (the names are ours)
+    kernel = namespace["softmax"]
+    kernel.__annotations__ = {name: hints[name] for name in names}
+    return tkw.wave(constraints)(kernel)
 
-    import_wave()
-    from wave_lang.kernel.wave.compile import WaveCompileOptions, wave_compile
 
-    kernel, subs, dynamic = build_kernel(key)
-    options = WaveCompileOptions(
-        subs=subs, dynamic_symbols=dynamic, canonicalize=True, compile_to_mlir=True,
-        device=key.target.device, target=key.target.chip,
-        iree_launch_async=False,  # a plain synchronous entry point: runnable from iree.runtime alone
-    )
-    return wave_compile(options, kernel).asm
+def argument_names(f: Fusion) -> tuple[str, ...]:
+    """The kernel's arguments in order, as `build_kernel` declares them (the runtime pushes
+    its buffers and values in this order)."""
+    names = ["x"] + (["mask"] if f.mask != "none" else []) + (["sinks"] if f.sink_dtype else []) + ["y"]
+    names += ["p_sink"] if f.sink_dtype else []
+    names += (["scale"] if f.scale else []) + (["softcap"] if f.softcap else []) + (["row0"] if f.needs_row else [])
+    return tuple(names)
+
+
+__all__ = ["DTYPES", "ENTRY_POINT", "KernelKey", "MAX_ROWS_PER_LAUNCH", "RowPlan", "argument_names", "build_kernel",
+           "empty_value", "max_row_length", "max_waves", "offset_expr", "plan_row"]

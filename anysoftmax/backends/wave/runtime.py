@@ -1,20 +1,27 @@
 """Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone.
 
 Each torch GPU gets one IREE HAL device (driver "hip" on AMD, "cuda" on NVIDIA, found by the
-GPU's UUID); each (kernel, device) pair one loaded module. The entry point is Wave's synchronous
-`isolated_benchmark(x, y) -> y`, which returns once the kernel has finished.
+GPU's UUID); each (kernel, device) pair one loaded module. The entry point is Wave's
+asynchronous one (`kernel.ENTRY_POINT`): buffers and scalars, then a wait fence and a signal
+fence; it returns as soon as the dispatch is queued.
 
-Two ways to hand tensors to IREE (`ANYSOFTMAX_WAVE_TRANSFER`):
+How a call is ordered against torch's stream (`ANYSOFTMAX_WAVE_TRANSFER`):
 
 * ``dlpack`` (default): the torch buffers themselves are imported through DLPack, no copy.
-  The torch stream is synchronised first (IREE runs on its own stream). IREE writes into `y`
-  in place (seen on an H200 for every tested case); were it to return another buffer, that
-  would be copied into `y` on the device.
-* ``host``: copies through host memory (x and y up, the result down). About 100 times slower;
-  kept as the fallback that needs nothing but IREE's buffer copies.
+  IREE 3.9 can neither run on torch's CUDA stream nor exchange CUDA events with it (the CUDA
+  HAL's `import_timepoint` / `export_timepoint` return UNIMPLEMENTED at the 3.9.0 revision,
+  event_semaphore.c; Wave's own runtime falls back to synchronising for CUDA,
+  `_CudaSemaphoreInterop` in wave_lang/runtime/device.py), so the order is kept on the host:
+  torch's stream is synchronised before the call (x written, y allocated), the call waits on
+  an empty fence and signals the device's timeline semaphore, and the host waits for that
+  value before returning (IREE's writes done; `wait` polls briefly before it blocks). The outputs are imported as the kernel's tied
+  results: IREE writes into y (and p_sink) in place; checked once per loaded kernel, and a
+  kernel whose results came back elsewhere has them copied on every call.
+* ``host``: copies through host memory (inputs up, results down). About 100 times slower;
+  the fallback that needs nothing but IREE's buffer copies.
 
 Rows are launched at most `MAX_ROWS_PER_LAUNCH` at a time (grid y is one workgroup per row),
-in chunks whose starts stay 64-byte aligned.
+in chunks whose starts stay 64-byte aligned; a fused kernel gets each chunk's first row.
 The driver "local-sync" with CPU tensors exists for the runtime's own tests (a stand-in module).
 """
 
@@ -23,18 +30,23 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
 from ...core.cache import OnceCache
 from . import hiplib
-from .kernel import MAX_ROWS_PER_LAUNCH
+from .kernel import ENTRY_POINT, MAX_ROWS_PER_LAUNCH
 
 ENV_TRANSFER = "ANYSOFTMAX_WAVE_TRANSFER"
+# How long a call polls its fence before it blocks on it, in seconds ($ANYSOFTMAX_WAVE_SPIN_US,
+# microseconds; 0 blocks at once). IREE signals the fence from its completion thread; a thread
+# blocked on it is woken some microseconds later, which a small kernel's call can do without.
+SPIN_S = float(os.environ.get("ANYSOFTMAX_WAVE_SPIN_US", "200")) * 1e-6
 TRANSFERS = ("dlpack", "host")
-ENTRY_POINT = "isolated_benchmark"
 # Byte alignment IREE requires of an imported buffer (buffer_heap.c: "must be aligned to 64").
 ALIGNMENT = 64
 # DLPack device type codes (dlpack.h): kDLCPU, kDLCUDA, kDLROCM.
@@ -55,16 +67,20 @@ class _Device:
     torch_device: torch.device
     instance: object  # iree.runtime.VmInstance
     hal: object  # iree.runtime.HalDevice
+    timeline: object  # iree.runtime.HalSemaphore: one value per call, signalled when it is done
+    value: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one call at a time per device
 
 
 @dataclass
 class LoadedKernel:
-    """A .vmfb loaded on one device, ready to launch (thread-safe through `lock`)."""
+    """A .vmfb loaded on one device, ready to launch. `in_place` is None until the first
+    DLPack call has shown whether IREE writes the outputs where they were passed."""
 
     device: _Device
     context: object  # iree.runtime.VmContext
     function: object  # iree.runtime.VmFunction
-    lock: threading.Lock
+    in_place: bool | None = None
 
 
 _devices: OnceCache[_Device] = OnceCache(maxsize=64)
@@ -94,7 +110,8 @@ def _create_device(driver_name: str, torch_device: torch.device) -> _Device:
                 f"wave: torch GPU {index} (UUID {uuid}) matches no {driver_name!r} device by UUID "
                 f"(IREE reports {sorted(by_uuid) or 'none'}); using IREE device {info.get('path', '?')!r} "
                 f"by ordinal {min(index, len(infos) - 1)}", stacklevel=2)
-    return _Device(driver_name, torch_device, rt.VmInstance(), driver.create_device(info))
+    hal = driver.create_device(info)
+    return _Device(driver_name, torch_device, rt.VmInstance(), hal, hal.create_semaphore(0))
 
 
 def _device(driver_name: str, torch_device: torch.device) -> _Device:
@@ -115,16 +132,18 @@ def load(cache_key, vmfb: bytes, driver_name: str, torch_device: torch.device) -
         function = module.lookup_function(ENTRY_POINT)
         if function is None:
             raise RuntimeError(f"compiled Wave module has no function {ENTRY_POINT!r}")
-        return LoadedKernel(dev, context, function, threading.Lock())
+        return LoadedKernel(dev, context, function)
 
     return _modules.get((cache_key, driver_name, str(dev.torch_device)), build)
 
+
+# ---- one call of the entry point -------------------------------------------------------------
 
 def _element_type(dtype: torch.dtype):
     import iree.runtime as rt
 
     return {torch.float32: rt.HalElementType.FLOAT_32, torch.float16: rt.HalElementType.FLOAT_16,
-            torch.bfloat16: rt.HalElementType.BFLOAT_16}[dtype]
+            torch.bfloat16: rt.HalElementType.BFLOAT_16, torch.uint8: rt.HalElementType.UINT_8}[dtype]
 
 
 def _host_array(t: torch.Tensor):
@@ -160,73 +179,127 @@ def _download(dev: _Device, view, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(arr).view(like.dtype)
 
 
+def _import(dev: _Device, t: torch.Tensor):
+    return dev.hal.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(t))
+
+
+def _export(dev: _Device, view, like: torch.Tensor) -> torch.Tensor:
+    index = like.device.index if like.device.type == "cuda" else 0
+    return torch.from_dlpack(dev.hal.create_dlpack_capsule(view, _DLPACK_CODE[dev.driver], index))
+
+
 def _sync_torch(t: torch.Tensor) -> None:
     if t.device.type == "cuda":
         torch.cuda.current_stream(t.device).synchronize()
 
 
-def _invoke(kernel: LoadedKernel, x_view, y_view):
+def wait(semaphore, value: int) -> None:
+    """Return once `semaphore` has reached `value`: polled for up to `SPIN_S`, then blocked on.
+    A failed semaphore raises (from `query` or `wait`)."""
+    if SPIN_S > 0:
+        deadline = time.perf_counter() + SPIN_S
+        while semaphore.query() < value:
+            if time.perf_counter() > deadline:
+                break
+        else:
+            return
+    semaphore.wait(value)
+
+
+def invoke(kernel: LoadedKernel, inputs: list, outputs: list[torch.Tensor], values: list) -> list:
+    """One call of the async entry point on buffer views `inputs` + `outputs` (in the kernel's
+    argument order) and int32 `values` (floats travel as their bits: `backend.f32_bits`):
+    queued, then waited for on the device's timeline. Returns the result views (one per output)."""
     import iree.runtime as rt
 
-    args = rt.VmVariantList(2)
-    args.push_ref(x_view)
-    args.push_ref(y_view)
-    rets = rt.VmVariantList(1)
-    with kernel.lock:
-        kernel.context.invoke(kernel.function, args, rets)
-    return rets.get_variant(0).deref(rt.HalBufferView)
-
-
-def _launch_dlpack(kernel: LoadedKernel, x: torch.Tensor, y: torch.Tensor) -> str:
     dev = kernel.device
-    _sync_torch(x)  # x written and y allocated on torch's stream; IREE runs on its own
-    x_view = dev.hal.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(x))
-    y_view = dev.hal.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(y))
-    result_view = _invoke(kernel, x_view, y_view)
-    index = y.device.index if y.device.type == "cuda" else 0
-    result = torch.from_dlpack(dev.hal.create_dlpack_capsule(result_view, _DLPACK_CODE[dev.driver], index))
-    if result.data_ptr() == y.data_ptr():
+    args = rt.VmVariantList(len(inputs) + len(outputs) + len(values) + 2)
+    for view in inputs:
+        args.push_ref(view)
+    for view in outputs:
+        args.push_ref(view)
+    for value in values:
+        args.push_int(value)
+    rets = rt.VmVariantList(len(outputs))
+    with dev.lock:
+        dev.value += 1
+        signal = rt.HalFence.create_at(dev.timeline, dev.value)
+        args.push_ref(rt.HalFence(0))  # nothing to wait for: torch's stream was synchronised
+        args.push_ref(signal)
+        kernel.context.invoke(kernel.function, args, rets)
+        wait(dev.timeline, dev.value)
+    return [rets.get_variant(i).deref(rt.HalBufferView) for i in range(len(outputs))]
+
+
+def _call_dlpack(kernel: LoadedKernel, inputs: list[torch.Tensor], outputs: list[torch.Tensor], values: list) -> str:
+    dev = kernel.device
+    results = invoke(kernel, [_import(dev, t) for t in inputs], [_import(dev, t) for t in outputs], values)
+    if kernel.in_place is None:  # once per kernel: did IREE write where the outputs were passed?
+        kernel.in_place = all(_export(dev, v, t).data_ptr() == t.data_ptr() for v, t in zip(results, outputs))
+    if kernel.in_place:
         return "in-place"
-    y.copy_(result)
-    _sync_torch(y)  # the copy must finish before IREE's buffer is released with `result`
+    for view, t in zip(results, outputs):
+        t.copy_(_export(dev, view, t).view(t.shape))
+    _sync_torch(outputs[0])  # the copies must finish before IREE's buffers are released
     return "copied"
 
 
-def _launch_host(kernel: LoadedKernel, x: torch.Tensor, y: torch.Tensor) -> str:
+def _call_host(kernel: LoadedKernel, inputs: list[torch.Tensor], outputs: list[torch.Tensor], values: list) -> str:
     dev = kernel.device
-    result_view = _invoke(kernel, _upload(dev, x), _upload(dev, y))
-    y.copy_(_download(dev, result_view, y))
+    results = invoke(kernel, [_upload(dev, t) for t in inputs], [_upload(dev, t) for t in outputs], values)
+    for view, t in zip(results, outputs):
+        t.copy_(_download(dev, view, t))
     return "host"
 
 
-def rows_per_launch(n: int, itemsizes: tuple[int, ...]) -> int:
+# ---- a whole launch: row chunks --------------------------------------------------------------
+
+@lru_cache(maxsize=256)
+def rows_per_launch(row_bytes: tuple[int, ...]) -> int:
     """Rows per launch: at most `MAX_ROWS_PER_LAUNCH`, and a multiple of the row count that
-    keeps every chunk's start on the `ALIGNMENT` IREE requires of imported buffers."""
+    keeps every chunk's start on the `ALIGNMENT` IREE requires of imported buffers, for rows
+    of each of `row_bytes` bytes."""
     step = 1
-    for size in itemsizes:
-        step = math.lcm(step, ALIGNMENT // math.gcd(ALIGNMENT, n * size))
+    for size in row_bytes:
+        step = math.lcm(step, ALIGNMENT // math.gcd(ALIGNMENT, size))
     return max(step, MAX_ROWS_PER_LAUNCH // step * step)
 
 
-def launch(kernel: LoadedKernel, x: torch.Tensor, y: torch.Tensor, transfer: str | None = None) -> str:
-    """Run the kernel on contiguous 2-D `x` (M, N), writing contiguous 2-D `y` (M, N).
+def _aligned(t: torch.Tensor, transfer: str) -> torch.Tensor:
+    # IREE imports only buffers aligned to ALIGNMENT bytes (torch's own allocations are);
+    # a view into the middle of a tensor is copied once.
+    return t.clone() if transfer == "dlpack" and t.data_ptr() % ALIGNMENT else t
+
+
+def launch(kernel: LoadedKernel, x: torch.Tensor, y: torch.Tensor, *, operands: tuple = (),
+           p_sink: torch.Tensor | None = None, values: tuple = (), with_row: bool = False,
+           transfer: str | None = None) -> str:
+    """Run the kernel on contiguous 2-D `x` (M, N), writing contiguous 2-D `y` (M, N) and, for
+    a kernel with sinks, contiguous 1-D `p_sink` (M). `operands` are the flat mask / sinks
+    buffers, passed whole to every chunk; `values` the scale / softcap floats; `with_row`
+    appends each chunk's first row (fused kernels index their operands with it).
 
     Returns how the result reached `y`: 'in-place', 'copied' (dlpack) or 'host'.
     """
     transfer = transfer or transfer_mode()
-    run = _launch_dlpack if transfer == "dlpack" else _launch_host
-    dest = y
+    call = _call_dlpack if transfer == "dlpack" else _call_host
+    outs = [y] + ([p_sink] if p_sink is not None else [])
+    given = list(outs)
+    x = _aligned(x, transfer)
+    outs = [torch.empty_like(t) if transfer == "dlpack" and t.data_ptr() % ALIGNMENT else t for t in outs]
+    operands = [_aligned(t, transfer) for t in operands]
     if transfer == "dlpack":
-        # IREE imports only buffers aligned to ALIGNMENT bytes (torch's own allocations are);
-        # a view into the middle of a tensor is copied once.
-        if x.data_ptr() % ALIGNMENT:
-            x = x.clone()
-        if y.data_ptr() % ALIGNMENT:
-            y = torch.empty_like(y)
-    how = "in-place"
-    chunk = rows_per_launch(x.shape[1], (x.element_size(), y.element_size()))
-    for start in range(0, x.shape[0], chunk):
-        how = run(kernel, x[start:start + chunk], y[start:start + chunk])
-    if dest is not y:
-        dest.copy_(y)
+        _sync_torch(x)  # x written and the outputs allocated on torch's stream; IREE runs on its own
+    row_bytes = (x.shape[1] * x.element_size(), y.shape[1] * y.element_size()) + ((4,) if p_sink is not None else ())
+    chunk = rows_per_launch(row_bytes)
+    if x.shape[0] <= chunk:  # one launch (the usual case): no row views to make
+        how = call(kernel, [x, *operands], outs, [*values, *([0] if with_row else [])])
+    else:
+        for start in range(0, x.shape[0], chunk):
+            stop = start + chunk
+            how = call(kernel, [x[start:stop], *operands], [t[start:stop] for t in outs],
+                       [*values, *([start] if with_row else [])])
+    for dest, out in zip(given, outs):
+        if dest is not out:
+            dest.copy_(out)
     return how
