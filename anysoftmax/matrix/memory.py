@@ -4,7 +4,9 @@ A `[100000, 100000, 100000]` cell would otherwise die inside the allocator (or, 
 the kernel's out-of-memory killer); refusing it up front names the bytes it needs and the bytes
 the device has. The estimate is the cell's peak: its input drawn in float32 then cast, the
 output, the float64 reference and its comparison buffers (on the reference device), the
-backward's extra tensors, and the benchmark's rotated input sets.
+backward's extra tensors, and the benchmark's rotated input sets. A fused cell (a variant)
+adds its operands and autograd's saved tensors, and its float64 check runs in chunks of rows
+(`fused_cells.CHECK_ELEMS`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,56 @@ from .. import perf
 from ..core.spec import parse_dtype
 from .cells import Cell
 from .conformance import reference_device
+from .fused_cells import chunk_elems, rotated_sets
+from .variants import resolve
 
 # Live float64 tensors while a cell is compared: the reference input, the reference output,
 # the upcast result and the difference (forward); the backward adds the upstream gradient,
 # the reference gradient and the tolerance scale.
 _F64_FORWARD, _F64_BACKWARD = 4, 7
+# The fused comparison holds more: z, the kept mask, |z|, the probabilities, the allowance,
+# and for the backward the sink shares, the sensitivity and the chain factor.
+_F64_FUSED_FORWARD, _F64_FUSED_BACKWARD = 9, 14
+
+
+def _temporaries(cell: Cell, item: int, backward: bool) -> int:
+    """Bytes per element of the intermediates a fused provider holds at its peak: the torch
+    composition (peer:torch) steps through whole tensors, in float32 when it has arithmetic
+    on a 16-bit input (`matrix.composition`), and its backward keeps what autograd saved;
+    anysoftmax and torch.compile hold about one."""
+    v = cell.variant
+    if cell.backend != "peer:torch":
+        return 4 if backward else 0
+    wide = 4 if (v.scale is not None or v.softcap is not None or (v.mask is not None and v.mask.kind == "additive")) \
+        and item < 4 else item
+    return wide * (4 if backward else 2)
+
+
+def _fused_bytes_needed(cell: Cell, device: str) -> dict[str, int]:
+    numel = math.prod(cell.shape)
+    item = parse_dtype(cell.dtype).itemsize
+    backward = cell.direction == "backward"
+    r = resolve(cell.variant, tuple(cell.shape), cell.dim)
+    operands = (math.prod(r.mask_shape) * item if r.mask_shape else 0) + (
+        math.prod(r.sinks_shape) * item if r.sinks_shape else 0)
+    # x drawn in float32 then cast, y, and (backward) dy, dx and what autograd saves.
+    own = numel * (4 + 2 * item) + operands + (numel * 3 * item if backward else 0)
+    own += numel * _temporaries(cell, item, backward)
+    if cell.benchmark:
+        per_set = numel * item * (3 if backward else 1) + operands
+        own += per_set * max(0, rotated_sets(per_set) - 1)
+    chunk = chunk_elems(tuple(cell.shape), cell.dim, cell.variant, r)
+    ref = chunk * 8 * (_F64_FUSED_BACKWARD if backward else _F64_FUSED_FORWARD)
+    ref_dev = reference_device(device)
+    need = {device: own}
+    need[ref_dev] = need.get(ref_dev, 0) + ref
+    return need
 
 
 def bytes_needed(cell: Cell, device: str) -> dict[str, int]:
     """Peak bytes of `cell` per device it touches: {device: bytes} (the reference device too)."""
+    if not cell.variant.is_plain:
+        return _fused_bytes_needed(cell, device)
     numel = math.prod(cell.shape)
     item = parse_dtype(cell.dtype).itemsize
     backward = cell.direction == "backward"
