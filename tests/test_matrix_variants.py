@@ -11,7 +11,7 @@ import yaml
 
 from anysoftmax.core.variant import keep_mask
 from anysoftmax.matrix import FAILED, PASSED, SKIPPED, ConfigError, Result, expand, load_config, run_matrix
-from anysoftmax.matrix import fused_cells, memory, providers
+from anysoftmax.matrix import chunks, fused_cells, memory, providers
 from anysoftmax.matrix.cells import Cell
 from anysoftmax.matrix.composition import causal_excluded
 from anysoftmax.matrix.operands import make_operands
@@ -214,16 +214,18 @@ def test_the_copy_peer_moves_exactly_those_bytes(direction, name):
     assert all(t.abs().sum() > 0 for t in inputs[0])  # fresh data, not zeros
 
 
-def test_memory_estimate_of_a_large_fused_cell_counts_chunks_not_the_whole_reference():
-    cell = Cell(0, "e", "cuda", "auto", "softmax", "backward", "bfloat16", (8, 16, 4096, 4096), -1, True, 1, 1,
-                False, 0, PRESETS["mask"])
-    need = memory.bytes_needed(cell, "cuda:0")
-    numel = 8 * 16 * 4096 * 4096
-    assert need["cuda:0"] < 80e9  # fits an H100 (the float64 check in chunks of rows)
-    assert need["cuda:0"] > numel * 2 * 4  # x, y, dy, dx at least
-    plain = memory.bytes_needed(Cell(0, "e", "cuda", "auto", "softmax", "backward", "bfloat16", (8, 16, 4096, 4096),
-                                     -1, False, 1, 1, False, 0), "cuda:0")
-    assert plain["cuda:0"] > 100e9  # the plain check of the whole tensor in float64 would not fit
+def test_memory_estimate_of_large_cells_counts_one_chunk_of_the_float64_check():
+    shape = (8, 16, 4096, 4096)
+    cell = lambda v, backend="auto": Cell(0, "e", "npu", backend, "softmax", "backward", "bfloat16", shape, -1,  # noqa: E731
+                                          True, 1, 1, False, 0, v)
+    # on an NPU the float64 check runs on the CPU: one [4096, 4096] chunk at a time
+    assert memory.bytes_needed(cell(PRESETS["mask"]), "npu:0")["cpu"] == 4096 * 4096 * 8 * 14
+    assert memory.bytes_needed(cell(PRESETS["plain"]), "npu:0")["cpu"] == 4096 * 4096 * 8 * 7
+    # sinks [h, 1, 1] are shared over the batch: a chunk is [8, 1, 4096, 4096]
+    assert memory.bytes_needed(cell(PRESETS["sinks"]), "npu:0")["cpu"] == 8 * 4096 * 4096 * 8 * 14
+    ours = memory.bytes_needed(cell(PRESETS["mask"]), "cuda:0")["cuda:0"]
+    assert 8 * 16 * 4096 * 4096 * 2 * 4 < ours < 80e9  # x, y, dy, dx at least; fits an H100
+    assert memory.bytes_needed(cell(PRESETS["softcap"], "peer:torch"), "cuda:0")["cuda:0"] > ours  # float32 steps
 
 
 # ---------------------------------------------------------------- conformance
@@ -280,30 +282,31 @@ def test_a_wrong_fused_result_fails(tmp_path, monkeypatch, case, variant, direct
     assert r.status == FAILED and message in r.reason, (case, r.reason)
 
 
-def test_large_inputs_are_checked_chunk_by_chunk_every_row(tmp_path, monkeypatch):
-    monkeypatch.setattr(fused_cells, "CHECK_ELEMS", 16 * 24)  # a chunk per (batch, head) of [2, 3, 16, 24]
+@pytest.mark.parametrize("variants", [["mask", "gpt-oss"], ["plain"]], ids=["fused", "plain"])
+def test_large_inputs_are_checked_chunk_by_chunk_every_row(tmp_path, monkeypatch, variants):
+    monkeypatch.setattr(chunks, "CHECK_ELEMS", 16 * 24)  # a chunk per (batch, head) of [2, 3, 16, 24]
     shape = (2, 3, 16, 24)
-    assert len(fused_cells.row_chunks(shape, -1, PRESETS["mask"], resolve(PRESETS["mask"], shape, -1))) == 6
+    whole = lambda v: fused_cells.whole_dims(shape, PRESETS[v], resolve(PRESETS[v], shape, -1))  # noqa: E731
+    assert len(chunks.row_chunks(shape, -1, whole("mask"))) == 6
     # sinks [h, 1, 1] are shared over the batch: it stays whole, one chunk per head
-    assert len(fused_cells.row_chunks(shape, -1, PRESETS["sinks"], resolve(PRESETS["sinks"], shape, -1))) == 3
-    cfg = variants_config(tmp_path, backends=["torch"], variants=["mask", "gpt-oss"], shapes=[list(shape)],
+    assert len(chunks.row_chunks(shape, -1, whole("sinks"))) == 3
+    cfg = variants_config(tmp_path, backends=["torch", "peer:torch"], variants=variants, shapes=[list(shape)],
                           directions=["forward", "backward"])
     assert {r.status for r in run_matrix(cfg).results} == {PASSED}
-    real = providers.fused_forward
 
-    def last_row_off(name, *a):  # wrong in one kept element of the last row: the last chunk only
-        fn = real(name, *a)
-
-        def run(x, m, s):
-            y = fn(x, m, s)
+    def last_row_off(fn):  # wrong in one kept element of the last row: the last chunk only
+        def run(x, *operands):
+            y = fn(x, *operands)
             bump = torch.zeros_like(y)
             bump[-1, -1, -1, 0] = 0.01
             return y + bump
         return run
-    monkeypatch.setattr(providers, "fused_forward", last_row_off)
+    for name in ("fused_forward", "forward", "backward"):
+        real = getattr(providers, name)
+        monkeypatch.setattr(providers, name, lambda *a, real=real: last_row_off(real(*a)))
     results = run_matrix(cfg).results
     assert all(r.status == FAILED for r in results)
-    last = {"mask": "chunk 6 of 6", "gpt-oss": "chunk 3 of 3"}
+    last = {"mask": "chunk 6 of 6", "gpt-oss": "chunk 3 of 3", "plain": "chunk 6 of 6"}
     assert all(last[r.cell.variant.name] in r.reason for r in results), [r.reason for r in results]
 
 

@@ -4,8 +4,8 @@ the benchmark's inputs.
 Conformance: the provider runs on fresh data (input and operands from the cell's seed); its
 output is compared with `core.compare.compare`, and for a backward cell the gradients that
 autograd returns for x and the sinks with `compare_fused_backward`. An input too large for
-one float64 comparison is compared in chunks of rows (every row is still checked; a dim the
-sinks broadcast over stays whole, so each chunk's sinks gradient is complete).
+one float64 comparison is compared in chunks of rows (`matrix.chunks`: every row is still
+checked; a dim the sinks broadcast over stays whole, so each chunk's sinks gradient is complete).
 
 Benchmark: forward x -> y; backward the gradient call autograd makes per step, timed on a
 graph built once per input set (`retain_graph`), for anysoftmax and the peers alike (their
@@ -17,7 +17,6 @@ one write, as the plain backward's copy).
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -27,66 +26,21 @@ from ..core.compare import Comparison, compare, compare_fused_backward
 from ..core.spec import SoftmaxSpec, parse_dtype
 from . import providers
 from .cells import Cell
+from .chunks import row_chunks, take, worst
 from .conformance import make_input, reference_device
 from .operands import Operands, call_kwargs, make_operands
 from .traffic import fused_bytes
 from .variants import Resolved, VariantSpec, resolve
 
-CHECK_ELEMS = 1 << 26  # elements per float64 comparison; larger inputs are compared in chunks of rows
-
-
-def _cut_dims(shape: tuple[int, ...], dim: int, variant: VariantSpec, r: Resolved) -> list[int]:
-    """The dims a float64 check cuts the input along, one index at a time, so that a chunk of
-    whole rows holds at most CHECK_ELEMS elements where the layout allows: the reduced dim,
-    causal's (queries, keys) and the dims the sinks are shared over stay whole."""
+def whole_dims(shape: tuple[int, ...], variant: VariantSpec, r: Resolved) -> set[int]:
+    """Dims a chunked check of a fused cell may not cut: causal's (queries, keys), and the dims
+    a sink is shared over (so each chunk's sinks gradient is complete)."""
     ndim = len(shape)
-    whole = {dim % max(ndim, 1)}
-    if variant.causal != "none":
-        whole |= {ndim - 2, ndim - 1}
+    whole = {ndim - 2, ndim - 1} if variant.causal != "none" else set()
     if r.sinks_shape is not None:
         off = ndim - len(r.sinks_shape)
         whole |= {i for i in range(ndim) if (r.sinks_shape[i - off] if i >= off else 1) == 1}
-    numel, cut = math.prod(shape), []
-    for i in range(ndim):
-        if numel <= CHECK_ELEMS:
-            break
-        if i not in whole and shape[i] > 1:
-            cut.append(i)
-            numel //= shape[i]
-    return cut
-
-
-def chunk_elems(shape: tuple[int, ...], dim: int, variant: VariantSpec, r: Resolved) -> int:
-    """Elements of one chunk of the float64 check (the whole input when it is not cut)."""
-    return math.prod(shape) // math.prod(shape[i] for i in _cut_dims(shape, dim, variant, r))
-
-
-def row_chunks(shape: tuple[int, ...], dim: int, variant: VariantSpec, r: Resolved) -> list[tuple]:
-    """Index tuples (of slices) cutting the input into the chunks of `_cut_dims`."""
-    cut = _cut_dims(shape, dim, variant, r)
-    out = []
-    for idx in itertools.product(*(range(shape[i]) for i in cut)):
-        at = dict(zip(cut, idx))
-        out.append(tuple(slice(at[i], at[i] + 1) if i in at else slice(None) for i in range(len(shape))))
-    return out
-
-
-def _take(t: torch.Tensor | None, index: tuple, ndim: int) -> torch.Tensor | None:
-    """`t` (broadcasting against an input of `ndim` dims) cut as the input is cut by `index`:
-    dims where `t` has size 1 (or none) are left whole."""
-    if t is None:
-        return None
-    off = ndim - t.dim()
-    return t[tuple(index[off + j] if t.shape[j] != 1 else slice(None) for j in range(t.dim()))]
-
-
-def _worst(results: list[tuple[int, Comparison]], n: int) -> Comparison:
-    bad = [(i, c) for i, c in results if not c.ok]
-    if bad:
-        i, c = bad[0]
-        where = f"chunk {i + 1} of {n}: " if n > 1 else ""
-        return Comparison(False, c.max_abs_err, c.max_rel_err, where + c.detail)
-    return Comparison(True, max(c.max_abs_err for _, c in results), max(c.max_rel_err for _, c in results))
+    return whole
 
 
 def check_fused(cell: Cell, device: str) -> tuple[Comparison, SoftmaxSpec]:
@@ -94,26 +48,22 @@ def check_fused(cell: Cell, device: str) -> tuple[Comparison, SoftmaxSpec]:
     dtype = parse_dtype(cell.dtype)
     shape, log = tuple(cell.shape), cell.op == "log_softmax"
     r = resolve(cell.variant, shape, cell.dim)
+    fwd = providers.fused_forward(cell.backend, cell.op, cell.dim, shape, device, cell.variant)  # may refuse
     x = make_input(shape, dtype, device, cell.seed)
     ops = make_operands(cell.variant, shape, cell.dim, dtype, device, cell.seed, r)
     spec, _ = SoftmaxSpec.from_request(x, cell.dim, None, log=log, fused=call_kwargs(cell.variant, ops))
-    fwd = providers.fused_forward(cell.backend, cell.op, cell.dim, shape, device, cell.variant)
     ref = reference_device(device)
-    chunks = row_chunks(shape, cell.dim, cell.variant, r)
+    chunks = row_chunks(shape, cell.dim, whole_dims(shape, cell.variant, r))
     ndim = len(shape)
 
     def sub_spec(i):
         xi = x[i].detach()
-        m, s = _take(ops.mask, i, ndim), _take(ops.sinks, i, ndim)
+        m, s = take(ops.mask, i, ndim), take(ops.sinks, i, ndim)
         sp, _ = SoftmaxSpec.from_request(xi, cell.dim, None, log=log, fused=call_kwargs(cell.variant, Operands(m, s)))
         return xi, m, s, sp
 
     def check_forward(y):
-        out = []
-        for k, i in enumerate(chunks):
-            xi, m, s, sp = sub_spec(i)
-            out.append((k, compare(y[i], xi, sp, ref, mask=m, sinks=s)))
-        return _worst(out, len(chunks))
+        return worst([compare(y[i], xi, sp, ref, mask=m, sinks=s) for i in chunks for xi, m, s, sp in [sub_spec(i)]])
 
     if cell.direction == "forward":
         with torch.no_grad():
@@ -132,12 +82,8 @@ def check_fused(cell: Cell, device: str) -> tuple[Comparison, SoftmaxSpec]:
     dx, ds = grads[0], (grads[1] if sg is not None else None)
     if ds is not None and tuple(ds.shape) != tuple(ops.sinks.shape):
         return Comparison(False, math.inf, math.inf, f"dsinks shape {tuple(ds.shape)} != {tuple(ops.sinks.shape)}"), spec
-    out = []
-    for k, i in enumerate(chunks):
-        xi, m, s, sp = sub_spec(i)
-        out.append((k, compare_fused_backward(dx[i], y[i].detach(), dy[i], xi, sp, m, s, _take(ds, i, ndim),
-                                              device=ref)))
-    return _worst(out, len(chunks)), spec
+    return worst([compare_fused_backward(dx[i], y[i].detach(), dy[i], xi, sp, m, s, take(ds, i, ndim), device=ref)
+                  for i in chunks for xi, m, s, sp in [sub_spec(i)]]), spec
 
 
 def rotated_sets(per_set: int) -> int:

@@ -4,9 +4,9 @@ A `[100000, 100000, 100000]` cell would otherwise die inside the allocator (or, 
 the kernel's out-of-memory killer); refusing it up front names the bytes it needs and the bytes
 the device has. The estimate is the cell's peak: its input drawn in float32 then cast, the
 output, the float64 reference and its comparison buffers (on the reference device), the
-backward's extra tensors, and the benchmark's rotated input sets. A fused cell (a variant)
-adds its operands and autograd's saved tensors, and its float64 check runs in chunks of rows
-(`fused_cells.CHECK_ELEMS`).
+backward's extra tensors, and the benchmark's rotated input sets. The float64 check of a large
+input runs in chunks of rows (`matrix.chunks`). A fused cell (a variant) adds its operands and
+autograd's saved tensors.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from .. import perf
 from ..core.spec import parse_dtype
 from .cells import Cell
 from .conformance import reference_device
-from .fused_cells import chunk_elems, rotated_sets
+from .chunks import chunk_elems
+from .fused_cells import rotated_sets, whole_dims
 from .variants import resolve
 
 # Live float64 tensors while a cell is compared: the reference input, the reference output,
@@ -58,7 +59,7 @@ def _fused_bytes_needed(cell: Cell, device: str) -> dict[str, int]:
     if cell.benchmark:
         per_set = numel * item * (3 if backward else 1) + operands
         own += per_set * max(0, rotated_sets(per_set) - 1)
-    chunk = chunk_elems(tuple(cell.shape), cell.dim, cell.variant, r)
+    chunk = chunk_elems(tuple(cell.shape), cell.dim, whole_dims(tuple(cell.shape), cell.variant, r))
     ref = chunk * 8 * (_F64_FUSED_BACKWARD if backward else _F64_FUSED_FORWARD)
     ref_dev = reference_device(device)
     need = {device: own}
@@ -78,7 +79,7 @@ def bytes_needed(cell: Cell, device: str) -> dict[str, int]:
     if cell.benchmark:
         per_set = numel * item * (3 if backward else 1)
         own += per_set * perf.rotation_count(per_set)
-    ref = numel * 8 * (_F64_BACKWARD if backward else _F64_FORWARD)
+    ref = chunk_elems(tuple(cell.shape), cell.dim) * 8 * (_F64_BACKWARD if backward else _F64_FORWARD)
     ref_dev = reference_device(device)
     need = {device: own}
     need[ref_dev] = need.get(ref_dev, 0) + ref
