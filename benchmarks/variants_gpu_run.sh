@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# The fused family on one CUDA GPU (issue 22): each stage fits in one 10-minute command on an
-# H100 and logs under $OUT (default out/gpu). Run from the repository root on a host whose
-# python3 has torch and triton (optional peers liger-kernel, quack-kernels on PYTHONPATH):
+# The fused family on one CUDA GPU (issue 22), in stages that each fit one 10-minute command on an
+# H100, logging under $OUT (default out/gpu). Run from the repository root on a host whose python3
+# has torch and triton (optional peers liger-kernel, quack-kernels on PYTHONPATH):
 #
-#   bash benchmarks/variants_gpu_run.sh matrix        # conformance of every variant (configs/variants.yaml)  ~5 min
-#   bash benchmarks/variants_gpu_run.sh fwd 1024      # the variants benchmark, forward, S = 1024          ~4 min
-#   bash benchmarks/variants_gpu_run.sh fwd 2048      #                                   S = 2048          ~5 min
-#   bash benchmarks/variants_gpu_run.sh fwd 4096      #                                   S = 4096          ~8 min
-#   bash benchmarks/variants_gpu_run.sh bwd 1024|2048|4096                # backward, alike        ~5 / 6 / 9 min
-#   bash benchmarks/variants_gpu_run.sh merge         # the parts -> $OUT/results/<gpu>/softmax_variants_{fwd,bwd}.*
-#   bash benchmarks/variants_gpu_run.sh block         # compiled attention block: torch, anysoftmax, scale=  ~6 min
-#   bash benchmarks/variants_gpu_run.sh extra fwd|bwd # the other presets (additive, causal-bottom-right,
-#                                                     # megatron, gemma2, gpt-oss) at S = 2048             ~5 min
+#   bash benchmarks/variants_gpu_run.sh matrix "gpu conformance"   # every variant, dtype, op, direction  ~4 min
+#   bash benchmarks/variants_gpu_run.sh matrix "gpu long rows"     # many rows, rows past one tile        ~3 min
+#   bash benchmarks/variants_gpu_run.sh matrix "gpu bandwidth"     # a glance at S = 1024, bf16            ~1 min
+#   bash benchmarks/variants_gpu_run.sh fwd 1024                   # bench --variants, forward, S = 1024  ~4 min
+#   bash benchmarks/variants_gpu_run.sh fwd 2048                   #                            S = 2048  ~5 min
+#   bash benchmarks/variants_gpu_run.sh fwd 4096 bfloat16          # S = 4096: one dtype per command     ~4 min
+#   bash benchmarks/variants_gpu_run.sh fwd 4096 float32           #                                      ~5 min
+#   bash benchmarks/variants_gpu_run.sh bwd 1024 | bwd 2048        # backward, alike                 ~5 / ~7 min
+#   bash benchmarks/variants_gpu_run.sh bwd 4096 bfloat16 | bwd 4096 float32                       ~5 / ~6 min
+#   bash benchmarks/variants_gpu_run.sh extra fwd|bwd              # additive, causal-bottom-right, megatron,
+#                                                                  # gemma2, gpt-oss at S = 2048, bf16    ~4 min
+#   bash benchmarks/variants_gpu_run.sh block                      # compiled attention block with scale= ~6 min
+#   bash benchmarks/variants_gpu_run.sh merge                      # parts -> $OUT/results/<gpu>/softmax_variants_*
 #
-# A bench stage writes $OUT/parts/<dir>-S<S>/<gpu>/softmax_variants_<dir>.{json,csv,png} (the
-# copy of each variant's bytes is measured in the same run); `merge` folds every part of a
-# direction into one file (anysoftmax.bench.merge) and prints the table. VARIANTS overrides the
-# variants of fwd/bwd (default: those of the speed goals: plain,scale,mask,causal,softcap,sinks).
+# A bench stage writes $OUT/parts/<dir>-S<S>[-<dtype>]/<gpu>/softmax_variants_<dir>.{json,csv,png}
+# (each variant's same-bytes copy measured in the same run); `merge` folds the parts of each
+# direction into one file (anysoftmax.bench.merge), prints the table, and merges the matrix
+# entries' reports into $OUT/matrix_variants/merged. VARIANTS overrides the variants of fwd/bwd
+# (default: those of the speed goals: plain,scale,mask,causal,softcap,sinks).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"
 mkdir -p "$OUT"
@@ -27,22 +32,29 @@ EXTRA="additive,causal-bottom-right,megatron,gemma2,gpt-oss"
 stage="${1:-}"
 shift || true
 
-bench() {  # bench <fwd|bwd> <S> <variants> <part name>
+bench() {  # bench <fwd|bwd> <S> <dtypes> <variants> <part name>
   local flag=""; [ "$1" = bwd ] && flag="--bwd"
-  "$PY" -m anysoftmax.bench.softmax --variants "$3" $flag --shapes "8x16x$2x$2" --dtypes bfloat16,float32 \
-    --case-timeout 300 --out "$OUT/parts/$4" 2>&1 | tee "$OUT/bench_variants_$4.txt" | tail -30
+  "$PY" -m anysoftmax.bench.softmax --variants "$4" $flag --shapes "8x16x$2x$2" --dtypes "$3" \
+    --case-timeout 300 --out "$OUT/parts/$5" 2>&1 | tee "$OUT/bench_variants_$5.txt" | tail -30
 }
 
 case "$stage" in
   matrix)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-    "$PY" -m anysoftmax matrix variants --out "$OUT/matrix_variants" 2>&1 | tee "$OUT/matrix_variants.txt" | tail -40
+    [ $# -eq 0 ] && set -- "gpu conformance" "gpu long rows" "gpu bandwidth"
+    for entry in "$@"; do
+      slug="${entry// /_}"
+      "$PY" -m anysoftmax matrix variants --device "$entry" --out "$OUT/matrix_variants/$slug" 2>&1 \
+        | tee "$OUT/matrix_variants_$slug.txt" | tail -25
+    done
     ;;
   fwd|bwd)
-    for s in "${@:-2048}"; do bench "$stage" "$s" "$VARIANTS" "$stage-S$s"; done
+    [ $# -ge 1 ] || { echo "usage: $0 $stage S [dtype]" >&2; exit 2; }
+    s="$1"; dtypes="${2:-bfloat16,float32}"; part="$stage-S$s${2:+-$2}"
+    bench "$stage" "$s" "$dtypes" "$VARIANTS" "$part"
     ;;
   extra)
-    bench "${1:-fwd}" 2048 "$EXTRA" "${1:-fwd}-extra-S2048"
+    bench "${1:-fwd}" 2048 bfloat16 "$EXTRA" "${1:-fwd}-extra-S2048"
     ;;
   merge)
     "$PY" - "$OUT" <<'EOF'
@@ -63,11 +75,13 @@ for direction in ("fwd", "bwd"):
     print(variants_tables(doc))
     print("wrote " + ", ".join(map(str, paths)))
 EOF
+    reports=$(ls "$OUT"/matrix_variants/gpu_*/report.json 2>/dev/null)
+    [ -n "$reports" ] && "$PY" -m anysoftmax merge $reports --out "$OUT/matrix_variants/merged" | tail -5
     ;;
   block)
     "$PY" -m anysoftmax.bench.compiled_block --out "$OUT/results/compiled_block_scale" \
       --providers torch anysoftmax anysoftmax:scale 2>&1 | tee "$OUT/compiled_block_scale.txt" | tail -30
     ;;
-  *) echo "usage: bash benchmarks/variants_gpu_run.sh matrix|fwd [S...]|bwd [S...]|extra fwd|bwd|merge|block" >&2
+  *) echo "usage: bash benchmarks/variants_gpu_run.sh matrix [ENTRY...]|fwd S [dtype]|bwd S [dtype]|extra fwd|bwd|merge|block" >&2
      exit 2 ;;
 esac
