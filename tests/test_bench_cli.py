@@ -179,3 +179,18 @@ def test_compiled_block_with_scale_matches_torchs_block():
                  direction="fwd", gpu_ms=ms, wall_ms=ms, user_kernels_in_code=True)
             for p, ms in (("torch", 1.0), ("anysoftmax", 1.2), ("anysoftmax:scale", 0.9))]
     assert "| 1.000 | 1.200 | 1.20 | 0.900 | 0.90 |" in table(rows)
+
+
+def test_variant_names_and_grid():
+    from types import SimpleNamespace
+
+    from anysoftmax.bench import variants
+    from anysoftmax.matrix.variants import PRESETS
+
+    assert variants.variant_names("") == ["plain", "scale", "mask", "causal", "softcap", "sinks"]  # the speed goals
+    assert variants.variant_names("all") == list(PRESETS)
+    assert variants.variant_names("gpt-oss,plain") == ["gpt-oss", "plain"]
+    args = lambda **kw: SimpleNamespace(**{"shapes": "", "device": "cuda", "quick": False, **kw})  # noqa: E731
+    assert variants.shapes(args()) == [(8, 16, s, s) for s in (1024, 2048, 4096)]
+    assert variants.shapes(args(quick=True)) == [(8, 16, 2048, 2048)]
+    assert variants.shapes(args(shapes="1x2x3x4")) == [(1, 2, 3, 4)]
