@@ -69,7 +69,8 @@ def variants_tables(result: dict, providers: list[str] | None = None) -> str:
     by_key = {(r["dtype"], r["variant"], r["S"], r["provider"]): r for r in rows}
     scores = ", ".join("×".join(map(str, s)) for s in result.get("shapes", []))
     out = [f"{result['device']}, {result.get('direction', 'fwd')}, scores {scores}: fraction of copy bandwidth "
-           f"({result['copy_gbps']:.0f} GB/s); GB/s counts the bytes a fused kernel must move\n"]
+           f"({result['copy_gbps']:.0f} GB/s); GB/s counts the bytes a fused kernel must move; ÷: ratios of GB/s "
+           f"(above 1: anysoftmax is faster)\n"]
     tail = [f"{ours} ÷ copy", f"{ours} ÷ torch.compile", f"{ours} host µs"] if ours else []
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         order = list(result.get("variants", {}))

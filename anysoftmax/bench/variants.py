@@ -12,7 +12,10 @@ that variant and direction, `matrix.traffic`), `torch` (the composition a user w
 `matrix.composition`), `torch.compile` (that function compiled); seed, Liger and QuACK only
 for plain (their fused cells are recorded unavailable, with the reason). Every cell is
 checked against the float64 reference first. GB/s = those bytes / median time, so every
-provider of a cell is measured against the same bytes. Results:
+provider of a cell is measured against the same bytes. Forward times x -> y; the backward of
+a fused variant times the gradient call autograd makes (dx and dsinks from each provider's own
+saved tensors: `matrix.fused_cells`), the plain variant's as `anysoftmax bench --bwd` does
+(the kernel from y and dy). Results:
 <out>/<device>/softmax_variants_{fwd,bwd}.{json,csv,png}, and a table per dtype: variant x S
 -> fraction of the run's copy bandwidth per provider, anysoftmax over the same-bytes copy
 and over torch.compile, and anysoftmax's host us per call.
