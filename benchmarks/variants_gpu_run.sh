@@ -14,14 +14,18 @@
 #   bash benchmarks/variants_gpu_run.sh bwd 4096 bfloat16 | bwd 4096 float32                       ~5 / ~6 min
 #   bash benchmarks/variants_gpu_run.sh extra fwd|bwd              # additive, causal-bottom-right, megatron,
 #                                                                  # gemma2, gpt-oss at S = 2048, bf16    ~4 min
-#   bash benchmarks/variants_gpu_run.sh block                      # compiled attention block with scale= ~6 min
+#   bash benchmarks/variants_gpu_run.sh block 1024 | block 4096    # compiled attention block, S x head 64:
+#                                                                  # torch, anysoftmax, scale=        ~6 / ~8 min
 #   bash benchmarks/variants_gpu_run.sh merge                      # parts -> $OUT/results/<gpu>/softmax_variants_*
 #
 # A bench stage writes $OUT/parts/<dir>-S<S>[-<dtype>]/<gpu>/softmax_variants_<dir>.{json,csv,png}
 # (each variant's same-bytes copy measured in the same run); `merge` folds the parts of each
 # direction into one file (anysoftmax.bench.merge), prints the table, and merges the matrix
 # entries' reports into $OUT/matrix_variants/merged. VARIANTS overrides the variants of fwd/bwd
-# (default: those of the speed goals: plain,scale,mask,causal,softcap,sinks).
+# (default: those of the speed goals: plain,scale,mask,causal,softcap,sinks); with PART=<name>
+# a run goes to a part of its own, e.g. a stage split in two when it nears the 10 minutes:
+#   PART=a VARIANTS=plain,scale,mask bash benchmarks/variants_gpu_run.sh bwd 2048
+#   PART=b VARIANTS=causal,softcap,sinks bash benchmarks/variants_gpu_run.sh bwd 2048
 set -uo pipefail
 OUT="${OUT:-out/gpu}"
 mkdir -p "$OUT"
@@ -50,7 +54,7 @@ case "$stage" in
     ;;
   fwd|bwd)
     [ $# -ge 1 ] || { echo "usage: $0 $stage S [dtype]" >&2; exit 2; }
-    s="$1"; dtypes="${2:-bfloat16,float32}"; part="$stage-S$s${2:+-$2}"
+    s="$1"; dtypes="${2:-bfloat16,float32}"; part="$stage-S$s${2:+-$2}${PART:+-$PART}"
     bench "$stage" "$s" "$dtypes" "$VARIANTS" "$part"
     ;;
   extra)
@@ -79,9 +83,10 @@ EOF
     [ -n "$reports" ] && "$PY" -m anysoftmax merge $reports --out "$OUT/matrix_variants/merged" | tail -5
     ;;
   block)
-    "$PY" -m anysoftmax.bench.compiled_block --out "$OUT/results/compiled_block_scale" \
-      --providers torch anysoftmax anysoftmax:scale 2>&1 | tee "$OUT/compiled_block_scale.txt" | tail -30
+    s="${1:-1024}"
+    "$PY" -m anysoftmax.bench.compiled_block --out "$OUT/results/compiled_block_scale_$s" --shapes "8x16x${s}x64" \
+      --providers torch anysoftmax anysoftmax:scale 2>&1 | tee "$OUT/compiled_block_scale_$s.txt" | tail -30
     ;;
-  *) echo "usage: bash benchmarks/variants_gpu_run.sh matrix [ENTRY...]|fwd S [dtype]|bwd S [dtype]|extra fwd|bwd|merge|block" >&2
+  *) echo "usage: bash benchmarks/variants_gpu_run.sh matrix [ENTRY...]|fwd S [dtype]|bwd S [dtype]|extra fwd|bwd|merge|block [S]" >&2
      exit 2 ;;
 esac
