@@ -13,7 +13,7 @@ Both: programs per SM are capped by shared memory (max_shared_mem // shared per 
 Two additions to the seed's rules, both because the cooperative split kernels rely on every
 launched program being resident (an over-count there serialises the barrier's waiters):
 * CUDA caps by max threads per SM // (warp size * warps) as well;
-* registers are allocated in granules (CUDA: 256 per warp = 8 per thread; CDNA: 16 VGPRs), so
+* registers are allocated in granules (CUDA: 256 per warp = 8 per thread; CDNA: 8 VGPRs), so
   the per-thread count is rounded up first. Found by compiling the kernels for sm_90
   (tests/test_compile_targets.py): the bf16 column-split kernel uses 84 registers, which the
   unrounded rule counts as 3 programs of 8 warps per H100 SM; the SM holds 2 (84 -> 88).
@@ -45,24 +45,29 @@ class KernelResources:
     n_regs: int
     shared_mem: int
     num_warps: int
+    n_sgprs: int = 0  # CDNA scalar registers per wave, when known (0: not counted)
 
 
-REGISTER_GRANULE = 8  # registers per thread allocated at a time on CUDA
-# CDNA: 16. The gfx942 compiler's own occupancy (waves per SIMD) for the fused-family tile
-# kernels (70 and 71 VGPRs) is 6, which 8-register granules over-count as 7 and 16-register
-# granules give exactly; every other kernel compiled for gfx942 agrees with either
-# (tests/test_compile_targets.py compares the model with the compiler on every kernel).
-CDNA_REGISTER_GRANULE = 16
+REGISTER_GRANULE = 8  # registers per thread allocated at a time (CUDA and CDNA alike)
+# CDNA's scalar registers (SGPRs) per SIMD, and how a wave's count is rounded (granule, plus
+# the registers the hardware reserves: VCC, flat scratch, XNACK, trap). Fitted to the gfx942
+# compiler's own occupancy (waves per SIMD) for the kernels of tests/test_compile_targets.py:
+# the fused-family kernels take 86-106 SGPRs (their ~30 scalar arguments) and the compiler
+# gives 7 waves at 86 and 6 at 104-106 where their VGPRs alone would allow 8.
+CDNA_SGPRS_PER_SIMD, CDNA_SGPR_GRANULE, CDNA_SGPR_RESERVED = 800, 16, 16
 
 
 def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
     """Resident programs one SM/CU can hold (at least 1: a launch always makes progress)."""
-    granule = CDNA_REGISTER_GRANULE if dev.is_cdna else REGISTER_GRANULE
-    n_regs = -(-max(k.n_regs, 1) // granule) * granule
+    n_regs = -(-max(k.n_regs, 1) // REGISTER_GRANULE) * REGISTER_GRANULE
     if dev.is_hip:
         gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)
         max_waves = dev.max_threads_per_sm // dev.warp_size
-        occ = min(gprs // dev.warp_size // n_regs, max_waves) // k.num_warps
+        waves = gprs // dev.warp_size // n_regs
+        if dev.is_cdna and k.n_sgprs:
+            sgprs = -(-(k.n_sgprs + CDNA_SGPR_RESERVED) // CDNA_SGPR_GRANULE) * CDNA_SGPR_GRANULE
+            waves = min(waves, CDNA_SGPRS_PER_SIMD // sgprs * 4)  # per SIMD -> per CU (4 SIMDs)
+        occ = min(waves, max_waves) // k.num_warps
     else:
         occ = dev.max_num_regs // (n_regs * dev.warp_size * k.num_warps)
         occ = min(occ, dev.max_threads_per_sm // (dev.warp_size * k.num_warps))
