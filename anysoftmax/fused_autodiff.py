@@ -108,12 +108,17 @@ def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
 
 
 def _direct(*tensors) -> bool:
-    """True when a call may skip the operator and run dispatch itself: eager, and no tensor is
-    wrapped by a torch.func transform (those need the operator's vmap rule). The operator's
-    dispatcher round trip costs tens of microseconds per call, which a training step of a
-    small model pays at every layer."""
-    return not torch.compiler.is_compiling() and not any(
-        t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
+    """True when a call may skip the operator and run dispatch itself: eager, every tensor a
+    plain one (AOTAutograd traces a compiled graph's backward with fake and functional tensor
+    subclasses while `is_compiling()` is already False: dispatch would hand them to a kernel),
+    and none wrapped by a torch.func transform (those need the operator's vmap rule). The
+    operator's dispatcher round trip costs tens of microseconds per call, which a training step
+    of a small model pays at every layer."""
+    return not torch.compiler.is_compiling() and all(
+        t is None or (type(t) in _PLAIN_TENSORS and not is_functorch_wrapped_tensor(t)) for t in tensors)
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def forward_op(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend):

@@ -150,6 +150,41 @@ def test_compile_fullgraph_matches_eager(backend, gen):
     torch.testing.assert_close(torch.autograd.grad(yc, (xg, sg), g), torch.autograd.grad(ye, (xe, se), g))
 
 
+def test_compiled_backward_calls_the_backward_operator(gen):
+    """A compiled graph's backward reaches the fused backward through its operator (which
+    torch.compile routes to the Triton kernels on GPUs), never by running dispatch on the fake
+    tensors AOTAutograd traces with: on a CUDA tensor that fails inside the kernel launcher,
+    here (torch backend) it would trace the torch formula instead of the operator."""
+    q = torch.randn(2, 3, 8, 4, generator=gen).requires_grad_()
+    k = torch.randn(2, 3, 8, 4, generator=gen).requires_grad_()
+    cap = Capture()
+    f = compiled(lambda a, b: anysoftmax.softmax(a @ b.transpose(-1, -2), -1, scale=0.3, backend="torch"), cap)
+    y = f(q, k)
+    y.backward(torch.ones_like(y) + torch.rand(y.shape, generator=gen))
+    assert torch.ops.anysoftmax.softmax_fused_backward.default in cap.targets(1), cap.targets(1)
+    assert q.grad is not None and torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
+
+
+def test_fake_and_functional_tensors_never_reach_dispatch():
+    """torch 2.11 (the GPU host) traces a compiled graph's backward with `is_compiling()`
+    False: what keeps fake and functional tensors out of the kernel launchers is their type
+    (found by the compiled attention block's fwd+bwd on the H100: 'Cannot access data pointer
+    of Tensor')."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    from anysoftmax import fused_autodiff
+
+    plain = torch.randn(3)
+    assert fused_autodiff._direct(plain, None, torch.nn.Parameter(plain))
+    with FakeTensorMode():
+        fake = torch.empty(3)
+    assert not fused_autodiff._direct(plain, fake)
+    with FunctionalTensorMode():
+        functional = FunctionalTensor.to_functional(plain)
+    assert not fused_autodiff._direct(functional, None)
+
+
 def test_compiled_variant_is_user_triton_kernels(gen):
     """Under torch.compile the fused request traces to the shared Triton kernels (forward and
     backward), not an opaque operator."""

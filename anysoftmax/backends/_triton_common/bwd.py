@@ -18,7 +18,7 @@ Causal rows read y and dy only over their kept prefix (the rest of dx is written
 import triton
 import triton.language as tl
 
-from .fused import col_limit, pair, tanh
+from .fused import col_limit, pair, tanh, whole_vectors
 from .rows import _row_arrive, _row_depart, _row_offsets, _row_wait
 
 
@@ -35,7 +35,7 @@ def softmax_bwd_kernel(
     y_ptr, dy_ptr, dx_ptr, x_ptr, m_ptr, p_ptr, ds_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, s0, s1, s2, sn, ms0, ms1, ms2, msn, ps0, ps1, ps2, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, SINGLE: tl.constexpr,
-    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr, CAUSAL_VEC: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, PRECISE: tl.constexpr,
 ):
@@ -46,21 +46,31 @@ def softmax_bwd_kernel(
         item64 = tl.cast(item, tl.int64)
         rows = (item64 // n_chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
         chunk = item64 % n_chunks
-        cols = chunk * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+        VEC: tl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+        lanes = tl.arange(0, CHUNK)
+        if MASK == 1:
+            # (one register layout for y and the uint8 mask, as in the forward tile kernel)
+            lanes = tl.max_contiguous(lanes, VEC)
+        cols = chunk * CHUNK + lanes.to(tl.int64)
         row_ok = rows < n_rows
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
+        loads = mask
         if CAUSAL:
-            live = row_ok[:, None] & (cols[None, :] < col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)[:, None])
+            lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
+            live = row_ok[:, None] & (cols[None, :] < lim[:, None])
+            # (whole vectors of CAUSAL_VEC elements, as in the forward: the exact prefix is
+            # applied below)
+            loads = row_ok[:, None] & whole_vectors(cols[None, :], lim[:, None], n_cols,
+                                                    CAUSAL_VEC if CAUSAL_VEC > 0 else VEC)
         else:
             live = mask
         off = _row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
-        y = tl.load(y_ptr + off, mask=live, other=0.0).to(acc_ty)
-        dy = tl.load(dy_ptr + off, mask=live, other=0.0).to(acc_ty)
+        m_ptrs = m_ptr + _row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn
+        y = tl.load(y_ptr + off, mask=loads, other=0.0).to(acc_ty)
+        dy = tl.load(dy_ptr + off, mask=loads, other=0.0).to(acc_ty)
         keep = live
         if MASK == 1:
-            excluded = tl.load(m_ptr + _row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn,
-                               mask=live, other=1)
-            keep = live & (excluded == 0)
+            keep = live & (tl.load(m_ptrs, mask=live, other=1) == 0)
         if MASK == 1 or CAUSAL:
             # Excluded outputs are constants: their gradient goes nowhere (an empty row's
             # y may be NaN under empty_rows="nan"; its gradient is still 0).
@@ -94,7 +104,7 @@ def softmax_bwd_kernel(
                 if HAS_SCALE:
                     scale = pair(scale_hi, scale_lo, ACC_FP64)
                 cap = pair(cap_hi, cap_lo, ACC_FP64)
-                x = tl.load(x_ptr + off, mask=live, other=0.0).to(acc_ty)
+                x = tl.load(x_ptr + off, mask=loads, other=0.0).to(acc_ty)
                 t = tanh(x * scale * (1.0 / cap), PRECISE, ACC_FP64)
                 dx = dx * (1.0 - t * t)
             if HAS_SCALE:

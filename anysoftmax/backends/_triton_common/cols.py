@@ -40,17 +40,19 @@ def _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn
                    scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr, WIDE: tl.constexpr,
                    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                    ACC_FP64: tl.constexpr, PRECISE: tl.constexpr):
-    """(z, keep) of a tile: reduction steps `k` x inner positions `inner` of outer index `o`,
-    after the prologue. Under causal, inner position i of outer index o is the logical row
-    o * n_inner + i, whose kept prefix bounds the steps read."""
+    """(z, keep, live, mask pointers) of a tile: reduction steps `k` x inner positions `inner` of
+    outer index `o`, after the prologue. Under causal, inner position i of outer index o is the
+    logical row o * n_inner + i, whose kept prefix bounds the steps read."""
     if CAUSAL:
         lim = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL)
         live = (k[:, None] < lim[None, :]) & (inner < n_inner)[None, :]
     else:
         live = (k < n_red)[:, None] & (inner < n_inner)[None, :]
     x = tl.load(x_ptr + _tile_offsets(o, k, inner, xso, xsn, 1, WIDE), mask=live, other=float("-inf")).to(acc_ty)
-    return prologue(x, live, m_ptr + _tile_offsets(o, k, inner, mso, msn, msi, WIDE), scale_hi, scale_lo, cap_hi,
-                    cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
+    m_ptrs = m_ptr + _tile_offsets(o, k, inner, mso, msn, msi, WIDE)
+    z, keep = prologue(x, live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64,
+                       PRECISE)
+    return z, keep, live, m_ptrs
 
 
 @triton.jit
@@ -70,15 +72,15 @@ def softmax_cols_kernel(
         o = item // n_iblk
         inner = (item % n_iblk) * BLOCK_I + i0
         mask = (k < n_red)[:, None] & (inner < n_inner)[None, :]
-        z, keep = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi, SQ, C_OFF,
-                                 scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE, HAS_CAP, MASK, CAUSAL,
-                                 ACC_FP64, PRECISE)
+        z, _, live, m_ptrs = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi,
+                                            SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE,
+                                            HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
         sink = 0.0
         if HAS_SINK:
             sink = tl.load(s_ptr + tl.cast(o, tl.int64) * sso + inner * ssi, mask=inner < n_inner,
                            other=0.0).to(acc_ty)
         lim = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL)
-        y, p = close_tile(z, keep, sink, n_red, lim, 0, LOG, ACC_FP64, HAS_SINK, MASK, CAUSAL, EMPTY)
+        y, p = close_tile(z, live, m_ptrs, sink, n_red, lim, 0, LOG, ACC_FP64, HAS_SINK, MASK, CAUSAL, EMPTY)
         tl.store(y_ptr + _tile_offsets(o, k, inner, yso, ysn, 1, WIDE), y.to(y_ptr.dtype.element_ty), mask=mask)
         if HAS_SINK:
             tl.store(p_ptr + tl.cast(o, tl.int64) * n_inner + inner, p.to(p_ptr.dtype.element_ty),
@@ -109,9 +111,9 @@ def softmax_cols_split_kernel(
         inner = (group % n_iblk) * BLOCK_I + i0
         k = chunk * CHUNK + k0
         mask = (k < n_red)[:, None] & (inner < n_inner)[None, :]
-        z, keep = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi, SQ, C_OFF,
-                                 scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE, HAS_CAP, MASK, CAUSAL,
-                                 ACC_FP64, PRECISE)
+        z, keep, _, _ = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi, SQ,
+                                       C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE, HAS_CAP,
+                                       MASK, CAUSAL, ACC_FP64, PRECISE)
         stats = stats_ptr + tl.cast(group, tl.int64) * (NSTAT * n_chunks * BLOCK_I)
         if PHASE != 2:
             m_raw = tl.max(z, axis=0)

@@ -127,6 +127,12 @@ def _wide_cols(layout: RowLayout, block_n: int) -> bool:
     return extent > INT32_MAX
 
 
+# Options that reach the kernel as constexprs, not as launch options: the software-pipeline
+# depth, and the elements per causal-prefix load of the tile and backward kernels (0: 16
+# bytes' worth).
+PLAN_CONSTEXPR_OPTIONS = ("num_stages", "causal_vec")
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     """Common fields of every plan. `options` are launch options the backend needs
@@ -151,7 +157,7 @@ class KernelPlan:
         raise NotImplementedError
 
     def launch_options(self) -> dict:
-        return {k: v for k, v in self.options.items() if k != "num_stages"}
+        return {k: v for k, v in self.options.items() if k not in PLAN_CONSTEXPR_OPTIONS}
 
     def phases(self) -> tuple:
         """PHASE values of the launches: one fused launch (0), or statistics then
@@ -219,7 +225,8 @@ class TilePlan(KernelPlan):
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     BLOCK_M=self.block_m, BLOCK_N=self.block_n, NUM_STAGES=self.options.get("num_stages", 1),
-                    FLAT_ROWS=flat_rows(layout), **self.fusion.constexprs(out_dtype))
+                    CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout),
+                    **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)
@@ -353,6 +360,7 @@ class BackwardTilePlan(KernelPlan):
         single = not self.split
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, SINGLE=single,
                     BLOCK_M=self.block_m if single else 1, CHUNK=self.block_n,
+                    CAUSAL_VEC=self.options.get("causal_vec", 0),
                     G_POW2=next_power_of_2(self.chunks), PHASE=phase, **self.fusion.constexprs(out_dtype, backward=True))
 
 

@@ -105,8 +105,13 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
     if props is None:
         return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, **common)
     options = dict(num_warps=tile["num_warps"])
+    if tile["kind"] == "tile" and not backward and (fusion.mask or fusion.has_cap):
+        options["num_warps"] = heuristics.fused_tile_warps(tile["block_m"] * tile["block_n"] * elem_bytes,
+                                                           tile["num_warps"])
     if tile["kind"] == "tile" and not backward:
         options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
+    if fusion.causal and (tile["kind"] == "tile" or backward):
+        options["causal_vec"] = heuristics.causal_vec(elem_bytes, backward)
     cooperative = tile["kind"] in ("split", "cols_split") and bool(heuristics.table()["cooperative"])
     if cooperative:
         # The driver guarantees co-residency of a cooperative grid (and refuses one that cannot

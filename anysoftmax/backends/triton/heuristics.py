@@ -94,6 +94,16 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
 
 
 
+def fused_tile_warps(tile_bytes: int, plain_warps: int) -> int:
+    """Warps of a forward tile whose prologue reads a mask or computes a softcap."""
+    return by_bound(table()["fused_warps_by_tile_bytes"], tile_bytes) or plain_warps
+
+
+def causal_vec(elem_bytes: int, backward: bool = False) -> int:
+    """Elements per load of a causal prefix in the forward tile kernel or the backward kernel."""
+    return by_bound(table()["causal_load_bytes_bwd" if backward else "causal_load_bytes"], elem_bytes) // elem_bytes
+
+
 def num_stages(max_shared_mem: int) -> int:
     t = table()
     return t["stages_large_smem"] if max_shared_mem > t["large_smem_bytes"] else t["stages_small_smem"]
