@@ -1,20 +1,27 @@
-"""The conformance suite: every backend that runs here, every case, against the one reference."""
+"""The conformance suite: the kit's checks (`anysoftmax.testing`: every shipped case, plain and
+fused, forward and backward, repeated calls, bad input) on every backend that runs here, plus
+the triton kernels' long-row paths forced on small rows."""
+
+import os
 
 import pytest
 import torch
 
 from anysoftmax.backends.triton import heuristics
-from cases import CASES, LONG_ROW_CASES, params
-from helpers import check, runnable_backends
+from anysoftmax.testing.cases import LONG_ROW_CASES
+from helpers import check, kit_params, params, runnable_backends, skip_if_refused
 
 CPU_BACKENDS = runnable_backends("cpu")
 
 
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("case,dtype", params(CASES))
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_cpu(backend, case, dtype, log, gen):
-    check(case.make(gen, dtype), case.dim, backend=backend, log=log, dtype=case.out_dtype)
+@pytest.mark.parametrize("backend,check", kit_params(CPU_BACKENDS, "cpu"))
+def test_cpu(backend, check, seed):
+    skip_if_refused(check.run(seed))
+
+
+@pytest.mark.parametrize("backend,check", kit_params(["triton"], "cuda", marks=pytest.mark.gpu))
+def test_gpu(backend, check, seed):
+    skip_if_refused(check.run(seed))
 
 
 # Tuning overrides that send short rows down each long-row path.
@@ -33,25 +40,18 @@ def test_triton_long_rows_cpu(path, case, dtype, log, gen):
     if "triton" not in CPU_BACKENDS:
         pytest.skip("triton does not run on CPU here: TRITON_INTERPRET is not set")
     with heuristics.override(**LONG_ROW_PATHS[path]):
-        check(case.make(gen, dtype), case.dim, backend="triton", log=log, dtype=case.out_dtype)
+        skip_if_refused(check(case.make(gen, dtype), case.dim, backend="triton", log=log, dtype=case.out_dtype))
 
 
 def test_cpu_backends_include_triton_under_interpreter():
     # The suite must really exercise the kernels in CI, not only the torch fallback.
-    import os
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         assert "triton" in CPU_BACKENDS and "triton_ascend" in CPU_BACKENDS
     assert "torch" in CPU_BACKENDS
 
 
-GPU_EXTRA_SHAPES = [((4096, 4096), 1), ((8192, 1000), 0), ((8192, 8192), 0), ((16384, 1024), 0), ((64, 65536), 1), ((3, 262144), 1), ((32768, 128), 1)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("case,dtype", params(CASES + LONG_ROW_CASES))
-def test_gpu(case, dtype, log, gen):
-    check(case.make(gen, dtype).cuda(), case.dim, backend="triton", log=log, dtype=case.out_dtype)
+GPU_EXTRA_SHAPES = [((4096, 4096), 1), ((8192, 1000), 0), ((8192, 8192), 0), ((16384, 1024), 0), ((64, 65536), 1),
+                    ((3, 262144), 1), ((32768, 128), 1)]
 
 
 @pytest.mark.gpu
@@ -62,7 +62,8 @@ def test_gpu_long_row_paths(path, case, dtype, log, gen):
     """The long-row paths on small rows, the cooperative split included."""
     over = LONG_ROW_PATHS["split"] | {"cooperative": False} if path == "split-two-phase" else LONG_ROW_PATHS[path]
     with heuristics.override(**over):
-        check(case.make(gen, dtype).cuda(), case.dim, backend="triton", log=log, dtype=case.out_dtype)
+        skip_if_refused(check(case.make(gen, dtype).cuda(), case.dim, backend="triton", log=log,
+                              dtype=case.out_dtype))
 
 
 @pytest.mark.gpu

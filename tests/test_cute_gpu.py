@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cases import CASES, LONG_ROW_CASES, offset_with_dead_head, params, randn, with_specials
-from helpers import check
+from anysoftmax.testing.cases import CASES, LONG_ROW_CASES, offset_with_dead_head, randn, with_specials
+from helpers import check, params
 
 import anysoftmax
 from anysoftmax.backends.cute import plan as cute_plan

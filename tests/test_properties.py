@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cases import DTYPES
+from anysoftmax.testing.cases import DTYPES
 from helpers import backend_devices, check
 from test_conformance import LONG_ROW_PATHS
 from test_triton_ascend import SUBBLOCK_UB

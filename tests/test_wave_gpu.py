@@ -24,8 +24,8 @@ import sys
 
 import pytest
 import torch
-from cases import CASES, LONG_ROW_CASES, params
-from helpers import check
+from anysoftmax.testing.cases import CASES, LONG_ROW_CASES
+from helpers import check, params
 from test_wave_variants import CASES as VARIANTS
 from test_wave_variants import BY_NAME, spec_of
 

@@ -1,7 +1,9 @@
-"""Conformance cases as data: every backend's tests consume these (one place, one generator).
+"""Conformance cases as data: the kit (`anysoftmax.testing.check_backend`), the project's own
+tests and every backend's tests consume these (one place, one generator).
 
 A case makes a fresh random input (never zeros) from a torch.Generator, plus the dim and the
-`dtype=` keyword. Special-value cases plant NaN / inf / -inf rows into random data.
+`dtype=` keyword. Special-value cases plant NaN / inf / -inf rows into random data. Fused-family
+cases (`VariantCase`) also make their masks and sinks from the same generator.
 """
 
 from __future__ import annotations
@@ -147,12 +149,6 @@ LONG_ROW_CASES: list[Case] = [
 ]
 
 
-def params(cases):
-    """(case, dtype) pairs as pytest params with readable ids."""
-    import pytest
-
-    return [pytest.param(c, d, id=f"{c.name}-{str(d).removeprefix('torch.')}") for c in cases for d in c.dtypes]
-
 
 # ---- the fused family (core.variant) ----------------------------------------------------------
 
@@ -278,9 +274,3 @@ LONG_VARIANT_CASES: list[VariantCase] = [
                 dtypes=LONG_DTYPES),
 ]
 
-
-def variant_params(cases):
-    """(case, dtype) pairs as pytest params with readable ids."""
-    import pytest
-
-    return [pytest.param(c, d, id=f"{c.name}-{str(d).removeprefix('torch.')}") for c in cases for d in c.dtypes]
