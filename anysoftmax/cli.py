@@ -30,23 +30,10 @@ class UsageError(Exception):
     """A bad command-line argument (exit status 2), its message naming the problem."""
 
 
-WIDE = 200  # columns when the output is a log, not a terminal
-
-
-def console_width(is_terminal: bool, environ=None) -> int | None:
-    """The console width: $COLUMNS when set, else the terminal's own (None: rich asks the
-    terminal), else WIDE: a log has no width, and squeezing tables into 80 columns cut names."""
-    columns = (os.environ if environ is None else environ).get("COLUMNS", "")
-    if columns.strip().isdigit() and int(columns) > 0:
-        return int(columns)
-    return None if is_terminal else WIDE
-
-
 def _console(stderr: bool = False):
-    from rich.console import Console
+    from .output import make_console
 
-    console = Console(stderr=stderr)
-    return Console(width=console_width(console.is_terminal), stderr=stderr)
+    return make_console(stderr)
 
 
 def runs_here() -> str:
@@ -171,7 +158,8 @@ def cmd_matrix(args) -> int:
         print(json.dumps(summary_json(run), indent=1))
     else:
         print_report(run, console, details=True if args.details else None)
-    console.print(f"reports: {out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False)
+    console.print(f"reports: {out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False,
+                  soft_wrap=True)
     missing = [name for name, info in run.devices.items() if info["reason"]]
     if args.require_device and missing:
         console.print(f"--require-device: no device for {', '.join(missing)}", style="bold red")
@@ -228,6 +216,7 @@ def cmd_backends(args) -> int:
     from .core import list_backends
     from .dispatch import use_interpreter_if_needed
     from .matrix.devices import locate
+    from .output import print_table
 
     if args.explain:
         for line in explain_lines(args):
@@ -249,11 +238,11 @@ def cmd_backends(args) -> int:
     t.add_column("backend", no_wrap=True, min_width=max(len("backend"), *(len(b.name) for b in rows)))
     t.add_column("available", no_wrap=True)
     t.add_column("devices", no_wrap=True)
-    t.add_column("reason / note", overflow="fold")
+    t.add_column("reason / note", overflow="fold", min_width=24)
     for b in rows:
         t.add_row(b.name, "[green]yes[/]" if b.available else "[red]no[/]", ", ".join(b.devices),
                   escape(b.reason or b.note))
-    console.print(t)
+    print_table(console, t)
     console.print(runs_here(), markup=False, highlight=False, soft_wrap=True)
     for kind, (found, reason) in devices.items():
         console.print(f"{kind}: {', '.join(found) if found else reason}", markup=False, highlight=False)
@@ -335,7 +324,8 @@ def cmd_merge(args) -> int:
     paths = write_reports(run, args.out)
     console = _console()
     print_report(run, console)
-    console.print(f"reports: {args.out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False)
+    console.print(f"reports: {args.out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False,
+                  soft_wrap=True)
     return EXIT_FAILED if failed(run) else EXIT_OK
 
 

@@ -112,6 +112,8 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
     failures and the skip reasons, each reason once and whole, and the closing counts line."""
     from rich.table import Table
 
+    from ..output import print_table
+
     if details is None:
         details = len(run.results) <= DETAIL_LIMIT
     fails, skips = grouped(run, FAILED), grouped(run, SKIPPED)
@@ -127,7 +129,7 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
         _name_column(t, "status", [r.status for r in rs])
         for col in ("err/tol", "GB/s", "×copy", "host µs"):
             _name_column(t, col, [], "right")
-        t.add_column("reason / note", overflow="fold")
+        t.add_column("reason / note", overflow="fold", min_width=24)
         for r in rs:
             c = r.cell
             key = (c.entry, reason_key(r))
@@ -149,7 +151,7 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
                       f"[yellow]{s['skipped']}[/]" if s["skipped"] else "0", _num(s["worst_err_ratio"], ".2f"),
                       bw, _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f"))
         t.caption = "GB/s: median (c: CPU wall clock); ×copy: fraction of the same-run copy bandwidth"
-    console.print(t)
+    print_table(console, t)
     for title, style, groups in (("Failed", "bold red", fails), ("Skipped", "yellow", skips)):
         if not groups:
             continue
