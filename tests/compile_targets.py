@@ -285,7 +285,8 @@ def compile_target(target: str, dtypes: dict) -> dict:
                     res = cuda_resources(compiled) if TARGETS[target].backend == "cuda" else hip_resources(compiled)
                     shared = int(compiled.metadata.shared)
                     warps = int(compiled.metadata.num_warps)
-                    pps = occupancy.programs_per_sm(dev, occupancy.KernelResources(res["n_regs"], shared, warps))
+                    pps = occupancy.programs_per_sm(dev, occupancy.KernelResources(res["n_regs"], shared, warps,
+                                                                                     res.get("sgprs") or 0))
                     record.update(res, specialization=how, shared=shared, compiled_num_warps=warps,
                                   programs_per_sm=pps, resident_programs=pps * dev.multiprocessor_count,
                                   hardware_programs_per_sm=hardware_programs_per_sm(dev, res, shared, warps))

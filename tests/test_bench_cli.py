@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from anysoftmax.bench import harness, merge, report
+from anysoftmax.bench import harness, merge, report, tables
 
 REPO = Path(__file__).resolve().parent.parent
 PROVIDERS = ["peer:copy", "peer:torch", "anysoftmax:torch", "anysoftmax:triton", "liger"]
@@ -84,3 +84,113 @@ def test_older_result_files_still_load_merge_and_write(tmp_path):
     with open(paths[1]) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(old["results"]) and "host_us" in rows[0]
+
+
+VARIANT_PROVIDERS = ["anysoftmax:triton", "copy", "torch", "seed"]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_bench_variants_on_cpu_writes_the_variant_files(tmp_path, direction):
+    proc = bench(tmp_path, "--variants", "plain,causal,mask,sinks", "--providers", ",".join(VARIANT_PROVIDERS),
+                 "--dtypes", "float32", *(["--bwd"] if direction == "bwd" else []))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (folder,) = tmp_path.iterdir()
+    doc = json.loads((folder / f"softmax_variants_{direction}.json").read_text())
+    assert doc["direction"] == direction and doc["copy_gbps"] > 0
+    assert doc["variants"]["mask"] == "mask=bool[b, 1, sq, sk]@0.3" and doc["shapes"] == [[2, 3, 8, 8], [2, 3, 16, 16]]
+    rows = doc["results"]
+    assert len(rows) == len(VARIANT_PROVIDERS) * 4 * 2
+    moved = {}
+    for r in rows:
+        assert set(report.VARIANT_FIELDS) <= set(r), r
+        if r["provider"] == "seed":  # a CUDA row kernel: unavailable on the CPU, with the reason
+            assert r["status"] == "unavailable" and "CUDA" in r["detail"]
+            continue
+        assert r["status"] == "ok", r
+        assert r["us"] > 0 and r["host_us"] > 0 and r["frac_of_copy"] == pytest.approx(r["gbps"] / doc["copy_gbps"])
+        assert math.isnan(r["max_err"]) if r["provider"] == "copy" else r["max_err"] >= 0
+        moved.setdefault((r["variant"], r["S"]), []).append(r["gbps"] * r["us"] * 1e3)  # bytes per call
+    for key, values in moved.items():  # every provider of a cell, the copy too, is timed on the same bytes
+        assert max(values) == pytest.approx(min(values), rel=1e-9, abs=8), key
+    # causal on [2, 3, 8, 8] float32: 36 of 64 positions per plane are kept (read), all 64 written
+    kept, planes = 36, 6
+    want = {"fwd": 4 * planes * (kept + 64), "bwd": 4 * planes * (2 * kept + 64)}[direction]
+    assert moved[("causal", 8)][0] == pytest.approx(want)
+    with open(folder / f"softmax_variants_{direction}.csv") as f:
+        assert [r["variant"] for r in csv.DictReader(f)] == [r["variant"] for r in rows]
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (folder / f"softmax_variants_{direction}.png").stat().st_size > 0
+    assert "anysoftmax:triton ÷ copy" in proc.stdout and "| causal | 8 |" in proc.stdout
+
+
+def test_bench_variants_refuses_unknown_names(tmp_path):
+    proc = bench(tmp_path, "--variants", "scale,softcapp")
+    assert proc.returncode == 2 and "unknown variant 'softcapp'" in proc.stderr and "gpt-oss" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def _variant_row(provider, variant, seq, gbps):
+    return dict(provider=provider, variant=variant, S=seq, shape=[2, 3, seq, seq], dtype="float32", M=6 * seq, N=seq,
+                dim=-1, gbps=gbps, frac_of_copy=gbps / 100, us=1.0, host_us=2.0, max_err=0.0, status="ok", detail="")
+
+
+def test_variant_files_merge_part_by_part(tmp_path):
+    """One run per S (benchmarks/variants_gpu_run.sh): merged by variant and shape, a row
+    measured again replaces its older one; the table orders variants as defined, S ascending."""
+    doc = lambda rows, shapes, variants: dict(device="d", direction="fwd", copy_gbps=100.0, torch="t",  # noqa: E731
+                                              triton="t", results=rows, shapes=shapes, variants=variants)
+    a = doc([_variant_row(p, v, 16, g) for p, g in (("anysoftmax", 90), ("copy", 95)) for v in ("plain", "causal")],
+            [[2, 3, 16, 16]], {"plain": "plain", "causal": "causal=top_left"})
+    b = doc([_variant_row(p, "plain", 8, g) for p, g in (("anysoftmax", 50), ("copy", 60))]
+            + [_variant_row("anysoftmax", "causal", 16, 80)], [[2, 3, 8, 8]], {"plain": "plain", "causal": "causal=top_left"})
+    merged = merge.merge(a, b, "S=8")
+    assert len(merged["results"]) == 6 and merged["shapes"] == [[2, 3, 16, 16], [2, 3, 8, 8]]
+    assert [r["gbps"] for r in merged["results"] if r["variant"] == "causal" and r["provider"] == "anysoftmax"] == [80]
+    table = tables.variants_tables(merged)
+    lines = [line for line in table.splitlines() if line.startswith("| plain") or line.startswith("| causal")]
+    assert [line.split(" | ")[:2] for line in lines] == [["| plain", "8"], ["| plain", "16"], ["| causal", "16"]]
+    assert lines[0].endswith("| 0.50 | 0.60 | 0.83 | – | 2.0 |")  # 50 / 60 GB/s of the same bytes
+    paths = report.write(merged, tmp_path, "softmax_variants_fwd")
+    with open(paths[1]) as f:
+        assert [(r["variant"], r["shape"]) for r in csv.DictReader(f)][-1] == ("causal", "2x3x16x16")
+
+
+def test_compiled_block_with_scale_matches_torchs_block():
+    """The compiled attention block's `scale=` form (CPU: Inductor's C++ code, the torch
+    backend): fullgraph compiles, and output and gradients are those of torch's block."""
+    import torch
+
+    import anysoftmax
+    from anysoftmax.bench.compiled_block import Attention, table
+
+    torch.manual_seed(0)
+    ours = Attention(2, 8, anysoftmax.softmax, fused_scale=True)
+    ref = Attention(2, 8, torch.softmax)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 12, 16, requires_grad=True)
+    torch._dynamo.reset()
+    y = torch.compile(ours, fullgraph=True, dynamic=False)(x)
+    y_ref = ref(x)
+    g = torch.randn_like(y)
+    (dx,), (dx_ref,) = torch.autograd.grad(y, [x], g), torch.autograd.grad(y_ref, [x], g)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dx, dx_ref, atol=1e-5, rtol=1e-5)
+    rows = [dict(provider=p, batch=8, heads=16, seq=1024, head_dim=64, dtype="bfloat16", mode="default",
+                 direction="fwd", gpu_ms=ms, wall_ms=ms, user_kernels_in_code=True)
+            for p, ms in (("torch", 1.0), ("anysoftmax", 1.2), ("anysoftmax:scale", 0.9))]
+    assert "| 1.000 | 1.200 | 1.20 | 0.900 | 0.90 |" in table(rows)
+
+
+def test_variant_names_and_grid():
+    from types import SimpleNamespace
+
+    from anysoftmax.bench import variants
+    from anysoftmax.matrix.variants import PRESETS
+
+    assert variants.variant_names("") == ["plain", "scale", "mask", "causal", "softcap", "sinks"]  # the speed goals
+    assert variants.variant_names("all") == list(PRESETS)
+    assert variants.variant_names("gpt-oss,plain") == ["gpt-oss", "plain"]
+    args = lambda **kw: SimpleNamespace(**{"shapes": "", "device": "cuda", "quick": False, **kw})  # noqa: E731
+    assert variants.shapes(args()) == [(8, 16, s, s) for s in (1024, 2048, 4096)]
+    assert variants.shapes(args(quick=True)) == [(8, 16, 2048, 2048)]
+    assert variants.shapes(args(shapes="1x2x3x4")) == [(1, 2, 3, 4)]

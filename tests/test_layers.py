@@ -143,8 +143,9 @@ def test_every_module_imports_alone():
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(one, MODULES))
+    # A module whose optional dependency is missing must say which extra installs it.
     failed = [f"{m}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
-              for m, r in results if r.returncode != 0]
+              for m, r in results if r.returncode != 0 and "pip install 'anysoftmax[" not in r.stderr]
     assert not failed, "modules that fail to import alone:\n" + "\n".join(failed)
 
 

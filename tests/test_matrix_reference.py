@@ -22,6 +22,10 @@ def bench(**values):
     return {**BASE, "checks": ["conformance", "benchmark"], "benchmark": values}
 
 
+def variant(**keys):
+    return {**BASE, "shapes": [[2, 3, 4, 6]], "variants": [keys]}
+
+
 # key -> (words its "allowed values" must contain, configs that must pass, configs that must fail)
 LIMITS = {
     "shapes": ("non-negative sizes", [{**BASE, "shapes": [[0, 8]]}, {**BASE, "shapes": [[3, 0]]}],
@@ -45,6 +49,16 @@ LIMITS = {
                          [{**BASE, "devices": [{"name": "g", "device": "cuda:1"}]}],
                          [{**BASE, "devices": [{"name": "g", "device": "tpu"}]},
                           {**BASE, "devices": [{"name": "c", "device": "cpu:0"}]}]),
+    "variants[].scale": ("a finite number", [variant(scale=0.5), variant(scale=-3)],
+                         [variant(scale=float("inf")), variant(scale="big")]),
+    "variants[].softcap": ("a number > 0", [variant(softcap=0.5)], [variant(softcap=0), variant(softcap=-1)]),
+    "variants[].mask.density": ("a number strictly between 0 and 1",
+                                [variant(mask={"kind": "bool", "density": 0.01}),
+                                 variant(mask={"kind": "additive", "density": 0.99})],
+                                [variant(mask={"kind": "bool", "density": 0}), variant(mask={"kind": "bool",
+                                                                                              "density": 1})]),
+    "variants[].mask.shape": ("sizes and symbols", [variant(mask={"kind": "bool", "shape": ["b", 1, "sq", "sk"]})],
+                              [variant(mask={"kind": "bool", "shape": ["b", -1, "sq", "sk"]})]),
     "devices[].resources": ("a positive number", [{**BASE, "devices": [{"name": "c", "device": "cpu",
                                                                         "resources": {"host_a": 0.5}}]}],
                             [{**BASE, "devices": [{"name": "c", "device": "cpu", "resources": {"host_a": 0}}]}]),

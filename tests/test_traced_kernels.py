@@ -18,7 +18,7 @@ from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
 import anysoftmax
-from anysoftmax import ops
+from anysoftmax import ops, registration  # noqa: F401  (the operators with their autograd and routing)
 from anysoftmax.core import SoftmaxSpec, compare
 from anysoftmax.core.layout import allocate_rows
 from helpers import runnable_backends
@@ -233,7 +233,7 @@ def test_export_keeps_the_operator(gen):
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_triton_ops_run_eagerly(log, gen):
-    from anysoftmax import traced_ops  # noqa: F401  (registers them)
+    registration.traced_ops()  # the triton_ops, with their autograd and vmap rules
 
     x = torch.randn(3, 70000, generator=gen)
     op = torch.ops.anysoftmax.log_softmax_triton if log else torch.ops.anysoftmax.softmax_triton
@@ -246,7 +246,7 @@ def test_triton_ops_run_eagerly(log, gen):
 
 
 def test_triton_ops_opcheck(gen):
-    from anysoftmax import traced_ops  # noqa: F401
+    registration.traced_ops()
 
     x = torch.randn(5, 33, generator=gen, dtype=torch.float64).requires_grad_()
     torch.library.opcheck(torch.ops.anysoftmax.softmax_triton.default, (x, 1, None, "triton"),
@@ -254,7 +254,7 @@ def test_triton_ops_opcheck(gen):
 
 
 def test_triton_ops_refuse_other_backends(gen):
-    from anysoftmax import traced_ops  # noqa: F401
+    registration.traced_ops()
 
     with pytest.raises(RuntimeError, match="served by another backend"):
         torch.ops.anysoftmax.softmax_triton(torch.randn(3, 4, generator=gen), 1, None, "torch")
@@ -266,7 +266,7 @@ GPU_PLAN_TRACE = r'''
 import json, sys
 import torch
 import anysoftmax
-from anysoftmax import ops
+from anysoftmax import ops, registration  # noqa: F401  (the operators with their autograd and routing)
 from anysoftmax.backends.triton import backend as tb
 from anysoftmax.backends.triton.occupancy import DeviceProps
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table

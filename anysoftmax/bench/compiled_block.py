@@ -4,10 +4,12 @@
 
 The block: x -> qkv projection -> QK^T * scale -> softmax -> @V -> output projection, compiled
 with `torch.compile(fullgraph=True, dynamic=False)` in the default mode and in
-`mode="reduce-overhead"` (CUDA graphs). Providers (`--providers`; the first two by default):
+`mode="reduce-overhead"` (CUDA graphs). Providers (`--providers`; the first three by default):
 * `torch`: torch.softmax (Inductor generates and may fuse its own softmax);
 * `anysoftmax`: anysoftmax.softmax, whose Triton kernels appear in the graph as user-defined
   kernels (`anysoftmax.traced_ops`);
+* `anysoftmax:scale`: the same with the temperature folded in, `softmax(QK^T, -1, scale=)`
+  (the fused family): no separate multiply, no scaled copy of the scores;
 * `anysoftmax:opaque`: the same with $ANYSOFTMAX_COMPILE_KERNELS=0 while compiling, i.e. the
   opaque custom operator of before (the kernels launched from Python at run time).
 
@@ -34,7 +36,7 @@ from unittest import mock
 
 import torch
 
-PROVIDERS = ["torch", "anysoftmax", "anysoftmax:opaque"]
+PROVIDERS = ["torch", "anysoftmax", "anysoftmax:scale", "anysoftmax:opaque"]
 MODES = ["default", "reduce-overhead"]
 DIRECTIONS = ["fwd", "fwd+bwd"]
 DEFAULT_SHAPES = ["8x16x1024x64", "8x16x4096x64"]
@@ -42,19 +44,22 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class Attention(torch.nn.Module):
-    """QK^T -> softmax -> V with input and output projections; `softmax` picks the function."""
+    """QK^T -> softmax -> V with input and output projections; `softmax` picks the function.
+    With `fused_scale` the temperature is its `scale=` argument (anysoftmax's fused family)
+    instead of a multiply of the scores before it."""
 
-    def __init__(self, heads: int, head_dim: int, softmax):
+    def __init__(self, heads: int, head_dim: int, softmax, fused_scale: bool = False):
         super().__init__()
         dim = heads * head_dim
-        self.heads, self.head_dim, self.softmax = heads, head_dim, softmax
+        self.heads, self.head_dim, self.softmax, self.fused_scale = heads, head_dim, softmax, fused_scale
         self.qkv = torch.nn.Linear(dim, 3 * dim)
         self.out = torch.nn.Linear(dim, dim)
 
     def forward(self, x):
         b, s, d = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        p = self.softmax(q @ k.transpose(-1, -2) * self.head_dim ** -0.5, -1)
+        scores, scale = q @ k.transpose(-1, -2), self.head_dim ** -0.5
+        p = self.softmax(scores, -1, scale=scale) if self.fused_scale else self.softmax(scores * scale, -1)
         return self.out((p @ v).transpose(1, 2).reshape(b, s, d))
 
 
@@ -103,7 +108,7 @@ def measure_cell(provider: str, shape: tuple, dtype: torch.dtype, mode: str, dir
 
     b, h, s, hd = shape
     torch.manual_seed(0)
-    model = Attention(h, hd, _softmax_of(provider)).cuda().to(dtype)
+    model = Attention(h, hd, _softmax_of(provider), fused_scale=provider == "anysoftmax:scale").cuda().to(dtype)
     x = torch.randn(b, s, h * hd, device="cuda", dtype=dtype)
     gout = torch.randn_like(x)
     _reset()
@@ -168,7 +173,8 @@ def measure(shapes: list[tuple], dtypes: list[torch.dtype], providers: list[str]
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one line per (shape, dtype, mode, direction), ms per step and the ratio to torch."""
+    """Markdown: one line per (shape, dtype, mode, direction), ms per step and the ratio to torch
+    (anysoftmax with a separate multiply, and with `scale=`)."""
     keyed: dict = {}
     for r in rows:
         if "error" in r:
@@ -176,20 +182,23 @@ def table(rows: list[dict]) -> str:
         key = (f"{r['batch']}x{r['heads']}x{r['seq']}x{r['head_dim']}", r["dtype"], r["mode"], r["direction"])
         keyed.setdefault(key, {})[r["provider"]] = r
     lines = ["| shape (BxHxSxD) | dtype | mode | step | torch gpu ms | anysoftmax gpu ms | ratio | "
-             "opaque gpu ms | torch wall ms | anysoftmax wall ms | ratio | kernels in graph |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "scale= gpu ms | ratio | opaque gpu ms | torch wall ms | anysoftmax wall ms | ratio | scale= wall ms | "
+             "ratio | kernels in graph |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, by in keyed.items():
-        t, a, o = by.get("torch"), by.get("anysoftmax"), by.get("anysoftmax:opaque")
+        t, a, sc, o = by.get("torch"), by.get("anysoftmax"), by.get("anysoftmax:scale"), by.get("anysoftmax:opaque")
 
         def f(r, k):
             return f"{r[k]:.3f}" if r else "-"
 
-        def ratio(k):
-            return f"{a[k] / t[k]:.2f}" if a and t else "-"
+        def ratio(r, k):
+            return f"{r[k] / t[k]:.2f}" if r and t else "-"
 
+        kernels = (a or sc or {}).get("user_kernels_in_code", "-")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {f(t, 'gpu_ms')} | {f(a, 'gpu_ms')} | "
-                     f"{ratio('gpu_ms')} | {f(o, 'gpu_ms')} | {f(t, 'wall_ms')} | {f(a, 'wall_ms')} | "
-                     f"{ratio('wall_ms')} | {a['user_kernels_in_code'] if a else '-'} |")
+                     f"{ratio(a, 'gpu_ms')} | {f(sc, 'gpu_ms')} | {ratio(sc, 'gpu_ms')} | {f(o, 'gpu_ms')} | "
+                     f"{f(t, 'wall_ms')} | {f(a, 'wall_ms')} | {ratio(a, 'wall_ms')} | {f(sc, 'wall_ms')} | "
+                     f"{ratio(sc, 'wall_ms')} | {kernels} |")
     errors = [r for r in rows if "error" in r]
     for r in errors:
         lines.append(f"\nerror: {r['provider']} {r['shape']} {r['dtype']} {r['mode']} {r['direction']}: {r['error']}")
@@ -201,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for compiled_block.json")
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="BxHxSxD (batch, heads, seq, head dim)")
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
-    ap.add_argument("--providers", nargs="+", default=["torch", "anysoftmax"], choices=PROVIDERS,
+    ap.add_argument("--providers", nargs="+", default=["torch", "anysoftmax", "anysoftmax:scale"], choices=PROVIDERS,
                     help="anysoftmax:opaque adds the opaque-operator form (compiles again: slower run)")
     ap.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
     ap.add_argument("--directions", nargs="+", default=DIRECTIONS, choices=DIRECTIONS)

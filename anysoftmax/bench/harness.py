@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..matrix import providers
+from ..matrix import providers, run_matrix
 from ..matrix.cells import PASSED, SKIPPED, Result
 from ..matrix.schema import MatrixConfig, validate
 
@@ -64,17 +64,19 @@ def default_providers(device: str) -> list[str]:
 
 
 def config(names: list[str], direction: str, device: str, parts: list[tuple[str, list[str], list]],
-           bench: dict) -> tuple[MatrixConfig, dict[str, str]]:
-    """The matrix of the benchmark: one entry per part (name, dtypes, [(M, N, dim)]), every
-    provider on every cell, conformance then benchmark. Returns it with the map matrix backend
-    -> row name. Names are checked by the matrix schema (ConfigError)."""
+           bench: dict, variants: list | None = None) -> tuple[MatrixConfig, dict[str, str]]:
+    """The matrix of the benchmark: one entry per part (name, dtypes, [(*shape, dim)], e.g.
+    (M, N, dim)), every provider on every cell (and every variant of `variants`, names or
+    mappings of `matrix.variants`), conformance then benchmark. Returns it with the map matrix
+    backend -> row name. Names are checked by the matrix schema (ConfigError)."""
     backend_of = dict(to_backend(n) for n in names)  # row name -> matrix backend
     entries = [{"name": name, "device": device, "dtypes": dtypes,
-                "shapes": [{"shape": [m, n], "dims": [dim]} for m, n, dim in shapes]}
+                "shapes": [{"shape": list(s[:-1]), "dims": [s[-1]]} for s in shapes]}
                for name, dtypes, shapes in parts if shapes]
     data = {"name": f"softmax_{direction}", "backends": list(backend_of.values()),
             "directions": ["forward" if direction == "fwd" else "backward"],
-            "checks": ["conformance", "benchmark"], "benchmark": bench, "devices": entries}
+            "checks": ["conformance", "benchmark"], "benchmark": bench, "devices": entries,
+            **({"variants": list(variants)} if variants else {})}
     return validate(data, "<anysoftmax bench>"), {b: row for row, b in backend_of.items()}
 
 
@@ -83,8 +85,10 @@ def _num(v, default):
 
 
 def row(r: Result, provider: str) -> dict:
-    """The benchmark's row of one matrix result."""
-    m, n = r.cell.shape
+    """The benchmark's row of one matrix result: M, N the shape of a 2-d cell, else the rows
+    and the length of the reduced dim."""
+    shape = r.cell.shape
+    m, n = shape if len(shape) == 2 else (math.prod(shape) // max(shape[r.cell.dim], 1), shape[r.cell.dim])
     if r.status == PASSED:
         status, detail = OK, r.note
     elif r.status == SKIPPED:
@@ -97,6 +101,28 @@ def row(r: Result, provider: str) -> dict:
                 us=r.ms * 1e3 if timed else 0.0, host_us=_num(r.host_us, 0.0) if timed else 0.0,
                 max_err=_num(r.max_abs_err, math.nan), status=status, detail=detail.strip().splitlines()[0][:300]
                 if detail.strip() else "")
+
+
+def run(config: MatrixConfig, row_names: dict[str, str], doc: dict, to_row, write, case_timeout: float | None):
+    """Run the benchmark's matrix in the worker pool, appending `to_row(result, provider)` to
+    `doc["results"]`; `write(doc)` after each provider (a cut run keeps what it measured) and
+    at the end, whose return value is returned."""
+    seen: list[Result] = []
+
+    def on_result(r: Result) -> None:
+        provider = row_names[r.cell.backend]
+        if not seen or row_names[seen[-1].cell.backend] != provider:
+            if seen:
+                write(doc)
+            print(f"  {provider} ...", flush=True)
+        seen.append(r)
+        doc["results"].append(to_row(r, provider))
+        doc["copy_gbps"] = copy_gbps(seen)
+
+    done = run_matrix(config, cell_timeout=case_timeout, on_result=on_result, isolate=True)
+    doc["results"] = [to_row(r, row_names[r.cell.backend]) for r in done.results]
+    doc["copy_gbps"] = copy_gbps(done.results)
+    return write(doc)
 
 
 def copy_gbps(results: list[Result]) -> float:

@@ -5,7 +5,8 @@ measured replace their rows for the shapes it measured; everything else is kept.
 
 Each row keeps its `frac_of_copy` from its own run (against that run's copy bandwidth); the
 `runs` list records which parts came from which run and that run's copy bandwidth. JSON, CSV
-and PNG are rewritten beside the old file.
+and PNG are rewritten beside the old file. `softmax_variants_*` files (`bench --variants`)
+merge alike, a row keyed by its variant too (e.g. one run per S, as benchmarks/variants_gpu_run.sh).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from . import report
 
 
 def row_key(r: dict) -> tuple:
-    return (r["provider"], r["dtype"], r["M"], r["N"], r.get("dim", -1))
+    return (r["provider"], r["dtype"], r["M"], r["N"], r.get("dim", -1), r.get("variant", "plain"))
 
 
 def merge(old: dict, new: dict, part: str, drop: tuple = ()) -> dict:
@@ -31,8 +32,12 @@ def merge(old: dict, new: dict, part: str, drop: tuple = ()) -> dict:
     replaced = {row_key(r) for r in new["results"]}
     kept = [r for r in old["results"] if row_key(r) not in replaced and r["provider"] not in drop]
     runs = old.get("runs") or [dict(part="earlier run", copy_gbps=old["copy_gbps"])]
-    return {**old, "copy_gbps": new["copy_gbps"], "torch": new["torch"], "triton": new["triton"],
-            "runs": runs + [dict(part=part, copy_gbps=new["copy_gbps"])], "results": kept + new["results"]}
+    merged = {**old, "copy_gbps": new["copy_gbps"], "torch": new["torch"], "triton": new["triton"],
+              "runs": runs + [dict(part=part, copy_gbps=new["copy_gbps"])], "results": kept + new["results"]}
+    if "variants" in new:  # `bench --variants` files: the definitions and shapes of both
+        merged["variants"] = {**old.get("variants", {}), **new["variants"]}
+        merged["shapes"] = [list(s) for s in dict.fromkeys(map(tuple, old.get("shapes", []) + new["shapes"]))]
+    return merged
 
 
 def main(argv=None) -> int:
@@ -46,7 +51,11 @@ def main(argv=None) -> int:
     merged = merge(json.loads(args.old.read_text()), json.loads(args.new.read_text()), args.part,
                    tuple(filter(None, args.drop.split(","))))
     paths = report.write(merged, args.old.parent, args.old.stem)
-    report.print_table(merged)
+    if "variants" in merged:
+        from .tables import variants_tables
+        print(variants_tables(merged))
+    else:
+        report.print_table(merged)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 

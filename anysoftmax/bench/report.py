@@ -14,19 +14,23 @@ def gpu_dir_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
 
 FIELDS = ["provider", "dtype", "M", "N", "dim", "gbps", "frac_of_copy", "us", "host_us", "max_err", "status", "detail"]
+# `anysoftmax bench --variants` rows (bench.variants) also name the variant and the whole shape.
+VARIANT_FIELDS = ["variant", "S", "shape"] + FIELDS
 
 
 def write(result: dict, out_dir: Path, stem: str) -> list[Path]:
     """Write <stem>.json, .csv and .png into `out_dir`; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    fused = "variants" in result
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.csv", out_dir / f"{stem}.png"]
     paths[0].write_text(json.dumps(result, indent=1))
     with open(paths[1], "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS, extrasaction="ignore")  # rows of older runs have no host_us: left empty
+        # rows of older runs have no host_us: left empty
+        w = csv.DictWriter(f, VARIANT_FIELDS if fused else FIELDS, extrasaction="ignore")
         w.writeheader()
-        w.writerows(result["results"])
+        w.writerows({**r, "shape": "x".join(map(str, r["shape"]))} if fused else r for r in result["results"])
     try:
-        plot(result, paths[2])
+        (plot_variants if fused else plot)(result, paths[2])
     except ImportError:
         print("no plot: matplotlib is not installed (pip install 'anysoftmax[plot]')")
         return paths[:2]
@@ -64,6 +68,45 @@ def plot(result: dict, path: Path) -> None:
         ax.set_title(f"{result['device']} {result.get('direction', 'fwd')} {dtype}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_variants(result: dict, path: Path) -> None:
+    """Fraction of the run's copy bandwidth against S: one panel per variant, one colour per
+    provider, one line style per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["results"] if r["status"] == "ok"]
+    variants = list(result["variants"])
+    providers = list(dict.fromkeys(r["provider"] for r in result["results"]))
+    dtypes = list(dict.fromkeys(r["dtype"] for r in result["results"]))
+    cols = min(3, max(1, len(variants)))
+    n_rows = -(-len(variants) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(5 * cols, 3.6 * n_rows), squeeze=False)
+    for ax, variant in zip(axes.flat, variants):
+        for p in providers:
+            for k, dtype in enumerate(dtypes):
+                pts = sorted((r["S"], r["frac_of_copy"]) for r in rows
+                             if r["variant"] == variant and r["provider"] == p and r["dtype"] == dtype)
+                if pts:
+                    ax.plot([q[0] for q in pts], [q[1] for q in pts], marker="o", ms=3,
+                            color=f"C{providers.index(p) % 10}", ls=["-", "--", ":", "-."][k % 4], label=f"{p} {dtype}")
+        ax.set_title(f"{variant}: {result['variants'][variant]}", fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("S (scores [B, H, S, S])")
+        ax.set_ylabel("fraction of copy bandwidth")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(variants):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle(f"{result['device']} {result.get('direction', 'fwd')}: GB/s of the bytes a fused kernel must move, "
+                 f"over the run's copy bandwidth", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

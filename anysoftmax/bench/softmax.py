@@ -4,6 +4,7 @@
     python -m anysoftmax.bench.softmax --bwd           # backward
     python -m anysoftmax.bench.softmax --quick         # a few shapes
     python -m anysoftmax.bench.softmax --device cpu    # tiny shapes on the CPU (Triton interpreter)
+    python -m anysoftmax.bench.softmax --variants [all|NAMES] [--bwd]   # the fused family (bench.variants)
 
 A thin entry point to the device matrix: every (provider, dtype, shape) is a matrix cell,
 checked against the float64 reference (one tolerance, `anysoftmax.core.compare`) and then
@@ -12,7 +13,8 @@ past --case-timeout is recorded as failed and a fresh worker takes the rest). Ea
 measures the copy bandwidth once. Besides the median device time (`us`, L2 flushed, inputs
 rotated) each row has `host_us`: wall time per call with calls issued back to back and one
 synchronize, so a host-bound provider shows. Results:
-<out>/<device>/softmax_<fwd|bwd>.{json,csv,png}.
+<out>/<device>/softmax_<fwd|bwd>.{json,csv,png}; with --variants (the fused family on attention
+scores, `anysoftmax.bench.variants`) <out>/<device>/softmax_variants_<fwd|bwd>.{json,csv,png}.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 def grid(args) -> list[tuple[str, list[str], list[tuple[int, int, int]]]]:
     """The benchmark's parts: (entry name, dtypes, [(M, N, dim)])."""
-    dtypes = [d for d in args.dtypes.split(",") if d]
+    dtypes = [d for d in args.dtypes.split(",") if d] or DTYPES
     if args.shapes:
         return [("grid", dtypes, parse_shapes(args.shapes))]
     cpu = args.device == "cpu"
@@ -77,8 +79,13 @@ def parse(argv):
     p.add_argument("--quick", action="store_true", help="a few shapes only")
     p.add_argument("--sweep", action="store_true", help="also the seed's M=4096 N=256..12672 sweep (fp32)")
     p.add_argument("--non-last-only", action="store_true", help="only the reductions over dim 0")
-    p.add_argument("--shapes", default="", metavar="MxN[:dim],...", help="these shapes instead of the grid")
-    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--shapes", default="", metavar="MxN[:dim],...",
+                   help="these shapes instead of the grid (with --variants: BxHxSqxSk,...)")
+    p.add_argument("--dtypes", default="", help=f"comma list (default: {','.join(DTYPES)}; with --variants: "
+                   "bfloat16,float32)")
+    p.add_argument("--variants", nargs="?", const="", default=None, metavar="NAMES|all",
+                   help="the fused family on attention scores [8, 16, S, S] instead (anysoftmax.bench.variants): "
+                        "the variants of the speed goals, `all` presets, or a comma list of preset names")
     p.add_argument("--providers", default="",
                    help="comma list: anysoftmax, anysoftmax:<backend>, and peers copy, torch, torch.compile, seed, "
                         "liger, quack (also spelled peer:<name>); default: anysoftmax providers + peers. With "
@@ -102,45 +109,39 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    from ..matrix import ConfigError, run_matrix
+    from ..matrix import ConfigError
     from ..matrix.devices import device_name
-    from . import harness, report
+    from . import harness, report, variants
 
     device = "cuda:0" if args.device == "cuda" else "cpu"
     if device == "cpu":  # Triton kernels on CPU tensors: the interpreter, as `anysoftmax matrix` chooses
         from ..dispatch import use_interpreter_if_needed
         use_interpreter_if_needed()
-    names = [s for s in args.providers.split(",") if s] or harness.default_providers(device)
+    direction = "bwd" if args.bwd else "fwd"
+    timing = GPU_TIMING if args.device == "cuda" else CPU_TIMING
+    chosen = [s for s in args.providers.split(",") if s]
     try:
-        config, row_names = harness.config(names, "bwd" if args.bwd else "fwd", device, grid(args),
-                                           GPU_TIMING if args.device == "cuda" else CPU_TIMING)
-    except (harness.UnknownProvider, ConfigError) as exc:
+        if args.variants is not None:  # the fused family on attention scores (bench.variants)
+            names = chosen or variants.default_providers(device)
+            config, row_names = variants.config(args, names, direction, device, timing)
+            stem, to_row, printed = f"softmax_variants_{direction}", variants.row, variants.print_table
+        else:
+            names = chosen or harness.default_providers(device)
+            config, row_names = harness.config(names, direction, device, grid(args), timing)
+            stem, to_row, printed = f"softmax_{direction}", harness.row, report.print_table
+    except (harness.UnknownProvider, variants.UnknownVariant, ConfigError) as exc:
         print(f"anysoftmax bench: {exc}", file=sys.stderr)
         return 2
-    direction = "bwd" if args.bwd else "fwd"
     name = device_name(device)
     out_dir = Path(args.out) / gpu_dir_name(name)
     doc = dict(device=name, copy_gbps=0.0, torch=torch.__version__, triton=triton.__version__,
                direction=direction, results=[])
-    seen = []
-
-    def on_result(r) -> None:
-        provider = row_names[r.cell.backend]
-        if not seen or row_names[seen[-1].cell.backend] != provider:
-            if seen:  # after each provider: a cut run keeps what it measured
-                report.write(doc, out_dir, f"softmax_{direction}")
-            print(f"  {provider} ...", flush=True)
-        seen.append(r)
-        doc["results"].append(harness.row(r, provider))
-        doc["copy_gbps"] = harness.copy_gbps(seen)
-
+    if args.variants is not None:
+        doc.update(variants.describe(config))
     print(f"{name}: {len(names)} providers, {direction}", flush=True)
-    run = run_matrix(config, cell_timeout=args.case_timeout, on_result=on_result, isolate=True)
-    doc["results"] = [harness.row(r, row_names[r.cell.backend]) for r in run.results]
-    doc["copy_gbps"] = harness.copy_gbps(run.results)
-    paths = report.write(doc, out_dir, f"softmax_{direction}")
+    paths = harness.run(config, row_names, doc, to_row, lambda d: report.write(d, out_dir, stem), args.case_timeout)
     print(f"{name}: copy bandwidth {doc['copy_gbps']:.0f} GB/s (read + write)")
-    report.print_table(doc)
+    printed(doc)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 

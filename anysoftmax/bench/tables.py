@@ -2,10 +2,13 @@
 
     python -m anysoftmax.bench.tables benchmarks/results/<gpu>/softmax_fwd.json [--providers a,b,...]
     python -m anysoftmax.bench.tables benchmarks/results/<gpu>/latency.json
+    python -m anysoftmax.bench.tables benchmarks/results/<gpu>/softmax_variants_fwd.json
 
 Bandwidth files give one table per dtype: fraction of the copy bandwidth measured in the same
 run, one row per shape, one column per provider (`failed` / `wrong` / `unavailable` as recorded).
-Latency files give host us per call back to back and GPU us per provider.
+Latency files give host us per call back to back and GPU us per provider. Variant files
+(`anysoftmax bench --variants`) give one table per dtype: variant x S, fractions of the copy
+bandwidth per provider, then anysoftmax over the same-bytes copy and over torch.compile.
 """
 
 from __future__ import annotations
@@ -45,6 +48,48 @@ def bandwidth_tables(result: dict, providers: list[str] | None = None) -> str:
     return "\n".join(out)
 
 
+def _ours(providers: list[str]) -> str | None:
+    return "anysoftmax" if "anysoftmax" in providers else next((p for p in providers if p.startswith("anysoftmax")),
+                                                               None)
+
+
+def _ratio(a: dict | None, b: dict | None) -> str:
+    ok = a is not None and b is not None and a["status"] == b["status"] == "ok" and b["gbps"] > 0
+    return f"{a['gbps'] / b['gbps']:.2f}" if ok else "–"
+
+
+def variants_tables(result: dict, providers: list[str] | None = None) -> str:
+    """One markdown table per dtype of a `softmax_variants_*` document: a row per (variant, S),
+    each provider's fraction of the run's copy bandwidth, anysoftmax's GB/s over the
+    same-bytes copy's and over torch.compile's (same bytes, so ratios of time), and
+    anysoftmax's host us per call back to back."""
+    rows = result["results"]
+    providers = providers or list(dict.fromkeys(r["provider"] for r in rows))
+    ours = _ours(providers)
+    by_key = {(r["dtype"], r["variant"], r["S"], r["provider"]): r for r in rows}
+    scores = ", ".join("×".join(map(str, s)) for s in result.get("shapes", []))
+    out = [f"{result['device']}, {result.get('direction', 'fwd')}, scores {scores}: fraction of copy bandwidth "
+           f"({result['copy_gbps']:.0f} GB/s); GB/s counts the bytes a fused kernel must move; ÷: ratios of GB/s "
+           f"(above 1: anysoftmax is faster)\n"]
+    tail = [f"{ours} ÷ copy", f"{ours} ÷ torch.compile", f"{ours} host µs"] if ours else []
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        order = list(result.get("variants", {}))
+        keys = sorted(dict.fromkeys((r["variant"], r["S"]) for r in rows if r["dtype"] == dtype),
+                      key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k[1]))
+        out.append(f"| {dtype} variant | S | " + " | ".join(providers + tail) + " |")
+        out.append("|---" * (len(providers) + len(tail) + 2) + "|")
+        for variant, seq in keys:
+            get = lambda p: by_key.get((dtype, variant, seq, p))  # noqa: E731
+            cells = [_cell(get(p), "frac_of_copy", ".2f") for p in providers]
+            if ours:
+                mine = get(ours)
+                cells += [_ratio(mine, get("copy")), _ratio(mine, get("torch.compile")),
+                          _cell(mine, "host_us", ".1f")]
+            out.append(f"| {variant} | {seq} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def latency_table(result: dict, providers: list[str] | None = None) -> str:
     """Host us per call back to back (GPU us in brackets), one row per shape and direction."""
     rows = result["results"]
@@ -72,7 +117,10 @@ def main(argv=None) -> int:
         result = json.load(f)
     providers = [s for s in args.providers.split(",") if s] or None
     is_latency = result["results"] and "host_us" in result["results"][0] and "M" not in result["results"][0]
-    print(latency_table(result, providers) if is_latency else bandwidth_tables(result, providers), end="")
+    if "variants" in result:
+        print(variants_tables(result, providers), end="")
+    else:
+        print(latency_table(result, providers) if is_latency else bandwidth_tables(result, providers), end="")
     return 0
 
 

@@ -40,8 +40,13 @@ import functools
 import weakref
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+try:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ImportError as exc:  # the one module that needs transformers: say how to get it
+    raise ImportError(f"anysoftmax.integrations.transformers needs transformers>=5.17: "
+                      f"pip install 'anysoftmax[hf]' ({exc})") from exc
 
 from .. import api
 

@@ -1,4 +1,5 @@
-"""Cells (one device entry × backend × op × direction × dtype × shape × dim) and their results."""
+"""Cells (one device entry × backend × op × direction × dtype × variant × shape × dim) and
+their results."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from .schema import MatrixConfig
+from .variants import PLAIN, PLAIN_NAME, VariantSpec
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
@@ -28,11 +30,15 @@ class Cell:
     rep_ms: float
     bench_cpu: bool
     seed: int
+    variant: VariantSpec = PLAIN  # the fused family's member (matrix.variants)
 
     @property
     def id(self) -> str:
+        """'<entry>/<backend>/<op>/<direction>/<dtype>/<shape>/dim<d>[/<variant>]': the variant's
+        name is appended unless it is `plain` (so plain cells keep their ids and seeds)."""
         shape = "x".join(map(str, self.shape)) or "scalar"
-        return f"{self.entry}/{self.backend}/{self.op}/{self.direction}/{self.dtype}/{shape}/dim{self.dim}"
+        tail = "" if self.variant.name == PLAIN_NAME else f"/{self.variant.name}"
+        return f"{self.entry}/{self.backend}/{self.op}/{self.direction}/{self.dtype}/{shape}/dim{self.dim}{tail}"
 
 
 @dataclass
@@ -68,6 +74,9 @@ class Result:
         """Flat dict (cell fields first) for JSON and CSV."""
         row = {k: v for k, v in asdict(self.cell).items()}
         row["shape"] = list(self.cell.shape)
+        row["variant"] = self.cell.variant.name
+        row["variant_desc"] = self.cell.variant.describe()
+        row["variant_spec"] = self.cell.variant.as_dict()  # JSON only (report.CSV_SKIP)
         row["id"] = self.cell.id
         for f in fields(self):
             if f.name != "cell":
@@ -77,8 +86,9 @@ class Result:
     @classmethod
     def from_row(cls, row: dict) -> "Result":
         """Inverse of `as_row` (used to merge reports)."""
-        cell_names = {f.name for f in fields(Cell)}
-        cell = Cell(**{k: (tuple(v) if k == "shape" else v) for k, v in row.items() if k in cell_names})
+        cell_names = {f.name for f in fields(Cell)} - {"variant"}
+        cell = Cell(**{k: (tuple(v) if k == "shape" else v) for k, v in row.items() if k in cell_names},
+                    variant=VariantSpec.from_dict(row.get("variant_spec")))  # reports before variants: plain
         own = {f.name for f in fields(cls)} - {"cell"}
         return cls(cell=cell, **{k: v for k, v in row.items() if k in own})
 
@@ -99,10 +109,11 @@ def expand(config: MatrixConfig, entries: list[str] | None = None) -> list[Cell]
             for op in e.ops:
                 for direction in e.directions:
                     for dtype in e.dtypes:
-                        for case in e.shapes:
-                            for dim in case.dims:
-                                cell = Cell(len(cells), e.name, e.device, backend, op, direction, dtype,
-                                            case.shape, dim, bench, e.benchmark.warmup_ms, e.benchmark.rep_ms,
-                                            e.benchmark.cpu, 0)
-                                cells.append(replace(cell, seed=cell_seed(config.seed, cell.id)))
+                        for variant in e.variants:
+                            for case in e.shapes:
+                                for dim in case.dims:
+                                    cell = Cell(len(cells), e.name, e.device, backend, op, direction, dtype,
+                                                case.shape, dim, bench, e.benchmark.warmup_ms, e.benchmark.rep_ms,
+                                                e.benchmark.cpu, 0, variant)
+                                    cells.append(replace(cell, seed=cell_seed(config.seed, cell.id)))
     return cells

@@ -17,6 +17,8 @@ from . import memory, providers
 from .cells import FAILED, PASSED, SKIPPED, Cell, Result
 from .conformance import check_cell, make_input, rounded_output
 from .devices import device_name
+from .fused_cells import check_fused, fused_bench_inputs
+from .variants import applies
 
 CPU_BENCH_NOTE = ("benchmark skipped: needs a GPU (a CPU/Triton-interpreter timing says nothing about kernel "
                   "speed); set benchmark.cpu: true to time the CPU anyway")
@@ -66,6 +68,16 @@ def _note(res: Result, text: str) -> None:
     res.note = f"{res.note}; {text}" if res.note else text
 
 
+def _back_to_back_calls(cell: Cell, res: Result) -> int:
+    """Calls for `host_us`: on a CPU (the interpreter: ms per call) fewer, within the rep
+    budget; a fused cell's attention scores take milliseconds per call on a GPU too, where
+    about a second of calls (at least 10) shows the host cost as well as 200 would."""
+    if res.timer == "gpu" and cell.variant.is_plain:
+        return perf.BACK_TO_BACK_CALLS
+    budget = cell.rep_ms if res.timer == "cpu" else 1000.0
+    return max(3 if res.timer == "cpu" else 10, min(perf.BACK_TO_BACK_CALLS, int(budget / max(res.ms, 1e-3))))
+
+
 def _benchmark(cell: Cell, device: str, res: Result) -> None:
     if device == "cpu" and not cell.bench_cpu:
         _note(res, CPU_BENCH_NOTE)
@@ -76,16 +88,14 @@ def _benchmark(cell: Cell, device: str, res: Result) -> None:
     if device not in _warm:
         perf.warm_up(device)
         _warm.add(device)
-    inputs, fn, moved = _bench_inputs(cell, device)
+    inputs, fn, moved = (_bench_inputs if cell.variant.is_plain else fused_bench_inputs)(cell, device)
     res.ms = perf.time_ms(fn, inputs, device, warmup_ms=cell.warmup_ms, rep_ms=cell.rep_ms)
     res.gbps = perf.gbps(moved, res.ms)
     res.copy_gbps = copy_gbps(device)
     res.frac_copy = res.gbps / res.copy_gbps
     res.timer = perf.timer_label(device)
-    # On a CPU (the interpreter: ms per call) fewer back-to-back calls, within the rep budget.
-    calls = perf.BACK_TO_BACK_CALLS if res.timer == "gpu" else max(3, min(perf.BACK_TO_BACK_CALLS,
-                                                                           int(cell.rep_ms / max(res.ms, 1e-3))))
-    res.host_us = perf.back_to_back_us(lambda: fn(inputs[0]), device, calls, warmup=1 if res.timer == "cpu" else 5)
+    res.host_us = perf.back_to_back_us(lambda: fn(inputs[0]), device, _back_to_back_calls(cell, res),
+                                       warmup=1 if res.timer == "cpu" else 5)
     if res.timer == "cpu":
         _note(res, "CPU wall-clock timing" + (" of the Triton interpreter" if cell.backend == "triton" else ""))
 
@@ -99,16 +109,18 @@ def run_cell(cell: Cell, device: str) -> Result:
         if device not in _names:
             _names[device] = device_name(device)
         res.device_name = _names[device]
-        too_big = memory.refusal(cell, device)
-        if too_big is not None:
-            res.status, res.reason = SKIPPED, too_big
+        # A variant that cannot apply to this shape and dim, or a cell too big for the device:
+        # skipped with the reason, before anything is allocated.
+        refused = applies(cell.variant, cell.shape, cell.dim) or memory.refusal(cell, device)
+        if refused is not None:
+            res.status, res.reason = SKIPPED, refused
             res.seconds = time.perf_counter() - start
             return res
         if providers.is_reference_only(cell.backend):
             cmp = None
             res.note = providers.REFERENCE_NOTE
         else:
-            cmp, spec = check_cell(cell, device)
+            cmp, spec = (check_cell if cell.variant.is_plain else check_fused)(cell, device)
             res.max_abs_err, res.err_ratio = cmp.max_abs_err, cmp.max_rel_err
             res.atol, res.rtol = spec.tolerance.atol, spec.tolerance.rtol
         if cmp is not None and not cmp.ok:

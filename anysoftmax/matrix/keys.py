@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..core.spec import DTYPE_NAMES
 from .providers import PEER_NAMES
 from .schema import BENCH_KEYS, CHECKS, DEVICE_TYPES, DIRECTIONS, ENTRY_KEYS, OPS, RANGE_KEYS, TOP_KEYS
+from .variants import MASK_KEYS, PRESETS, SINKS_KEYS, VARIANT_KEYS
 
 _AXIS = "top level (default of every entry) or inside an entry"
 # key path -> (where, meaning, allowed values)
@@ -36,6 +37,29 @@ KEYS: dict[str, tuple[str, str, str]] = {
     "dims": (_AXIS, "reduced dims (default -1)", "integers within each shape's rank"),
     "ops": (_AXIS, "operations (default softmax)", ", ".join(OPS)),
     "directions": (_AXIS, "forward and/or backward (default forward)", ", ".join(DIRECTIONS)),
+    "variants": (_AXIS, "members of the fused family each cell runs (default `plain`); a variant that cannot "
+                 "apply to a shape skips that cell with the reason",
+                 "presets (" + ", ".join(f"`{p}`" for p in PRESETS) + ") or mappings with the keys below"),
+    "variants[].name": ("variant", "its name in cell ids and reports (default: made from its keys)",
+                        "letters, digits and `_ . + = -`"),
+    "variants[].scale": ("variant", "z = scale · x", "a finite number"),
+    "variants[].softcap": ("variant", "z = softcap · tanh(z / softcap)", "a number > 0"),
+    "variants[].causal": ("variant", "causal mask over the last two dims (queries, keys); the softmax dim must be "
+                          "the last", "`true` / `top_left` (keep j ≤ i), `bottom_right` (keep j ≤ i + sk − sq), "
+                          "`false`"),
+    "variants[].mask": ("variant", "a mask drawn per cell from its seed", "a mapping with the keys below"),
+    "variants[].mask.kind": ("mask", "`bool`: True = excluded; `additive`: added to z (excluded entries at "
+                             "finfo.min)", "bool, additive"),
+    "variants[].mask.shape": ("mask; also `sinks: {shape}`", "the operand's shape, aligned right with the cell's "
+                                            "(default: the cell's shape; sinks: one per row)",
+                                            "sizes and symbols `b`, `h`, `sq`, `sk` (4th-last to last dim), "
+                                            "`d0`, `d1`, ... (by position)"),
+    "variants[].mask.density": ("mask", "bool: fraction excluded; additive: fraction at finfo.min "
+                                "(default 0.3 / 0.2)", "a number strictly between 0 and 1"),
+    "variants[].sinks": ("variant", "one more logit per row, in the denominator only (gpt-oss)",
+                         "`true` (one per row) or `{shape: [...]}`"),
+    "variants[].empty_rows": ("variant", "what rows the bool mask or causal leave empty give; when set, one bool-mask "
+                              "row in ten is excluded entirely", "zero, nan, uniform"),
     "checks": (_AXIS, "what each cell does (default conformance)", ", ".join(CHECKS)),
     "benchmark": (_AXIS, "timing settings of `benchmark` checks", "a mapping with the keys below"),
     "benchmark.warmup_ms": ("benchmark", "warm-up time before timing", "a positive number (ms)"),
@@ -56,7 +80,8 @@ def described() -> set[str]:
 
 def accepted() -> set[str]:
     """Every key name the schema accepts."""
-    return set(TOP_KEYS) | set(ENTRY_KEYS) | set(BENCH_KEYS) | set(RANGE_KEYS)
+    return set(TOP_KEYS) | set(ENTRY_KEYS) | set(BENCH_KEYS) | set(RANGE_KEYS) | set(VARIANT_KEYS) | set(MASK_KEYS) \
+        | set(SINKS_KEYS)
 
 
 def reference_markdown() -> str:

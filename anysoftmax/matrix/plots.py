@@ -1,4 +1,7 @@
-"""PNG plots of a matrix run: a pass/fail map, and GB/s against N where benchmarks ran."""
+"""PNG plots of a matrix run: a pass/fail map, and GB/s against N where benchmarks ran.
+
+With fused variants (`matrix.variants`) the pass/fail map gets a row per variant and the
+bandwidth plots a legend entry (a marker) per variant."""
 
 from __future__ import annotations
 
@@ -8,19 +11,30 @@ from collections import defaultdict
 from pathlib import Path
 
 from .cells import FAILED, PASSED, SKIPPED, Result
+from .variants import PLAIN_NAME
+
+MARKERS = ["o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h"]
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
+def _row(r: Result, fused: bool) -> tuple:
+    # With variants, one row per (entry, backend, variant): a dozen variants side by side
+    # would make the map thousands of pixels wide.
+    c = r.cell
+    return (c.entry, c.backend) + ((c.variant.name,) if fused else ())
+
+
 def _status_map(plt, results: list[Result], path: Path) -> Path:
     # rows and columns in the order the config lists them (dicts keep first appearance)
-    rows = list(dict.fromkeys((r.cell.entry, r.cell.backend) for r in results))
+    fused = any(r.cell.variant.name != PLAIN_NAME for r in results)
+    rows = list(dict.fromkeys(_row(r, fused) for r in results))
     cols = list(dict.fromkeys((r.cell.op, r.cell.direction, r.cell.dtype) for r in results))
     counts: dict[tuple, dict[str, int]] = defaultdict(lambda: {PASSED: 0, FAILED: 0, SKIPPED: 0})
     for r in results:
-        counts[(r.cell.entry, r.cell.backend), (r.cell.op, r.cell.direction, r.cell.dtype)][r.status] += 1
+        counts[_row(r, fused), (r.cell.op, r.cell.direction, r.cell.dtype)][r.status] += 1
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cols) + 3), max(2.5, 0.5 * len(rows) + 1.5)))
     for i, row in enumerate(rows):
         for j, col in enumerate(cols):
@@ -36,7 +50,7 @@ def _status_map(plt, results: list[Result], path: Path) -> Path:
     ax.set_xlim(0, len(cols))
     ax.set_ylim(len(rows), 0)
     ax.set_xticks([j + 0.47 for j in range(len(cols))], [f"{o}\n{d}\n{t}" for o, d, t in cols], fontsize=7)
-    ax.set_yticks([i + 0.45 for i in range(len(rows))], [f"{e} · {b}" for e, b in rows], fontsize=8)
+    ax.set_yticks([i + 0.45 for i in range(len(rows))], [" · ".join(row) for row in rows], fontsize=8)
     ax.set_title("cells passed / failed / skipped (green: all ran passed, red: a failure, grey: all skipped)",
                  fontsize=9)
     fig.tight_layout()
@@ -57,16 +71,19 @@ def _bandwidth(plt, results: list[Result], out: Path) -> list[Path]:
         for r in rs:
             n = r.cell.shape[r.cell.dim] if r.cell.shape else 1
             rows = math.prod(r.cell.shape) // n if n else 0
-            lines[(r.cell.backend, rows)].append((n, r.gbps))
-        # one colour per backend, one line style per row count M
+            lines[(r.cell.backend, r.cell.variant.name, rows)].append((n, r.gbps))
+        # one colour per backend, one marker per variant, one line style per row count M
         backends = list(dict.fromkeys(k[0] for k in lines))
-        row_counts = sorted({k[1] for k in lines})
+        variants = list(dict.fromkeys(k[1] for k in lines))
+        row_counts = sorted({k[2] for k in lines})
         styles = ["-", "--", ":", "-."]
-        for (backend, rows), pts in sorted(lines.items()):
+        for (backend, variant, rows), pts in sorted(lines.items()):
             pts.sort()
-            label = f"{backend} (M={rows})" if len(row_counts) > 1 else backend
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=label,
-                    color=f"C{backends.index(backend)}", linestyle=styles[row_counts.index(rows) % len(styles)])
+            label = backend + (f" · {variant}" if len(variants) > 1 else "") + (
+                f" (M={rows})" if len(row_counts) > 1 else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=MARKERS[variants.index(variant) % len(MARKERS)],
+                    markersize=3, label=label, color=f"C{backends.index(backend)}",
+                    linestyle=styles[row_counts.index(rows) % len(styles)])
         copies = {r.copy_gbps for r in rs if r.copy_gbps}
         if copies:
             ax.axhline(max(copies), color="grey", linestyle="--", linewidth=1, label="copy")

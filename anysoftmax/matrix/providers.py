@@ -13,6 +13,12 @@ Each is built lazily for one (op, dim): a peer whose package is missing raises
 `BackendUnavailableError`, one that cannot do the request (log_softmax, a dim other than the
 last, no GPU) `UnsupportedRequestError`; the cell is then skipped with that reason. Forward
 functions are fn(x) -> y; backward ones fn(y, dy) -> dx, over the cell's dim.
+
+A fused cell (a variant other than plain, `matrix.variants`) gets `fused_forward`: fn(x, mask,
+sinks) -> y, differentiable in x and the sinks: anysoftmax with the variant's keywords,
+`peer:torch` the torch composition a user writes (`matrix.composition`), `peer:torch.compile`
+that same function compiled. The row kernels (seed, Liger, QuACK) compute the plain softmax
+only: their fused cells are skipped with that reason.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ import torch
 
 from .. import api
 from ..core.registry import BackendUnavailableError, UnsupportedRequestError, unavailable_reason
+from .composition import composition
+from .operands import Operands, call_kwargs
+from .variants import VariantSpec
 
 AUTO = "auto"
 PEER_PREFIX = "peer:"
@@ -37,6 +46,7 @@ _PACKAGES = {"liger": ("liger_kernel.ops.softmax", "liger-kernel"), "quack": ("q
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 Backward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+FusedForward = Callable[[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"], torch.Tensor]
 
 
 def is_peer(name: str) -> bool:
@@ -142,3 +152,22 @@ def backward(name: str, op: str, dim: int, ndim: int, device: str) -> Backward:
             return module._softmax_backward(dy, y, block, warps, y.shape[-1] > block)
         return _rows(liger_backward)
     return _rows(lambda y, dy: module.softmax_bwd(dy, y))  # quack
+
+
+def fused_forward(name: str, op: str, dim: int, shape: tuple[int, ...], device: str,
+                  spec: VariantSpec) -> FusedForward:
+    """fn(x, mask, sinks) -> y of provider `name` for the fused variant `spec` over `dim` of
+    inputs of `shape` on `device` (`peer:copy` has none: it is no softmax)."""
+    log = op == "log_softmax"
+    if not is_peer(name):
+        fn, backend = (api.log_softmax if log else api.softmax), _ours(name)
+        return lambda x, mask, sinks: fn(x, dim, backend=backend, **call_kwargs(spec, Operands(mask, sinks)))
+    peer, _ = _peer(name, op, dim, len(shape), device)
+    if peer in _ROW_KERNELS:
+        raise UnsupportedRequestError(f"{name} computes the plain softmax only (variant {spec.name!r}: "
+                                      f"{spec.describe()})")
+    if peer == "torch":
+        return composition(spec, dim, log, shape, device)
+    if peer == "torch.compile":
+        return _compiled(composition(spec, dim, log, shape, device))
+    raise UnsupportedRequestError(f"{name} is not a softmax: a fused cell times it on its own inputs")

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from .cells import FAILED, PASSED, SKIPPED, Result
 from .runner import MatrixRun
+from .variants import PLAIN_NAME
 
 DETAIL_LIMIT = 60  # up to this many cells the terminal shows every cell, beyond it a summary
 GROUP_LIMIT = 30  # reasons printed in the terminal per status (report.md has them all)
-CSV_SKIP = ("traceback",)
+CSV_SKIP = ("traceback", "variant_spec")  # the CSV names a variant (variant, variant_desc); the JSON defines it
 STYLE = {PASSED: "green", FAILED: "bold red", SKIPPED: "yellow"}
 
 
@@ -69,21 +70,28 @@ def _cells_of(rs: list[Result]) -> str:
     return f"{backends}; {dtypes}"
 
 
+def has_variants(results: list[Result]) -> bool:
+    """True when any cell runs a fused variant: tables then get a `variant` column (a run of
+    plain cells only keeps its tables as they were)."""
+    return any(r.cell.variant.name != PLAIN_NAME for r in results)
+
+
 def summarize(run: MatrixRun) -> list[dict]:
-    """One row per (entry, backend, op, direction, dtype): counts, worst error, bandwidth.
-    An entry whose device is missing gets a single row (backend etc. "*")."""
+    """One row per (entry, backend, op, direction, dtype, variant): counts, worst error,
+    bandwidth. An entry whose device is missing gets a single row (backend etc. "*")."""
     groups: dict[tuple, list[Result]] = defaultdict(list)
     for r in run.results:
         c = r.cell
         missing = run.devices.get(c.entry, {}).get("reason")
-        groups[(c.entry, "*", "*", "*", "*") if missing else (c.entry, c.backend, c.op, c.direction, c.dtype)].append(r)
+        groups[(c.entry, "*", "*", "*", "*", "*") if missing
+               else (c.entry, c.backend, c.op, c.direction, c.dtype, c.variant.name)].append(r)
     rows = []
     for key, rs in groups.items():
         counts = Counter(r.status for r in rs)
         errs = [r.err_ratio for r in rs if r.err_ratio is not None]
         bw = [r for r in rs if r.gbps is not None]
         rows.append(dict(
-            entry=key[0], backend=key[1], op=key[2], direction=key[3], dtype=key[4], cells=len(rs),
+            entry=key[0], backend=key[1], op=key[2], direction=key[3], dtype=key[4], variant=key[5], cells=len(rs),
             passed=counts[PASSED], failed=counts[FAILED], skipped=counts[SKIPPED],
             worst_err_ratio=max(errs) if errs else None,
             median_gbps=statistics.median(r.gbps for r in bw) if bw else None,
@@ -116,6 +124,7 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
 
     if details is None:
         details = len(run.results) <= DETAIL_LIMIT
+    fused = has_variants(run.results)
     fails, skips = grouped(run, FAILED), grouped(run, SKIPPED)
     number = {key: i for i, key in enumerate([*fails, *skips], 1)}  # reasons printed below the table
     rs = run.results
@@ -123,6 +132,7 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
         t = Table(title=f"matrix {run.name}: cells", title_justify="left")
         for col, values in (("entry", [r.cell.entry for r in rs]), ("backend", [r.cell.backend for r in rs]),
                             ("op", [r.cell.op for r in rs]), ("dir", ["fwd"]), ("dtype", [r.cell.dtype for r in rs]),
+                            *([("variant", [r.cell.variant.name for r in rs])] if fused else []),
                             ("shape", [_shape(r) for r in rs])):
             _name_column(t, col, values)
         _name_column(t, "dim", [str(r.cell.dim) for r in rs], "right")
@@ -134,19 +144,21 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
             c = r.cell
             key = (c.entry, reason_key(r))
             why = f"reason [{number[key]}] below" if r.status != PASSED and key in number else (r.reason or r.note)
-            t.add_row(c.entry, c.backend, c.op, _dir(c.direction), c.dtype, _shape(r), str(c.dim),
-                      f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"), _gbps(r),
-                      _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"), why)
+            t.add_row(c.entry, c.backend, c.op, _dir(c.direction), c.dtype, *([c.variant.name] if fused else []),
+                      _shape(r), str(c.dim), f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"),
+                      _gbps(r), _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"), why)
     else:
         t = Table(title=f"matrix {run.name}: one row per group (--details: every cell)", title_justify="left")
         rows = summarize(run)
-        for col, key in (("entry", "entry"), ("backend", "backend"), ("op", "op"), ("dir", None), ("dtype", "dtype")):
+        for col, key in (("entry", "entry"), ("backend", "backend"), ("op", "op"), ("dir", None), ("dtype", "dtype"),
+                         *([("variant", "variant")] if fused else [])):
             _name_column(t, col, [s[key] for s in rows] if key else ["fwd"])
         for col in ("n", "ok", "fail", "skip", "err/tol", "GB/s", "×copy", "best"):
             _name_column(t, col, [], "right")
         for s in rows:
             bw = _num(s["median_gbps"], ".0f") + ("c" if s["timer"] == "cpu" else "")
-            t.add_row(s["entry"], s["backend"], s["op"], _dir(s["direction"]), s["dtype"], str(s["cells"]),
+            t.add_row(s["entry"], s["backend"], s["op"], _dir(s["direction"]), s["dtype"],
+                      *([s["variant"]] if fused else []), str(s["cells"]),
                       f"[green]{s['passed']}[/]", f"[bold red]{s['failed']}[/]" if s["failed"] else "0",
                       f"[yellow]{s['skipped']}[/]" if s["skipped"] else "0", _num(s["worst_err_ratio"], ".2f"),
                       bw, _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f"))
@@ -249,13 +261,20 @@ def markdown(run: MatrixRun, plots: list[str]) -> str:
     out += [_md_table(["entry", "device", "ran on", "status", "properties"], rows), ""]
     if run.copy_gbps:
         out += ["Copy bandwidth: " + ", ".join(f"{d} {v:.0f} GB/s" for d, v in run.copy_gbps.items()), ""]
+    fused = has_variants(run.results)
+    var = (lambda v: [v]) if fused else (lambda v: [])  # noqa: E731  (the variant column, when any)
+    if fused:
+        defined = {r.cell.variant.name: r.cell.variant.describe() for r in run.results}
+        out += ["## Variants", "", "GB/s of a fused variant counts the bytes a fused kernel must move "
+                "(`anysoftmax.matrix.traffic`).", ""]
+        out += [_md_table(["variant", "what it computes"], [[f"`{n}`", d] for n, d in defined.items()]), ""]
     out += ["## Summary", ""]
-    rows = [[s["entry"], s["backend"], s["op"], s["direction"], s["dtype"], s["cells"], s["passed"], s["failed"],
-             s["skipped"], _num(s["worst_err_ratio"], ".3g"),
+    rows = [[s["entry"], s["backend"], s["op"], s["direction"], s["dtype"], *var(s["variant"]), s["cells"],
+             s["passed"], s["failed"], s["skipped"], _num(s["worst_err_ratio"], ".3g"),
              _num(s["median_gbps"], ".0f") + (" (cpu)" if s["timer"] == "cpu" else ""),
              _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f")] for s in summarize(run)]
-    out += [_md_table(["entry", "backend", "op", "direction", "dtype", "cells", "passed", "failed", "skipped",
-                       "worst err/tol", "median GB/s", "median ×copy", "best ×copy"], rows), ""]
+    out += [_md_table(["entry", "backend", "op", "direction", "dtype", *var("variant"), "cells", "passed", "failed",
+                       "skipped", "worst err/tol", "median GB/s", "median ×copy", "best ×copy"], rows), ""]
     fails = [r for r in run.results if r.status == FAILED]
     if fails:
         out += [f"## Failed cells ({len(fails)})", ""]
@@ -268,11 +287,11 @@ def markdown(run: MatrixRun, plots: list[str]) -> str:
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     out += ["## All cells", ""]
-    rows = [[r.cell.entry, r.cell.backend, r.cell.op, r.cell.direction, r.cell.dtype, _shape(r), r.cell.dim,
-             r.status, _num(r.err_ratio, ".3g"), _gbps(r), _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"),
-             r.ran_on, _first_line(r.reason or r.note, 120)] for r in run.results]
-    out += [_md_table(["entry", "backend", "op", "direction", "dtype", "shape", "dim", "status", "err/tol",
-                       "GB/s", "×copy", "host µs", "ran on", "reason / note"], rows), ""]
+    rows = [[r.cell.entry, r.cell.backend, r.cell.op, r.cell.direction, r.cell.dtype, *var(r.cell.variant.name),
+             _shape(r), r.cell.dim, r.status, _num(r.err_ratio, ".3g"), _gbps(r), _num(r.frac_copy, ".2f"),
+             _num(r.host_us, ".3g"), r.ran_on, _first_line(r.reason or r.note, 120)] for r in run.results]
+    out += [_md_table(["entry", "backend", "op", "direction", "dtype", *var("variant"), "shape", "dim", "status",
+                       "err/tol", "GB/s", "×copy", "host µs", "ran on", "reason / note"], rows), ""]
     return "\n".join(out)
 
 

@@ -1,8 +1,8 @@
 """Reading and validating a device-matrix YAML file (`configs/*.yaml`) before anything runs.
 
 A matrix file lists device entries; each entry is a device plus the cells to run on it. The
-axis keys (`backends`, `shapes`, `dtypes`, `dims`, `ops`, `directions`, `checks`, `benchmark`)
-may stand at the top level, as the default of every entry, or inside an entry, for that entry
+axis keys (`backends`, `shapes`, `dtypes`, `dims`, `ops`, `directions`, `variants`, `checks`,
+`benchmark`) may stand at the top level, as the default of every entry, or inside an entry, for that entry
 only. Every unknown key, unknown name or bad number is an error that names the file, the key
 path and what is allowed; all errors of a file are reported together. Nothing is skipped
 silently: a typo is an error, never a smaller matrix.
@@ -17,6 +17,9 @@ Shapes come in three forms::
 In a sweep, `M` and `N` are each a size, a list of sizes, or a range: `{start, stop, step}`
 (arithmetic) or `{start, stop, mul}` (geometric); `stop` is inclusive, so the example is the
 Triton tutorial's N = 128·i for i = 2..99.
+
+`variants` (default `[plain]`) names members of the fused family: presets or mappings, see
+`matrix.variants` (and there, what happens when a variant cannot apply to a shape).
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ import yaml
 from ..config import is_int
 from ..core.spec import DTYPE_NAMES, dtype_name, parse_dtype
 from .resources import check_labels, check_resources
+from .variants import PLAIN, VariantSpec, applies, check_variants
 
 OPS = ("softmax", "log_softmax")
 DIRECTIONS = ("forward", "backward")
 CHECKS = ("conformance", "benchmark")
 DEVICE_TYPES = ("cpu", "cuda", "npu")
-AXIS_KEYS = ("backends", "shapes", "dtypes", "dims", "ops", "directions", "checks", "benchmark")
+AXIS_KEYS = ("backends", "shapes", "dtypes", "dims", "ops", "directions", "variants", "checks", "benchmark")
 TOP_KEYS = ("name", "description", "seed", "plugins", "ray", "devices") + AXIS_KEYS
 ENTRY_KEYS = ("name", "device", "match", "properties", "resources", "labels") + AXIS_KEYS
 BENCH_KEYS = ("warmup_ms", "rep_ms", "cpu")
@@ -45,7 +49,7 @@ MAX_SWEEP = 10_000  # values in one range: more is almost surely a typo (step 1 
 # Axis defaults when neither the top level nor the entry sets the key (backends and shapes
 # have none: a matrix must say what it runs).
 DEFAULTS = {"dtypes": ["float32"], "dims": [-1], "ops": ["softmax"], "directions": ["forward"],
-            "checks": ["conformance"], "benchmark": {}}
+            "variants": ["plain"], "checks": ["conformance"], "benchmark": {}}
 
 
 class ConfigError(ValueError):
@@ -89,6 +93,7 @@ class DeviceEntry:
     # Ray only (`--ray`): extra resources / node labels the entry's worker needs (pins hosts).
     resources: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)
+    variants: tuple[VariantSpec, ...] = (PLAIN,)
 
 
 @dataclass(frozen=True)
@@ -331,18 +336,34 @@ def _entry(c: _Checker, i: int, raw, top: dict, backend_names: tuple[str, ...], 
     (ops, o_at), (directions, r_at), (checks, k_at), (bench, bench_at) = (
         axis("ops"), axis("directions"), axis("checks"), axis("benchmark"))
     dims_t = c.dims(dims_at, dims) if dims is not None else ()
+    (variants, v_at) = axis("variants")
+    variants_t = check_variants(c, v_at, variants)
     checks_t = c.choices(k_at, checks, CHECKS) if checks is not None else ()
     if checks_t and "conformance" not in checks_t:
         c.error(k_at, "checks must include conformance: a speed is only reported for a result "
                       "proven right (allowed: [conformance] or [conformance, benchmark])")
+    shapes_t = _shapes(c, s_at, shapes, dims_t, dims_at) if shapes is not None else ()
+    _check_variants_apply(c, v_at, variants_t, shapes_t, at)
     return DeviceEntry(
         name=name if isinstance(name, str) else "", device=device, match=tuple(match), properties=dict(props),
         backends=c.choices(b_at, backends, provider_names(backend_names)) if backends is not None else (),
-        shapes=_shapes(c, s_at, shapes, dims_t, dims_at) if shapes is not None else (),
+        shapes=shapes_t,
         dtypes=c.choices(d_at, dtypes, tuple(DTYPE_NAMES), lambda s: dtype_name(parse_dtype(s))),
         ops=c.choices(o_at, ops, OPS), directions=c.choices(r_at, directions, DIRECTIONS),
         checks=checks_t, benchmark=_bench(c, bench_at, bench), resources=resources, labels=labels,
+        variants=variants_t,
     )
+
+
+def _check_variants_apply(c: _Checker, where: str, variants: tuple[VariantSpec, ...], shapes: tuple[ShapeCase, ...],
+                          entry_at: str) -> None:
+    """A variant that applies to none of the entry's (shape, dim) is an error (one that misses
+    some is not: those cells are skipped with the reason)."""
+    pairs = [(case.shape, d) for case in shapes for d in case.dims]
+    for v in variants:
+        reasons = [applies(v, shape, d) for shape, d in pairs]
+        if pairs and all(reasons):
+            c.error(where, f"variant {v.name!r} applies to no shape of {entry_at}; e.g. {reasons[0]}")
 
 
 def provider_names(backend_names: tuple[str, ...]) -> tuple[str, ...]:

@@ -43,10 +43,11 @@ def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
-def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool) -> torch.Tensor | None:
-    """The sinks as the kernels read them (see `mask_operand`)."""
-    if sinks is None or not materialise:
-        return sinks
+def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool = True) -> torch.Tensor | None:
+    """The sinks as the kernels read them: one value per row, contiguous over the input's row
+    shape (`core.layout.operand_strides` says why; no copy when they already are)."""
+    if sinks is None:
+        return None
     return sinks.expand(row_shape(spec)).contiguous()
 
 

@@ -8,6 +8,7 @@ tensors: that is how CI tests them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import torch
@@ -66,7 +67,7 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
             compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
         compiled._init_handles()
         res = KernelResources(n_regs=compiled.n_regs, shared_mem=compiled.metadata.shared,
-                              num_warps=opts["num_warps"])
+                              num_warps=opts["num_warps"], n_sgprs=_sgprs(compiled))
         return programs_per_sm(device_props(index), res)
 
     return _occupancy.get(key, compile_and_measure)
@@ -74,6 +75,15 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
 
 def _values(args) -> tuple:
     return scalars(*runtime_values(args.scale, args.softcap))
+
+
+def _sgprs(compiled) -> int:
+    """Scalar registers per wave of a kernel compiled for an AMD GPU (0 elsewhere): its
+    amdgcn assembly's `.sgpr_count` (they limit CDNA occupancy: `occupancy.programs_per_sm`)."""
+    asm = getattr(compiled, "asm", None)
+    text = asm.get("amdgcn", "") if isinstance(asm, dict) else ""
+    m = re.search(r"^\s*\.sgpr_count:\s*(\d+)", text, re.MULTILINE)
+    return int(m.group(1)) if m else 0
 
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:

@@ -45,9 +45,16 @@ class KernelResources:
     n_regs: int
     shared_mem: int
     num_warps: int
+    n_sgprs: int = 0  # CDNA scalar registers per wave, when known (0: not counted)
 
 
 REGISTER_GRANULE = 8  # registers per thread allocated at a time (CUDA and CDNA alike)
+# CDNA's scalar registers (SGPRs) per SIMD, and how a wave's count is rounded (granule, plus
+# the registers the hardware reserves: VCC, flat scratch, XNACK, trap). Fitted to the gfx942
+# compiler's own occupancy (waves per SIMD) for the kernels of tests/test_compile_targets.py:
+# the fused-family kernels take 86-106 SGPRs (their ~30 scalar arguments) and the compiler
+# gives 7 waves at 86 and 6 at 104-106 where their VGPRs alone would allow 8.
+CDNA_SGPRS_PER_SIMD, CDNA_SGPR_GRANULE, CDNA_SGPR_RESERVED = 800, 16, 16
 
 
 def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
@@ -56,7 +63,11 @@ def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
     if dev.is_hip:
         gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)
         max_waves = dev.max_threads_per_sm // dev.warp_size
-        occ = min(gprs // dev.warp_size // n_regs, max_waves) // k.num_warps
+        waves = gprs // dev.warp_size // n_regs
+        if dev.is_cdna and k.n_sgprs:
+            sgprs = -(-(k.n_sgprs + CDNA_SGPR_RESERVED) // CDNA_SGPR_GRANULE) * CDNA_SGPR_GRANULE
+            waves = min(waves, CDNA_SGPRS_PER_SIMD // sgprs * 4)  # per SIMD -> per CU (4 SIMDs)
+        occ = min(waves, max_waves) // k.num_warps
     else:
         occ = dev.max_num_regs // (n_regs * dev.warp_size * k.num_warps)
         occ = min(occ, dev.max_threads_per_sm // (dev.warp_size * k.num_warps))
