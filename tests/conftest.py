@@ -56,3 +56,14 @@ def seed(request) -> int:
     """An int seed from the session seed and the test's id (for the kit's checks, which make
     their own generators)."""
     return (SEED + zlib.crc32(request.node.nodeid.encode())) % 2**31
+
+
+@pytest.fixture
+def broken():
+    """The deliberately broken backends (tests/plugins/broken_backends.py), registered for one
+    test and removed after it."""
+    import broken_backends
+
+    broken_backends.register_all()
+    yield
+    broken_backends.unregister_all()

@@ -24,7 +24,10 @@ TORCH_PIN = "torch==2.13.0"  # the CPU wheel this machine holds (README: an unpi
 
 
 def _run(cmd, cwd, env=None, timeout=900):
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    # Never this process's PYTHONPATH: with the checkout on it (and its egg-info, after an
+    # editable install) pip would find anysoftmax "already installed" and skip the wheel.
+    proc = subprocess.run(cmd, cwd=cwd, env=_env() if env is None else env, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode in (0,), f"{cmd} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
