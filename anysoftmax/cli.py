@@ -1,11 +1,16 @@
-"""The `anysoftmax` command line: `matrix`, `backends`, `bench`, `select`, `merge`, `--version`.
+"""The `anysoftmax` command line: `matrix`, `backends`, `conformance`, `bench`, `select`, `merge`,
+`--version`.
 
 Triton and the CPU: whether Triton kernels run compiled or through the CPU interpreter is
-decided once per process, before the kernels are defined. `matrix` asks the backends
-(`anysoftmax.dispatch.use_interpreter_if_needed`): when none has its device here and the user
-did not set TRITON_INTERPRET, the kernels run on CPU tensors through the interpreter (slow:
-small shapes only; TRITON_INTERPRET=0 keeps it off). `backends` changes nothing: it reports
-exactly what `anysoftmax.list_backends()` reports in the same environment.
+decided once per process, before the kernels are defined. `matrix`, `backends` and
+`conformance` ask the backends (`anysoftmax.dispatch.use_interpreter_if_needed`): when none has
+its device here and the user did not set TRITON_INTERPRET, the kernels run on CPU tensors
+through the interpreter (slow: small shapes only; TRITON_INTERPRET=0 keeps it off). All of them
+print the same "runs here:" line, so they agree on what runs on this machine (in a Python
+program of your own, set TRITON_INTERPRET=1 before importing anysoftmax for the same effect).
+
+Output is for terminals and logs alike: the console is as wide as the terminal or $COLUMNS, and
+200 columns when writing to a file or pipe; names are never cut.
 """
 
 from __future__ import annotations
@@ -26,12 +31,18 @@ class UsageError(Exception):
 
 
 def _console(stderr: bool = False):
-    from rich.console import Console
+    from .output import make_console
 
-    console = Console(stderr=stderr)
-    if not console.is_terminal:  # CI logs: do not squeeze the tables into 80 columns
-        console = Console(width=100, stderr=stderr)
-    return console
+    return make_console(stderr)
+
+
+def runs_here() -> str:
+    """One line, printed by `backends` and `matrix` alike: the backends that run in this
+    process, and how ("triton: via the interpreter on CPU ...")."""
+    from .core import list_backends
+
+    here = [f"{b.name}: {b.note}" if b.note else b.name for b in list_backends() if b.available]
+    return "runs here: " + ("; ".join(here) or "nothing")
 
 
 def _resolve_config(name: str | None) -> Path:
@@ -88,9 +99,9 @@ def _progress(console, enabled: bool):
 def cmd_matrix(args) -> int:
     from .matrix import ConfigError, expand, failed, load_config, run_matrix
     from .matrix.devices import locate
-    from .matrix.report import print_report, write_reports
-
+    from .config import results_dir
     from .dispatch import use_interpreter_if_needed
+    from .matrix.report import print_report, write_reports
 
     # With --json, stdout carries the JSON document only; the other lines go to stderr.
     console = _console(stderr=args.json)
@@ -115,6 +126,7 @@ def cmd_matrix(args) -> int:
     entries = args.device or None
     if note:
         console.print(note, style="dim")
+    console.print(runs_here(), markup=False, highlight=False, soft_wrap=True)
     if args.dry_run:
         cells = expand(config, entries)
         for e in config.devices:
@@ -139,14 +151,15 @@ def cmd_matrix(args) -> int:
                              on_start=on_start, on_result=on_result)
     finally:
         stop()
-    out = Path(args.out) if args.out else Path("out") / "matrix" / config.name
+    out = Path(args.out) if args.out else results_dir() / "matrix" / config.name
     paths = write_reports(run, out)
     if args.json:
         from .matrix.report import summary_json
         print(json.dumps(summary_json(run), indent=1))
     else:
         print_report(run, console, details=True if args.details else None)
-    console.print(f"reports: {out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False)
+    console.print(f"reports: {out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False,
+                  soft_wrap=True)
     missing = [name for name, info in run.devices.items() if info["reason"]]
     if args.require_device and missing:
         console.print(f"--require-device: no device for {', '.join(missing)}", style="bold red")
@@ -201,12 +214,17 @@ def cmd_backends(args) -> int:
     from rich.table import Table
 
     from .core import list_backends
+    from .dispatch import use_interpreter_if_needed
     from .matrix.devices import locate
+    from .output import print_table
 
     if args.explain:
         for line in explain_lines(args):
             print(line)
         return EXIT_OK
+    # The same process-wide Triton decision as `matrix` makes (before any kernel exists), so
+    # both commands say the same about this machine.
+    note = use_interpreter_if_needed()
     rows = list_backends()
     devices = {kind: locate(kind) for kind in ("cuda", "npu")}
     if args.json:
@@ -214,13 +232,18 @@ def cmd_backends(args) -> int:
                               devices={k: dict(found=f, reason=r) for k, (f, r) in devices.items()}), indent=1))
         return EXIT_OK
     console = _console()
+    if note:
+        console.print(note, style="dim")
     t = Table(title="anysoftmax backends", title_justify="left")
-    for col in ("backend", "available", "devices", "reason / note"):
-        t.add_column(col, overflow="fold")
+    t.add_column("backend", no_wrap=True, min_width=max(len("backend"), *(len(b.name) for b in rows)))
+    t.add_column("available", no_wrap=True)
+    t.add_column("devices", no_wrap=True)
+    t.add_column("reason / note", overflow="fold", min_width=24)
     for b in rows:
         t.add_row(b.name, "[green]yes[/]" if b.available else "[red]no[/]", ", ".join(b.devices),
                   escape(b.reason or b.note))
-    console.print(t)
+    print_table(console, t)
+    console.print(runs_here(), markup=False, highlight=False, soft_wrap=True)
     for kind, (found, reason) in devices.items():
         console.print(f"{kind}: {', '.join(found) if found else reason}", markup=False, highlight=False)
     return EXIT_OK
@@ -279,6 +302,16 @@ def cmd_select(args) -> int:
     return EXIT_OK
 
 
+def cmd_conformance(args) -> int:
+    """`anysoftmax conformance NAME`: the conformance kit (`anysoftmax.testing`) on one backend."""
+    from .testing import command
+
+    try:
+        return command.run(args)
+    except command.UsageError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_merge(args) -> int:
     from .matrix import failed
     from .matrix.report import load_report, merge, print_report, write_reports
@@ -291,7 +324,8 @@ def cmd_merge(args) -> int:
     paths = write_reports(run, args.out)
     console = _console()
     print_report(run, console)
-    console.print(f"reports: {args.out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False)
+    console.print(f"reports: {args.out}/ ({', '.join(p.name for p in paths)})", markup=False, highlight=False,
+                  soft_wrap=True)
     return EXIT_FAILED if failed(run) else EXIT_OK
 
 
@@ -305,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("config", nargs="?", help="YAML file, or the name of a shipped matrix (default, ci, h100, "
                    "mi300x, ascend-910b; default: default)")
     m.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
-    m.add_argument("--out", help="report folder (default: out/matrix/<config name>)")
+    m.add_argument("--out", help="report folder (default: <results>/matrix/<config name>, <results> being "
+                                 "$ANYSOFTMAX_RESULTS_DIR or ~/.local/share/anysoftmax/results)")
     m.add_argument("--device", action="append", metavar="ENTRY", help="run only this device entry (repeatable)")
     m.add_argument("--workers", type=int, metavar="N",
                    help="worker processes for CPU cells (default 1: in this process); GPU cells always use one "
@@ -351,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a backend beats the priority order's choice only when faster by more than this fraction "
                         "of its time (default 0.02: run-to-run noise)")
     c.set_defaults(func=cmd_select)
+    from .testing.command import add_parser as add_conformance
+
+    add_conformance(sub)
+    sub.choices["conformance"].set_defaults(func=cmd_conformance)
     sub.add_parser("bench", help="the benchmark suite (anysoftmax.bench); `anysoftmax bench --help` for its options",
                    add_help=False)
     g = sub.add_parser("merge", help="merge report.json files (e.g. one CI job per device entry)")

@@ -24,6 +24,21 @@ import yaml
 ENV_CONFIG_DIR = "ANYSOFTMAX_CONFIG_DIR"
 
 
+ENV_RESULTS_DIR = "ANYSOFTMAX_RESULTS_DIR"
+
+
+def results_dir() -> Path:
+    """Where commands write results unless told otherwise (`anysoftmax matrix` without
+    `--out`: `<results>/matrix/<name>/`): $ANYSOFTMAX_RESULTS_DIR, else
+    `$XDG_DATA_HOME/anysoftmax/results` (`~/.local/share/anysoftmax/results`): never the
+    current folder. `bash run.sh` sets it to the clone's `out/`."""
+    env = os.environ.get(ENV_RESULTS_DIR)
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data).expanduser() / "anysoftmax" / "results"
+
+
 def is_int(v) -> bool:
     """True for an int that is not a bool (YAML's `true` must not pass as 1)."""
     return isinstance(v, int) and not isinstance(v, bool)

@@ -43,8 +43,9 @@ _fused: BoundedDict = BoundedDict(maxsize=4096)
 _fused_backward: BoundedDict = BoundedDict(maxsize=4096)
 # The registry generation the memos were filled under.
 _state = {"generation": -1}
-# Counters a CPU test reads to prove the hit path skips validation, selection and env reads.
-stats = {"validated": 0, "selected": 0, "env_reads": 0, "hits": 0}
+# Memo hits (a GPU test reads it). That a hit validates nothing, selects nothing and reads no
+# environment is measured by tests/test_layers.py, which watches the calls themselves.
+stats = {"hits": 0}
 
 
 def load_plugins() -> None:
@@ -91,7 +92,6 @@ def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, Softma
     When `dtype=` narrows, torch rounds the input to `dtype` first; that rounding is this one
     host-side copy, and backends only ever see inputs no wider than their output.
     """
-    stats["validated"] += 1
     spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
     if spec.needs_input_cast:
         x = x.to(spec.out_dtype)
@@ -102,8 +102,6 @@ def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, Softma
 def select(spec: SoftmaxSpec, backend: str | None, direction: str = "fwd"):
     """The backend for `spec` (explicit name, then $ANYSOFTMAX_BACKEND, then automatic: the
     device's selection table for `direction`, then priority)."""
-    stats["selected"] += 1
-    stats["env_reads"] += 1  # registry.select reads $ANYSOFTMAX_BACKEND
     return registry.select(spec, backend, direction)
 
 
@@ -181,7 +179,6 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
     else:
         key = None
     _fresh()
-    stats["validated"] += 1
     spec = check_backward_args(y, grad, dim, log)
     chosen = select(spec, backend, "bwd")
     if spec.numel == 0:
@@ -247,7 +244,6 @@ def fused_request_key(x, dim, dtype, backend, log: bool, a: FusedArgs):
 
 def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor, SoftmaxSpec]:
     """Validate a fused request: (the input a backend receives, its spec with the variant)."""
-    stats["validated"] += 1
     spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())
     if spec.needs_input_cast:
         x = x.to(spec.out_dtype)
@@ -327,7 +323,6 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
         launcher = hit
     else:
         _fresh()
-        stats["validated"] += 1
         spec = check_backward_args(y, grad, dim, log)
         spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
         if softcap and (not isinstance(x, torch.Tensor) or x.shape != y.shape):

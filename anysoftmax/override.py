@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import warnings
 
 import torch
 
@@ -114,9 +115,38 @@ def served_devices(backend: str | None) -> tuple[str, ...]:
     return tuple(found)
 
 
+def device_present(device_type: str) -> bool:
+    """True when a device of `device_type` ("cpu", "cuda", "npu", "xpu") is visible here."""
+    if device_type == "cpu":
+        return True
+    module = getattr(torch, device_type, None)  # torch.npu exists once torch_npu is imported
+    try:
+        return module is not None and bool(module.is_available())
+    except Exception:  # a broken driver stack: nothing is served there either
+        return False
+
+
+def _warn_if_nothing_served(backend: str | None, devices: tuple[str, ...], stacklevel: int) -> None:
+    """A warning when the override would route no device present here: on a CPU-only machine
+    `enable()` (automatic backends) serves CUDA/NPU tensors only, and torch's softmax runs
+    unchanged, which would otherwise look like success."""
+    if any(device_present(d) for d in devices):
+        return
+    served = ", ".join(devices) if devices else "no device (no accelerator backend is available)"
+    warnings.warn(
+        f"anysoftmax.enable/use(backend={backend!r}): serves {served}, and none is present here, so torch's own "
+        f"softmax runs every call; to route CPU tensors, name a backend that runs them and devices=('cpu',), e.g. "
+        f"anysoftmax.use(backend='torch', devices=('cpu',))", RuntimeWarning, stacklevel=stacklevel)
+
+
 def enable(backend: str | None = None, devices: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """Route torch's softmax ops on the served devices through anysoftmax (see the module doc);
-    returns the device types served. Calling it again while on replaces the choice."""
+    returns the device types served. Calling it again while on replaces the choice. Warns
+    (RuntimeWarning) when none of the served device types is present here."""
+    return _enable(backend, devices, stacklevel=4)  # (warnings name the caller's line)
+
+
+def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, ...]:
     if backend is not None:
         registry.get_backend(backend)  # an unknown name fails here, not inside a model
     devices = tuple(devices) if devices is not None else served_devices(backend)
@@ -124,6 +154,8 @@ def enable(backend: str | None = None, devices: tuple[str, ...] | None = None) -
     if unknown:
         raise ValueError(f"anysoftmax.enable: device type(s) {unknown} cannot be overridden; "
                          f"allowed: {', '.join(DISPATCH_KEYS)}")
+    if warn:
+        _warn_if_nothing_served(backend, devices, stacklevel)
     with _state_lock:
         _disable_locked()
         lib = torch.library.Library("aten", "IMPL")
@@ -160,11 +192,11 @@ def use(backend: str | None = None, devices: tuple[str, ...] | None = None):
     """`enable(backend, devices)` for the duration of a `with` block; the state before the
     block (off, or another choice) is restored after it."""
     before = dict(_active)
-    enable(backend, devices)
+    _enable(backend, devices, stacklevel=5)
     try:
         yield enabled()
     finally:
-        if before.get("lib") is not None:
-            enable(before.get("backend"), before.get("devices"))
+        if before.get("lib") is not None:  # (warned when it was enabled)
+            _enable(before.get("backend"), before.get("devices"), stacklevel=5, warn=False)
         else:
             disable()

@@ -4,7 +4,7 @@
 # most 64 MiB a call): `dsl` holds the DSL's 190 MB compiler library (xz), `site` the rest.
 #   bash benchmarks/cute_gpu_run.sh dsl DIR     # unpack DIR/ir.so.xz into $SITE (first call)
 #   bash benchmarks/cute_gpu_run.sh site DIR    # unpack DIR/site.tar.xz into $SITE
-#   bash benchmarks/cute_gpu_run.sh tests       # pytest tests/test_cute_gpu.py
+#   bash benchmarks/cute_gpu_run.sh tests       # pytest tests/backends/cute/test_cute_gpu.py
 #   bash benchmarks/cute_gpu_run.sh sweep       # benchmarks/cute_sweep.py (tuning candidates)
 #   bash benchmarks/cute_gpu_run.sh bench fwd|bwd [PROVIDERS]   # the softmax benchmark
 #   bash benchmarks/cute_gpu_run.sh select      # the selection table from the bench results
@@ -31,7 +31,7 @@ case "$stage" in
     "$PY" -c "import cutlass.cute, tvm_ffi, quack.softmax; print('DSL, TVM-FFI and QuACK import')" 2>&1 | tail -3
     ;;
   tests)
-    [ $# -eq 0 ] && set -- tests/test_cute_gpu.py
+    [ $# -eq 0 ] && set -- tests/backends/cute/test_cute_gpu.py
     # --timeout (pytest-timeout): a kernel that hangs fails its test instead of the whole stage.
     "$PY" -m pytest -m gpu -q -p no:cacheprovider --maxfail=30 --timeout=120 "$@" 2>&1 | tee "$OUT/cute_gpu_tests.txt" | tail -30
     ;;

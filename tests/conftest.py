@@ -2,11 +2,17 @@
 
 import os
 import random
+import sys
 import zlib
+from pathlib import Path
 
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# Backend plugins the tests name (`--plugin`, a matrix's `plugins:`, the kit's wrong backends):
+# importable by module name here and, through PYTHONPATH, in the processes tests start.
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+sys.path.insert(0, str(PLUGINS))
 # Every output a kernel writes starts as NaN: an element it forgets to write fails the test.
 # (Read when anysoftmax is imported, so set first.)
 os.environ["ANYSOFTMAX_POISON_OUTPUTS"] = "1"
@@ -43,3 +49,21 @@ def gen(request):
     g = torch.Generator()
     g.manual_seed((SEED + zlib.crc32(request.node.nodeid.encode())) % 2**63)
     return g
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """An int seed from the session seed and the test's id (for the kit's checks, which make
+    their own generators)."""
+    return (SEED + zlib.crc32(request.node.nodeid.encode())) % 2**31
+
+
+@pytest.fixture
+def broken():
+    """The deliberately broken backends (tests/plugins/broken_backends.py), registered for one
+    test and removed after it."""
+    import broken_backends
+
+    broken_backends.register_all()
+    yield
+    broken_backends.unregister_all()

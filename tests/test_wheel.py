@@ -1,5 +1,7 @@
 """The installed wheel, used as a new user would: built from the checkout, installed (not
-editable) into a fresh virtual environment, and run from a directory outside the repository.
+editable) into a fresh virtual environment, and run from a directory outside the repository;
+with it, a plugin author's view: the README's example plugin installed beside it passes the
+conformance kit (CLI and pytest plugin), and a subtly wrong backend fails with its cases named.
 
 A clone-only test once hid a package that could not run (its YAML files were not in the wheel):
 this test imports nothing from the checkout. It takes a minute or two (a venv with CPU torch).
@@ -16,12 +18,16 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[1]
+WRONG = Path(__file__).resolve().parent / "plugins" / "wrong_backends.py"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel this machine holds (README: an unpinned torch pulls CUDA)
 
 
 def _run(cmd, cwd, env=None, timeout=900):
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    # Never this process's PYTHONPATH: with the checkout on it (and its egg-info, after an
+    # editable install) pip would find anysoftmax "already installed" and skip the wheel.
+    proc = subprocess.run(cmd, cwd=cwd, env=_env() if env is None else env, capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode in (0,), f"{cmd} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -56,12 +62,16 @@ def test_wheel_contents(installed):
     for needed in ("anysoftmax/configs/default.yaml", "anysoftmax/configs/h100.yaml",
                    "anysoftmax/backends/triton/tuning.yaml", "anysoftmax/backends/triton_ascend/tuning.yaml",
                    "anysoftmax/backends/triton_ascend/profiles.yaml", "anysoftmax/backends/wave/tuning.yaml",
-                   "anysoftmax/py.typed", "anysoftmax/bench/softmax.py"):
+                   "anysoftmax/py.typed", "anysoftmax/bench/softmax.py", "anysoftmax/testing/cases.py",
+                   "anysoftmax/testing/kit.py", "_anysoftmax_pytestplugin.py"):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert any(n.endswith("licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
     meta = next(n for n in names if n.endswith("METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: Apache-2.0" in text
+    assert "Project-URL: Documentation" in text
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "[pytest11]\nanysoftmax = _anysoftmax_pytestplugin" in entry_points
     assert "matplotlib" not in [line.split()[1].split(">")[0] for line in text.splitlines()
                                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
 
@@ -99,3 +109,22 @@ def test_installed_cli(installed):
     assert (outside / "report" / "report.json").is_file()
     bad = subprocess.run([cli, "matrix", str(outside)], cwd=outside, env=_env(), capture_output=True, text=True)
     assert bad.returncode == 2 and "is a directory" in bad.stderr
+
+
+def test_the_kit_from_the_wheel_passes_the_readme_plugin_and_fails_a_wrong_one(installed):
+    py, bindir, outside, _ = installed
+    _run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(REPO / "examples" / "plugin")], cwd=outside)
+    cli = str(bindir / "anysoftmax")
+    ok = _run([cli, "conformance", "mine"], cwd=outside, env=_env())  # the entry point registers it
+    assert "anysoftmax conformance of 'mine' on cpu:" in ok.stdout and " 0 failed" in ok.stdout, ok.stdout
+    assert "mine: no float64" in ok.stdout  # its declared refusal: skipped, with the reason
+    (outside / "wrong_backends.py").write_text(WRONG.read_text())
+    bad = subprocess.run([cli, "conformance", "long_row_off", "--plugin", "wrong_backends:LongRowOff"], cwd=outside,
+                         env=_env({"PYTHONPATH": str(outside)}), capture_output=True, text=True, timeout=900)
+    assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-3000:]
+    assert "forward softmax seed-1823x781 float32: softmax(shape=[1823, 781], dim=1, float32->float32" in bad.stdout
+    assert "failed (" in bad.stdout and "replay:" in bad.stdout
+    _run([str(py), "-m", "pip", "install", "-q", "pytest"], cwd=outside)
+    tests = _run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--anysoftmax-backend", "mine",
+                  "--anysoftmax-quick"], cwd=outside, env=_env())
+    assert " passed" in tests.stdout and "failed" not in tests.stdout, tests.stdout[-2000:]

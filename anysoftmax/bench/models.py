@@ -21,7 +21,7 @@ configuration that runs out of GPU memory is recorded as "OOM".
 
 Accuracy (at the first sequence length): the logits of the bf16 model with each implementation
 against the same weights in float32 with eager attention; ``ok`` when anysoftmax's relative
-error (2-norm) is at most twice eager's plus bf16 eps / 8 (the rule of tests/models).
+error (2-norm) is at most twice eager's plus bf16 eps / 8 (the rule of tests/integrations/hf).
 
 Writes DIR/models.json, DIR/models.md (tables) and DIR/models.png (speed-up over eager).
 """

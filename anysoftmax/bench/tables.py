@@ -1,4 +1,4 @@
-"""Markdown tables from benchmark JSON files (the README's speed tables are printed by this).
+"""Markdown tables from benchmark JSON files (the speed tables of docs/speed.md are printed by this).
 
     python -m anysoftmax.bench.tables benchmarks/results/<gpu>/softmax_fwd.json [--providers a,b,...]
     python -m anysoftmax.bench.tables benchmarks/results/<gpu>/latency.json

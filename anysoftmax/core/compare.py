@@ -230,3 +230,45 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
                               f"dsinks error {ds_diff.max().item():.3g} exceeds the tolerance by {ds_ratio:.3g}x")
         max_rel = max(max_rel, ds_ratio)
     return Comparison(True, max_abs, max_rel)
+
+
+def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor,
+                          spec: SoftmaxSpec, mask: torch.Tensor, sinks: torch.Tensor | None = None,
+                          device: str | torch.device = "cpu") -> Comparison:
+    """Check the gradient a floating (additive) `mask` received: the gradient of the logits
+    (`core.reference.fused_backward`'s dz) in float64 from the output `y` the backend gave,
+    summed over the mask's broadcast dims. Bound: the plain backward's sensitivity (as in
+    `compare_backward`) summed the same way, plus the rounding of the result to the mask's
+    own dtype (subnormals included), which a gradient takes."""
+    early = check_form(dmask, tuple(mask.shape), mask.dtype, "mask gradient ")
+    if early is not None:
+        return early
+    dim, log = spec.dim, spec.log
+    dev = lambda t: None if t is None else t.detach().to(device)  # noqa: E731
+    y64, g = dev(y).to(torch.float64), dev(dy).to(torch.float64)
+    x64 = dev(x).to(spec.out_dtype).to(torch.float64)
+    m, s = dev(mask), dev(sinks)
+    _, p = fused_forward(x64, spec.variant, dim, log, m, s, torch.float64)
+    _, _, dz = fused_backward(g, y64, x64, spec.variant, dim, log, m, p, torch.float64, want_dz=True)
+    want = dz.sum_to_size(tuple(mask.shape))
+    ay = y64.abs().nan_to_num()
+    if log:
+        scale = g.abs() + y64.exp() * g.sum(dim, keepdim=True).abs() * (1 + y64.nan_to_num(neginf=0).abs())
+    else:
+        scale = ay * (g.abs() + 2 * (ay * g.abs()).sum(dim, keepdim=True))
+    tol = spec.tolerance
+    fi = torch.finfo(mask.dtype)
+    bound = (tol.atol + tol.rtol * scale).sum_to_size(tuple(mask.shape)) + fi.eps * want.abs() + fi.tiny * fi.eps
+    got = dev(dmask).to(torch.float64)
+    nan_w = torch.isnan(want)
+    if not torch.equal(torch.isnan(got), nan_w):
+        return Comparison(False, float("inf"), float("inf"), "NaN mask gradient values differ from the reference's")
+    err = (got - want).abs().masked_fill(nan_w, 0.0)
+    if not bool(torch.isfinite(err).all()):
+        return Comparison(False, float("inf"), float("inf"), "non-finite values in the mask gradient")
+    ratio = err / bound.nan_to_num(nan=float("inf"))
+    max_abs, max_rel = err.max().item(), ratio.max().item()
+    if max_rel <= 1.0:
+        return Comparison(True, max_abs, max_rel)
+    return Comparison(False, max_abs, max_rel,
+                      f"mask gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x")

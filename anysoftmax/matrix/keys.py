@@ -1,6 +1,7 @@
-"""Every key of a device-matrix YAML file, with its meaning and allowed values: the README's
-reference is generated from this table (`python -m anysoftmax.matrix.keys`), and a test checks
-that the README holds exactly that text and that every key the schema accepts is described."""
+"""Every key of a device-matrix YAML file, with its meaning and allowed values: the reference in
+docs/matrix.md is generated from this table (`python -m anysoftmax.matrix.keys`), and tests check
+that the page holds exactly that text, that every key the schema accepts is described, and that
+each limit stated here is the validator's (values at the limit pass, values past it fail)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ KEYS: dict[str, tuple[str, str, str]] = {
                  "names from `anysoftmax backends` (and plugins), `auto` (the automatic choice), or peers: "
                  + ", ".join(f"`{p}`" for p in PEER_NAMES)),
     "shapes": (_AXIS, "shapes: `[M, N, ...]`, `{shape: [...], dims: [...]}` or an `{M, N}` sweep",
-               "positive sizes; sweep values a size, a list or a range"),
+               "non-negative sizes (0: an empty tensor); sweep values a size, a list or a range"),
     "dtypes": (_AXIS, "input dtypes (default float32)", ", ".join(sorted(DTYPE_NAMES))),
     "dims": (_AXIS, "reduced dims (default -1)", "integers within each shape's rank"),
     "ops": (_AXIS, "operations (default softmax)", ", ".join(OPS)),
@@ -54,7 +55,7 @@ KEYS: dict[str, tuple[str, str, str]] = {
                                             "sizes and symbols `b`, `h`, `sq`, `sk` (4th-last to last dim), "
                                             "`d0`, `d1`, ... (by position)"),
     "variants[].mask.density": ("mask", "bool: fraction excluded; additive: fraction at finfo.min "
-                                "(default 0.3 / 0.2)", "a number between 0 and 1"),
+                                "(default 0.3 / 0.2)", "a number strictly between 0 and 1"),
     "variants[].sinks": ("variant", "one more logit per row, in the denominator only (gpt-oss)",
                          "`true` (one per row) or `{shape: [...]}`"),
     "variants[].empty_rows": ("variant", "what rows the bool mask or causal leave empty give; when set, one bool-mask "
@@ -64,10 +65,11 @@ KEYS: dict[str, tuple[str, str, str]] = {
     "benchmark.warmup_ms": ("benchmark", "warm-up time before timing", "a positive number (ms)"),
     "benchmark.rep_ms": ("benchmark", "timed repetitions' total time", "a positive number (ms)"),
     "benchmark.cpu": ("benchmark", "also time CPU cells (wall clock)", "true or false"),
-    "shapes[].M / N.start": ("sweep range", "first value", "a positive integer"),
+    "shapes[].M / N.start": ("sweep range", "first value", "a non-negative integer (>= 1 with `mul`)"),
     "shapes[].M / N.stop": ("sweep range", "last value (inclusive)", "an integer >= start"),
     "shapes[].M / N.step": ("sweep range", "arithmetic step (or `mul`)", "a positive integer"),
-    "shapes[].M / N.mul": ("sweep range", "geometric factor (or `step`)", "an integer >= 2"),
+    "shapes[].M / N.mul": ("sweep range", "geometric factor (or `step`)",
+                           "a number > 1 (each value is the previous times `mul`, rounded down, at least +1)"),
 }
 
 
@@ -83,7 +85,7 @@ def accepted() -> set[str]:
 
 
 def reference_markdown() -> str:
-    """The README's YAML reference table."""
+    """The YAML reference table of docs/matrix.md."""
     lines = ["| key | where | meaning | allowed values |", "|---|---|---|---|"]
     lines += [f"| `{k}` | {where} | {meaning} | {allowed} |" for k, (where, meaning, allowed) in KEYS.items()]
     return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -13,6 +14,7 @@ from .runner import MatrixRun
 from .variants import PLAIN_NAME
 
 DETAIL_LIMIT = 60  # up to this many cells the terminal shows every cell, beyond it a summary
+GROUP_LIMIT = 30  # reasons printed in the terminal per status (report.md has them all)
 CSV_SKIP = ("traceback", "variant_spec")  # the CSV names a variant (variant, variant_desc); the JSON defines it
 STYLE = {PASSED: "green", FAILED: "bold red", SKIPPED: "yellow"}
 
@@ -39,6 +41,33 @@ def _first_line(text: str, width: int = 100) -> str:
 
 def _dir(direction: str) -> str:
     return {"forward": "fwd", "backward": "bwd"}.get(direction, direction)
+
+
+# A refusal names the request it refused ("does not support softmax(shape=[2, 5], ...)"); the
+# cell already says which request it was, so the same refusal of many requests is one reason.
+_REQUEST = re.compile(r"\b(?:log_)?softmax\((?:shape=)[^()]*\)")
+
+
+def reason_key(r: Result) -> str:
+    """The cell's reason, whole, with the request it names replaced by "this request": the
+    key that groups identical refusals of different cells."""
+    return _REQUEST.sub("this request", r.reason.strip())
+
+
+def grouped(run: MatrixRun, status: str) -> dict[tuple[str, str], list[Result]]:
+    """(entry, reason_key) -> the cells of `status` with that reason, in order of appearance."""
+    groups: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    for r in run.results:
+        if r.status == status:
+            groups[(r.cell.entry, reason_key(r))].append(r)
+    return groups
+
+
+def _cells_of(rs: list[Result]) -> str:
+    """What a group's cells have in common, briefly: backends and dtypes."""
+    backends = ", ".join(sorted({r.cell.backend for r in rs}))
+    dtypes = ", ".join(sorted({r.cell.dtype for r in rs}))
+    return f"{backends}; {dtypes}"
 
 
 def has_variants(results: list[Result]) -> bool:
@@ -80,63 +109,72 @@ def _counts_line(run: MatrixRun) -> str:
 
 # ---------------------------------------------------------------- terminal
 
+def _name_column(t, header: str, values, justify: str = "left") -> None:
+    # Names and short labels are never truncated or wrapped: the column is as wide as its
+    # longest value; the free-text columns take what is left.
+    t.add_column(header, justify=justify, no_wrap=True, min_width=max([len(header), *map(len, values)]))
+
+
 def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
     """The terminal view: every cell (small runs or `details`) or one row per group, then the
-    failures, the skip reasons, and the closing counts line."""
+    failures and the skip reasons, each reason once and whole, and the closing counts line."""
     from rich.table import Table
+
+    from ..output import print_table
 
     if details is None:
         details = len(run.results) <= DETAIL_LIMIT
     fused = has_variants(run.results)
+    fails, skips = grouped(run, FAILED), grouped(run, SKIPPED)
+    number = {key: i for i, key in enumerate([*fails, *skips], 1)}  # reasons printed below the table
+    rs = run.results
     if details:
         t = Table(title=f"matrix {run.name}: cells", title_justify="left")
-        for col in ("entry", "backend", "op", "dir", "dtype", *(["variant"] if fused else []), "shape", "dim",
-                    "status", "err/tol", "GB/s", "×copy", "host µs", "reason / note"):
-            t.add_column(col, justify="right" if col in ("dim", "err/tol", "GB/s", "×copy", "host µs") else "left")
-        for r in run.results:
+        for col, values in (("entry", [r.cell.entry for r in rs]), ("backend", [r.cell.backend for r in rs]),
+                            ("op", [r.cell.op for r in rs]), ("dir", ["fwd"]), ("dtype", [r.cell.dtype for r in rs]),
+                            *([("variant", [r.cell.variant.name for r in rs])] if fused else []),
+                            ("shape", [_shape(r) for r in rs])):
+            _name_column(t, col, values)
+        _name_column(t, "dim", [str(r.cell.dim) for r in rs], "right")
+        _name_column(t, "status", [r.status for r in rs])
+        for col in ("err/tol", "GB/s", "×copy", "host µs"):
+            _name_column(t, col, [], "right")
+        t.add_column("reason / note", overflow="fold", min_width=24)
+        for r in rs:
             c = r.cell
+            key = (c.entry, reason_key(r))
+            why = f"reason [{number[key]}] below" if r.status != PASSED and key in number else (r.reason or r.note)
             t.add_row(c.entry, c.backend, c.op, _dir(c.direction), c.dtype, *([c.variant.name] if fused else []),
                       _shape(r), str(c.dim), f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"),
-                      _gbps(r), _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"), _first_line(r.reason or r.note, 70))
+                      _gbps(r), _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"), why)
     else:
-        # Short headers: the summary must stay readable in a 100-column terminal.
         t = Table(title=f"matrix {run.name}: one row per group (--details: every cell)", title_justify="left")
-        for col in ("entry", "backend", "op", "dir", "dtype", *(["variant"] if fused else []), "n", "ok", "fail",
-                    "skip", "err/tol", "GB/s", "×copy", "best"):
-            t.add_column(col, justify="left" if col in ("entry", "backend", "op", "dir", "dtype", "variant")
-                         else "right", overflow="fold")
-        for s in summarize(run):
+        rows = summarize(run)
+        for col, key in (("entry", "entry"), ("backend", "backend"), ("op", "op"), ("dir", None), ("dtype", "dtype"),
+                         *([("variant", "variant")] if fused else [])):
+            _name_column(t, col, [s[key] for s in rows] if key else ["fwd"])
+        for col in ("n", "ok", "fail", "skip", "err/tol", "GB/s", "×copy", "best"):
+            _name_column(t, col, [], "right")
+        for s in rows:
             bw = _num(s["median_gbps"], ".0f") + ("c" if s["timer"] == "cpu" else "")
-            t.add_row(s["entry"], s["backend"], s["op"].replace("log_softmax", "log"), _dir(s["direction"]),
-                      s["dtype"].replace("float", "f").replace("bf", "bf"), *([s["variant"]] if fused else []),
-                      str(s["cells"]),
+            t.add_row(s["entry"], s["backend"], s["op"], _dir(s["direction"]), s["dtype"],
+                      *([s["variant"]] if fused else []), str(s["cells"]),
                       f"[green]{s['passed']}[/]", f"[bold red]{s['failed']}[/]" if s["failed"] else "0",
                       f"[yellow]{s['skipped']}[/]" if s["skipped"] else "0", _num(s["worst_err_ratio"], ".2f"),
                       bw, _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f"))
         t.caption = "GB/s: median (c: CPU wall clock); ×copy: fraction of the same-run copy bandwidth"
-    console.print(t)
-    fails: dict[tuple, list[str]] = defaultdict(list)
-    for r in run.results:
-        if r.status == FAILED:  # identical failures grouped, like skips
-            fails[(r.cell.entry, r.cell.backend, _first_line(r.reason, 160))].append(r.cell.id)
-    if fails and not details:
-        n_fail = sum(len(v) for v in fails.values())
-        console.print(f"[bold red]Failed cells ({n_fail}), by reason:[/]")
-        for i, ((entry, backend, reason), ids) in enumerate(fails.items()):
-            if i == 30:
-                console.print(f"  … and {len(fails) - 30} more reasons (report.md lists every cell)")
+    print_table(console, t)
+    for title, style, groups in (("Failed", "bold red", fails), ("Skipped", "yellow", skips)):
+        if not groups:
+            continue
+        n_cells = sum(map(len, groups.values()))
+        console.print(f"[{style}]{title} cells ({n_cells}), by reason:[/]")
+        for i, ((entry, reason), cells) in enumerate(groups.items()):
+            if i == GROUP_LIMIT:
+                console.print(f"  … and {len(groups) - GROUP_LIMIT} more reasons (report.md lists every cell)")
                 break
-            console.print(f"  {len(ids)} × {entry}/{backend} (e.g. {ids[0]}): {reason}", markup=False,
-                          highlight=False)
-    skips: dict[tuple, list[str]] = defaultdict(list)
-    for r in run.results:
-        if r.status == SKIPPED:
-            skips[(r.cell.entry, _first_line(r.reason, 160))].append(r.cell.backend)
-    if skips and not details:
-        console.print("[yellow]Skipped:[/]")
-        for (entry, reason), backends in skips.items():
-            console.print(f"  {len(backends)} × {entry} ({', '.join(sorted(set(backends)))}): {reason}",
-                          markup=False, highlight=False)
+            console.print(f"  [{number[(entry, reason)]}] {len(cells)} × {entry} ({_cells_of(cells)}): {reason}",
+                          markup=False, highlight=False, soft_wrap=True)
     if run.copy_gbps:
         console.print("copy bandwidth: " + ", ".join(f"{d} {v:.0f} GB/s" for d, v in run.copy_gbps.items()))
     console.print(f"{_counts_line(run)} in {run.seconds:.1f} s", markup=False, highlight=False)
@@ -144,14 +182,14 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
 
 def summary_json(run: MatrixRun) -> dict:
     """The summary `matrix --json` prints: counts, groups, grouped failures and skips."""
-    grouped: dict[tuple, list[str]] = defaultdict(list)
+    problems: dict[tuple, list[str]] = defaultdict(list)
     for r in run.results:
         if r.status in (FAILED, SKIPPED):
-            grouped[(r.status, r.cell.entry, r.cell.backend, _first_line(r.reason, 300))].append(r.cell.id)
+            problems[(r.status, r.cell.entry, r.cell.backend, reason_key(r))].append(r.cell.id)
     return dict(name=run.name, seconds=round(run.seconds, 2), counts=run.counts(), copy_gbps=run.copy_gbps,
                 groups=summarize(run),
                 problems=[dict(status=st, entry=e, backend=b, reason=reason, cells=ids)
-                          for (st, e, b, reason), ids in grouped.items()])
+                          for (st, e, b, reason), ids in problems.items()])
 
 
 # ---------------------------------------------------------------- files
@@ -241,10 +279,11 @@ def markdown(run: MatrixRun, plots: list[str]) -> str:
     if fails:
         out += [f"## Failed cells ({len(fails)})", ""]
         out += [f"- `{r.cell.id}`: {_first_line(r.reason, 300)}" for r in fails] + [""]
-    skips = Counter((r.cell.entry, _first_line(r.reason, 300)) for r in run.results if r.status == SKIPPED)
+    skips = grouped(run, SKIPPED)
     if skips:
         out += ["## Skipped", ""]
-        out += [f"- {n} × {entry}: {reason}" for (entry, reason), n in skips.most_common()] + [""]
+        out += [f"- {len(cells)} × {entry} ({_cells_of(cells)}): {reason}" for (entry, reason), cells in
+                sorted(skips.items(), key=lambda kv: -len(kv[1]))] + [""]
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     out += ["## All cells", ""]

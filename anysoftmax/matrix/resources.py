@@ -1,6 +1,6 @@
 """What a device entry asks of a Ray cluster, and which nodes can give it (no Ray import here).
 
-The mapping (README, "Running the matrix on Ray"):
+The mapping (docs/ray.md):
 
 - `cuda` entry (NVIDIA or AMD: Ray calls both `GPU`)  -> `num_gpus=1` per worker; when every
   `match` string names a GPU model Ray knows, a node-label selector

@@ -136,7 +136,7 @@ class TritonBackend:
     def status_note() -> str:
         """Says so when the Triton interpreter is what makes this backend usable here."""
         if interpreter.interpreting():
-            return "runs CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for testing"
+            return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)"
         return ""
 
     def is_available(self) -> str | None:
@@ -146,7 +146,8 @@ class TritonBackend:
                 return problem
             return None
         if not torch.cuda.is_available():
-            return "no CUDA or ROCm GPU visible (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set"
+            return ("no CUDA or ROCm GPU visible (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set "
+                    "(TRITON_INTERPRET=1 before importing anysoftmax runs CPU tensors through the interpreter)")
         return None
 
     def supports(self, spec: SoftmaxSpec) -> str | None:

@@ -15,7 +15,7 @@ launched program being resident (an over-count there serialises the barrier's wa
 * CUDA caps by max threads per SM // (warp size * warps) as well;
 * registers are allocated in granules (CUDA: 256 per warp = 8 per thread; CDNA: 8 VGPRs), so
   the per-thread count is rounded up first. Found by compiling the kernels for sm_90
-  (tests/test_compile_targets.py): the bf16 column-split kernel uses 84 registers, which the
+  (tests/backends/triton/test_compile_targets.py): the bf16 column-split kernel uses 84 registers, which the
   unrounded rule counts as 3 programs of 8 warps per H100 SM; the SM holds 2 (84 -> 88).
 """
 
@@ -51,7 +51,7 @@ class KernelResources:
 REGISTER_GRANULE = 8  # registers per thread allocated at a time (CUDA and CDNA alike)
 # CDNA's scalar registers (SGPRs) per SIMD, and how a wave's count is rounded (granule, plus
 # the registers the hardware reserves: VCC, flat scratch, XNACK, trap). Fitted to the gfx942
-# compiler's own occupancy (waves per SIMD) for the kernels of tests/test_compile_targets.py:
+# compiler's own occupancy (waves per SIMD) for the kernels of tests/backends/triton/test_compile_targets.py:
 # the fused-family kernels take 86-106 SGPRs (their ~30 scalar arguments) and the compiler
 # gives 7 waves at 86 and 6 at 104-106 where their VGPRs alone would allow 8.
 CDNA_SGPRS_PER_SIMD, CDNA_SGPR_GRANULE, CDNA_SGPR_RESERVED = 800, 16, 16

@@ -83,7 +83,7 @@ class TritonAscendBackend:
     def status_note() -> str:
         """Says so when the Triton interpreter is what makes this backend usable here."""
         if interpreter.interpreting():
-            return "runs CPU tensors through the Triton interpreter (TRITON_INTERPRET=1): slow, for testing"
+            return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)"
         return ""
 
     def is_available(self) -> str | None:

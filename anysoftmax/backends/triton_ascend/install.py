@@ -15,11 +15,11 @@ from collections.abc import Mapping
 
 DIST = "triton-ascend"
 # The versions tested together upstream (triton-ascend 3.2.0 release notes): keep in step
-# with requirements-ascend.txt and README "Ascend".
+# with requirements-ascend.txt and docs/ascend.md.
 PINS = {"triton-ascend": "3.2.0", "torch": "2.7.1", "torch-npu": "2.7.1", "CANN": "8.5.0"}
 FIX = ("pip uninstall -y triton triton-ascend && pip install --no-deps --force-reinstall "
        f"triton-ascend=={PINS['triton-ascend']} && pip install --no-deps -e . "
-       "(anysoftmax's own `triton` requirement pulls stock Triton back; see README 'Ascend')")
+       "(anysoftmax's own `triton` requirement pulls stock Triton back; see docs/ascend.md)")
 
 
 def _norm(name: str) -> str:

@@ -1,0 +1,20 @@
+"""The conformance kit: prove a backend computes what `torch.softmax` computes, on the cases the
+project's own suite uses (as scikit-learn's `check_estimator` is to estimators).
+
+    from anysoftmax.testing import check_backend
+    report = check_backend(MyBackend())          # AssertionError naming every failed case
+    print(report.summary())
+
+Command line: `anysoftmax conformance NAME [--plugin MODULE] [--device D] [--quick]` (exit 0 on
+pass, 1 on failures, 2 on bad usage). pytest: `pytest --anysoftmax-backend NAME` adds one test
+per check to a suite. The cases are data (`anysoftmax.testing.cases`); `check_forward` and
+`check_backward` check one request. Declared refusals (`supports()` reasons, the fused-family
+gate) are skips, never failures.
+"""
+
+from .checks import check_backward, check_forward
+from .kit import Check, KitReport, check_backend, conformance_checks, default_device, registered, run_checks
+from .poison import poisoned_allocations
+
+__all__ = ["Check", "KitReport", "check_backend", "check_backward", "check_forward", "conformance_checks",
+           "default_device", "poisoned_allocations", "registered", "run_checks"]

@@ -1,0 +1,100 @@
+"""`anysoftmax conformance NAME [--plugin MODULE] [--device D] [--quick] [--seed N]`: the kit on
+the command line. Exit status 0 when every check passed (refusals are skips), 1 when a check
+failed or nothing could be checked, 2 on bad usage (unknown backend, a plugin that does not
+import, a device that is not here)."""
+
+from __future__ import annotations
+
+import importlib
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A bad argument: exit status 2, the message naming it."""
+
+
+def load_plugin(spec: str) -> None:
+    """Import `MODULE` (which registers its backends, e.g. with `anysoftmax.register(...)` at
+    import), or `MODULE:ATTR` and register ATTR: a backend class (instantiated), a factory or a
+    backend object."""
+    from ..core import registry
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"--plugin {spec}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    if not attr:
+        return
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise UsageError(f"--plugin {spec}: module {module_name!r} has no attribute {attr!r}")
+    backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, registry.Backend)) else obj
+    try:
+        registry.register(backend)
+    except TypeError as exc:
+        raise UsageError(f"--plugin {spec}: {exc}") from None
+
+
+def check_device(device: str) -> str:
+    """`device` when torch can place tensors there, else a UsageError saying why."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {device!r}: {exc}") from None
+    if dev.type != "cpu":
+        module = getattr(torch, dev.type, None)
+        try:
+            present = module is not None and module.is_available()
+        except Exception:  # a broken driver stack: not usable here
+            present = False
+        if not present:
+            raise UsageError(f"--device {device!r}: no {dev.type} device is present here")
+    return device
+
+
+def run(args) -> int:
+    """Run the kit as the parsed `args` ask; print the report; return the exit status."""
+    from ..core import registry
+    from ..dispatch import use_interpreter_if_needed
+    from .kit import check_backend
+
+    note = use_interpreter_if_needed()  # before any Triton kernel exists, as `matrix` does
+    for plugin in args.plugin or []:
+        load_plugin(plugin)
+    known = registry.registered()
+    if args.backend not in known:
+        raise UsageError(f"unknown backend {args.backend!r}; known backends: {', '.join(known)} "
+                         f"(a plugin's backends appear after --plugin MODULE or an installed entry point)")
+    device = check_device(args.device) if args.device else None
+    if note:
+        print(note)
+    try:
+        report = check_backend(args.backend, device=device, quick=args.quick, seed=args.seed)
+    except AssertionError as exc:
+        print(str(exc))
+        return EXIT_FAILED
+    print(report.text())
+    return EXIT_OK
+
+
+def add_parser(sub) -> None:
+    """The `conformance` subcommand's arguments."""
+    c = sub.add_parser("conformance", help="run the conformance kit on one backend (exit 0 pass, 1 fail, 2 usage)",
+                       description="Run the shipped conformance cases (plain and fused-family, NaN-poisoned outputs, "
+                                   "float64 reference, gradients, bad input) on one backend. Declared refusals "
+                                   "(supports() reasons, the fused-family gate) are skips, never failures.")
+    c.add_argument("backend", metavar="NAME", help="a registered backend (see `anysoftmax backends`)")
+    c.add_argument("--plugin", action="append", metavar="MODULE[:ATTR]",
+                   help="import MODULE first (it registers its backends), or register MODULE:ATTR (a backend "
+                        "class, factory or object); repeatable")
+    c.add_argument("--device", metavar="D", help="where the inputs live: cpu, cuda, cuda:1, npu:0 (default: the "
+                                                  "first accelerator the backend serves that is here, else cpu)")
+    c.add_argument("--quick", action="store_true", help="one case of each kind, float32 and bfloat16")
+    c.add_argument("--seed", type=int, help="the data's seed (default: random; the report prints it)")
+
+
+__all__ = ["UsageError", "add_parser", "load_plugin", "run"]

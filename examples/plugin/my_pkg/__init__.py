@@ -1,0 +1,1 @@
+"""An example anysoftmax backend plugin (the README's "Add a backend")."""

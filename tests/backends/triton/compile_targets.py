@@ -1,0 +1,328 @@
+"""Compile the shared kernels for GPUs this machine does not have (no device needed).
+
+Triton compiles ahead of time from a signature: `compile_call` turns one launch that the
+backends would make (kernel, positional args, constexprs; tensors may live on the CPU) into a
+signature and compiles it for a `GPUTarget` such as Hopper (cuda, 90) or CDNA3 (hip, gfx942).
+The result carries the register and shared-memory counts the occupancy model consumes.
+
+`compile_launch` does the same through the JIT's own argument binder, so the kernel gets the
+specialization a real `kernel[grid](...)` launch gives it (16-divisible integers and aligned
+pointers, integers equal to 1 folded to constants, AMD's 32-bit pointer ranges): the register
+counts are those of the kernel that would run, not of a less specialized variant.
+
+Run as a script (`python tests/backends/triton/compile_targets.py [--targets sm_90,gfx942]`) in a process
+WITHOUT TRITON_INTERPRET: for each target it plans the launches the `triton` backend makes for
+a set of shapes (its own heuristics and tuning table, with the target's SM count), compiles
+every kernel of those launches, reads the real register counts out of the binaries (cuobjdump
+on the cubin for CUDA, the amdgcn assembly's metadata for HIP) and applies the occupancy model.
+It prints one JSON document; failures are recorded in it, not raised. tests/backends/triton/test_compile_targets.py
+runs it and checks the document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+TARGETS = {
+    "sm_90": GPUTarget("cuda", 90, 32),
+    "sm_80": GPUTarget("cuda", 80, 32),
+    "gfx942": GPUTarget("hip", "gfx942", 64),
+}
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+                 torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
+
+
+def _arg_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _TRITON_TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"cannot type kernel argument {value!r}")
+
+
+def compile_call(kernel, args: tuple, constexprs: dict, target: str, options: dict | None = None):
+    """Compile `kernel(*args, **constexprs)` for `target` (a key of TARGETS)."""
+    fn = kernel  # a JITFunction: compile in a process without TRITON_INTERPRET
+    names = [p.name for p in fn.params if not p.is_constexpr]
+    signature = {name: _arg_type(v) for name, v in zip(names, args)}
+    signature.update({name: "constexpr" for name in constexprs})
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v
+                                                                            for k, v in constexprs.items()})
+    return triton.compile(src, target=TARGETS[target], options=options or {})
+
+
+def compile_launch(kernel, args: tuple, constexprs: dict, target: str, options: dict | None = None):
+    """Compile `kernel[grid](*args, **constexprs, **options)` for `target` exactly as the launch
+    would: the JIT's binder computes the signature, constants and specialization attributes.
+
+    Returns (compiled, how): how is "jit-binder", or "plain-signature" where this Triton's JIT
+    internals differ (then `compile_call`, without the launch's specialization).
+    """
+    try:
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError:
+        create_function_from_signature = None
+    if create_function_from_signature is None or not hasattr(kernel, "_pack_args"):
+        return compile_call(kernel, args, constexprs, target, options), "plain-signature"
+    backend = make_backend(TARGETS[target])
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kwargs = {**constexprs, **(options or {})}
+    bound, specialization, opts = binder(*args, **kwargs)
+    opts, signature, consts, attrs = kernel._pack_args(backend, kwargs, bound, specialization, opts)
+    src = triton.compiler.ASTSource(kernel, signature, consts, attrs)
+    return triton.compile(src, target=TARGETS[target], options=opts.__dict__), "jit-binder"
+
+
+# --- register counts out of the binaries ---------------------------------------------------
+
+def _cuobjdump() -> str:
+    try:
+        from triton import knobs
+        path = knobs.nvidia.cuobjdump.path
+    except (ImportError, AttributeError):  # older Triton: the binary it ships
+        path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return path
+
+
+def cuda_resources(compiled) -> dict:
+    """Registers per thread and static shared memory of a CUDA kernel, from its cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+        path = f.name
+    try:
+        out = subprocess.run([_cuobjdump(), "--dump-resource-usage", path], capture_output=True, text=True,
+                             check=True).stdout
+    finally:
+        os.unlink(path)
+    fields = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out))
+    if "REG" not in fields:
+        raise RuntimeError(f"no REG:NN in cuobjdump output:\n{out}")
+    get = lambda key: int(fields[key]) if key in fields else None
+    # STACK > 0 at 255 registers: the kernel spills to local memory.
+    return dict(n_regs=get("REG"), stack=get("STACK"), local=get("LOCAL"), static_shared=get("SHARED"))
+
+
+def hardware_programs_per_sm(dev, res: dict, shared: int, num_warps: int) -> int:
+    """Resident programs by the hardware's own allocation rules, for comparison with the model
+    (which divides raw register counts): CUDA allocates registers per warp in units of 256
+    (per-thread counts rounded up to 8) and holds at most 32 blocks per SM; on CDNA the
+    compiler's occupancy (waves per SIMD, VGPRs in granules of 8) is the limit, a workgroup's
+    waves spread over the CU's 4 SIMDs."""
+    if dev.is_hip:
+        per_simd = res.get("compiler_waves_per_simd")
+        if per_simd is None:
+            return 0
+        occ = per_simd // -(-num_warps // 4)
+    else:
+        regs_per_warp = -(-res["n_regs"] * dev.warp_size // 256) * 256
+        occ = min(dev.max_num_regs // (regs_per_warp * num_warps),
+                  dev.max_threads_per_sm // (dev.warp_size * num_warps), 32)
+    if shared > 0:
+        occ = min(occ, dev.max_shared_mem // shared)
+    return occ
+
+
+def _asm_int(asm: str, pattern: str) -> int | None:
+    m = re.search(pattern, asm, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def hip_resources(compiled) -> dict:
+    """VGPRs per lane of an AMD kernel, from its amdgcn assembly.
+
+    `n_regs` is the code object's `.vgpr_count` (what hipFuncGetAttribute(NUM_REGS) reports, and
+    so what the backend feeds the model on a real MI300X); on gfx90a/gfx942 it counts the
+    accumulation VGPRs too (the unified 512-entry file). The compiler's own occupancy estimate
+    (waves per SIMD) is kept for comparison with the model.
+    """
+    asm = compiled.asm["amdgcn"]
+    info = dict(vgprs=_asm_int(asm, r"^\s*;\s*NumVgprs:\s*(\d+)"),
+                agprs=_asm_int(asm, r"^\s*;\s*NumAgprs:\s*(\d+)"),
+                total_vgprs=_asm_int(asm, r"^\s*;\s*TotalNumVgprs:\s*(\d+)"),
+                sgprs=_asm_int(asm, r"^\s*\.sgpr_count:\s*(\d+)"),
+                scratch=_asm_int(asm, r"^\s*;\s*ScratchSize:\s*(\d+)"),
+                compiler_waves_per_simd=_asm_int(asm, r"^\s*;\s*Occupancy:\s*(\d+)"))
+    n_regs = _asm_int(asm, r"^\s*\.vgpr_count:\s*(\d+)")
+    if n_regs is None:
+        n_regs = info["total_vgprs"] if info["total_vgprs"] is not None else info["vgprs"]
+    if n_regs is None:
+        raise RuntimeError("no .vgpr_count / NumVgprs in the amdgcn assembly")
+    return dict(info, n_regs=n_regs)
+
+
+# --- the launches the `triton` backend plans --------------------------------------------------
+
+# (case, shape, reduced dim, log, backward, tuning overrides, kind the backend should choose).
+# Shapes are those of the tuning table's notes: a row on chip, long rows (split; online when
+# the table says so), reductions over dim 0 in one tile and in cooperative chunks.
+CASES = [
+    ("tile", (64, 1024), 1, False, False, {}, "tile"),
+    ("tile_log", (64, 1024), 1, True, False, {}, "tile"),
+    ("online", (64, 65536), 1, False, False, {"long_rows": "online"}, "online"),
+    ("split", (128, 65536), 1, False, False, {}, "split"),
+    ("cols", (1024, 8192), 0, False, False, {}, "cols"),
+    ("cols_split", (8192, 8192), 0, False, False, {}, "cols_split"),
+    ("bwd_tile", (64, 1024), 1, False, True, {}, "tile"),
+    ("bwd_split", (128, 65536), 1, False, True, {}, "split"),
+    # The fused family (core.variant): attention-shaped scores with every step compiled in.
+    ("fused_tile", (2, 4, 128, 1024), 3, False, False, {}, "tile"),
+    ("fused_split", (1, 2, 64, 65536), 3, True, False, {}, "split"),
+    ("fused_online", (1, 2, 64, 65536), 3, False, False, {"long_rows": "online"}, "online"),
+    ("fused_cols", (1024, 8192), 0, False, False, {}, "cols"),
+    ("fused_cols_split", (8192, 8192), 0, False, False, {}, "cols_split"),
+    ("fused_bwd_tile", (2, 4, 128, 1024), 3, False, True, {}, "tile"),
+    ("fused_bwd_split", (1, 2, 64, 65536), 3, False, True, {}, "split"),
+]
+
+
+def fused_kwargs(case: str, shape: tuple, dim: int) -> dict | None:
+    """The fused keywords of a `fused_*` case (meta tensors: only dtypes and strides matter):
+    a bool mask broadcast over heads, causal where the dim is the last, sinks, softcap, scale."""
+    if not case.startswith("fused"):
+        return None
+    rows = tuple(1 if d == dim else s for d, s in enumerate(shape))
+    mask_shape = (shape[0], 1, *shape[2:]) if len(shape) == 4 else shape
+    kw = dict(scale=0.125, softcap=30.0, mask=torch.empty(mask_shape, dtype=torch.bool, device="meta"),
+              sinks=torch.empty(rows, dtype=torch.float32, device="meta"), empty_rows="uniform")
+    if dim == len(shape) - 1:
+        kw["causal"] = "bottom_right"
+    return kw
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEVICES = {"sm_90": "H100_SXM", "sm_80": "A100_SXM", "gfx942": "MI300X"}
+BACKEND_OF = {"cuda": "nvidia", "hip": "amd"}
+
+
+def plan_for(layout, elem_bytes: int, dev, backward: bool, overrides: dict, spec=None):
+    """The backend's KernelPlan for this layout on `dev` (`draft_plan`: kernel, tile, warps,
+    stages and cooperation; the grid is left at 1: it is not compiled in); `spec` carries a
+    fused variant."""
+    from anysoftmax.backends._triton_common.plan import Fusion
+    from anysoftmax.backends.triton import heuristics
+    from anysoftmax.backends.triton.backend import draft_plan
+
+    with heuristics.override(**overrides):
+        return draft_plan(layout, elem_bytes, dev, backward, Fusion.of(spec) if spec is not None else Fusion())
+
+
+def case_layout(shape, dim, dtype, log, fused):
+    """(spec, layout) of a case on meta tensors, the fused operands' strides included."""
+    from anysoftmax.core.layout import RowLayout, operand_strides
+    from anysoftmax.core.spec import SoftmaxSpec
+
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    spec, _ = SoftmaxSpec.from_request(x, dim, log=log, fused=fused)
+    strides = tuple(x.stride())
+    return spec, RowLayout.from_strides(shape, strides, strides, dim, operand_strides(spec))
+
+
+def launches(plan, shape, dim, dtype, log: bool, backward: bool, fused: dict | None = None) -> list:
+    """[(kernel, args, constexprs, options)] the backend launches for `plan` (meta tensors:
+    only dtypes, strides and the 16-byte alignment every allocation has matter)."""
+    from anysoftmax.backends._triton_common.launcher import scratch_maker
+
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    y = torch.empty(shape, dtype=dtype, device="meta")
+    spec, layout = case_layout(shape, dim, dtype, log, fused)
+    opts = plan.launch_options()
+    stats, counts = scratch_maker(plan, layout, dtype)(x.device) if (plan.split or backward) else (None, None)
+    mask = sinks = p = None
+    if fused:
+        mask = fused["mask"].view(torch.uint8)
+        sinks = fused["sinks"]
+        p = torch.empty(sinks.shape, dtype=spec.acc_dtype, device="meta")
+    # as the launchers do: (x, y, operands) forward; y, dy and dx alike backward
+    given = (y, torch.empty_like(y), torch.empty_like(y), x if fused else None, mask, p, p) if backward else \
+        (x, y, mask, sinks, p)
+    return [(k, a, c, opts) for k, a, c in plan.calls(plan.tensors(given), layout, log, dtype, stats, counts)]
+
+
+def compile_target(target: str, dtypes: dict) -> dict:
+    from anysoftmax.backends.triton import occupancy
+
+    dev = getattr(occupancy, DEVICES[target])
+    kernels, errors = [], []
+    for case, shape, dim, log, backward, overrides, expected_kind in CASES:
+        for dname, dtype in dtypes.items():
+            where = dict(target=target, case=case, dtype=dname)
+            try:
+                fused = fused_kwargs(case, shape, dim)
+                spec, layout = case_layout(shape, dim, dtype, log, fused)
+                plan = plan_for(layout, dtype.itemsize, dev, backward, overrides, spec if fused else None)
+                calls = launches(plan, shape, dim, dtype, log, backward, fused)
+            except Exception as exc:
+                errors.append(dict(where, stage="plan", error=f"{type(exc).__name__}: {exc}",
+                                   traceback=traceback.format_exc(limit=-4)))
+                continue
+            for kernel, args, constexprs, opts in calls:
+                record = dict(where, kind=plan.kind, expected_kind=expected_kind, backward=backward, log=log,
+                              shape=list(shape), dim=dim, kernel=kernel.__name__,
+                              phase=constexprs.get("PHASE"), block_m=plan.block_m, block_n=plan.block_n,
+                              chunks=plan.chunks, cooperative=plan.cooperative, num_warps=opts["num_warps"],
+                              device=dev.name, multiprocessor_count=dev.multiprocessor_count)
+                try:
+                    t0 = time.perf_counter()
+                    compiled, how = compile_launch(kernel, args, constexprs, target, opts)
+                    record["compile_s"] = round(time.perf_counter() - t0, 3)
+                    res = cuda_resources(compiled) if TARGETS[target].backend == "cuda" else hip_resources(compiled)
+                    shared = int(compiled.metadata.shared)
+                    warps = int(compiled.metadata.num_warps)
+                    pps = occupancy.programs_per_sm(dev, occupancy.KernelResources(res["n_regs"], shared, warps,
+                                                                                     res.get("sgprs") or 0))
+                    record.update(res, specialization=how, shared=shared, compiled_num_warps=warps,
+                                  programs_per_sm=pps, resident_programs=pps * dev.multiprocessor_count,
+                                  hardware_programs_per_sm=hardware_programs_per_sm(dev, res, shared, warps))
+                    kernels.append(record)
+                except Exception as exc:
+                    errors.append(dict(record, stage="compile", error=f"{type(exc).__name__}: {exc}",
+                                       traceback=traceback.format_exc(limit=-4)))
+    return dict(kernels=kernels, errors=errors)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default="sm_90,gfx942", help="comma-separated keys of TARGETS")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: " + ", ".join(DTYPES))
+    a = parser.parse_args(argv)
+    from triton.backends import backends as available
+
+    doc = dict(triton=triton.__version__, torch=torch.__version__, backends=sorted(available),
+               interpreting=os.environ.get("TRITON_INTERPRET", "") not in ("", "0"),
+               kernels=[], errors=[], missing_backends={})
+    dtypes = {d: DTYPES[d] for d in a.dtypes.split(",")}
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON document only
+        for target in a.targets.split(","):
+            backend = BACKEND_OF[TARGETS[target].backend]
+            if backend not in available:
+                doc["missing_backends"][target] = backend
+                continue
+            part = compile_target(target, dtypes)
+            for key in ("kernels", "errors"):
+                doc[key] += part[key]
+    doc["total_s"] = round(time.perf_counter() - t0, 2)
+    json.dump(doc, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The Triton kernels compile for NVIDIA H100 (sm_90) and AMD MI300X (gfx942) on any machine.
+
+What this proves: every kernel the `triton` backend plans for the shapes of
+`compile_targets.CASES` (tile, tile log_softmax, online, cooperative split, cols, cooperative
+cols_split, backward tile and cooperative backward split; float32 and bfloat16) compiles ahead
+of time for Hopper and for CDNA3, with the specialization a real launch gives it; the register
+counts are the real ones, read out of the binaries (cuobjdump on the cubin, `.vgpr_count` of
+the amdgcn code object, accumulation VGPRs included), within the hardware's limits; fed into
+the project's occupancy model they give at least one resident program per SM/CU, and for the
+cooperative kernels enough resident programs on a whole H100 (132 SMs) / MI300X (304 CUs) for
+every chunk of a row to be in flight at once, which their barrier needs.
+
+What it does not prove: nothing runs. No kernel executes on an AMD (or NVIDIA) GPU here, so
+neither results nor speed nor the absence of hangs are checked; the occupancy numbers are the
+model's, not measured residency (the JSON also carries a hardware-rule estimate for comparison).
+
+The compilation runs in a subprocess (tests/backends/triton/compile_targets.py) because this suite sets
+TRITON_INTERPRET=1, under which the kernels are not compilable JITFunctions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton.backends
+from compile_targets import BACKEND_OF, CASES, DEVICES, DTYPES, TARGETS
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = Path(__file__).resolve().parent / "compile_targets.py"
+CHECKED = ("sm_90", "gfx942")
+# Registers per thread a kernel may use: 255 on NVIDIA; 512 VGPRs per lane on gfx942
+# (256 general + 256 accumulation, one unified file).
+REG_LIMIT = {"sm_90": 255, "gfx942": 512}
+SMS = {"sm_90": 132, "gfx942": 304}  # H100 SXM, MI300X
+
+
+def _missing_backend(target: str) -> str | None:
+    backend = BACKEND_OF[TARGETS[target].backend]
+    if backend not in triton.backends.backends:
+        return (f"Triton {triton.__version__} has no {backend!r} backend (triton.backends.backends: "
+                f"{sorted(triton.backends.backends)}): cannot compile for {target}")
+    return None
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    targets = [t for t in CHECKED if _missing_backend(t) is None]
+    if not targets:
+        pytest.skip("; ".join(_missing_backend(t) for t in CHECKED))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    # A fresh cache: every kernel is really compiled, and nothing is left in the user's cache.
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--targets", ",".join(targets)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, f"{SCRIPT.name} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    try:
+        doc = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"{SCRIPT.name} printed no JSON ({exc}):\n{proc.stdout[-2000:]}\n"
+                             f"{proc.stderr[-2000:]}") from exc
+    assert not doc["interpreting"], "the compile script ran under TRITON_INTERPRET"
+    return doc
+
+
+def _kernels(report: dict, target: str) -> list[dict]:
+    reason = _missing_backend(target)
+    if reason:
+        pytest.skip(reason)
+    return [k for k in report["kernels"] if k["target"] == target]
+
+
+def _name(k: dict) -> str:
+    return f"{k['case']}/{k['dtype']} ({k['kernel']}, phase {k['phase']})"
+
+
+@pytest.mark.parametrize("target", CHECKED)
+def test_every_planned_kernel_compiles(report, target):
+    kernels = _kernels(report, target)
+    errors = [e for e in report["errors"] if e["target"] == target]
+    assert not errors, "failed to plan or compile:\n" + "\n".join(
+        f"  {e['case']}/{e['dtype']} [{e['stage']}]: {e['error']}\n{e.get('traceback', '')}" for e in errors)
+    done = {(k["case"], k["dtype"]) for k in kernels}
+    wanted = {(case[0], d) for case in CASES for d in DTYPES}
+    assert wanted <= done, f"not compiled for {target}: {sorted(wanted - done)}"
+    # The shapes reach the kernel kinds they are meant to (the planner is the backend's).
+    expected = {case[0]: case[6] for case in CASES}
+    wrong = [f"{_name(k)}: planned {k['kind']}, meant {expected[k['case']]}" for k in kernels
+             if k["kind"] != expected[k["case"]]]
+    assert not wrong, "\n".join(wrong)
+    assert all(k["specialization"] == "jit-binder" for k in kernels), \
+        "compiled without the JIT's launch specialization (Triton internals changed?)"
+
+
+@pytest.mark.parametrize("target", CHECKED)
+def test_register_counts_are_real_and_within_limits(report, target):
+    kernels = _kernels(report, target)
+    assert kernels
+    bad = [f"{_name(k)}: {k['n_regs']} registers" for k in kernels if not 0 < k["n_regs"] <= REG_LIMIT[target]]
+    assert not bad, f"register counts outside (0, {REG_LIMIT[target]}]:\n" + "\n".join(bad)
+    assert all(k["compiled_num_warps"] == k["num_warps"] for k in kernels)
+
+
+@pytest.mark.parametrize("target", CHECKED)
+def test_occupancy_model_gives_resident_programs(report, target):
+    kernels = _kernels(report, target)
+    assert kernels
+    assert all(k["device"].startswith(("NVIDIA H100", "AMD Instinct MI300X")) for k in kernels)
+    bad = [f"{_name(k)}: {k['programs_per_sm']}" for k in kernels if k["programs_per_sm"] < 1]
+    assert not bad, "programs per SM < 1:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("target", CHECKED)
+def test_cooperative_kernels_fit_on_the_whole_gpu(report, target):
+    kernels = [k for k in _kernels(report, target) if k["cooperative"]]
+    assert {k["case"] for k in kernels} >= {"split", "cols_split", "bwd_split"}, \
+        "the table no longer plans cooperative split kernels: nothing to check"
+    short = [f"{_name(k)}: {k['programs_per_sm']} x {SMS[target]} SMs < {k['chunks']} chunks" for k in kernels
+             if k["programs_per_sm"] * SMS[target] < k["chunks"]]
+    assert not short, f"a row's chunks cannot all be resident on {DEVICES[target]}:\n" + "\n".join(short)
+
+
+@pytest.mark.parametrize("target", CHECKED)
+def test_occupancy_model_never_overcounts_the_hardware(report, target):
+    # The cooperative kernels launch as many programs as the model says are resident; one more
+    # than the hardware holds leaves barrier waiters with no partner. Compared with the
+    # hardware's own allocation rules (register granules, compiler's waves per SIMD on CDNA).
+    over = [f"{_name(k)}: model {k['programs_per_sm']} > hardware {k['hardware_programs_per_sm']}"
+            for k in _kernels(report, target)
+            if k["hardware_programs_per_sm"] and k["programs_per_sm"] > k["hardware_programs_per_sm"]]
+    assert not over, "occupancy model claims more resident programs than fit:\n" + "\n".join(over)

@@ -1,0 +1,160 @@
+"""The README and docs/ say what the code does: the commands they name exist, the example backend
+is the installable one and runs, the environment variables documented are the ones the code
+reads, the extras are the package's, the links resolve inside the repository."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import torch
+
+import anysoftmax
+from anysoftmax.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+DOCS = {p.name: p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+EXAMPLE = ROOT / "examples" / "plugin"
+
+
+def code_blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def test_readme_is_a_users_page():
+    lines = README.splitlines()
+    assert len(lines) <= 200, f"README has {len(lines)} lines; the rest belongs in docs/"
+    first = code_blocks(README, "bash")[0]
+    assert README.index(first) < README.index("\n## "), "the two commands come before any section"
+    commands = [line.split("#")[0].strip() for line in first.splitlines() if line.strip()]
+    assert commands == ["bash run.sh matrix", "bash run.sh test"]
+    assert README.index("anysoftmax is") < README.index(first), "one paragraph says what it is first"
+
+
+def test_run_sh_and_ci_have_the_commands():
+    run_sh = (ROOT / "run.sh").read_text()
+    named = set(re.findall(r"bash run\.sh (\w+)", README + "".join(DOCS.values())))
+    cases = set(re.findall(r"^\s+(\w+)\)\s+need=", run_sh, re.M))
+    assert named <= cases and {"matrix", "test", "docs"} <= cases, (named, cases)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash run.sh test" in ci and "bash run.sh docs" in ci and "examples/plugin" in ci
+
+
+def test_cli_commands_named_exist():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    text = README + "".join(DOCS.values())
+    blocks = "".join(code_blocks(text, "bash"))
+    named = set(re.findall(r"`anysoftmax ([a-z]+)", text)) | set(re.findall(r"^anysoftmax ([a-z]+)", blocks, re.M))
+    assert named <= set(sub.choices), f"named but not commands: {sorted(named - set(sub.choices))}"
+
+
+def test_extras_are_the_packages():
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    table = set(re.findall(r"^\| `(\w+)`", README, re.M)) | set(
+        e for row in re.findall(r"^\| `(\w+)`, `(\w+)`", README, re.M) for e in row)
+    assert extras <= table, f"extras missing from the README: {sorted(extras - table)}"
+    install = DOCS["install.md"]
+    assert all(f"`{e}`" in install for e in extras), [e for e in extras if f"`{e}`" not in install]
+    run_sh = (ROOT / "run.sh").read_text()
+    for needed in re.findall(r'need="([\w,]+)"', run_sh):
+        assert set(needed.split(",")) <= extras, needed
+    assert {"Homepage", "Documentation", "Changelog"} <= set(PYPROJECT["project"]["urls"])
+
+
+def test_readme_example_is_the_installable_plugin():
+    block = next(b for b in code_blocks(README, "python") if "class MyBackend" in b)
+    assert block == (EXAMPLE / "my_pkg" / "backend.py").read_text()
+    entry = re.search(r'`\[project\.entry-points\."anysoftmax\.backends"\] (mine = "[\w.:]+")`', README).group(1)
+    meta = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())
+    assert f'mine = "{meta["project"]["entry-points"]["anysoftmax.backends"]["mine"]}"' == entry
+    assert "priority = -10" in block  # below torch (0): never the automatic choice
+
+
+def test_readme_use_snippets_run():
+    """The Use section's Python runs as written, given inputs of the names it uses."""
+    blocks = [b for b in code_blocks(README, "python") if "class MyBackend" not in b]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1))
+    ns = dict(x=torch.randn(4, 8), model=model, batch=torch.randn(3, 8), d=24,
+              scores=torch.randn(2, 3, 16, 24), pad=torch.rand(2, 1, 16, 24) < 0.2, sinks=torch.randn(3, 1, 1))
+    import importlib.util
+
+    hf = importlib.util.find_spec("transformers") is not None  # (the hf extra; CI has it)
+    for block in blocks:
+        # from_pretrained would download a model: the line stops at its comment.
+        lines = [line.split("#")[0] if "from_pretrained" in line else line for line in block.splitlines()]
+        code = "\n".join(line for line in lines if hf or "integrations.transformers" not in line)
+        exec(compile(code, "README", "exec"), ns)
+    assert ns["p"].shape == ns["scores"].shape
+
+
+def test_links_resolve_inside_the_repository():
+    bad = []
+    for name, text in [("README.md", README)] + [(f"docs/{n}", t) for n, t in DOCS.items()]:
+        base = ROOT if name == "README.md" else ROOT / "docs"
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"\w+://", target):
+                bad.append(f"{name}: link out of the repository: {target}")
+                continue
+            path = target.split("#")[0]
+            if path and not (base / path).resolve().is_relative_to(ROOT):
+                bad.append(f"{name}: {target} leaves the repository")
+            elif path and not (base / path).exists():
+                bad.append(f"{name}: {target} does not exist")
+            elif name.startswith("docs/") and path and not (base / path).resolve().is_relative_to(ROOT / "docs"):
+                bad.append(f"{name}: {target} points outside docs/ (the site cannot serve it)")
+        if "/work/" in text or "/home/" in text:
+            bad.append(f"{name}: names a path of some machine")
+    assert not bad, "\n".join(bad)
+
+
+def test_named_repository_paths_exist():
+    text = README + "".join(DOCS.values())
+    named = set(re.findall(r"`((?:anysoftmax|benchmarks|tests|examples|docs)/[\w./-]+?)`", text))
+    missing = sorted(p for p in named if "<" not in p and "*" not in p and "{" not in p and not (ROOT / p).exists())
+    assert not missing, f"paths named in the README or docs that do not exist: {missing}"
+
+
+def _read_variables() -> set[str]:
+    """Every ANYSOFTMAX_* name in the code that reads the environment: the package, run.sh, CI,
+    the test setup and the GPU scripts."""
+    files = [*(ROOT / "anysoftmax").rglob("*.py"), ROOT / "_anysoftmax_pytestplugin.py", ROOT / "run.sh",
+             ROOT / ".ci" / "run", *(ROOT / "tests").rglob("*.py"), *(ROOT / "tests").rglob("*.sh"),
+             *(ROOT / "benchmarks").glob("*.sh"), *(ROOT / "anysoftmax").rglob("*.yaml")]
+    found = set()
+    for f in files:
+        found |= set(re.findall(r"ANYSOFTMAX_[A-Z0-9_]*[A-Z0-9]", f.read_text()))
+    return found
+
+
+def test_environment_variables_documented_are_the_ones_read():
+    page = DOCS["environment.md"]
+    documented = set(re.findall(r"^\| `(ANYSOFTMAX_[A-Z0-9_]+)` \|", page, re.M))
+    read = _read_variables()
+    assert read - documented == set(), f"read but not documented in docs/environment.md: {sorted(read - documented)}"
+    assert documented - read == set(), f"documented but read nowhere: {sorted(documented - read)}"
+    assert "`TRITON_INTERPRET`" in page
+
+
+def test_yaml_reference_is_the_generated_one():
+    from anysoftmax.matrix import keys
+
+    assert keys.accepted() == keys.described(), "every key the schema accepts is described, and no other"
+    assert keys.reference_markdown() in DOCS["matrix.md"], \
+        "docs/matrix.md's YAML reference is stale: paste `python -m anysoftmax.matrix.keys`"
+
+
+def test_every_docs_page_is_in_the_site():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert [n for n in DOCS if f": {n}" not in nav] == []
+
+
+def test_readme_backend_table_names_every_builtin_backend():
+    names = {b.name for b in anysoftmax.list_backends() if b.name in ("torch", "triton", "triton_ascend", "wave",
+                                                                         "cute")}
+    section = README[README.index("## Backends"):README.index("## Add a backend")]
+    assert all(f"| `{n}` |" in section for n in names)
+    assert "never run on an AMD GPU" in section and "never run on an Ascend NPU" in section
