@@ -1,21 +1,23 @@
 """Session 6: warps of the 4096-element tile, fused variants at S=4096, vs a same-bytes copy.
 
 Tuning record for `fused_warps_by_tile_bytes` in backends/triton/tuning.yaml: ran on an NVIDIA H100 80GB HBM3 (torch 2.11, Triton 3.6) with
-the repository on PYTHONPATH; results in benchmarks/results/NVIDIA_H100_80GB_HBM3/session6_fused_tile_warps.json.
+the repository on PYTHONPATH; results in benchmarks/results/NVIDIA_H100_80GB_HBM3/session6_fused_tile_warps.json (S=4096) and
+session6_fused_tile_warps_2048.json.
 
-    python benchmarks/experiments/fused_tile_warps.py OUT.json
+    python benchmarks/experiments/fused_tile_warps.py OUT.json [S [DTYPES]]
 """
 import json, sys, torch
 from triton.testing import do_bench
 import anysoftmax
 from anysoftmax.backends.triton import heuristics
-B, H, S = 8, 16, 4096
+B, H = 8, 16
+S = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
 rows = []
 def copy_time(nbytes):
     half = int(nbytes) // 2
     src = torch.empty(2 * half, dtype=torch.uint8, device="cuda")
     return do_bench(lambda: src[half:].copy_(src[:half]), return_mode="median")
-for dt in (torch.float32, torch.bfloat16):
+for dt in [getattr(torch, d) for d in (sys.argv[3] if len(sys.argv) > 3 else "float32,bfloat16").split(",")]:
     x = (torch.randn((B, H, S, S), device="cuda") * 4).to(dt)
     bmask = torch.rand((B, 1, S, S), device="cuda") < 0.3
     sinks = torch.randn((H, 1, 1), device="cuda").to(dt)
@@ -28,7 +30,9 @@ for dt in (torch.float32, torch.bfloat16):
     for vname, (kw, nbytes) in VARS.items():
         tc = copy_time(nbytes)
         for w in (4, 8, 16):
-            with heuristics.override(warps_by_tile_elems=[[2048, 4], [4096, w], [8192, 4], [16384, 8], [32768, 16]]):
+            # (the plain table's warps for this tile, which fused_warps_by_tile_bytes then leaves alone)
+            with heuristics.override(warps_by_tile_elems=[[S // 2, 4], [S, w], [8192, 4], [16384, 8], [32768, 16]],
+                                     fused_warps_by_tile_bytes=[[1 << 30, 0]]):
                 f = lambda: anysoftmax.softmax(x, -1, **kw)
                 f()
                 t = do_bench(f, return_mode="median")

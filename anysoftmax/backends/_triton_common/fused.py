@@ -85,8 +85,13 @@ def whole_vectors(cols, lim, n_cols, VEC: tl.constexpr):
     that changes inside a vector makes Triton load element by element (sm_90, bf16 rows of
     1024: 16 scalar loads per thread instead of 2 vector loads; 0.85 of copy instead of 0.98
     for the plain row). At most VEC - 1 elements past the prefix are read, never past the
-    row; the caller still applies the exact prefix to what it loaded."""
-    return ((cols // VEC) * VEC < lim) & (cols < n_cols)
+    row; the caller still applies the exact prefix to what it loaded. VEC 1 is the exact
+    prefix `cols < lim`, the form triton-ascend's front end lowers to a bounded copy (its
+    plans ask for it: tests/ascend_frontend)."""
+    if VEC == 1:
+        return cols < lim
+    else:
+        return ((cols // VEC) * VEC < lim) & (cols < n_cols)
 
 
 @triton.jit

@@ -49,18 +49,6 @@ def _row_offsets(rows, S1, S2, st0, st1, st2):
     return i0 * st0 + i1 * st1 + i2 * st2
 
 
-@triton.jit
-def _load_prefix(ptrs, cols, live, lim, n_cols, CAUSAL: tl.constexpr):
-    """One row's values at `cols`, -inf outside `live` (the columns before `lim`); under causal
-    read in whole 16-byte vectors (`whole_vectors`)."""
-    if CAUSAL:
-        x = tl.load(ptrs, mask=whole_vectors(cols, lim, n_cols, 128 // ptrs.dtype.element_ty.primitive_bitwidth),
-                    other=float("-inf"))
-        return tl.where(live, x, float("-inf"))
-    else:
-        return tl.load(ptrs, mask=live, other=float("-inf"))
-
-
 # Kept for the column kernels and older callers: the same helpers under their former names.
 _exp = exp_acc
 _finite_or_zero = finite_or_zero
@@ -161,7 +149,7 @@ def softmax_online_kernel(
         for start in tl.range(0, lim, BLOCK_N):
             cols = start + cols0
             live = cols < lim
-            x = _load_prefix(x_row + cols * xsn, cols, live, lim, n_cols, CAUSAL).to(acc_ty)
+            x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
             z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
                                HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
             m_new = tl.maximum(m, z)
@@ -194,7 +182,7 @@ def softmax_online_kernel(
             cols = start + cols0
             cmask = cols < n_cols
             live = cols < lim
-            x = _load_prefix(x_row + cols * xsn, cols, live, lim, n_cols, CAUSAL).to(acc_ty)
+            x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
             z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
                                HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
             if LOG:
@@ -359,7 +347,7 @@ def _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, x
     item64 = tl.cast(item, tl.int64)
     lim = tl.where(item64 < n_items, col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL), 0)
     live = cols < lim
-    x = _load_prefix(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, cols, live, lim, n_cols,
-                     CAUSAL).to(acc_ty)
+    x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live,
+                other=float("-inf")).to(acc_ty)
     return prologue(x, live, m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn, scale_hi, scale_lo,
                     cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)

@@ -45,10 +45,12 @@ def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, program
     plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
                               spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, several_rows,
                               planning.operand_bytes(spec))
-    plan = replace(plan, fusion=Fusion.of(spec))
+    # causal_vec 1: a causal prefix is loaded under its exact bound (`fused.whole_vectors`):
+    # the NPU copies by DMA under a bound, and whole-vector masks would lower to unbounded loads.
+    plan = replace(plan, fusion=Fusion.of(spec), options={"causal_vec": 1})
     # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
     # rejects unknown options, so it is passed on an NPU only.
-    return replace(plan, options={"multibuffer": s.multibuffer}) if on_npu else plan
+    return replace(plan, options={**plan.options, "multibuffer": s.multibuffer}) if on_npu else plan
 
 
 def compile_may_overflow(device: torch.device) -> bool:
