@@ -58,7 +58,7 @@ def test_cuda_crosscheck_large(cuda_crosscheck, shape, dim, dtype, kind, log, ge
     x = randn(shape)(gen, dtype).cuda()
     plan = plan_for(x, dim)
     n_rows = x.numel() // shape[dim]
-    assert plan.kind == kind and plan.options == {}
+    assert plan.kind == kind and plan.launch_options() == {}
     assert plan.grid == min(32, -(-n_rows // plan.block_m))  # the seed's fixed 32 programs
     check(x, dim, backend=NAME, log=log)
 

@@ -35,7 +35,7 @@ def test_npu_subblock_path(case, dtype, log, gen):
 def test_npu_launch_and_automatic_choice(monkeypatch, gen):
     x = randn((1823, 781))(gen, torch.float32).to("npu")
     plan = plan_for(x, 1)
-    assert plan.grid == 32 and plan.options == {"multibuffer": True}
+    assert plan.grid == 32 and plan.launch_options() == {"multibuffer": True}
     monkeypatch.setenv(settings.ENV_GRID, "vector_cores")
     assert plan_for(x, 1).grid == npu.vector_cores(npu.device_index(x.device))
     check(x, 1, backend=NAME, log=False)
