@@ -9,13 +9,10 @@ import json, sys, torch
 from triton.testing import do_bench
 import anysoftmax
 from anysoftmax.backends.triton import heuristics
+from same_bytes import copy_ms
 tag = sys.argv[1]  # a label for the tree measured (old, new)
 B, H = 8, 16
 rows = []
-def copy_time(nbytes):
-    half = int(nbytes) // 2
-    src = torch.empty(2 * half, dtype=torch.uint8, device="cuda")
-    return do_bench(lambda: src[half:].copy_(src[:half]), return_mode="median")
 CONFIGS = {"default": {}, "bm4": dict(rows_tile_elems=4096), "bm8": dict(rows_tile_elems=8192),
            "w8": dict(warps_by_tile_elems=[[2048, 8], [8192, 8], [16384, 8], [32768, 16]]),
            "bm4w8": dict(rows_tile_elems=4096, warps_by_tile_elems=[[8192, 8], [16384, 8], [32768, 16]])}
@@ -27,7 +24,7 @@ for S, dt in [(1024, torch.bfloat16), (2048, torch.bfloat16), (1024, torch.float
     kept = (S * (S + 1) // 2) / (S * S)
     for vname, kw, fb, bb in [("causal", dict(scale=0.125, causal=True), n*e*kept + n*e, 2*n*e*kept + n*e),
                                ("mask", dict(scale=0.125, mask=bmask), 2*n*e + bmask.numel(), 3*n*e + bmask.numel())]:
-        tf, tb = copy_time(fb), copy_time(bb)
+        tf, tb = copy_ms(fb), copy_ms(bb)
         for cname, ov in CONFIGS.items():
             with heuristics.override(**ov):
                 f = lambda: anysoftmax.softmax(x, -1, **kw)

@@ -10,13 +10,10 @@ import json, sys, torch
 from triton.testing import do_bench
 import anysoftmax
 from anysoftmax.backends.triton import heuristics
+from same_bytes import copy_ms
 B, H = 8, 16
 S = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
 rows = []
-def copy_time(nbytes):
-    half = int(nbytes) // 2
-    src = torch.empty(2 * half, dtype=torch.uint8, device="cuda")
-    return do_bench(lambda: src[half:].copy_(src[:half]), return_mode="median")
 for dt in [getattr(torch, d) for d in (sys.argv[3] if len(sys.argv) > 3 else "float32,bfloat16").split(",")]:
     x = (torch.randn((B, H, S, S), device="cuda") * 4).to(dt)
     bmask = torch.rand((B, 1, S, S), device="cuda") < 0.3
@@ -28,7 +25,7 @@ for dt in [getattr(torch, d) for d in (sys.argv[3] if len(sys.argv) > 3 else "fl
             "causal": (dict(scale=0.125, causal=True), n * e * kept + n * e),
             "softcap": (dict(scale=0.125, softcap=50.0), 2 * n * e), "sinks": (dict(scale=0.125, sinks=sinks), 2 * n * e)}
     for vname, (kw, nbytes) in VARS.items():
-        tc = copy_time(nbytes)
+        tc = copy_ms(nbytes)
         for w in (4, 8, 16):
             # (the plain table's warps for this tile, which fused_warps_by_tile_bytes then leaves alone)
             with heuristics.override(warps_by_tile_elems=[[S // 2, 4], [S, w], [8192, 4], [16384, 8], [32768, 16]],

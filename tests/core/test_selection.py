@@ -257,8 +257,7 @@ def test_shipped_tables_parse():
 
 
 def test_explain_names_the_shipped_h100_rule(capsys):
-    if selection.table_path("NVIDIA H100 80GB HBM3") is None:
-        pytest.skip("no H100 table shipped yet")
+    assert selection.table_path("NVIDIA H100 80GB HBM3") is not None, "the H100 table ships with the package"
     assert cli.main(["backends", "--explain", "1024x131072", "--gpu-name", "NVIDIA H100 80GB HBM3"]) == 0
     line = capsys.readouterr().out
     assert "NVIDIA_H100_80GB_HBM3.yaml rule" in line

@@ -18,7 +18,7 @@ Causal rows read y and dy only over their kept prefix (the rest of dx is written
 import triton
 import triton.language as tl
 
-from .fused import col_limit, pair, tanh, whole_vectors
+from .fused import col_limit, kept_by_mask, pair, tanh, whole_vectors
 from .rows import _row_arrive, _row_depart, _row_offsets, _row_wait
 
 
@@ -65,12 +65,12 @@ def softmax_bwd_kernel(
         else:
             live = mask
         off = _row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
-        m_ptrs = m_ptr + _row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn
         y = tl.load(y_ptr + off, mask=loads, other=0.0).to(acc_ty)
         dy = tl.load(dy_ptr + off, mask=loads, other=0.0).to(acc_ty)
         keep = live
         if MASK == 1:
-            keep = live & (tl.load(m_ptrs, mask=live, other=1) == 0)
+            m_ptrs = m_ptr + _row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn
+            keep = kept_by_mask(m_ptrs, live)
         if MASK == 1 or CAUSAL:
             # Excluded outputs are constants: their gradient goes nowhere (an empty row's
             # y may be NaN under empty_rows="nan"; its gradient is still 0).

@@ -80,6 +80,12 @@ def col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def kept_by_mask(m_ptrs, live):
+    """The positions of `live` a bool mask (read as uint8, nonzero = excluded) keeps."""
+    return live & (tl.load(m_ptrs, mask=live, other=1) == 0)
+
+
+@triton.jit
 def whole_vectors(cols, lim, n_cols, VEC: tl.constexpr):
     """The load mask of a causal prefix widened to whole VEC-element vectors (16 bytes): a mask
     that changes inside a vector makes Triton load element by element (sm_90, bf16 rows of
@@ -109,7 +115,7 @@ def prologue(x, live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
         cap = pair(cap_hi, cap_lo, ACC_FP64)
         z = cap * tanh(z * (1.0 / cap), PRECISE, ACC_FP64)
     if MASK == 1:
-        keep = live & (excluded_by_mask(m_ptrs, live) == 0)
+        keep = kept_by_mask(m_ptrs, live)
     if MASK == 2:
         z = z + tl.load(m_ptrs, mask=live, other=0.0).to(z.dtype)
     if (HAS_SCALE or HAS_CAP) or MASK != 0:
@@ -153,12 +159,6 @@ def empty_fill(like, n_cols, LOG: tl.constexpr, EMPTY: tl.constexpr):
 
 
 @triton.jit
-def excluded_by_mask(m_ptrs, live):
-    """Where a bool mask (read as uint8) excludes a position; outside `live` counts as excluded."""
-    return tl.load(m_ptrs, mask=live, other=1) != 0
-
-
-@triton.jit
 def empty_rows_of(m, live, m_ptrs, lim, AXIS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
     """Which rows of a tile have no kept column. Causal alone: those whose kept prefix is
     empty (no reduction). With a bool mask the kept columns are counted, but only in a tile
@@ -169,7 +169,7 @@ def empty_rows_of(m, live, m_ptrs, lim, AXIS: tl.constexpr, MASK: tl.constexpr, 
     if MASK == 1:
         empty = m < m  # all False (NaN included), the shape of a row statistic
         if tl.sum((m == float("-inf")).to(tl.int32), axis=0) > 0:
-            keep = live & (excluded_by_mask(m_ptrs, live) == 0)
+            keep = kept_by_mask(m_ptrs, live)
             empty = tl.sum(keep.to(tl.int32), axis=AXIS) == 0
         return empty
     else:

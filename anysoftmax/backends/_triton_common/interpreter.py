@@ -56,6 +56,13 @@ def interpreting() -> bool:
     return type(softmax_tile_kernel).__name__ == "InterpretedFunction"
 
 
+def status_note() -> str:
+    """A Triton backend's status line when the interpreter is what makes it usable here."""
+    if interpreting():
+        return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)"
+    return ""
+
+
 @functools.lru_cache(maxsize=None)
 def interpreter_problem() -> str | None:
     """Why this machine's Triton interpreter cannot run the kernels, or None when it can.

@@ -132,12 +132,7 @@ class TritonBackend:
         """True when no GPU is visible: the kernels then run only through the interpreter."""
         return not torch.cuda.is_available()
 
-    @staticmethod
-    def status_note() -> str:
-        """Says so when the Triton interpreter is what makes this backend usable here."""
-        if interpreter.interpreting():
-            return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)"
-        return ""
+    status_note = staticmethod(interpreter.status_note)
 
     def is_available(self) -> str | None:
         if interpreter.interpreting():

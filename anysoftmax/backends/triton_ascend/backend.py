@@ -81,12 +81,7 @@ class TritonAscendBackend:
         """True when no NPU stack is installed (detected without importing torch_npu)."""
         return npu.missing_reason() is not None
 
-    @staticmethod
-    def status_note() -> str:
-        """Says so when the Triton interpreter is what makes this backend usable here."""
-        if interpreter.interpreting():
-            return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)"
-        return ""
+    status_note = staticmethod(interpreter.status_note)
 
     def is_available(self) -> str | None:
         """None when some device can run it here (interpreter, CUDA cross-check or an NPU)."""
