@@ -89,6 +89,15 @@ x = torch.randn(37, 300)
 for b in ("triton", "triton_ascend"):
     y = anysoftmax.softmax(x, 1, backend=b)
     assert (y - torch.softmax(x, 1)).abs().max() < 1e-6, b
+# The fused family from the wheel: a broadcast bool mask and causal rows of 37 (a prefix that
+# ends inside a load vector, a row that ends inside one), empty rows "zero".
+s = torch.randn(2, 3, 37, 37) * 4
+m = torch.rand(2, 1, 37, 37) < 0.3
+z = (s * 0.5).masked_fill(m | torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+want = torch.softmax(z.double(), -1).nan_to_num(0.0)
+for b in ("triton", "triton_ascend"):
+    got = anysoftmax.softmax(s, -1, scale=0.5, mask=m, causal=True, backend=b)
+    assert (got.double() - want).abs().max() < 1e-6, b
 print("ok", anysoftmax.__version__)
 """
     res = _run([str(py), "-c", code], cwd=outside, env=_env({"TRITON_INTERPRET": "1"}))
