@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The cute backend's GPU session, on a CUDA host without network access. The CuTe DSL, QuACK
 # and their needs travel as unpacked cp312 wheels in two archives (a lent machine takes at
-# most 64 MiB a call): `dsl` holds the DSL's 190 MB compiler library (xz), `site` the rest.
+# most 64 MiB a call): `dsl` holds the DSL's 190 MB compiler library (xz), `site` the rest
+# (and any wheel beside it: Liger).
 #   bash benchmarks/cute_gpu_run.sh dsl DIR     # unpack DIR/ir.so.xz into $SITE (first call)
 #   bash benchmarks/cute_gpu_run.sh site DIR    # unpack DIR/site.tar.xz into $SITE
 #   bash benchmarks/cute_gpu_run.sh tests       # pytest tests/backends/cute/test_cute_gpu.py
 #   bash benchmarks/cute_gpu_run.sh sweep       # benchmarks/cute_sweep.py (tuning candidates)
 #   bash benchmarks/cute_gpu_run.sh bench fwd|bwd [PROVIDERS]   # the softmax benchmark
 #   bash benchmarks/cute_gpu_run.sh select      # the selection table from the bench results
+#     (SELECTION=anysoftmax/configs/selection puts it where the automatic choice reads it)
 # Logs and results go to $OUT (default out/gpu). Run from the repository root.
 set -uo pipefail
 OUT="${OUT:-out/gpu}"
@@ -28,6 +30,7 @@ case "$stage" in
     ;;
   site)
     tar xJf "$1/site.tar.xz" -C "$SITE" && echo "unpacked $(du -sh "$SITE" | cut -f1) into $SITE"
+    for w in "$1"/*.whl; do [ -e "$w" ] && "$PY" -m zipfile -e "$w" "$SITE" && echo "unpacked $(basename "$w")"; done
     "$PY" -c "import cutlass.cute, tvm_ffi, quack.softmax; print('DSL, TVM-FFI and QuACK import')" 2>&1 | tail -3
     ;;
   tests)
@@ -46,9 +49,9 @@ case "$stage" in
     "$PY" -m anysoftmax.bench.softmax $flag --providers "$providers" --out "${RESULTS:-$OUT/results}" "$@" 2>&1 \
       | tee "$OUT/bench_$dir.txt" | tail -45
     ;;
-  select)  # the selection table from $RESULTS into $OUT/selection
-    "$PY" -m anysoftmax.cli select "${RESULTS:-$OUT/results}"/*/softmax_fwd.json \
-      "${RESULTS:-$OUT/results}"/*/softmax_bwd.json --out "$OUT/selection" 2>&1 | tee "$OUT/select.txt" | tail -40
+  select)  # the selection table from $RESULTS into $SELECTION (default $OUT/selection)
+    "$PY" -m anysoftmax.cli select $(ls "${RESULTS:-$OUT/results}"/*/softmax_{fwd,bwd}.json 2>/dev/null) \
+      --out "${SELECTION:-$OUT/selection}" 2>&1 | tee "$OUT/select.txt" | tail -40
     ;;
   *) echo "usage: bash benchmarks/cute_gpu_run.sh dsl DIR|site DIR|tests|sweep|bench fwd|bwd|select" >&2; exit 2 ;;
 esac

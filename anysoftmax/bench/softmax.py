@@ -26,7 +26,8 @@ from pathlib import Path
 from .report import gpu_dir_name
 
 GRID = [(32768, 128), (32768, 256), (32768, 1024), (16384, 4096), (16384, 8192), (8192, 16384),
-        (4096, 32768), (2048, 65536), (1024, 131072), (512, 262144), (64, 1048576), (16, 131072), (4823, 781)]
+        (4096, 32768), (2048, 65536), (1024, 131072), (512, 262144), (64, 1048576), (16, 131072), (8, 1048576),
+        (4823, 781)]
 SWEEP = [(4096, n) for n in range(256, 12672 + 1, 128)]
 # Reductions over dim 0 (strided columns, adjacent rows): (M, N, dim).
 NON_LAST = [(8192, 8192, 0), (16384, 1024, 0)]
@@ -56,9 +57,7 @@ def grid(args) -> list[tuple[str, list[str], list[tuple[int, int, int]]]]:
         return [("grid", dtypes, parse_shapes(args.shapes))]
     cpu = args.device == "cpu"
     last = [] if args.non_last_only else CPU_GRID if cpu else QUICK if args.quick else GRID
-    shapes = [(m, n, -1) for m, n in last]
-    if not args.bwd:
-        shapes += CPU_NON_LAST if cpu else NON_LAST
+    shapes = [(m, n, -1) for m, n in last] + (CPU_NON_LAST if cpu else NON_LAST)
     parts = [("grid", dtypes, shapes)]
     if args.sweep:
         parts.append(("sweep", ["float32"], [(m, n, -1) for m, n in SWEEP]))

@@ -3,8 +3,10 @@
 It serves NVIDIA GPUs of compute capability 9.0+ (Hopper: clusters and distributed shared
 memory) with `nvidia-cutlass-dsl` installed; float32, float16 and bfloat16; softmax and
 log_softmax, forward and backward; reductions over a dim whose elements are contiguous (the last
-dim), rows equally spaced (any row stride, 0 included). Everything else is refused with the
-reason, and the automatic choice passes it on to the `triton` backend.
+dim), rows equally spaced (any row stride, 0 included), and reductions over a strided dim
+followed by contiguous positions (dim 0 of a matrix: the column kernels) whose columns one
+cluster holds. Everything else is refused with the reason, and the automatic choice passes it
+on to the `triton` backend.
 
 Its priority is below `triton`'s: it is chosen automatically only where the device's
 selection table (`anysoftmax/configs/selection/<GPU>.yaml`) measured it faster.
@@ -17,10 +19,10 @@ import math
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, contiguous_strides
+from ...core.layout import ColumnView, RowLayout, column_view, contiguous_strides
 from ...core.spec import SoftmaxSpec, dtype_name
 from . import compiler, env, launch
-from .plan import DTYPE_BYTES, KernelKey, make_plan, plan_cache_key
+from .plan import DTYPE_BYTES, KernelKey, make_column_plan, make_plan, plan_cache_key
 
 # (direction, dtypes, log, row length, alignment, arch, convention, overrides) -> KernelKey.
 _plans: OnceCache[KernelKey] = OnceCache(maxsize=4096)
@@ -31,22 +33,51 @@ def _pow2_alignment(value: int) -> int:
     return 64 if value == 0 else min(value & -value, 64)
 
 
+def _layout(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> RowLayout | str:
+    layout = RowLayout.from_strides(spec.shape, in_strides, contiguous_strides(spec.shape), spec.dim)
+    return "rows spread over more than 3 irregular dimensions" if layout is None else layout
+
+
+def _is_rows(layout: RowLayout) -> bool:
+    """The reduced elements are adjacent in input and output (the row kernels' case)."""
+    return layout.n_cols <= 1 or (layout.in_col_stride == 1 and layout.out_col_stride == 1)
+
+
+def columns_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> ColumnView | str:
+    """The (outer, n, inner) view of a request reduced over a strided dim whose inner positions
+    are contiguous (the column kernels' case); else why the kernels cannot read it."""
+    layout = _layout(spec, in_strides)
+    if isinstance(layout, str):
+        return layout
+    view = column_view(layout)
+    if view is None:
+        return (f"the reduced dim {spec.dim} of {list(spec.shape)} (input strides {list(in_strides)}) is neither "
+                f"contiguous nor followed by contiguous positions; backend 'triton' reads any strides")
+    return view
+
+
 def rows_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> tuple[int, int, int] | str:
     """(rows, row length, input row stride) of a request whose reduced elements are contiguous
-    and whose rows are equally spaced; else the reason why the kernels cannot read it."""
-    out_strides = contiguous_strides(spec.shape)
-    layout = RowLayout.from_strides(spec.shape, in_strides, out_strides, spec.dim)
-    if layout is None:
-        return "rows spread over more than 3 irregular dimensions"
-    if layout.n_cols > 1 and (layout.in_col_stride != 1 or layout.out_col_stride != 1):
-        return (f"the reduced dim {spec.dim} of {list(spec.shape)} is not contiguous (input stride "
-                f"{layout.in_col_stride}); the cute kernels read rows of adjacent elements: use backend 'triton' "
-                f"for other dims")
+    and whose rows are equally spaced; else the reason why the row kernels cannot read it."""
+    layout = _layout(spec, in_strides)
+    if isinstance(layout, str):
+        return layout
+    if not _is_rows(layout):
+        return f"the reduced dim {spec.dim} of {list(spec.shape)} is not contiguous (input stride {layout.in_col_stride})"
     dims = [(s, i, o) for s, i, o in zip(layout.row_sizes, layout.in_row_strides, layout.out_row_strides) if s != 1]
     if len(dims) > 1:
         return f"rows are not equally spaced (row dims {[d[0] for d in dims]} with input strides {[d[1] for d in dims]})"
     row_stride = dims[0][1] if dims else layout.n_cols
     return layout.n_rows, layout.n_cols, row_stride
+
+
+def _column_alignment(view: ColumnView, offset_elems: int) -> int:
+    """The alignment (elements) of a column request's pointer and outer/reduced strides, in
+    input and output: what the vector width may assume."""
+    align = _pow2_alignment(offset_elems)
+    for stride in (view.in_outer_stride, view.in_red_stride, view.out_outer_stride, view.out_red_stride):
+        align = math.gcd(align, _pow2_alignment(stride))
+    return align
 
 
 class CuteBackend:
@@ -76,9 +107,23 @@ class CuteBackend:
                         f"backend 'triton' handles it")
         if spec.numel == 0:
             return None  # nothing to launch: the API returns the empty result itself
-        rows = rows_of(spec, spec.strides)
-        if isinstance(rows, str):
-            return rows
+        layout = _layout(spec, spec.strides)
+        if isinstance(layout, str):
+            return layout
+        if _is_rows(layout):
+            rows = rows_of(spec, spec.strides)
+            if isinstance(rows, str):
+                return rows
+        else:
+            # Both directions must have a kernel: the forward's input strides, the backward's
+            # contiguous operands.
+            for backward, strides in ((False, spec.strides), (True, contiguous_strides(spec.shape))):
+                view = columns_of(spec, strides)
+                if isinstance(view, str):
+                    return view
+                key = self.column_plan(backward, spec, view, _column_alignment(view, 0))
+                if isinstance(key, str):
+                    return key
         return env.capable(spec.device)
 
     # ---- planning
@@ -92,9 +137,28 @@ class CuteBackend:
         return _plans.get(key, lambda: make_plan(backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch,
                                                  tvm_ffi))
 
+    def column_plan(self, backward: bool, spec: SoftmaxSpec, view: ColumnView, align_elems: int) -> KernelKey | str:
+        """The column kernel's key for this request, or why there is none (memoised)."""
+        tvm_ffi = env.tvm_ffi_available()
+        arch = env.compile_arch()
+        in_dtype, out_dtype = dtype_name(spec.in_dtype), dtype_name(spec.out_dtype)
+        key = ("columns", backward, in_dtype, out_dtype, spec.log, view.n_red, view.n_inner, align_elems, arch, tvm_ffi,
+               plan_cache_key())
+        return _plans.get(key, lambda: make_column_plan(backward, in_dtype, out_dtype, spec.log, view.n_red,
+                                                        view.n_inner, align_elems, arch, tvm_ffi))
+
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request (dispatch memoises it per request, 16-byte
         alignment included)."""
+        layout = _layout(spec, tuple(x.stride()))
+        if not isinstance(layout, str) and not _is_rows(layout):
+            view = columns_of(spec, tuple(x.stride()))
+            if isinstance(view, str):
+                raise ValueError(f"cute: {view}")
+            key = self.column_plan(False, spec, view, _column_alignment(view, x.data_ptr() // x.element_size()))
+            if isinstance(key, str):
+                raise ValueError(f"cute: {key}")
+            return launch.columns_forward(launch.bind(compiler.kernel(key), key), spec, view)
         rows = rows_of(spec, tuple(x.stride()))
         if isinstance(rows, str):
             raise ValueError(f"cute: {rows}")
@@ -106,9 +170,18 @@ class CuteBackend:
         return launch.forward(call, spec, n_rows, n_cols, row_stride)
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(y, grad) -> dx` bound to this request; y, grad and dx are read as contiguous rows."""
-        rows = rows_of(spec, contiguous_strides(spec.shape))
-        n_rows, n_cols, _ = rows
+        """`f(y, grad) -> dx` bound to this request; y, grad and dx are read contiguous (as rows, or
+        as columns for a reduction over a strided dim)."""
+        if not _is_rows(_layout(spec, contiguous_strides(spec.shape))):
+            view = columns_of(spec, contiguous_strides(spec.shape))
+            if isinstance(view, str):
+                raise ValueError(f"cute: {view}")
+            key = self.column_plan(True, spec, view, _column_alignment(view, 0))
+            if isinstance(key, str):
+                raise ValueError(f"cute: {key}")
+            return launch.columns_backward(launch.bind(compiler.kernel(key), key), spec, view,
+                                           key.vec * y.element_size())
+        n_rows, n_cols, _ = rows_of(spec, contiguous_strides(spec.shape))
         key = self.plan(True, spec, n_cols, 64)  # contiguous operands, checked per call
         call = launch.bind(compiler.kernel(key), key)
         return launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size())

@@ -4,7 +4,8 @@ machine for $CUTE_DSL_ARCH (sm_90a by default), which is how CI checks every ker
 Rows, row length and row strides are symbolic (run-time) arguments: one compiled kernel serves
 every tensor of its shape class. What the compiler may assume about them is stated in the fake
 tensors: the row length and the row strides are multiples of `vec`, the pointers aligned to a
-vector (so every vector load is one 16-byte instruction). TVM-FFI checks these assumptions at
+vector (so every vector load is one 16-byte instruction); likewise the inner extent and the
+outer and reduced strides of a column kernel's (outer, n, inner) tensors. TVM-FFI checks these assumptions at
 each call and raises on a tensor that breaks them; the planner never hands it one.
 """
 
@@ -30,6 +31,18 @@ def _fake_rows(dtype: str, vec: int):
                                          assumed_align=vec * DTYPE_BYTES[dtype])
 
 
+def _fake_columns(dtype: str, vec: int):
+    """An (outer, n, inner) tensor description of a column request: every extent and the outer
+    and reduced strides symbolic, the inner positions contiguous."""
+    cute = import_dsl()
+    import cutlass
+
+    shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=vec))
+    strides = (cute.sym_int64(divisibility=vec), cute.sym_int64(divisibility=vec), 1)
+    return cute.runtime.make_fake_tensor(getattr(cutlass, _CUTLASS_DTYPES[dtype]), shape, stride=strides,
+                                         assumed_align=vec * DTYPE_BYTES[dtype])
+
+
 def compile_kernel(key: KernelKey, keep: bool = False):
     """The compiled entry point of `key` (not cached; see `kernel`). With `keep` its PTX and
     cubin stay available on the result (`__ptx__`, `__cubin__`) for inspection."""
@@ -48,14 +61,18 @@ def compile_kernel(key: KernelKey, keep: bool = False):
         options += ["--keep-ptx", "--keep-cubin"]
     if key.arch:
         options.append(f"--gpu-arch={key.arch}")
-    consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass)
-    if key.backward:
-        args = (_fake_rows(key.in_dtype, key.vec), _fake_rows(key.in_dtype, key.vec),
-                _fake_rows(key.out_dtype, key.vec), stream)
-        entry = kernels.backward_entry
+    if key.lanes:  # a column kernel
+        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.lanes)
+        fake = _fake_columns
+        entry = kernels.columns_backward_entry if key.backward else kernels.columns_forward_entry
     else:
-        args = (_fake_rows(key.in_dtype, key.vec), _fake_rows(key.out_dtype, key.vec), stream)
-        entry = kernels.forward_entry
+        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass)
+        fake = _fake_rows
+        entry = kernels.backward_entry if key.backward else kernels.forward_entry
+    if key.backward:
+        args = (fake(key.in_dtype, key.vec), fake(key.in_dtype, key.vec), fake(key.out_dtype, key.vec), stream)
+    else:
+        args = (fake(key.in_dtype, key.vec), fake(key.out_dtype, key.vec), stream)
     return cute.compile(entry, *args, *consts, options=" ".join(options))
 
 

@@ -56,8 +56,9 @@ _built: list = []
 
 
 def entries() -> SimpleNamespace:
-    """The host entry points `forward_entry` and `backward_entry` (for `cute.compile`),
-    defined on first use: this module imports without the DSL (its kernels need it to compile)."""
+    """The host entry points `forward_entry` and `backward_entry` (for `cute.compile`), and
+    those of the column kernels (`column_kernels.py`), defined on first use: this module imports
+    without the DSL (its kernels need it to compile)."""
     with _lock:
         if not _built:
             _built.append(_define())
@@ -417,4 +418,9 @@ def _define() -> SimpleNamespace:
             grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
             cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
-    return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry)
+    from . import column_kernels
+
+    columns = column_kernels.define(cute, SimpleNamespace(opaque=_opaque, after=_after, runtime_zero=_runtime_zero,
+                                                          butterfly=BUTTERFLY, log2_e=LOG2_E, warp=WARP))
+    return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry,
+                           columns_forward_entry=columns.forward_entry, columns_backward_entry=columns.backward_entry)

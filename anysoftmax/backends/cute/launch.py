@@ -9,8 +9,9 @@ Two calling conventions, chosen when the kernel is compiled (`KernelKey.tvm_ffi`
 * DLPack (fallback): each call wraps its tensors with `cute.runtime.from_dlpack` and passes
   torch's current stream explicitly; tens of microseconds a call.
 
-The kernels take (rows, n) tensors with unit column stride: `rows_view` gives that view of a
-request's tensor (a view, never a copy).
+The row kernels take (rows, n) tensors with unit column stride (`rows_view`), the column
+kernels (outer, n, inner) tensors with unit inner stride (`_columns`): views of a request's
+tensors, never copies.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _dlpack_call(fn, key: KernelKey) -> Callable:
 
     def wrap(t: torch.Tensor, dtype: str):
         return cute.runtime.from_dlpack(t, assumed_align=key.vec * DTYPE_BYTES[dtype]).mark_layout_dynamic(
-            leading_dim=1)
+            leading_dim=t.dim() - 1)
 
     dtypes = (key.in_dtype, key.in_dtype, key.out_dtype) if key.backward else (key.in_dtype, key.out_dtype)
 
@@ -57,12 +58,17 @@ def bind(fn, key: KernelKey) -> Callable:
     return fn if key.tvm_ffi else _dlpack_call(fn, key)
 
 
-def device_guard(device: torch.device):
-    """A context that makes `device` current, or None when no other device can be current
+def guarded(call: Callable, device: torch.device) -> Callable:
+    """`call` run with `device` current, or `call` itself when no other device can be current
     (a process that sees one GPU): then calls skip the per-call check."""
     if torch.cuda.device_count() <= 1:
-        return None
-    return lambda: torch.cuda.device(device)
+        return call
+
+    def run(*tensors: torch.Tensor) -> None:
+        with torch.cuda.device(device):
+            call(*tensors)
+
+    return run
 
 
 def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -> Callable:
@@ -70,19 +76,13 @@ def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -
     the kernel as it is and a contiguous one of the output's dtype gets its output from
     `empty_like`: each view or allocation saved is about a microsecond of host time a call."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    guard = device_guard(device)
+    call = guarded(call, device)
     flat = len(shape) == 2 and spec.strides[1] == 1 and shape == (n_rows, n_cols)
     like_input = not POISON_OUTPUTS and flat and spec.in_dtype == dtype and spec.strides[0] == n_cols
 
     def run(x: torch.Tensor) -> torch.Tensor:
         y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
-        xr = x if flat else rows_view(x, n_rows, n_cols, x_row_stride)
-        yr = y if flat else y.view(n_rows, n_cols)
-        if guard is None:
-            call(xr, yr)
-        else:
-            with guard():
-                call(xr, yr)
+        call(x if flat else rows_view(x, n_rows, n_cols, x_row_stride), y if flat else y.view(n_rows, n_cols))
         return y
 
     return run
@@ -94,24 +94,55 @@ def _aligned(t: torch.Tensor, align_bytes: int) -> torch.Tensor:
     return t if t.data_ptr() % align_bytes == 0 else t.clone()
 
 
+def backward_operands(y: torch.Tensor, grad: torch.Tensor, dtype: torch.dtype, align_bytes: int):
+    """y and grad contiguous and aligned to `align_bytes` (the compiled vector width; copied
+    when not), grad in y's dtype (converted when it is not)."""
+    return _aligned(y, align_bytes), _aligned(grad if grad.dtype == dtype else grad.to(dtype), align_bytes)
+
+
 def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int) -> Callable:
-    """`f(y, grad) -> dx` for requests like `spec`: y and grad contiguous and aligned to
-    `align_bytes` (the compiled vector width; copied when not), grad in y's dtype (converted
-    when it is not)."""
+    """`f(y, grad) -> dx` for requests like `spec` (operands as `backward_operands`)."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    guard = device_guard(device)
+    call = guarded(call, device)
     flat = shape == (n_rows, n_cols)
 
     def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        y = _aligned(y, align_bytes)
-        grad = _aligned(grad if grad.dtype == dtype else grad.to(dtype), align_bytes)
+        y, grad = backward_operands(y, grad, dtype, align_bytes)
         dx = new_output(shape, dtype, device) if POISON_OUTPUTS else torch.empty_like(y)
-        args = (y, grad, dx) if flat else (y.view(n_rows, n_cols), grad.view(n_rows, n_cols), dx.view(n_rows, n_cols))
-        if guard is None:
-            call(*args)
-        else:
-            with guard():
-                call(*args)
+        call(*((y, grad, dx) if flat else (t.view(n_rows, n_cols) for t in (y, grad, dx))))
+        return dx
+
+    return run
+
+
+def _columns(t: torch.Tensor, view, outer_stride: int, red_stride: int) -> torch.Tensor:
+    """`t` as the (outer, n, inner) tensor of a column request (a view over its storage)."""
+    return t.as_strided((view.n_outer, view.n_red, view.n_inner), (outer_stride, red_stride, 1), t.storage_offset())
+
+
+def columns_forward(call: Callable, spec, view) -> Callable:
+    """`f(x) -> y` for a reduction over a strided dim (`core.layout.ColumnView` of `spec`)."""
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    call = guarded(call, device)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        y = new_output(shape, dtype, device)
+        call(_columns(x, view, view.in_outer_stride, view.in_red_stride),
+             _columns(y, view, view.out_outer_stride, view.out_red_stride))
+        return y
+
+    return run
+
+
+def columns_backward(call: Callable, spec, view, align_bytes: int) -> Callable:
+    """`f(y, grad) -> dx` for a reduction over a strided dim (operands as `backward_operands`)."""
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    call = guarded(call, device)
+
+    def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        y, grad = backward_operands(y, grad, dtype, align_bytes)
+        dx = new_output(shape, dtype, device)
+        call(*(_columns(t, view, view.out_outer_stride, view.out_red_stride) for t in (y, grad, dx)))
         return dx
 
     return run

@@ -23,6 +23,7 @@ TABLE = "cute"
 overrides = Overrides(TABLE)
 VECTOR_BYTES = 16  # the widest global load/store (ld.global.v4.b32)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+WARP_LANES = 32  # a strip row is read by at most one warp's lanes
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class KernelKey:
     two_pass: bool
     arch: str  # compile target, e.g. sm_90a
     tvm_ffi: bool  # compiled for the TVM-FFI calling convention (else DLPack tensors)
+    # Column kernels (`column_kernels.py`, a reduction over a strided dim): vectors across one
+    # strip row; 0 for the row kernels.
+    lanes: int = 0
 
     @property
     def elems_per_cta(self) -> int:
@@ -50,11 +54,20 @@ class KernelKey:
         """Elements of a row one cluster holds at once."""
         return self.cluster * self.elems_per_cta
 
+    @property
+    def strip_rows(self) -> int:
+        """Column kernels: reduced positions one cluster holds (strip rows)."""
+        return self.cluster * (self.threads // self.lanes) * self.vectors
+
     def describe(self) -> str:
-        """'fwd fp32 cluster 8 x 256 threads x 16 vec4 (one pass)'."""
-        passes = "two passes" if self.two_pass else "one pass"
+        """'fwd fp32 cluster 8 x 256 threads x 16 vec4 (one pass)'; column kernels
+        'fwd fp32 columns: cluster 16 x 256 threads (8 lanes) x 16 vec4'."""
         op = ("log_" if self.log else "") + ("bwd" if self.backward else "fwd")
         dt = self.in_dtype if self.in_dtype == self.out_dtype else f"{self.in_dtype}->{self.out_dtype}"
+        if self.lanes:
+            return (f"{op} {dt} columns: cluster {self.cluster} x {self.threads} threads ({self.lanes} lanes) "
+                    f"x {self.vectors} vec{self.vec}")
+        passes = "two passes" if self.two_pass else "one pass"
         return f"{op} {dt} cluster {self.cluster} x {self.threads} threads x {self.vectors} vec{self.vec} ({passes})"
 
 
@@ -74,6 +87,17 @@ def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
     return vec
 
 
+def _max_vectors(t: dict, backward: bool, log: bool, in_dtype: str, out_dtype: str, vec: int,
+                 entry: str = "elems_per_thread") -> int:
+    """Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
+    from the loads to the stores (see tuning.yaml). Odd vectors of 16-bit values do not pack
+    two to a register: they count as 32-bit ones. A float32 output (a widening dtype= too)
+    computes and keeps float32: the 32-bit counts."""
+    kind = "backward" if backward else "log_softmax" if log else "softmax"
+    bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
+    return max(1, int(t[entry][kind][bits] * t["elems_scale"]) // vec)
+
+
 def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
               arch: str, tvm_ffi: bool, tuning: dict | None = None) -> KernelKey:
     """The kernel for rows of `n_cols` elements whose tensors are aligned to `align_elems`
@@ -82,14 +106,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_cols, align_elems, elem_bytes)
     n_vec = n_cols // vec
-    # Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
-    # from the loads to the stores (see tuning.yaml). Odd vectors of 16-bit values do not pack
-    # two to a register: they count as 32-bit ones.
-    # A float32 output (a widening dtype= too) computes and keeps float32: the 32-bit counts.
-    kind = "backward" if backward else "log_softmax" if log else "softmax"
-    bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
-    elems = int(t["elems_per_thread"][kind][bits] * t["elems_scale"])
-    max_vectors = max(1, elems // vec)
+    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec)
     threads = t["threads"]
     clusters = sorted(t["clusters"])
     need = cdiv(n_vec, threads * max_vectors)  # CTAs that hold the row
@@ -109,3 +126,36 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
 def plan_cache_key() -> tuple:
     """What besides the request a memoised plan depends on (active tuning overrides)."""
     return overrides_key()
+
+
+def make_column_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_red: int, n_inner: int,
+                     align_elems: int, arch: str, tvm_ffi: bool, tuning: dict | None = None) -> KernelKey | str:
+    """The column kernel for a reduction over `n_red` strided positions of `n_inner` contiguous
+    columns (tensors aligned to `align_elems` elements: pointers, inner and reduced strides), or
+    why there is none: columns longer than the largest cluster holds (one pass only: a second
+    pass would read the strip again from memory, which the triton column kernels already do).
+
+    Strips as wide as the table's `column_strip_bytes` allow (whole 128-byte lines first), no
+    wider than the columns there are; narrower strips put more rows in a cluster."""
+    t = table() if tuning is None else tuning
+    elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
+    vec = vector_width(n_inner, align_elems, elem_bytes)
+    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec, "column_elems_per_thread")
+    threads = t["threads"]
+    clusters = sorted(t["clusters"])
+    # Lanes per strip row: no more than the column vectors there are (a strip of 32 fp32
+    # columns for 20 of them would leave a third of the threads idle).
+    most = next_power_of_2(cdiv(n_inner, vec))
+    for strip_bytes in sorted(t["column_strip_bytes"], reverse=True):
+        lanes = min(WARP_LANES, most, max(1, strip_bytes // (vec * DTYPE_BYTES[in_dtype])))
+        per_cta = (threads // lanes) * max_vectors
+        fitting = [c for c in clusters if c * per_cta >= n_red]
+        if fitting:
+            cluster = fitting[0]
+            vectors = cdiv(n_red, cluster * (threads // lanes))
+            return KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, False, arch,
+                             tvm_ffi, lanes)
+    lanes = min(WARP_LANES, most, max(1, min(t["column_strip_bytes"]) // (vec * DTYPE_BYTES[in_dtype])))
+    held = clusters[-1] * (threads // lanes) * max_vectors
+    return (f"a column of {n_red} elements is longer than a cluster holds ({held} of {in_dtype} in "
+            f"{min(t['column_strip_bytes'])}-byte strips); backend 'triton' reduces it in passes")

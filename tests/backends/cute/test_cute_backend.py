@@ -1,7 +1,8 @@
 """The `cute` backend's host side on a machine without a GPU: registration, availability and
 refusal reasons, and the per-call path (views, strides, alignment, dtypes) with the compiled
 kernel replaced by a torch implementation of the same contract (it writes softmax of its
-(rows, n) input into its (rows, n) output), checked against the float64 reference."""
+(rows, n) input into its (rows, n) output; a column kernel over dim 1 of (outer, n, inner)
+tensors), checked against the float64 reference."""
 
 from __future__ import annotations
 
@@ -55,14 +56,22 @@ def test_supports_plain_last_dim(capable):
 @pytest.mark.parametrize("spec,match", [
     (lambda: _spec((8, 64), device="cpu"), "device type 'cpu'"),
     (lambda: _spec((8, 64), dtype=torch.float64), "float64 is not supported"),
-    (lambda: _spec((8, 64), dim=0), "dim 0 .* is not contiguous"),
-    (lambda: _spec((3, 4, 5), strides=(40, 1, 4)), "not contiguous"),
+    (lambda: _spec((3, 4, 5), strides=(40, 1, 4)), "neither contiguous nor followed by contiguous"),
+    (lambda: _spec((65536, 128), dim=0), "column of 65536 elements is longer than a cluster holds"),
+    (lambda: _spec((40000, 64), dim=0, dtype=torch.bfloat16), "column of 40000 elements"),
     (lambda: _spec((3, 4, 5), strides=(100, 20, 1)), "not equally spaced"),
 ])
 def test_refusals_name_the_reason(capable, spec, match):
     reason = BACKEND.supports(spec())
     assert reason is not None
     assert __import__("re").search(match, reason), reason
+
+
+def test_supports_columns(capable):
+    assert BACKEND.supports(_spec((8192, 8192), dim=0)) is None
+    assert BACKEND.supports(_spec((16384, 1024), dim=0)) is None
+    assert BACKEND.supports(_spec((4, 300, 96), dim=1, dtype=torch.bfloat16)) is None
+    assert BACKEND.supports(_spec((1000, 33), dim=0, strides=(40, 1))) is None  # sliced: odd strides, vec 1
 
 
 def test_refuses_fused_variants(capable):
@@ -90,9 +99,14 @@ class FakeKernel:
 
     def __call__(self, *tensors):
         self.calls.append([(tuple(t.shape), tuple(t.stride())) for t in tensors])
+        # Row kernels: (rows, n), reduced over dim 1; column kernels: (outer, n, inner), over dim 1.
+        rank = 3 if self.key.lanes else 2
         for t in tensors:
-            assert t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] == 1)
+            assert t.dim() == rank and (t.stride(-1) == 1 or t.shape[-1] == 1)
             assert t.data_ptr() % (self.key.vec * t.element_size()) == 0, "misaligned for the compiled vectors"
+            if self.key.lanes:  # the compiled assumptions on the inner extent and the strides
+                assert t.shape[2] % self.key.vec == 0 and t.stride(0) % self.key.vec == 0
+                assert t.stride(1) % self.key.vec == 0
         if self.key.backward:
             y, g, dx = tensors
             dx.copy_(backward_from_output(y, g, 1, self.key.log, torch.float32).to(dx.dtype))
@@ -124,21 +138,31 @@ def _input(kind, gen):
         "unaligned": base.reshape(-1)[1:1 + 5 * 44].view(5, 44),  # pointer 4 bytes in: narrower vectors
         "expanded": base[0, :1].expand(7, 48),
         "column": base[0, 0].reshape(48, 1),  # dim 0 of (48, 1): one row
+        "dim0": base[0],  # the column kernels from here on
+        "dim1-of-3d": base,
+        "dim0-sliced": base[0][:, 8:40],  # reduced stride 48, 32 inner positions
+        "dim0-odd": base[0][:, 3:40],  # 37 inner positions at 12 bytes in: vec 1
     }[kind]
+
+
+COLUMN_KINDS = {"dim0": 0, "dim1-of-3d": 1, "dim0-sliced": 0, "dim0-odd": 0}
 
 
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["2d", "3d", "sliced-rows", "unaligned", "expanded", "column"])
+@pytest.mark.parametrize("kind", ["2d", "3d", "sliced-rows", "unaligned", "expanded", "column", *COLUMN_KINDS])
 def test_forward_path(fake_kernels, kind, dtype, log, gen):
     x = _input(kind, gen).to(dtype) if dtype != torch.float32 else _input(kind, gen)
-    dim = 0 if kind == "column" else -1
+    dim = 0 if kind == "column" else COLUMN_KINDS.get(kind, -1)
     spec = SoftmaxSpec.from_tensor(x, dim, log=log)
     out = BACKEND.launcher(x, spec)(x)
     result = compare(out, x, spec)
     assert result.ok, result.detail
     assert len(fake_kernels) == 1
     if kind == "unaligned" and dtype == torch.float32:
+        assert fake_kernels[0].key.vec == 1
+    assert bool(fake_kernels[0].key.lanes) == (kind in COLUMN_KINDS)
+    if kind == "dim0-odd":
         assert fake_kernels[0].key.vec == 1
 
 
@@ -153,6 +177,18 @@ def test_backward_path(fake_kernels, grad_kind, log, gen):
     dx = BACKEND.backward_launcher(y, spec)(y, g)
     result = compare_backward(dx, y, g.to(y.dtype), spec)
     assert result.ok, result.detail
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape,dim", [((40, 48), 0), ((3, 40, 16), 1), ((40, 37), 0)])
+def test_backward_path_columns(fake_kernels, shape, dim, log, gen):
+    y = torch.softmax(torch.randn(shape, generator=gen), dim).to(torch.bfloat16)
+    g = torch.randn(shape, generator=gen).transpose(0, -1).contiguous().transpose(0, -1)  # not contiguous
+    spec = replace(SoftmaxSpec.from_tensor(y, dim, log=log), in_dtype=y.dtype, out_dtype=y.dtype)
+    dx = BACKEND.backward_launcher(y, spec)(y, g)
+    result = compare_backward(dx, y, g.to(y.dtype), spec)
+    assert result.ok, result.detail
+    assert fake_kernels[-1].key.lanes and fake_kernels[-1].key.backward
 
 
 def test_plans_are_memoised(fake_kernels):

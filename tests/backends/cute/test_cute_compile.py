@@ -13,7 +13,8 @@ import re
 import pytest
 
 from anysoftmax.backends.cute import env
-from anysoftmax.backends.cute.plan import DTYPE_BYTES, KernelKey, make_plan, overrides, table, vector_width
+from anysoftmax.backends.cute.plan import (DTYPE_BYTES, KernelKey, make_column_plan, make_plan, overrides, table,
+                                          vector_width)
 
 NEEDS_DSL = pytest.mark.skipif(env.dsl_missing(check_import=False) is not None,
                                reason=f"{env.dsl_missing(check_import=False)}: the cute kernels cannot compile here")
@@ -36,7 +37,26 @@ def _kinds():
     return list(seen.items())
 
 
+# (reduced length, inner positions) of column requests reaching every strip width and cluster
+# size with the shipped table: dim 0 of the benchmark's 8192^2 and 16384x1024, 32-byte strips
+# (32768 rows), one CTA, a cluster of 2, odd inner counts (vec 1) and the padded strip of 20.
+COLUMN_SHAPES = [(8192, 8192), (16384, 1024), (32768, 64), (300, 96), (1000, 33), (3000, 20)]
+
+
+def _column_kinds():
+    seen = {}
+    for backward, (src, dst), log, (n, inner) in itertools.product((False, True), DTYPE_PAIRS, (False, True),
+                                                                    COLUMN_SHAPES):
+        if backward and src != dst:
+            continue
+        key = make_column_plan(backward, src, dst, log, n, inner, 64, ARCH, True)
+        if not isinstance(key, str):
+            seen.setdefault(key, (n, inner))
+    return list(seen.items())
+
+
 KINDS = _kinds()
+COLUMN_KINDS = _column_kinds()
 
 
 def test_kinds_cover_every_path():
@@ -47,9 +67,8 @@ def test_kinds_cover_every_path():
     assert {k.backward for k, _ in KINDS} == {False, True}
 
 
-@NEEDS_DSL
-@pytest.mark.parametrize("key,n", KINDS, ids=[f"{k.describe()} N={n}" for k, n in KINDS])
-def test_compiles(key: KernelKey, n: int):
+def _compiled_ptx(key: KernelKey) -> str:
+    """Compile `key` and check what every kernel kind must hold; its PTX for the rest."""
     from anysoftmax.backends.cute import compiler, cubin
 
     compiled = compiler.compile_kernel(key, keep=True)
@@ -62,16 +81,40 @@ def test_compiles(key: KernelKey, n: int):
     # 16-byte vectors where the row allows them (4 fp32 / 8 16-bit values).
     if key.vec * DTYPE_BYTES[key.in_dtype] == 16:
         assert re.search(r"ld\.global(\.[a-z0-9:]+)*\.v4\.b32", ptx)
-    # One exp an element in one pass (softmax keeps exp(x - m); log_softmax needs only the
-    # sum), plus those of the reductions (a few dozen, whatever the row).
-    if not key.backward and not key.two_pass:
-        assert ptx.count("ex2.approx") <= key.vec * key.vectors + 64, ptx.count("ex2.approx")
     # The row stays in registers: no local memory (spills) anywhere.
     assert not re.search(r"\b(ld|st)\.local", ptx)
     res = cubin.resources(compiled.__cubin__)
     assert res.frame_bytes == 0
     # Two CTAs of 256 threads fit one SM's 65536 registers (the table's premise): <= 128 each.
     assert res.registers <= 65536 // (2 * 256) or key.threads < 256, res
+    return ptx
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("key,n", KINDS, ids=[f"{k.describe()} N={n}" for k, n in KINDS])
+def test_compiles(key: KernelKey, n: int):
+    ptx = _compiled_ptx(key)
+    # One exp an element in one pass (softmax keeps exp(x - m); log_softmax needs only the
+    # sum), plus those of the reductions (a few dozen, whatever the row).
+    if not key.backward and not key.two_pass:
+        assert ptx.count("ex2.approx") <= key.vec * key.vectors + 64, ptx.count("ex2.approx")
+
+
+def test_column_kinds_cover_every_path():
+    assert {k.cluster for k, _ in COLUMN_KINDS} >= {1, 2, 16}
+    assert {k.lanes * k.vec * DTYPE_BYTES[k.in_dtype] for k, _ in COLUMN_KINDS if k.vec > 1} >= {32, 64, 128}
+    assert {k.vec for k, _ in COLUMN_KINDS} >= {1, 4, 8}
+    assert {k.backward for k, _ in COLUMN_KINDS} == {False, True}
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("key,shape", COLUMN_KINDS, ids=[f"{k.describe()} {n}x{i}" for k, (n, i) in COLUMN_KINDS])
+def test_column_kernels_compile(key: KernelKey, shape):
+    ptx = _compiled_ptx(key)
+    # Maxima first, then one exp an element against the column's maximum: no exps in the
+    # reductions (softmax keeps them; log_softmax only sums them; the log backward has one more).
+    exps = ptx.count("ex2.approx")
+    assert exps == (0 if key.backward and not key.log else key.vec * key.vectors), exps
 
 
 @NEEDS_DSL
@@ -113,6 +156,23 @@ def test_plan_is_pure_and_keyed_by_what_changes_code():
     assert a != make_plan(False, "float32", "float32", False, 65536, 64, "sm_100a", True)
     # Row counts are not in the key, and neither are row lengths that need the same vectors.
     assert a == make_plan(False, "float32", "float32", False, 65536 - 4, 64, ARCH, True)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n,inner", [(1, 64), (100, 7), (2048, 20), (8192, 8192), (16384, 1024), (32768, 64),
+                                     (32769, 64), (100000, 8)])
+def test_column_plan_holds_the_column(backward, dtype, n, inner):
+    key = make_column_plan(backward, dtype, dtype, False, n, inner, 64, ARCH, True)
+    if isinstance(key, str):  # refused only when even the narrowest strip's largest cluster is short
+        held = re.search(r"longer than a cluster holds \((\d+) of .*backend 'triton'", key)
+        assert held and int(held.group(1)) < n, key
+        return
+    assert inner % key.vec == 0 and key.lanes >= 1 and key.threads % key.lanes == 0
+    assert key.lanes * key.vec * DTYPE_BYTES[dtype] <= max(table()["column_strip_bytes"])
+    assert key.lanes <= max(1, 1 << (-(-inner // key.vec) - 1).bit_length())  # no wider than the columns
+    assert key.strip_rows >= n
+    assert key.cluster * (key.threads // key.lanes) * (key.vectors - 1) < n  # no more vectors than needed
 
 
 def test_vector_width():

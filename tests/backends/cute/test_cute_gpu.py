@@ -39,13 +39,13 @@ def _check_rows(x: torch.Tensor, log: bool, dim: int = -1) -> None:
     assert result.ok, f"cute {list(x.shape)} {x.dtype} log={log}: {result.detail}"
 
 
-def _check_backward(x: torch.Tensor, log: bool, gen: torch.Generator) -> None:
+def _check_backward(x: torch.Tensor, log: bool, gen: torch.Generator, dim: int = -1) -> None:
     """dx from y = softmax(x) (computed by torch, exact enough) and a random dy."""
-    y = (torch.log_softmax if log else torch.softmax)(x.double(), -1).to(x.dtype)
+    y = (torch.log_softmax if log else torch.softmax)(x.double(), dim).to(x.dtype)
     dy = torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x.device, x.dtype)
-    dx = anysoftmax.softmax_backward(y, dy, -1, log=log, backend="cute")
-    result = compare_backward(dx, y, dy, SoftmaxSpec.from_tensor(y, -1, log=log), device="cuda")
-    assert result.ok, f"cute backward {list(x.shape)} {x.dtype} log={log}: {result.detail}"
+    dx = anysoftmax.softmax_backward(y, dy, dim, log=log, backend="cute")
+    result = compare_backward(dx, y, dy, SoftmaxSpec.from_tensor(y, dim, log=log), device="cuda")
+    assert result.ok, f"cute backward {list(x.shape)} dim {dim} {x.dtype} log={log}: {result.detail}"
 
 
 @LOGS
@@ -133,3 +133,44 @@ def test_one_kernel_per_shape_class(gen):
     for rows in (3, 17, 1000):
         _check_rows(randn((rows, 65536))(gen, torch.float32).cuda(), False)
     assert compiler.compiled_count() - before <= 1
+
+
+# ---------------------------------------------------------------- the column kernels (strided dims)
+
+# (shape, dim): the benchmark's dim-0 shapes, every strip width (128/64/32 bytes; forward and
+# backward must both fit: 16384 rows need 32-byte strips for the fp32 backward), one CTA and a
+# cluster of 2, an odd inner count (vectors of one), a strip wider than the columns there are,
+# a reduced dim between others.
+COLUMN_CASES = [((8192, 8192), 0), ((16384, 1024), 0), ((16384, 64), 0), ((300, 96), 0), ((1000, 33), 0),
+                ((3000, 20), 0), ((4, 300, 96), 1), ((2, 2000, 3, 40), 1)]
+
+
+@LOGS
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,dim", COLUMN_CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else f"dim{c}")
+def test_columns(shape, dim, dtype, log, gen):
+    _check_rows((torch.randn(shape, generator=gen) * 3).to(dtype).cuda(), log, dim)
+
+
+@LOGS
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,dim", [((8192, 1024), 0), ((4, 300, 96), 1), ((1000, 33), 0)],
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else f"dim{c}")
+def test_columns_backward(shape, dim, dtype, log, gen):
+    _check_backward((torch.randn(shape, generator=gen) * 3).to(dtype).cuda(), log, gen, dim)
+
+
+@LOGS
+def test_columns_special_values_and_strides(log, gen):
+    """Special values in columns split over a cluster (NaN, +inf, a column of -inf, a -inf head
+    longer than a CTA's share), and inputs whose columns are strided views of a wider tensor."""
+    n = 8192
+    x = with_specials((16, n))(gen, torch.float32)
+    x[5, : n // 2 + 3] = float("-inf")
+    x[7, :] = float("-inf")
+    x[7, n - 1] = -1e30
+    _check_rows(x.t().contiguous().cuda(), log, 0)
+    wide = randn((5000, 300))(gen, torch.float32).cuda()
+    _check_rows(wide[:, 8:264], log, 0)  # reduced stride 300, pointer 32 bytes in
+    _check_rows(wide[:, 3:261], log, 0)  # 12 bytes in: vectors of one
+    _check_rows(wide[::2, :256], log, 0)  # reduced stride 600

@@ -1,0 +1,295 @@
+"""The CuTe DSL column kernels: softmax / log_softmax over a dim that is not the innermost one.
+
+A request is seen as (outer, n, inner) with the reduced dim `n` strided and the `inner`
+positions contiguous (`core.layout.ColumnView`). A column is one (outer, inner) position; the
+kernels own a *strip* of `lanes * vec` adjacent columns (a strip row is 32-128 contiguous bytes:
+whole sectors) for all `n` of them, split over a thread-block cluster:
+
+    thread t of CTA r: column vector c = t % lanes, strip row slot q = t // lanes;
+    its vector k is at reduced index r * (threads // lanes) * vectors + k * (threads // lanes) + q
+
+so the `lanes` threads of a strip row read one contiguous segment and a warp reads
+32 // lanes of them per instruction. The strip stays in registers from the loads to the
+stores (one read, one write: the point of the cluster, which holds up to 16 CTAs' registers).
+
+Every thread holds `vec` columns, so the statistics are `vec` per thread and `lanes * vec` per
+strip: a column's maximum and then its sum of exp(x - max) are reduced in two steps (maxima
+first, so that no partial sums have to be rescaled: fmax and add, no exp per combine):
+thread -> lanes of the warp that share the column (butterfly shuffles over distances >= lanes)
+-> the CTA (a shared-memory row per warp, the block barrier) -> the cluster: the CTA's partial
+of each column is stored into a row of every peer's shared memory (remote stores, then the
+cluster barrier) and each thread combines the cluster's rows for its own columns. (Sending
+every warp's partials to every peer instead moved as many bytes between the CTAs as the kernel
+reads from memory: 0.36 of copy at dim 0 of 8192^2 fp32 on an H100.)
+
+Numerics as the row kernels (`kernels.py`): exp2((x - M) * log2(e)), float32 accumulation; a
+column with a NaN gets a NaN sum and NaN everywhere, a column of -inf (or with +inf) forms
+-inf - -inf (inf - inf) = NaN, as torch does. Padding (vectors past the column's end) reads as
+-inf: exp(-inf - M) = 0 adds nothing.
+"""
+
+from types import SimpleNamespace
+
+
+def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
+    """The column kernels' host entry points, built on the row kernels' helpers and constants
+    (`shared`, from `kernels.py`, which calls this: no import back into it)."""
+    import cutlass
+    from cutlass import Float32, Int32, const_expr
+
+    _opaque, _after, _runtime_zero = shared.opaque, shared.after, shared.runtime_zero
+    BUTTERFLY, LOG2_E, WARP = shared.butterfly, shared.log2_e, shared.warp
+
+    @cute.jit
+    def _combine(a: Float32, b: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
+        r = a + b
+        if const_expr(is_max):
+            r = cute.arch.fmax(a, b)
+        return r
+
+    @cute.jit
+    def _lanes_reduce(v: Float32, is_max: cutlass.Constexpr[bool], lanes: cutlass.Constexpr[int]) -> Float32:
+        """Combine `v` over the lanes of the warp that hold the same columns (lane % lanes)."""
+        for i in cutlass.range_constexpr(len(BUTTERFLY)):
+            if const_expr(BUTTERFLY[i] >= lanes):
+                v = _combine(v, cute.arch.shuffle_sync_bfly(v, BUTTERFLY[i]), is_max)
+        return v
+
+    @cute.jit
+    def _store_to_peer(addr: Int32, peer: Int32, v: Float32):
+        """Store `v` at shared address `addr` of cluster CTA `peer` (itself included)."""
+        cute.arch.inline_ptx(
+            "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; st.shared::cluster.f32 [ra], {$r2}; }",
+            read_only_args=[addr, peer, v])
+
+    @cute.jit
+    def _rows_reduce(vals: cute.Tensor, buf: cute.Tensor, col: Int32, is_max: cutlass.Constexpr[bool],
+                     lanes: cutlass.Constexpr[int]):
+        """vals[e] = combination of column col + e over the rows of `buf`, split over the lanes
+        that hold the same columns (each reads every `WARP // lanes`-th row, then shuffles):
+        loading every row in every lane would keep them all in registers at once."""
+        sharing = WARP // lanes
+        rows = cute.size(buf, mode=[0])
+        g = cute.arch.lane_idx() // lanes
+        for e in cutlass.range_constexpr(cute.size(vals)):
+            acc = Float32(0.0)
+            if const_expr(is_max):
+                acc = -Float32.inf
+            for i in cutlass.range_constexpr((rows + sharing - 1) // sharing):
+                idx = g + i * sharing
+                if idx < rows:
+                    acc = _combine(acc, buf[idx, col + e], is_max)
+            vals[e] = _lanes_reduce(acc, is_max, lanes)
+
+    @cute.jit
+    def _columns_reduce(vals: cute.Tensor, slots: SimpleNamespace, is_max: cutlass.Constexpr[bool],
+                        first: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
+                        warps: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
+        """Replace each of this thread's `vec` column values (`vals`) by its column's max (sum)
+        over the cluster. `slots` (`_slots`): this CTA's buffers, used once (a second reduction
+        takes others: no barrier between reading one and peers writing the next). `first`: the
+        kernel's first cluster reduction (it waits for the peers to have started, paired with
+        the relaxed arrive at the kernel's top)."""
+        vec = cute.size(vals)
+        width = lanes * vec
+        lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+        tidx, _, _ = cute.arch.thread_idx()
+        col = (lane % lanes) * vec
+        identity = Float32(0.0)
+        if const_expr(is_max):
+            identity = -Float32.inf
+        for e in cutlass.range_constexpr(vec):
+            vals[e] = _lanes_reduce(vals[e], is_max, lanes)
+        if lane < lanes:
+            for e in cutlass.range_constexpr(vec):
+                slots.warps[warp, col + e] = vals[e]
+        cute.arch.barrier()
+        if const_expr(cluster == 1):
+            _rows_reduce(vals, slots.warps, col, is_max, lanes)
+        else:
+            # The CTA's partial of column tidx % width, sent by the threads of that column to
+            # peers tidx // width, + groups, ...: one word a peer and column, not a slot per
+            # warp (the cluster's shared-memory traffic would rival the kernel's own).
+            groups = warps * WARP // width
+            column = tidx % width
+            acc = identity
+            for w in cutlass.range_constexpr(warps):
+                acc = _combine(acc, slots.warps[w, column], is_max)
+            rank = cute.arch.block_idx_in_cluster()
+            addr = (slots.ctas.iterator + cute.crd2idx((rank, column), slots.ctas.layout)).toint()
+            if const_expr(first):
+                cute.arch.cluster_wait()
+            for i in cutlass.range_constexpr((cluster + groups - 1) // groups):
+                peer = tidx // width + i * groups
+                if peer < cluster:
+                    _store_to_peer(addr, peer, acc)
+            cute.arch.cluster_arrive()  # release: the stores above become visible ...
+            cute.arch.cluster_wait()  # ... to every thread of the cluster after this acquire
+            _rows_reduce(vals, slots.ctas, col, is_max, lanes)
+
+    def _vectors(t: cute.Tensor, outer: Int32, n: Int32, vec: int) -> cute.Tensor:
+        """Reduced index `n` of outer index `outer` of the (outer, n, inner) tensor `t`, as
+        (vec, inner // vec) vectors."""
+        return cute.zipped_divide(t[outer, n, None], (vec,))
+
+    def _slots(smem, cluster: int, warps: int, width: int) -> SimpleNamespace:
+        """One reduction's shared buffers: a row of partials per warp of this CTA, and one per
+        CTA of the cluster (the peers write theirs into it)."""
+        return SimpleNamespace(
+            warps=smem.allocate_tensor(Float32, cute.make_layout((warps, width), stride=(width, 1)), byte_alignment=16),
+            ctas=smem.allocate_tensor(Float32, cute.make_layout((cluster, width), stride=(width, 1)), byte_alignment=16))
+
+    @cute.jit
+    def _load(t: cute.Tensor, frag: cute.Tensor, outer: Int32, n0: Int32, step: Int32, jv: Int32,
+              ok: cutlass.Boolean, fill):
+        """Vectors (n0 + k * step, jv) of `t[outer]` into frag[:, k]; `fill` where out of range."""
+        frag.fill(fill)
+        n_red = cute.size(t, mode=[1])
+        for k in cutlass.range_constexpr(cute.size(frag, mode=[1])):
+            n = n0 + k * step
+            if ok and n < n_red:
+                cute.autovec_copy(_vectors(t, outer, n, cute.size(frag, mode=[0]))[None, jv], frag[None, k])
+
+    @cute.jit
+    def _store(frag: cute.Tensor, t: cute.Tensor, outer: Int32, n0: Int32, step: Int32, jv: Int32,
+               ok: cutlass.Boolean):
+        n_red = cute.size(t, mode=[1])
+        for k in cutlass.range_constexpr(cute.size(frag, mode=[1])):
+            n = n0 + k * step
+            if ok and n < n_red:
+                cute.autovec_copy(frag[None, k], _vectors(t, outer, n, cute.size(frag, mode=[0]))[None, jv])
+
+    @cute.jit
+    def _place(t: cute.Tensor, cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int],
+               vec: cutlass.Constexpr[int], vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
+        """(outer, first reduced index, step, column vector, in range) of this thread."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        inner_vec = cute.size(t, mode=[2]) // vec
+        strips = (inner_vec + lanes - 1) // lanes
+        strip = bidx // cluster
+        jv = (strip % strips) * lanes + tidx % lanes
+        step = threads // lanes
+        n0 = (bidx % cluster) * step * vectors + tidx // lanes
+        return strip // strips, n0, step, jv, jv < inner_vec
+
+    @cute.kernel
+    def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
+                        threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], vectors: cutlass.Constexpr[int],
+                        lanes: cutlass.Constexpr[int]):
+        warps = threads // WARP
+        if const_expr(cluster > 1):
+            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first remote stores
+        smem = cutlass.memory.SmemAllocator()
+        slots_max = _slots(smem, cluster, warps, lanes * vec)
+        slots_sum = _slots(smem, cluster, warps, lanes * vec)
+        outer, n0, step, jv, ok = _place(mX, cluster, threads, vec, vectors, lanes)
+        zero = _runtime_zero()
+        frag = cute.make_layout((vec, vectors))
+        fx = cute.make_rmem_tensor(frag, mX.element_type)
+        packed = const_expr(mX.element_type.width == 16 and vec % 2 == 0)
+        # exp(x - M) kept for the stores: float16 for a 16-bit output (see kernels.py), else float32.
+        fe = cute.make_rmem_tensor(frag, cutlass.Float16 if const_expr(mY.element_type.width == 16 and vec % 2 == 0)
+                                   else Float32)
+        _load(mX, fx, outer, n0, step, jv, ok, -mX.element_type.inf)
+        big = cute.make_rmem_tensor(cute.make_layout(vec), Float32)
+        for e in cutlass.range_constexpr(vec):
+            m = -Float32.inf
+            for k in cutlass.range_constexpr(vectors):
+                m = cute.arch.fmax(m, Float32(fx[e, k]))
+            big[e] = m
+        _columns_reduce(big, slots_max, True, True, cluster, warps, lanes)
+        if const_expr(packed):  # x stays packed across the reduction, not as float32 copies
+            _opaque(fx, _after(zero, big[0]))
+        total = cute.make_rmem_tensor(cute.make_layout(vec), Float32)
+        for e in cutlass.range_constexpr(vec):
+            s = Float32(0.0)
+            for k in cutlass.range_constexpr(vectors):
+                ex = cute.math.exp2((Float32(fx[e, k]) - big[e]) * LOG2_E, fastmath=True)
+                if const_expr(not log):
+                    fe[e, k] = fe.element_type(ex)
+                s = s + ex
+            total[e] = s
+        _columns_reduce(total, slots_sum, False, False, cluster, warps, lanes)
+        fy = cute.make_rmem_tensor(frag, mY.element_type)
+        if const_expr(log):
+            if const_expr(packed):
+                _opaque(fx, _after(zero, total[0]))
+            for e in cutlass.range_constexpr(vec):
+                log_total = cute.math.log(total[e], fastmath=False)
+                for k in cutlass.range_constexpr(vectors):
+                    # x - M first: exact near the maximum; M + log(S) first rounds at M's
+                    # magnitude (4.8e-4 at M = -1e4, over fp32's tolerance).
+                    fy[e, k] = mY.element_type((Float32(fx[e, k]) - big[e]) - log_total)
+        else:
+            if const_expr(fe.element_type.width == 16):
+                _opaque(fe, _after(zero, total[0]))
+            for e in cutlass.range_constexpr(vec):
+                inv = Float32(1.0) / total[e]
+                for k in cutlass.range_constexpr(vectors):
+                    fy[e, k] = mY.element_type(Float32(fe[e, k]) * inv)
+        _store(fy, mY, outer, n0, step, jv, ok)
+
+    @cute.kernel
+    def _backward_kernel(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, log: cutlass.Constexpr[bool],
+                         cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                         vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
+        """softmax: dx = y * (g - sum(y * g)); log_softmax: dx = g - exp(y) * sum(g), per column."""
+        warps = threads // WARP
+        if const_expr(cluster > 1):
+            cute.arch.cluster_arrive_relaxed()
+        smem = cutlass.memory.SmemAllocator()
+        slots = _slots(smem, cluster, warps, lanes * vec)
+        outer, n0, step, jv, ok = _place(mY, cluster, threads, vec, vectors, lanes)
+        zero = _runtime_zero()
+        frag = cute.make_layout((vec, vectors))
+        fy = cute.make_rmem_tensor(frag, mY.element_type)
+        fg = cute.make_rmem_tensor(frag, mG.element_type)
+        fd = cute.make_rmem_tensor(frag, mD.element_type)
+        # Padding reads as y = 0, g = 0: it adds nothing to either sum.
+        _load(mY, fy, outer, n0, step, jv, ok, mY.element_type(0.0))
+        _load(mG, fg, outer, n0, step, jv, ok, mG.element_type(0.0))
+        total = cute.make_rmem_tensor(cute.make_layout(vec), Float32)
+        for e in cutlass.range_constexpr(vec):
+            s = Float32(0.0)
+            for k in cutlass.range_constexpr(vectors):
+                if const_expr(log):
+                    s = s + Float32(fg[e, k])
+                else:
+                    s = s + Float32(fy[e, k]) * Float32(fg[e, k])
+            total[e] = s
+        _columns_reduce(total, slots, False, True, cluster, warps, lanes)
+        if const_expr(mY.element_type.width == 16 and vec % 2 == 0):
+            _opaque(fy, _after(zero, total[0]))
+            _opaque(fg, _after(zero, total[0]))
+        for e in cutlass.range_constexpr(vec):
+            for k in cutlass.range_constexpr(vectors):
+                y, g = Float32(fy[e, k]), Float32(fg[e, k])
+                if const_expr(log):
+                    fd[e, k] = mD.element_type(g - cute.math.exp2(y * LOG2_E, fastmath=True) * total[e])
+                else:
+                    fd[e, k] = mD.element_type(y * (g - total[e]))
+        _store(fd, mD, outer, n0, step, jv, ok)
+
+    def _grid(t: cute.Tensor, cluster: int, vec: int, lanes: int):
+        """One cluster per (outer, strip): outer * strips * cluster CTAs."""
+        strips = (t.shape[2] // vec + lanes - 1) // lanes
+        return [t.shape[0] * strips * cluster, 1, 1]
+
+    @cute.jit
+    def forward_entry(mX: cute.Tensor, mY: cute.Tensor, stream, log: cutlass.Constexpr[bool],
+                      cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                      vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
+        _forward_kernel(mX, mY, log, cluster, threads, vec, vectors, lanes).launch(
+            grid=_grid(mX, cluster, vec, lanes), block=[threads, 1, 1],
+            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+
+    @cute.jit
+    def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: cutlass.Constexpr[bool],
+                       cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                       vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
+        _backward_kernel(mY, mG, mD, log, cluster, threads, vec, vectors, lanes).launch(
+            grid=_grid(mY, cluster, vec, lanes), block=[threads, 1, 1],
+            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+
+    return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry)
