@@ -33,22 +33,20 @@ def _pow2_alignment(value: int) -> int:
     return 64 if value == 0 else min(value & -value, 64)
 
 
-def _layout(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> RowLayout | str:
+def request_layout(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> tuple[int, int, int] | ColumnView | str:
+    """How the kernels read a request with input strides `in_strides` (output contiguous):
+    (rows, row length, input row stride) for the row kernels when the reduced elements are
+    adjacent and the rows equally spaced; the (outer, n, inner) `ColumnView` for the column
+    kernels when the reduced dim is strided and followed by contiguous positions; else why
+    neither can."""
     layout = RowLayout.from_strides(spec.shape, in_strides, contiguous_strides(spec.shape), spec.dim)
-    return "rows spread over more than 3 irregular dimensions" if layout is None else layout
-
-
-def _is_rows(layout: RowLayout) -> bool:
-    """The reduced elements are adjacent in input and output (the row kernels' case)."""
-    return layout.n_cols <= 1 or (layout.in_col_stride == 1 and layout.out_col_stride == 1)
-
-
-def columns_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> ColumnView | str:
-    """The (outer, n, inner) view of a request reduced over a strided dim whose inner positions
-    are contiguous (the column kernels' case); else why the kernels cannot read it."""
-    layout = _layout(spec, in_strides)
-    if isinstance(layout, str):
-        return layout
+    if layout is None:
+        return "rows spread over more than 3 irregular dimensions"
+    if layout.n_cols <= 1 or (layout.in_col_stride == 1 and layout.out_col_stride == 1):
+        dims = [(s, i) for s, i in zip(layout.row_sizes, layout.in_row_strides) if s != 1]
+        if len(dims) > 1:
+            return f"rows are not equally spaced (row dims {[d[0] for d in dims]} with input strides {[d[1] for d in dims]})"
+        return layout.n_rows, layout.n_cols, dims[0][1] if dims else layout.n_cols
     view = column_view(layout)
     if view is None:
         return (f"the reduced dim {spec.dim} of {list(spec.shape)} (input strides {list(in_strides)}) is neither "
@@ -57,18 +55,18 @@ def columns_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> ColumnView | s
 
 
 def rows_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> tuple[int, int, int] | str:
-    """(rows, row length, input row stride) of a request whose reduced elements are contiguous
-    and whose rows are equally spaced; else the reason why the row kernels cannot read it."""
-    layout = _layout(spec, in_strides)
-    if isinstance(layout, str):
-        return layout
-    if not _is_rows(layout):
-        return f"the reduced dim {spec.dim} of {list(spec.shape)} is not contiguous (input stride {layout.in_col_stride})"
-    dims = [(s, i, o) for s, i, o in zip(layout.row_sizes, layout.in_row_strides, layout.out_row_strides) if s != 1]
-    if len(dims) > 1:
-        return f"rows are not equally spaced (row dims {[d[0] for d in dims]} with input strides {[d[1] for d in dims]})"
-    row_stride = dims[0][1] if dims else layout.n_cols
-    return layout.n_rows, layout.n_cols, row_stride
+    """`request_layout` for the row kernels: their (rows, row length, row stride), else why not."""
+    got = request_layout(spec, in_strides)
+    if isinstance(got, ColumnView):
+        return f"the reduced dim {spec.dim} of {list(spec.shape)} is not contiguous (input stride {got.in_red_stride})"
+    return got
+
+
+def columns_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> ColumnView | str:
+    """`request_layout` for the column kernels: their `ColumnView`, else why not."""
+    got = request_layout(spec, in_strides)
+    return f"the reduced dim {spec.dim} of {list(spec.shape)} is contiguous: the row kernels' case" \
+        if isinstance(got, tuple) else got
 
 
 def _column_alignment(view: ColumnView, offset_elems: int) -> int:
@@ -107,21 +105,15 @@ class CuteBackend:
                         f"backend 'triton' handles it")
         if spec.numel == 0:
             return None  # nothing to launch: the API returns the empty result itself
-        layout = _layout(spec, spec.strides)
-        if isinstance(layout, str):
-            return layout
-        if _is_rows(layout):
-            rows = rows_of(spec, spec.strides)
-            if isinstance(rows, str):
-                return rows
-        else:
+        got = request_layout(spec, spec.strides)
+        if isinstance(got, str):
+            return got
+        if isinstance(got, ColumnView):
             # Both directions must have a kernel: the forward's input strides, the backward's
             # contiguous operands.
-            for backward, strides in ((False, spec.strides), (True, contiguous_strides(spec.shape))):
-                view = columns_of(spec, strides)
-                if isinstance(view, str):
-                    return view
-                key = self.column_plan(backward, spec, view, _column_alignment(view, 0))
+            for backward, view in ((False, got), (True, columns_of(spec, contiguous_strides(spec.shape)))):
+                key = view if isinstance(view, str) else self.column_plan(backward, spec, view,
+                                                                          _column_alignment(view, 0))
                 if isinstance(key, str):
                     return key
         return env.capable(spec.device)
@@ -150,19 +142,15 @@ class CuteBackend:
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request (dispatch memoises it per request, 16-byte
         alignment included)."""
-        layout = _layout(spec, tuple(x.stride()))
-        if not isinstance(layout, str) and not _is_rows(layout):
-            view = columns_of(spec, tuple(x.stride()))
-            if isinstance(view, str):
-                raise ValueError(f"cute: {view}")
-            key = self.column_plan(False, spec, view, _column_alignment(view, x.data_ptr() // x.element_size()))
+        got = request_layout(spec, tuple(x.stride()))
+        if isinstance(got, str):
+            raise ValueError(f"cute: {got}")
+        if isinstance(got, ColumnView):
+            key = self.column_plan(False, spec, got, _column_alignment(got, x.data_ptr() // x.element_size()))
             if isinstance(key, str):
                 raise ValueError(f"cute: {key}")
-            return launch.columns_forward(launch.bind(compiler.kernel(key), key), spec, view)
-        rows = rows_of(spec, tuple(x.stride()))
-        if isinstance(rows, str):
-            raise ValueError(f"cute: {rows}")
-        n_rows, n_cols, row_stride = rows
+            return launch.columns_forward(launch.bind(compiler.kernel(key), key), spec, got)
+        n_rows, n_cols, row_stride = got
         esize = x.element_size()
         align = math.gcd(_pow2_alignment(x.data_ptr() // esize), _pow2_alignment(row_stride))
         key = self.plan(False, spec, n_cols, align)
@@ -172,16 +160,16 @@ class CuteBackend:
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, grad and dx are read contiguous (as rows, or
         as columns for a reduction over a strided dim)."""
-        if not _is_rows(_layout(spec, contiguous_strides(spec.shape))):
-            view = columns_of(spec, contiguous_strides(spec.shape))
-            if isinstance(view, str):
-                raise ValueError(f"cute: {view}")
-            key = self.column_plan(True, spec, view, _column_alignment(view, 0))
+        got = request_layout(spec, contiguous_strides(spec.shape))
+        if isinstance(got, str):
+            raise ValueError(f"cute: {got}")
+        if isinstance(got, ColumnView):
+            key = self.column_plan(True, spec, got, _column_alignment(got, 0))
             if isinstance(key, str):
                 raise ValueError(f"cute: {key}")
-            return launch.columns_backward(launch.bind(compiler.kernel(key), key), spec, view,
+            return launch.columns_backward(launch.bind(compiler.kernel(key), key), spec, got,
                                            key.vec * y.element_size())
-        n_rows, n_cols, _ = rows_of(spec, contiguous_strides(spec.shape))
+        n_rows, n_cols, _ = got
         key = self.plan(True, spec, n_cols, 64)  # contiguous operands, checked per call
         call = launch.bind(compiler.kernel(key), key)
         return launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size())

@@ -38,29 +38,11 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
     from cutlass import Float32, Int32, const_expr
 
     _opaque, _after, _runtime_zero = shared.opaque, shared.after, shared.runtime_zero
-    BUTTERFLY, LOG2_E, WARP = shared.butterfly, shared.log2_e, shared.warp
+    _combine, _lanes_reduce, _store_to_peer = shared.combine, shared.lanes_reduce, shared.store_word_to_peer
+    LOG2_E, WARP = shared.log2_e, shared.warp
 
-    @cute.jit
-    def _combine(a: Float32, b: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
-        r = a + b
-        if const_expr(is_max):
-            r = cute.arch.fmax(a, b)
-        return r
-
-    @cute.jit
-    def _lanes_reduce(v: Float32, is_max: cutlass.Constexpr[bool], lanes: cutlass.Constexpr[int]) -> Float32:
-        """Combine `v` over the lanes of the warp that hold the same columns (lane % lanes)."""
-        for i in cutlass.range_constexpr(len(BUTTERFLY)):
-            if const_expr(BUTTERFLY[i] >= lanes):
-                v = _combine(v, cute.arch.shuffle_sync_bfly(v, BUTTERFLY[i]), is_max)
-        return v
-
-    @cute.jit
-    def _store_to_peer(addr: Int32, peer: Int32, v: Float32):
-        """Store `v` at shared address `addr` of cluster CTA `peer` (itself included)."""
-        cute.arch.inline_ptx(
-            "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; st.shared::cluster.f32 [ra], {$r2}; }",
-            read_only_args=[addr, peer, v])
+    def _identity(is_max: bool) -> Float32:
+        return -Float32.inf if is_max else Float32(0.0)
 
     @cute.jit
     def _rows_reduce(vals: cute.Tensor, buf: cute.Tensor, col: Int32, is_max: cutlass.Constexpr[bool],
@@ -72,9 +54,7 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
         rows = cute.size(buf, mode=[0])
         g = cute.arch.lane_idx() // lanes
         for e in cutlass.range_constexpr(cute.size(vals)):
-            acc = Float32(0.0)
-            if const_expr(is_max):
-                acc = -Float32.inf
+            acc = _identity(is_max)
             for i in cutlass.range_constexpr((rows + sharing - 1) // sharing):
                 idx = g + i * sharing
                 if idx < rows:
@@ -95,9 +75,6 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
         tidx, _, _ = cute.arch.thread_idx()
         col = (lane % lanes) * vec
-        identity = Float32(0.0)
-        if const_expr(is_max):
-            identity = -Float32.inf
         for e in cutlass.range_constexpr(vec):
             vals[e] = _lanes_reduce(vals[e], is_max, lanes)
         if lane < lanes:
@@ -112,7 +89,7 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
             # warp (the cluster's shared-memory traffic would rival the kernel's own).
             groups = warps * WARP // width
             column = tidx % width
-            acc = identity
+            acc = _identity(is_max)
             for w in cutlass.range_constexpr(warps):
                 acc = _combine(acc, slots.warps[w, column], is_max)
             rank = cute.arch.block_idx_in_cluster()

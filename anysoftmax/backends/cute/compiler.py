@@ -19,26 +19,15 @@ _compiled: OnceCache = OnceCache(maxsize=256)
 _CUTLASS_DTYPES = {"float32": "Float32", "float16": "Float16", "bfloat16": "BFloat16"}
 
 
-def _fake_rows(dtype: str, vec: int):
-    """A (rows, n) tensor description with symbolic rows, length and row stride."""
+def _fake(dtype: str, vec: int, rank: int):
+    """A tensor description with every extent and stride symbolic but the last (contiguous):
+    (rows, n) for the row kernels (rank 2), (outer, n, inner) for the column kernels (rank 3).
+    The last extent and the other strides are multiples of `vec`, the pointer aligned to a vector."""
     cute = import_dsl()
     import cutlass
 
-    rows = cute.sym_int()
-    n = cute.sym_int(divisibility=vec)
-    stride = cute.sym_int64(divisibility=vec)
-    return cute.runtime.make_fake_tensor(getattr(cutlass, _CUTLASS_DTYPES[dtype]), (rows, n), stride=(stride, 1),
-                                         assumed_align=vec * DTYPE_BYTES[dtype])
-
-
-def _fake_columns(dtype: str, vec: int):
-    """An (outer, n, inner) tensor description of a column request: every extent and the outer
-    and reduced strides symbolic, the inner positions contiguous."""
-    cute = import_dsl()
-    import cutlass
-
-    shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=vec))
-    strides = (cute.sym_int64(divisibility=vec), cute.sym_int64(divisibility=vec), 1)
+    shape = (*(cute.sym_int() for _ in range(rank - 1)), cute.sym_int(divisibility=vec))
+    strides = (*(cute.sym_int64(divisibility=vec) for _ in range(rank - 1)), 1)
     return cute.runtime.make_fake_tensor(getattr(cutlass, _CUTLASS_DTYPES[dtype]), shape, stride=strides,
                                          assumed_align=vec * DTYPE_BYTES[dtype])
 
@@ -63,16 +52,11 @@ def compile_kernel(key: KernelKey, keep: bool = False):
         options.append(f"--gpu-arch={key.arch}")
     if key.lanes:  # a column kernel
         consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.lanes)
-        fake = _fake_columns
         entry = kernels.columns_backward_entry if key.backward else kernels.columns_forward_entry
     else:
         consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass)
-        fake = _fake_rows
         entry = kernels.backward_entry if key.backward else kernels.forward_entry
-    if key.backward:
-        args = (fake(key.in_dtype, key.vec), fake(key.in_dtype, key.vec), fake(key.out_dtype, key.vec), stream)
-    else:
-        args = (fake(key.in_dtype, key.vec), fake(key.out_dtype, key.vec), stream)
+    args = (*(_fake(d, key.vec, 3 if key.lanes else 2) for d in key.operand_dtypes), stream)
     return cute.compile(entry, *args, *consts, options=" ".join(options))
 
 

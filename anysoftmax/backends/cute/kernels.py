@@ -99,10 +99,27 @@ def _define() -> SimpleNamespace:
         return m, s
 
     @cute.jit
-    def _warp_sum(s: Float32) -> Float32:
-        for off in cutlass.range_constexpr(len(BUTTERFLY)):
-            s = s + cute.arch.shuffle_sync_bfly(s, BUTTERFLY[off])
-        return s
+    def _combine(a: Float32, b: Float32, is_max: cutlass.Constexpr[bool]) -> Float32:
+        """max(a, b) or a + b."""
+        r = a + b
+        if const_expr(is_max):
+            r = cute.arch.fmax(a, b)
+        return r
+
+    @cute.jit
+    def _lanes_reduce(v: Float32, is_max: cutlass.Constexpr[bool], lanes: cutlass.Constexpr[int]) -> Float32:
+        """Combine `v` over the lanes of the warp that share lane % lanes (every lane: lanes=1)."""
+        for i in cutlass.range_constexpr(len(BUTTERFLY)):
+            if const_expr(BUTTERFLY[i] >= lanes):
+                v = _combine(v, cute.arch.shuffle_sync_bfly(v, BUTTERFLY[i]), is_max)
+        return v
+
+    @cute.jit
+    def _store_word_to_peer(addr: Int32, peer: Int32, v: Float32):
+        """Store `v` at shared address `addr` of cluster CTA `peer` (itself included)."""
+        cute.arch.inline_ptx(
+            "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; st.shared::cluster.f32 [ra], {$r2}; }",
+            read_only_args=[addr, peer, v])
 
     @cute.jit
     def _store_to_peer(addr: Int32, peer: Int32, a: Float32, b: Float32, pair: cutlass.Constexpr[bool]):
@@ -114,9 +131,7 @@ def _define() -> SimpleNamespace:
                 "st.shared::cluster.v2.f32 [ra], {{$r2}, {$r3}}; }",
                 read_only_args=[addr, peer, a, b])
         else:  # a sum: its slot's second word, where `_row_reduce` reads it
-            cute.arch.inline_ptx(
-                "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; st.shared::cluster.f32 [ra+4], {$r2}; }",
-                read_only_args=[addr, peer, b])
+            _store_word_to_peer(addr + 4, peer, b)
 
     @cute.jit
     def _row_reduce(a: Float32, b: Float32, slots: cute.Tensor, pair: cutlass.Constexpr[bool],
@@ -130,7 +145,7 @@ def _define() -> SimpleNamespace:
         if const_expr(pair):
             a, b = _warp_pair(a, b)
         else:
-            b = _warp_sum(b)
+            b = _lanes_reduce(b, False, 1)
         if const_expr(cluster > 1):
             rank = cute.arch.block_idx_in_cluster()
             cute.arch.cluster_wait()  # every peer has started (relaxed arrive at the kernel's top)
@@ -155,7 +170,7 @@ def _define() -> SimpleNamespace:
         if const_expr(pair):
             ra, rb = _warp_pair(ra, rb)
         else:
-            rb = _warp_sum(rb)
+            rb = _lanes_reduce(rb, False, 1)
         return ra, rb
 
     # ---------------------------------------------------------------- per-thread tiles
@@ -420,7 +435,8 @@ def _define() -> SimpleNamespace:
 
     from . import column_kernels
 
-    columns = column_kernels.define(cute, SimpleNamespace(opaque=_opaque, after=_after, runtime_zero=_runtime_zero,
-                                                          butterfly=BUTTERFLY, log2_e=LOG2_E, warp=WARP))
+    columns = column_kernels.define(cute, SimpleNamespace(
+        opaque=_opaque, after=_after, runtime_zero=_runtime_zero, combine=_combine, lanes_reduce=_lanes_reduce,
+        store_word_to_peer=_store_word_to_peer, log2_e=LOG2_E, warp=WARP))
     return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry,
                            columns_forward_entry=columns.forward_entry, columns_backward_entry=columns.backward_entry)

@@ -44,7 +44,7 @@ def _dlpack_call(fn, key: KernelKey) -> Callable:
         return cute.runtime.from_dlpack(t, assumed_align=key.vec * DTYPE_BYTES[dtype]).mark_layout_dynamic(
             leading_dim=t.dim() - 1)
 
-    dtypes = (key.in_dtype, key.in_dtype, key.out_dtype) if key.backward else (key.in_dtype, key.out_dtype)
+    dtypes = key.operand_dtypes
 
     def call(*tensors: torch.Tensor) -> None:
         stream = cuda.CUstream(torch.cuda.current_stream(tensors[0].device).cuda_stream)

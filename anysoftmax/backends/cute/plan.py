@@ -55,6 +55,11 @@ class KernelKey:
         return self.cluster * self.elems_per_cta
 
     @property
+    def operand_dtypes(self) -> tuple[str, ...]:
+        """The kernel's tensors' dtypes in argument order: (x, y) forward, (y, dy, dx) backward."""
+        return (self.in_dtype, self.in_dtype, self.out_dtype) if self.backward else (self.in_dtype, self.out_dtype)
+
+    @property
     def strip_rows(self) -> int:
         """Column kernels: reduced positions one cluster holds (strip rows)."""
         return self.cluster * (self.threads // self.lanes) * self.vectors
@@ -146,7 +151,7 @@ def make_column_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n
     # Lanes per strip row: no more than the column vectors there are (a strip of 32 fp32
     # columns for 20 of them would leave a third of the threads idle).
     most = next_power_of_2(cdiv(n_inner, vec))
-    for strip_bytes in sorted(t["column_strip_bytes"], reverse=True):
+    for strip_bytes in sorted(t["column_strip_bytes"], reverse=True):  # the narrowest last
         lanes = min(WARP_LANES, most, max(1, strip_bytes // (vec * DTYPE_BYTES[in_dtype])))
         per_cta = (threads // lanes) * max_vectors
         fitting = [c for c in clusters if c * per_cta >= n_red]
@@ -155,7 +160,5 @@ def make_column_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n
             vectors = cdiv(n_red, cluster * (threads // lanes))
             return KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, False, arch,
                              tvm_ffi, lanes)
-    lanes = min(WARP_LANES, most, max(1, min(t["column_strip_bytes"]) // (vec * DTYPE_BYTES[in_dtype])))
-    held = clusters[-1] * (threads // lanes) * max_vectors
-    return (f"a column of {n_red} elements is longer than a cluster holds ({held} of {in_dtype} in "
-            f"{min(t['column_strip_bytes'])}-byte strips); backend 'triton' reduces it in passes")
+    return (f"a column of {n_red} elements is longer than a cluster holds ({clusters[-1] * per_cta} of {in_dtype} "
+            f"in {strip_bytes}-byte strips); backend 'triton' reduces it in passes")
