@@ -38,6 +38,7 @@ VARIANTS = {
     "t512": dict(threads=512),
     "max8": dict(clusters=[1, 2, 4, 8]),
     "t512-half": dict(threads=512, elems_scale=0.5),
+    "t384": dict(threads=384),
 }
 
 
@@ -221,7 +222,11 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="stop starting new shapes after this long")
     p.add_argument("--directions", default="fwd,bwd")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--shapes", default="", metavar="MxN,...", help="these shapes instead of the list")
     args = p.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] or (
+        QUICK if args.quick else SHAPES)
     from anysoftmax import perf
 
     device = torch.cuda.get_device_name()
@@ -237,7 +242,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        sweep(QUICK if args.quick else SHAPES, DTYPES, args.directions.split(","), args.variants.split(","),
+        sweep(shapes, args.dtypes.split(","), args.directions.split(","), args.variants.split(","),
               start + args.budget_s, copy, rows)
         host_cost(rows)
     finally:

@@ -5,8 +5,9 @@ memory) with `nvidia-cutlass-dsl` installed; float32, float16 and bfloat16; soft
 log_softmax, forward and backward; reductions over a dim whose elements are contiguous (the last
 dim), rows equally spaced (any row stride, 0 included), and reductions over a strided dim
 followed by contiguous positions (dim 0 of a matrix: the column kernels) whose columns one
-cluster holds. Everything else is refused with the reason, and the automatic choice passes it
-on to the `triton` backend.
+cluster holds; of the fused family, the row kernels fuse `scale` and `softcap` (forward and
+backward). Everything else is refused with the reason, and the automatic choice passes it on to
+the `triton` backend.
 
 Its priority is below `triton`'s: it is chosen automatically only where the device's
 selection table (`anysoftmax/configs/selection/<GPU>.yaml`) measured it faster.
@@ -21,6 +22,7 @@ import torch
 from ...core.cache import OnceCache
 from ...core.layout import ColumnView, RowLayout, column_view, contiguous_strides
 from ...core.spec import SoftmaxSpec, dtype_name
+from ...core.variant import CAUSAL_NONE
 from . import compiler, env, launch
 from .plan import DTYPE_BYTES, KernelKey, make_column_plan, make_plan, plan_cache_key
 
@@ -78,10 +80,23 @@ def _column_alignment(view: ColumnView, offset_elems: int) -> int:
     return align
 
 
+def _fused_steps(spec: SoftmaxSpec) -> tuple[bool, bool] | str:
+    """(scaled, capped): the fused prologue steps of `spec` the row kernels apply, or why the
+    request's variant is not served (masks, causal and sinks are not fused here)."""
+    v = spec.variant
+    if spec.is_plain:
+        return False, False
+    if v.mask is not None or v.causal != CAUSAL_NONE or v.sinks is not None:
+        return (f"cute fuses scale and softcap only, not {v.describe()} (masks, causal and sinks: backend "
+                f"'triton')")
+    return v.scale is not None, v.softcap is not None
+
+
 class CuteBackend:
     name = "cute"
     devices = ("cuda",)
     priority = 90  # below triton (100): chosen automatically where the selection table says so
+    fused = True  # the fused family's elementwise prologue (scale, softcap); supports() refuses the rest
 
     @staticmethod
     def status_note() -> str:
@@ -95,8 +110,9 @@ class CuteBackend:
         return env.dsl_missing(check_import=False) or env.device_missing() or env.dsl_missing()
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
-        if not getattr(spec, "is_plain", True):
-            return "cute serves the plain softmax only"
+        fused = _fused_steps(spec)
+        if isinstance(fused, str):
+            return fused
         if spec.device.type != "cuda":
             return f"device type {spec.device.type!r} is not supported (NVIDIA sm_90+ GPUs)"
         for dtype in (spec.in_dtype, spec.out_dtype):
@@ -109,6 +125,9 @@ class CuteBackend:
         if isinstance(got, str):
             return got
         if isinstance(got, ColumnView):
+            if any(fused):
+                return (f"the fused steps ({spec.variant.describe()}) run in the row kernels only, and the reduced "
+                        f"dim {spec.dim} of {list(spec.shape)} is strided; backend 'triton' fuses them over any dim")
             # Both directions must have a kernel: the forward's input strides, the backward's
             # contiguous operands.
             for backward, view in ((False, got), (True, columns_of(spec, contiguous_strides(spec.shape)))):
@@ -125,9 +144,11 @@ class CuteBackend:
         tvm_ffi = env.tvm_ffi_available()
         arch = env.compile_arch()
         in_dtype, out_dtype = dtype_name(spec.in_dtype), dtype_name(spec.out_dtype)
-        key = (backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch, tvm_ffi, plan_cache_key())
+        scaled, capped = _fused_steps(spec)
+        key = (backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch, tvm_ffi, scaled, capped,
+               plan_cache_key())
         return _plans.get(key, lambda: make_plan(backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch,
-                                                 tvm_ffi))
+                                                 tvm_ffi, scaled=scaled, capped=capped))
 
     def column_plan(self, backward: bool, spec: SoftmaxSpec, view: ColumnView, align_elems: int) -> KernelKey | str:
         """The column kernel's key for this request, or why there is none (memoised)."""
@@ -155,7 +176,12 @@ class CuteBackend:
         align = math.gcd(_pow2_alignment(x.data_ptr() // esize), _pow2_alignment(row_stride))
         key = self.plan(False, spec, n_cols, align)
         call = launch.bind(compiler.kernel(key), key)
-        return launch.forward(call, spec, n_rows, n_cols, row_stride)
+        if key.fused:
+            return launch.fused_forward(call, spec, n_rows, n_cols, row_stride)
+        plain = launch.forward(call, spec, n_rows, n_cols, row_stride)
+        # A fused request without prologue steps (e.g. only `empty_rows`, which needs a mask)
+        # takes the plain kernel, called as a fused launcher.
+        return plain if spec.is_plain else lambda x_, ops: (plain(x_), None)
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, grad and dx are read contiguous (as rows, or
@@ -174,9 +200,25 @@ class CuteBackend:
         call = launch.bind(compiler.kernel(key), key)
         return launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size())
 
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`)."""
-        return self.launcher(x, spec)(x)
+    def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
+        """`f(grad, y, x, operands, p_sink) -> (dx, None)` bound to this fused request (scale,
+        softcap; y, grad, x and dx read contiguous as rows)."""
+        got = rows_of(spec, contiguous_strides(spec.shape))
+        if isinstance(got, str):
+            raise ValueError(f"cute: {got}")
+        n_rows, n_cols, _ = got
+        key = self.plan(True, spec, n_cols, 64)
+        call = launch.bind(compiler.kernel(key), key)
+        if key.fused:
+            return launch.fused_backward(call, spec, n_rows, n_cols, key.vec * y.element_size(), key.capped)
+        plain = launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size())
+        return lambda grad, y_, x, ops, p_sink: (plain(y_, grad), None)
+
+    def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands=None):
+        """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`); a fused request
+        takes its `core.variant.Operands` and returns (y, None)."""
+        f = self.launcher(x, spec)
+        return f(x) if operands is None else f(x, operands)
 
     def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Gradient w.r.t. the input from the forward output `y` and the output gradient."""

@@ -36,6 +36,8 @@ def compile_kernel(key: KernelKey, keep: bool = False):
     """The compiled entry point of `key` (not cached; see `kernel`). With `keep` its PTX and
     cubin stay available on the result (`__ptx__`, `__cubin__`) for inspection."""
     cute = import_dsl()
+    import cutlass
+
     from .kernels import entries
 
     kernels = entries()
@@ -53,10 +55,16 @@ def compile_kernel(key: KernelKey, keep: bool = False):
     if key.lanes:  # a column kernel
         consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.lanes)
         entry = kernels.columns_backward_entry if key.backward else kernels.columns_forward_entry
+    elif key.fused:
+        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.scaled, key.capped)
+        entry = kernels.fused_backward_entry if key.backward else kernels.fused_forward_entry
     else:
         consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass)
         entry = kernels.backward_entry if key.backward else kernels.forward_entry
-    args = (*(_fake(d, key.vec, 3 if key.lanes else 2) for d in key.operand_dtypes), stream)
+    tensors = tuple(_fake(d, key.vec, 3 if key.lanes else 2) for d in key.operand_dtypes)
+    # A fused kernel's scale and softcap are run-time float32 arguments (a new value never recompiles).
+    values = (cutlass.Float32(1.0), cutlass.Float32(1.0)) if key.fused else ()
+    args = (*tensors, *values, stream)
     return cute.compile(entry, *args, *consts, options=" ".join(options))
 
 

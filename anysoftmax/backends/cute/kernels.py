@@ -33,6 +33,12 @@ so every thread ends with the row's result and no second barrier is needed. A CT
 into a peer's shared memory after the peer has started: a relaxed cluster arrive at the top of
 the kernel and its wait just before the remote stores (overlapped with the loads) ensure that.
 
+The fused family's prologue (`core.variant`: z = scale * x, then softcap * tanh(z / softcap))
+runs after every load in the `fused_*` entries (scale and softcap are run-time float32
+arguments); the forward then keeps z or exp(z - m) as float32, and the backward multiplies by
+scale and 1 - tanh^2, reading x after the reduction. The plain entries pass constants and no
+flags, so their code is the prologue-free kernel.
+
 Numerics (see `core.spec`): exp2((x - m) * log2(e)) with x - m formed first (it is exact near
 the maximum, where the outputs are large); accumulation in float32. Special values follow from
 the formula: a thread whose values are all -inf contributes (m=-inf, s=0) and exponentiates
@@ -243,6 +249,67 @@ def _define() -> SimpleNamespace:
         return m, e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
     @cute.jit
+    def _prologue(x, scale: Float32, cap: Float32, has_scale: cutlass.Constexpr[bool],
+                  has_cap: cutlass.Constexpr[bool]):
+        """The fused family's elementwise steps (`core.variant`) on float32 values: z = scale * x,
+        then z = cap * tanh(z / cap) with libdevice's tanh (a few ulp: what float32 outputs need)."""
+        z = x
+        if const_expr(has_scale):
+            z = z * scale
+        if const_expr(has_cap):
+            z = cute.math.tanh(z * (Float32(1.0) / cap), fastmath=False) * cap
+        return z
+
+    @cute.jit
+    def _fast_tanh(a: Float32) -> Float32:
+        """tanh from one exponential: sign(a) (1 - e) / (1 + e), e = exp(-2|a|), with the
+        approximate reciprocal (+-inf give +-1, NaN stays NaN). Its absolute error, ~2^-22,
+        becomes cap * 2^-22 in z and that relative error in the output: far below a 16-bit ulp,
+        not below float32's (which `_prologue`'s libdevice tanh serves)."""
+        e = cute.math.exp2(cute.math.abs(a) * (-2.0 * LOG2_E), fastmath=True)
+        return cute.math.copysign((Float32(1.0) - e) * cute.math.rcp(Float32(1.0) + e, approx=True), a)
+
+    @cute.jit
+    def _prologue_in_place(fz: cute.Tensor, scale: Float32, cap: Float32, has_scale: cutlass.Constexpr[bool],
+                           has_cap: cutlass.Constexpr[bool], precise: cutlass.Constexpr[bool]):
+        """fz (float32, holding x) := z. `precise` (a float32 output): `_prologue`; else the
+        softcap's tanh is `_fast_tanh`, element by element (the approximate reciprocal has no
+        vector form). libdevice's tanh made bf16 softcap rows instruction-bound on an H100
+        (0.68 of copy at 131072, float32 0.90)."""
+        if const_expr(precise or not has_cap):
+            fz.store(_prologue(fz.load(), scale, cap, has_scale, has_cap))
+        else:
+            if const_expr(has_scale):
+                fz.store(fz.load() * scale)
+            inv = Float32(1.0) / cap
+            for i in cutlass.range_constexpr(cute.size(fz)):
+                fz[i] = _fast_tanh(fz[i] * inv) * cap
+
+    @cute.jit
+    def _tile_stats_fused(frag: cute.Tensor, fz: cute.Tensor, keep_exp: cutlass.Constexpr[bool], scale: Float32,
+                          cap: Float32, has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool],
+                          first: Int32, threads: cutlass.Constexpr[int], n_vec: Int32,
+                          guard: cutlass.Constexpr[bool], precise: cutlass.Constexpr[bool]):
+        """`_tile_stats` after the prologue: z goes to the float32 `fz` (then, with `keep_exp`,
+        exp(z - m) replaces it). Vectors past the row's end are set to -inf after the prologue,
+        which would map a -inf fill to +inf (scale < 0) or -cap (softcap)."""
+        fz.store(frag.load().to(Float32))
+        _prologue_in_place(fz, scale, cap, has_scale, has_cap, precise)
+        if const_expr(guard):
+            for k in cutlass.range_constexpr(cute.size(fz, mode=[1])):
+                if first + k * threads >= n_vec:
+                    fz[None, k].fill(-Float32.inf)
+        z = fz.load()
+        m = z.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+        pivot = m
+        if m == -Float32.inf:
+            pivot = Float32(0.0)
+        e = cute.math.exp2((z - pivot) * LOG2_E, fastmath=True)
+        if const_expr(keep_exp):
+            fz.store(e)
+        return m, e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+
+    @cute.jit
     def _forward_kept(fx: cute.Tensor, fe: cute.Tensor, dst: cute.Tensor, m: Float32, big: Float32, total: Float32,
                       log: cutlass.Constexpr[bool], packed: cutlass.Constexpr[bool], zero: Int32):
         """dst = the tile's result from what `_tile_stats` kept: softmax fe * exp(m - M) / S (one
@@ -259,9 +326,16 @@ def _define() -> SimpleNamespace:
         dst.store(y.to(dst.element_type))
 
     @cute.jit
-    def _forward_fresh(fx: cute.Tensor, dst: cute.Tensor, big: Float32, total: Float32, log: cutlass.Constexpr[bool]):
-        """dst = softmax (log_softmax) of a reloaded tile, given the row's max and sum."""
+    def _forward_fresh(fx: cute.Tensor, dst: cute.Tensor, big: Float32, total: Float32, log: cutlass.Constexpr[bool],
+                       fz: cute.Tensor, scale: Float32, cap: Float32, has_scale: cutlass.Constexpr[bool],
+                       has_cap: cutlass.Constexpr[bool]):
+        """dst = softmax (log_softmax) of a reloaded tile, given the row's max and sum; with the
+        fused prologue, z is formed in the float32 `fz` first."""
         x = fx.load().to(Float32)
+        if const_expr(has_scale or has_cap):
+            fz.store(x)
+            _prologue_in_place(fz, scale, cap, has_scale, has_cap, dst.element_type.width == 32)
+            x = fz.load()
         if const_expr(log):
             y = (x - big) - cute.math.log(total, fastmath=False)
         else:
@@ -277,14 +351,24 @@ def _define() -> SimpleNamespace:
         return (fy.load().to(Float32) * g).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
     @cute.jit
-    def _backward_tile(fy: cute.Tensor, fg: cute.Tensor, dst: cute.Tensor, total: Float32, log: cutlass.Constexpr[bool]):
-        """softmax: y * (g - sum(y * g)); log_softmax: g - exp(y) * sum(g)."""
+    def _backward_tile(fy: cute.Tensor, fg: cute.Tensor, dst: cute.Tensor, total: Float32, log: cutlass.Constexpr[bool],
+                       fx: cute.Tensor, ft: cute.Tensor, scale: Float32, cap: Float32,
+                       has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+        """softmax: y * (g - sum(y * g)); log_softmax: g - exp(y) * sum(g); times the fused
+        prologue's derivative: scale, and 1 - tanh(scale * x / cap)^2 (x in `fx`) for a softcap."""
         y = fy.load().to(Float32)
         g = fg.load().to(Float32)
         if const_expr(log):
             dx = g - cute.math.exp2(y * LOG2_E, fastmath=True) * total
         else:
             dx = y * (g - total)
+        if const_expr(has_cap):
+            ft.store(fx.load().to(Float32))  # z = cap * t, t = tanh(scale * x / cap): the derivative 1 - t^2
+            _prologue_in_place(ft, scale, cap, has_scale, has_cap, dst.element_type.width == 32)
+            t = ft.load() * (Float32(1.0) / cap)
+            dx = dx * (Float32(1.0) - t * t)
+        if const_expr(has_scale):
+            dx = dx * scale
         dst.store(dx.to(dst.element_type))
 
     def _vectors(t: cute.Tensor, row: Int32, vec: int) -> cute.Tensor:
@@ -297,9 +381,10 @@ def _define() -> SimpleNamespace:
     # ---------------------------------------------------------------- kernels
 
     @cute.kernel
-    def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
-                        threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], vectors: cutlass.Constexpr[int],
-                        two_pass: cutlass.Constexpr[bool]):
+    def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, scale: Float32, cap: Float32, log: cutlass.Constexpr[bool],
+                        cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                        vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
+                        has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -317,18 +402,28 @@ def _define() -> SimpleNamespace:
         frag = cute.make_layout((vec, vectors))
         fx = cute.make_rmem_tensor(frag, mX.element_type)
         fy = cute.make_rmem_tensor(frag, mY.element_type)
+        fused = const_expr(has_scale or has_cap)
+        precise = const_expr(mY.element_type.width == 32)  # the prologue's tanh (`_prologue_in_place`)
         # exp(x - m) kept between the reduction and the store: float16 (two a register) for a 16-bit
         # output (fp16's 2**-11 relative rounding is a quarter ulp of bf16 and half an ulp of fp16,
-        # inside their tolerances, but a hundred times float32's), float32 otherwise.
+        # inside their tolerances, but a hundred times float32's), float32 otherwise. The fused
+        # prologue's z (log_softmax) or exp(z - m) (softmax) is kept as float32 (the plan holds
+        # fewer elements for it).
         packed = const_expr(_narrow(mX) and vec % 2 == 0)  # 16-bit values, two to a word
-        fe_half = const_expr(_narrow(mY) and vec % 2 == 0)
+        fe_half = const_expr(_narrow(mY) and vec % 2 == 0 and not fused)
         fe = cute.make_rmem_tensor(frag, cutlass.Float16 if fe_half else Float32)
         neg_inf = -mX.element_type.inf
         if const_expr(not two_pass):
             _load_tile(gx, fx, first, threads, n_vec, neg_inf, True)
-            m, s = _tile_stats(fx, fe, not log, packed, zero)
-            big, total = _row_reduce(m, s, slots, True, cluster, warps)
-            _forward_kept(fx, fe, fy, m, big, total, log, packed, zero)
+            if const_expr(fused):
+                m, s = _tile_stats_fused(fx, fe, not log, scale, cap, has_scale, has_cap, first, threads, n_vec, True,
+                                          precise)
+                big, total = _row_reduce(m, s, slots, True, cluster, warps)
+                _forward_kept(fe, fe, fy, m, big, total, log, False, zero)  # fe: z (log) or exp(z - m)
+            else:
+                m, s = _tile_stats(fx, fe, not log, packed, zero)
+                big, total = _row_reduce(m, s, slots, True, cluster, warps)
+                _forward_kept(fx, fe, fy, m, big, total, log, packed, zero)
             _store_tile(fy, gy, first, threads, n_vec, True)
         else:
             per_tile = cluster * per_cta
@@ -336,27 +431,39 @@ def _define() -> SimpleNamespace:
             m, s = -Float32.inf, Float32(0.0)
             for i in cutlass.range(n_tiles - 1, unroll=1):  # the full tiles
                 _load_tile(gx, fx, first + i * per_tile, threads, n_vec, neg_inf, False)
-                tm, ts = _tile_stats(fx, fe, False, packed, zero)
+                if const_expr(fused):
+                    tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, first, threads, n_vec,
+                                               False, precise)
+                else:
+                    tm, ts = _tile_stats(fx, fe, False, packed, zero)
                 m, s = _combine_pair(m, s, tm, ts)
             last = first + (n_tiles - 1) * per_tile
             _load_tile(gx, fx, last, threads, n_vec, neg_inf, True)
-            tm, ts = _tile_stats(fx, fe, False, packed, zero)
+            if const_expr(fused):
+                tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, last, threads, n_vec, True,
+                                           precise)
+            else:
+                tm, ts = _tile_stats(fx, fe, False, packed, zero)
             m, s = _combine_pair(m, s, tm, ts)
             big, total = _row_reduce(m, s, slots, True, cluster, warps)
             if const_expr(packed):
                 _opaque(fx, _after(zero, total))  # the last tile stays packed across the reduction
-            _forward_fresh(fx, fy, big, total, log)  # the last tile, from the registers
+            _forward_fresh(fx, fy, big, total, log, fe, scale, cap, has_scale, has_cap)  # the last tile, from the registers
             _store_tile(fy, gy, last, threads, n_vec, True)
             for i in cutlass.range(n_tiles - 1, unroll=1):  # newest first: the likeliest still in L2
                 t = n_tiles - 2 - i
                 _load_tile(gx, fx, first + t * per_tile, threads, n_vec, neg_inf, False)
-                _forward_fresh(fx, fy, big, total, log)
+                _forward_fresh(fx, fy, big, total, log, fe, scale, cap, has_scale, has_cap)
                 _store_tile(fy, gy, first + t * per_tile, threads, n_vec, False)
 
     @cute.kernel
-    def _backward_kernel(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, log: cutlass.Constexpr[bool],
-                         cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
-                         vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
+    def _backward_kernel(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, mX: cute.Tensor, scale: Float32,
+                         cap: Float32, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
+                         threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                         vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
+                         has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+        """dx from y and dy; with a softcap, x (the forward's input, in y's dtype) is read for the
+        derivative tile by tile after the reduction (it is not held across it)."""
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -366,7 +473,8 @@ def _define() -> SimpleNamespace:
         slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
         rank = bidx % cluster
         row = bidx // cluster
-        gy, gg, gd = _vectors(mY, row, vec), _vectors(mG, row, vec), _vectors(mD, row, vec)
+        gy, gg, gd, gx = (_vectors(mY, row, vec), _vectors(mG, row, vec), _vectors(mD, row, vec),
+                          _vectors(mX, row, vec))
         n_vec = cute.size(gy, mode=[1])
         zero = _runtime_zero()
         per_cta = threads * vectors
@@ -375,9 +483,12 @@ def _define() -> SimpleNamespace:
         fy = cute.make_rmem_tensor(frag, mY.element_type)
         fg = cute.make_rmem_tensor(frag, mG.element_type)
         fd = cute.make_rmem_tensor(frag, mD.element_type)
+        fx = cute.make_rmem_tensor(frag, mX.element_type)
+        ft = cute.make_rmem_tensor(frag, Float32)  # softcap: tanh(scale * x / cap)
         narrow = const_expr(_narrow(mY) and vec % 2 == 0)  # packed two to a word
         # Vectors past the row's end read as y = 0, g = 0: they add nothing to either sum.
         fill_zero = mY.element_type(0.0)
+        x_zero = mX.element_type(0.0)
         if const_expr(not two_pass):
             _load_tile(gy, fy, first, threads, n_vec, fill_zero, True)
             _load_tile(gg, fg, first, threads, n_vec, fill_zero, True)
@@ -385,7 +496,9 @@ def _define() -> SimpleNamespace:
             if const_expr(narrow):
                 _opaque(fy, _after(zero, total))
                 _opaque(fg, _after(zero, total))
-            _backward_tile(fy, fg, fd, total, log)
+            if const_expr(has_cap):
+                _load_tile(gx, fx, first, threads, n_vec, x_zero, True)
+            _backward_tile(fy, fg, fd, total, log, fx, ft, scale, cap, has_scale, has_cap)
             _store_tile(fd, gd, first, threads, n_vec, True)
         else:
             per_tile = cluster * per_cta
@@ -404,14 +517,18 @@ def _define() -> SimpleNamespace:
             if const_expr(narrow):
                 _opaque(fy, _after(zero, total))
                 _opaque(fg, _after(zero, total))
-            _backward_tile(fy, fg, fd, total, log)
+            if const_expr(has_cap):
+                _load_tile(gx, fx, last, threads, n_vec, x_zero, True)
+            _backward_tile(fy, fg, fd, total, log, fx, ft, scale, cap, has_scale, has_cap)
             _store_tile(fd, gd, last, threads, n_vec, True)
             for i in cutlass.range(n_tiles - 1, unroll=1):
                 t = n_tiles - 2 - i
                 start = first + t * per_tile
                 _load_tile(gy, fy, start, threads, n_vec, fill_zero, False)
                 _load_tile(gg, fg, start, threads, n_vec, fill_zero, False)
-                _backward_tile(fy, fg, fd, total, log)
+                if const_expr(has_cap):
+                    _load_tile(gx, fx, start, threads, n_vec, x_zero, False)
+                _backward_tile(fy, fg, fd, total, log, fx, ft, scale, cap, has_scale, has_cap)
                 _store_tile(fd, gd, start, threads, n_vec, False)
 
     # ---------------------------------------------------------------- host entry points
@@ -421,17 +538,40 @@ def _define() -> SimpleNamespace:
                       cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                       vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
         """One cluster per row: grid = rows * cluster CTAs."""
-        _forward_kernel(mX, mY, log, cluster, threads, vec, vectors, two_pass).launch(
-            grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
-            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+        _forward_kernel(mX, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass, False,
+                        False).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                      cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+
+    @cute.jit
+    def fused_forward_entry(mX: cute.Tensor, mY: cute.Tensor, scale: Float32, cap: Float32, stream,
+                            log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
+                            threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                            vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
+                            has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+        """`forward_entry` with the fused prologue (scale, softcap: run-time values)."""
+        _forward_kernel(mX, mY, scale, cap, log, cluster, threads, vec, vectors, two_pass, has_scale,
+                        has_cap).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                        cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     @cute.jit
     def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: cutlass.Constexpr[bool],
                        cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                        vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
-        _backward_kernel(mY, mG, mD, log, cluster, threads, vec, vectors, two_pass).launch(
-            grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
-            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+        _backward_kernel(mY, mG, mD, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass,
+                         False, False).launch(grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                              cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None,
+                                              stream=stream)
+
+    @cute.jit
+    def fused_backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, mX: cute.Tensor, scale: Float32,
+                             cap: Float32, stream, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
+                             threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                             vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
+                             has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+        """`backward_entry` times the prologue's derivative; mX (x in y's dtype) is read with a softcap only."""
+        _backward_kernel(mY, mG, mD, mX, scale, cap, log, cluster, threads, vec, vectors, two_pass, has_scale,
+                         has_cap).launch(grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                         cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     from . import column_kernels
 
@@ -439,4 +579,5 @@ def _define() -> SimpleNamespace:
         opaque=_opaque, after=_after, runtime_zero=_runtime_zero, combine=_combine, lanes_reduce=_lanes_reduce,
         store_word_to_peer=_store_word_to_peer, log2_e=LOG2_E, warp=WARP))
     return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry,
+                           fused_forward_entry=fused_forward_entry, fused_backward_entry=fused_backward_entry,
                            columns_forward_entry=columns.forward_entry, columns_backward_entry=columns.backward_entry)

@@ -45,10 +45,11 @@ def _dlpack_call(fn, key: KernelKey) -> Callable:
             leading_dim=t.dim() - 1)
 
     dtypes = key.operand_dtypes
+    n_tensors = len(dtypes)
 
-    def call(*tensors: torch.Tensor) -> None:
-        stream = cuda.CUstream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
-        fn(*(wrap(t, d) for t, d in zip(tensors, dtypes)), stream)
+    def call(*args) -> None:  # the tensors, then a fused kernel's (scale, softcap)
+        stream = cuda.CUstream(torch.cuda.current_stream(args[0].device).cuda_stream)
+        fn(*(wrap(t, d) for t, d in zip(args, dtypes)), *args[n_tensors:], stream)
 
     return call
 
@@ -88,6 +89,20 @@ def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -
     return run
 
 
+def fused_forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -> Callable:
+    """`f(x, operands) -> (y, None)` for a fused request like `spec` (scale and/or softcap: the
+    kernel's run-time arguments; `core.variant.Operands`)."""
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    call = guarded(call, device)
+
+    def run(x: torch.Tensor, ops) -> tuple:
+        y = new_output(shape, dtype, device)
+        call(rows_view(x, n_rows, n_cols, x_row_stride), y.view(n_rows, n_cols), ops.scale, ops.softcap)
+        return y, None
+
+    return run
+
+
 def _aligned(t: torch.Tensor, align_bytes: int) -> torch.Tensor:
     """`t` contiguous with its data aligned to `align_bytes` (a copy only when it is not)."""
     t = t.contiguous()
@@ -111,6 +126,22 @@ def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int) -
         dx = new_output(shape, dtype, device) if POISON_OUTPUTS else torch.empty_like(y)
         call(*((y, grad, dx) if flat else (t.view(n_rows, n_cols) for t in (y, grad, dx))))
         return dx
+
+    return run
+
+
+def fused_backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int, reads_x: bool) -> Callable:
+    """`f(grad, y, x, operands, p_sink) -> (dx, None)` for a fused request like `spec`: x (the
+    forward's input, converted to y's dtype) is read with a softcap only (`reads_x`)."""
+    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
+    call = guarded(call, device)
+
+    def run(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor, ops, p_sink) -> tuple:
+        y, grad = backward_operands(y, grad, dtype, align_bytes)
+        x = _aligned(x if x.dtype == dtype else x.to(dtype), align_bytes) if reads_x else y
+        dx = new_output(shape, dtype, device)
+        call(*(t.view(n_rows, n_cols) for t in (y, grad, dx, x)), ops.scale, ops.softcap)
+        return dx, None
 
     return run
 

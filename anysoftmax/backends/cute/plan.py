@@ -44,6 +44,14 @@ class KernelKey:
     # Column kernels (`column_kernels.py`, a reduction over a strided dim): vectors across one
     # strip row; 0 for the row kernels.
     lanes: int = 0
+    # The fused prologue (row kernels): z = scale * x, then softcap * tanh(z / softcap); the
+    # values are run-time arguments, these flags say which steps the kernel has.
+    scaled: bool = False
+    capped: bool = False
+
+    @property
+    def fused(self) -> bool:
+        return self.scaled or self.capped
 
     @property
     def elems_per_cta(self) -> int:
@@ -56,8 +64,11 @@ class KernelKey:
 
     @property
     def operand_dtypes(self) -> tuple[str, ...]:
-        """The kernel's tensors' dtypes in argument order: (x, y) forward, (y, dy, dx) backward."""
-        return (self.in_dtype, self.in_dtype, self.out_dtype) if self.backward else (self.in_dtype, self.out_dtype)
+        """The kernel's tensors' dtypes in argument order: (x, y) forward, (y, dy, dx) backward,
+        (y, dy, dx, x) a fused backward (x converted to y's dtype; read with a softcap only)."""
+        if not self.backward:
+            return self.in_dtype, self.out_dtype
+        return (self.in_dtype, self.in_dtype, self.out_dtype) + ((self.in_dtype,) if self.fused else ())
 
     @property
     def strip_rows(self) -> int:
@@ -73,6 +84,7 @@ class KernelKey:
             return (f"{op} {dt} columns: cluster {self.cluster} x {self.threads} threads ({self.lanes} lanes) "
                     f"x {self.vectors} vec{self.vec}")
         passes = "two passes" if self.two_pass else "one pass"
+        op += "+scale" * self.scaled + "+softcap" * self.capped
         return f"{op} {dt} cluster {self.cluster} x {self.threads} threads x {self.vectors} vec{self.vec} ({passes})"
 
 
@@ -93,25 +105,31 @@ def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
 
 
 def _max_vectors(t: dict, backward: bool, log: bool, in_dtype: str, out_dtype: str, vec: int,
-                 entry: str = "elems_per_thread") -> int:
+                 entry: str = "elems_per_thread", fused: bool = False) -> int:
     """Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
     from the loads to the stores (see tuning.yaml). Odd vectors of 16-bit values do not pack
     two to a register: they count as 32-bit ones. A float32 output (a widening dtype= too)
-    computes and keeps float32: the 32-bit counts."""
+    computes and keeps float32: the 32-bit counts. A `fused` kernel (scale, softcap) reads
+    `fused_elems_per_thread`."""
     kind = "backward" if backward else "log_softmax" if log else "softmax"
     bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
+    if fused:
+        entry = "fused_elems_per_thread"
     return max(1, int(t[entry][kind][bits] * t["elems_scale"]) // vec)
 
 
 def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
-              arch: str, tvm_ffi: bool, tuning: dict | None = None) -> KernelKey:
+              arch: str, tvm_ffi: bool, tuning: dict | None = None, scaled: bool = False,
+              capped: bool = False) -> KernelKey:
     """The kernel for rows of `n_cols` elements whose tensors are aligned to `align_elems`
-    elements (pointers and row strides). Pure: the same arguments give the same plan."""
+    elements (pointers and row strides), with the fused prologue's steps `scaled` / `capped`.
+    Pure: the same arguments give the same plan."""
     t = table() if tuning is None else tuning
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_cols, align_elems, elem_bytes)
     n_vec = n_cols // vec
-    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec)
+    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec, fused=scaled or capped)
+    fused = dict(scaled=scaled, capped=capped)
     threads = t["threads"]
     clusters = sorted(t["clusters"])
     need = cdiv(n_vec, threads * max_vectors)  # CTAs that hold the row
@@ -119,13 +137,17 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
         # One CTA: as few threads as hold the row, then as few vectors as suffice.
         threads = min(threads, max(t["min_threads"], next_power_of_2(cdiv(n_vec, max_vectors))))
         return KernelKey(backward, in_dtype, out_dtype, log, 1, threads, vec, cdiv(n_vec, threads), False, arch,
-                         tvm_ffi)
+                         tvm_ffi, **fused)
     fitting = [c for c in clusters if c >= need]
     if fitting:
         cluster = fitting[0]
         return KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, cdiv(n_vec, cluster * threads),
-                         False, arch, tvm_ffi)
-    return KernelKey(backward, in_dtype, out_dtype, log, clusters[-1], threads, vec, max_vectors, True, arch, tvm_ffi)
+                         False, arch, tvm_ffi, **fused)
+    if (scaled or capped) and not backward:
+        # The second pass recomputes the prologue (tanh) on reloaded tiles: fewer elements a tile.
+        max_vectors = max(1, int(max_vectors * t["fused_two_pass_scale"]))
+    return KernelKey(backward, in_dtype, out_dtype, log, clusters[-1], threads, vec, max_vectors, True, arch, tvm_ffi,
+                     **fused)
 
 
 def plan_cache_key() -> tuple:

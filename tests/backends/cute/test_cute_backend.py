@@ -15,7 +15,8 @@ import anysoftmax
 from anysoftmax.backends.cute import CuteBackend, compiler, env, launch
 from anysoftmax.backends.cute.backend import rows_of
 from anysoftmax.core import SoftmaxSpec, compare, compare_backward
-from anysoftmax.core.reference import backward_from_output
+from anysoftmax.core.reference import fused_backward, prologue
+from anysoftmax.core.variant import Variant
 
 BACKEND = CuteBackend()
 
@@ -74,11 +75,32 @@ def test_supports_columns(capable):
     assert BACKEND.supports(_spec((1000, 33), dim=0, strides=(40, 1))) is None  # sliced: odd strides, vec 1
 
 
-def test_refuses_fused_variants(capable):
-    # The core's coming `spec.variant` (scale/mask/causal/softcap/sinks): not plain.
-    spec = _spec((8, 64))
-    fused = type("FusedSpec", (), {"is_plain": False, "__getattr__": lambda self, k: getattr(spec, k)})()
-    assert BACKEND.supports(fused) == "cute serves the plain softmax only"
+def _fused_spec(shape, dim=-1, **fused):
+    x = torch.empty(shape, device="meta")
+    spec, _ = SoftmaxSpec.from_request(x, dim, fused=fused)
+    return replace(spec, device=torch.device("cuda", 0))
+
+
+def test_supports_the_fused_prologue(capable):
+    assert BACKEND.supports(_fused_spec((8, 65536), scale=0.125)) is None
+    assert BACKEND.supports(_fused_spec((8, 262144), softcap=30.0)) is None
+    assert BACKEND.supports(_fused_spec((8, 1000), scale=-2.0, softcap=50.0)) is None
+
+
+@pytest.mark.parametrize("fused,match", [
+    (dict(mask=torch.zeros(8, 64, dtype=torch.bool)), r"fuses scale and softcap only, not mask=bool"),
+    (dict(causal=True, scale=0.5), r"not scale=0.5, causal=top_left"),
+    (dict(sinks=torch.zeros(8, 1)), r"not sinks\[8, 1\].*'triton'"),
+])
+def test_refuses_the_other_fused_steps(capable, fused, match):
+    fused = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in fused.items()}
+    reason = BACKEND.supports(_fused_spec((8, 64), **fused))
+    assert reason is not None and __import__("re").search(match, reason), reason
+
+
+def test_refuses_fused_columns(capable):
+    reason = BACKEND.supports(_fused_spec((8192, 8192), dim=0, scale=0.5))
+    assert "row kernels only" in reason and "strided" in reason
 
 
 def test_rows_of():
@@ -97,7 +119,10 @@ class FakeKernel:
         self.key = key
         self.calls = []
 
-    def __call__(self, *tensors):
+    def __call__(self, *args):
+        n = len(self.key.operand_dtypes)
+        tensors, values = args[:n], args[n:]
+        assert len(values) == (2 if self.key.fused else 0)  # a fused kernel's (scale, softcap)
         self.calls.append([(tuple(t.shape), tuple(t.stride())) for t in tensors])
         # Row kernels: (rows, n), reduced over dim 1; column kernels: (outer, n, inner), over dim 1.
         rank = 3 if self.key.lanes else 2
@@ -107,12 +132,17 @@ class FakeKernel:
             if self.key.lanes:  # the compiled assumptions on the inner extent and the strides
                 assert t.shape[2] % self.key.vec == 0 and t.stride(0) % self.key.vec == 0
                 assert t.stride(1) % self.key.vec == 0
+        for t, dtype in zip(tensors, self.key.operand_dtypes):
+            assert str(t.dtype) == f"torch.{dtype}", (t.dtype, dtype)
+        variant = Variant(scale=values[0] if self.key.scaled else None, softcap=values[1] if self.key.capped else None)
         if self.key.backward:
-            y, g, dx = tensors
-            dx.copy_(backward_from_output(y, g, 1, self.key.log, torch.float32).to(dx.dtype))
+            y, g, dx = tensors[:3]
+            x = tensors[3] if self.key.fused else None
+            dx.copy_(fused_backward(g, y, x, variant, 1, self.key.log, None, None, torch.float32)[0].to(dx.dtype))
         else:
             x, y = tensors
-            y.copy_((torch.log_softmax if self.key.log else torch.softmax)(x.float(), 1).to(y.dtype))
+            z = prologue(x, variant, None, torch.float32)
+            y.copy_((torch.log_softmax if self.key.log else torch.softmax)(z, 1).to(y.dtype))
 
 
 @pytest.fixture
@@ -189,6 +219,37 @@ def test_backward_path_columns(fake_kernels, shape, dim, log, gen):
     result = compare_backward(dx, y, g.to(y.dtype), spec)
     assert result.ok, result.detail
     assert fake_kernels[-1].key.lanes and fake_kernels[-1].key.backward
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("fused", [dict(scale=0.3), dict(softcap=2.0), dict(scale=-1.5, softcap=3.0)])
+@pytest.mark.parametrize("kind", ["2d", "3d", "sliced-rows", "unaligned"])
+def test_fused_paths(fake_kernels, monkeypatch, kind, fused, log, gen):
+    """Forward and backward of the fused prologue through the API's own dispatch (cute chosen
+    explicitly, the device check and the kernels stood in for), against the float64 reference."""
+    from anysoftmax.core import registry
+
+    monkeypatch.setattr(BACKEND, "is_available", lambda: None)
+    monkeypatch.setattr(env, "capable", lambda device: None)
+    monkeypatch.setattr(registry, "get_backend", lambda name: BACKEND)
+    x = (_input(kind, gen) * 4).requires_grad_(True)
+    monkeypatch.setattr(type(BACKEND), "devices", ("cpu", "cuda"))
+    op = anysoftmax.log_softmax if log else anysoftmax.softmax
+    cpu_spec = SoftmaxSpec.from_request(x.detach(), -1, log=log, fused=fused)[0]
+    monkeypatch.setattr(BACKEND, "supports", lambda spec: None)
+    y = op(x, -1, backend="cute", **fused)
+    result = compare(y.detach(), x.detach(), cpu_spec)
+    assert result.ok, result.detail
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    variant = cpu_spec.variant
+    want = fused_backward(dy.double(), y.detach().double(), x.detach().double(), replace(
+        variant, scale=fused.get("scale"), softcap=fused.get("softcap")), x.dim() - 1, log, None, None,
+        torch.float64)[0]
+    torch.testing.assert_close(dx.double(), want, rtol=1e-4, atol=1e-5)
+    keys = [k.key for k in fake_kernels]
+    assert any(k.fused and not k.backward for k in keys) and any(k.fused and k.backward for k in keys)
+    assert all(k.capped == ("softcap" in fused) and k.scaled == ("scale" in fused) for k in keys)
 
 
 def test_plans_are_memoised(fake_kernels):

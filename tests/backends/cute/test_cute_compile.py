@@ -55,8 +55,21 @@ def _column_kinds():
     return list(seen.items())
 
 
+def _fused_kinds():
+    """The fused prologue's kernels: scale, softcap and both, over one CTA, a cluster and two passes."""
+    seen = {}
+    for backward, (src, dst), log, n, (scaled, capped) in itertools.product(
+            (False, True), DTYPE_PAIRS, (False, True), (781, 131072, 1048576), ((True, False), (False, True), (True, True))):
+        if backward and src != dst:
+            continue
+        key = make_plan(backward, src, dst, log, n, 64, ARCH, True, scaled=scaled, capped=capped)
+        seen.setdefault(key, n)
+    return list(seen.items())
+
+
 KINDS = _kinds()
 COLUMN_KINDS = _column_kinds()
+FUSED_KINDS = _fused_kinds()
 
 
 def test_kinds_cover_every_path():
@@ -98,6 +111,25 @@ def test_compiles(key: KernelKey, n: int):
     # sum), plus those of the reductions (a few dozen, whatever the row).
     if not key.backward and not key.two_pass:
         assert ptx.count("ex2.approx") <= key.vec * key.vectors + 64, ptx.count("ex2.approx")
+
+
+def test_fused_kinds_cover_every_path():
+    assert {k.cluster for k, _ in FUSED_KINDS} >= {1, 8, 16}
+    assert any(k.two_pass for k, _ in FUSED_KINDS) and {k.backward for k, _ in FUSED_KINDS} == {False, True}
+    assert {(k.scaled, k.capped) for k, _ in FUSED_KINDS} == {(True, False), (False, True), (True, True)}
+    # x is an operand of the fused backward (softcap's derivative)
+    assert all(len(k.operand_dtypes) == 4 for k, _ in FUSED_KINDS if k.backward)
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("key,n", FUSED_KINDS, ids=[f"{k.describe()} N={n}" for k, n in FUSED_KINDS])
+def test_fused_kernels_compile(key: KernelKey, n: int):
+    ptx = _compiled_ptx(key)
+    # The run-time scale and softcap are kernel parameters (a new value never recompiles).
+    assert len(re.findall(r"\.param \.f32", ptx)) >= 2
+    # No IEEE division an element (softcap's tanh divides by approximate reciprocals; a
+    # `fastmath` vector division still lowers to div.rn, a dozen instructions an element).
+    assert ptx.count("div.rn") <= 2, ptx.count("div.rn")
 
 
 def test_column_kinds_cover_every_path():

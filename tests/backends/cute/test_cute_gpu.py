@@ -1,7 +1,8 @@
 """Conformance of the `cute` backend on an sm_90+ NVIDIA GPU: the shared cases (anysoftmax/testing/cases.py)
 through the public API (a case the backend refuses must raise UnsupportedRequestError naming it),
 long rows on every kernel path (one CTA, clusters of 2-16, two passes), special values across
-CTA boundaries, unaligned and strided rows, and the backward kernels. Every result is checked
+CTA boundaries, unaligned and strided rows, the backward kernels, and the fused prologue
+(scale, softcap) forward and backward. Every result is checked
 with `anysoftmax.core.compare` / `compare_backward` against the float64 reference, on fresh random
 data (the session's `gen`) into outputs poisoned with NaN.
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from anysoftmax.testing.cases import CASES, LONG_ROW_CASES, offset_with_dead_head, randn, with_specials
-from helpers import check, params
+from anysoftmax.testing.cases import (CASES, LONG_ROW_CASES, VARIANT_CASES, offset_with_dead_head, randn,
+                                      with_specials)
+from helpers import check, check_variant, params
 
 import anysoftmax
 from anysoftmax.backends.cute import plan as cute_plan
@@ -174,3 +176,50 @@ def test_columns_special_values_and_strides(log, gen):
     _check_rows(wide[:, 8:264], log, 0)  # reduced stride 300, pointer 32 bytes in
     _check_rows(wide[:, 3:261], log, 0)  # 12 bytes in: vectors of one
     _check_rows(wide[::2, :256], log, 0)  # reduced stride 600
+
+
+# ---------------------------------------------------------------- the fused prologue (scale, softcap)
+
+@LOGS
+@pytest.mark.parametrize("case,dtype", params(VARIANT_CASES))
+def test_variant_cases(case, dtype, log, gen):
+    """The shared fused-family cases: those with only scale and softcap over the last dim run
+    (forward and gradients); the rest must be refused with the reason, through the API."""
+    x = case.make(gen, dtype).cuda()
+    kwargs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.kwargs(gen, x).items()}
+    refusal = check_variant(x, case.dim, kwargs, backend="cute", log=log)
+    prologue_only = set(kwargs) <= {"scale", "softcap"} and case.dim in (-1, x.dim() - 1)
+    if dtype == torch.float64:
+        assert refusal is not None
+    elif prologue_only:
+        assert refusal is None, refusal
+    else:
+        assert refusal is not None and ("fuses scale and softcap only" in refusal or "row kernels only" in refusal)
+
+
+# (rows, n) on each kernel kind of the fused plans: one CTA, clusters, two passes, odd lengths.
+FUSED_SHAPES = [(9, 781), (4, 65536), (3, 131072), (2, 262144), (2, 1048576), (3, 100000)]
+FUSED_KWARGS = [dict(scale=0.125), dict(softcap=30.0), dict(scale=-0.7, softcap=15.0)]
+
+
+@LOGS
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fused", FUSED_KWARGS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fused_long_rows(shape, fused, dtype, log, gen):
+    """Forward and gradients (x, through autograd) of the fused prologue on long rows, logits
+    spread over the softcap's non-linear range."""
+    x = (torch.randn(shape, generator=gen) * 20).to(dtype).cuda()
+    assert check_variant(x, -1, fused, backend="cute", log=log) is None
+
+
+@LOGS
+@pytest.mark.parametrize("n", [781, 131072, 1048576])
+def test_fused_special_values(n, log, gen):
+    """NaN, +-inf and all -inf rows through scale < 0 and softcap: the -inf padding of a
+    thread's last vectors must stay outside the row after the prologue (scale < 0 would turn it
+    into +inf, softcap into -cap)."""
+    x = with_specials((6, n))(gen, torch.float32)
+    x[5, : n // 2 + 3] = float("-inf")
+    for fused in (dict(scale=-2.0), dict(softcap=5.0), dict(scale=0.5, softcap=5.0)):
+        assert check_variant(x.cuda(), -1, fused, backend="cute", log=log, backward=False) is None
