@@ -209,15 +209,9 @@ def param_blob(compiled, kernel, args, x, y, info: dict):
 
 
 def bench(fn) -> float:
-    import torch
-    for _ in range(WARMUP):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(CALLS):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / CALLS * 1e6
+    from anysoftmax.perf import back_to_back_us
+
+    return back_to_back_us(fn, "cuda", calls=CALLS, warmup=WARMUP)
 
 
 def err(exc) -> str:

@@ -176,12 +176,8 @@ class CuteBackend:
         align = math.gcd(_pow2_alignment(x.data_ptr() // esize), _pow2_alignment(row_stride))
         key = self.plan(False, spec, n_cols, align)
         call = launch.bind(compiler.kernel(key), key)
-        if key.fused:
-            return launch.fused_forward(call, spec, n_rows, n_cols, row_stride)
-        plain = launch.forward(call, spec, n_rows, n_cols, row_stride)
-        # A fused request without prologue steps (e.g. only `empty_rows`, which needs a mask)
-        # takes the plain kernel, called as a fused launcher.
-        return plain if spec.is_plain else lambda x_, ops: (plain(x_), None)
+        # (A fused spec that reaches a backend has a step: `empty_rows` alone is normalised away.)
+        return launch.forward(call, spec, n_rows, n_cols, row_stride, fused=key.fused)
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, grad and dx are read contiguous (as rows, or
@@ -198,21 +194,13 @@ class CuteBackend:
         n_rows, n_cols, _ = got
         key = self.plan(True, spec, n_cols, 64)  # contiguous operands, checked per call
         call = launch.bind(compiler.kernel(key), key)
-        return launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size())
+        return launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size(), fused=key.fused,
+                               reads_x=key.capped)
 
     def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(grad, y, x, operands, p_sink) -> (dx, None)` bound to this fused request (scale,
-        softcap; y, grad, x and dx read contiguous as rows)."""
-        got = rows_of(spec, contiguous_strides(spec.shape))
-        if isinstance(got, str):
-            raise ValueError(f"cute: {got}")
-        n_rows, n_cols, _ = got
-        key = self.plan(True, spec, n_cols, 64)
-        call = launch.bind(compiler.kernel(key), key)
-        if key.fused:
-            return launch.fused_backward(call, spec, n_rows, n_cols, key.vec * y.element_size(), key.capped)
-        plain = launch.backward(call, spec, n_rows, n_cols, key.vec * y.element_size())
-        return lambda grad, y_, x, ops, p_sink: (plain(y_, grad), None)
+        softcap: row kernels only, `supports()` refuses fused columns)."""
+        return self.backward_launcher(y, spec)
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands=None):
         """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`); a fused request

@@ -239,14 +239,19 @@ def _define() -> SimpleNamespace:
         m = frag.load().to(Float32).reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
         if const_expr(packed):
             _opaque(frag, zero)
-        x = frag.load().to(Float32)
+        return m, _exp_sum(frag.load().to(Float32), m, fe, keep)
+
+    @cute.jit
+    def _exp_sum(x, m: Float32, fe: cute.Tensor, keep: cutlass.Constexpr[bool]) -> Float32:
+        """Sum of exp(x - m) over a tile's float32 values `x` whose maximum is `m`; with `keep`,
+        exp(x - m) goes to `fe`."""
         pivot = m
         if m == -Float32.inf:
             pivot = Float32(0.0)  # exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN
         e = cute.math.exp2((x - pivot) * LOG2_E, fastmath=True)
         if const_expr(keep):
             fe.store(e.to(fe.element_type))
-        return m, e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        return e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
     @cute.jit
     def _prologue(x, scale: Float32, cap: Float32, has_scale: cutlass.Constexpr[bool],
@@ -301,13 +306,7 @@ def _define() -> SimpleNamespace:
                     fz[None, k].fill(-Float32.inf)
         z = fz.load()
         m = z.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-        pivot = m
-        if m == -Float32.inf:
-            pivot = Float32(0.0)
-        e = cute.math.exp2((z - pivot) * LOG2_E, fastmath=True)
-        if const_expr(keep_exp):
-            fz.store(e)
-        return m, e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        return m, _exp_sum(z, m, fz, keep_exp)
 
     @cute.jit
     def _forward_kept(fx: cute.Tensor, fe: cute.Tensor, dst: cute.Tensor, m: Float32, big: Float32, total: Float32,

@@ -72,35 +72,23 @@ def guarded(call: Callable, device: torch.device) -> Callable:
     return run
 
 
-def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -> Callable:
-    """`f(x) -> y` for requests like `spec` (dim last, unit column stride). A 2-D input goes to
-    the kernel as it is and a contiguous one of the output's dtype gets its output from
-    `empty_like`: each view or allocation saved is about a microsecond of host time a call."""
+def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int, fused: bool = False) -> Callable:
+    """`f(x) -> y` for requests like `spec` (dim last, unit column stride); with `fused` (a
+    kernel with the scale/softcap prologue) `f(x, operands) -> (y, None)`, the operands' values
+    passed to the kernel (`core.variant.Operands`). A 2-D input goes to the kernel as it is and a
+    contiguous one of the output's dtype gets its output from `empty_like`: each view or
+    allocation saved is about a microsecond of host time a call."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
     call = guarded(call, device)
     flat = len(shape) == 2 and spec.strides[1] == 1 and shape == (n_rows, n_cols)
     like_input = not POISON_OUTPUTS and flat and spec.in_dtype == dtype and spec.strides[0] == n_cols
 
-    def run(x: torch.Tensor) -> torch.Tensor:
+    def run(x: torch.Tensor, *values: float) -> torch.Tensor:
         y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
-        call(x if flat else rows_view(x, n_rows, n_cols, x_row_stride), y if flat else y.view(n_rows, n_cols))
+        call(x if flat else rows_view(x, n_rows, n_cols, x_row_stride), y if flat else y.view(n_rows, n_cols), *values)
         return y
 
-    return run
-
-
-def fused_forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -> Callable:
-    """`f(x, operands) -> (y, None)` for a fused request like `spec` (scale and/or softcap: the
-    kernel's run-time arguments; `core.variant.Operands`)."""
-    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    call = guarded(call, device)
-
-    def run(x: torch.Tensor, ops) -> tuple:
-        y = new_output(shape, dtype, device)
-        call(rows_view(x, n_rows, n_cols, x_row_stride), y.view(n_rows, n_cols), ops.scale, ops.softcap)
-        return y, None
-
-    return run
+    return (lambda x, ops: (run(x, ops.scale, ops.softcap), None)) if fused else run
 
 
 def _aligned(t: torch.Tensor, align_bytes: int) -> torch.Tensor:
@@ -115,35 +103,30 @@ def backward_operands(y: torch.Tensor, grad: torch.Tensor, dtype: torch.dtype, a
     return _aligned(y, align_bytes), _aligned(grad if grad.dtype == dtype else grad.to(dtype), align_bytes)
 
 
-def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int) -> Callable:
-    """`f(y, grad) -> dx` for requests like `spec` (operands as `backward_operands`)."""
+def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int, fused: bool = False,
+             reads_x: bool = False) -> Callable:
+    """`f(y, grad) -> dx` for requests like `spec` (operands as `backward_operands`); with
+    `fused` (a kernel with the prologue's derivative) `f(grad, y, x, operands, p_sink) -> (dx,
+    None)`, x (the forward's input, converted to y's dtype) read with a softcap only (`reads_x`)."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
     call = guarded(call, device)
     flat = shape == (n_rows, n_cols)
 
-    def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    def run(y: torch.Tensor, grad: torch.Tensor, *extra) -> torch.Tensor:  # extra: a fused kernel's x, values
         y, grad = backward_operands(y, grad, dtype, align_bytes)
         dx = new_output(shape, dtype, device) if POISON_OUTPUTS else torch.empty_like(y)
-        call(*((y, grad, dx) if flat else (t.view(n_rows, n_cols) for t in (y, grad, dx))))
+        tensors = (y, grad, dx, *extra[:1])
+        call(*(tensors if flat else (t.view(n_rows, n_cols) for t in tensors)), *extra[1:])
         return dx
 
-    return run
+    if not fused:
+        return run
 
-
-def fused_backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int, reads_x: bool) -> Callable:
-    """`f(grad, y, x, operands, p_sink) -> (dx, None)` for a fused request like `spec`: x (the
-    forward's input, converted to y's dtype) is read with a softcap only (`reads_x`)."""
-    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    call = guarded(call, device)
-
-    def run(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor, ops, p_sink) -> tuple:
-        y, grad = backward_operands(y, grad, dtype, align_bytes)
+    def run_fused(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor, ops, p_sink) -> tuple:
         x = _aligned(x if x.dtype == dtype else x.to(dtype), align_bytes) if reads_x else y
-        dx = new_output(shape, dtype, device)
-        call(*(t.view(n_rows, n_cols) for t in (y, grad, dx, x)), ops.scale, ops.softcap)
-        return dx, None
+        return run(y, grad, x, ops.scale, ops.softcap), None
 
-    return run
+    return run_fused
 
 
 def _columns(t: torch.Tensor, view, outer_stride: int, red_stride: int) -> torch.Tensor:

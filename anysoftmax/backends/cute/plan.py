@@ -105,16 +105,13 @@ def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
 
 
 def _max_vectors(t: dict, backward: bool, log: bool, in_dtype: str, out_dtype: str, vec: int,
-                 entry: str = "elems_per_thread", fused: bool = False) -> int:
+                 entry: str = "elems_per_thread") -> int:
     """Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
     from the loads to the stores (see tuning.yaml). Odd vectors of 16-bit values do not pack
     two to a register: they count as 32-bit ones. A float32 output (a widening dtype= too)
-    computes and keeps float32: the 32-bit counts. A `fused` kernel (scale, softcap) reads
-    `fused_elems_per_thread`."""
+    computes and keeps float32: the 32-bit counts."""
     kind = "backward" if backward else "log_softmax" if log else "softmax"
     bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
-    if fused:
-        entry = "fused_elems_per_thread"
     return max(1, int(t[entry][kind][bits] * t["elems_scale"]) // vec)
 
 
@@ -128,7 +125,8 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_cols, align_elems, elem_bytes)
     n_vec = n_cols // vec
-    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec, fused=scaled or capped)
+    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec,
+                               "fused_elems_per_thread" if scaled or capped else "elems_per_thread")
     fused = dict(scaled=scaled, capped=capped)
     threads = t["threads"]
     clusters = sorted(t["clusters"])

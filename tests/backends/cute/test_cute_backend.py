@@ -230,7 +230,6 @@ def test_fused_paths(fake_kernels, monkeypatch, kind, fused, log, gen):
     from anysoftmax.core import registry
 
     monkeypatch.setattr(BACKEND, "is_available", lambda: None)
-    monkeypatch.setattr(env, "capable", lambda device: None)
     monkeypatch.setattr(registry, "get_backend", lambda name: BACKEND)
     x = (_input(kind, gen) * 4).requires_grad_(True)
     monkeypatch.setattr(type(BACKEND), "devices", ("cpu", "cuda"))
