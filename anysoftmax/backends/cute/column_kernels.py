@@ -17,8 +17,9 @@ strip: a column's maximum and then its sum of exp(x - max) are reduced in two st
 first, so that no partial sums have to be rescaled: fmax and add, no exp per combine):
 thread -> lanes of the warp that share the column (butterfly shuffles over distances >= lanes)
 -> the CTA (a shared-memory row per warp, the block barrier) -> the cluster: the CTA's partial
-of each column is stored into a row of every peer's shared memory (remote stores, then the
-cluster barrier) and each thread combines the cluster's rows for its own columns. (Sending
+of each column is stored into a row of every peer's shared memory (`st.async`, counted on the
+peer's mbarrier, as in the row kernels) and each thread combines the cluster's rows for its
+own columns. (Sending
 every warp's partials to every peer instead moved as many bytes between the CTAs as the kernel
 reads from memory: 0.36 of copy at dim 0 of 8192^2 fp32 on an H100.)
 
@@ -38,7 +39,8 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
     from cutlass import Float32, Int32, const_expr
 
     _opaque, _after, _runtime_zero = shared.opaque, shared.after, shared.runtime_zero
-    _combine, _lanes_reduce, _store_to_peer = shared.combine, shared.lanes_reduce, shared.store_word_to_peer
+    _combine, _lanes_reduce = shared.combine, shared.lanes_reduce
+    _send_word, _wait_phase0, _expect_bytes = shared.send_word, shared.wait_phase0, shared.expect_bytes
     LOG2_E, WARP = shared.log2_e, shared.warp
 
     def _identity(is_max: bool) -> Float32:
@@ -99,10 +101,11 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
             for i in cutlass.range_constexpr((cluster + groups - 1) // groups):
                 peer = tidx // width + i * groups
                 if peer < cluster:
-                    _store_to_peer(addr, peer, acc)
-            cute.arch.cluster_arrive()  # release: the stores above become visible ...
-            cute.arch.cluster_wait()  # ... to every thread of the cluster after this acquire
-            _rows_reduce(vals, slots.ctas, col, is_max, lanes)
+                    _send_word(addr, slots.mbar.toint(), peer, acc)
+            # Every peer's row has arrived (st.async counted on this CTA's mbarrier); `after` (0)
+            # keeps the reads of the rows below the wait.
+            after = _wait_phase0(slots.mbar.toint())
+            _rows_reduce(vals, slots.ctas, col + after, is_max, lanes)
 
     def _vectors(t: cute.Tensor, outer: Int32, n: Int32, vec: int) -> cute.Tensor:
         """Reduced index `n` of outer index `outer` of the (outer, n, inner) tensor `t`, as
@@ -110,11 +113,13 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
         return cute.zipped_divide(t[outer, n, None], (vec,))
 
     def _slots(smem, cluster: int, warps: int, width: int) -> SimpleNamespace:
-        """One reduction's shared buffers: a row of partials per warp of this CTA, and one per
-        CTA of the cluster (the peers write theirs into it)."""
+        """One reduction's shared buffers: a row of partials per warp of this CTA, one per CTA of
+        the cluster (the peers write theirs into it) and the mbarrier that counts their bytes
+        (set up by `_expect_bytes`, clusters only)."""
         return SimpleNamespace(
             warps=smem.allocate_tensor(Float32, cute.make_layout((warps, width), stride=(width, 1)), byte_alignment=16),
-            ctas=smem.allocate_tensor(Float32, cute.make_layout((cluster, width), stride=(width, 1)), byte_alignment=16))
+            ctas=smem.allocate_tensor(Float32, cute.make_layout((cluster, width), stride=(width, 1)), byte_alignment=16),
+            mbar=smem.allocate_array(cutlass.Int64, num_elems=1), bytes=cluster * width * 4)
 
     @cute.jit
     def _load(t: cute.Tensor, frag: cute.Tensor, outer: Int32, n0: Int32, step: Int32, jv: Int32,
@@ -155,11 +160,13 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
                         threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], vectors: cutlass.Constexpr[int],
                         lanes: cutlass.Constexpr[int]):
         warps = threads // WARP
-        if const_expr(cluster > 1):
-            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first remote stores
         smem = cutlass.memory.SmemAllocator()
         slots_max = _slots(smem, cluster, warps, lanes * vec)
         slots_sum = _slots(smem, cluster, warps, lanes * vec)
+        if const_expr(cluster > 1):
+            _expect_bytes(slots_max.mbar, slots_max.bytes)
+            _expect_bytes(slots_sum.mbar, slots_sum.bytes)
+            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first st.async
         outer, n0, step, jv, ok = _place(mX, cluster, threads, vec, vectors, lanes)
         zero = _runtime_zero()
         frag = cute.make_layout((vec, vectors))
@@ -213,10 +220,11 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
                          vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
         """softmax: dx = y * (g - sum(y * g)); log_softmax: dx = g - exp(y) * sum(g), per column."""
         warps = threads // WARP
-        if const_expr(cluster > 1):
-            cute.arch.cluster_arrive_relaxed()
         smem = cutlass.memory.SmemAllocator()
         slots = _slots(smem, cluster, warps, lanes * vec)
+        if const_expr(cluster > 1):
+            _expect_bytes(slots.mbar, slots.bytes)
+            cute.arch.cluster_arrive_relaxed()
         outer, n0, step, jv, ok = _place(mY, cluster, threads, vec, vectors, lanes)
         zero = _runtime_zero()
         frag = cute.make_layout((vec, vectors))

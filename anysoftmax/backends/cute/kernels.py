@@ -25,13 +25,18 @@ the row's maximum (the last tile too: it is the one path measured correct in two
 (`_opaque` stops the compilers from keeping float32 copies across the reduction instead).
 
 The reduction of a row (forward: the pair (max m, sum of exp(x - m)); backward: one sum) runs
-thread -> warp (butterfly shuffles) -> cluster: lane l < cluster of every warp stores its warp's
-partial result into slot [rank * warps + warp] of CTA l's shared memory (`mapa` +
-`st.shared::cluster`), the cluster barrier (arrive has release, wait acquire semantics) makes
-every slot visible everywhere, and then every warp reduces all `cluster * warps` slots itself,
-so every thread ends with the row's result and no second barrier is needed. A CTA only writes
-into a peer's shared memory after the peer has started: a relaxed cluster arrive at the top of
-the kernel and its wait just before the remote stores (overlapped with the loads) ensure that.
+thread -> warp (butterfly shuffles) -> cluster: lane l < cluster of every warp sends its warp's
+partial result into slot [rank * warps + warp] of CTA l's shared memory with `st.async`, which
+counts the slot's bytes on CTA l's mbarrier (set up at the kernel's top to expect
+`cluster * warps` slots); every thread waits on its own CTA's mbarrier and then reduces all
+`cluster * warps` slots itself, so every thread ends with the row's result. No fence and no
+second cluster barrier: a cluster barrier with release semantics made every thread wait on a
+memory fence (NVIDIA H100, ncu: fence and barrier stalls ~40% of the bf16 forward's), and
+removing it took bf16 rows of 65536-262144 from 0.89-0.94 of copy to 0.99. A CTA only writes
+into a peer's shared memory after the peer has started and set up its mbarrier: a relaxed
+cluster arrive at the top of the kernel and its wait just before the first `st.async`
+(overlapped with the loads) ensure that. 16-bit maxima are taken packed (`max.NaN.bf16x2`),
+two values an instruction, without converting them first.
 
 The fused family's prologue (`core.variant`: z = scale * x, then softcap * tanh(z / softcap))
 runs after every load in the `fused_*` entries (scale and softcap are run-time float32
@@ -121,31 +126,64 @@ def _define() -> SimpleNamespace:
         return v
 
     @cute.jit
-    def _store_word_to_peer(addr: Int32, peer: Int32, v: Float32):
-        """Store `v` at shared address `addr` of cluster CTA `peer` (itself included)."""
+    def _send_word(addr: Int32, mbar: Int32, peer: Int32, v: Float32):
+        """Store `v` at shared address `addr` of cluster CTA `peer` (itself included) with
+        `st.async`, which counts its 4 bytes on the peer's mbarrier at `mbar`: the peer's wait on
+        that barrier then sees the word, with no fence on this side."""
         cute.arch.inline_ptx(
-            "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; st.shared::cluster.f32 [ra], {$r2}; }",
-            read_only_args=[addr, peer, v])
+            "{ .reg .b32 ra, rb; mapa.shared::cluster.u32 ra, {$r0}, {$r2}; "
+            "mapa.shared::cluster.u32 rb, {$r1}, {$r2}; "
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [ra], {$r3}, [rb]; }",
+            read_only_args=[addr, mbar, peer, v])
 
     @cute.jit
-    def _store_to_peer(addr: Int32, peer: Int32, a: Float32, b: Float32, pair: cutlass.Constexpr[bool]):
-        """Store the slot (a, b) at shared address `addr` of cluster CTA `peer` (itself included);
-        only b when not `pair`."""
+    def _send_to_peer(addr: Int32, mbar: Int32, peer: Int32, a: Float32, b: Float32, pair: cutlass.Constexpr[bool]):
+        """`_send_word` of the slot (a, b) at `addr` (8 bytes, one store); only b when not `pair`."""
         if const_expr(pair):
             cute.arch.inline_ptx(
-                "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, {$r0}, {$r1}; "
-                "st.shared::cluster.v2.f32 [ra], {{$r2}, {$r3}}; }",
-                read_only_args=[addr, peer, a, b])
+                "{ .reg .b32 ra, rb; mapa.shared::cluster.u32 ra, {$r0}, {$r2}; "
+                "mapa.shared::cluster.u32 rb, {$r1}, {$r2}; "
+                "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [ra], {{$r3}, {$r4}}, [rb]; }",
+                read_only_args=[addr, mbar, peer, a, b])
         else:  # a sum: its slot's second word, where `_row_reduce` reads it
-            _store_word_to_peer(addr + 4, peer, b)
+            _send_word(addr + 4, mbar, peer, b)
 
     @cute.jit
-    def _row_reduce(a: Float32, b: Float32, slots: cute.Tensor, pair: cutlass.Constexpr[bool],
+    def _wait_phase0(mbar: Int32) -> Int32:
+        """Wait until the mbarrier at shared address `mbar` completes its first phase; returns 0,
+        which the caller adds to the addresses it reads after the wait, so that no compiler can
+        move those reads above it. The loop is inside the PTX: the DSL's wait, a loop in the
+        kernel's code, made ptxas keep more values live across it (fused log_softmax bf16: 155
+        registers against 113)."""
+        return cute.arch.inline_ptx(
+            "{ .reg .pred p; WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [{$r0}], 0; @!p bra WAIT; "
+            "mov.u32 {$w0}, 0; }",
+            write_only_types=[Int32], read_only_args=[mbar])
+
+    @cute.jit
+    def _expect_bytes(mbar, nbytes: cutlass.Constexpr[int]):
+        """Thread 0 sets up the mbarrier at `mbar` (this CTA's shared memory) for one phase, which
+        completes when `nbytes` have arrived by `st.async`. The kernel's relaxed cluster arrive
+        comes after (peers wait for it before their first `st.async` here); the init fence
+        orders the init before that arrive."""
+        if cute.arch.thread_idx()[0] == 0:
+            cute.arch.mbarrier_init(mbar, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar, nbytes)
+
+    @cute.jit
+    def _row_reduce(a: Float32, b: Float32, slots: cute.Tensor, mbar, pair: cutlass.Constexpr[bool],
                     cluster: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]):
         """The row's reduction of every thread's partial result, in every thread of the cluster.
 
         `pair`: (a, b) = (max, sum) combined by `_combine_pair`; else `b` is a sum (`a` ignored).
-        `slots` is this CTA's (cluster * warps, 2) float32 shared buffer.
+        `slots` is this CTA's (cluster * warps, 2) float32 shared buffer; `mbar` its mbarrier,
+        expecting every slot's bytes (`_expect_bytes`; clusters only).
+
+        Across a cluster the slots travel by `st.async`, counted on the receiver's mbarrier; a
+        cluster barrier with release semantics instead made every thread wait on a memory fence
+        (NVIDIA H100: the fence and barrier stalls were ~40% of the issue-stall cycles of the
+        bf16 forward at 1024 x 131072, where the memory waits of a bandwidth-bound kernel belong).
         """
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
         if const_expr(pair):
@@ -154,20 +192,20 @@ def _define() -> SimpleNamespace:
             b = _lanes_reduce(b, False, 1)
         if const_expr(cluster > 1):
             rank = cute.arch.block_idx_in_cluster()
-            cute.arch.cluster_wait()  # every peer has started (relaxed arrive at the kernel's top)
+            cute.arch.cluster_wait()  # every peer has started and set up its mbarrier
             if lane < cluster:
-                _store_to_peer((slots.iterator + (rank * warps + warp) * 2).toint(), lane, a, b, pair)
-            cute.arch.cluster_arrive()  # release: the stores above become visible ...
-            cute.arch.cluster_wait()  # ... to every thread of the cluster after this acquire
+                _send_to_peer((slots.iterator + (rank * warps + warp) * 2).toint(), mbar.toint(), lane, a, b, pair)
+            after = _wait_phase0(mbar.toint())  # every slot of this CTA has arrived
         else:
             if lane == 0:
                 slots[warp, 0] = a
                 slots[warp, 1] = b
             cute.arch.barrier()
+            after = Int32(0)
         # Every warp reduces all slots: lane l takes slots l, l + 32, ... (identity elsewhere).
         ra, rb = -Float32.inf, Float32(0.0)
         for i in cutlass.range_constexpr((cluster * warps + WARP - 1) // WARP):
-            idx = lane + i * WARP
+            idx = lane + i * WARP + after
             if idx < cluster * warps:
                 if const_expr(pair):
                     ra, rb = _combine_pair(ra, rb, slots[idx, 0], slots[idx, 1])
@@ -236,10 +274,32 @@ def _define() -> SimpleNamespace:
         """(max m, sum of exp(x - m)) of one thread's tile; (-inf, 0) when it holds only -inf. With
         `keep`, exp(x - m) goes to `fe` (the forward output is then fe * exp(m - M) / S). `packed`
         (16-bit values, two a word): converted again after the max rather than kept as float32."""
-        m = frag.load().to(Float32).reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
         if const_expr(packed):
-            _opaque(frag, zero)
+            m = _packed_max(frag)
+        else:
+            m = frag.load().to(Float32).reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
         return m, _exp_sum(frag.load().to(Float32), m, fe, keep)
+
+    @cute.jit
+    def _packed_max(frag: cute.Tensor) -> Float32:
+        """The maximum of 16-bit values `frag` (two a word) with the packed max (NaN-propagating,
+        like the float32 max): half the instructions of converting every value first, and no
+        float32 copies for the compilers to keep until the exponentials."""
+        words = cute.recast_tensor(frag, Int32)
+        op = "max.NaN.bf16x2" if const_expr(frag.element_type == cutlass.BFloat16) else "max.NaN.f16x2"
+        pair = cute.make_rmem_tensor(cute.make_layout(2), frag.element_type)
+        cute.recast_tensor(pair, Int32)[0] = _max_tree(op, [words[i] for i in range(cute.size(words))])
+        return pair.load().to(Float32).reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+
+    def _max_tree(op: str, level: list):
+        """Packed words combined pairwise by `op` in a tree (log2 dependent steps, not a chain);
+        plain Python, unrolled while the kernel is traced."""
+        while len(level) > 1:
+            pairs = [cute.arch.inline_ptx(f"{op} {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[Int32],
+                                          read_only_args=[level[i], level[i + 1]])
+                     for i in range(0, len(level) - 1, 2)]
+            level = pairs + level[len(level) - len(level) % 2:]
+        return level[0]
 
     @cute.jit
     def _exp_sum(x, m: Float32, fe: cute.Tensor, keep: cutlass.Constexpr[bool]) -> Float32:
@@ -387,10 +447,12 @@ def _define() -> SimpleNamespace:
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        if const_expr(cluster > 1):
-            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the remote stores
         smem = cutlass.memory.SmemAllocator()
         slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
+        mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
+        if const_expr(cluster > 1):
+            _expect_bytes(mbar, cluster * warps * 8)  # a slot from every warp of the cluster
+            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first st.async
         rank = bidx % cluster
         row = bidx // cluster
         gx, gy = _vectors(mX, row, vec), _vectors(mY, row, vec)
@@ -417,11 +479,11 @@ def _define() -> SimpleNamespace:
             if const_expr(fused):
                 m, s = _tile_stats_fused(fx, fe, not log, scale, cap, has_scale, has_cap, first, threads, n_vec, True,
                                           precise)
-                big, total = _row_reduce(m, s, slots, True, cluster, warps)
+                big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
                 _forward_kept(fe, fe, fy, m, big, total, log, False, zero)  # fe: z (log) or exp(z - m)
             else:
                 m, s = _tile_stats(fx, fe, not log, packed, zero)
-                big, total = _row_reduce(m, s, slots, True, cluster, warps)
+                big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
                 _forward_kept(fx, fe, fy, m, big, total, log, packed, zero)
             _store_tile(fy, gy, first, threads, n_vec, True)
         else:
@@ -444,7 +506,7 @@ def _define() -> SimpleNamespace:
             else:
                 tm, ts = _tile_stats(fx, fe, False, packed, zero)
             m, s = _combine_pair(m, s, tm, ts)
-            big, total = _row_reduce(m, s, slots, True, cluster, warps)
+            big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
             if const_expr(packed):
                 _opaque(fx, _after(zero, total))  # the last tile stays packed across the reduction
             _forward_fresh(fx, fy, big, total, log, fe, scale, cap, has_scale, has_cap)  # the last tile, from the registers
@@ -466,10 +528,12 @@ def _define() -> SimpleNamespace:
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        if const_expr(cluster > 1):
-            cute.arch.cluster_arrive_relaxed()
         smem = cutlass.memory.SmemAllocator()
         slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
+        mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
+        if const_expr(cluster > 1):
+            _expect_bytes(mbar, cluster * warps * 4)  # a slot from every warp of the cluster
+            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first st.async
         rank = bidx % cluster
         row = bidx // cluster
         gy, gg, gd, gx = (_vectors(mY, row, vec), _vectors(mG, row, vec), _vectors(mD, row, vec),
@@ -491,7 +555,7 @@ def _define() -> SimpleNamespace:
         if const_expr(not two_pass):
             _load_tile(gy, fy, first, threads, n_vec, fill_zero, True)
             _load_tile(gg, fg, first, threads, n_vec, fill_zero, True)
-            _, total = _row_reduce(Float32(0.0), _backward_partial(fy, fg, log), slots, False, cluster, warps)
+            _, total = _row_reduce(Float32(0.0), _backward_partial(fy, fg, log), slots, mbar, False, cluster, warps)
             if const_expr(narrow):
                 _opaque(fy, _after(zero, total))
                 _opaque(fg, _after(zero, total))
@@ -512,7 +576,7 @@ def _define() -> SimpleNamespace:
             _load_tile(gy, fy, last, threads, n_vec, fill_zero, True)
             _load_tile(gg, fg, last, threads, n_vec, fill_zero, True)
             acc = acc + _backward_partial(fy, fg, log)
-            _, total = _row_reduce(Float32(0.0), acc, slots, False, cluster, warps)
+            _, total = _row_reduce(Float32(0.0), acc, slots, mbar, False, cluster, warps)
             if const_expr(narrow):
                 _opaque(fy, _after(zero, total))
                 _opaque(fg, _after(zero, total))
@@ -576,7 +640,7 @@ def _define() -> SimpleNamespace:
 
     columns = column_kernels.define(cute, SimpleNamespace(
         opaque=_opaque, after=_after, runtime_zero=_runtime_zero, combine=_combine, lanes_reduce=_lanes_reduce,
-        store_word_to_peer=_store_word_to_peer, log2_e=LOG2_E, warp=WARP))
+        send_word=_send_word, wait_phase0=_wait_phase0, expect_bytes=_expect_bytes, log2_e=LOG2_E, warp=WARP))
     return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry,
                            fused_forward_entry=fused_forward_entry, fused_backward_entry=fused_backward_entry,
                            columns_forward_entry=columns.forward_entry, columns_backward_entry=columns.backward_entry)
