@@ -16,14 +16,13 @@ line per (shape, dtype) to DIR/cute_16bit_forward.jsonl
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
 import torch
 import triton
 
-import anysoftmax
+from anysoftmax.matrix import providers
 
 
 def main() -> None:
@@ -33,9 +32,11 @@ def main() -> None:
     p.add_argument("--shapes", default="2048x65536,1024x131072,512x262144")
     p.add_argument("--dtypes", default="bfloat16,float16")
     a = p.parse_args()
+    cute = providers.forward("cute", "softmax", -1, 2, "cuda")
     try:
-        quack = importlib.import_module("quack.softmax").softmax_fwd
-    except Exception:  # noqa: BLE001 - a peer that does not import is left out
+        quack = providers.forward("peer:quack", "softmax", -1, 2, "cuda")
+    except Exception as exc:  # noqa: BLE001 - a peer that does not import is left out
+        print(f"quack left out: {exc}")
         quack = None
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with open(Path(a.out) / "cute_16bit_forward.jsonl", "a") as log:
@@ -45,13 +46,13 @@ def main() -> None:
                 x = torch.randn(m, n, device="cuda").mul_(3).to(getattr(torch, dt))
                 want = torch.softmax(x.double(), -1)
                 got = torch.full_like(x, float("nan"))
-                got.copy_(anysoftmax.softmax(x, -1, backend="cute"))
+                got.copy_(cute(x))
                 err = (got.double() - want).abs().max().item()
                 dst = torch.empty_like(x)
                 row = dict(label=a.label, shape=[m, n], dtype=dt, max_abs_error=err,
                            device=torch.cuda.get_device_name())
                 nbytes = 2 * x.numel() * x.element_size()
-                calls = {"copy": lambda: dst.copy_(x), "cute": lambda: anysoftmax.softmax(x, -1, backend="cute")}
+                calls = {"copy": lambda: dst.copy_(x), "cute": lambda: cute(x)}
                 if quack is not None:
                     calls["quack"] = lambda: quack(x)
                 for name, fn in calls.items():

@@ -17,18 +17,19 @@ import argparse
 
 import torch
 
-import anysoftmax
+from anysoftmax.matrix import providers
 
 
-def _providers():
-    out = {"cute": lambda x: anysoftmax.softmax(x, -1, backend="cute"),
-           "triton": lambda x: anysoftmax.softmax(x, -1, backend="triton")}
-    try:
-        import importlib
-
-        out["quack"] = importlib.import_module("quack.softmax").softmax_fwd  # the package re-exports a function of that name
-    except Exception as exc:  # noqa: BLE001 - a peer that does not import is reported, not fatal
-        print(f"quack unavailable: {exc!r}")
+def _providers(names: list[str]) -> dict:
+    """The forward of each named provider (`cute`, `triton`: anysoftmax's backends; `quack`),
+    through the matrix's provider table; one that cannot run here is reported and left out."""
+    out = {}
+    for name in names:
+        full = name if name in ("cute", "triton") else providers.PEER_PREFIX + name
+        try:
+            out[name] = providers.forward(full, "softmax", -1, 2, "cuda")
+        except Exception as exc:  # noqa: BLE001 - a provider that cannot run is reported, not fatal
+            print(f"{name} unavailable: {exc}")
     return out
 
 
@@ -38,17 +39,14 @@ def main() -> None:
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--providers", default="cute,quack")
     a = p.parse_args()
-    providers = _providers()
+    calls = _providers(a.providers.split(","))
     cases = []
     for s in a.shapes.split(","):
         m, n = (int(v) for v in s.split("x"))
         for dt in a.dtypes.split(","):
             x = torch.randn(m, n, device="cuda").mul_(3).to(getattr(torch, dt))
             want = torch.softmax(x.double(), -1)
-            for name in a.providers.split(","):
-                if name not in providers:
-                    continue
-                fn = providers[name]
+            for name, fn in calls.items():
                 got = fn(x)  # compiles
                 err = (got.double() - want).abs().max().item()
                 print(f"{name} {dt} {m}x{n}: max abs error {err:.3g}")

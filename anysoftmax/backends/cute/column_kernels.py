@@ -40,7 +40,7 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
 
     _opaque, _after, _runtime_zero = shared.opaque, shared.after, shared.runtime_zero
     _combine, _lanes_reduce = shared.combine, shared.lanes_reduce
-    _send_word, _wait_phase0, _expect_bytes = shared.send_word, shared.wait_phase0, shared.expect_bytes
+    _send, _wait_phase0, _expect_bytes = shared.send, shared.wait_phase0, shared.expect_bytes
     LOG2_E, WARP = shared.log2_e, shared.warp
 
     def _identity(is_max: bool) -> Float32:
@@ -101,7 +101,7 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
             for i in cutlass.range_constexpr((cluster + groups - 1) // groups):
                 peer = tidx // width + i * groups
                 if peer < cluster:
-                    _send_word(addr, slots.mbar.toint(), peer, acc)
+                    _send(addr, slots.mbar.toint(), peer, acc)
             # Every peer's row has arrived (st.async counted on this CTA's mbarrier); `after` (0)
             # keeps the reads of the rows below the wait.
             after = _wait_phase0(slots.mbar.toint())

@@ -125,28 +125,18 @@ def _define() -> SimpleNamespace:
                 v = _combine(v, cute.arch.shuffle_sync_bfly(v, BUTTERFLY[i]), is_max)
         return v
 
-    @cute.jit
-    def _send_word(addr: Int32, mbar: Int32, peer: Int32, v: Float32):
-        """Store `v` at shared address `addr` of cluster CTA `peer` (itself included) with
-        `st.async`, which counts its 4 bytes on the peer's mbarrier at `mbar`: the peer's wait on
-        that barrier then sees the word, with no fence on this side."""
+    def _send(addr: Int32, mbar: Int32, peer: Int32, *values: Float32):
+        """Store `values` (one float32, or two as one 8-byte store) at shared address `addr` of
+        cluster CTA `peer` (itself included) with `st.async`, which counts their bytes on the
+        peer's mbarrier at `mbar`: the peer's wait on that barrier then sees them, with no fence
+        on this side. Plain Python, inlined while the kernel is traced."""
+        regs = ", ".join(f"{{$r{3 + i}}}" for i in range(len(values)))
+        vec, data = (".v2", f"{{{regs}}}") if len(values) == 2 else ("", regs)
         cute.arch.inline_ptx(
             "{ .reg .b32 ra, rb; mapa.shared::cluster.u32 ra, {$r0}, {$r2}; "
             "mapa.shared::cluster.u32 rb, {$r1}, {$r2}; "
-            "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [ra], {$r3}, [rb]; }",
-            read_only_args=[addr, mbar, peer, v])
-
-    @cute.jit
-    def _send_to_peer(addr: Int32, mbar: Int32, peer: Int32, a: Float32, b: Float32, pair: cutlass.Constexpr[bool]):
-        """`_send_word` of the slot (a, b) at `addr` (8 bytes, one store); only b when not `pair`."""
-        if const_expr(pair):
-            cute.arch.inline_ptx(
-                "{ .reg .b32 ra, rb; mapa.shared::cluster.u32 ra, {$r0}, {$r2}; "
-                "mapa.shared::cluster.u32 rb, {$r1}, {$r2}; "
-                "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [ra], {{$r3}, {$r4}}, [rb]; }",
-                read_only_args=[addr, mbar, peer, a, b])
-        else:  # a sum: its slot's second word, where `_row_reduce` reads it
-            _send_word(addr + 4, mbar, peer, b)
+            f"st.async.shared::cluster.mbarrier::complete_tx::bytes{vec}.f32 [ra], {data}, [rb]; }}",
+            read_only_args=[addr, mbar, peer, *values])
 
     @cute.jit
     def _wait_phase0(mbar: Int32) -> Int32:
@@ -194,7 +184,11 @@ def _define() -> SimpleNamespace:
             rank = cute.arch.block_idx_in_cluster()
             cute.arch.cluster_wait()  # every peer has started and set up its mbarrier
             if lane < cluster:
-                _send_to_peer((slots.iterator + (rank * warps + warp) * 2).toint(), mbar.toint(), lane, a, b, pair)
+                slot = (slots.iterator + (rank * warps + warp) * 2).toint()
+                if const_expr(pair):
+                    _send(slot, mbar.toint(), lane, a, b)
+                else:  # a sum: the slot's second word, where the reads below take it
+                    _send(slot + 4, mbar.toint(), lane, b)
             after = _wait_phase0(mbar.toint())  # every slot of this CTA has arrived
         else:
             if lane == 0:
@@ -269,11 +263,11 @@ def _define() -> SimpleNamespace:
         words.store(words.load() ^ zero)
 
     @cute.jit
-    def _tile_stats(frag: cute.Tensor, fe: cute.Tensor, keep: cutlass.Constexpr[bool], packed: cutlass.Constexpr[bool],
-                    zero: Int32):
+    def _tile_stats(frag: cute.Tensor, fe: cute.Tensor, keep: cutlass.Constexpr[bool], packed: cutlass.Constexpr[bool]):
         """(max m, sum of exp(x - m)) of one thread's tile; (-inf, 0) when it holds only -inf. With
         `keep`, exp(x - m) goes to `fe` (the forward output is then fe * exp(m - M) / S). `packed`
-        (16-bit values, two a word): converted again after the max rather than kept as float32."""
+        (16-bit values, two a word): the maximum taken packed (`_packed_max`), the values
+        converted to float32 only for the exponentials."""
         if const_expr(packed):
             m = _packed_max(frag)
         else:
@@ -482,7 +476,7 @@ def _define() -> SimpleNamespace:
                 big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
                 _forward_kept(fe, fe, fy, m, big, total, log, False, zero)  # fe: z (log) or exp(z - m)
             else:
-                m, s = _tile_stats(fx, fe, not log, packed, zero)
+                m, s = _tile_stats(fx, fe, not log, packed)
                 big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
                 _forward_kept(fx, fe, fy, m, big, total, log, packed, zero)
             _store_tile(fy, gy, first, threads, n_vec, True)
@@ -496,7 +490,7 @@ def _define() -> SimpleNamespace:
                     tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, first, threads, n_vec,
                                                False, precise)
                 else:
-                    tm, ts = _tile_stats(fx, fe, False, packed, zero)
+                    tm, ts = _tile_stats(fx, fe, False, packed)
                 m, s = _combine_pair(m, s, tm, ts)
             last = first + (n_tiles - 1) * per_tile
             _load_tile(gx, fx, last, threads, n_vec, neg_inf, True)
@@ -504,7 +498,7 @@ def _define() -> SimpleNamespace:
                 tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, last, threads, n_vec, True,
                                            precise)
             else:
-                tm, ts = _tile_stats(fx, fe, False, packed, zero)
+                tm, ts = _tile_stats(fx, fe, False, packed)
             m, s = _combine_pair(m, s, tm, ts)
             big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
             if const_expr(packed):
@@ -640,7 +634,7 @@ def _define() -> SimpleNamespace:
 
     columns = column_kernels.define(cute, SimpleNamespace(
         opaque=_opaque, after=_after, runtime_zero=_runtime_zero, combine=_combine, lanes_reduce=_lanes_reduce,
-        send_word=_send_word, wait_phase0=_wait_phase0, expect_bytes=_expect_bytes, log2_e=LOG2_E, warp=WARP))
+        send=_send, wait_phase0=_wait_phase0, expect_bytes=_expect_bytes, log2_e=LOG2_E, warp=WARP))
     return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry,
                            fused_forward_entry=fused_forward_entry, fused_backward_entry=fused_backward_entry,
                            columns_forward_entry=columns.forward_entry, columns_backward_entry=columns.backward_entry)

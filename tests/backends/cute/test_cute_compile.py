@@ -156,8 +156,9 @@ def test_column_kinds_cover_every_path():
 def test_column_kernels_compile(key: KernelKey, shape):
     # ptxas keeps the 16-bit backward of 5 vectors at 64 registers (four CTAs an SM) by
     # spilling one 8-byte pair once the mbarrier exchange is in (sm_90a, CUDA 13.0's ptxas):
-    # a few bytes of stack, not the strip.
-    ptx = _compiled_ptx(key, frame_limit=8)
+    # a few bytes of stack, not the strip. Every other column kernel has no stack frame.
+    odd_16bit_backward = key.backward and key.in_dtype != "float32" and key.vectors % 2
+    ptx = _compiled_ptx(key, frame_limit=8 if odd_16bit_backward else 0)
     # Maxima first, then one exp an element against the column's maximum: no exps in the
     # reductions (softmax keeps them; log_softmax only sums them; the log backward has one more).
     exps = ptx.count("ex2.approx")
