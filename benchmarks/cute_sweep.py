@@ -39,6 +39,15 @@ VARIANTS = {
     "max8": dict(clusters=[1, 2, 4, 8]),
     "t512-half": dict(threads=512, elems_scale=0.5),
     "t384": dict(threads=384),
+    # Long rows (session 10): CTAs of 512 threads for rows 256-thread clusters cannot hold,
+    # full tiles kept in shared memory between the passes (`stage_bytes` a CTA), equal tiles.
+    "session9": dict(long_row_threads=256, stage_bytes=0, balance_tiles=False),
+    "nostage": dict(stage_bytes=0),
+    "unbalanced": dict(balance_tiles=False),
+    "t512": dict(long_row_threads=512),
+    "t256": dict(long_row_threads=256),
+    "stage96k": dict(stage_bytes=98304),
+    "t256-stage96k": dict(long_row_threads=256, stage_bytes=98304),
 }
 
 

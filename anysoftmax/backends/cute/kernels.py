@@ -239,6 +239,29 @@ def _define() -> SimpleNamespace:
             else:
                 cute.autovec_copy(frag[None, k], gv[None, j])
 
+    def _stage_buffer(smem, dtype, vec: int, n: int, none: cute.Tensor) -> cute.Tensor:
+        """Shared memory for `n` vectors of `vec` elements (a thread's tiles held between the
+        passes), or `none` (a tensor that is never read as one) for n = 0. Vector j is 16 contiguous bytes at j * 16: a warp's 32
+        consecutive vectors are one 512-byte stretch, conflict-free like its global accesses."""
+        if n == 0:
+            return none
+        return smem.allocate_tensor(dtype, cute.make_layout((vec, n)), byte_alignment=16)
+
+    @cute.jit
+    def _reload_tile(gv: cute.Tensor, sv: cute.Tensor, frag: cute.Tensor, start: Int32, tile: Int32, per_cta: cutlass.Constexpr[int],
+                     tidx: Int32, threads: cutlass.Constexpr[int], n_vec: Int32, staged: cutlass.Constexpr[int]):
+        """Full tile `tile` (global vectors from `start`) for the second pass: from this thread's
+        stretch of shared memory if the first pass staged it there (tiles below `staged`), else
+        from global memory (L2 when it is still there). A thread reads back only what it wrote
+        itself: no barrier."""
+        if const_expr(staged > 0):
+            if tile < staged:
+                _load_tile(sv, frag, tile * per_cta + tidx, threads, n_vec, Float32(0.0), False)
+            else:
+                _load_tile(gv, frag, start, threads, n_vec, Float32(0.0), False)
+        else:
+            _load_tile(gv, frag, start, threads, n_vec, Float32(0.0), False)
+
     @cute.jit
     def _runtime_zero() -> Int32:
         """0, computed from the launch's dynamic shared memory size (a few hundred bytes, shifted
@@ -437,7 +460,8 @@ def _define() -> SimpleNamespace:
     def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, scale: Float32, cap: Float32, log: cutlass.Constexpr[bool],
                         cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                         vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                        has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+                        staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
+                        has_cap: cutlass.Constexpr[bool]):
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -483,9 +507,13 @@ def _define() -> SimpleNamespace:
         else:
             per_tile = cluster * per_cta
             n_tiles = (n_vec + per_tile - 1) // per_tile
+            sx = _stage_buffer(smem, mX.element_type, vec, staged * per_cta, gx)
             m, s = -Float32.inf, Float32(0.0)
             for i in cutlass.range(n_tiles - 1, unroll=1):  # the full tiles
                 _load_tile(gx, fx, first + i * per_tile, threads, n_vec, neg_inf, False)
+                if const_expr(staged > 0):
+                    if i < staged:
+                        _store_tile(fx, sx, i * per_cta + tidx, threads, n_vec, False)
                 if const_expr(fused):
                     tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, first, threads, n_vec,
                                                False, precise)
@@ -507,7 +535,7 @@ def _define() -> SimpleNamespace:
             _store_tile(fy, gy, last, threads, n_vec, True)
             for i in cutlass.range(n_tiles - 1, unroll=1):  # newest first: the likeliest still in L2
                 t = n_tiles - 2 - i
-                _load_tile(gx, fx, first + t * per_tile, threads, n_vec, neg_inf, False)
+                _reload_tile(gx, sx, fx, first + t * per_tile, t, per_cta, tidx, threads, n_vec, staged)
                 _forward_fresh(fx, fy, big, total, log, fe, scale, cap, has_scale, has_cap)
                 _store_tile(fy, gy, first + t * per_tile, threads, n_vec, False)
 
@@ -516,7 +544,8 @@ def _define() -> SimpleNamespace:
                          cap: Float32, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
                          threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                          vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                         has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+                         staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
+                         has_cap: cutlass.Constexpr[bool]):
         """dx from y and dy; with a softcap, x (the forward's input, in y's dtype) is read for the
         derivative tile by tile after the reduction (it is not held across it)."""
         warps = threads // WARP
@@ -560,11 +589,17 @@ def _define() -> SimpleNamespace:
         else:
             per_tile = cluster * per_cta
             n_tiles = (n_vec + per_tile - 1) // per_tile
+            sy = _stage_buffer(smem, mY.element_type, vec, staged * per_cta, gy)
+            sg = _stage_buffer(smem, mG.element_type, vec, staged * per_cta, gg)
             acc = Float32(0.0)
             for i in cutlass.range(n_tiles - 1, unroll=1):
                 start = first + i * per_tile
                 _load_tile(gy, fy, start, threads, n_vec, fill_zero, False)
                 _load_tile(gg, fg, start, threads, n_vec, fill_zero, False)
+                if const_expr(staged > 0):
+                    if i < staged:
+                        _store_tile(fy, sy, i * per_cta + tidx, threads, n_vec, False)
+                        _store_tile(fg, sg, i * per_cta + tidx, threads, n_vec, False)
                 acc = acc + _backward_partial(fy, fg, log)
             last = first + (n_tiles - 1) * per_tile
             _load_tile(gy, fy, last, threads, n_vec, fill_zero, True)
@@ -581,8 +616,8 @@ def _define() -> SimpleNamespace:
             for i in cutlass.range(n_tiles - 1, unroll=1):
                 t = n_tiles - 2 - i
                 start = first + t * per_tile
-                _load_tile(gy, fy, start, threads, n_vec, fill_zero, False)
-                _load_tile(gg, fg, start, threads, n_vec, fill_zero, False)
+                _reload_tile(gy, sy, fy, start, t, per_cta, tidx, threads, n_vec, staged)
+                _reload_tile(gg, sg, fg, start, t, per_cta, tidx, threads, n_vec, staged)
                 if const_expr(has_cap):
                     _load_tile(gx, fx, start, threads, n_vec, x_zero, False)
                 _backward_tile(fy, fg, fd, total, log, fx, ft, scale, cap, has_scale, has_cap)
@@ -593,10 +628,11 @@ def _define() -> SimpleNamespace:
     @cute.jit
     def forward_entry(mX: cute.Tensor, mY: cute.Tensor, stream, log: cutlass.Constexpr[bool],
                       cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
-                      vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
+                      vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
+                      staged: cutlass.Constexpr[int]):
         """One cluster per row: grid = rows * cluster CTAs."""
-        _forward_kernel(mX, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass, False,
-                        False).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+        _forward_kernel(mX, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass, staged,
+                        False, False).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
                                       cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     @cute.jit
@@ -604,18 +640,20 @@ def _define() -> SimpleNamespace:
                             log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
                             threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                             vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                            has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+                            staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
+                            has_cap: cutlass.Constexpr[bool]):
         """`forward_entry` with the fused prologue (scale, softcap: run-time values)."""
-        _forward_kernel(mX, mY, scale, cap, log, cluster, threads, vec, vectors, two_pass, has_scale,
+        _forward_kernel(mX, mY, scale, cap, log, cluster, threads, vec, vectors, two_pass, staged, has_scale,
                         has_cap).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
                                         cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     @cute.jit
     def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: cutlass.Constexpr[bool],
                        cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
-                       vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool]):
+                       vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
+                       staged: cutlass.Constexpr[int]):
         _backward_kernel(mY, mG, mD, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass,
-                         False, False).launch(grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                         staged, False, False).launch(grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
                                               cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None,
                                               stream=stream)
 
@@ -624,9 +662,10 @@ def _define() -> SimpleNamespace:
                              cap: Float32, stream, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
                              threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                              vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                             has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+                             staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
+                            has_cap: cutlass.Constexpr[bool]):
         """`backward_entry` times the prologue's derivative; mX (x in y's dtype) is read with a softcap only."""
-        _backward_kernel(mY, mG, mD, mX, scale, cap, log, cluster, threads, vec, vectors, two_pass, has_scale,
+        _backward_kernel(mY, mG, mD, mX, scale, cap, log, cluster, threads, vec, vectors, two_pass, staged, has_scale,
                          has_cap).launch(grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
                                          cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 

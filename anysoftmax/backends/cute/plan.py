@@ -12,7 +12,7 @@ suffice); a row longer than the largest cluster holds is streamed in tiles (two 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...config import load_tuning, overrides_key
 from ...config import Overrides
@@ -48,6 +48,9 @@ class KernelKey:
     # values are run-time arguments, these flags say which steps the kernel has.
     scaled: bool = False
     capped: bool = False
+    # Two-pass row kernels: full tiles (the first `staged`) a CTA keeps in shared memory between
+    # the passes, so that the second pass reads them there instead of from L2 or memory.
+    staged: int = 0
 
     @property
     def fused(self) -> bool:
@@ -61,6 +64,11 @@ class KernelKey:
     def elems_per_tile(self) -> int:
         """Elements of a row one cluster holds at once."""
         return self.cluster * self.elems_per_cta
+
+    @property
+    def staged_bytes(self) -> int:
+        """Shared memory of a CTA's staged tiles (forward x; backward y and dy)."""
+        return self.staged * self.elems_per_cta * DTYPE_BYTES[self.in_dtype] * (2 if self.backward else 1)
 
     @property
     def operand_dtypes(self) -> tuple[str, ...]:
@@ -84,6 +92,8 @@ class KernelKey:
             return (f"{op} {dt} columns: cluster {self.cluster} x {self.threads} threads ({self.lanes} lanes) "
                     f"x {self.vectors} vec{self.vec}")
         passes = "two passes" if self.two_pass else "one pass"
+        if self.staged:
+            passes += f", {self.staged} tile{'s' * (self.staged > 1)} in shared memory"
         op += "+scale" * self.scaled + "+softcap" * self.capped
         return f"{op} {dt} cluster {self.cluster} x {self.threads} threads x {self.vectors} vec{self.vec} ({passes})"
 
@@ -104,15 +114,27 @@ def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
     return vec
 
 
+def _kind_bits(backward: bool, log: bool, in_dtype: str, out_dtype: str, vec: int) -> tuple[str, int]:
+    """The tuning table's (kind, bits) entry for a kernel: odd vectors of 16-bit values do not
+    pack two to a register and count as 32-bit ones, and so does a float32 output (a widening
+    dtype= too), which computes and keeps float32."""
+    kind = "backward" if backward else "log_softmax" if log else "softmax"
+    bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
+    return kind, bits
+
+
+def _entry(t: dict, name: str, kind: str, bits: int) -> int:
+    """Table entry `name`: one number for every kernel, or {kind: {bits: number}}."""
+    value = t[name]
+    return value if isinstance(value, int) else value[kind][bits]
+
+
 def _max_vectors(t: dict, backward: bool, log: bool, in_dtype: str, out_dtype: str, vec: int,
                  entry: str = "elems_per_thread") -> int:
     """Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
-    from the loads to the stores (see tuning.yaml). Odd vectors of 16-bit values do not pack
-    two to a register: they count as 32-bit ones. A float32 output (a widening dtype= too)
-    computes and keeps float32: the 32-bit counts."""
-    kind = "backward" if backward else "log_softmax" if log else "softmax"
-    bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
-    return max(1, int(t[entry][kind][bits] * t["elems_scale"]) // vec)
+    from the loads to the stores (see tuning.yaml)."""
+    kind, bits = _kind_bits(backward, log, in_dtype, out_dtype, vec)
+    return max(1, int(_entry(t, entry, kind, bits) * t["elems_scale"]) // vec)
 
 
 def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
@@ -136,16 +158,28 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
         threads = min(threads, max(t["min_threads"], next_power_of_2(cdiv(n_vec, max_vectors))))
         return KernelKey(backward, in_dtype, out_dtype, log, 1, threads, vec, cdiv(n_vec, threads), False, arch,
                          tvm_ffi, **fused)
-    fitting = [c for c in clusters if c >= need]
-    if fitting:
-        cluster = fitting[0]
-        return KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, cdiv(n_vec, cluster * threads),
-                         False, arch, tvm_ffi, **fused)
+    # Rows a cluster of `threads`-thread CTAs cannot hold take CTAs of `long_row_threads` (one
+    # an SM: the same registers an SM as two of `threads`, in half the CTAs of a cluster).
+    long_threads = max(threads, _entry(t, "long_row_threads", *_kind_bits(backward, log, in_dtype, out_dtype, vec)))
+    for width in sorted({threads, long_threads}):
+        fitting = [c for c in clusters if c * width * max_vectors >= n_vec]
+        if fitting:
+            cluster = fitting[0]
+            return KernelKey(backward, in_dtype, out_dtype, log, cluster, width, vec, cdiv(n_vec, cluster * width),
+                             False, arch, tvm_ffi, **fused)
+    threads, cluster = long_threads, clusters[-1]
     if (scaled or capped) and not backward:
         # The second pass recomputes the prologue (tanh) on reloaded tiles: fewer elements a tile.
         max_vectors = max(1, int(max_vectors * t["fused_two_pass_scale"]))
-    return KernelKey(backward, in_dtype, out_dtype, log, clusters[-1], threads, vec, max_vectors, True, arch, tvm_ffi,
-                     **fused)
+    tiles = cdiv(n_vec, cluster * threads * max_vectors)
+    # Tiles of equal size (`balance_tiles`): as few vectors a thread as that many tiles need, so
+    # that the last tile is not a sliver that leaves most threads idle.
+    vectors = cdiv(n_vec, tiles * cluster * threads) if t["balance_tiles"] else max_vectors
+    two = KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, True, arch, tvm_ffi, **fused)
+    # Full tiles (all but the last, which stays in registers) kept in shared memory, as many as
+    # `stage_bytes` a CTA holds: the second pass then reads them there, not from memory again.
+    full_tiles = cdiv(n_vec, two.elems_per_tile // vec) - 1
+    return replace(two, staged=min(full_tiles, t["stage_bytes"] // replace(two, staged=1).staged_bytes))
 
 
 def plan_cache_key() -> tuple:

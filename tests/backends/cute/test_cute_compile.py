@@ -78,6 +78,8 @@ def test_kinds_cover_every_path():
     assert any(k.two_pass for k, _ in KINDS) and any(not k.two_pass for k, _ in KINDS)
     assert {k.vec for k, _ in KINDS} >= {1, 2, 4, 8}
     assert {k.backward for k, _ in KINDS} == {False, True}
+    # Rows of 1M: CTAs of 512 threads (fp32) and tiles held in shared memory between the passes.
+    assert any(k.threads == 512 for k, _ in KINDS) and any(k.staged for k, _ in KINDS)
 
 
 def _compiled_ptx(key: KernelKey, frame_limit: int = 0) -> str:
@@ -104,8 +106,15 @@ def _compiled_ptx(key: KernelKey, frame_limit: int = 0) -> str:
     assert not re.search(r"\b(ld|st)\.local", ptx)
     res = cubin.resources(compiled.__cubin__)
     assert res.frame_bytes <= frame_limit, res
-    # Two CTAs of 256 threads fit one SM's 65536 registers (the table's premise): <= 128 each.
-    assert res.registers <= 65536 // (2 * 256) or key.threads < 256, res
+    # Two CTAs of 256 threads, or one of 512, fit one SM's 65536 registers (the table's
+    # premise): <= 128 each.
+    assert res.registers <= 65536 // 512 or key.threads < 256, res
+    # Tiles held between the passes go to shared memory and back in 16-byte vectors, each
+    # thread its own (no barrier): one store and one load a vector of each staged tensor.
+    shared_v4 = (len(re.findall(r"st\.shared\.v4", ptx)), len(re.findall(r"ld\.shared\.v4", ptx)))
+    staged_vectors = key.vectors * (2 if key.backward else 1) if key.staged and key.vec * DTYPE_BYTES[key.in_dtype] == 16 else 0
+    if key.vec * DTYPE_BYTES[key.in_dtype] == 16 and not key.lanes:  # row kernels
+        assert shared_v4 == (staged_vectors, staged_vectors), (shared_v4, key)
     return ptx
 
 
@@ -189,6 +198,12 @@ def test_plan_holds_the_row(backward, dtype, n):
     assert key.vec * key.vectors <= max(elems, key.vec)
     if key.two_pass:
         assert key.elems_per_tile < n and key.cluster == max(table()["clusters"])
+        tiles = -(-n // key.elems_per_tile)
+        # Equal tiles: one vector fewer a thread would need another tile.
+        assert key.cluster * key.threads * key.vec * (key.vectors - 1) * tiles < n
+        # Full tiles held in shared memory, as many as the table's bytes a CTA allow.
+        assert 0 < key.staged <= tiles - 1 and key.staged_bytes <= table()["stage_bytes"]
+        assert key.staged == tiles - 1 or key.staged_bytes + key.staged_bytes // key.staged > table()["stage_bytes"]
     else:
         assert key.elems_per_tile >= n
         # No bigger than needed: one vector fewer a thread would not hold the row.

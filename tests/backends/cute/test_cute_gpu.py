@@ -113,6 +113,10 @@ PATH_TABLES = {
     "two-pass-c2": dict(clusters=[1, 2], elems_scale=0.125),
     "two-pass-c1": dict(clusters=[1], elems_scale=0.25),
     "cluster16-thin": dict(clusters=[16], elems_scale=0.0625, threads=128),
+    # Tiles held in shared memory between the passes: some (the rest re-read), and all of them
+    # in CTAs of 512 threads.
+    "staged-some": dict(clusters=[1, 2], elems_scale=0.125, long_row_threads=256, stage_bytes=16384),
+    "staged-512": dict(clusters=[1, 2], elems_scale=0.125, long_row_threads=512),
 }
 
 
