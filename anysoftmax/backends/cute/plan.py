@@ -51,6 +51,9 @@ class KernelKey:
     # Two-pass row kernels: full tiles (the first `staged`) a CTA keeps in shared memory between
     # the passes, so that the second pass reads them there instead of from L2 or memory.
     staged: int = 0
+    # Staged tiles loaded into shared memory by cp.async, all issued before the register tiles'
+    # loads (else each is loaded to the registers and copied there).
+    prefetch: bool = False
 
     @property
     def fused(self) -> bool:
@@ -94,6 +97,7 @@ class KernelKey:
         passes = "two passes" if self.two_pass else "one pass"
         if self.staged:
             passes += f", {self.staged} tile{'s' * (self.staged > 1)} in shared memory"
+            passes += " by cp.async" * self.prefetch
         op += "+scale" * self.scaled + "+softcap" * self.capped
         return f"{op} {dt} cluster {self.cluster} x {self.threads} threads x {self.vectors} vec{self.vec} ({passes})"
 
@@ -179,7 +183,9 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     # Full tiles (all but the last, which stays in registers) kept in shared memory, as many as
     # `stage_bytes` a CTA holds: the second pass then reads them there, not from memory again.
     full_tiles = cdiv(n_vec, two.elems_per_tile // vec) - 1
-    return replace(two, staged=min(full_tiles, t["stage_bytes"] // replace(two, staged=1).staged_bytes))
+    staged = min(full_tiles, t["stage_bytes"] // replace(two, staged=1).staged_bytes)
+    # cp.async copies 4, 8 or 16 bytes: narrower vectors are staged through the registers.
+    return replace(two, staged=staged, prefetch=staged > 0 and t["stage_async"] and vec * DTYPE_BYTES[in_dtype] >= 4)
 
 
 def plan_cache_key() -> tuple:
