@@ -48,7 +48,6 @@ VARIANTS = {
     "t256": dict(long_row_threads=256),
     "stage96k": dict(stage_bytes=98304),
     "t256-stage96k": dict(long_row_threads=256, stage_bytes=98304),
-    "regstage": dict(stage_async=False),
 }
 
 

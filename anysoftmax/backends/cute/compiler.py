@@ -56,11 +56,11 @@ def compile_kernel(key: KernelKey, keep: bool = False):
         consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.lanes)
         entry = kernels.columns_backward_entry if key.backward else kernels.columns_forward_entry
     elif key.fused:
-        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.staged, key.prefetch, key.scaled,
+        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.staged, key.scaled,
                   key.capped)
         entry = kernels.fused_backward_entry if key.backward else kernels.fused_forward_entry
     else:
-        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.staged, key.prefetch)
+        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.staged)
         entry = kernels.backward_entry if key.backward else kernels.forward_entry
     tensors = tuple(_fake(d, key.vec, 3 if key.lanes else 2) for d in key.operand_dtypes)
     # A fused kernel's scale and softcap are run-time float32 arguments (a new value never recompiles).

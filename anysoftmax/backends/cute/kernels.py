@@ -13,7 +13,9 @@ vector `k` of tile `i` is vector number
 of the row, so that the 32 threads of a warp touch 32 consecutive vectors (512 coalesced bytes
 per fp32 load instruction). A row that fits in one tile (`two_pass` False) is read once, reduced,
 and written from the registers: one read and one write. A longer row is streamed tile by tile
-(`two_pass`): the first pass only reduces (an online max and sum); the second reads the tiles
+(`two_pass`): the first pass only reduces (an online max and sum) and stores the first `staged`
+full tiles to shared memory (each thread its own vectors, in the same order: it reads back only
+what it wrote, so no barrier); the second pass takes those from shared memory, reads the others
 again, newest first, so that they come from L2, and writes the result; the last tile stays in
 the registers between the passes. (Bulk L2 prefetches of the coming tiles were tried on an
 H100 and made these kernels hang or fault: "illegal instruction"; they are not used.)
@@ -241,40 +243,17 @@ def _define() -> SimpleNamespace:
 
     def _stage_buffer(smem, dtype, vec: int, n: int, none: cute.Tensor) -> cute.Tensor:
         """Shared memory for `n` vectors of `vec` elements (a thread's tiles held between the
-        passes), or `none` (a tensor that is never read as one) for n = 0. Vector j is 16 contiguous bytes at j * 16: a warp's 32
-        consecutive vectors are one 512-byte stretch, conflict-free like its global accesses."""
+        passes), or `none` (a tensor that is never read as one) for n = 0. Vector j is
+        contiguous at j * vec: a warp's 32 consecutive vectors are one stretch, conflict-free
+        like its global accesses."""
         if n == 0:
             return none
         return smem.allocate_tensor(dtype, cute.make_layout((vec, n)), byte_alignment=16)
 
-    def _chunks(vectors: int, most: int = 4) -> list:
-        """(first vector, vectors) of the chunks a tile's `vectors` are read in, `most` at a time."""
-        return [(c, min(most, vectors - c)) for c in range(0, vectors, most)]
-
     @cute.jit
-    def _held_tiles(n_tiles: Int32, staged: cutlass.Constexpr[int]) -> Int32:
-        """Full tiles of a row held in shared memory: the first `staged`, or all but the last."""
-        held = n_tiles - 1
-        if held > staged:
-            held = Int32(staged)
-        return held
-
-    @cute.jit
-    def _async_tile(gv: cute.Tensor, sv: cute.Tensor, gfirst: Int32, sfirst: Int32, threads: cutlass.Constexpr[int],
-                    vectors: cutlass.Constexpr[int]):
-        """Vectors gfirst + k * threads of `gv` to vectors sfirst + k * threads of `sv` (shared
-        memory) by cp.async, without registers: it returns before the data arrives (the thread
-        waits with cp.async.wait_group before reading its own copies back)."""
-        bits = gv.element_type.width * cute.size(gv, mode=[0])
-        mode = cute.nvgpu.LoadCacheMode.GLOBAL if const_expr(bits == 128) else cute.nvgpu.LoadCacheMode.ALWAYS
-        atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cache_mode=mode), gv.element_type,
-                                   num_bits_per_copy=bits)
-        for k in cutlass.range_constexpr(vectors):
-            cute.copy(atom, gv[None, gfirst + k * threads], sv[None, sfirst + k * threads])
-
-    @cute.jit
-    def _reload_tile(gv: cute.Tensor, sv: cute.Tensor, frag: cute.Tensor, start: Int32, tile: Int32, per_cta: cutlass.Constexpr[int],
-                     tidx: Int32, threads: cutlass.Constexpr[int], n_vec: Int32, staged: cutlass.Constexpr[int]):
+    def _reload_tile(gv: cute.Tensor, sv: cute.Tensor, frag: cute.Tensor, start: Int32, tile: Int32,
+                     per_cta: cutlass.Constexpr[int], tidx: Int32, threads: cutlass.Constexpr[int], n_vec: Int32,
+                     staged: cutlass.Constexpr[int]):
         """Full tile `tile` (global vectors from `start`) for the second pass: from this thread's
         stretch of shared memory if the first pass staged it there (tiles below `staged`), else
         from global memory (L2 when it is still there). A thread reads back only what it wrote
@@ -485,8 +464,8 @@ def _define() -> SimpleNamespace:
     def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, scale: Float32, cap: Float32, log: cutlass.Constexpr[bool],
                         cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                         vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                        staged: cutlass.Constexpr[int], prefetch: cutlass.Constexpr[bool],
-                        has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+                        staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
+                        has_cap: cutlass.Constexpr[bool]):
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -517,9 +496,6 @@ def _define() -> SimpleNamespace:
         fe_half = const_expr(_narrow(mY) and vec % 2 == 0 and not fused)
         fe = cute.make_rmem_tensor(frag, cutlass.Float16 if fe_half else Float32)
         neg_inf = -mX.element_type.inf
-        chunks = _chunks(vectors)  # staged tiles' statistics, a few vectors at a time (prefetch)
-        chunk_frags = {n: (cute.make_rmem_tensor(cute.make_layout((vec, n)), mX.element_type),
-                           cute.make_rmem_tensor(cute.make_layout((vec, n)), Float32)) for _, n in chunks}
         if const_expr(not two_pass):
             _load_tile(gx, fx, first, threads, n_vec, neg_inf, True)
             if const_expr(fused):
@@ -537,16 +513,9 @@ def _define() -> SimpleNamespace:
             n_tiles = (n_vec + per_tile - 1) // per_tile
             sx = _stage_buffer(smem, mX.element_type, vec, staged * per_cta, gx)
             m, s = -Float32.inf, Float32(0.0)
-            held = _held_tiles(n_tiles, staged)
-            if const_expr(prefetch):
-                # The held tiles go to shared memory by cp.async, all issued before the register
-                # tiles' loads: the CTA's whole share of the row is in flight at once.
-                for i in cutlass.range(held, unroll=1):
-                    _async_tile(gx, sx, first + i * per_tile, i * per_cta + tidx, threads, vectors)
-                cute.arch.cp_async_commit_group()
-            for i in cutlass.range(held if const_expr(prefetch) else 0, n_tiles - 1, 1, unroll=1):  # full tiles
+            for i in cutlass.range(n_tiles - 1, unroll=1):  # the full tiles
                 _load_tile(gx, fx, first + i * per_tile, threads, n_vec, neg_inf, False)
-                if const_expr(staged > 0 and not prefetch):
+                if const_expr(staged > 0):
                     if i < staged:
                         _store_tile(fx, sx, i * per_cta + tidx, threads, n_vec, False)
                 if const_expr(fused):
@@ -557,22 +526,6 @@ def _define() -> SimpleNamespace:
                 m, s = _combine_pair(m, s, tm, ts)
             last = first + (n_tiles - 1) * per_tile
             _load_tile(gx, fx, last, threads, n_vec, neg_inf, True)
-            if const_expr(prefetch):
-                # The held tiles' statistics while the last tile's loads are in flight, in
-                # chunks of a few vectors (the registers hold the last tile); its statistics
-                # come after, so that no float32 copies of it are live across this loop.
-                cute.arch.cp_async_wait_group(0)  # this thread's copies: the only ones it reads
-                for i in cutlass.range(held, unroll=1):
-                    for c in cutlass.range_constexpr(len(chunks)):
-                        fc, fzc = chunk_frags[chunks[c][1]]
-                        _load_tile(sx, fc, i * per_cta + chunks[c][0] * threads + tidx, threads, n_vec, neg_inf,
-                                   False)
-                        if const_expr(fused):
-                            tm, ts = _tile_stats_fused(fc, fzc, False, scale, cap, has_scale, has_cap, first, threads,
-                                                       n_vec, False, precise)
-                        else:
-                            tm, ts = _tile_stats(fc, fzc, False, packed)
-                        m, s = _combine_pair(m, s, tm, ts)
             if const_expr(fused):
                 tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, last, threads, n_vec, True,
                                            precise)
@@ -595,8 +548,8 @@ def _define() -> SimpleNamespace:
                          cap: Float32, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
                          threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                          vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                         staged: cutlass.Constexpr[int], prefetch: cutlass.Constexpr[bool],
-                         has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+                         staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
+                         has_cap: cutlass.Constexpr[bool]):
         """dx from y and dy; with a softcap, x (the forward's input, in y's dtype) is read for the
         derivative tile by tile after the reduction (it is not held across it)."""
         warps = threads // WARP
@@ -626,9 +579,6 @@ def _define() -> SimpleNamespace:
         # Vectors past the row's end read as y = 0, g = 0: they add nothing to either sum.
         fill_zero = mY.element_type(0.0)
         x_zero = mX.element_type(0.0)
-        chunks = _chunks(vectors)  # staged tiles' partial sums, a few vectors at a time (prefetch)
-        chunk_frags = {n: (cute.make_rmem_tensor(cute.make_layout((vec, n)), mY.element_type),
-                           cute.make_rmem_tensor(cute.make_layout((vec, n)), mG.element_type)) for _, n in chunks}
         if const_expr(not two_pass):
             _load_tile(gy, fy, first, threads, n_vec, fill_zero, True)
             _load_tile(gg, fg, first, threads, n_vec, fill_zero, True)
@@ -646,17 +596,11 @@ def _define() -> SimpleNamespace:
             sy = _stage_buffer(smem, mY.element_type, vec, staged * per_cta, gy)
             sg = _stage_buffer(smem, mG.element_type, vec, staged * per_cta, gg)
             acc = Float32(0.0)
-            held = _held_tiles(n_tiles, staged)
-            if const_expr(prefetch):  # as in the forward: held tiles by cp.async, all at once
-                for i in cutlass.range(held, unroll=1):
-                    _async_tile(gy, sy, first + i * per_tile, i * per_cta + tidx, threads, vectors)
-                    _async_tile(gg, sg, first + i * per_tile, i * per_cta + tidx, threads, vectors)
-                cute.arch.cp_async_commit_group()
-            for i in cutlass.range(held if const_expr(prefetch) else 0, n_tiles - 1, 1, unroll=1):
+            for i in cutlass.range(n_tiles - 1, unroll=1):
                 start = first + i * per_tile
                 _load_tile(gy, fy, start, threads, n_vec, fill_zero, False)
                 _load_tile(gg, fg, start, threads, n_vec, fill_zero, False)
-                if const_expr(staged > 0 and not prefetch):
+                if const_expr(staged > 0):
                     if i < staged:
                         _store_tile(fy, sy, i * per_cta + tidx, threads, n_vec, False)
                         _store_tile(fg, sg, i * per_cta + tidx, threads, n_vec, False)
@@ -664,16 +608,6 @@ def _define() -> SimpleNamespace:
             last = first + (n_tiles - 1) * per_tile
             _load_tile(gy, fy, last, threads, n_vec, fill_zero, True)
             _load_tile(gg, fg, last, threads, n_vec, fill_zero, True)
-            if const_expr(prefetch):  # as in the forward: the held tiles while the last one loads
-                cute.arch.cp_async_wait_group(0)
-                for i in cutlass.range(held, unroll=1):
-                    for c in cutlass.range_constexpr(len(chunks)):
-                        cy, cg = chunk_frags[chunks[c][1]]
-                        _load_tile(sy, cy, i * per_cta + chunks[c][0] * threads + tidx, threads, n_vec, fill_zero,
-                                   False)
-                        _load_tile(sg, cg, i * per_cta + chunks[c][0] * threads + tidx, threads, n_vec, fill_zero,
-                                   False)
-                        acc = acc + _backward_partial(cy, cg, log)
             acc = acc + _backward_partial(fy, fg, log)
             _, total = _row_reduce(Float32(0.0), acc, slots, mbar, False, cluster, warps)
             if const_expr(narrow):
@@ -695,54 +629,49 @@ def _define() -> SimpleNamespace:
 
     # ---------------------------------------------------------------- host entry points
 
-    def _launch(kernel, rows, cluster: int, threads: int, staged: int, stream):
-        """One cluster of `cluster` CTAs per row. Kernels with staged tiles are compiled for two
-        CTAs of 256 threads an SM (one of 512): <= 128 registers, as the table assumes; without
-        the bound ptxas gave the cp.async kernels up to 228 (bf16, 12 vectors). Their shared
-        memory takes the SM's whole carveout."""
-        bounds = dict(min_blocks_per_mp=512 // threads, preferred_smem_carveout=100) if staged and threads <= 256 else {}
-        kernel.launch(grid=[rows * cluster, 1, 1], block=[threads, 1, 1], cluster=[cluster, 1, 1] if cluster > 1 else None,
-                      stream=stream, **bounds)
-
-
     @cute.jit
     def forward_entry(mX: cute.Tensor, mY: cute.Tensor, stream, log: cutlass.Constexpr[bool],
                       cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                       vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                      staged: cutlass.Constexpr[int], prefetch: cutlass.Constexpr[bool]):
+                      staged: cutlass.Constexpr[int]):
         """One cluster per row: grid = rows * cluster CTAs."""
-        _launch(_forward_kernel(mX, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass, staged, prefetch,
-                        False, False), mX.shape[0], cluster, threads, staged, stream)
+        _forward_kernel(mX, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass, staged,
+                        False, False).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                      cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     @cute.jit
     def fused_forward_entry(mX: cute.Tensor, mY: cute.Tensor, scale: Float32, cap: Float32, stream,
                             log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
                             threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                             vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                            staged: cutlass.Constexpr[int], prefetch: cutlass.Constexpr[bool], has_scale: cutlass.Constexpr[bool],
+                            staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
                             has_cap: cutlass.Constexpr[bool]):
         """`forward_entry` with the fused prologue (scale, softcap: run-time values)."""
-        _launch(_forward_kernel(mX, mY, scale, cap, log, cluster, threads, vec, vectors, two_pass, staged, prefetch, has_scale,
-                        has_cap), mX.shape[0], cluster, threads, staged, stream)
+        _forward_kernel(mX, mY, scale, cap, log, cluster, threads, vec, vectors, two_pass, staged, has_scale,
+                        has_cap).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                        cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     @cute.jit
     def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: cutlass.Constexpr[bool],
                        cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                        vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                       staged: cutlass.Constexpr[int], prefetch: cutlass.Constexpr[bool]):
-        _launch(_backward_kernel(mY, mG, mD, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass,
-                         staged, prefetch, False, False), mY.shape[0], cluster, threads, staged, stream)
+                       staged: cutlass.Constexpr[int]):
+        _backward_kernel(mY, mG, mD, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass,
+                         staged, False, False).launch(grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                              cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None,
+                                              stream=stream)
 
     @cute.jit
     def fused_backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, mX: cute.Tensor, scale: Float32,
                              cap: Float32, stream, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
                              threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                              vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
-                             staged: cutlass.Constexpr[int], prefetch: cutlass.Constexpr[bool], has_scale: cutlass.Constexpr[bool],
+                             staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
                             has_cap: cutlass.Constexpr[bool]):
         """`backward_entry` times the prologue's derivative; mX (x in y's dtype) is read with a softcap only."""
-        _launch(_backward_kernel(mY, mG, mD, mX, scale, cap, log, cluster, threads, vec, vectors, two_pass, staged, prefetch, has_scale,
-                         has_cap), mY.shape[0], cluster, threads, staged, stream)
+        _backward_kernel(mY, mG, mD, mX, scale, cap, log, cluster, threads, vec, vectors, two_pass, staged, has_scale,
+                         has_cap).launch(grid=[mY.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                         cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     from . import column_kernels
 

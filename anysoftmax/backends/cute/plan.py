@@ -7,7 +7,9 @@ Arithmetic of a plan (the default table): a thread holds `vectors` vectors of `v
 (16 bytes): fp32 softmax 64 elements = 16 vectors of 4 floats in ~88 registers; a CTA of 256
 threads then holds 16384 elements, and a cluster of `cluster` CTAs `cluster` times that. The
 planner takes the smallest cluster that holds the row (then as few vectors per thread as
-suffice); a row longer than the largest cluster holds is streamed in tiles (two passes).
+suffice), then CTAs of `long_row_threads` (512: one an SM, the same registers); a row longer
+than that is streamed in equal tiles (two passes), the first pass's full tiles held in shared
+memory for the second, as many as `stage_bytes` a CTA allow.
 """
 
 from __future__ import annotations
@@ -51,9 +53,6 @@ class KernelKey:
     # Two-pass row kernels: full tiles (the first `staged`) a CTA keeps in shared memory between
     # the passes, so that the second pass reads them there instead of from L2 or memory.
     staged: int = 0
-    # Staged tiles loaded into shared memory by cp.async, all issued before the register tiles'
-    # loads (else each is loaded to the registers and copied there).
-    prefetch: bool = False
 
     @property
     def fused(self) -> bool:
@@ -97,7 +96,6 @@ class KernelKey:
         passes = "two passes" if self.two_pass else "one pass"
         if self.staged:
             passes += f", {self.staged} tile{'s' * (self.staged > 1)} in shared memory"
-            passes += " by cp.async" * self.prefetch
         op += "+scale" * self.scaled + "+softcap" * self.capped
         return f"{op} {dt} cluster {self.cluster} x {self.threads} threads x {self.vectors} vec{self.vec} ({passes})"
 
@@ -183,9 +181,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     # Full tiles (all but the last, which stays in registers) kept in shared memory, as many as
     # `stage_bytes` a CTA holds: the second pass then reads them there, not from memory again.
     full_tiles = cdiv(n_vec, two.elems_per_tile // vec) - 1
-    staged = min(full_tiles, t["stage_bytes"] // replace(two, staged=1).staged_bytes)
-    # cp.async copies 4, 8 or 16 bytes: narrower vectors are staged through the registers.
-    return replace(two, staged=staged, prefetch=staged > 0 and t["stage_async"] and vec * DTYPE_BYTES[in_dtype] >= 4)
+    return replace(two, staged=min(full_tiles, t["stage_bytes"] // replace(two, staged=1).staged_bytes))
 
 
 def plan_cache_key() -> tuple:

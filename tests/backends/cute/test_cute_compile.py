@@ -112,8 +112,8 @@ def _compiled_ptx(key: KernelKey, frame_limit: int = 0) -> str:
     # Tiles held between the passes go to shared memory and back in 16-byte vectors, each
     # thread its own (no barrier): one store and one load a vector of each staged tensor.
     shared_v4 = (len(re.findall(r"st\.shared\.v4", ptx)), len(re.findall(r"ld\.shared\.v4", ptx)))
-    staged_vectors = key.vectors * (2 if key.backward else 1) if key.staged and key.vec * DTYPE_BYTES[key.in_dtype] == 16 else 0
     if key.vec * DTYPE_BYTES[key.in_dtype] == 16 and not key.lanes:  # row kernels
+        staged_vectors = key.vectors * (2 if key.backward else 1) if key.staged else 0
         assert shared_v4 == (staged_vectors, staged_vectors), (shared_v4, key)
     return ptx
 
@@ -255,3 +255,19 @@ def test_overrides_change_the_plan():
     with pytest.raises(KeyError, match="unknown cute tuning key"):
         with overrides(no_such_key=1):
             pass
+
+
+def test_long_rows_take_wider_ctas_then_held_tiles():
+    """Rows past 16 CTAs of 256 threads: CTAs of 512 where the table says so (one pass if that
+    holds the row), then two passes over equal tiles with the full ones held in shared memory."""
+    bwd = make_plan(True, "float32", "float32", False, 262144, 64, ARCH, True)
+    assert (bwd.threads, bwd.cluster, bwd.two_pass) == (512, 16, False)  # y and dy: 32 fp32 a thread
+    with overrides(long_row_threads=256):
+        assert make_plan(True, "float32", "float32", False, 262144, 64, ARCH, True).two_pass
+    fwd = make_plan(False, "bfloat16", "bfloat16", False, 1 << 20, 64, ARCH, True)
+    assert fwd.threads == 256 and fwd.two_pass and fwd.staged == 2  # three equal tiles, two held
+    with overrides(stage_bytes=0):
+        assert make_plan(False, "bfloat16", "bfloat16", False, 1 << 20, 64, ARCH, True).staged == 0
+    with overrides(balance_tiles=False):
+        assert make_plan(False, "bfloat16", "bfloat16", False, 1 << 20, 64, ARCH, True).vectors == 12
+    assert "2 tiles in shared memory" in fwd.describe()
