@@ -9,7 +9,7 @@ threads then holds 16384 elements, and a cluster of `cluster` CTAs `cluster` tim
 planner takes the smallest cluster that holds the row (then as few vectors per thread as
 suffice), then CTAs of `long_row_threads` (512: one an SM, the same registers); a row longer
 than that is streamed in equal tiles (two passes), the first pass's full tiles held in shared
-memory for the second, as many as `stage_bytes` a CTA allow.
+memory for the second, as many as `stage_bytes` an SM allow (shared by the CTAs an SM holds).
 """
 
 from __future__ import annotations
@@ -179,9 +179,18 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     vectors = cdiv(n_vec, tiles * cluster * threads) if t["balance_tiles"] else max_vectors
     two = KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, True, arch, tvm_ffi, **fused)
     # Full tiles (all but the last, which stays in registers) kept in shared memory, as many as
-    # `stage_bytes` a CTA holds: the second pass then reads them there, not from memory again.
+    # the CTA's share of `stage_bytes` holds: the second pass then reads them there, not from
+    # memory again.
     full_tiles = cdiv(n_vec, two.elems_per_tile // vec) - 1
-    return replace(two, staged=min(full_tiles, t["stage_bytes"] // replace(two, staged=1).staged_bytes))
+    budget = stage_budget(t, threads)
+    return replace(two, staged=min(full_tiles, budget // replace(two, staged=1).staged_bytes))
+
+
+def stage_budget(t: dict, threads: int) -> int:
+    """Shared memory a CTA may fill with held tiles: `stage_bytes` (an SM's) shared by the CTAs
+    of `threads` an SM holds by the registers' premise (two of 256, one of 512), so that holding
+    tiles never costs a CTA of occupancy."""
+    return t["stage_bytes"] // max(1, 512 // threads)
 
 
 def plan_cache_key() -> tuple:

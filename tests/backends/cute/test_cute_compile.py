@@ -13,8 +13,8 @@ import re
 import pytest
 
 from anysoftmax.backends.cute import env
-from anysoftmax.backends.cute.plan import (DTYPE_BYTES, KernelKey, make_column_plan, make_plan, overrides, table,
-                                          vector_width)
+from anysoftmax.backends.cute.plan import (DTYPE_BYTES, KernelKey, make_column_plan, make_plan, overrides,
+                                          stage_budget, table, vector_width)
 
 NEEDS_DSL = pytest.mark.skipif(env.dsl_missing(check_import=False) is not None,
                                reason=f"{env.dsl_missing(check_import=False)}: the cute kernels cannot compile here")
@@ -202,8 +202,9 @@ def test_plan_holds_the_row(backward, dtype, n):
         # Equal tiles: one vector fewer a thread would need another tile.
         assert key.cluster * key.threads * key.vec * (key.vectors - 1) * tiles < n
         # Full tiles held in shared memory, as many as the table's bytes a CTA allow.
-        assert 0 < key.staged <= tiles - 1 and key.staged_bytes <= table()["stage_bytes"]
-        assert key.staged == tiles - 1 or key.staged_bytes + key.staged_bytes // key.staged > table()["stage_bytes"]
+        budget = stage_budget(table(), key.threads)
+        assert 0 < key.staged <= tiles - 1 and key.staged_bytes <= budget
+        assert key.staged == tiles - 1 or key.staged_bytes + key.staged_bytes // key.staged > budget
     else:
         assert key.elems_per_tile >= n
         # No bigger than needed: one vector fewer a thread would not hold the row.
