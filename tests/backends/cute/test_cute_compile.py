@@ -272,3 +272,8 @@ def test_long_rows_take_wider_ctas_then_held_tiles():
     with overrides(balance_tiles=False):
         assert make_plan(False, "bfloat16", "bfloat16", False, 1 << 20, 64, ARCH, True).vectors == 12
     assert "2 tiles in shared memory" in fwd.describe()
+    # Held tiles never cost occupancy: two CTAs of 256 threads an SM share `stage_bytes` (the
+    # fused bf16 forward of 1M: six of its seven 16 KB tiles, not all seven in one CTA an SM).
+    fused = make_plan(False, "bfloat16", "bfloat16", False, 1 << 20, 64, ARCH, True, capped=True)
+    assert fused.threads == 256 and fused.staged_bytes <= table()["stage_bytes"] // 2
+    assert (fused.staged, fused.staged_bytes) == (6, 6 * 16384)
