@@ -68,9 +68,14 @@ class KernelKey:
         return self.cluster * self.elems_per_cta
 
     @property
+    def tile_bytes(self) -> int:
+        """Shared memory one held tile of a CTA takes (forward x; backward y and dy)."""
+        return self.elems_per_cta * DTYPE_BYTES[self.in_dtype] * (2 if self.backward else 1)
+
+    @property
     def staged_bytes(self) -> int:
-        """Shared memory of a CTA's staged tiles (forward x; backward y and dy)."""
-        return self.staged * self.elems_per_cta * DTYPE_BYTES[self.in_dtype] * (2 if self.backward else 1)
+        """Shared memory of a CTA's staged tiles."""
+        return self.staged * self.tile_bytes
 
     @property
     def operand_dtypes(self) -> tuple[str, ...]:
@@ -131,12 +136,10 @@ def _entry(t: dict, name: str, kind: str, bits: int) -> int:
     return value if isinstance(value, int) else value[kind][bits]
 
 
-def _max_vectors(t: dict, backward: bool, log: bool, in_dtype: str, out_dtype: str, vec: int,
-                 entry: str = "elems_per_thread") -> int:
+def _max_vectors(t: dict, kind_bits: tuple[str, int], vec: int, entry: str = "elems_per_thread") -> int:
     """Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
     from the loads to the stores (see tuning.yaml)."""
-    kind, bits = _kind_bits(backward, log, in_dtype, out_dtype, vec)
-    return max(1, int(_entry(t, entry, kind, bits) * t["elems_scale"]) // vec)
+    return max(1, int(_entry(t, entry, *kind_bits) * t["elems_scale"]) // vec)
 
 
 def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
@@ -149,8 +152,8 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_cols, align_elems, elem_bytes)
     n_vec = n_cols // vec
-    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec,
-                               "fused_elems_per_thread" if scaled or capped else "elems_per_thread")
+    kind_bits = _kind_bits(backward, log, in_dtype, out_dtype, vec)
+    max_vectors = _max_vectors(t, kind_bits, vec, "fused_elems_per_thread" if scaled or capped else "elems_per_thread")
     fused = dict(scaled=scaled, capped=capped)
     threads = t["threads"]
     clusters = sorted(t["clusters"])
@@ -162,7 +165,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
                          tvm_ffi, **fused)
     # Rows a cluster of `threads`-thread CTAs cannot hold take CTAs of `long_row_threads` (one
     # an SM: the same registers an SM as two of `threads`, in half the CTAs of a cluster).
-    long_threads = max(threads, _entry(t, "long_row_threads", *_kind_bits(backward, log, in_dtype, out_dtype, vec)))
+    long_threads = max(threads, _entry(t, "long_row_threads", *kind_bits))
     for width in sorted({threads, long_threads}):
         fitting = [c for c in clusters if c * width * max_vectors >= n_vec]
         if fitting:
@@ -178,12 +181,10 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     # that the last tile is not a sliver that leaves most threads idle.
     vectors = cdiv(n_vec, tiles * cluster * threads) if t["balance_tiles"] else max_vectors
     two = KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, True, arch, tvm_ffi, **fused)
-    # Full tiles (all but the last, which stays in registers) kept in shared memory, as many as
-    # the CTA's share of `stage_bytes` holds: the second pass then reads them there, not from
-    # memory again.
-    full_tiles = cdiv(n_vec, two.elems_per_tile // vec) - 1
-    budget = stage_budget(t, threads)
-    return replace(two, staged=min(full_tiles, budget // replace(two, staged=1).staged_bytes))
+    # Full tiles (all but the last, which stays in registers; fewer vectors never add a tile)
+    # kept in shared memory, as many as the CTA's share of `stage_bytes` holds: the second pass
+    # then reads them there, not from memory again.
+    return replace(two, staged=min(tiles - 1, stage_budget(t, threads) // two.tile_bytes))
 
 
 def stage_budget(t: dict, threads: int) -> int:
@@ -210,7 +211,7 @@ def make_column_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n
     t = table() if tuning is None else tuning
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_inner, align_elems, elem_bytes)
-    max_vectors = _max_vectors(t, backward, log, in_dtype, out_dtype, vec, "column_elems_per_thread")
+    max_vectors = _max_vectors(t, _kind_bits(backward, log, in_dtype, out_dtype, vec), vec, "column_elems_per_thread")
     threads = t["threads"]
     clusters = sorted(t["clusters"])
     # Lanes per strip row: no more than the column vectors there are (a strip of 32 fp32
