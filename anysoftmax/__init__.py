@@ -10,12 +10,12 @@ Importing the package loads no backend: they are loaded on first use of the regi
 """
 
 from ._version import __version__
-from .api import log_softmax, softmax, softmax_backward
+from .torchop.api import log_softmax, softmax, softmax_backward
 from .core.errors import BackendUnavailableError, UnsupportedRequestError
 from .core.registry import get_backend, list_backends, register, unregister
 from .core.spec import SoftmaxSpec
 from .dispatch import refresh
-from .override import disable, enable, enabled, use
+from .torchop.override import disable, enable, enabled, use
 from . import nn
 
 __all__ = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .api import log_softmax, softmax
+from .torchop.api import log_softmax, softmax
 
 
 class Softmax(torch.nn.Softmax):

@@ -7,7 +7,7 @@ with `torch.compile(fullgraph=True, dynamic=False)` in the default mode and in
 `mode="reduce-overhead"` (CUDA graphs). Providers (`--providers`; the first three by default):
 * `torch`: torch.softmax (Inductor generates and may fuse its own softmax);
 * `anysoftmax`: anysoftmax.softmax, whose Triton kernels appear in the graph as user-defined
-  kernels (`anysoftmax.traced_ops`);
+  kernels (`anysoftmax.torchop.traced_ops`);
 * `anysoftmax:scale`: the same with the temperature folded in, `softmax(QK^T, -1, scale=)`
   (the fused family): no separate multiply, no scaled copy of the scores;
 * `anysoftmax:opaque`: the same with $ANYSOFTMAX_COMPILE_KERNELS=0 while compiling, i.e. the

@@ -69,7 +69,7 @@ def cols_candidates():
 
 def backward_ok(y_dy, dim) -> bool:
     """The Triton backward of (y, dy) checked as the benchmark checks every provider's."""
-    from anysoftmax.api import softmax_backward
+    from anysoftmax.torchop.api import softmax_backward
     from anysoftmax.core import SoftmaxSpec, compare_backward
 
     y, dy = y_dy
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import anysoftmax
-    from anysoftmax.api import softmax_backward
+    from anysoftmax.torchop.api import softmax_backward
     from anysoftmax.backends.triton import heuristics
     from anysoftmax.core import SoftmaxSpec, compare
 

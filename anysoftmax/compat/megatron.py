@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import api
+from ..torchop import api
 
 MASK_TYPES = ("padding", "causal", "no_mask", "padding_causal", "arbitrary")
 

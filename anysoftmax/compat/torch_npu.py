@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import api
+from ..torchop import api
 
 
 def npu_scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float = 1.0,

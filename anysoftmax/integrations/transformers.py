@@ -48,11 +48,11 @@ except ImportError as exc:  # the one module that needs transformers: say how to
     raise ImportError(f"anysoftmax.integrations.transformers needs transformers>=5.17: "
                       f"pip install 'anysoftmax[hf]' ({exc})") from exc
 
-from .. import api
+from ..torchop import api
 
 NAME = "anysoftmax"
 
-# Served calls by feature (tests and users read them, like `anysoftmax.override.calls`):
+# Served calls by feature (tests and users read them, like `anysoftmax.torchop.override.calls`):
 # "forward" every call; "mask" a bool mask, "additive" a floating mask, "causal" no mask but
 # causal; "softcap" and "sinks" when present.
 calls = {"forward": 0, "mask": 0, "additive": 0, "causal": 0, "softcap": 0, "sinks": 0}

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .. import api
+from ..torchop import api
 from ..core.registry import BackendUnavailableError, UnsupportedRequestError, unavailable_reason
 from .composition import composition
 from .operands import Operands, call_kwargs

@@ -45,7 +45,7 @@ def test_triton_backward_kernels(path, dtype, log, gen):
     over = dict(max_tile_elems=64, split_chunk_bytes=128) if path == "split" else {}
     with heuristics.override(**over):
         y = (anysoftmax.log_softmax if log else anysoftmax.softmax)(x, 1, backend="triton")
-        dx = anysoftmax.api.softmax_backward(y, g, 1, log=log, backend="triton")
+        dx = anysoftmax.torchop.api.softmax_backward(y, g, 1, log=log, backend="triton")
     result = compare_backward(dx, y, g, SoftmaxSpec.from_tensor(y, 1, log=log))
     assert result.ok, result.detail
 

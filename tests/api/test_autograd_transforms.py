@@ -7,7 +7,7 @@ import torch.autograd.forward_ad as fwad
 from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 import anysoftmax
-from anysoftmax import ops, registration  # noqa: F401  (the operators with their autograd and routing)
+from anysoftmax.torchop import ops, registration  # noqa: F401  (the operators with their autograd and routing)
 from helpers import runnable_backends, takes_float64
 
 CPU_BACKENDS = runnable_backends("cpu")

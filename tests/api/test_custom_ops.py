@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax import ops, registration  # noqa: F401  (the operators with their autograd and routing)
+from anysoftmax.torchop import ops, registration  # noqa: F401  (the operators with their autograd and routing)
 from anysoftmax.core import SoftmaxSpec, compare
 from helpers import backend_devices, takes_float64
 

@@ -152,14 +152,14 @@ def test_errors_raise_before_any_backend_runs(backend):
 ])
 def test_backward_bad_grad_names_it(grad, exc, words, exploding):
     with pytest.raises(exc, match=words):
-        anysoftmax.api.softmax_backward(torch.rand(3, 4), grad, 1, backend=exploding)
+        anysoftmax.torchop.api.softmax_backward(torch.rand(3, 4), grad, 1, backend=exploding)
 
 
 def test_backward_grad_on_another_device():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU to put grad on another device")
     with pytest.raises(ValueError, match="grad is on cuda"):
-        anysoftmax.api.softmax_backward(torch.rand(3, 4), torch.rand(3, 4, device="cuda"), 1)
+        anysoftmax.torchop.api.softmax_backward(torch.rand(3, 4), torch.rand(3, 4, device="cuda"), 1)
 
 
 def test_integer_input_with_float_dtype_is_accepted_complex_is_not(exploding):

@@ -99,7 +99,7 @@ def test_huge_backward_gpu():
     y = anysoftmax.softmax(x, 1)
     del x
     g = torch.randn(y.shape, device="cuda", dtype=torch.float16, generator=gen)
-    dx = anysoftmax.api.softmax_backward(y, g, 1)
+    dx = anysoftmax.torchop.api.softmax_backward(y, g, 1)
     step = 2048
     for start in range(0, y.shape[0], step):
         ys, gs = y[start:start + step], g[start:start + step]

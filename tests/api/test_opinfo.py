@@ -81,10 +81,10 @@ def test_backward_samples(backend, key, dtype):
         refusal = anysoftmax.get_backend(backend).supports(spec)
         if refusal is not None:  # a declared limit: the call must say so
             with pytest.raises(anysoftmax.UnsupportedRequestError, match=backend):
-                anysoftmax.api.softmax_backward(y, grad, dim, backend=backend)
+                anysoftmax.torchop.api.softmax_backward(y, grad, dim, backend=backend)
             seen.declared.add(refusal)
             continue
-        dx = anysoftmax.api.softmax_backward(y, grad, dim, backend=backend)
+        dx = anysoftmax.torchop.api.softmax_backward(y, grad, dim, backend=backend)
         result = compare_backward(dx, y, grad, spec)
         assert result.ok, result.detail
         got = dx.to(input_dtype)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax import override
+from anysoftmax.torchop import override
 from anysoftmax.core import registry
 from anysoftmax.core.reference import backward_from_output
 from helpers import StubBackend, runnable_backends

@@ -174,7 +174,7 @@ def test_fake_and_functional_tensors_never_reach_dispatch():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
-    from anysoftmax import fused_autodiff
+    from anysoftmax.torchop import fused_autodiff
 
     plain = torch.randn(3)
     assert fused_autodiff._direct(plain, None, torch.nn.Parameter(plain))

@@ -101,7 +101,7 @@ def test_reports_go_to_the_results_folder_not_the_current_one(small_matrix, tmp_
 
 
 def test_use_and_enable_warn_when_they_serve_no_device_present():
-    from anysoftmax.override import device_present
+    from anysoftmax.torchop.override import device_present
 
     absent = [d for d in ("cuda", "npu") if not device_present(d)]
     if not absent:

@@ -4,7 +4,7 @@
 ops and `wrap_triton(kernel)[grid](...)` only, so that AOTAutograd records every launch as a
 `triton_kernel_wrapper_functional` node and Inductor compiles it as a user-defined Triton kernel
 (fusing nothing into it, but scheduling, allocating and CUDA-graphing it with the rest). It is
-the body of the `anysoftmax::*_triton` operators (`anysoftmax.traced_ops`); in eager mode the same
+the body of the `anysoftmax::*_triton` operators (`anysoftmax.torchop.traced_ops`); in eager mode the same
 body launches through Triton's ordinary JIT entry point (slower than `launcher.bind`'s raw
 launcher: the eager path never comes here).
 

@@ -206,7 +206,7 @@ class TritonBackend:
         """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` bound to this fused request."""
         return self.backward_launcher(y, spec)
 
-    # ---- torch.compile: the kernels as user-defined Triton kernels (anysoftmax.traced_ops) ----
+    # ---- torch.compile: the kernels as user-defined Triton kernels (anysoftmax.torchop.traced_ops) ----
 
     @staticmethod
     def traceable(spec: SoftmaxSpec) -> bool:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax import ops, registration  # noqa: F401  (the operators with their autograd and routing)
+from anysoftmax.torchop import ops, registration  # noqa: F401  (the operators with their autograd and routing)
 from anysoftmax.core import SoftmaxSpec, compare
 from anysoftmax.core.layout import allocate_rows
 from helpers import runnable_backends
@@ -235,7 +235,7 @@ GPU_PLAN_TRACE = r'''
 import json, sys
 import torch
 import anysoftmax
-from anysoftmax import ops, registration  # noqa: F401  (the operators with their autograd and routing)
+from anysoftmax.torchop import ops, registration  # noqa: F401  (the operators with their autograd and routing)
 from anysoftmax.backends.triton import backend as tb
 from anysoftmax.backends.triton.occupancy import DeviceProps
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table

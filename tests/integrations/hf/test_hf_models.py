@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax import override
+from anysoftmax.torchop import override
 
 import families as F
 

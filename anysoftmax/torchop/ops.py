@@ -25,9 +25,9 @@ from typing import Optional
 
 import torch
 
-from . import dispatch
-from .core.spec import SoftmaxSpec
-from .dispatch import FusedArgs
+from .. import dispatch
+from ..core.spec import SoftmaxSpec
+from ..dispatch import FusedArgs
 
 
 def _contiguous(y: torch.Tensor) -> torch.Tensor:

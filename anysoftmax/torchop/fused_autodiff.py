@@ -20,10 +20,12 @@ from __future__ import annotations
 import torch
 from torch._C._functorch import is_functorch_wrapped_tensor
 
-from . import dispatch, ops
+from .. import dispatch
+
+from . import ops
 from .autodiff import _functorch_active, refuse_forward_over_forward
-from .core.reference import fused_backward
-from .core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
+from ..core.reference import fused_backward
+from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
 from .grad_mode import wants_autodiff
 
 

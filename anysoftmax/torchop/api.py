@@ -16,7 +16,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch._C._functorch import is_functorch_wrapped_tensor
 
-from . import dispatch
+from .. import dispatch
 from .grad_mode import wants_autodiff
 
 

@@ -31,9 +31,9 @@ import warnings
 
 import torch
 
-from . import dispatch
-from .core import registry
-from .core.errors import UnsupportedRequestError
+from .. import dispatch
+from ..core import registry
+from ..core.errors import UnsupportedRequestError
 
 log = logging.getLogger("anysoftmax")
 

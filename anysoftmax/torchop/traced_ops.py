@@ -49,9 +49,9 @@ from typing import Optional
 import torch
 from torch.library import triton_op
 
-from . import dispatch
-from .core.spec import SoftmaxSpec
-from .dispatch import FusedArgs
+from .. import dispatch
+from ..core.spec import SoftmaxSpec
+from ..dispatch import FusedArgs
 
 ENV = "ANYSOFTMAX_COMPILE_KERNELS"
 
@@ -115,7 +115,7 @@ def _register_kernel_sources() -> None:
     table = getattr(torch._library.triton, "triton_ops_to_kernels", None)
     if table is None:
         return
-    from .backends._triton_common.traced import kernels
+    from ..backends._triton_common.traced import kernels
 
     found = kernels()
     for name in ("softmax", "log_softmax", "softmax_backward", "softmax_fused", "softmax_fused_backward"):

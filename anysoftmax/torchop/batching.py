@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .core.spec import SoftmaxSpec
+from ..core.spec import SoftmaxSpec
 
 
 def _physical_dim(x: torch.Tensor, dim: int, dtype=None, log: bool = False) -> int:

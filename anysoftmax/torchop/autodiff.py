@@ -24,7 +24,7 @@ from torch._C._functorch import TransformType, get_interpreter_stack, is_functor
 
 from . import ops
 from .grad_mode import wants_autodiff
-from .core.reference import backward_from_output
+from ..core.reference import backward_from_output
 
 _NARROW = (torch.float16, torch.bfloat16)
 

@@ -1,0 +1,8 @@
+"""anysoftmax as a torch operator: the public functions (`api`), the `torch.library` operators
+(`ops`, `traced_ops`) with their autograd (`autodiff`, `fused_autodiff`), vmap rules
+(`batching`) and registration (`registration`), the grad-mode test every entry shares
+(`grad_mode`), and the override of torch's own softmax (`override`).
+
+Everything here sits above `anysoftmax.dispatch`: these modules turn a call into a request;
+dispatch turns a request into a launch.
+"""
