@@ -1,87 +1,64 @@
-"""From a request to a launch: validation, backend selection and the one request memo.
+"""From a request to a launcher: validation, backend selection and the one request memo.
 
     api (public functions) ─┐
     ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
 
-A request is (shape, strides, dtypes, device, dim, log, backend choice, 16-byte alignment). The
-first call of a request validates it (`core.spec.SoftmaxSpec`), selects a backend
-(`core.registry.select`) and asks it for a launcher bound to that request; the launcher is
-memoised, so a repeated request costs a key, a dict lookup and the launch itself: no
-validation, no selection and no environment read (`$ANYSOFTMAX_BACKEND` is read when a request
-is first seen; `refresh()` forgets every memo, e.g. after changing it).
+Every call computes its key (`core.request.request_key`: direction, every operand's shape,
+strides, dtype, device and pointer alignment, the live fused keywords, dim, dtype, log, backend
+choice, registry generation, tuning overrides) and looks it up in one memo. A miss validates the
+call (`core.spec.SoftmaxSpec`), selects a backend (`core.registry.select`) and asks it for a
+launcher bound to the request; so a repeated request costs a key, a dict lookup and the launch
+itself: no validation, no selection and no environment read (`$ANYSOFTMAX_BACKEND` is read when
+a request is first seen; `refresh()` forgets the memo, e.g. after changing it). A fused request
+that normalises to the plain softmax (e.g. `empty_rows` without a mask) takes the plain path.
 
-The built-in backends and those of the `anysoftmax.backends` entry-point group are loaded on
-first use of the registry, not at `import anysoftmax`.
+Backends come from `anysoftmax.plugins`, loaded on first use of the registry.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 
-from .config import overrides_key
+from . import plugins
 from .core import registry
 from .core.cache import BoundedDict
 from .core.layout import new_output
 from .core.reference import backward_from_output, fused_backward
-from .core.spec import SoftmaxSpec
+from .core.request import BWD, FUSED_BWD, FUSED_FWD, FWD, Request, request_key
+from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import Operands, runtime_values
 
-log = logging.getLogger("anysoftmax")
+# Names that lived here before `plugins` took them; `anysoftmax.dispatch.<name>` is public.
+ENTRY_POINT_GROUP = plugins.ENTRY_POINT_GROUP
+load_plugins = plugins.load_plugins
+use_interpreter_if_needed = plugins.use_interpreter_if_needed
 
-ENTRY_POINT_GROUP = "anysoftmax.backends"
-
-# Memoised requests -> bound launchers (forward: f(x) -> y; backward: f(y, grad) -> dx).
-_forward: BoundedDict = BoundedDict(maxsize=4096)
-_backward: BoundedDict = BoundedDict(maxsize=4096)
-_forward_hits, _backward_hits = _forward._data.get, _backward._data.get  # the hit path's one lookup
-# The same for the fused family: request -> (launcher, spec).
-_fused: BoundedDict = BoundedDict(maxsize=4096)
-_fused_backward: BoundedDict = BoundedDict(maxsize=4096)
-# The registry generation the memos were filled under.
+# request key -> entry: forward f(x) -> y; backward f(y, grad) -> dx; fused forward and
+# backward (launcher, plain), `plain` when the request normalised to the plain softmax.
+_memo: BoundedDict = BoundedDict(maxsize=8192)
+_lookup = _memo._data.get  # the hit path's one lookup
+# The registry generation the memo was filled under.
 _state = {"generation": -1}
-# Memo hits (a GPU test reads it). That a hit validates nothing, selects nothing and reads no
+# Memo hits (tests read it). That a hit validates nothing, selects nothing and reads no
 # environment is measured by tests/test_layers.py, which watches the calls themselves.
 stats = {"hits": 0}
-
-
-def load_plugins() -> None:
-    """Register the built-in backends, then every backend of the `anysoftmax.backends`
-    entry-point group (a callable returning a backend, or a backend object). A plugin that
-    fails to load is logged and skipped: it must not take the registry down."""
-    from . import backends  # noqa: F401  (registers the built-in backends)
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            obj = ep.load()
-            # A class is instantiated (a class object itself passes the Backend protocol's
-            # attribute check); another callable is a factory; anything else is the backend.
-            backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, registry.Backend)) else obj
-            registry.register(backend)
-        except Exception as exc:  # a broken third-party package is reported, not fatal
-            log.warning("anysoftmax: backend entry point %r (%s) failed to load: %s: %s",
-                        ep.name, ep.value, type(exc).__name__, exc)
-
-
-registry.add_loader(load_plugins)
 
 
 def refresh() -> None:
     """Forget every memoised request (they are re-validated and re-selected on their next
     call) and re-read $ANYSOFTMAX_BACKEND."""
-    _forward.clear()
-    _backward.clear()
-    _fused.clear()
-    _fused_backward.clear()
+    _memo.clear()
     _state["generation"] = registry.generation()
 
 
 def _fresh() -> None:
-    # The registry changed (register/unregister): memoised selections are stale.
+    # Load the backends (the first request of a process), then drop the memo if the registry
+    # changed since it was filled: memoised selections are stale. A miss computes its key
+    # again after this, so the key holds the generation its launcher was selected under.
+    registry.registered()
     if _state["generation"] != registry.generation():
         refresh()
 
@@ -116,40 +93,20 @@ def _forward_launcher(chosen, x: torch.Tensor, spec: SoftmaxSpec):
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
     """Softmax (log_softmax) of `x` along `dim` without autograd: the operators' implementation
     and the eager inference path."""
-    if type(x) is torch.Tensor and type(dim) is int:
-        key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, backend, log, x.data_ptr() & 15,
-               registry.generation(), overrides_key())
-        hit = _forward_hits(key)
-        if hit is not None:
-            stats["hits"] += 1
-            return hit(x)
-    else:
-        key = None
+    hit = _lookup(request_key(FWD, x, dim, dtype, backend, log))
+    if hit is not None:
+        stats["hits"] += 1
+        return hit(x)
     _fresh()
     prepared, spec = prepare(x, dim, dtype, log)
     chosen = select(spec, backend)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
     launcher = _forward_launcher(chosen, prepared, spec)
+    key = request_key(FWD, x, dim, dtype, backend, log)
     if key is not None and prepared is x:  # (a narrowing dtype= converts x on every call)
-        _forward.put(key, launcher)
+        _memo.put(key, launcher)
     return launcher(prepared)
-
-
-def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
-    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec."""
-    spec = SoftmaxSpec.from_tensor(y, dim, log=log)
-    if not isinstance(grad, torch.Tensor):
-        raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")
-    if grad.shape != y.shape:
-        raise ValueError(f"softmax_backward: grad shape {tuple(grad.shape)} must equal the output's shape "
-                         f"{tuple(y.shape)}")
-    if grad.device != y.device:
-        raise ValueError(f"softmax_backward: grad is on {grad.device} but the output is on {y.device}; "
-                         f"both must be on one device")
-    if not grad.dtype.is_floating_point:
-        raise TypeError(f"softmax_backward: grad dtype {grad.dtype} is not floating")
-    return spec
 
 
 def _backward_launcher(chosen, y: torch.Tensor, spec: SoftmaxSpec):
@@ -169,15 +126,10 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
     """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, from the forward
     output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`
     (log: grad - exp(y) * sum(grad)), in y's dtype."""
-    if type(y) is torch.Tensor and type(grad) is torch.Tensor and type(dim) is int:
-        key = (y.shape, y.stride(), y.dtype, y.device, dim, log, backend, y.data_ptr() & 15,
-               grad.shape, grad.stride(), grad.dtype, grad.device, registry.generation(), overrides_key())
-        hit = _backward_hits(key)
-        if hit is not None:
-            stats["hits"] += 1
-            return hit(y, grad)
-    else:
-        key = None
+    hit = _lookup(request_key(BWD, y, dim, None, backend, log, grad))
+    if hit is not None:
+        stats["hits"] += 1
+        return hit(y, grad)
     _fresh()
     spec = check_backward_args(y, grad, dim, log)
     chosen = select(spec, backend, "bwd")
@@ -185,22 +137,10 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
         return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
     spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
     launcher = _backward_launcher(chosen, y, spec)
+    key = request_key(BWD, y, dim, None, backend, log, grad)
     if key is not None:
-        _backward.put(key, launcher)
+        _memo.put(key, launcher)
     return launcher(y, grad)
-
-
-def use_interpreter_if_needed() -> str | None:
-    """Ask the registered backends whether Triton must run through its CPU interpreter here
-    (every backend that runs Triton kernels says `needs_interpreter()`: no device of its own),
-    and if so set TRITON_INTERPRET=1 before any kernel is defined, unless the user set it.
-    Returns a line saying what was done, or None. Importing backends defines no kernel."""
-    triton_family = [b for b in registry.registered().values() if hasattr(b, "needs_interpreter")]
-    if not triton_family or not all(b.needs_interpreter() for b in triton_family):
-        return None
-    from .backends._triton_common.interpreter import use_interpreter_if_no_device
-
-    return use_interpreter_if_no_device()
 
 
 # ---- the fused family (core.variant) --------------------------------------------------------
@@ -219,27 +159,10 @@ class FusedArgs(NamedTuple):
         return self._asdict()
 
 
-def _operand_key(t):
-    # What a launcher bound to a request depends on in an operand: its layout, dtype, device
-    # and 16-byte alignment (Triton specialises pointers on it). The broadcast view's strides,
-    # which kernels read, follow from (shape, stride) and the input's shape, also in the key.
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-
-
 def fused_request_key(x, dim, dtype, backend, log: bool, a: FusedArgs):
-    """The memo key of a fused request: the raw form of `SoftmaxSpec.kernel_key()` (input
-    layout, dim, dtypes, log, the operands' layouts, which steps are present, causal form,
-    empty-row policy) plus what the launcher binds (alignment, backend choice, registry
-    generation, tuning overrides). None when an argument is not of an exact type (then the
-    request is validated, and its errors raised, on every call)."""
-    m, s = a.mask, a.sinks
-    if type(x) is not torch.Tensor or type(dim) is not int or (m is not None and type(m) is not torch.Tensor) \
-            or (s is not None and type(s) is not torch.Tensor) or type(a.causal) not in (bool, str) \
-            or type(a.empty_rows) is not str:
-        return None
-    return (x.shape, x.stride(), x.dtype, x.device, dim, dtype, backend, log, x.data_ptr() & 15, _operand_key(m),
-            _operand_key(s), a.scale is None, a.softcap is None, a.causal, a.empty_rows, registry.generation(),
-            overrides_key())
+    """The memo key of a fused forward request (`core.request.request_key`), or None when an
+    argument is not of an exact type (then the request is validated on every call)."""
+    return request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a)
 
 
 def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor, SoftmaxSpec]:
@@ -273,11 +196,10 @@ def _empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool):
 def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The fused family without autograd: (y, p_sink), p_sink being each row's sink share in
     the accumulation dtype (None without sinks; the backward's dsinks needs it)."""
-    key = fused_request_key(x, dim, dtype, backend, log, a)
-    hit = _fused._data.get(key) if key is not None else None
+    hit = _lookup(request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a))
     if hit is not None:
         stats["hits"] += 1
-        launcher, spec = hit
+        launcher, plain = hit
         prepared = x
     else:
         _fresh()
@@ -285,9 +207,14 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
         chosen = select(spec, backend)
         if spec.numel == 0:
             return _empty_outputs(spec, x.device, a.sinks is not None)
-        launcher = _fused_launcher(chosen, prepared, spec)
-        if key is not None and prepared is x:
-            _fused.put(key, (launcher, spec))
+        request = Request.build(request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a), spec, FUSED_FWD,
+                                backend, prepared, a.mask, a.sinks)
+        plain = request.plain  # (a backend's plain launcher takes x alone)
+        launcher = _forward_launcher(chosen, prepared, spec) if plain else _fused_launcher(chosen, prepared, spec)
+        if request.key is not None and prepared is x:
+            _memo.put(request.key, (launcher, plain))
+    if plain:  # (no scale or softcap: the key says they are absent)
+        return launcher(prepared), None
     scale, softcap = runtime_values(a.scale, a.softcap)
     return launcher(prepared, Operands(a.mask, a.sinks, scale, softcap))
 
@@ -310,22 +237,16 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
     """Gradients of the fused family from its output `y`: (dx in y's dtype, per-row dsinks in
     the accumulation dtype or None). `x` is the forward's input (read with softcap only), `p_sink` the
     forward's sink shares (with sinks only)."""
-    softcap = a.softcap is not None
-    key = None
-    if type(y) is torch.Tensor and type(grad) is torch.Tensor and (not softcap or type(x) is torch.Tensor):
-        base = fused_request_key(y, dim, None, backend, log, a)
-        if base is not None:
-            key = (base, grad.shape, grad.stride(), grad.dtype, grad.device,
-                   _operand_key(x) if softcap else None, _operand_key(p_sink))
-    hit = _fused_backward._data.get(key) if key is not None else None
+    saved = x if a.softcap is not None else None
+    hit = _lookup(request_key(FUSED_BWD, y, dim, None, backend, log, grad, a, saved, p_sink))
     if hit is not None:
         stats["hits"] += 1
-        launcher = hit
+        launcher, plain = hit
     else:
         _fresh()
-        spec = check_backward_args(y, grad, dim, log)
+        check_backward_args(y, grad, dim, log)
         spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
-        if softcap and (not isinstance(x, torch.Tensor) or x.shape != y.shape):
+        if a.softcap is not None and (not isinstance(x, torch.Tensor) or x.shape != y.shape):
             raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
         if a.sinks is not None and p_sink is None:
             raise ValueError("softmax_backward: a sinks gradient needs the forward's per-row sink shares (p_sink)")
@@ -334,12 +255,18 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
             dx = torch.empty(spec.shape, dtype=y.dtype, device=y.device)
             return dx, (torch.empty_like(p_sink) if p_sink is not None else None)
         spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
-        launcher = _fused_backward_launcher(chosen, y, spec)
-        if key is not None:
-            _fused_backward.put(key, launcher)
+        request = Request.build(request_key(FUSED_BWD, y, dim, None, backend, log, grad, a, saved, p_sink), spec,
+                                FUSED_BWD, backend, y, grad, a.mask, a.sinks, saved, p_sink)
+        plain = request.plain  # (a backend's plain launcher takes (y, grad) alone)
+        launcher = _backward_launcher(chosen, y, spec) if plain else _fused_backward_launcher(chosen, y, spec)
+        if request.key is not None:
+            _memo.put(request.key, (launcher, plain))
+    if plain:
+        return launcher(y, grad), None
     scale, cap = runtime_values(a.scale, a.softcap)
     return launcher(grad, y, x, Operands(a.mask, a.sinks, scale, cap), p_sink)
 
 
-__all__ = ["FusedArgs", "backward_fused", "forward_fused", "fused_request_key", "prepare_fused", "backward", "check_backward_args", "forward", "load_plugins", "new_output", "prepare", "refresh",
+__all__ = ["ENTRY_POINT_GROUP", "FusedArgs", "backward", "backward_fused", "check_backward_args", "forward",
+           "forward_fused", "fused_request_key", "load_plugins", "new_output", "prepare", "prepare_fused", "refresh",
            "select", "stats", "use_interpreter_if_needed"]

@@ -214,3 +214,19 @@ class SoftmaxSpec:
             shape=tuple(x.shape), strides=tuple(x.stride()), in_dtype=x.dtype,
             dim=dim % max(ndim, 1), out_dtype=out_dtype, log=log, device=x.device,
         )
+
+
+def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
+    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec."""
+    spec = SoftmaxSpec.from_tensor(y, dim, log=log)
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.shape != y.shape:
+        raise ValueError(f"softmax_backward: grad shape {tuple(grad.shape)} must equal the output's shape "
+                         f"{tuple(y.shape)}")
+    if grad.device != y.device:
+        raise ValueError(f"softmax_backward: grad is on {grad.device} but the output is on {y.device}; "
+                         f"both must be on one device")
+    if not grad.dtype.is_floating_point:
+        raise TypeError(f"softmax_backward: grad dtype {grad.dtype} is not floating")
+    return spec

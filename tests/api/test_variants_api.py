@@ -207,12 +207,12 @@ def test_new_temperature_reuses_the_launcher(backend, gen):
     x = _x(gen)
     dispatch.refresh()
     anysoftmax.softmax(x, -1, scale=0.5, softcap=4.0, backend=backend)
-    entries = len(dispatch._fused._data)
+    entries = len(dispatch._memo._data)
     for s in (0.1, 0.25, 3.0):
         got = anysoftmax.softmax(x, -1, scale=s, softcap=4.0 + s, backend=backend)
         want = (4.0 + s) * torch.tanh(x * s / (4.0 + s))
         torch.testing.assert_close(got, want.softmax(-1), rtol=1e-5, atol=1e-6)
-    assert len(dispatch._fused._data) == entries
+    assert len(dispatch._memo._data) == entries
 
 
 def test_request_keys_imply_kernel_keys(gen):

@@ -21,10 +21,11 @@ import torch
 
 from ...core.cache import OnceCache
 from ...core.layout import ColumnView, RowLayout, column_view, contiguous_strides
+from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec, dtype_name
 from ...core.variant import CAUSAL_NONE
 from . import compiler, env, launch
-from .plan import DTYPE_BYTES, KernelKey, make_column_plan, make_plan, plan_cache_key
+from .plan import DTYPE_BYTES, KernelKey, make_column_plan, make_plan
 
 # (direction, dtypes, log, row length, alignment, arch, convention, overrides) -> KernelKey.
 _plans: OnceCache[KernelKey] = OnceCache(maxsize=4096)
@@ -145,8 +146,7 @@ class CuteBackend:
         arch = env.compile_arch()
         in_dtype, out_dtype = dtype_name(spec.in_dtype), dtype_name(spec.out_dtype)
         scaled, capped = _fused_steps(spec)
-        key = (backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch, tvm_ffi, scaled, capped,
-               plan_cache_key())
+        key = plan_key(spec, BWD if backward else FWD, align_elems, extra=("rows", arch, tvm_ffi))
         return _plans.get(key, lambda: make_plan(backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch,
                                                  tvm_ffi, scaled=scaled, capped=capped))
 
@@ -155,8 +155,7 @@ class CuteBackend:
         tvm_ffi = env.tvm_ffi_available()
         arch = env.compile_arch()
         in_dtype, out_dtype = dtype_name(spec.in_dtype), dtype_name(spec.out_dtype)
-        key = ("columns", backward, in_dtype, out_dtype, spec.log, view.n_red, view.n_inner, align_elems, arch, tvm_ffi,
-               plan_cache_key())
+        key = plan_key(spec, BWD if backward else FWD, align_elems, extra=("columns", arch, tvm_ffi))
         return _plans.get(key, lambda: make_column_plan(backward, in_dtype, out_dtype, spec.log, view.n_red,
                                                         view.n_inner, align_elems, arch, tvm_ffi))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...config import load_tuning, overrides_key
+from ...config import load_tuning
 from ...config import Overrides
 from ...core.layout import cdiv, next_power_of_2
 
@@ -192,11 +192,6 @@ def stage_budget(t: dict, threads: int) -> int:
     of `threads` an SM holds by the registers' premise (two of 256, one of 512), so that holding
     tiles never costs a CTA of occupancy."""
     return t["stage_bytes"] // max(1, 512 // threads)
-
-
-def plan_cache_key() -> tuple:
-    """What besides the request a memoised plan depends on (active tuning overrides)."""
-    return overrides_key()
 
 
 def make_column_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_red: int, n_inner: int,

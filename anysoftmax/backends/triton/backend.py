@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import torch
 
-from ...config import overrides_key
 from ...core.cache import OnceCache
 from ...core.layout import RowLayout, new_output
+from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec
 from ...core.variant import runtime_values
 from .._triton_common import interpreter, request, traced
@@ -26,7 +26,7 @@ from .occupancy import DeviceProps, KernelResources, programs_per_sm
 
 # (kernel kind, constexprs, options, dtypes, device) -> resident programs per SM.
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
-# (spec.kernel_key(), alignment, direction, tuning overrides) -> KernelPlan.
+# core.request.plan_key -> KernelPlan.
 _plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
 
 
@@ -90,11 +90,6 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
     return t if type(t) is torch.Tensor else torch.empty(16, dtype=t.dtype, device=t.device)
 
 
-def _alignment(t: torch.Tensor) -> int:
-    # Fake tensors (torch.compile's tracing) have no address: planned as 16-byte aligned.
-    return t.data_ptr() % 16 if type(t) is torch.Tensor else 0
-
-
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False,
                fusion: Fusion = Fusion()) -> KernelPlan:
     """Kernel, tile, warps, stages and cooperation for `layout` on a GPU with `props` (None:
@@ -156,10 +151,9 @@ class TritonBackend:
 
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
              backward: bool = False) -> KernelPlan:
-        """The kernel, tile and grid for this request (cached per request: `spec.kernel_key()`,
-        which holds every layout and dtype the plan depends on, plus the input's alignment and
-        layout as planned, the direction and active tuning overrides)."""
-        key = (spec.kernel_key(), layout, x.dtype, _alignment(x), backward, overrides_key())
+        """The kernel, tile and grid for this request (cached per request: `core.request.plan_key`;
+        `layout` and x's dtype follow from the spec)."""
+        key = plan_key(spec, BWD if backward else FWD, x)
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:

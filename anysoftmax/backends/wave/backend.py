@@ -23,6 +23,7 @@ import torch
 from ...core.cache import BoundedDict, OnceCache
 from ...core.layout import new_output
 from ...core.registry import BackendUnavailableError
+from ...core.request import FWD, plan_key
 from ...core.spec import SoftmaxSpec, dtype_name
 from ...core.variant import NO_OPERANDS, Operands
 from . import diskcache, fusion, limits, runtime
@@ -32,7 +33,9 @@ from .target import Target, detect_target
 
 # KernelKey -> .vmfb bytes (from disk or freshly compiled).
 _vmfbs: OnceCache[bytes] = OnceCache(maxsize=512)
-# spec.kernel_key() -> loaded kernel: a repeated request skips target detection and lookups.
+# core.request.plan_key -> loaded kernel: a repeated request skips target detection and lookups.
+# (The loaded kernel depends on neither alignment nor direction: IREE checks the 64-byte
+# alignment it needs on every call, and Wave has forward kernels only.)
 _loaded: BoundedDict = BoundedDict(maxsize=1024)
 
 
@@ -133,14 +136,15 @@ class WaveBackend:
 
     def _kernel(self, spec: SoftmaxSpec, device: torch.device):
         """The loaded kernel for `spec` on `device`, and its `Fusion` (memoised per request)."""
-        hit = _loaded.get((spec.kernel_key(), device))
+        key = plan_key(spec, FWD)
+        hit = _loaded.get(key)
         if hit is None:
             target = detect_target(device.index)
             if isinstance(target, str):
                 raise BackendUnavailableError(target)
-            key = kernel_key(spec, target)
-            hit = runtime.load(key, vmfb_for(key, spec), target.device, device), key.fusion
-            _loaded.put((spec.kernel_key(), device), hit)
+            kernel = kernel_key(spec, target)
+            hit = runtime.load(kernel, vmfb_for(kernel, spec), target.device, device), kernel.fusion
+            _loaded.put(key, hit)
         return hit
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):

@@ -1,0 +1,134 @@
+"""`Request`: one call as everything downstream depends on it, and its key, the only cache key.
+
+A launcher bound to a request (dispatch's memo) and a plan (each backend's memo) depend on:
+
+* the direction (forward, backward, fused forward, fused backward), `dim`, `dtype=`, `log`,
+  the backend choice, the registry generation and the active tuning overrides;
+* every operand's shape, strides, dtype and device: the input (forward) or the output
+  (backward), the gradient, the mask and the sinks (their broadcast pattern against the input
+  follows from their shape and strides), the forward's input and sink shares a fused backward
+  reads;
+* every operand's pointer **alignment**. Kernel compilers specialise on it: Triton compiles a
+  pointer divisible by 16 bytes with vector loads (`ALIGN_BYTES`), CuTe picks its vector width
+  from the alignment of pointers and row strides, capped at 16 bytes (`backends/cute/plan.py`
+  `vector_width`), so the residue of an address modulo 16 decides both. Wave's IREE runtime
+  imports only 64-byte aligned buffers and checks that on every call (`backends/wave/runtime.py`),
+  so it needs nothing more in the key;
+* which fused keywords are live: present ones by presence (a new `scale` value is an argument,
+  not a new request), `causal` and `empty_rows` by value.
+
+`request_key` computes the key straight from tensor metadata (the per-call cost of a cached
+call); `Request` holds it with the validated spec and is built only when the key misses.
+Backends derive their own memo from the request through `plan_key`: no other module builds a
+cache key by hand (tests/core/test_request.py checks the source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import overrides_key
+from . import registry
+from .spec import SoftmaxSpec
+
+# Bytes of pointer divisibility the kernel compilers specialise on (see the module docstring).
+ALIGN_BYTES = 16
+_ALIGN_MASK = ALIGN_BYTES - 1
+
+FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
+
+_Tensor = torch.Tensor
+
+
+def alignment(t) -> int:
+    """`t`'s address modulo `ALIGN_BYTES` (0 for None and for tensors without storage, such as
+    torch.compile's fake tensors, which are planned as aligned)."""
+    if t is None or type(t) is not _Tensor:
+        return 0
+    return t.data_ptr() & _ALIGN_MASK
+
+
+def _operand(t):
+    # An operand's part of the key: layout, dtype, device and alignment (None when absent).
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK)
+
+
+def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = False, grad=None, fused=None,
+                saved=None, p_sink=None):
+    """The key of one call, or None when an argument is not of an exact type (such a call is
+    validated, and its errors raised, every time).
+
+    `x` is the input (forward) or the forward's output (backward); `grad` the output gradient
+    (backward); `fused` the call's `FusedArgs` (fused family); `saved` and `p_sink` the
+    forward's input and sink shares a fused backward reads."""
+    if type(x) is not _Tensor or type(dim) is not int:
+        return None
+    key = (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
+           registry.generation(), overrides_key())
+    if grad is not None:
+        if type(grad) is not _Tensor:
+            return None
+        key += (grad.shape, grad.stride(), grad.dtype, grad.device, grad.data_ptr() & _ALIGN_MASK)
+    if fused is not None:
+        m, s = fused.mask, fused.sinks
+        if (m is not None and type(m) is not _Tensor) or (s is not None and type(s) is not _Tensor) \
+                or type(fused.causal) not in (bool, str) or type(fused.empty_rows) is not str:
+            return None
+        key += (_operand(m), _operand(s), fused.scale is None, fused.softcap is None, fused.causal, fused.empty_rows)
+    if saved is not None or p_sink is not None:
+        if (saved is not None and type(saved) is not _Tensor) or (p_sink is not None and type(p_sink) is not _Tensor):
+            return None
+        key += (_operand(saved), _operand(p_sink))
+    return key
+
+
+def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) -> tuple:
+    """What a backend's plan for this request depends on: the spec's `kernel_key()` (layout,
+    dtypes, dim, log, device, live fused steps and their operands' layouts), the direction, the
+    operands' alignments (tensors, or alignments already worked out as ints), the active tuning
+    overrides, and `extra`: facts of the process the backend plans from (its compile target)."""
+    aligns = tuple(a if type(a) is int else alignment(a) for a in operands)
+    return (spec.kernel_key(), direction, aligns, overrides_key(), extra)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated call: its key (`request_key`), its spec and what the backends bind to.
+    Built once per new key, never on the hit path."""
+
+    key: tuple
+    spec: SoftmaxSpec
+    direction: str
+    backend: str | None
+    alignments: tuple[int, ...]  # of the operands a launcher binds, in `request_key`'s order
+
+    @property
+    def plain(self) -> bool:
+        """True when the call computes torch's softmax: no fused keyword is live after
+        normalisation (e.g. `empty_rows` without a mask or causal). It takes the plain path."""
+        return self.spec.is_plain
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        """The fused keywords that change the result after normalisation."""
+        v = self.spec.variant
+        if self.plain:
+            return ()
+        names = [("scale", v.scale is not None), ("mask", v.mask is not None), ("causal", v.causal != "none"),
+                 ("softcap", v.softcap is not None), ("sinks", v.sinks is not None),
+                 ("empty_rows", v.has_empty_rows)]
+        return tuple(n for n, on in names if on)
+
+    def plan_key(self) -> tuple:
+        """The key every backend memo of this request derives from (`plan_key`)."""
+        return plan_key(self.spec, self.direction, *self.alignments)
+
+    @classmethod
+    def build(cls, key: tuple, spec: SoftmaxSpec, direction: str, backend: str | None, *operands) -> "Request":
+        """The request for `key` (a miss), `operands` being the tensors its launcher binds."""
+        return cls(key, spec, direction, backend, tuple(alignment(t) for t in operands))
+
+
+__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "Request", "alignment", "plan_key", "request_key"]

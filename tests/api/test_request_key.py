@@ -1,0 +1,165 @@
+"""One request, one key (`core.request`): every operand's alignment is part of the key, a
+fused request that normalises to the plain softmax takes the plain path, and the first request
+of a process is memoised under the key its second call computes.
+
+Misaligned operands are views one element into a buffer (`buf[1:].view(...)`): on a GPU a
+launcher compiled for 16-byte aligned pointers must never be reused for them (issue 34, bug 1);
+here, through the interpreter, two such requests must get two memo entries, and both results
+must match the float64 reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import anysoftmax
+from anysoftmax import dispatch
+from anysoftmax.core.reference import backward_from_output, reference
+from anysoftmax.core.request import ALIGN_BYTES, alignment, request_key
+from anysoftmax.core.spec import SoftmaxSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = (4, 48)
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` whose address is one element past a 16-byte boundary."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert alignment(view) != 0
+    return view
+
+
+def _close(out, want64, spec: SoftmaxSpec):
+    tol = spec.tolerance
+    torch.testing.assert_close(out.double(), want64, atol=tol.atol, rtol=tol.rtol)
+
+
+def _new_entries(call) -> int:
+    before = len(dispatch._memo)
+    call()
+    return len(dispatch._memo) - before
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_backward_grad_alignment_is_in_the_key(backend, gen):
+    """The issue's sequence: the same backward request twice with an aligned gradient, then
+    with a misaligned one: a new memo entry, and the right gradient."""
+    x = torch.randn(SHAPE, generator=gen)
+    y = anysoftmax.softmax(x, -1, backend=backend)
+    g = torch.randn(SHAPE, generator=gen)
+    spec = SoftmaxSpec.from_tensor(y, -1)
+    dispatch.refresh()
+    for _ in range(2):
+        _close(anysoftmax.softmax_backward(y, g, -1, backend=backend), backward_from_output(y, g, -1), spec)
+    gm = _misaligned(g)
+    assert _new_entries(lambda: anysoftmax.softmax_backward(y, gm, -1, backend=backend)) == 1
+    _close(anysoftmax.softmax_backward(y, gm, -1, backend=backend), backward_from_output(y, gm, -1), spec)
+
+
+@pytest.mark.parametrize("operand", ["x", "mask", "sinks"])
+def test_fused_forward_operand_alignment_is_in_the_key(operand, gen):
+    x = torch.randn(SHAPE, generator=gen)
+    mask = torch.rand(SHAPE, generator=gen) < 0.3
+    sinks = torch.randn(SHAPE[0], 1, generator=gen)
+    args = dict(x=x, mask=mask, sinks=sinks)
+
+    def call(a):
+        return anysoftmax.softmax(a["x"], -1, mask=a["mask"], sinks=a["sinks"], scale=0.7, backend="triton")
+
+    dispatch.refresh()
+    call(args)
+    moved = dict(args, **{operand: _misaligned(args[operand])})
+    assert _new_entries(lambda: call(moved)) == 1
+    spec, _ = SoftmaxSpec.from_request(x, -1, fused=dict(mask=mask, sinks=sinks, scale=0.7))
+    for a in (args, moved, args):
+        _close(call(a), reference(a["x"], spec, mask=a["mask"], sinks=a["sinks"]), spec)
+
+
+@pytest.mark.parametrize("operand", ["grad", "x", "p_sink"])
+def test_fused_backward_operand_alignment_is_in_the_key(operand, gen):
+    """The fused backward reads the gradient, the forward's input (softcap) and the sink
+    shares: each one's alignment is in the key."""
+    x = torch.randn(SHAPE, generator=gen)
+    sinks = torch.randn(SHAPE[0], 1, generator=gen)
+    a = dispatch.FusedArgs(scale=0.5, softcap=3.0, sinks=sinks)
+    y, p = dispatch.forward_fused(x, -1, None, "triton", False, a)
+    g = torch.randn(SHAPE, generator=gen)
+    ops = dict(grad=g, x=x, p_sink=p)
+
+    def call(o):
+        return dispatch.backward_fused(o["grad"], y, o["x"], -1, False, a, o["p_sink"], backend="triton")
+
+    want = dispatch.backward_fused(g, y, x, -1, False, a, p, backend="torch")
+    dispatch.refresh()
+    call(ops)
+    moved = dict(ops, **{operand: _misaligned(ops[operand])})
+    assert _new_entries(lambda: call(moved)) == 1
+    spec = SoftmaxSpec.from_tensor(y, -1)
+    for o in (ops, moved, ops):
+        dx, ds = call(o)
+        _close(dx, want[0].double(), spec)
+        _close(ds, want[1].double(), spec)
+
+
+def test_every_operand_changes_the_key_with_its_alignment():
+    """`request_key` itself, for every operand position it takes."""
+    x, g, m, s, p = (torch.randn(SHAPE), torch.randn(SHAPE), torch.rand(SHAPE) < 0.5, torch.randn(SHAPE[0], 1),
+                     torch.randn(SHAPE[0], 1))
+    a = dispatch.FusedArgs(mask=m, sinks=s, softcap=2.0)
+
+    def key(**o):
+        t = {**dict(x=x, grad=g, mask=m, sinks=s, saved=x, p_sink=p), **o}
+        b = a._replace(mask=t["mask"], sinks=t["sinks"])
+        return request_key("fused_bwd", t["x"], -1, None, None, False, t["grad"], b, t["saved"], t["p_sink"])
+
+    base = key()
+    for name, t in (("x", x), ("grad", g), ("mask", m), ("sinks", s), ("saved", x), ("p_sink", p)):
+        assert key(**{name: _misaligned(t)}) != base, name
+        assert key(**{name: t.clone()}) == base, name  # a new address, the same alignment
+    assert ALIGN_BYTES == 16
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_ascend", "torch"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("kwargs", [dict(empty_rows="nan"), dict(empty_rows="uniform"),
+                                    dict(empty_rows="nan", causal=False), dict(causal=False)],
+                         ids=["nan", "uniform", "nan-causal-False", "causal-False"])
+def test_fused_keywords_that_normalise_away_take_the_plain_path(backend, log, kwargs, gen):
+    """`empty_rows` without a mask or causal changes nothing: the request is the plain softmax
+    (issue 34, bug 2: the Triton backends called the plain launcher with the fused signature)."""
+    x = torch.randn(SHAPE, generator=gen, requires_grad=True)
+    op = anysoftmax.log_softmax if log else anysoftmax.softmax
+    spec = SoftmaxSpec.from_tensor(x, -1, log=log)
+    for _ in range(2):  # the first call and the memo hit
+        y = op(x, -1, backend=backend, **kwargs)
+        _close(y, reference(x, spec), spec)
+        g = torch.randn(SHAPE, generator=gen)
+        (dx,) = torch.autograd.grad(y, x, g)
+        _close(dx, backward_from_output(reference(x, spec), g.double(), -1, log), spec)
+
+
+def test_first_request_of_a_process_is_memoised_under_its_key():
+    """In a fresh process the second identical call of every entry is a memo hit (issue 34,
+    bug 5: the first entry was stored under the registry generation read before the backends
+    loaded)."""
+    code = (
+        "import torch, anysoftmax; from anysoftmax import dispatch\n"
+        "x = torch.randn(4, 8); m = torch.rand(4, 8) < 0.3\n"
+        "calls = [lambda: anysoftmax.softmax(x, -1), lambda: anysoftmax.softmax_backward(x, x, -1),\n"
+        "         lambda: anysoftmax.softmax(x, -1, mask=m)]\n"
+        "out = []\n"
+        "for c in calls:\n"
+        "    c(); h = dispatch.stats['hits']; c(); out.append(dispatch.stats['hits'] - h)\n"
+        "print(out)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[1, 1, 1]", res.stdout
