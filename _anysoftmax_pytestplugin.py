@@ -41,7 +41,7 @@ def pytest_configure(config):
         return
     import random
 
-    from anysoftmax.dispatch import use_interpreter_if_needed
+    from anysoftmax.plugins import use_interpreter_if_needed
     from anysoftmax.testing.command import load_plugin
 
     # As the CLI: Triton runs interpreted when no device is here (decided before any kernel).

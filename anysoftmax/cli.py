@@ -3,7 +3,7 @@
 
 Triton and the CPU: whether Triton kernels run compiled or through the CPU interpreter is
 decided once per process, before the kernels are defined. `matrix`, `backends` and
-`conformance` ask the backends (`anysoftmax.dispatch.use_interpreter_if_needed`): when none has
+`conformance` ask the backends (`anysoftmax.plugins.use_interpreter_if_needed`): when none has
 its device here and the user did not set TRITON_INTERPRET, the kernels run on CPU tensors
 through the interpreter (slow: small shapes only; TRITON_INTERPRET=0 keeps it off). All of them
 print the same "runs here:" line, so they agree on what runs on this machine (in a Python
@@ -100,7 +100,7 @@ def cmd_matrix(args) -> int:
     from .matrix import ConfigError, expand, failed, load_config, run_matrix
     from .matrix.devices import locate
     from .config import results_dir
-    from .dispatch import use_interpreter_if_needed
+    from .plugins import use_interpreter_if_needed
     from .matrix.report import print_report, write_reports
 
     # With --json, stdout carries the JSON document only; the other lines go to stderr.
@@ -214,7 +214,7 @@ def cmd_backends(args) -> int:
     from rich.table import Table
 
     from .core import list_backends
-    from .dispatch import use_interpreter_if_needed
+    from .plugins import use_interpreter_if_needed
     from .matrix.devices import locate
     from .output import print_table
 

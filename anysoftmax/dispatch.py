@@ -31,7 +31,7 @@ from .core.request import BWD, FUSED_BWD, FUSED_FWD, FWD, Request, request_key
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import Operands, runtime_values
 
-# Names that lived here before `plugins` took them; `anysoftmax.dispatch.<name>` is public.
+# `anysoftmax.plugins` names, public here as well (where a call starts).
 ENTRY_POINT_GROUP = plugins.ENTRY_POINT_GROUP
 load_plugins = plugins.load_plugins
 use_interpreter_if_needed = plugins.use_interpreter_if_needed

@@ -19,9 +19,9 @@ os.environ["ANYSOFTMAX_POISON_OUTPUTS"] = "1"
 
 # Without a GPU or NPU the backends say the Triton kernels can only run interpreted: then they
 # run through the interpreter on CPU tensors (decided before any kernel is defined).
-from anysoftmax import dispatch  # noqa: E402
+from anysoftmax import plugins  # noqa: E402
 
-dispatch.use_interpreter_if_needed()
+plugins.use_interpreter_if_needed()
 
 import pytest  # noqa: E402
 

@@ -98,7 +98,8 @@ FORBIDDEN = [
     ("anysoftmax.backends", "anysoftmax.torchop.ops"), ("anysoftmax.backends", "anysoftmax.cli"),
     ("anysoftmax.backends", "anysoftmax.matrix"), ("anysoftmax.backends", "anysoftmax.torchop.override"),
     ("anysoftmax.dispatch", "anysoftmax.torchop.api"), ("anysoftmax.dispatch", "anysoftmax.torchop.ops"),
-    ("anysoftmax.cli", "anysoftmax.backends"),
+    ("anysoftmax.cli", "anysoftmax.backends"), ("anysoftmax.core", "anysoftmax.plugins"),
+    ("anysoftmax.backends", "anysoftmax.plugins"), ("anysoftmax.plugins", "anysoftmax.dispatch"),
 ]
 
 
@@ -157,6 +158,7 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     import torch
 
     from anysoftmax.core import registry
+    from anysoftmax.core.request import Request
     from anysoftmax.core.spec import SoftmaxSpec
 
     x = torch.randn(8, 33)
@@ -167,7 +169,7 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     g = torch.randn_like(y)
     for call in calls:
         call()  # first calls: validated, selected, memoised
-    seen = {"environment": [], "validated": 0, "selected": 0}
+    seen = {"environment": [], "validated": 0, "selected": 0, "requests": 0}
     environ = type(os.environ)
     real_getitem, real_iter = environ.__getitem__, environ.__iter__
 
@@ -191,6 +193,7 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     monkeypatch.setattr(SoftmaxSpec, "from_tensor", counted("validated", SoftmaxSpec.from_tensor))
     monkeypatch.setattr(SoftmaxSpec, "from_request", counted("validated", SoftmaxSpec.from_request))
     monkeypatch.setattr(registry, "select", counted("selected", registry.select))
+    monkeypatch.setattr(Request, "build", classmethod(counted("requests", Request.build.__func__)))
     assert os.getenv("ANYSOFTMAX_BACKEND", "") is not None and seen["environment"], "the probe must see reads"
     seen["environment"].clear()
     for _ in range(50):
@@ -200,4 +203,5 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     assert seen["environment"] == [], f"the hit path read the environment: {sorted(set(seen['environment']))}"
     assert seen["validated"] == 0, "the hit path validated a request again"
     assert seen["selected"] == 0, "the hit path selected a backend again"
+    assert seen["requests"] == 0, "the hit path built a Request (only a miss does)"
     assert dispatch.stats["hits"] - hits == 50 * len(calls)

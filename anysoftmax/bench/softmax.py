@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     device = "cuda:0" if args.device == "cuda" else "cpu"
     if device == "cpu":  # Triton kernels on CPU tensors: the interpreter, as `anysoftmax matrix` chooses
-        from ..dispatch import use_interpreter_if_needed
+        from ..plugins import use_interpreter_if_needed
         use_interpreter_if_needed()
     direction = "bwd" if args.bwd else "fwd"
     timing = GPU_TIMING if args.device == "cuda" else CPU_TIMING

@@ -65,23 +65,25 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
     forward's input and sink shares a fused backward reads."""
     if type(x) is not _Tensor or type(dim) is not int:
         return None
-    key = (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
-           registry.generation(), overrides_key())
-    if grad is not None:
+    # One tuple literal per form (no concatenation): this is the whole per-call cost of a hit.
+    if fused is None:
+        if grad is None:
+            return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend,
+                    log, registry.generation(), overrides_key())
         if type(grad) is not _Tensor:
             return None
-        key += (grad.shape, grad.stride(), grad.dtype, grad.device, grad.data_ptr() & _ALIGN_MASK)
-    if fused is not None:
-        m, s = fused.mask, fused.sinks
-        if (m is not None and type(m) is not _Tensor) or (s is not None and type(s) is not _Tensor) \
-                or type(fused.causal) not in (bool, str) or type(fused.empty_rows) is not str:
-            return None
-        key += (_operand(m), _operand(s), fused.scale is None, fused.softcap is None, fused.causal, fused.empty_rows)
-    if saved is not None or p_sink is not None:
-        if (saved is not None and type(saved) is not _Tensor) or (p_sink is not None and type(p_sink) is not _Tensor):
-            return None
-        key += (_operand(saved), _operand(p_sink))
-    return key
+        return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend,
+                log, registry.generation(), overrides_key(), grad.shape, grad.stride(), grad.dtype, grad.device,
+                grad.data_ptr() & _ALIGN_MASK)
+    m, s = fused.mask, fused.sinks
+    if (m is not None and type(m) is not _Tensor) or (s is not None and type(s) is not _Tensor) \
+            or type(fused.causal) not in (bool, str) or type(fused.empty_rows) is not str \
+            or (grad is not None and type(grad) is not _Tensor) or (saved is not None and type(saved) is not _Tensor) \
+            or (p_sink is not None and type(p_sink) is not _Tensor):
+        return None
+    return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
+            registry.generation(), overrides_key(), _operand(grad), _operand(m), _operand(s), fused.scale is None,
+            fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved), _operand(p_sink))
 
 
 def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) -> tuple:

@@ -59,7 +59,7 @@ def check_device(device: str) -> str:
 def run(args) -> int:
     """Run the kit as the parsed `args` ask; print the report; return the exit status."""
     from ..core import registry
-    from ..dispatch import use_interpreter_if_needed
+    from ..plugins import use_interpreter_if_needed
     from .kit import check_backend
 
     note = use_interpreter_if_needed()  # before any Triton kernel exists, as `matrix` does

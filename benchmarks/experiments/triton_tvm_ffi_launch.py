@@ -259,7 +259,7 @@ def main() -> None:
         info["plan"] = repr(plan)
         if plan.split or plan.cooperative or len(plan.phases()) != 1:
             raise RuntimeError("this experiment handles one-launch, non-split plans only")
-        kernel, static, values = plan.kernel(), plan.static_args(layout), PLAIN_SCALARS
+        kernel, static, values = plan.kernel(), tuple(plan.static_args(layout).values()), PLAIN_SCALARS
         metas = [{**plan.constexprs(layout, False, x.dtype, p), **plan.launch_options()} for p in plan.phases()]
         head = plan.tensors((x, y_pre, None, None, None))
         compiled = kernel[(plan.grid,)](*head, *static, *values, **metas[0])

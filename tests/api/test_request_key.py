@@ -19,7 +19,7 @@ import torch
 
 import anysoftmax
 from anysoftmax import dispatch
-from anysoftmax.core.reference import backward_from_output, reference
+from anysoftmax.core.reference import backward_from_output, fused_backward, reference
 from anysoftmax.core.request import ALIGN_BYTES, alignment, request_key
 from anysoftmax.core.spec import SoftmaxSpec
 
@@ -96,16 +96,17 @@ def test_fused_backward_operand_alignment_is_in_the_key(operand, gen):
     def call(o):
         return dispatch.backward_fused(o["grad"], y, o["x"], -1, False, a, o["p_sink"], backend="triton")
 
-    want = dispatch.backward_fused(g, y, x, -1, False, a, p, backend="torch")
+    spec, _ = SoftmaxSpec.from_request(y, -1, fused=a.as_kwargs())
+    want_dx, want_ds, _ = fused_backward(g.double(), y.double(), x.double(), spec.variant, -1, False, None,
+                                         p.double(), torch.float64)
     dispatch.refresh()
     call(ops)
     moved = dict(ops, **{operand: _misaligned(ops[operand])})
     assert _new_entries(lambda: call(moved)) == 1
-    spec = SoftmaxSpec.from_tensor(y, -1)
     for o in (ops, moved, ops):
         dx, ds = call(o)
-        _close(dx, want[0].double(), spec)
-        _close(ds, want[1].double(), spec)
+        _close(dx, want_dx, spec)
+        _close(ds, want_ds, spec)
 
 
 def test_every_operand_changes_the_key_with_its_alignment():

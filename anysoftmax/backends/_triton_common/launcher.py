@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from ...core.layout import RowLayout
-from .plan import PLAIN_SCALARS, KernelPlan
+from .plan import PLAIN_SCALARS, VALUE_NAMES, KernelPlan, runtime_params
 
 # (device, stream) -> counters, least recently used first; bounded: a program that makes
 # streams on the fly must not grow it forever.
@@ -149,6 +149,12 @@ def _constexpr_tails(kernel, n_positional: int, metas: list) -> list | None:
     return [tuple(meta[n] for n in rest) for meta in metas]
 
 
+def _positional_order(kernel, pointers: tuple, static: dict) -> bool:
+    # The fast path passes (pointers, integers, floats) positionally: valid when the kernel's
+    # signature declares its runtime arguments in that order, checked by name once per bind.
+    return runtime_params(kernel) == (*pointers, *static, *VALUE_NAMES)
+
+
 def _cooperative_refused(exc: Exception) -> bool:
     return "cooperative" in str(exc).lower()
 
@@ -164,11 +170,16 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     A cooperative plan is launched as a cooperative grid (the driver refuses one whose programs
     cannot all be resident at once, instead of letting the row barrier spin forever: MPS SM
     limits, green contexts); when refused, this launcher falls back to the plan's two-launch
-    form (statistics, then normalisation), which waits on nothing."""
+    form (statistics, then normalisation), which waits on nothing.
+
+    Arguments are bound by the kernel's parameter names (`KernelPlan.arguments`); the fast path
+    passes them positionally only after checking the signature's order by name."""
     kernel = plan.kernel()
     opts = plan.launch_options()
     metas = [{**plan.constexprs(layout, log, out_dtype, p), **opts} for p in plan.phases()]
-    static = plan.static_args(layout)
+    named_static = plan.static_args(layout)
+    pointer_names = plan.pointer_names()
+    static = tuple(named_static.values())
     needs_scratch = plan.split or plan.backward
     scratch = scratch_maker(plan, layout, out_dtype) if needs_scratch else None
     grid = (plan.grid,)
@@ -181,11 +192,14 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
         tensors = as_kernel_takes(tensors)
         return plan.head(tensors, *scratch(tensors[0].device)) if needs_scratch else tensors
 
+    def by_name(head, values) -> dict:
+        return {**dict(zip(pointer_names, head)), **named_static, **dict(zip(VALUE_NAMES, values))}
+
     def first_launch(head, values) -> None:
-        compiled = [kernel[grid](*head, *static, *values, **meta) for meta in metas]
+        compiled = [kernel[grid](**by_name(head, values), **meta) for meta in metas]
         state["compiled"] = True
-        if FAST_LAUNCH and not interpreted and all(c is not None and hasattr(c, "packed_metadata")
-                                                   for c in compiled):
+        if FAST_LAUNCH and not interpreted and _positional_order(kernel, pointer_names, named_static) \
+                and all(c is not None and hasattr(c, "packed_metadata") for c in compiled):
             tails = _constexpr_tails(kernel, len(head) + len(static) + len(values), metas)
             if tails is not None:
                 from triton import knobs
@@ -211,8 +225,9 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
                     fn(plan.grid, stream, function, packed, *ptrs, *static, *values, *tail)
                 return
         if state["compiled"] and not interpreted:
+            args = by_name(head, values)
             for meta in metas:
-                kernel[grid](*head, *static, *values, **meta)
+                kernel[grid](**args, **meta)
             return
         with lock:  # a first launch compiles: one thread at a time per kernel
             first_launch(head, values)

@@ -110,9 +110,38 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _row_strides(layout: RowLayout) -> tuple:
+def _row_strides(layout: RowLayout) -> dict:
     _, s1, s2 = layout.row_sizes
-    return (s1, s2, *layout.in_row_strides, layout.in_col_stride, *layout.out_row_strides, layout.out_col_stride)
+    (xs0, xs1, xs2), (ys0, ys1, ys2) = layout.in_row_strides, layout.out_row_strides
+    return dict(S1=s1, S2=s2, xs0=xs0, xs1=xs1, xs2=xs2, xsn=layout.in_col_stride, ys0=ys0, ys1=ys1, ys2=ys2,
+                ysn=layout.out_col_stride)
+
+
+# The per-call float arguments of every kernel (`scalars`), by name.
+VALUE_NAMES = ("scale_hi", "scale_lo", "cap_hi", "cap_lo")
+
+
+def runtime_params(kernel) -> tuple[str, ...]:
+    """The names of `kernel`'s arguments that are not constexprs, in its signature's order
+    (a JITFunction says it; an interpreted one is read from its Python signature)."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return tuple(p.name for p in params if not p.is_constexpr)
+    import inspect
+
+    sig = inspect.signature(kernel.fn)
+    return tuple(n for n, p in sig.parameters.items() if "constexpr" not in str(p.annotation))
+
+
+def by_name(kernel, named: dict) -> tuple:
+    """`named` (every runtime argument of `kernel`, by parameter name) in the kernel's
+    positional order; ValueError naming what is missing or unknown."""
+    names = runtime_params(kernel)
+    missing = [n for n in names if n not in named]
+    unknown = [n for n in named if n not in names]
+    if missing or unknown:
+        raise ValueError(f"{getattr(kernel, '__name__', kernel)}: arguments missing {missing}, unknown {unknown}")
+    return tuple(named[n] for n in names)
 
 
 def flat_rows(layout: RowLayout) -> bool:
@@ -127,16 +156,15 @@ def _wide_cols(layout: RowLayout, block_n: int) -> bool:
     return extent > INT32_MAX
 
 
-# Options that reach the kernel as constexprs, not as launch options: the software-pipeline
-# depth, and the elements per causal-prefix load of the tile and backward kernels (0: 16
-# bytes' worth).
-PLAN_CONSTEXPR_OPTIONS = ("num_stages", "causal_vec")
+# Options that reach the kernel as constexprs, not as launch options: the elements per
+# causal-prefix load of the tile and backward kernels (0: 16 bytes' worth).
+PLAN_CONSTEXPR_OPTIONS = ("causal_vec",)
 
 
 @dataclass(frozen=True)
 class KernelPlan:
     """Common fields of every plan. `options` are launch options the backend needs
-    (`num_warps` on GPUs, `multibuffer` on Ascend; `num_stages` is passed as a constexpr)."""
+    (`num_warps` on GPUs, `multibuffer` on Ascend; `causal_vec` is passed as a constexpr)."""
 
     block_m: int
     block_n: int
@@ -144,7 +172,6 @@ class KernelPlan:
     options: dict = field(default_factory=dict)
     chunks: int = 1
     cooperative: bool = False
-    prefetch: bool = False
     fusion: Fusion = NO_FUSION
 
     kind: ClassVar[str] = ""
@@ -179,9 +206,21 @@ class KernelPlan:
     def constexprs(self, layout: RowLayout, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
         raise NotImplementedError
 
-    def static_args(self, layout: RowLayout) -> tuple:
-        """The integer arguments after the tensors (and, for split kinds, the scratch)."""
+    def static_args(self, layout: RowLayout) -> dict:
+        """The integer arguments, by the kernel's parameter names."""
         raise NotImplementedError
+
+    def pointer_names(self) -> tuple[str, ...]:
+        """The kernel's names of the pointers `head` gives, in that order."""
+        if self.backward:
+            return ("y_ptr", "dy_ptr", "dx_ptr", "x_ptr", "m_ptr", "p_ptr", "ds_ptr", "stats_ptr", "count_ptr")
+        names = ("x_ptr", "y_ptr", "m_ptr", "s_ptr", "p_ptr")
+        return names + ("stats_ptr", "count_ptr") if self.split else names
+
+    def arguments(self, head: tuple, layout: RowLayout, values: tuple = PLAIN_SCALARS) -> dict:
+        """Every runtime argument of a launch by name: the pointers (`head`), the integers
+        (`static_args`) and the per-call floats (`values`)."""
+        return {**dict(zip(self.pointer_names(), head)), **self.static_args(layout), **dict(zip(VALUE_NAMES, values))}
 
     def tensors(self, given: tuple) -> tuple:
         """The kernel's tensor arguments from the launcher's: forward (x, y, mask, sinks,
@@ -198,17 +237,21 @@ class KernelPlan:
         """The pointer arguments: the tensors, then the scratch where the kernel takes it."""
         return (*tensors, stats, counts) if self.split else tensors
 
-    def fusion_args(self, layout: RowLayout) -> tuple:
-        """Mask, sink and p_sink strides and the causal geometry (row kernels' order)."""
+    def fusion_args(self, layout: RowLayout) -> dict:
+        """Mask, sink and p_sink strides and the causal geometry of the row kernels."""
         (m_rows, m_col), s_rows, p_rows = self.fusion.operand_strides(layout)
-        return (*m_rows, m_col, *s_rows, *p_rows, *self.fusion.causal_args(layout))
+        sq, q_div, c_off = self.fusion.causal_args(layout)
+        return dict(ms0=m_rows[0], ms1=m_rows[1], ms2=m_rows[2], msn=m_col, ss0=s_rows[0], ss1=s_rows[1],
+                    ss2=s_rows[2], ps0=p_rows[0], ps1=p_rows[1], ps2=p_rows[2], SQ=sq, Q_DIV=q_div, C_OFF=c_off)
 
     def calls(self, tensors: tuple, layout: RowLayout, log: bool, out_dtype: torch.dtype,
               stats=None, counts=None, values: tuple = PLAIN_SCALARS) -> list:
         """[(kernel, args, constexprs)] of the launches that run this plan (`tensors` as the
-        kernel takes them, see `tensors`; `values` the per-call floats)."""
-        args = self.head(tensors, stats, counts) + self.static_args(layout) + tuple(values)
-        return [(self.kernel(), args, self.constexprs(layout, log, out_dtype, p)) for p in self.phases()]
+        kernel takes them, see `tensors`; `values` the per-call floats); `args` are bound by
+        name (`arguments`) and given in the kernel's positional order."""
+        kernel = self.kernel()
+        args = by_name(kernel, self.arguments(self.head(tensors, stats, counts), layout, values))
+        return [(kernel, args, self.constexprs(layout, log, out_dtype, p)) for p in self.phases()]
 
 
 @dataclass(frozen=True)
@@ -220,11 +263,11 @@ class TilePlan(KernelPlan):
         return softmax_tile_kernel
 
     def static_args(self, layout):
-        return (layout.n_rows, layout.n_cols, *_row_strides(layout), *self.fusion_args(layout))
+        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
-                    BLOCK_M=self.block_m, BLOCK_N=self.block_n, NUM_STAGES=self.options.get("num_stages", 1),
+                    BLOCK_M=self.block_m, BLOCK_N=self.block_n,
                     CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout),
                     **self.fusion.constexprs(out_dtype))
 
@@ -238,7 +281,7 @@ class OnlinePlan(KernelPlan):
         return softmax_online_kernel
 
     def static_args(self, layout):
-        return (layout.n_rows, layout.n_cols, *_row_strides(layout), *self.fusion_args(layout))
+        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
@@ -261,12 +304,13 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks * self.fusion.stats_per_chunk  # (max, sum[, kept]) per chunk
 
     def static_args(self, layout):
-        return (layout.n_rows, layout.n_cols, self.chunks, *_row_strides(layout), *self.fusion_args(layout))
+        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=self.chunks, **_row_strides(layout),
+                    **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
-                    PREFETCH=self.prefetch, **self.fusion.constexprs(out_dtype))
+                    **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)
@@ -284,20 +328,23 @@ class ColsPlan(KernelPlan):
     def work_items(self, layout):
         return self.groups(layout) * self.chunks
 
-    def _sizes_strides(self, layout) -> tuple:
+    def _sizes(self, layout) -> dict:
         v = column_view(layout)
-        return (v.n_outer, v.n_red, v.n_inner), (v.in_outer_stride, v.in_red_stride, v.out_outer_stride,
-                                                 v.out_red_stride)
+        return dict(n_outer=v.n_outer, n_red=v.n_red, n_inner=v.n_inner)
+
+    def _strides(self, layout) -> dict:
+        v = column_view(layout)
+        return dict(xso=v.in_outer_stride, xsn=v.in_red_stride, yso=v.out_outer_stride, ysn=v.out_red_stride)
 
     def fusion_args(self, layout):
         """Mask (outer, reduction, inner) and sink (outer, inner) strides, causal geometry
         (rows in logical order here: p_sink at outer * n_inner + inner)."""
         (m_rows, m_col), s_rows, _ = self.fusion.operand_strides(layout)
-        return (m_rows[1], m_col, m_rows[2], s_rows[1], s_rows[2], self.fusion.sq, self.fusion.c_off)
+        return dict(mso=m_rows[1], msn=m_col, msi=m_rows[2], sso=s_rows[1], ssi=s_rows[2], SQ=self.fusion.sq,
+                    C_OFF=self.fusion.c_off)
 
     def static_args(self, layout):
-        sizes, strides = self._sizes_strides(layout)
-        return (*sizes, *strides, *self.fusion_args(layout))
+        return dict(**self._sizes(layout), **self._strides(layout), **self.fusion_args(layout))
 
     def _common_constexprs(self, layout, log, out_dtype) -> dict:
         # Reduction steps past N are masked but still multiplied by the stride: cover the tile.
@@ -328,8 +375,7 @@ class ColsSplitPlan(ColsPlan):
         return self.groups(layout) * self.chunks * self.fusion.stats_per_chunk * self.block_m
 
     def static_args(self, layout):
-        sizes, strides = self._sizes_strides(layout)
-        return (*sizes, self.chunks, *strides, *self.fusion_args(layout))
+        return dict(**self._sizes(layout), n_chunks=self.chunks, **self._strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(self._common_constexprs(layout, log, out_dtype), CHUNK=self.block_n, BLOCK_I=self.block_m,
@@ -352,9 +398,11 @@ class BackwardTilePlan(KernelPlan):
 
     def static_args(self, layout):
         _, s1, s2 = layout.row_sizes
-        (m_rows, m_col), _, p_rows = self.fusion.operand_strides(layout)
-        return (layout.n_rows, layout.n_cols, self.chunks, s1, s2, *layout.in_row_strides, layout.in_col_stride,
-                *m_rows, m_col, *p_rows, *self.fusion.causal_args(layout))
+        s0_, s1_, s2_ = layout.in_row_strides
+        f = self.fusion_args(layout)
+        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=self.chunks, S1=s1, S2=s2, s0=s0_, s1=s1_,
+                    s2=s2_, sn=layout.in_col_stride, **{k: f[k] for k in ("ms0", "ms1", "ms2", "msn", "ps0", "ps1",
+                                                                          "ps2", "SQ", "Q_DIV", "C_OFF")})
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         single = not self.split

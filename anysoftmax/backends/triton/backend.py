@@ -92,19 +92,17 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
 
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False,
                fusion: Fusion = Fusion()) -> KernelPlan:
-    """Kernel, tile, warps, stages and cooperation for `layout` on a GPU with `props` (None:
+    """Kernel, tile, warps and cooperation for `layout` on a GPU with `props` (None:
     the interpreter, never cooperative); the grid, which needs the compiled kernel's
     occupancy, is left at 1."""
     tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward)
-    common = dict(chunks=tile["chunks"], prefetch=tile["prefetch"], backward=backward, fusion=fusion)
+    common = dict(chunks=tile["chunks"], backward=backward, fusion=fusion)
     if props is None:
         return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, **common)
     options = dict(num_warps=tile["num_warps"])
     if tile["kind"] == "tile" and not backward and (fusion.mask or fusion.has_cap):
         options["num_warps"] = heuristics.fused_tile_warps(tile["block_m"] * tile["block_n"] * elem_bytes,
                                                            tile["num_warps"])
-    if tile["kind"] == "tile" and not backward:
-        options["num_stages"] = heuristics.num_stages(props.max_shared_mem)
     if fusion.causal and (tile["kind"] == "tile" or backward):
         options["causal_vec"] = heuristics.causal_vec(elem_bytes, backward)
     cooperative = tile["kind"] in ("split", "cols_split") and bool(heuristics.table()["cooperative"])

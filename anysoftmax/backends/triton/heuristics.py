@@ -40,18 +40,17 @@ def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = Non
 
 
 def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None) -> dict:
-    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, chunks, prefetch}."""
+    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, chunks}."""
     t = table()
     block_n = next_power_of_2(max(layout.n_cols, 1))
     if block_n <= t["max_tile_elems"]:
         block_m = max(1, t["rows_tile_elems"] // block_n)
         block_m = min(block_m, next_power_of_2(layout.n_rows))
         return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=by_bound(t["warps_by_tile_elems"], block_m * block_n),
-                    chunks=1, prefetch=False)
+                    chunks=1)
     if t["long_rows"] == "online":
         block_n = min(t["online_block_n"], t["max_tile_elems"])
-        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], chunks=1,
-                    prefetch=False)
+        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], chunks=1)
     return split_tile(layout, elem_bytes, sm_count)
 
 
@@ -68,7 +67,7 @@ def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = No
             chunk //= 2
     warps = by_bound(t["split_warps_by_chunk"], chunk)
     return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps,
-                chunks=-(-layout.n_cols // chunk), prefetch=bool(t["split_prefetch"]))
+                chunks=-(-layout.n_cols // chunk))
 
 
 def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = None) -> dict:
@@ -82,7 +81,7 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
     red = next_power_of_2(max(view.n_red, 1))
     if red * block_i * elem_bytes <= t["cols_tile_bytes"]:
         return dict(kind="cols", block_m=block_i, block_n=red, num_warps=by_bound(t["cols_warps_by_tile_elems"], red * block_i),
-                    chunks=1, prefetch=False)
+                    chunks=1)
     block_i = min(t["cols_split_block_i"], next_power_of_2(view.n_inner))
     steps = max(1, t["cols_chunk_bytes"] // (block_i * elem_bytes))
     if sm_count:  # a few groups still spread over the whole GPU
@@ -90,8 +89,7 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
         while steps // 2 * block_i >= t["split_min_chunk_elems"] and groups * -(-view.n_red // steps) < t["split_items_per_sm"] * sm_count:
             steps //= 2
     return dict(kind="cols_split", block_m=block_i, block_n=steps, num_warps=by_bound(t["cols_warps_by_tile_elems"], steps * block_i),
-                chunks=-(-view.n_red // steps), prefetch=False)
-
+                chunks=-(-view.n_red // steps))
 
 
 def fused_tile_warps(tile_bytes: int, plain_warps: int) -> int:
@@ -103,7 +101,3 @@ def causal_vec(elem_bytes: int, backward: bool = False) -> int:
     """Elements per load of a causal prefix in the forward tile kernel or the backward kernel."""
     return by_bound(table()["causal_load_bytes_bwd" if backward else "causal_load_bytes"], elem_bytes) // elem_bytes
 
-
-def num_stages(max_shared_mem: int) -> int:
-    t = table()
-    return t["stages_large_smem"] if max_shared_mem > t["large_smem_bytes"] else t["stages_small_smem"]

@@ -1,0 +1,118 @@
+"""One key function: every memo of the package is keyed through `core.request` (the request's
+key, or a backend's `plan_key` derived from it), or is listed here with the reason it is not a
+request memo. Read from the source, so a memo keyed by a hand-built tuple fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import anysoftmax
+
+PACKAGE = Path(anysoftmax.__file__).resolve().parent
+KEY_FUNCTIONS = {"request_key", "plan_key", "build"}  # (`Request.build(key, ...)` carries request_key's key)
+MEMO_TYPES = {"BoundedDict", "OnceCache", "Halvings"}
+
+# Memos keyed through core.request: their every lookup and store must take such a key.
+REQUEST_MEMOS = {
+    "dispatch.py:_memo",
+    "backends/triton/backend.py:_plans",
+    "backends/cute/backend.py:_plans",
+    "backends/wave/backend.py:_loaded",
+}
+# Caches that are not per request, and why.
+OTHER_CACHES = {
+    "backends/triton/backend.py:_occupancy": "compiled kernel per specialisation (a plan's constexprs, options and "
+                                             "dtypes, derived from a request's plan): many requests share one",
+    "backends/cute/compiler.py:_compiled": "compiled kernel per KernelKey, the plan object `_plans` derives",
+    "backends/wave/backend.py:_vmfbs": "kernel binary per wave KernelKey (the canonical spec's kernel_key)",
+    "backends/wave/runtime.py:_modules": "loaded module per kernel binary and device",
+    "backends/wave/runtime.py:_devices": "runtime device per GPU",
+    "backends/triton_ascend/backend.py:_halvings": "learned state: the NPU compiler's accepted budget per shape "
+                                                   "class, shared by every request of the class",
+}
+
+
+def _memos():
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            target, value = None, None
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign):
+                target, value = node.target, node.value
+            if isinstance(target, ast.Name) and isinstance(value, ast.Call):
+                f = value.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                if name in MEMO_TYPES:
+                    found[f"{path.relative_to(PACKAGE).as_posix()}:{target.id}"] = (path, tree, target.id)
+    return found
+
+
+def test_every_memo_is_classified():
+    found = set(_memos())
+    unknown = found - REQUEST_MEMOS - set(OTHER_CACHES)
+    assert not unknown, f"memos keyed by neither core.request nor a listed reason: {sorted(unknown)}"
+    assert REQUEST_MEMOS <= found, f"request memos gone: {sorted(REQUEST_MEMOS - found)}"
+
+
+def _called(node) -> str:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _from_key_function(arg, assigned: dict) -> bool:
+    """`arg` is a call of a key function, or a name (or `name.key`) assigned from one."""
+    if isinstance(arg, ast.Call):
+        return _called(arg) in KEY_FUNCTIONS
+    if isinstance(arg, ast.Attribute) and arg.attr == "key":
+        arg = arg.value
+    if isinstance(arg, ast.Name) and arg.id in assigned:
+        return all(_from_key_function(v, {}) for v in assigned[arg.id])
+    return False
+
+
+def test_request_memos_take_keys_from_core_request():
+    bad = []
+    for where, (path, tree, name) in _memos().items():
+        if where not in REQUEST_MEMOS:
+            continue
+        aliases = {name}
+        for node in ast.walk(tree):  # `_lookup = _memo._data.get`
+            if isinstance(node, ast.Assign) and name in ast.unparse(node.value) and isinstance(node.targets[0], ast.Name):
+                aliases.add(node.targets[0].id)
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            assigned: dict = {}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                    assigned.setdefault(node.targets[0].id, []).append(node.value)
+            for node in ast.walk(fn):
+                if not isinstance(node, ast.Call) or not node.args:
+                    continue
+                f = node.func
+                on_memo = (isinstance(f, ast.Attribute) and f.attr in ("get", "put")
+                           and isinstance(f.value, ast.Name) and f.value.id in aliases) \
+                    or (isinstance(f, ast.Name) and f.id in aliases)
+                if on_memo and not _from_key_function(node.args[0], assigned):
+                    bad.append(f"{where}: {ast.unparse(node)}")
+    assert not bad, "memo keys built by hand:\n" + "\n".join(bad)
+
+
+def test_no_alignment_or_kernel_key_read_outside_core_request():
+    """Only `core.request` turns addresses into key parts; only it (and the Wave kernel's
+    identity, which is the canonical spec's kernel_key) reads `kernel_key()`."""
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if "data_ptr() &" in code and rel != "core/request.py":
+                bad.append(f"{rel}:{i}: {line.strip()}")
+            if ".kernel_key()" in code and rel not in ("core/request.py", "backends/wave/kernel.py") \
+                    and not code.strip().startswith(('"', "`")):
+                bad.append(f"{rel}:{i}: {line.strip()}")
+    assert not bad, "\n".join(bad)
