@@ -109,7 +109,8 @@ class SoftmaxSpec:
         """The one cache key of this request: everything a plan or a compiled kernel depends on
         (shape, strides, dtypes, dim, log, device, and the variant's steps with its operands'
         layouts and dtypes; not the values of `scale`/`softcap`, which are kernel arguments).
-        Backends add what only they depend on (alignment, tuning overrides, direction)."""
+        Backends key their memos on `core.request.plan_key`, which adds the direction, the
+        operands' alignments and the tuning overrides."""
         return (self.shape, self.strides, self.in_dtype, self.out_dtype, self.dim, self.log, self.device,
                 self.variant.key())
 
