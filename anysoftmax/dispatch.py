@@ -102,10 +102,10 @@ def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor
     chosen = select(spec, backend)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
+    request = Request.build(request_key(FWD, x, dim, dtype, backend, log), spec, FWD, backend, prepared)
     launcher = _forward_launcher(chosen, prepared, spec)
-    key = request_key(FWD, x, dim, dtype, backend, log)
-    if key is not None and prepared is x:  # (a narrowing dtype= converts x on every call)
-        _memo.put(key, launcher)
+    if request.key is not None and prepared is x:  # (a narrowing dtype= converts x on every call)
+        _memo.put(request.key, launcher)
     return launcher(prepared)
 
 
@@ -136,10 +136,10 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
     spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
+    request = Request.build(request_key(BWD, y, dim, None, backend, log, grad), spec, BWD, backend, y, grad)
     launcher = _backward_launcher(chosen, y, spec)
-    key = request_key(BWD, y, dim, None, backend, log, grad)
-    if key is not None:
-        _memo.put(key, launcher)
+    if request.key is not None:
+        _memo.put(request.key, launcher)
     return launcher(y, grad)
 
 
