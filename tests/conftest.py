@@ -30,7 +30,9 @@ SEED = int(os.environ.get("ANYSOFTMAX_TEST_SEED", random.SystemRandom().randrang
 
 def pytest_report_header(config):
     return [f"anysoftmax: random seed {SEED} (set ANYSOFTMAX_TEST_SEED to replay); "
-            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}; CUDA: {HAS_CUDA}"]
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}; CUDA: {HAS_CUDA}",
+            f"anysoftmax: fuzzer replay seed {SEED} (tests/testing/test_fuzz.py; replay: ANYSOFTMAX_TEST_SEED={SEED}, "
+            f"or fuzz_backend(NAME, calls=N, seed={SEED}))"]
 
 
 def pytest_collection_modifyitems(config, items):

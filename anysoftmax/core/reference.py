@@ -90,7 +90,8 @@ def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: 
         p_sink = es / total
     y = (z - m) - torch.log(total) if log else e / total
     if empty is not None and bool(empty.any()):
-        value = empty_row_value(variant.empty_rows, z.shape[dim], log)
+        # A 0-dim input is one row of one element.
+        value = empty_row_value(variant.empty_rows, z.shape[dim] if z.dim() else 1, log)
         y = torch.where(empty, torch.full((), value, dtype=y.dtype, device=y.device), y)
         if p_sink is not None:
             p_sink = torch.where(empty, torch.zeros_like(p_sink), p_sink)

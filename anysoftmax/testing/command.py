@@ -1,4 +1,4 @@
-"""`anysoftmax conformance NAME [--plugin MODULE] [--device D] [--quick] [--seed N]`: the kit on
+"""`anysoftmax conformance NAME [--plugin MODULE] [--device D] [--quick] [--seed N] [--fuzz N]`: the kit on
 the command line. Exit status 0 when every check passed (refusals are skips), 1 when a check
 failed or nothing could be checked, 2 on bad usage (unknown backend, a plugin that does not
 import, a device that is not here)."""
@@ -73,7 +73,7 @@ def run(args) -> int:
     if note:
         print(note)
     try:
-        report = check_backend(args.backend, device=device, quick=args.quick, seed=args.seed)
+        report = check_backend(args.backend, device=device, quick=args.quick, seed=args.seed, fuzz=args.fuzz)
     except AssertionError as exc:
         print(str(exc))
         return EXIT_FAILED
@@ -95,6 +95,9 @@ def add_parser(sub) -> None:
                                                   "first accelerator the backend serves that is here, else cpu)")
     c.add_argument("--quick", action="store_true", help="one case of each kind, float32 and bfloat16")
     c.add_argument("--seed", type=int, help="the data's seed (default: random; the report prints it)")
+    c.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="after the cases, N random calls of the call-sequence fuzzer (needs hypothesis); the "
+                        "seed replays them too")
 
 
 __all__ = ["UsageError", "add_parser", "load_plugin", "run"]

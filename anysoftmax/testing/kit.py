@@ -71,11 +71,12 @@ class KitReport:
     skipped: dict[str, list[str]] = field(default_factory=dict)
     failed: list[tuple[str, str]] = field(default_factory=list)
     computed: int = 0  # passed checks that ran a softmax (not protocol or bad-input checks)
+    fuzz: object = None  # the `fuzz.FuzzReport` of `check_backend(..., fuzz=N)`
 
     @property
     def ok(self) -> bool:
         """True when nothing failed and at least one check computed a softmax and matched."""
-        return not self.failed and self.computed > 0
+        return not self.failed and self.computed > 0 and (self.fuzz is None or self.fuzz.ok)
 
     def summary(self) -> str:
         n_skip = sum(map(len, self.skipped.values()))
@@ -98,6 +99,8 @@ class KitReport:
         if self.failed:
             lines.append(f"replay: check_backend(..., seed={self.seed}) or anysoftmax conformance ... "
                          f"--seed {self.seed}")
+        if self.fuzz is not None:
+            lines.append(self.fuzz.text())
         return "\n".join(lines)
 
 
@@ -342,7 +345,8 @@ def registered(backend):
             registry.register(before)
 
 
-def check_backend(backend, *, device: str | None = None, quick: bool = False, seed: int | None = None) -> KitReport:
+def check_backend(backend, *, device: str | None = None, quick: bool = False, seed: int | None = None,
+                  fuzz: int = 0) -> KitReport:
     """Run the shipped conformance cases on `backend` (a backend object, or the name of a
     registered one) and return the `KitReport`; raise `AssertionError` with the report's text
     when a case failed, when the backend is not available here, or when every case was refused.
@@ -350,6 +354,8 @@ def check_backend(backend, *, device: str | None = None, quick: bool = False, se
     `device`: where the inputs live (default: the first accelerator the backend serves that is
     present, else "cpu"). `quick`: one case of each kind, float32 and bfloat16 (seconds).
     `seed`: the data (default: random; the report prints it, and the same seed replays it).
+    `fuzz`: after the cases, that many random calls of the call-sequence fuzzer
+    (`anysoftmax.testing.fuzz`, needs hypothesis), replayed by the same seed.
     """
     seed = random.SystemRandom().randrange(2**31) if seed is None else int(seed)
     with registered(backend) as name:
@@ -359,6 +365,10 @@ def check_backend(backend, *, device: str | None = None, quick: bool = False, se
         if reason is not None:
             raise AssertionError(f"anysoftmax conformance of {name!r}: the backend is not available here: {reason}")
         report = run_checks(conformance_checks(name, device=device, quick=quick), name, device, seed)
+        if fuzz:
+            from .fuzz import run_fuzz
+
+            report.fuzz = run_fuzz(name, calls=fuzz, seed=seed, device=device, print_fn=None)
     if not report.ok:
         raise AssertionError(report.text())
     return report

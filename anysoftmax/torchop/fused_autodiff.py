@@ -73,7 +73,13 @@ def _backward_formula(grad, y, x, p, mask, a: Args):
     acc = acc_dtype(y.dtype)
     p_eff = None if p is None else _sink_share_with_identity(p, y.to(acc), a.dim, a.log)
     dx, ds, _ = fused_backward(grad, y, x, a.variant, a.dim, a.log, mask, p_eff, acc)
-    return dx.to(y.dtype), (torch.zeros_like(y[..., :0], dtype=torch.float32) if ds is None else ds)
+    return dx.to(y.dtype), (_no_rows(y) if ds is None else ds)
+
+
+def _no_rows(y: torch.Tensor) -> torch.Tensor:
+    # The second output without sinks: empty and of one shape for every rank (a 0-dim y has no
+    # last dim to slice), as the operator's own placeholder (`ops._no_sinks`).
+    return y.new_zeros(0, dtype=torch.float32)
 
 
 def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
@@ -259,7 +265,7 @@ def vjp_out_like(y: torch.Tensor, ctx) -> torch.Tensor:
     """A tensor shaped like the backward's second output (per-row dsinks, or [..., 0])."""
     if ctx.has_sinks:
         return torch.empty(ops.row_shape(y.shape, ctx.args.dim), dtype=acc_dtype(y.dtype), device=y.device)
-    return torch.empty(y[..., :0].shape, dtype=torch.float32, device=y.device)
+    return _no_rows(y)
 
 
 def op_arguments(scale, softcap, causal):

@@ -112,3 +112,24 @@ class BoolSupports(Right):
 
     def supports(self, spec):
         return spec.out_dtype != torch.float64
+
+
+class StaleStrides(Right):
+    """Memoises a launcher per request (shape, dim, dtypes) that reads its input with the
+    strides and storage offset of the first call, as a kernel compiled for them would: the same
+    request with a transposed, strided or offset input reads the wrong elements. Every
+    single-call case passes; a sequence of calls fails (the fuzzer's target)."""
+
+    name = "stale_strides"
+
+    def __init__(self):
+        self._launchers = {}
+
+    def run(self, x, spec):
+        key = (tuple(x.shape), spec.dim, spec.log, x.dtype, spec.out_dtype)
+        stride, offset = self._launchers.setdefault(key, (x.stride(), x.storage_offset()))
+        try:
+            view = x.as_strided(x.shape, stride, offset)
+        except RuntimeError:  # the stale layout does not fit the new storage: what a kernel would read
+            view = x.as_strided(x.shape, stride, 0)
+        return super().run(view, spec)
