@@ -70,6 +70,8 @@ else
     tr ',' '\n' <<<"$all" > .venv/.extras
     touch .venv/.installed
   fi
+  # A backend whose extra this .venv lacks names the run.sh way to add it (ANYSOFTMAX_EXTRAS).
+  if [ "$cmd" = matrix ]; then export ANYSOFTMAX_RUN_SH=matrix; fi
   if command -v nvidia-smi >/dev/null 2>&1 || [ -e /dev/kfd ]; then
     echo "run.sh: a GPU is here, but .venv has the CPU build of torch: GPU entries are skipped." \
          "Use ANYSOFTMAX_PYTHON=python3 with a CUDA/ROCm torch to run them." >&2
