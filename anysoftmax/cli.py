@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .config import ENV_CONFIG_DIR, matrix_names
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -197,13 +198,20 @@ def parse_request(text: str, device: str):
 def explain_lines(args) -> list[str]:
     """`backends --explain`: the automatic choice for each request, and why."""
     from .core.registry import explain
+    from .core.selection import resolve_name
 
+    gpu = None
+    if args.gpu_name:
+        try:
+            gpu = resolve_name(args.gpu_name)
+        except ValueError as exc:
+            raise UsageError(f"--gpu-name: {exc}") from None
     lines = []
     for text in args.explain:
         spec = parse_request(text, args.device)
         for direction in ("fwd", "bwd") if args.direction == "both" else (args.direction,):
-            name, why = explain(spec, direction, args.gpu_name)
-            lines.append(f"{text} {direction} on {args.gpu_name or args.device}: {name or 'none'} <- {why}")
+            name, why = explain(spec, direction, gpu)
+            lines.append(f"{text} {direction} on {gpu or args.device}: {name or 'none'} <- {why}")
     return lines
 
 
@@ -218,13 +226,15 @@ def cmd_backends(args) -> int:
     from .matrix.devices import locate
     from .output import print_table
 
+    # The same process-wide Triton decision as `matrix` makes (before any kernel exists), so
+    # the listing, --explain and the matrix say the same about this machine.
+    note = use_interpreter_if_needed()
     if args.explain:
+        if note:
+            print(note, file=sys.stderr)
         for line in explain_lines(args):
             print(line)
         return EXIT_OK
-    # The same process-wide Triton decision as `matrix` makes (before any kernel exists), so
-    # both commands say the same about this machine.
-    note = use_interpreter_if_needed()
     rows = list_backends()
     devices = {kind: locate(kind) for kind in ("cuda", "npu")}
     if args.json:
@@ -253,7 +263,7 @@ def cmd_bench(argv: list[str]) -> int:
     """`anysoftmax bench ARGS` = `python -m anysoftmax.bench.softmax ARGS`."""
     from .bench import softmax as bench
 
-    return int(bench.main(argv) or 0)
+    return int(bench.main(argv, prog="anysoftmax bench") or 0)
 
 
 def _candidates(device: str) -> list[str]:
@@ -261,6 +271,16 @@ def _candidates(device: str) -> list[str]:
     from .bench.harness import OURS, anysoftmax_names
 
     return [n for n in anysoftmax_names(device) if n != OURS]
+
+
+def default_selection_dir() -> Path:
+    """Where `select` writes without --out: a folder the user can write and the registry reads
+    ($ANYSOFTMAX_CONFIG_DIR/selection), else the results folder's selection/; never into the
+    installed package."""
+    from .config import results_dir
+
+    over = os.environ.get(ENV_CONFIG_DIR)
+    return Path(over) / "selection" if over else results_dir() / "selection"
 
 
 def cmd_select(args) -> int:
@@ -288,7 +308,7 @@ def cmd_select(args) -> int:
     except (ValueError, KeyError) as exc:
         print(f"anysoftmax select: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    out_dir = Path(args.out)
+    out_dir = Path(args.out) if args.out else default_selection_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{table['key']}.yaml"
     target.write_text(selection_table.dump(table))
@@ -299,6 +319,8 @@ def cmd_select(args) -> int:
         print(f"{r['direction']} {r['dtype']:9s} {r['dim']:8s} n {r['n'][0]}..{r['n'][1] or 'inf'} "
               f"rows {r['rows'][0]}..{r['rows'][1] or 'inf'} -> {r['backend']}  {best}")
     print(f"wrote {target} ({len(table['rules'])} rules)")
+    if not args.out and not os.environ.get(ENV_CONFIG_DIR):
+        print(f"the automatic choice reads it with {ENV_CONFIG_DIR}={out_dir.parent}")
     return EXIT_OK
 
 
@@ -336,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     m = sub.add_parser("matrix", help="run a device matrix (configs/*.yaml): conformance, then benchmarks",
                        description="Run every cell of a device-matrix YAML file; exit status 1 when any cell fails.")
-    m.add_argument("config", nargs="?", help="YAML file, or the name of a shipped matrix (default, ci, h100, "
-                   "mi300x, ascend-910b; default: default)")
+    m.add_argument("config", nargs="?", help="YAML file, or the name of a shipped matrix "
+                   f"({', '.join(matrix_names())}; default: default)")
     m.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     m.add_argument("--out", help="report folder (default: <results>/matrix/<config name>, <results> being "
                                  "$ANYSOFTMAX_RESULTS_DIR or ~/.local/share/anysoftmax/results)")
@@ -367,8 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "rule or priority); e.g. 1024x131072:bf16 or 8192x8192:fp32:0 (repeatable)")
     b.add_argument("--direction", choices=("fwd", "bwd", "both"), default="fwd", help="--explain: forward, backward")
     b.add_argument("--device", default="cuda", help="--explain: the request's device type (default cuda)")
-    b.add_argument("--gpu-name", help="--explain: read the selection table of this GPU (e.g. 'NVIDIA H100 80GB "
-                                      "HBM3') instead of the one of the device here")
+    b.add_argument("--gpu-name", help="--explain: read the selection table of this GPU instead of the one of the "
+                                      "device here: its name ('NVIDIA H100 80GB HBM3') or a unique part of it (H100)")
     b.set_defaults(func=cmd_backends)
     c = sub.add_parser("select", help="write the per-device selection table from benchmark results",
                        description="Build configs/selection/<device>.yaml: per shape class the backend the automatic "
@@ -380,8 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quick", action="store_true", help="--run: a few shapes only")
     c.add_argument("--bench-out", default="benchmarks/results", help="--run: results folder (default "
                                                                       "benchmarks/results)")
-    c.add_argument("--out", default="anysoftmax/configs/selection",
-                   help="folder for <device>.yaml (default: the package's configs/selection of this checkout)")
+    c.add_argument("--out", help="folder for <device>.yaml (default: $ANYSOFTMAX_CONFIG_DIR/selection, where the "
+                                 "automatic choice reads it, else <results>/selection; a checkout's shipped tables: "
+                                 "anysoftmax/configs/selection)")
     c.add_argument("--margin", type=float, default=0.02,
                    help="a backend beats the priority order's choice only when faster by more than this fraction "
                         "of its time (default 0.02: run-to-run noise)")

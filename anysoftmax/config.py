@@ -25,6 +25,18 @@ ENV_CONFIG_DIR = "ANYSOFTMAX_CONFIG_DIR"
 
 
 ENV_RESULTS_DIR = "ANYSOFTMAX_RESULTS_DIR"
+# Set by `bash run.sh matrix` to its command: what it did not install, it adds through
+# ANYSOFTMAX_EXTRAS, so that is what a missing extra's reason should say there.
+ENV_RUN_SH = "ANYSOFTMAX_RUN_SH"
+
+
+def install_hint(extra: str) -> str:
+    """How to add the extra `extra` here: `pip install 'anysoftmax[extra]'`, or under run.sh
+    (which makes its own .venv) `ANYSOFTMAX_EXTRAS=extra bash run.sh <command>`."""
+    command = os.environ.get(ENV_RUN_SH, "").strip()
+    if command:
+        return f"ANYSOFTMAX_EXTRAS={extra} bash run.sh {command}"
+    return f"pip install 'anysoftmax[{extra}]'"
 
 
 def results_dir() -> Path:

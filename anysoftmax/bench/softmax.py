@@ -64,8 +64,8 @@ def grid(args) -> list[tuple[str, list[str], list[tuple[int, int, int]]]]:
     return parts
 
 
-def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.softmax", description=__doc__,
+def parse(argv, prog: str = "python -m anysoftmax.bench.softmax"):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bwd", action="store_true", help="benchmark the backward pass")
     p.add_argument("--latency", action="store_true",
@@ -94,8 +94,9 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
+def main(argv=None, prog: str = "python -m anysoftmax.bench.softmax") -> int:
+    """The benchmark suite; `prog` is the command name its usage and errors show."""
+    args = parse(argv, prog)
     if args.latency:
         from . import latency
         return latency.main(args.out, args.calls, [s for s in args.providers.split(",") if s] or None)

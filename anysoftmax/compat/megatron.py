@@ -17,7 +17,10 @@ apex's semantics and how each maps onto the fused API (`anysoftmax.core.variant`
   here the mask alone decides, and masked positions are always out.
 * `scaled_upper_triang_masked_softmax(x, scale)`: x is 3-D [attn_batches, sq, sk] with
   sq == sk; row i reads keys j <= i and writes exact zeros above the diagonal: ``causal=True``.
-Outputs are in x's dtype, computed in float32 (apex's accumulation) or float64 for float64.
+Outputs are in x's dtype, computed in float32 (apex's accumulation) or float64 for float64;
+under autocast apex's three functions first cast x to the autocast dtype, and so do these.
+A refused argument raises `MegatronArgumentError`: a ValueError that is also apex's
+RuntimeError and Megatron's AssertionError.
 
 `FusedScaleMaskSoftmax` is Megatron-LM's module (megatron/core/fusions/fused_softmax.py) with
 the same constructor and `forward(input, mask[, softmax_offset])`. It takes Megatron's fused
@@ -31,7 +34,25 @@ import torch
 
 from ..torchop import api
 
-MASK_TYPES = ("padding", "causal", "no_mask", "padding_causal", "arbitrary")
+# Megatron's AttnMaskType members. Only `causal` changes what this module does (Megatron's own
+# rule); the others take the mask as given, `causal_bottom_right` included (Megatron leaves it
+# to Transformer Engine and treats it here as it treats `padding`).
+MASK_TYPES = ("padding", "causal", "no_mask", "padding_causal", "arbitrary", "causal_bottom_right")
+
+
+class MegatronArgumentError(ValueError, RuntimeError, AssertionError):
+    """A bad argument to a drop-in. apex raises RuntimeError and Megatron-LM asserts where these
+    entry points refuse an argument (a scale without softmax_in_fp32, causal with sq != sk, ...):
+    this error is all three types, so code written against either still catches it."""
+
+
+def _autocast(x: torch.Tensor) -> torch.Tensor:
+    """x in the autocast dtype when autocast is on for x's device, as apex's
+    `_cast_if_autocast_enabled` casts its kernels' inputs (floating, not float64)."""
+    kind = x.device.type
+    if x.is_floating_point() and x.dtype != torch.float64 and torch.is_autocast_enabled(kind):
+        return x.to(torch.get_autocast_dtype(kind))
+    return x
 
 
 def _bool_mask(mask: torch.Tensor, who: str) -> torch.Tensor:
@@ -46,33 +67,42 @@ def _bool_mask(mask: torch.Tensor, who: str) -> torch.Tensor:
 
 
 def scaled_softmax(x: torch.Tensor, scale: float, *, backend: str | None = None) -> torch.Tensor:
-    """apex `scaled_softmax`: softmax(scale * x) over the last dim, in x's dtype."""
-    return api.softmax(x, -1, scale=scale, backend=backend)
+    """apex `scaled_softmax`: softmax(scale * x) over the last dim, in x's dtype (under autocast,
+    the autocast dtype)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"scaled_softmax: x must be a torch.Tensor, got {type(x).__name__}")
+    return api.softmax(_autocast(x), -1, scale=scale, backend=backend)
 
 
-def scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor, scale: float, *,
+def scaled_masked_softmax(x: torch.Tensor, mask: torch.Tensor | None, scale: float, *,
                           backend: str | None = None) -> torch.Tensor:
     """apex `scaled_masked_softmax`: softmax(scale * x) over the last dim with `mask` (bool or
-    uint8, True/1 = masked, broadcastable to x) left out; a fully masked row is 0."""
+    uint8, True/1 = masked, broadcastable to x) left out; a fully masked row is 0. `mask=None`
+    is `scaled_softmax`, as in apex. Under autocast x is cast to the autocast dtype first."""
+    if mask is None:
+        return scaled_softmax(x, scale, backend=backend)
     mask = _bool_mask(mask, "scaled_masked_softmax")
-    return api.softmax(x, -1, scale=scale, mask=mask, empty_rows="zero", backend=backend)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"scaled_masked_softmax: x must be a torch.Tensor, got {type(x).__name__}")
+    return api.softmax(_autocast(x), -1, scale=scale, mask=mask, empty_rows="zero", backend=backend)
 
 
 def scaled_upper_triang_masked_softmax(x: torch.Tensor, scale: float, *, backend: str | None = None) -> torch.Tensor:
     """apex `scaled_upper_triang_masked_softmax`: x [attn_batches, sq, sk] with sq == sk; row i
-    is the softmax of scale * x[i, :i+1], exact zeros after."""
+    is the softmax of scale * x[i, :i+1], exact zeros after. Under autocast x is cast to the
+    autocast dtype first."""
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] != x.shape[2]:
         shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"scaled_upper_triang_masked_softmax: x must be 3-D [attn_batches, sq, sk] with "
-                         f"sq == sk, got {shape}")
-    return api.softmax(x, -1, scale=scale, causal=True, backend=backend)
+        raise MegatronArgumentError(f"scaled_upper_triang_masked_softmax: x must be 3-D [attn_batches, sq, sk] "
+                                    f"with sq == sk (causal mask is only for self attention), got {shape}")
+    return api.softmax(_autocast(x), -1, scale=scale, causal=True, backend=backend)
 
 
 def _mask_type_name(attn_mask_type) -> str:
     # Megatron's AttnMaskType enum (its members' names) or the same names as strings.
     name = getattr(attn_mask_type, "name", attn_mask_type)
     if name not in MASK_TYPES:
-        raise ValueError(f"FusedScaleMaskSoftmax: attn_mask_type must be an AttnMaskType or one of "
+        raise MegatronArgumentError(f"FusedScaleMaskSoftmax: attn_mask_type must be an AttnMaskType or one of "
                          f"{', '.join(MASK_TYPES)}, got {attn_mask_type!r}")
     return name
 
@@ -110,12 +140,12 @@ class FusedScaleMaskSoftmax(torch.nn.Module):
                  backend: str | None = None) -> None:
         super().__init__()
         if input_in_fp16 and input_in_bf16:
-            raise ValueError("FusedScaleMaskSoftmax: input_in_fp16 and input_in_bf16 cannot both be set")
+            raise MegatronArgumentError("FusedScaleMaskSoftmax: input_in_fp16 and input_in_bf16 cannot both be set")
         if scale is not None and not softmax_in_fp32:
-            raise ValueError("FusedScaleMaskSoftmax: a scale needs softmax_in_fp32=True (as in Megatron)")
+            raise MegatronArgumentError("FusedScaleMaskSoftmax: a scale needs softmax_in_fp32=True (as in Megatron)")
         if window_size is not None and not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
                                             and all(isinstance(w, int) for w in window_size)):
-            raise ValueError(f"FusedScaleMaskSoftmax: window_size must be (left, right) ints, got {window_size!r}")
+            raise MegatronArgumentError(f"FusedScaleMaskSoftmax: window_size must be (left, right) ints, got {window_size!r}")
         self.input_in_fp16, self.input_in_bf16 = bool(input_in_fp16), bool(input_in_bf16)
         self.input_in_float16 = self.input_in_fp16 or self.input_in_bf16
         self.attn_mask_type = attn_mask_type
@@ -132,7 +162,7 @@ class FusedScaleMaskSoftmax(torch.nn.Module):
         """Probabilities [b, np, sq, sk] from scores `input` and `mask` (see the class)."""
         if not isinstance(input, torch.Tensor) or input.dim() != 4:
             got = list(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__
-            raise ValueError(f"FusedScaleMaskSoftmax: input must be 4-D [b, np, sq, sk], got {got}")
+            raise MegatronArgumentError(f"FusedScaleMaskSoftmax: input must be 4-D [b, np, sq, sk], got {got}")
         if self.is_kernel_available(mask, *input.shape) and softmax_offset is None:
             return self.forward_fused_softmax(input, mask)
         return self.forward_torch_softmax(input, mask, softmax_offset)
@@ -147,7 +177,9 @@ class FusedScaleMaskSoftmax(torch.nn.Module):
         """apex's kernels' semantics in one fused call (see the class)."""
         scale = 1.0 if self.scale is None else self.scale
         if self.causal:
-            return api.softmax(input, -1, scale=scale, causal=True, backend=self.backend)
+            b, np, sq, sk = input.shape
+            probs = scaled_upper_triang_masked_softmax(input.reshape(-1, sq, sk), scale, backend=self.backend)
+            return probs.view(b, np, sq, sk)
         if mask is not None:
             return scaled_masked_softmax(input, mask, scale, backend=self.backend)
         return scaled_softmax(input, scale, backend=self.backend)
@@ -166,12 +198,12 @@ class FusedScaleMaskSoftmax(torch.nn.Module):
             mask = sliding_window_mask(sq, sk, self.window_size, input.device)
         elif self.causal and mask is None and sq > 1:
             if sq != sk:
-                raise ValueError(f"FusedScaleMaskSoftmax: a causal mask needs sq == sk (self attention), got "
+                raise MegatronArgumentError(f"FusedScaleMaskSoftmax: a causal mask needs sq == sk (self attention), got "
                                  f"sq={sq}, sk={sk}")
             mask = torch.ones(sq, sk, dtype=torch.bool, device=input.device).triu(1)
         if mask is not None:
             if self.mask_func is None:
-                raise ValueError("FusedScaleMaskSoftmax: a mask was given but mask_func is None")
+                raise MegatronArgumentError("FusedScaleMaskSoftmax: a mask was given but mask_func is None")
             input = self.mask_func(input, mask)
         sinks = None if softmax_offset is None else softmax_offset.to(input.device).reshape(1, -1, 1, 1)
         probs = api.softmax(input, -1, sinks=sinks, backend=self.backend)

@@ -14,6 +14,7 @@ Selection order (Liger-Kernel's rule: an explicit choice never falls back silent
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import threading
@@ -116,11 +117,19 @@ def registered() -> dict[str, Backend]:
         return dict(_backends)
 
 
+def did_you_mean(name: str, known) -> str:
+    """' (did you mean 'triton'?)' for the known name closest to `name` (case ignored), or ''."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
 def get_backend(name: str) -> Backend:
-    """The backend called `name`; ValueError naming the known ones otherwise."""
+    """The backend called `name`; ValueError naming the known ones (and the closest) otherwise."""
     backends = registered()
     if name not in backends:
-        raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(backends)}")
+        raise ValueError(f"unknown backend {name!r}{did_you_mean(name, backends)}; "
+                         f"known backends: {', '.join(backends)}")
     return backends[name]
 
 
@@ -228,8 +237,12 @@ def _from_table(spec: SoftmaxSpec, candidates: list, direction: str,
         from .selection import device_name as name_of
 
         name = device_name or name_of(spec.device)
-        return None, (f"no selection table for {name!r}" if name else
-                      f"no selection table ({spec.device} is not visible here; --gpu-name names a table)")
+        from .selection import table_names
+
+        tables = ", ".join(repr(n) for n in table_names()) or "none"
+        return None, (f"no selection table for {name!r} (tables: {tables})" if name else
+                      f"no selection table ({spec.device} is not visible here; tables: {tables}, "
+                      f"--gpu-name NAME or a unique part of it, e.g. H100, reads one)")
     if rule is None:
         return None, f"{table.path}: no rule for this request"
     where = f"{table.path} rule {rule.index} ({rule.describe()})"

@@ -132,6 +132,40 @@ def table_path(device: str) -> Path | None:
     return shipped if shipped.is_file() else None
 
 
+def table_names() -> list[str]:
+    """The device names of every table there is: the override folder's, then the shipped ones."""
+    folders = [Path(str(resources.files("anysoftmax") / "configs" / "selection"))]
+    over = os.environ.get(ENV_CONFIG_DIR)
+    if over:
+        folders.insert(0, Path(over) / "selection")
+    names: list[str] = []
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
+            try:
+                name = str(read_yaml_mapping(path).get("device") or path.stem)
+            except Exception:  # an unreadable table is still named by its file
+                name = path.stem
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def resolve_name(text: str) -> str:
+    """The device name of the table `text` names: the exact name or key, or a case-insensitive
+    part of exactly one table's name ('H100'); ValueError naming the tables otherwise."""
+    if table_path(text) is not None:
+        return text
+    names = table_names()
+    hits = [n for n in names if text.lower() in n.lower() or text.lower() in device_key(n).lower()]
+    if len(hits) == 1:
+        return hits[0]
+    shipped = ", ".join(repr(n) for n in names) or "none"
+    if hits:
+        raise ValueError(f"{text!r} matches several selection tables ({', '.join(map(repr, hits))}); "
+                         f"give more of the name")
+    raise ValueError(f"no selection table for {text!r}; tables: {shipped}")
+
+
 _lock = threading.Lock()
 
 

@@ -182,6 +182,21 @@ def _check_broadcast(name: str, t, shape: tuple[int, ...], device: torch.device,
         raise ValueError(f"softmax: {name} of shape {list(t.shape)} does not broadcast to {list(shape)} ({rule})")
 
 
+def _sinks_hint(sinks, x_shape: tuple[int, ...], dim: int) -> str:
+    """'; sinks of one logit per head of [B, H, S, S] scores are [H, 1, 1]' when a 1-D `sinks`
+    has the length of a dim other than the reduced one: broadcasting aligns the trailing dims,
+    so such a vector lines up with the keys, not the heads."""
+    if not isinstance(sinks, torch.Tensor) or sinks.dim() != 1:
+        return ""
+    n = sinks.shape[0]
+    for axis, size in enumerate(x_shape[:-1]):
+        if axis != dim and size == n:
+            shape = [n] + [1] * (len(x_shape) - 1 - axis)
+            return (f"; for one logit per index of dim {axis} (size {n}), give sinks of shape {shape}: "
+                    f"sinks.view({', '.join(map(str, shape))})")
+    return ""
+
+
 def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=None, mask=None, causal=False,
           softcap=None, sinks=None, empty_rows: str = "zero") -> tuple[Variant, Operands]:
     """Validate the fused keywords of a request on an input of `x_shape` reduced over the
@@ -214,7 +229,8 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
     if sinks is not None:
         row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
         _check_broadcast("sinks", sinks, row_shape, device,
-                         f"sinks broadcast against the input with size 1 in dim {dim}: one logit per row")
+                         f"sinks broadcast against the input with size 1 in dim {dim}: one logit per row"
+                         f"{_sinks_hint(sinks, x_shape, dim)}")
         if not sinks.dtype.is_floating_point:
             raise TypeError(f"softmax: sinks dtype {sinks.dtype} is not floating")
         sink_meta = OperandMeta.of(sinks, x_shape)

@@ -39,6 +39,21 @@ def _first_line(text: str, width: int = 100) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+INTERPRETED = " (Triton interpreter)"
+
+
+def entry_label(cell) -> str:
+    """The entry's name as tables show it: a CPU entry's Triton-kernel rows say that the Triton
+    interpreter runs them (a backend that `needs_interpreter` runs CPU tensors no other way);
+    its torch rows do not."""
+    if "interpreter" in cell.entry.lower() or not str(cell.device).startswith("cpu"):
+        return cell.entry
+    from ..core import registry
+
+    backend = registry.registered().get(cell.backend)
+    return cell.entry + INTERPRETED if backend is not None and hasattr(backend, "needs_interpreter") else cell.entry
+
+
 def _dir(direction: str) -> str:
     return {"forward": "fwd", "backward": "bwd"}.get(direction, direction)
 
@@ -63,6 +78,18 @@ def grouped(run: MatrixRun, status: str) -> dict[tuple[str, str], list[Result]]:
     return groups
 
 
+def grouped_reasons(results: list[Result], missing: dict) -> list[tuple[int, str, str]]:
+    """(cells, "entry (backends)", reason) of the skipped cells, most cells first: what the
+    status map writes under its grey squares."""
+    groups: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    for r in results:
+        if r.status == SKIPPED:
+            groups[(r.cell.entry, missing.get(r.cell.entry) or reason_key(r))].append(r)
+    out = [(len(rs), f"{entry} ({', '.join(dict.fromkeys(r.cell.backend for r in rs))})", why)
+           for (entry, why), rs in groups.items()]
+    return sorted(out, key=lambda t: -t[0])
+
+
 def _cells_of(rs: list[Result]) -> str:
     """What a group's cells have in common, briefly: backends and dtypes."""
     backends = ", ".join(sorted({r.cell.backend for r in rs}))
@@ -84,7 +111,7 @@ def summarize(run: MatrixRun) -> list[dict]:
         c = r.cell
         missing = run.devices.get(c.entry, {}).get("reason")
         groups[(c.entry, "*", "*", "*", "*", "*") if missing
-               else (c.entry, c.backend, c.op, c.direction, c.dtype, c.variant.name)].append(r)
+               else (entry_label(c), c.backend, c.op, c.direction, c.dtype, c.variant.name)].append(r)
     rows = []
     for key, rs in groups.items():
         counts = Counter(r.status for r in rs)
@@ -115,9 +142,21 @@ def _name_column(t, header: str, values, justify: str = "left") -> None:
     t.add_column(header, justify=justify, no_wrap=True, min_width=max([len(header), *map(len, values)]))
 
 
+def _caption(timed: bool, cpu_timed: bool, detail: bool = False) -> str:
+    """The table's footer: it explains only the columns and markers the table shows."""
+    parts = ["err/tol: worst error ÷ tolerance (≤ 1 passes)"]
+    if timed:
+        gbps = "GB/s" if detail else "GB/s: median"
+        if cpu_timed:
+            gbps += " ((cpu): CPU wall clock)" if detail else " (c: CPU wall clock)"
+        parts += [gbps, "×copy: fraction of the same-run copy bandwidth"]
+    return "; ".join(parts)
+
+
 def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
     """The terminal view: every cell (small runs or `details`) or one row per group, then the
     failures and the skip reasons, each reason once and whole, and the closing counts line."""
+    from rich import box
     from rich.table import Table
 
     from ..output import print_table
@@ -130,39 +169,49 @@ def print_report(run: MatrixRun, console, details: bool | None = None) -> None:
     rs = run.results
     if details:
         t = Table(title=f"matrix {run.name}: cells", title_justify="left")
-        for col, values in (("entry", [r.cell.entry for r in rs]), ("backend", [r.cell.backend for r in rs]),
+        for col, values in (("entry", [entry_label(r.cell) for r in rs]), ("backend", [r.cell.backend for r in rs]),
                             ("op", [r.cell.op for r in rs]), ("dir", ["fwd"]), ("dtype", [r.cell.dtype for r in rs]),
                             *([("variant", [r.cell.variant.name for r in rs])] if fused else []),
                             ("shape", [_shape(r) for r in rs])):
             _name_column(t, col, values)
         _name_column(t, "dim", [str(r.cell.dim) for r in rs], "right")
         _name_column(t, "status", [r.status for r in rs])
-        for col in ("err/tol", "GB/s", "×copy", "host µs"):
+        # Bandwidth columns only when something was timed: a conformance run stays narrow.
+        timed = any(r.gbps is not None or r.host_us is not None for r in rs)
+        for col in ("err/tol", *(("GB/s", "×copy", "host µs") if timed else ())):
             _name_column(t, col, [], "right")
         t.add_column("reason / note", overflow="fold", min_width=24)
         for r in rs:
             c = r.cell
             key = (c.entry, reason_key(r))
             why = f"reason [{number[key]}] below" if r.status != PASSED and key in number else (r.reason or r.note)
-            t.add_row(c.entry, c.backend, c.op, _dir(c.direction), c.dtype, *([c.variant.name] if fused else []),
-                      _shape(r), str(c.dim), f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"),
-                      _gbps(r), _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g"), why)
+            timing = (_gbps(r), _num(r.frac_copy, ".2f"), _num(r.host_us, ".3g")) if timed else ()
+            t.add_row(entry_label(c), c.backend, c.op, _dir(c.direction), c.dtype,
+                      *([c.variant.name] if fused else []), _shape(r), str(c.dim),
+                      f"[{STYLE[r.status]}]{r.status}[/]", _num(r.err_ratio, ".2f"), *timing, why)
+        cpu_timed = any(r.gbps is not None and r.timer == "cpu" for r in rs)
+        t.caption = _caption(timed and any(r.gbps is not None for r in rs), cpu_timed, detail=True)
     else:
-        t = Table(title=f"matrix {run.name}: one row per group (--details: every cell)", title_justify="left")
+        # No vertical rules between columns: a conformance run fits 100 columns.
+        t = Table(title=f"matrix {run.name}: one row per group (--details: every cell)", title_justify="left",
+                  box=box.SIMPLE_HEAD, collapse_padding=True)
         rows = summarize(run)
         for col, key in (("entry", "entry"), ("backend", "backend"), ("op", "op"), ("dir", None), ("dtype", "dtype"),
                          *([("variant", "variant")] if fused else [])):
             _name_column(t, col, [s[key] for s in rows] if key else ["fwd"])
-        for col in ("n", "ok", "fail", "skip", "err/tol", "GB/s", "×copy", "best"):
+        # Bandwidth columns only when something was timed: a conformance run fits 100 columns.
+        timed = any(r["median_gbps"] is not None for r in rows)
+        for col in ("n", "ok", "fail", "skip", "err/tol", *(("GB/s", "×copy", "best") if timed else ())):
             _name_column(t, col, [], "right")
         for s in rows:
             bw = _num(s["median_gbps"], ".0f") + ("c" if s["timer"] == "cpu" else "")
+            timing = (bw, _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f")) if timed else ()
             t.add_row(s["entry"], s["backend"], s["op"], _dir(s["direction"]), s["dtype"],
                       *([s["variant"]] if fused else []), str(s["cells"]),
                       f"[green]{s['passed']}[/]", f"[bold red]{s['failed']}[/]" if s["failed"] else "0",
                       f"[yellow]{s['skipped']}[/]" if s["skipped"] else "0", _num(s["worst_err_ratio"], ".2f"),
-                      bw, _num(s["median_frac_copy"], ".2f"), _num(s["best_frac_copy"], ".2f"))
-        t.caption = "GB/s: median (c: CPU wall clock); ×copy: fraction of the same-run copy bandwidth"
+                      *timing)
+        t.caption = _caption(timed, any(s["timer"] == "cpu" and s["median_gbps"] is not None for s in rows))
     print_table(console, t)
     for title, style, groups in (("Failed", "bold red", fails), ("Skipped", "yellow", skips)):
         if not groups:

@@ -67,7 +67,8 @@ def run(args) -> int:
         load_plugin(plugin)
     known = registry.registered()
     if args.backend not in known:
-        raise UsageError(f"unknown backend {args.backend!r}; known backends: {', '.join(known)} "
+        raise UsageError(f"unknown backend {args.backend!r}{registry.did_you_mean(args.backend, known)}; "
+                         f"known backends: {', '.join(known)} "
                          f"(a plugin's backends appear after --plugin MODULE or an installed entry point)")
     device = check_device(args.device) if args.device else None
     if note:

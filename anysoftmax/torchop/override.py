@@ -39,6 +39,9 @@ log = logging.getLogger("anysoftmax")
 
 DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1", "xpu": "XPU"}
 OPS = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data")
+# The warning torch gives when enable() replaces its kernels (TORCH_WARN_ONCE prefixes it with
+# "Warning only once for all operators, ...").
+OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel for the same operator"
 
 _state_lock = threading.Lock()
 _active: dict = {}  # "lib", "backend", "devices", "depth" while enabled
@@ -159,12 +162,17 @@ def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, 
     with _state_lock:
         _disable_locked()
         lib = torch.library.Library("aten", "IMPL")
-        for device in devices:
-            key = DISPATCH_KEYS[device]
-            lib.impl("_softmax", _forward_impl(False), key)
-            lib.impl("_log_softmax", _forward_impl(True), key)
-            lib.impl("_softmax_backward_data", _backward_impl(False), key)
-            lib.impl("_log_softmax_backward_data", _backward_impl(True), key)
+        # Replacing torch's kernels is what enable() is for: torch's "Overriding a previously
+        # registered kernel" warning would read as an error to every user. That one warning is
+        # silenced, here only; any other still shows.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=OVERRIDE_WARNING, category=UserWarning)
+            for device in devices:
+                key = DISPATCH_KEYS[device]
+                lib.impl("_softmax", _forward_impl(False), key)
+                lib.impl("_log_softmax", _forward_impl(True), key)
+                lib.impl("_softmax_backward_data", _backward_impl(False), key)
+                lib.impl("_log_softmax_backward_data", _backward_impl(True), key)
         _active.update(lib=lib, backend=backend, devices=devices)
     return devices
 

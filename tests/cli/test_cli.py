@@ -113,9 +113,9 @@ def test_bench_hands_its_arguments_to_the_benchmark_suite(monkeypatch):
     from anysoftmax.bench import softmax as bench
 
     seen = []
-    monkeypatch.setattr(bench, "main", lambda argv: seen.append(argv) or 3)
+    monkeypatch.setattr(bench, "main", lambda argv, prog: seen.append((argv, prog)) or 3)
     assert main(["bench", "--quick", "--dtypes", "float32"]) == 3
-    assert seen == [["--quick", "--dtypes", "float32"]]
+    assert seen == [(["--quick", "--dtypes", "float32"], "anysoftmax bench")]
 
 
 def test_backends_json_is_list_backends(capsys):

@@ -16,6 +16,22 @@ import sys
 
 ENV = "TRITON_INTERPRET"
 KERNEL_MODULES = ("rows", "cols", "bwd")
+# Triton is an extra: CUDA and ROCm builds of torch bring it, the CPU build does not.
+TRITON_EXTRA = "pip install 'anysoftmax[triton]'"
+
+
+def triton_missing(extra: str = TRITON_EXTRA) -> str | None:
+    """Why the `triton` package cannot be imported here, naming what to install (`extra`), or
+    None. Located without importing it: importing `triton` fixes the interpreter choice."""
+    try:
+        found = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError) as exc:  # a finder refused it, or a broken partial install
+        found, why = False, f" ({type(exc).__name__}: {exc})"
+    else:
+        why = ""
+    if found:
+        return None
+    return f"the `triton` package is not installed{why}: {extra}"
 
 
 def kernels_imported() -> bool:

@@ -15,9 +15,9 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ...config import install_hint
 from ...core.errors import BackendUnavailableError
 
-INSTALL_HINT = "pip install 'anysoftmax[cute]'"
 ARCH_ENV = "CUTE_DSL_ARCH"
 DUMP_ENV = "CUTE_DSL_DUMP_DIR"
 # The architecture compiled for when no GPU is visible (CI): Hopper's, with its `a` features.
@@ -37,12 +37,12 @@ def dsl_missing(check_import: bool = True) -> str | None:
     """None when the CuTe DSL is installed (and, with `check_import`, imports), else what is
     missing and how to install it. Without `check_import` nothing is imported (cheap)."""
     if not _importable("cutlass"):
-        return f"nvidia-cutlass-dsl is not installed ({INSTALL_HINT})"
+        return f"nvidia-cutlass-dsl is not installed ({install_hint('cute')})"
     if not check_import:
         return None
     problem = _import_problem()
     if problem is not None:
-        return f"nvidia-cutlass-dsl does not import: {problem} ({INSTALL_HINT})"
+        return f"nvidia-cutlass-dsl does not import: {problem} ({install_hint('cute')})"
     return None
 
 

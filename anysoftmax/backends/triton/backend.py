@@ -128,6 +128,11 @@ class TritonBackend:
     status_note = staticmethod(interpreter.status_note)
 
     def is_available(self) -> str | None:
+        missing = interpreter.triton_missing(
+            f"{interpreter.TRITON_EXTRA} (CUDA and ROCm builds of torch bring it; on a CPU it runs the kernels "
+            f"through the interpreter)")
+        if missing is not None:
+            return missing
         if interpreter.interpreting():
             problem = interpreter.interpreter_problem()
             if problem is not None:

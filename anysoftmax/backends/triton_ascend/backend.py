@@ -85,6 +85,11 @@ class TritonAscendBackend:
 
     def is_available(self) -> str | None:
         """None when some device can run it here (interpreter, CUDA cross-check or an NPU)."""
+        missing = interpreter.triton_missing(
+            "pip install 'anysoftmax[ascend]' on an Ascend host (triton-ascend; see docs/ascend.md for the "
+            f"order), or {interpreter.TRITON_EXTRA} for the CPU interpreter")
+        if missing is not None:
+            return missing
         if interpreter.interpreting():
             return interpreter.interpreter_problem()
         if npu.crosscheck_on_cuda() and torch.cuda.is_available():

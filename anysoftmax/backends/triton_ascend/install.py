@@ -3,7 +3,7 @@ triton-ascend. Pure functions of the distribution list, so the check is tested a
 
 triton-ascend installs its files as the top-level `triton` package, like stock Triton: both
 can be installed at once and the one installed last silently overwrites the other's files
-(anysoftmax's own `triton` dependency pulls stock Triton back in). `importlib.metadata`
+(`pip install 'anysoftmax[triton]'`, or a CUDA build of torch, pulls stock Triton in). `importlib.metadata`
 still records every distribution that put files under `triton/`.
 """
 
@@ -19,7 +19,7 @@ DIST = "triton-ascend"
 PINS = {"triton-ascend": "3.2.0", "torch": "2.7.1", "torch-npu": "2.7.1", "CANN": "8.5.0"}
 FIX = ("pip uninstall -y triton triton-ascend && pip install --no-deps --force-reinstall "
        f"triton-ascend=={PINS['triton-ascend']} && pip install --no-deps -e . "
-       "(anysoftmax's own `triton` requirement pulls stock Triton back; see docs/ascend.md)")
+       "(the `triton` extra, or a CUDA build of torch, pulls stock Triton back; see docs/ascend.md)")
 
 
 def _norm(name: str) -> str:

@@ -15,10 +15,10 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
+from ...config import install_hint
 from ...core.registry import BackendUnavailableError
 
 ENV_CACHE_DIR = "ANYSOFTMAX_CACHE_DIR"
-INSTALL_HINT = "pip install 'anysoftmax[wave]'"
 # What `pip install 'anysoftmax[wave]'` installs (keep in step with pyproject.toml).
 PINS = {"wave-lang": "3.9.1", "iree-base-compiler": "3.9.0", "iree-base-runtime": "3.9.0"}
 
@@ -52,16 +52,16 @@ def _importable(module: str) -> bool:
 def runtime_missing() -> str | None:
     """None when iree.runtime can be imported, else what is missing and how to install it."""
     if not _importable("iree.runtime"):
-        return f"iree-base-runtime is not installed (needed to run Wave kernels): {INSTALL_HINT}"
+        return f"iree-base-runtime is not installed (needed to run Wave kernels): {install_hint('wave')}"
     return None
 
 
 def compiler_missing() -> str | None:
     """None when Wave and the IREE compiler can be imported, else what is missing and how to install it."""
     if not _importable("wave_lang"):
-        return f"wave-lang is not installed (needed to compile Wave kernels): {INSTALL_HINT}"
+        return f"wave-lang is not installed (needed to compile Wave kernels): {install_hint('wave')}"
     if not _importable("iree.compiler"):
-        return f"iree-base-compiler is not installed (needed to compile Wave kernels): {INSTALL_HINT}"
+        return f"iree-base-compiler is not installed (needed to compile Wave kernels): {install_hint('wave')}"
     return None
 
 

@@ -22,6 +22,7 @@ class AttnMaskType(enum.Enum):  # Megatron's enum (megatron/core/transformer/enu
     no_mask = 3
     padding_causal = 4
     arbitrary = 5
+    causal_bottom_right = 6
 
 
 def attention_mask_func(scores, mask):  # Megatron's default mask_func
@@ -212,6 +213,47 @@ def test_bad_arguments_are_named(gen):
         mg.scaled_masked_softmax(x, torch.zeros(2, 1, 4, 4), 1.0)
     with pytest.raises(ValueError, match="scale"):
         mg.scaled_softmax(x, float("nan"))
+
+
+def test_refusals_are_apex_and_megatron_error_types(gen):
+    # apex raises RuntimeError, Megatron asserts: code catching either still catches these.
+    x = _scores(gen, (2, 2, 4, 4), torch.float16)
+    for kind in (ValueError, RuntimeError, AssertionError):
+        with pytest.raises(kind, match="softmax_in_fp32"):
+            mg.FusedScaleMaskSoftmax(True, False, "padding", True, attention_mask_func, False, 2.0)
+        module = mg.FusedScaleMaskSoftmax(False, False, "causal", False, attention_mask_func, True, None)
+        with pytest.raises(kind, match="sq == sk"):
+            module(x.float()[:, :, :3], None)
+        with pytest.raises(kind, match="sq == sk"):
+            mg.scaled_upper_triang_masked_softmax(x[0, :, :3], 1.0)
+
+
+def test_causal_bottom_right_is_accepted_and_takes_the_mask_as_given(gen):
+    # Megatron accepts every AttnMaskType member; only `causal` generates a mask.
+    x = _scores(gen, (2, 2, 4, 8), torch.float32)
+    mask = _padding_mask(gen, 2, 4, 8)
+    module = mg.FusedScaleMaskSoftmax(False, False, AttnMaskType.causal_bottom_right, False, attention_mask_func,
+                                      True, None, backend="torch")
+    torch.testing.assert_close(module(x.clone(), mask), fill_softmax(x, mask, 1.0, False).float())
+    torch.testing.assert_close(module(x.clone(), None), torch.softmax(x, -1))
+
+
+def test_scaled_masked_softmax_without_a_mask_is_the_scaled_softmax(gen):
+    x = _scores(gen, (2, 2, 4, 8), torch.float16)
+    torch.testing.assert_close(mg.scaled_masked_softmax(x, None, 0.5, backend="torch"),
+                               mg.scaled_softmax(x, 0.5, backend="torch"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_casts_float32_inputs_as_apex(dtype, gen):
+    x = _scores(gen, (2, 2, 8, 8), torch.float32)
+    mask = _padding_mask(gen, 2, 8, 8)
+    with torch.autocast("cpu", dtype=dtype):
+        got = [mg.scaled_masked_softmax(x, mask, 0.5, backend="torch"), mg.scaled_softmax(x, 0.5, backend="torch"),
+               mg.scaled_upper_triang_masked_softmax(x[0], 0.5, backend="torch")]
+    assert [g.dtype for g in got] == [dtype] * 3
+    torch.testing.assert_close(got[0], mg.scaled_masked_softmax(x.to(dtype), mask, 0.5, backend="torch"))
+    assert mg.scaled_softmax(x, 0.5, backend="torch").dtype == torch.float32  # no autocast: x's dtype
 
 
 @pytest.mark.gpu
