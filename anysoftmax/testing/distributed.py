@@ -281,10 +281,10 @@ class _nothing:
         return False
 
 
-def _worker(rank: int, world: int, init: str, backend, seed: int, out: str, quick: bool):
+def _worker(rank: int, world: int, init: str, backend, seed: int, out: str, kw: dict):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
-        failures = check_distributed(backend, seed=seed, dtypes=DTYPES[:2] if quick else DTYPES)
+        failures = check_distributed(backend, seed=seed, **kw)
         if rank == 0:
             with open(out, "w") as f:
                 f.write("\n".join(failures))
@@ -293,17 +293,19 @@ def _worker(rank: int, world: int, init: str, backend, seed: int, out: str, quic
 
 
 def spawn_checks(world_size: int, backend: str | None = None, *, seed: int = 0, quick: bool = False,
-                 timeout: float = 300.0) -> list[str]:
+                 timeout: float = 300.0, **kw) -> list[str]:
     """`check_distributed` in `world_size` new processes over gloo on the CPU (rendezvous in a
-    temporary file); returns the failures. A process that dies or hangs past `timeout` seconds
-    raises."""
+    temporary file); returns the failures. `quick`: float32 and bfloat16 only; `kw` passes
+    `dtypes`, `ops`, `cases` on. A process that dies or hangs past `timeout` seconds raises."""
+    if quick:
+        kw.setdefault("dtypes", DTYPES[:2])
     import tempfile
 
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/failures.txt"
-        ctx = mp.start_processes(_worker, args=(world_size, f"file://{tmp}/rendezvous", backend, seed, out, quick),
+        ctx = mp.start_processes(_worker, args=(world_size, f"file://{tmp}/rendezvous", backend, seed, out, kw),
                                  nprocs=world_size, join=False, start_method="spawn")
         import time
 
