@@ -107,11 +107,12 @@ def _shard(t, full: int, dim: int, off: int, n: int):
     return t.narrow(dim, off, n)
 
 
-def _run_case(case: ShardCase, op: str, dtype, seed: int, backend, group, rank: int, world: int):
+def _run_case(case: ShardCase, op: str, dtype, seed: int, backend, group, rank: int, world: int, device=None):
     import anysoftmax.distributed as asd
 
     g = torch.Generator().manual_seed(seed)
-    x, mask, sinks, dy = _operands(case, dtype, g)
+    host = _operands(case, dtype, g)  # made on the CPU (the same on every rank), run on `device`
+    x, mask, sinks, dy = (None if t is None else t.to(device or "cpu") for t in host)
     dim = case.dim % x.dim()
     sizes = _split(x.shape[dim], world, g)
     off = sum(sizes[:rank])
@@ -125,7 +126,7 @@ def _run_case(case: ShardCase, op: str, dtype, seed: int, backend, group, rank: 
         kw.pop("empty_rows", None)
         out = asd.logsumexp(xs, case.dim, group=group, mask=ms, sinks=ss, backend=backend, **kw)
         grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
-        grad_out = grad_out.to(out.dtype)
+        grad_out = grad_out.to(device=out.device, dtype=out.dtype)
     else:
         fn = asd.log_softmax if op == "log_softmax" else asd.softmax
         out = fn(xs, case.dim, group=group, mask=ms, sinks=ss, backend=backend, **kw)
@@ -133,7 +134,7 @@ def _run_case(case: ShardCase, op: str, dtype, seed: int, backend, group, rank: 
     named = [(n, t) for n, t in (("x", xs), ("mask", ms), ("sinks", ss)) if t is not None and t.requires_grad]
     got = dict(zip([n for n, _ in named], torch.autograd.grad(out, [t for _, t in named], grad_out)))
     return {"out": out.detach(), "dx": got.get("x"), "dmask": got.get("mask"), "dsinks": got.get("sinks"),
-            "grad_out": grad_out, "sizes": sizes}, (x, mask, sinks, dy, dim)
+            "grad_out": grad_out, "sizes": sizes}, (*host, dim)
 
 
 def _reference_lse(x, spec: SoftmaxSpec, mask, sinks):
@@ -253,9 +254,8 @@ def check_distributed(backend: str | None = None, *, group=None, seed: int = 0, 
                 case_seed = seed * 1000003 + i * 97 + j
                 name = f"{case.name}/{op}/{str(dtype).removeprefix('torch.')}"
                 try:
-                    with torch.device(device) if device is not None else _nothing():
-                        part, (x, mask, sinks, dy, dim) = _run_case(case, op, dtype, case_seed, backend, group,
-                                                                    rank, world)
+                    part, (x, mask, sinks, dy, dim) = _run_case(case, op, dtype, case_seed, backend, group, rank,
+                                                                world, device)
                     part = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in part.items()}
                 except Exception as exc:  # noqa: BLE001 - reported, with the case's name
                     part, x = {"error": f"{type(exc).__name__}: {exc}"}, None
@@ -271,14 +271,6 @@ def check_distributed(backend: str | None = None, *, group=None, seed: int = 0, 
     verdict = [failures]
     dist.broadcast_object_list(verdict, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     return verdict[0]
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _worker(rank: int, world: int, init: str, backend, seed: int, out: str, kw: dict):
