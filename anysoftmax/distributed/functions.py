@@ -44,12 +44,14 @@ def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _shard_values(x, mask, c: Call, rest) -> torch.Tensor:
+def _shard_values(x, mask, sinks, c: Call, rest) -> torch.Tensor:
     # With `rest` as its sink, the local fused softmax of the shard is the global softmax's
     # shard. Empty rows stay "zero" locally: a row empty here may be kept on another rank;
-    # the policy applies to rows empty everywhere (done by the caller).
+    # the policy applies to rows empty everywhere (done by the caller). One rank: `rest` is
+    # the sinks themselves (without any, the plain softmax's path).
     op = _local_log_softmax if c.log else _local_softmax
-    return op(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=rest, backend=c.backend)
+    sink = (None if sinks is None else sinks.detach()) if c.world == 1 else rest
+    return op(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
 
 
 def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call) -> torch.Tensor:
@@ -80,7 +82,7 @@ class ShardedSoftmax(torch.autograd.Function):
         st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
                       rank=c.rank, world=c.world, group=c.group, want_length=want_length)
         with torch.no_grad():
-            y = _shard_values(x, mask, c, st.rest)
+            y = _shard_values(x, mask, sinks, c, st.rest)
             if st.empty is not None and c.empty_rows != "zero":
                 if want_length:
                     n = st.length.to(torch.float64)
@@ -140,7 +142,7 @@ class ShardedLogsumexp(torch.autograd.Function):
         g = gout.to(acc) if c.keepdim else gout.to(acc).unsqueeze(c.dim)
         # d lse / d z is the global softmax: the local fused softmax with `rest` as its sink
         # (0 at excluded positions and in rows empty everywhere).
-        p = _shard_values(x.detach(), mask, c._replace(log=False), rest).to(acc)
+        p = _shard_values(x.detach(), mask, sinks, c._replace(log=False), rest).to(acc)
         dz = g * p
         ds = None
         if sinks is not None:
