@@ -9,12 +9,14 @@ Command line: `anysoftmax conformance NAME [--plugin MODULE] [--device D] [--qui
 pass, 1 on failures, 2 on bad usage). pytest: `pytest --anysoftmax-backend NAME` adds one test
 per check to a suite. The cases are data (`anysoftmax.testing.cases`); `check_forward` and
 `check_backward` check one request. Declared refusals (`supports()` reasons, the fused-family
-gate) are skips, never failures.
+gate) are skips, never failures. `check_distributed` (`anysoftmax.testing.distributed`) checks
+`anysoftmax.distributed` on every rank of a process group.
 """
 
 from .checks import check_backward, check_forward
+from .distributed import check_distributed
 from .kit import Check, KitReport, check_backend, conformance_checks, default_device, registered, run_checks
 from .poison import poisoned_allocations
 
-__all__ = ["Check", "KitReport", "check_backend", "check_backward", "check_forward", "conformance_checks",
-           "default_device", "poisoned_allocations", "registered", "run_checks"]
+__all__ = ["Check", "KitReport", "check_backend", "check_backward", "check_distributed", "check_forward",
+           "conformance_checks", "default_device", "poisoned_allocations", "registered", "run_checks"]
