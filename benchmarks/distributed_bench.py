@@ -110,7 +110,8 @@ def plot(result: dict, path: Path) -> None:
     keys = sorted({(r["dtype"], r["vocab"]) for r in result["results"]})
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
     for ax, (dtype, v) in zip(axes[0], keys):
-        pts = sorted((r for r in result["results"] if (r["dtype"], r["vocab"]) == (dtype, v)), key=lambda r: r["tokens"])
+        pts = sorted((r for r in result["results"] if (r["dtype"], r["vocab"]) == (dtype, v)),
+                     key=lambda r: r["tokens"])
         for name in ("distributed", "local_shard", "gather_rows", "states_gather"):
             ax.plot([r["tokens"] for r in pts], [r[f"{name}_ms"] for r in pts], marker="o", ms=3, label=name)
         ax.set_xscale("log", base=2)
