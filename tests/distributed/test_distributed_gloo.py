@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -121,3 +122,24 @@ def test_import_anysoftmax_leaves_distributed_unloaded():
             "assert anysoftmax.distributed.softmax is not None")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+def test_ranks_that_disagree_on_the_rows_are_named_in_debug_mode(tmp_path, monkeypatch):
+    """The contract (the same rows on every rank) is not checked by default; with
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, as docs/semantics.md says, torch names the mismatch."""
+    import torch.multiprocessing as mp
+
+    from helpers.distributed import mismatched_rows
+
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # (read by the spawned ranks)
+    ctx = mp.start_processes(mismatched_rows, args=(f"file://{tmp_path}/rendezvous", str(tmp_path / "err")),
+                             nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):  # (False until every rank is done)
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks hung instead of naming the mismatch")
+    for rank in (0, 1):
+        message = (tmp_path / f"err.{rank}").read_text()
+        assert "mismatch between collectives" in message and "TensorShape=[3]" in message, message
