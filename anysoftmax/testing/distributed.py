@@ -187,16 +187,32 @@ def _check_lse(parts, x, mask, sinks, dim, spec: SoftmaxSpec, backward: bool) ->
     wants = [t for t in (x64, m64, s64) if t is not None and t.requires_grad]
     exp = dict(zip([n for n, t in (("x", x64), ("mask", m64), ("sinks", s64)) if t is not None and t.requires_grad],
                    torch.autograd.grad(want, wants, g.masked_fill(torch.isinf(want), 0.0))))
+    # Bounds: the rounding of the result to x's dtype (2 rtol), atol, and the error of the
+    # global softmax p the gradient is made of: its log carries ~eps (1 + |z|) from the
+    # prologue and the states (times softcap's factor, itself rounded absolutely).
     tol = TOLERANCES[x.dtype]
     v = spec.variant
     scale = 1.0 if v.scale is None else abs(v.scale)
+    z = prologue(x64.detach(), v, None if m64 is None else m64.detach(), torch.float64)
+    p = torch.exp(z - want.detach().unsqueeze(dim)).nan_to_num(0.0)
+    gb = g.unsqueeze(dim).abs()
+    slack = 16 * eps * gb * p * (1 + z.abs().nan_to_num(0.0, 0.0, 0.0))
     arg = (x64.detach() * (1.0 if v.scale is None else v.scale) / (v.softcap or 1.0)).abs()
     dx = torch.cat([p["dx"] for p in parts], dim)
-    gb = g.unsqueeze(dim).abs()
-    bx = tol.atol * gb * max(1.0, scale) + 2 * tol.rtol * exp["x"].abs() + 16 * eps * gb * scale * (1 + arg)
+    bx = tol.atol * gb * max(1.0, scale) + 2 * tol.rtol * exp["x"].abs() + slack * scale * (1 + arg)
     why = _close(dx, exp["x"], bx, "logsumexp dx")
     if why:
         bad.append(why)
+    if "mask" in exp:
+        if mask.dim() == x.dim() and mask.shape[dim] == x.shape[dim]:
+            dmask = torch.cat([p["dmask"] for p in parts], dim)
+        else:
+            dmask = sum(p["dmask"] for p in parts)
+        bm = (tol.atol * gb + 2 * tol.rtol * gb * p + slack).sum_to_size(mask.shape) \
+            + 2 * torch.finfo(mask.dtype).eps * exp["mask"].abs()
+        why = _close(dmask, exp["mask"], bm, "logsumexp dmask")
+        if why:
+            bad.append(why)
     if "sinks" in exp:
         for r, p in enumerate(parts):
             why = _close(p["dsinks"], exp["sinks"], tol.atol + 4 * tol.rtol * exp["sinks"].abs() + 16 * eps * g.abs()
