@@ -30,7 +30,8 @@ def test_triton_backend_over_gloo(seed):
     from anysoftmax.testing.distributed import CASES
 
     failures = spawn_checks(2, "triton", seed=seed, dtypes=(torch.float32,), ops=("softmax", "log_softmax"),
-                            cases=[c for c in CASES if c.name in ("plain", "bool-nan-sinks", "additive-sinks")],
+                            cases=[c for c in CASES if c.name in ("plain", "bool-nan-sinks", "additive-sinks",
+                                                                  "nan-posinf")],
                             timeout=240)
     assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
 
