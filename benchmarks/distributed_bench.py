@@ -12,6 +12,11 @@ Times are per call, the slowest rank's, from a loop of calls between barriers (c
 the ranks in step, so one rank cannot be timed alone), median of `--repeats` loops. Rank 0
 writes distributed_softmax.json and .png under benchmarks/results/<device>/ (`--out` another
 folder). NVLink multicast (NVLS) stays off.
+
+What to expect: the states must be known before any output is written, so the sharded softmax
+reads its shard twice (the local log-sum-exp, then the fused softmax with the other ranks as
+its sink): about 1.5 local softmaxes (read + write, then read) plus the gather of a float per
+row, once the local log-sum-exp is a kernel (`anysoftmax.logsumexp`; torch ops until then).
 """
 
 from __future__ import annotations
