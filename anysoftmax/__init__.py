@@ -23,3 +23,12 @@ __all__ = [
     "enabled", "get_backend", "list_backends", "log_softmax", "nn", "refresh", "register", "softmax",
     "softmax_backward", "unregister", "use",
 ]
+
+
+def __getattr__(name: str):
+    # `anysoftmax.distributed` on first use: importing the package leaves it unloaded.
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

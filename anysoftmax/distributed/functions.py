@@ -1,0 +1,154 @@
+"""The autograd Functions of the sharded softmax, log_softmax and logsumexp.
+
+Forward: `states.exchange` (one gather of row states), then one local fused softmax whose sink
+is `rest`, the log of everything outside the shard. Backward: softmax and log_softmax sum one
+float per row across the ranks (Σ y·g, resp. Σ g); logsumexp needs no collective (its gradient
+is the global softmax, recomputed locally from the saved `rest`).
+
+Sinks are replicated on every rank: each rank's sink gradient is the full one (the row sums
+are global after the backward's all-reduce). A floating mask is this rank's operand: its
+gradient is what this rank's use of it contributes (a mask shared by all ranks, broadcast
+along `dim`, gets each rank's part; their sum is the whole).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..core.reference import empty_row_value
+from ..torchop.api import log_softmax as _local_log_softmax, softmax as _local_softmax
+from .collective import sum_rows
+from .states import exchange
+
+
+class Call(NamedTuple):
+    """The non-tensor arguments of one call, as validated by the public functions."""
+
+    dim: int
+    log: bool
+    scale: float | None
+    softcap: float | None
+    empty_rows: str
+    keepdim: bool
+    backend: str | None
+    group: object
+    rank: int
+    world: int
+
+
+def _acc(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _shard_values(x, mask, sinks, c: Call, rest) -> torch.Tensor:
+    # With `rest` as its sink, the local fused softmax of the shard is the global softmax's
+    # shard. Empty rows stay "zero" locally: a row empty here may be kept on another rank;
+    # the policy applies to rows empty everywhere (done by the caller). One rank: `rest` is
+    # the sinks themselves (without any, the plain softmax's path).
+    op = _local_log_softmax if c.log else _local_softmax
+    sink = (None if sinks is None else sinks.detach()) if c.world == 1 else rest
+    return op(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
+
+
+def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call) -> torch.Tensor:
+    """dz (gradient of the logits after softcap) to dx: softcap's 1 - tanh², scale's factor."""
+    if c.softcap is not None:
+        t = torch.tanh(x.to(dz.dtype) * (1.0 if c.scale is None else c.scale) / c.softcap)
+        dz = dz * (1 - t * t)
+    if c.scale is not None:
+        dz = dz * c.scale
+    return dz
+
+
+def _operand_grads(ctx, dz, ds_rows, mask, sinks):
+    dmask = dsinks = None
+    if ctx.needs_input_grad[1] and mask is not None and mask.dtype.is_floating_point:
+        dmask = dz.sum_to_size(mask.shape).to(mask.dtype)
+    if ctx.needs_input_grad[2] and sinks is not None:
+        dsinks = ds_rows.sum_to_size(sinks.shape).to(sinks.dtype)
+    return dmask, dsinks
+
+
+class ShardedSoftmax(torch.autograd.Function):
+    """softmax / log_softmax of a sharded dim: forward(x, mask, sinks, call) -> this rank's shard."""
+
+    @staticmethod
+    def forward(ctx, x, mask, sinks, c: Call):
+        want_length = c.empty_rows == "uniform" and mask is not None and mask.dtype == torch.bool
+        st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
+                      rank=c.rank, world=c.world, group=c.group, want_length=want_length)
+        with torch.no_grad():
+            y = _shard_values(x, mask, sinks, c, st.rest)
+            if st.empty is not None and c.empty_rows != "zero":
+                if want_length:
+                    n = st.length.to(torch.float64)
+                    value = -n.log() if c.log else 1.0 / n
+                else:
+                    value = torch.tensor(empty_row_value(c.empty_rows, 1, c.log), dtype=torch.float64)
+                y = torch.where(st.empty, value.to(device=y.device, dtype=y.dtype), y)
+        ctx.c = c
+        ctx.save_for_backward(y, x if c.softcap is not None else None, mask, sinks, st.lse, st.empty)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gy):
+        y, x, mask, sinks, lse, empty = ctx.saved_tensors
+        c: Call = ctx.c
+        acc = _acc(y)
+        g, yy = gy.to(acc), y.to(acc)
+        excluded = None
+        if mask is not None and mask.dtype == torch.bool:
+            excluded = mask.expand(y.shape)
+            g = g.masked_fill(excluded, 0.0)  # excluded outputs are constants
+        # The backward's one collective: one float per row.
+        total = sum_rows(g.sum(c.dim, keepdim=True) if c.log else (yy * g).sum(c.dim, keepdim=True), c.world, c.group)
+        dz = g - yy.exp() * total if c.log else yy * (g - total)
+        ds = None
+        if sinks is not None:
+            ds = -torch.exp(sinks.detach().to(acc) - lse) * total
+        if excluded is not None:
+            dz = dz.masked_fill(excluded | empty, 0.0)
+            if ds is not None:
+                ds = ds.masked_fill(empty, 0.0)
+        dmask, dsinks = _operand_grads(ctx, dz, ds, mask, sinks)
+        dx = _chain(dz, x, c).to(y.dtype) if ctx.needs_input_grad[0] else None
+        return dx, dmask, dsinks, None
+
+
+class ShardedLogsumexp(torch.autograd.Function):
+    """logsumexp of a sharded dim: forward(x, mask, sinks, call) -> the global value per row
+    (every rank gets all rows); -inf for rows a bool mask leaves empty on every rank."""
+
+    @staticmethod
+    def forward(ctx, x, mask, sinks, c: Call):
+        st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
+                      rank=c.rank, world=c.world, group=c.group)
+        out = st.lse if st.empty is None else st.lse.masked_fill(st.empty, -math.inf)
+        ctx.c = c
+        ctx.save_for_backward(x, mask, sinks, st.lse, st.rest, st.empty)
+        return out if c.keepdim else out.squeeze(c.dim)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gout):
+        x, mask, sinks, lse, rest, empty = ctx.saved_tensors
+        c: Call = ctx.c
+        acc = _acc(x)
+        g = gout.to(acc) if c.keepdim else gout.to(acc).unsqueeze(c.dim)
+        # d lse / d z is the global softmax: the local fused softmax with `rest` as its sink
+        # (0 at excluded positions and in rows empty everywhere).
+        p = _shard_values(x.detach(), mask, sinks, c._replace(log=False), rest).to(acc)
+        dz = g * p
+        ds = None
+        if sinks is not None:
+            ds = g * torch.exp(sinks.detach().to(acc) - lse)
+            if empty is not None:
+                ds = ds.masked_fill(empty, 0.0)
+        dmask, dsinks = _operand_grads(ctx, dz, ds, mask, sinks)
+        dx = _chain(dz, x, c).to(x.dtype) if ctx.needs_input_grad[0] else None
+        return dx, dmask, dsinks, None

@@ -1,0 +1,327 @@
+"""Conformance of `anysoftmax.distributed` (softmax, log_softmax, logsumexp over a dim sharded
+across ranks), against the float64 reference of the *global* function.
+
+    from anysoftmax.testing.distributed import check_distributed, spawn_checks
+    failures = check_distributed(backend="mine")        # on every rank of an initialised group
+    spawn_checks(world_size=3)                          # gloo on the CPU, one process per rank
+
+Every rank makes the same global tensors from `seed`, takes its shard (uneven shards, empty
+ones, split points drawn per case), runs forward and backward, and rank 0 checks the gathered
+shards with `anysoftmax.core.compare` (gradients of x, of an additive mask and of the sinks
+too). All ranks return the same list of failures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..core.compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
+from ..core.reference import prologue
+from ..core.spec import TOLERANCES, SoftmaxSpec
+from ..core.variant import keep_mask
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+OPS = ("softmax", "log_softmax", "logsumexp")
+
+
+@dataclass(frozen=True)
+class ShardCase:
+    """One global request, sharded along `dim`. `mask`: None, "bool" (some rows empty
+    everywhere), "bool_rows" (a [rows, 1] mask broadcast along dim), "additive" (per element),
+    "bias" (additive, broadcast over the rows); `special`: None, "neginf" (a row -inf on
+    one rank), "nan", "posinf" (one element)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dim: int
+    fused: dict = field(default_factory=dict)  # scale, softcap, sinks (bool), empty_rows
+    mask: str | None = None
+    special: str | None = None
+
+
+CASES = (
+    ShardCase("plain", (3, 17), -1),
+    ShardCase("dim0", (13, 2, 3), 0),
+    ShardCase("scale-softcap", (4, 19), 1, {"scale": 1.7, "softcap": 5.0}),
+    ShardCase("bool-zero", (5, 16), -1, {"empty_rows": "zero"}, mask="bool"),
+    ShardCase("bool-nan-sinks", (5, 16), -1, {"empty_rows": "nan", "sinks": True}, mask="bool"),
+    ShardCase("bool-uniform", (2, 3, 15), -1, {"empty_rows": "uniform", "scale": 0.5}, mask="bool_rows"),
+    ShardCase("additive-sinks", (2, 3, 14), -1, {"sinks": True, "softcap": 4.0}, mask="additive"),
+    ShardCase("bias", (4, 18), -1, {"scale": 2.0}, mask="bias"),
+    ShardCase("neginf-shard", (3, 16), -1, special="neginf"),
+    ShardCase("nan-posinf", (4, 16), -1, {"sinks": True}, special="nan"),
+)
+
+
+def _split(n: int, world: int, g: torch.Generator) -> list[int]:
+    """Uneven shard sizes summing to n; in two cases of three one shard (any) is empty."""
+    edges = [0] + sorted(torch.randint(0, n + 1, (world - 1,), generator=g).tolist()) + [n]
+    if world > 1 and torch.randint(0, 3, (1,), generator=g).item():
+        k = torch.randint(0, world, (1,), generator=g).item()
+        if k == world - 1:
+            edges[k] = n  # the last shard empty
+        else:
+            edges[k + 1] = edges[k]  # shard k empty
+        edges = sorted(edges)
+    return [b - a for a, b in zip(edges, edges[1:])]
+
+
+def _operands(case: ShardCase, dtype, g: torch.Generator):
+    """The global x, mask, sinks and upstream gradient of `case` (same on every rank)."""
+    shape, dim = case.shape, case.dim % len(case.shape)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2).to(dtype)
+    rows = tuple(1 if d == dim else s for d, s in enumerate(shape))
+    mask = None
+    if case.mask == "bool":
+        mask = torch.rand(shape, generator=g) < 0.4
+        mask.narrow(1 if dim == 0 else 0, 0, 1).fill_(True)  # the first rows empty on every rank
+    elif case.mask == "bool_rows":
+        mask = torch.rand(rows, generator=g) < 0.5
+        mask.view(-1)[0] = True
+    elif case.mask == "additive":
+        mask = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    elif case.mask == "bias":
+        mask = torch.randn(tuple(1 if d != dim else s for d, s in enumerate(shape)), generator=g,
+                           dtype=torch.float64).to(torch.float32)
+    sinks = torch.randn(rows, generator=g, dtype=torch.float64).to(dtype) if case.fused.get("sinks") else None
+    if case.special == "neginf":
+        x.narrow(0, 0, 1).fill_(-math.inf)  # a row of only -inf: NaN, as torch
+        x.narrow(0, 1, 1).narrow(dim, 0, max(1, shape[dim] // 2)).fill_(-math.inf)
+    elif case.special == "nan":
+        x.view(-1)[3] = math.nan
+        x.view(-1)[-2] = math.inf
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    return x, mask, sinks, dy
+
+
+def _shard(t, full: int, dim: int, off: int, n: int):
+    """This rank's part of `t` (None stays None); `t` broadcast along dim (size 1 there, the
+    global length `full` is not) is the same on every rank."""
+    if t is None or t.shape[dim] == 1 and full != 1:
+        return t
+    return t.narrow(dim, off, n)
+
+
+def _run_case(case: ShardCase, op: str, dtype, seed: int, backend, group, rank: int, world: int, device=None):
+    import anysoftmax.distributed as asd
+
+    g = torch.Generator().manual_seed(seed)
+    host = _operands(case, dtype, g)  # made on the CPU (the same on every rank), run on `device`
+    x, mask, sinks, dy = (None if t is None else t.to(device or "cpu") for t in host)
+    dim = case.dim % x.dim()
+    sizes = _split(x.shape[dim], world, g)
+    off = sum(sizes[:rank])
+    xs = x.narrow(dim, off, sizes[rank]).clone().requires_grad_()
+    ms = _shard(mask, x.shape[dim], dim, off, sizes[rank])
+    if ms is not None:
+        ms = ms.clone().requires_grad_(ms.dtype.is_floating_point)
+    ss = None if sinks is None else sinks.clone().requires_grad_()
+    kw = {k: v for k, v in case.fused.items() if k != "sinks"}
+    if op == "logsumexp":
+        kw.pop("empty_rows", None)
+        out = asd.logsumexp(xs, case.dim, group=group, mask=ms, sinks=ss, backend=backend, **kw)
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+        grad_out = grad_out.to(device=out.device, dtype=out.dtype)
+    else:
+        fn = asd.log_softmax if op == "log_softmax" else asd.softmax
+        out = fn(xs, case.dim, group=group, mask=ms, sinks=ss, backend=backend, **kw)
+        grad_out = dy.narrow(dim, off, sizes[rank])
+    named = [(n, t) for n, t in (("x", xs), ("mask", ms), ("sinks", ss)) if t is not None and t.requires_grad]
+    got = dict(zip([n for n, _ in named], torch.autograd.grad(out, [t for _, t in named], grad_out)))
+    return {"out": out.detach(), "dx": got.get("x"), "dmask": got.get("mask"), "dsinks": got.get("sinks"),
+            "grad_out": grad_out, "sizes": sizes}, (*host, dim)
+
+
+def _reference_lse(x, spec: SoftmaxSpec, mask, sinks):
+    """The global logsumexp in float64 (differentiable in x, mask and sinks)."""
+    z = prologue(x, spec.variant, mask, torch.float64)
+    keep = keep_mask(tuple(z.shape), spec.variant, mask, z.device)
+    if keep is not None:
+        z = z.masked_fill(~keep, -math.inf)
+    terms = z if sinks is None else torch.cat([z, sinks.to(torch.float64).expand(
+        tuple(1 if d == spec.dim else s for d, s in enumerate(z.shape)))], spec.dim)
+    lse = torch.logsumexp(terms, spec.dim)
+    if keep is not None:
+        lse = lse.masked_fill(~keep.any(spec.dim), -math.inf)
+    return lse
+
+
+def _close(got, want, bound, what):
+    got, want = got.to(torch.float64), want.to(torch.float64)
+    if not torch.equal(torch.isnan(got), torch.isnan(want)):
+        return f"{what}: NaN where the reference has none (or the reverse)"
+    inf = torch.isinf(want)
+    if not torch.equal(got[inf], want[inf]) or torch.isinf(got[~inf]).any():
+        return f"{what}: infinities differ from the reference"
+    fin = torch.isfinite(want)
+    err = (got - want).abs()[fin]
+    ratio = (err / bound.expand(want.shape)[fin]).max().item() if err.numel() else 0.0
+    return None if ratio <= 1.0 else f"{what}: error {err.max().item():.3g} is {ratio:.3g}x the bound"
+
+
+def _check_lse(parts, x, mask, sinks, dim, spec: SoftmaxSpec, backward: bool) -> list[str]:
+    bad = []
+    acc = spec.acc_dtype
+    eps = torch.finfo(acc).eps
+    x64 = x.to(torch.float64).requires_grad_()
+    s64 = None if sinks is None else sinks.to(torch.float64).requires_grad_()
+    m64 = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(torch.float64).requires_grad_())
+    want = _reference_lse(x64, spec, m64, s64)
+    zmax = prologue(x64.detach(), spec.variant, None if m64 is None else m64.detach(), torch.float64).abs()
+    zmax = zmax.nan_to_num(0, 0, 0).amax(dim)
+    bound = 16 * eps * (1 + zmax + math.log(max(x.shape[dim], 1) + 1))
+    for r, p in enumerate(parts):
+        if p["out"].dtype != acc:
+            bad.append(f"rank {r}: logsumexp dtype {p['out'].dtype} != {acc}")
+        why = _close(p["out"], want.detach(), bound, f"rank {r}: logsumexp")
+        if why:
+            bad.append(why)
+    if not backward:
+        return bad
+    g = parts[0]["grad_out"].to(torch.float64)
+    wants = [t for t in (x64, m64, s64) if t is not None and t.requires_grad]
+    exp = dict(zip([n for n, t in (("x", x64), ("mask", m64), ("sinks", s64)) if t is not None and t.requires_grad],
+                   torch.autograd.grad(want, wants, g.masked_fill(torch.isinf(want), 0.0))))
+    # Bounds: the rounding of the result to x's dtype (2 rtol), atol, and the error of the
+    # global softmax p the gradient is made of: its log carries ~eps (1 + |z|) from the
+    # prologue and the states (times softcap's factor, itself rounded absolutely).
+    tol = TOLERANCES[x.dtype]
+    v = spec.variant
+    scale = 1.0 if v.scale is None else abs(v.scale)
+    z = prologue(x64.detach(), v, None if m64 is None else m64.detach(), torch.float64)
+    p = torch.exp(z - want.detach().unsqueeze(dim)).nan_to_num(0.0)
+    gb = g.unsqueeze(dim).abs()
+    slack = 16 * eps * gb * p * (1 + z.abs().nan_to_num(0.0, 0.0, 0.0))
+    arg = (x64.detach() * (1.0 if v.scale is None else v.scale) / (v.softcap or 1.0)).abs()
+    dx = torch.cat([p["dx"] for p in parts], dim)
+    bx = tol.atol * gb * max(1.0, scale) + 2 * tol.rtol * exp["x"].abs() + slack * scale * (1 + arg)
+    why = _close(dx, exp["x"], bx, "logsumexp dx")
+    if why:
+        bad.append(why)
+    if "mask" in exp:
+        if mask.dim() == x.dim() and mask.shape[dim] == x.shape[dim]:
+            dmask = torch.cat([p["dmask"] for p in parts], dim)
+        else:
+            dmask = sum(p["dmask"] for p in parts)
+        bm = (tol.atol * gb + 2 * tol.rtol * gb * p + slack).sum_to_size(mask.shape) \
+            + 2 * torch.finfo(mask.dtype).eps * exp["mask"].abs()
+        why = _close(dmask, exp["mask"], bm, "logsumexp dmask")
+        if why:
+            bad.append(why)
+    if "sinks" in exp:
+        for r, p in enumerate(parts):
+            why = _close(p["dsinks"], exp["sinks"], tol.atol + 4 * tol.rtol * exp["sinks"].abs() + 16 * eps * g.abs()
+                         .reshape(exp["sinks"].shape), f"rank {r}: logsumexp dsinks")
+            if why:
+                bad.append(why)
+    return bad
+
+
+def _check_softmax(parts, x, mask, sinks, dy, dim, log: bool, fused: dict, backward: bool) -> list[str]:
+    y = torch.cat([p["out"] for p in parts], dim)
+    spec, _ = SoftmaxSpec.from_request(x, dim, None, log=log, fused=dict(fused, mask=mask, sinks=sinks))
+    res = compare(y, x, spec, mask=mask, sinks=sinks)
+    bad = [] if res.ok else [f"forward: {res.detail}"]
+    if not backward:
+        return bad
+    dx = torch.cat([p["dx"] for p in parts], dim)
+    if spec.is_plain:
+        res = compare_backward(dx, y, dy, spec)
+        bad += [] if res.ok else [f"dx: {res.detail}"]
+        return bad
+    for r, p in enumerate(parts):  # sinks are replicated: every rank holds the whole gradient
+        res = compare_fused_backward(dx, y, dy, x, spec, mask, sinks, p["dsinks"])
+        bad += [] if res.ok else [f"rank {r}: dx/dsinks: {res.detail}"]
+    if mask is not None and mask.dtype.is_floating_point:
+        if mask.dim() == x.dim() and mask.shape[dim] == x.shape[dim]:
+            dmask = torch.cat([p["dmask"] for p in parts], dim)
+        else:  # shared by the ranks: each holds its part
+            dmask = sum(p["dmask"] for p in parts)
+        res = compare_mask_gradient(dmask, y, dy, x, spec, mask, sinks)
+        bad += [] if res.ok else [f"dmask: {res.detail}"]
+    return bad
+
+
+def _check(case: ShardCase, op: str, parts, x, mask, sinks, dy, dim) -> list[str]:
+    x, mask, sinks, dy = (None if t is None else t.cpu() for t in (x, mask, sinks, dy))
+    if op == "logsumexp":
+        spec, _ = SoftmaxSpec.from_request(x, dim, fused=dict(case.fused, sinks=sinks, mask=mask, empty_rows="zero"))
+        return _check_lse(parts, x, mask, sinks, dim, spec, backward=case.special is None)
+    fused = {k: v for k, v in case.fused.items() if k != "sinks"}
+    return _check_softmax(parts, x, mask, sinks, dy, dim, op == "log_softmax", fused, backward=case.special is None)
+
+
+def check_distributed(backend: str | None = None, *, group=None, seed: int = 0, dtypes=DTYPES, ops=OPS,
+                      cases=CASES) -> list[str]:
+    """Run every (case, op, dtype) on this rank of `group` (an initialised process group;
+    CPU tensors for gloo, this rank's GPU for NCCL: the current CUDA device) and return the
+    failures (the same list on every rank; empty when everything matches)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
+    failures = []
+    for i, case in enumerate(cases):
+        for op in ops:
+            for j, dtype in enumerate(dtypes):
+                case_seed = seed * 1000003 + i * 97 + j
+                name = f"{case.name}/{op}/{str(dtype).removeprefix('torch.')}"
+                try:
+                    part, (x, mask, sinks, dy, dim) = _run_case(case, op, dtype, case_seed, backend, group, rank,
+                                                                world, device)
+                    part = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in part.items()}
+                except Exception as exc:  # noqa: BLE001 - reported, with the case's name
+                    part, x = {"error": f"{type(exc).__name__}: {exc}"}, None
+                parts = [None] * world
+                dist.all_gather_object(parts, part, group=group)
+                bad = [f"rank {r}: {p['error']}" for r, p in enumerate(parts) if "error" in p]
+                if not bad and rank == 0:
+                    try:
+                        bad = _check(case, op, parts, x, mask, sinks, dy, dim)
+                    except Exception as exc:  # noqa: BLE001 - a check that crashes is a failure, on every rank
+                        bad = [f"the check raised {type(exc).__name__}: {exc}"]
+                failures += [f"{name} (shards {parts[0].get('sizes')}): {b}" for b in bad]
+    verdict = [failures]
+    dist.broadcast_object_list(verdict, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return verdict[0]
+
+
+def _worker(rank: int, world: int, init: str, backend, seed: int, out: str, kw: dict):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    try:
+        failures = check_distributed(backend, seed=seed, **kw)
+        if rank == 0:
+            with open(out, "w") as f:
+                f.write("\n".join(failures))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_checks(world_size: int, backend: str | None = None, *, seed: int = 0, quick: bool = False,
+                 timeout: float = 300.0, **kw) -> list[str]:
+    """`check_distributed` in `world_size` new processes over gloo on the CPU (rendezvous in a
+    temporary file); returns the failures. `quick`: float32 and bfloat16 only; `kw` passes
+    `dtypes`, `ops`, `cases` on. A process that dies or hangs past `timeout` seconds raises."""
+    if quick:
+        kw.setdefault("dtypes", DTYPES[:2])
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/failures.txt"
+        ctx = mp.start_processes(_worker, args=(world_size, f"file://{tmp}/rendezvous", backend, seed, out, kw),
+                                 nprocs=world_size, join=False, start_method="spawn")
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise TimeoutError(f"spawn_checks: {world_size} processes still running after {timeout:g} s")
+        text = open(out).read()
+    return [line for line in text.splitlines() if line]

@@ -1,0 +1,193 @@
+"""The softmax of a vocabulary sharded across ranks (issue 37): `anysoftmax.distributed.softmax`
+against the local fused softmax of one shard and against gathering the rows to one rank and one
+softmax there; the all-gather of the row states alone is the collective's share.
+
+    torchrun --nproc_per_node=2 benchmarks/distributed_bench.py            # NCCL, one GPU a rank
+    python benchmarks/distributed_bench.py --nprocs 2                       # the same, spawned
+    python benchmarks/distributed_bench.py --nprocs 1                       # one GPU: a trivial collective
+    python benchmarks/distributed_bench.py --cpu --nprocs 2                 # gloo on the CPU, tiny shapes
+    ... --check                                                             # the conformance cases first
+
+Times are per call, the slowest rank's, from a loop of calls between barriers (collectives keep
+the ranks in step, so one rank cannot be timed alone), median of `--repeats` loops. Rank 0
+writes distributed_softmax.json and .png under benchmarks/results/<device>/ (`--out` another
+folder). NVLink multicast (NVLS) stays off.
+
+What to expect: the states must be known before any output is written, so the sharded softmax
+reads its shard twice (the local log-sum-exp, then the fused softmax with the other ranks as
+its sink): about 1.5 local softmaxes (read + write, then read) plus the gather of a float per
+row, once the local log-sum-exp is a kernel (`anysoftmax.logsumexp`; torch ops until then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # (before NCCL starts: NVLink multicast off)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import anysoftmax  # noqa: E402
+import anysoftmax.distributed as asd  # noqa: E402
+from anysoftmax.bench.report import gpu_dir_name  # noqa: E402
+from anysoftmax.distributed.collective import gather_states  # noqa: E402
+
+GPU_VOCABS, GPU_TOKENS = (131072, 262144), (1, 16, 128, 1024, 4096, 16384)
+CPU_VOCABS, CPU_TOKENS = (1024, 4096), (1, 16, 64)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def per_call_ms(fn, device, calls: int, repeats: int) -> float:
+    """The slowest rank's time per call of `fn`, median over `repeats` loops of `calls`."""
+    fn()  # warm-up (compiles, plans)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        elapsed = torch.tensor([(time.perf_counter() - t0) * 1e3 / calls], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(elapsed.item())
+    return statistics.median(times)
+
+
+def gather_then_softmax(shard: torch.Tensor, world: int, rank: int):
+    """The rows gathered to rank 0 (equal shards), put back in order, one softmax there."""
+    if world == 1:
+        return anysoftmax.softmax(shard, -1)
+    parts = [torch.empty_like(shard) for _ in range(world)] if rank == 0 else None
+    dist.gather(shard, parts, dst=0)
+    return anysoftmax.softmax(torch.cat(parts, -1), -1) if rank == 0 else None
+
+
+def bench(args, rank: int, world: int, device: torch.device) -> list[dict]:
+    vocabs, tokens = (CPU_VOCABS, CPU_TOKENS) if args.cpu else (GPU_VOCABS, GPU_TOKENS)
+    dtypes = [torch.float32] if args.cpu else [torch.bfloat16, torch.float32]
+    rows = []
+    for dtype in dtypes:
+        for v in vocabs:
+            for t in tokens:
+                shard = torch.randn(t, v // world, device=device, dtype=dtype)
+                state = torch.randn(t, device=device, dtype=torch.float32)
+                row = {"dtype": str(dtype).removeprefix("torch."), "vocab": v, "tokens": t, "world": world}
+                for name, fn in (("distributed", lambda: asd.softmax(shard, -1)),
+                                 ("local_shard", lambda: anysoftmax.softmax(shard, -1)),
+                                 ("states_gather", lambda: gather_states(state, world, None)),
+                                 ("gather_rows", lambda: gather_then_softmax(shard, world, rank))):
+                    row[f"{name}_ms"] = per_call_ms(fn, device, args.calls, args.repeats)
+                row["collective_share"] = row["states_gather_ms"] / row["distributed_ms"]
+                row["vs_local"] = row["distributed_ms"] / row["local_shard_ms"]
+                row["vs_gather_rows"] = row["distributed_ms"] / row["gather_rows_ms"]
+                rows.append(row)
+                if rank == 0:
+                    print(f"{row['dtype']:9s} V={v:7d} T={t:6d}  distributed {row['distributed_ms']:.4f} ms  "
+                          f"local {row['local_shard_ms']:.4f}  states {row['states_gather_ms']:.4f}  "
+                          f"gather+softmax {row['gather_rows_ms']:.4f}", flush=True)
+                del shard
+    return rows
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(r["dtype"], r["vocab"]) for r in result["results"]})
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, (dtype, v) in zip(axes[0], keys):
+        pts = sorted((r for r in result["results"] if (r["dtype"], r["vocab"]) == (dtype, v)),
+                     key=lambda r: r["tokens"])
+        for name in ("distributed", "local_shard", "gather_rows", "states_gather"):
+            ax.plot([r["tokens"] for r in pts], [r[f"{name}_ms"] for r in pts], marker="o", ms=3, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens (rows)")
+        ax.set_ylabel("ms per call (slowest rank)")
+        ax.set_title(f"{dtype}, vocab {v} over {result['world']} ranks")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{result['device']} ({result['dist_backend']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(rank: int, world: int, args, init: str | None) -> None:
+    backend = "gloo" if args.cpu else "nccl"
+    if init is None:  # torchrun: the environment holds the rendezvous
+        dist.init_process_group(backend, timeout=timedelta(seconds=300))
+    else:
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if not args.cpu:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+    try:
+        result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  "dist_backend": backend, "world": world, "calls": args.calls, "repeats": args.repeats,
+                  "torch": torch.__version__, "anysoftmax": anysoftmax.__version__}
+        if args.check:
+            from anysoftmax.testing.distributed import check_distributed
+
+            failures = check_distributed(dtypes=(torch.float32, torch.bfloat16, torch.float16))
+            result["check_failures"] = failures
+            if rank == 0:
+                print(f"conformance over {backend}, {world} ranks: {len(failures)} failures", *failures, sep="\n")
+        result["results"] = bench(args, rank, world, device)
+        if rank == 0:
+            out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / gpu_dir_name(result["device"])
+            out.mkdir(parents=True, exist_ok=True)
+            stem = f"distributed_softmax_{backend}_x{world}"
+            (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+            try:
+                plot(result, out / f"{stem}.png")
+            except ImportError:
+                print("no plot: matplotlib is not installed")
+            print(f"wrote {out / stem}.json")
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nprocs", type=int, default=None, help="spawn this many ranks (default: torchrun's, else 2)")
+    p.add_argument("--cpu", action="store_true", help="gloo on the CPU with tiny shapes")
+    p.add_argument("--check", action="store_true", help="run the conformance cases first")
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=None, help="results folder (default benchmarks/results/<device>/)")
+    args = p.parse_args(argv)
+    if "RANK" in os.environ and args.nprocs is None:
+        run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
+        return 0
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(run, args=(args.nprocs or 2, args, f"file://{tmp}/rendezvous"), nprocs=args.nprocs or 2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

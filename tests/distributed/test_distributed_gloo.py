@@ -1,0 +1,146 @@
+"""`anysoftmax.distributed` over gloo on the CPU: 2, 3 and 4 processes each run the whole
+conformance set (`anysoftmax.testing.distributed`: uneven and empty shards, every dtype,
+forward and backward, the fused keywords, special values) once; one process checks the errors
+and the collectives each call makes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from anysoftmax.distributed import collective
+from anysoftmax.testing.distributed import spawn_checks
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_conformance_over_gloo(world, seed):
+    failures = spawn_checks(world, seed=seed, quick=world == 4, timeout=240)
+    assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
+
+
+def test_triton_backend_over_gloo(seed):
+    """The local values come from the chosen backend's fused kernel (here the triton kernels,
+    interpreted): the sink that stands for the other ranks goes through it."""
+    from anysoftmax.testing.distributed import CASES
+
+    failures = spawn_checks(2, "triton", seed=seed, dtypes=(torch.float32,), ops=("softmax", "log_softmax"),
+                            cases=[c for c in CASES if c.name in ("plain", "bool-nan-sinks", "additive-sinks",
+                                                                  "nan-posinf")],
+                            timeout=240)
+    assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A default process group of one gloo rank in this process (removed after the test)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    yield
+    dist.destroy_process_group()
+
+
+def test_errors_name_the_argument(one_rank, gen):
+    import anysoftmax.distributed as asd
+
+    x = torch.randn(3, 8, generator=gen)
+    with pytest.raises(ValueError, match="causal"):
+        asd.softmax(x, -1, causal=True)
+    with pytest.raises(ValueError, match="mask"):
+        asd.log_softmax(x, -1, mask=torch.zeros(4, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match="sinks"):
+        asd.softmax(x, -1, sinks=torch.zeros(3, 8))
+    with pytest.raises(ValueError, match="empty_rows"):
+        asd.softmax(x, -1, empty_rows="ones")
+    with pytest.raises(ValueError, match="softcap"):
+        asd.logsumexp(x, -1, softcap=-1.0)
+    with pytest.raises(IndexError, match="dim"):
+        asd.softmax(x, 2)
+    with pytest.raises(TypeError, match="dtype"):
+        asd.softmax(x.to(torch.int32), -1)
+    with pytest.raises(ValueError, match="0-dim"):
+        asd.softmax(torch.tensor(1.0), 0)
+
+
+def test_uninitialised_group_is_refused():
+    import anysoftmax.distributed as asd
+
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        asd.softmax(torch.randn(2, 3), -1)
+
+
+def test_one_gather_forward_one_reduce_backward(one_rank, gen, monkeypatch):
+    """Forward: one gather of row states; backward: one sum of one float per row (softmax,
+    log_softmax), none for logsumexp. With one rank, the results are the local ones."""
+    import anysoftmax
+    import anysoftmax.distributed as asd
+
+    calls = []
+    gather, reduce = collective.gather_states, collective.sum_rows
+
+    def counted_gather(state, world, group):
+        calls.append(("gather", tuple(state.shape)))
+        return gather(state, world, group)
+
+    def counted_reduce(t, world, group):
+        calls.append(("sum", tuple(t.shape)))
+        return reduce(t, world, group)
+
+    from anysoftmax.distributed import functions, states
+    monkeypatch.setattr(states, "gather_states", counted_gather)
+    monkeypatch.setattr(functions, "sum_rows", counted_reduce)
+    x = torch.randn(4, 5, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    sinks = torch.randn(5, 1, generator=gen, dtype=torch.float64, requires_grad=True)
+    for fn, local in ((asd.softmax, anysoftmax.softmax), (asd.log_softmax, anysoftmax.log_softmax)):
+        calls.clear()
+        y = fn(x, -1, scale=0.5, sinks=sinks)
+        assert calls == [("gather", (20,))]
+        dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+        got = torch.autograd.grad(y, (x, sinks), dy)
+        assert calls == [("gather", (20,)), ("sum", (4, 5, 1))]
+        want_y = local(x, -1, scale=0.5, sinks=sinks)
+        torch.testing.assert_close(y, want_y, rtol=1e-12, atol=1e-14)
+        for a, b in zip(got, torch.autograd.grad(want_y, (x, sinks), dy)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    calls.clear()
+    lse = asd.logsumexp(x, -1, sinks=sinks, keepdim=True)
+    got = torch.autograd.grad(lse.sum(), (x, sinks))
+    assert calls == [("gather", (20,))] and lse.shape == (4, 5, 1)
+    want = torch.logsumexp(torch.cat([x, sinks.expand(4, 5, 1)], -1), -1, keepdim=True)
+    torch.testing.assert_close(lse, want, rtol=1e-12, atol=0)
+    for a, b in zip(got, torch.autograd.grad(want.sum(), (x, sinks))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_import_anysoftmax_leaves_distributed_unloaded():
+    code = ("import sys, anysoftmax; assert 'anysoftmax.distributed' not in sys.modules; "
+            "assert anysoftmax.distributed.softmax is not None")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_ranks_that_disagree_on_the_rows_are_named_in_debug_mode(tmp_path, monkeypatch):
+    """The contract (the same rows on every rank) is not checked by default; with
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, as docs/semantics.md says, torch names the mismatch."""
+    import torch.multiprocessing as mp
+
+    from helpers.distributed import mismatched_rows
+
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # (read by the spawned ranks)
+    ctx = mp.start_processes(mismatched_rows, args=(f"file://{tmp_path}/rendezvous", str(tmp_path / "err")),
+                             nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):  # (False until every rank is done)
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks hung instead of naming the mismatch")
+    for rank in (0, 1):
+        message = (tmp_path / f"err.{rank}").read_text()
+        assert "mismatch between collectives" in message and "TensorShape=[3]" in message, message
