@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from ...core.pieces import MergeSpec, logsumexp_formula, merge_formula
 from ...core.reference import fused_forward
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, Operands
@@ -42,3 +43,16 @@ class TorchBackend:
         if x.dtype == spec.out_dtype:  # torch's dtype= path costs ~50 us even when it changes nothing
             return op(x, spec.dim)
         return op(x, spec.dim, dtype=spec.out_dtype)
+
+    # ---- the pieces ops (core.pieces): the formulas in the accumulation dtype ----
+
+    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS) -> torch.Tensor:
+        """lse with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype."""
+        v = spec.variant
+        v = replace(v, scale=None if v.scale is None else operands.scale,
+                    softcap=None if v.softcap is None else operands.softcap)
+        return logsumexp_formula(x, v, spec.dim, operands.mask, operands.sinks, spec.acc_dtype)
+
+    def run_merge_states(self, outputs, lses, spec: MergeSpec):
+        """(out in the outputs' dtype, lse) of merge_states."""
+        return merge_formula(outputs, lses, spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
