@@ -41,14 +41,18 @@ def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, soft
     return chosen.run_logsumexp(x, spec, operands)
 
 
-def merge_states(outputs, lses, backend=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of merge_states, no autograd."""
+def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` when given
+    (validated by the caller: shapes [..., D] / [...], any strides)."""
     dispatch._fresh()
     spec = MergeSpec.from_tensors(outputs, lses)
     chosen = registry.select_op(MERGE_STATES, spec, backend)
     if spec.n_rows == 0 or spec.head_size == 0:
-        return merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
-    return chosen.run_merge_states(list(outputs), list(lses), spec)
+        o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+        return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
+    if out is None and lse_out is None:
+        return chosen.run_merge_states(list(outputs), list(lses), spec)
+    return chosen.run_merge_states(list(outputs), list(lses), spec, out=out, lse_out=lse_out)
 
 
 __all__ = ["logsumexp", "merge_states"]

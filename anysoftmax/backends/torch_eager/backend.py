@@ -53,6 +53,11 @@ class TorchBackend:
                     softcap=None if v.softcap is None else operands.softcap)
         return logsumexp_formula(x, v, spec.dim, operands.mask, operands.sinks, spec.acc_dtype)
 
-    def run_merge_states(self, outputs, lses, spec: MergeSpec):
-        """(out in the outputs' dtype, lse) of merge_states."""
-        return merge_formula(outputs, lses, spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+    def run_merge_states(self, outputs, lses, spec: MergeSpec, out=None, lse_out=None):
+        """(out in the outputs' dtype, lse) of merge_states; copied into `out` / `lse_out` when given."""
+        o, lse = merge_formula(outputs, lses, spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+        if out is not None:
+            o = out.copy_(o)
+        if lse_out is not None:
+            lse = lse_out.copy_(lse)
+        return o, lse
