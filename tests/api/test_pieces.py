@@ -286,3 +286,24 @@ def test_merge_vmap_and_compile(gen):
     torch.testing.assert_close(got, want)
     f = torch.compile(lambda a, b, c, d: anysoftmax.merge_states([a, b], [c, d]), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(f(*o, *ls), want)
+
+
+def test_the_registry_chooses_per_op(monkeypatch):
+    """CPU tensors: the automatic choice is torch (triton serves cuda); an explicit or
+    $ANYSOFTMAX_BACKEND choice is honoured or refused naming the backend and the reason."""
+    from anysoftmax.core import registry
+    from anysoftmax.core.pieces import MergeSpec, logsumexp_request
+
+    x = torch.randn(3, 4)
+    spec, _ = logsumexp_request(x, 1)
+    assert registry.select_op("logsumexp", spec).name == "torch"
+    assert registry.select_op("logsumexp", spec, "triton").name == "triton"
+    mspec = MergeSpec.from_tensors([torch.randn(2, 3)], [torch.randn(2)])
+    assert registry.select_op("merge_states", mspec).name == "torch"
+    monkeypatch.setenv("ANYSOFTMAX_BACKEND", "cute")
+    with pytest.raises((UnsupportedRequestError, anysoftmax.BackendUnavailableError), match="cute"):
+        anysoftmax.logsumexp(x, 1)
+    monkeypatch.setenv("ANYSOFTMAX_BACKEND", "triton_ascend")
+    assert registry.select_op("merge_states", mspec).name == "triton_ascend"
+    with pytest.raises(ValueError, match="unknown backend"):
+        anysoftmax.merge_states([torch.randn(2, 3)], [torch.randn(2)], backend="nope")
