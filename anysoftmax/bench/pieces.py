@@ -57,6 +57,15 @@ def _copy_us(nbytes: int, device, time_ms, kw) -> float:
     return time_ms(lambda s: dst.copy_(s), [src], device, **kw) * 1e3
 
 
+def _compiled(fn):
+    # A fresh dynamo state per shape: past torch's recompile limit (8) dynamo would silently
+    # run the function eagerly (as `matrix.providers._compiled`).
+    import torch
+
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
 def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok"):
     gbps = nbytes / (us * 1e-6) / 1e9 if us else 0.0
     return dict(provider=provider, **what, us=round(us, 3), gbps=round(gbps, 1),
@@ -72,7 +81,6 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
     from ..core.pieces import logsumexp_request
 
     time_ms, b2b, rotation_count, kw, calls = _timing(device)
-    torch_c = torch.compile(lambda t: torch.logsumexp(t, -1), dynamic=False) if compiled else None
     rows = []
     for dtype in dtypes:
         for m, n in shapes:
@@ -86,8 +94,8 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
             c = compare_logsumexp(got[:256], sub, logsumexp_request(sub, -1)[0], device=device)
             providers = [("anysoftmax", lambda t: anysoftmax.logsumexp(t, -1), c)]
             providers.append(("torch", lambda t: torch.logsumexp(t, -1), None))
-            if torch_c is not None:
-                providers.append(("torch.compile", torch_c, None))
+            if compiled:
+                providers.append(("torch.compile", _compiled(lambda t: torch.logsumexp(t, -1)), None))
             for name, fn, check in providers:
                 try:
                     us = time_ms(fn, xs, device, **kw) * 1e3
@@ -125,7 +133,6 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
     from ..core.compare import compare_merge
 
     time_ms, b2b, rotation_count, kw, calls = _timing(device)
-    formula_c = torch.compile(_formula, dynamic=False) if compiled else None
     rows = []
     for k in k_list:
         for d in d_list:
@@ -150,7 +157,8 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
                     providers.append(("vllm-dropin", lambda s: merge_attn_states(
                         dst, s[0][0], s[1][0].t(), s[0][1], s[1][1].t(), dst_lse), None))
                 providers.append(("torch", lambda s: _formula(*s), None))
-                if formula_c is not None:
+                if compiled:
+                    formula_c = _compiled(_formula)
                     providers.append(("torch.compile", lambda s: formula_c(*s), None))
                 for name, fn, chk in providers:
                     try:

@@ -307,3 +307,18 @@ def test_the_registry_chooses_per_op(monkeypatch):
     assert registry.select_op("merge_states", mspec).name == "triton_ascend"
     with pytest.raises(ValueError, match="unknown backend"):
         anysoftmax.merge_states([torch.randn(2, 3)], [torch.randn(2)], backend="nope")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_opcheck(backend, gen):
+    """The operators' schema, fake implementations and autograd registration (torch.library.opcheck)."""
+    from anysoftmax.torchop.pieces import logsumexp_op, merge_states_op
+
+    x = torch.randn(3, 4, 10, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.randn(10, generator=gen, dtype=torch.float64)
+    sinks = torch.randn(4, 1, generator=gen, dtype=torch.float64)
+    torch.library.opcheck(logsumexp_op, (x, None, None, -1, None, None, "none", backend))
+    torch.library.opcheck(logsumexp_op, (x, mask, sinks, 2, 0.5, 3.0, "top_left", backend))
+    o = [torch.randn(5, 2, 8, generator=gen, dtype=torch.float32, requires_grad=True) for _ in range(3)]
+    ls = [torch.randn(5, 2, generator=gen, requires_grad=True) for _ in range(3)]
+    torch.library.opcheck(merge_states_op, (o, ls, backend))
