@@ -13,9 +13,9 @@ size the tiles and the grid (`LsePlan`, `MergePlan`); everything else is here.
   float32/64 intermediate.
 
 Numerics: accumulation in fp32 (fp64 for fp64); the row max is kept out of exp when it is
--inf (`finite_or_zero`) so empty rows end as log(0) = -inf and -inf partials weigh exactly 0;
-+inf and NaN are tracked separately, because `tl.maximum` may drop NaN (fmax) and
-inf - inf would turn a +inf row into NaN where `torch.logsumexp` gives +inf.
++-inf (`_sub`) so empty rows end as log(0) = -inf and -inf partials weigh exactly 0; a NaN
+reaches the result through the sums (`tl.maximum` may drop it on the GPU: fmax), and a +inf
+row is +inf where inf - inf would make it NaN (as `torch.logsumexp`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,24 @@ from ...core.layout import RowLayout, cdiv, contiguous_strides, new_output
 from ...core.pieces import MergeSpec, row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import BOTTOM_RIGHT, CAUSAL_NONE, MASK_BOOL, MASK_NONE, Operands
-from .fused import col_limit, exp_acc, finite_or_zero, prologue
+from .fused import col_limit, exp_acc, prologue
 from .plan import scalars
 from .rows import _row_offsets
 
 MAX_K = 8
+
+
+@triton.jit
+def _sub(m):
+    """The max subtracted before exp: 0 where it is +-inf (exp(z - m) would be NaN for z = m)."""
+    return tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
+
+
+@triton.jit
+def _rescale(s, m_old, m_new, ACC_FP64: tl.constexpr):
+    """s (a sum of exp(z - sub(m_old))) re-based on m_new; 0 while nothing was summed (guards
+    0 * inf when the new max is far below 0), unless a NaN was (fmax may have hidden it from m)."""
+    return tl.where((m_old == float("-inf")) & (s == s), 0.0, s * exp_acc(_sub(m_old) - _sub(m_new), ACC_FP64))
 
 
 @triton.jit
@@ -62,9 +75,11 @@ def lse_kernel(
         lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
         lo = c * chunk_cols
         hi = tl.minimum(lim, lo + chunk_cols)
-        m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), acc_ty)
-        s = tl.zeros([BLOCK_M, BLOCK_N], acc_ty)
-        bad = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)  # NaN seen (fmax may hide it from m)
+        # Per row: the running max m and the sum s of exp(z - sub(m)), rescaled once per
+        # sub-block (one exp per element; the per-lane form of the row kernels costs two, and
+        # at ~1.5 G bf16 elements/s the H100's exp units would be the limit).
+        m = tl.full([BLOCK_M], float("-inf"), acc_ty)
+        s = tl.zeros([BLOCK_M], acc_ty)
         for start in tl.range(lo, lo + chunk_cols, BLOCK_N):
             cols = start + cols0
             if CAUSAL:
@@ -74,26 +89,19 @@ def lse_kernel(
             x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * xsn, mask=live, other=float("-inf")).to(acc_ty)
             z, _ = prologue(x, live, m_ptr + m_off[:, None] + cols[None, :] * msn, scale_hi, scale_lo, cap_hi,
                             cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
-            bad += (z != z).to(tl.int32)
-            m_new = tl.maximum(m, z)
-            m_sub = finite_or_zero(m_new)
-            s = s * exp_acc(m - m_sub, ACC_FP64) + exp_acc(z - m_sub, ACC_FP64)
+            m_new = tl.maximum(m, tl.max(z, axis=1))
+            s = _rescale(s, m, m_new, ACC_FP64) + tl.sum(exp_acc(z - _sub(m_new)[:, None], ACC_FP64), axis=1)
             m = m_new
-        # Close the lanes: row max, rescaled sum, the sink (chunk 0 only).
-        mr = tl.max(m, axis=1)
-        if HAS_SINK:
+        if HAS_SINK:  # the sink joins chunk 0 of its row
             sink = tl.load(s_ptr + _row_offsets(rows, S1, S2, ss0, ss1, ss2), mask=row_ok, other=0.0).to(acc_ty)
-            bad += ((sink != sink) & (c == 0)).to(tl.int32)[:, None]
-            mr = tl.where(c == 0, tl.maximum(mr, sink), mr)
-        mr_sub = finite_or_zero(mr)
-        mr_sub = tl.where(mr_sub == float("inf"), 0.0, mr_sub)
-        lane = tl.where(m == float("-inf"), 0.0, s * exp_acc(m - mr_sub[:, None], ACC_FP64))
-        total = tl.sum(lane, axis=1)
-        if HAS_SINK:
-            total += tl.where(c == 0, exp_acc(sink - mr_sub, ACC_FP64), 0.0)
-        lse = mr_sub + tl.log(total)
-        lse = tl.where(mr == float("inf"), float("inf"), lse)
-        lse = tl.where(tl.sum(bad, axis=1) > 0, float("nan"), lse)
+            sink = tl.where(c == 0, sink, float("-inf"))
+            m_new = tl.maximum(m, sink)
+            s = _rescale(s, m, m_new, ACC_FP64) + exp_acc(sink - _sub(m_new), ACC_FP64)
+            s = tl.where(sink != sink, float("nan"), s)  # (max may drop a NaN: the sum keeps it)
+            m = m_new
+        lse = _sub(m) + tl.log(s)
+        # +inf (and no NaN, which the sum carries) is +inf, as torch.logsumexp gives it.
+        lse = tl.where((m == float("inf")) & (s == s), float("inf"), lse)
         tl.store(o_ptr + rows * CHUNKS + c, lse.to(o_ptr.dtype.element_ty), mask=row_ok)
 
 
