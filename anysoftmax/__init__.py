@@ -16,11 +16,12 @@ from .core.registry import get_backend, list_backends, register, unregister
 from .core.spec import SoftmaxSpec
 from .dispatch import refresh
 from .torchop.override import disable, enable, enabled, use
+from .torchop.pieces import logsumexp, merge_states
 from . import nn
 
 __all__ = [
     "BackendUnavailableError", "SoftmaxSpec", "UnsupportedRequestError", "__version__", "disable", "enable",
-    "enabled", "get_backend", "list_backends", "log_softmax", "nn", "refresh", "register", "softmax",
+    "enabled", "get_backend", "list_backends", "log_softmax", "logsumexp", "merge_states", "nn", "refresh", "register", "softmax",
     "softmax_backward", "unregister", "use",
 ]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .reference import backward_from_output, fused_backward, fused_forward, prologue, reference
-from .spec import SoftmaxSpec
+from .spec import TOLERANCES, SoftmaxSpec
 from .variant import keep_mask
 
 # Roundings the fused prologue may add per unit of |z| (scale * x, the softcap's tanh, an added
@@ -280,3 +280,87 @@ def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor
         return Comparison(True, max_abs, max_rel)
     return Comparison(False, max_abs, max_rel,
                       f"mask gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x")
+
+
+# ---- the pieces ops (core.pieces) -------------------------------------------------------------
+
+def compare_values(got: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor, tol, what: str = "") -> Comparison:
+    """`got` against the float64 `expected` (already rounded to got's dtype or not): NaN must
+    match NaN and infinities exactly; finite values within tol.atol + tol.rtol * `scale`
+    (`scale` >= |expected|: the magnitude the result's roundings are relative to)."""
+    early = check_form(got, tuple(expected.shape), got.dtype, what)
+    if early is not None:
+        return early
+    g = got.detach().to(expected.device).to(torch.float64)
+    e = expected.to(torch.float64)
+    nan_e, nan_g = torch.isnan(e), torch.isnan(g)
+    if not torch.equal(nan_e, nan_g):
+        where = tuple((nan_e != nan_g).nonzero()[0].tolist())
+        return Comparison(False, float("nan"), float("inf"),
+                          f"{what}NaN mismatch at {list(where)}: got {g[where].item()}, expected {e[where].item()}")
+    inf_e = torch.isinf(e)
+    if not torch.equal(g[inf_e], e[inf_e]) or torch.isinf(g[~inf_e]).any():
+        return Comparison(False, float("inf"), float("inf"), f"{what}infinities differ from the reference")
+    finite = ~(nan_e | inf_e)
+    diff = (g - e).abs()[finite]
+    if diff.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    bound = tol.atol + tol.rtol * scale.to(torch.float64).expand(e.shape)[finite]
+    ratio = diff / bound
+    if ratio.max().item() <= 1.0:
+        return Comparison(True, diff.max().item(), ratio.max().item())
+    worst = ratio.argmax()
+    return Comparison(False, diff.max().item(), ratio.max().item(),
+                      f"{what}max |err| {diff.max().item():.3g} over its bound (worst: got {g[finite][worst].item():.8g},"
+                      f" expected {e[finite][worst].item():.8g})")
+
+
+def compare_logsumexp(lse: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mask=None, sinks=None,
+                      device: str | torch.device = "cpu") -> Comparison:
+    """A logsumexp result (keepdim shape, accumulation dtype) against the float64 reference.
+    Bound: the accumulation dtype's (atol, rtol) relative to |lse| plus the row's largest |z|
+    (lse = m + log(sum exp(z - m)): each z carries ~|z| eps of rounding from the prologue and
+    the subtraction)."""
+    from .pieces import reference_logsumexp, row_shape
+
+    expected = reference_logsumexp(x, spec, mask, sinks, device)
+    if lse.dtype != spec.acc_dtype:
+        return Comparison(False, float("inf"), float("inf"), f"dtype {lse.dtype} != {spec.acc_dtype}")
+    x64 = x.detach().to(device).to(torch.float64)
+    z = prologue(x64, spec.variant, None if mask is None else mask.detach().to(device), torch.float64)
+    if z.dim() == 0:
+        zmax = z.abs().reshape(())
+    else:
+        za = torch.where(torch.isfinite(z), z.abs(), torch.zeros_like(z))
+        zmax = za.amax(spec.dim, keepdim=True) if za.shape[spec.dim] else torch.zeros(row_shape(tuple(z.shape), spec.dim), dtype=torch.float64)
+    if sinks is not None and z.dim():
+        s = sinks.detach().to(device).to(torch.float64).expand(row_shape(tuple(z.shape), spec.dim)).abs()
+        zmax = torch.maximum(zmax, torch.where(torch.isfinite(s), s, torch.zeros_like(s)))
+    tol = TOLERANCES[spec.acc_dtype]
+    k = PROLOGUE_ROUNDINGS if not spec.is_plain else 4
+    scale = expected.abs().nan_to_num(0.0, 0.0, 0.0) + k * zmax
+    return compare_values(lse, expected, scale, tol)
+
+
+def compare_merge(out: torch.Tensor, lse: torch.Tensor, outputs, lses, device: str | torch.device = "cpu",
+                  expected: tuple | None = None, roundings: int = 2) -> Comparison:
+    """merge_states' (out, lse) against the float64 merge of the same partials (or `expected`,
+    float64 (out, lse): e.g. the unsplit row's softmax and logsumexp). out's bound is relative to
+    sum_i p_i |out_i| (cancellation between partials) times `roundings` (the partials' own
+    rounding and the merged result's); lse's to |lse| plus the largest |lse_i|."""
+    from .pieces import reference_merge
+
+    ref_out, ref_lse = reference_merge(outputs, lses, device) if expected is None else expected
+    o64 = [t.detach().to(device).to(torch.float64) for t in outputs]
+    L = torch.stack([t.detach().to(device).to(torch.float64) for t in lses])
+    live = torch.where(torch.isfinite(ref_lse), ref_lse, torch.zeros_like(ref_lse))
+    p = torch.exp(L - live).nan_to_num(0.0, 0.0, 0.0)
+    mag = sum(p[i].unsqueeze(-1) * o.abs().nan_to_num(0.0, 0.0, 0.0) for i, o in enumerate(o64))
+    tol = TOLERANCES[out.dtype]
+    c = compare_values(out, ref_out.to(out.dtype) if expected is None else ref_out,
+                       roundings * (mag + ref_out.abs().nan_to_num(0.0, 0.0, 0.0)), tol, "out: ")
+    if not c.ok:
+        return c
+    Lf = torch.where(torch.isfinite(L), L.abs(), torch.zeros_like(L)).amax(0) if L.numel() else ref_lse.abs()
+    return compare_values(lse, ref_lse, ref_lse.abs().nan_to_num(0.0, 0.0, 0.0) + 4 * Lf,
+                          TOLERANCES[lse.dtype], "lse: ")

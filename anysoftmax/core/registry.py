@@ -290,3 +290,57 @@ def _load_builtins() -> None:
     with _loader_lock:  # other threads wait until the backends are all registered
         while _loaders:
             _loaders.pop(0)()
+
+
+# ---- the pieces ops (core.pieces: logsumexp, merge_states) -----------------------------------
+
+def op_refusal(backend: Backend, op: str, spec) -> str | None:
+    """Why `backend` does not serve the pieces op `op` ("logsumexp" or "merge_states") for
+    `spec` (a SoftmaxSpec for logsumexp, a `core.pieces.MergeSpec` for merge_states), or None.
+    A backend declares an op by a method `run_<op>`; `supports_<op>(spec)` may refuse a request
+    and `<op>_refusal` (a string) says why it has no kernel for it."""
+    if getattr(backend, f"run_{op}", None) is None:
+        return getattr(backend, f"{op}_refusal", None) or f"no {op} kernel"
+    if op == "logsumexp":
+        reason = fused_refusal(backend, spec)
+        if reason is not None:
+            return reason
+    check = getattr(backend, f"supports_{op}", None)
+    return check(spec) if check is not None else None
+
+
+def select_op(op: str, spec, backend: str | None = None) -> Backend:
+    """The backend for the pieces op `op` on `spec`, chosen as `select` chooses for softmax
+    (explicit name, then $ANYSOFTMAX_BACKEND, both raising with the reason; then the backends
+    serving the device by priority), without the softmax selection tables."""
+    if backend is not None or os.environ.get(ENV_BACKEND, "").strip():
+        source = "requested explicitly"
+        if backend is None:
+            backend, source = os.environ[ENV_BACKEND].strip(), f"from ${ENV_BACKEND}"
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
+        chosen = get_backend(backend)
+        reason = _availability(chosen)
+        if reason is not None:
+            raise BackendUnavailableError(f"backend {chosen.name!r} ({source}) is not available: {reason}")
+        reason = op_refusal(chosen, op, spec)
+        if reason is not None:
+            raise UnsupportedRequestError(f"backend {chosen.name!r} ({source}) does not support "
+                                          f"{_describe_op(op, spec)}: {reason}")
+        return chosen
+    candidates = sorted((b for b in registered().values() if _serves(b, spec.device.type)), key=lambda b: -b.priority)
+    reasons = []
+    for b in candidates:
+        reason = _availability(b) or op_refusal(b, op, spec)
+        if reason is None:
+            return b
+        log.debug("anysoftmax: passing over backend %r for %s: %s", b.name, _describe_op(op, spec), reason)
+        reasons.append(f"{b.name}: {reason}")
+    raise UnsupportedRequestError(f"no backend can run {_describe_op(op, spec)}: "
+                                  + ("; ".join(reasons) or f"none serves device type {spec.device.type!r}"))
+
+
+def _describe_op(op: str, spec) -> str:
+    if op == "logsumexp":
+        return spec.describe().replace("softmax(", "logsumexp(", 1)
+    return spec.describe()

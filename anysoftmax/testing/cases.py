@@ -274,3 +274,72 @@ LONG_VARIANT_CASES: list[VariantCase] = [
                 dtypes=LONG_DTYPES),
 ]
 
+
+
+# ---- softmax in pieces (core.pieces): logsumexp, and merge(split(x)) -------------------------
+
+def _no_empty_rows(kwargs):
+    """A variant case's keywords for logsumexp (which has no `empty_rows`: empty rows are -inf)."""
+    def make(gen, x):
+        return {k: v for k, v in kwargs(gen, x).items() if k != "empty_rows"}
+    return make
+
+
+def _lse_variant(c: VariantCase) -> VariantCase:
+    return VariantCase(f"lse-{c.name}", c.make, c.dim, _no_empty_rows(c.kwargs), c.dtypes, c.tags)
+
+
+# logsumexp: plain layouts and special values, then every fused variant.
+LOGSUMEXP_CASES: list[VariantCase] = [
+    VariantCase("lse-rank3-dim1", randn((5, 6, 7)), 1, _kw()),
+    VariantCase("lse-transposed", transposed((40, 70), 0, 1), 1, _kw()),
+    VariantCase("lse-step-sliced", step_sliced((30, 90)), 1, _kw()),
+    VariantCase("lse-cols", randn((4, 50, 40)), 1, _kw()),
+    VariantCase("lse-specials", with_specials((8, 100)), 1, _kw()),
+    VariantCase("lse-large-magnitude", uniform((16, 300), 1e4), 1, _kw(), dtypes=(torch.float32, torch.float64)),
+    VariantCase("lse-long", randn((3, 700)), 1, _kw(), dtypes=LONG_DTYPES),
+    VariantCase("lse-zero-dim", randn(()), 0, _kw()),
+    VariantCase("lse-empty-cols", randn((5, 0)), 1, _kw()),
+    *[_lse_variant(c) for c in VARIANT_CASES + LONG_VARIANT_CASES],
+]
+
+
+@dataclass(frozen=True)
+class SplitCase:
+    """merge(split(x)): rows of `make`'s x cut along the last dim at `bounds(n)` (segment
+    b_i..b_i+1, empty ones allowed); each segment's softmax and logsumexp merged must give x's
+    softmax and logsumexp (rows with nothing: 0 and -inf)."""
+
+    name: str
+    make: Callable[[torch.Generator, torch.dtype], torch.Tensor]
+    bounds: Callable[[int], list]
+    dtypes: tuple = DTYPES
+    tags: frozenset = field(default_factory=frozenset)
+
+
+def even(k):
+    return lambda n: [n * i // k for i in range(k + 1)]
+
+
+def with_masked_segments(shape, scale=3.0):
+    """`with_specials` plus a row whose first 40% is -inf (masked segments) and ±inf/NaN rows."""
+    def make(gen, dtype):
+        x = with_specials(shape, scale)(gen, dtype)
+        x[5, : shape[1] * 2 // 5] = float("-inf")
+        x[6, 1] = float("-inf")
+        x[6, -1] = float("inf")
+        return x
+    return make
+
+
+SPLIT_CASES: list[SplitCase] = [
+    SplitCase("split-1", randn((6, 48)), even(1)),
+    SplitCase("split-2", randn((6, 48)), even(2)),
+    SplitCase("split-3-uneven", randn((6, 50)), lambda n: [0, 7, 31, n]),
+    SplitCase("split-8", randn((6, 48)), even(8)),
+    SplitCase("split-11-many", randn((4, 70)), even(11)),
+    SplitCase("split-with-empty-segments", randn((6, 40)), lambda n: [0, 0, 9, 9, 25, n, n]),
+    SplitCase("split-one-element-segments", randn((3, 9)), even(9)),
+    SplitCase("split-masked-and-specials", with_masked_segments((8, 60)), lambda n: [0, 12, 24, 40, n]),
+    SplitCase("split-large-magnitude", uniform((6, 64), 1e4), even(4), dtypes=(torch.float32, torch.float64)),
+]

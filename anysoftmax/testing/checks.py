@@ -141,3 +141,82 @@ def check_backward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False
         result = compare_mask_gradient(grads[-1], y, g, x, spec, mask, sinks)
         assert result.ok, f"backward of {spec.describe()}: {result.detail}"
     return None
+
+
+# ---- softmax in pieces (core.pieces) ----------------------------------------------------------
+
+def pieces_refusal(backend: str, op: str, spec) -> str | None:
+    """The backend's declared refusal of the pieces op `op` for `spec` (no `run_<op>` method,
+    or its `supports_<op>`), or None."""
+    reason = registry.op_refusal(registry.get_backend(backend), op, spec)
+    if reason is not None and not isinstance(reason, str):
+        raise AssertionError(f"{backend} answered {reason!r} for {op}: it must be None or a reason (str)")
+    return reason
+
+
+def check_logsumexp(x: torch.Tensor, dim: int, *, backend: str, fused: dict | None = None) -> str | None:
+    """anysoftmax.logsumexp of `x` with the fused keywords against the float64 reference
+    (keepdim and not; input unmodified; output dtype float32/float64)."""
+    import anysoftmax
+    from ..core.compare import compare_logsumexp
+    from ..core.pieces import describe_logsumexp, logsumexp_request
+
+    fused = fused or {}
+    spec, _ = logsumexp_request(x, dim, **fused)
+    reason = pieces_refusal(backend, "logsumexp", spec)
+    if reason is not None:
+        return _expect_refusal(lambda: anysoftmax.logsumexp(x, dim, backend=backend, **fused), backend, reason)
+    before = x.clone()
+    with poisoned_allocations(), _named(spec, "logsumexp: "):
+        out = anysoftmax.logsumexp(x, dim, keepdim=True, backend=backend, **fused)
+        flat = anysoftmax.logsumexp(x, dim, backend=backend, **fused)
+    if not _same(x, before):
+        raise AssertionError(f"{backend} modified its input")
+    result = compare_logsumexp(out, x, spec, fused.get("mask"), fused.get("sinks"))
+    assert result.ok, f"{describe_logsumexp(spec)}: {result.detail}"
+    want = tuple(s for d, s in enumerate(spec.shape) if d != spec.dim)
+    assert tuple(flat.shape) == want, f"{describe_logsumexp(spec)}: keepdim=False gave {tuple(flat.shape)}, not {want}"
+    assert _same(flat.reshape(out.shape), out), f"{describe_logsumexp(spec)}: keepdim=False differs from keepdim=True"
+    return None
+
+
+def check_merge_split(x: torch.Tensor, bounds: list, *, backend: str) -> str | None:
+    """merge(split(x)) == (softmax(x), logsumexp(x)) along the last dim: each segment's
+    softmax (in float64, rounded to x's dtype) as a partial output over all n columns
+    (the attention value with V = identity) and its logsumexp (the backend's when it declares
+    logsumexp, else the float64 one in float32), merged by the backend. Rows with nothing
+    (every logit -inf) must merge to 0 and -inf."""
+    import anysoftmax
+    from ..core.compare import compare_merge
+    from ..core.pieces import MergeSpec
+
+    n = x.shape[-1]
+    x64 = x.detach().to("cpu", torch.float64)
+    eye = torch.eye(n, dtype=torch.float64)
+    lse_spec, _ = SoftmaxSpec.from_request(x, x.dim() - 1, fused={})
+    own_lse = pieces_refusal(backend, "logsumexp", lse_spec) is None
+    outs, lses = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        seg = x64[..., a:b]
+        lse = torch.logsumexp(seg, -1)
+        if own_lse:
+            with poisoned_allocations():
+                lse = anysoftmax.logsumexp(x[..., a:b], -1, backend=backend)
+        p = torch.softmax(seg, -1) if b > a else seg  # (an empty segment's output: zeros below)
+        outs.append((p @ eye[a:b] if b > a else torch.zeros(*x.shape[:-1], n, dtype=torch.float64))
+                    .to(x.dtype).to(x.device))
+        lses.append(lse.to(torch.float64 if x.dtype == torch.float64 else torch.float32).to(x.device))
+    spec = MergeSpec.from_tensors(outs, lses)
+    reason = pieces_refusal(backend, "merge_states", spec)
+    if reason is not None:
+        return _expect_refusal(lambda: anysoftmax.merge_states(outs, lses, backend=backend), backend, reason)
+    with poisoned_allocations():
+        try:
+            out, lse = anysoftmax.merge_states(outs, lses, backend=backend)
+        except Exception as exc:
+            raise AssertionError(f"{spec.describe()}: {type(exc).__name__}: {exc}") from exc
+    full_lse = torch.logsumexp(x64, -1)
+    expected = torch.where((full_lse == float("-inf")).unsqueeze(-1), 0.0, torch.softmax(x64, -1))
+    result = compare_merge(out, lse, outs, lses, expected=(expected, full_lse), roundings=3)
+    assert result.ok, f"{spec.describe()} of segments {bounds}: {result.detail}"
+    return None

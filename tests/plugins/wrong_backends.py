@@ -133,3 +133,30 @@ class StaleStrides(Right):
         except RuntimeError:  # the stale layout does not fit the new storage: what a kernel would read
             view = x.as_strided(x.shape, stride, 0)
         return super().run(view, spec)
+
+
+class LseOff(Right):
+    """logsumexp 3e-5 too large (relative to the row's scale): a few float32 ulps of |z|."""
+
+    name = "lse_off"
+
+    def run_logsumexp(self, x, spec, operands):
+        from anysoftmax.core.pieces import logsumexp_formula
+
+        lse = logsumexp_formula(x, spec.variant, spec.dim, operands.mask, operands.sinks, spec.acc_dtype)
+        return lse + 3e-5 * (1 + lse.abs())
+
+
+class NaiveMerge(Right):
+    """merge_states by the textbook formula (vLLM's Triton kernel's arithmetic): right for
+    finite LSEs, NaN where every partial is -inf (an empty row) instead of 0 and -inf."""
+
+    name = "naive_merge"
+
+    def run_merge_states(self, outputs, lses, spec):
+        L = torch.stack([t.float() for t in lses])
+        m = L.amax(0)
+        w = torch.exp(L - m)
+        s = w.sum(0)
+        out = sum(w[i].unsqueeze(-1) * o.float() for i, o in enumerate(outputs)) / s.unsqueeze(-1)
+        return out.to(spec.dtype), m + torch.log(s)

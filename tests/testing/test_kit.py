@@ -17,8 +17,8 @@ import anysoftmax
 from anysoftmax.core import registry
 from anysoftmax.testing import check_backend, conformance_checks
 from helpers import write_matrix
-from wrong_backends import (BoolSupports, IgnoresMask, LongRowOff, ReusesOutput, Right, ScalesInputInPlace,
-                            SkipsLastElement)
+from wrong_backends import (BoolSupports, IgnoresMask, LongRowOff, LseOff, NaiveMerge, ReusesOutput, Right,
+                            ScalesInputInPlace, SkipsLastElement)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "plugin"
@@ -49,6 +49,8 @@ WRONG = [
     (ReusesOutput(), ["repeat softmax rank2-dim1 float32", "same output buffer"]),
     (ScalesInputInPlace(), ["forward softmax seed-1823x781 float32", "modified its input"]),
     (BoolSupports(), ["supports() returned True"]),
+    (LseOff(), ["logsumexp logsumexp lse-specials float32", "logsumexp(shape=[8, 100], dim=1, float32"]),
+    (NaiveMerge(), ["merge merge_states split-masked-and-specials float32", "NaN mismatch"]),
 ]
 
 

@@ -98,6 +98,11 @@ class CuteBackend:
     devices = ("cuda",)
     priority = 90  # below triton (100): chosen automatically where the selection table says so
     fused = True  # the fused family's elementwise prologue (scale, softcap); supports() refuses the rest
+    # The pieces ops (core.pieces) are not built here yet: the two-pass kernel's first pass
+    # already computes per-block (max, sum) states, the natural start of a logsumexp kernel.
+    logsumexp_refusal = ("no logsumexp kernel (future work: the two-pass kernel's first pass is a states "
+                         "kernel; use backend='triton' or 'torch')")
+    merge_states_refusal = "no merge_states kernel (use backend='triton' or 'torch')"
 
     @staticmethod
     def status_note() -> str:

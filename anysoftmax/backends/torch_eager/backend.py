@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from ...core.pieces import MergeSpec, logsumexp_formula, merge_formula
 from ...core.reference import fused_forward
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, Operands
@@ -42,3 +43,21 @@ class TorchBackend:
         if x.dtype == spec.out_dtype:  # torch's dtype= path costs ~50 us even when it changes nothing
             return op(x, spec.dim)
         return op(x, spec.dim, dtype=spec.out_dtype)
+
+    # ---- the pieces ops (core.pieces): the formulas in the accumulation dtype ----
+
+    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS) -> torch.Tensor:
+        """lse with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype."""
+        v = spec.variant
+        v = replace(v, scale=None if v.scale is None else operands.scale,
+                    softcap=None if v.softcap is None else operands.softcap)
+        return logsumexp_formula(x, v, spec.dim, operands.mask, operands.sinks, spec.acc_dtype)
+
+    def run_merge_states(self, outputs, lses, spec: MergeSpec, out=None, lse_out=None):
+        """(out in the outputs' dtype, lse) of merge_states; copied into `out` / `lse_out` when given."""
+        o, lse = merge_formula(outputs, lses, spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+        if out is not None:
+            o = out.copy_(o)
+        if lse_out is not None:
+            lse = lse_out.copy_(lse)
+        return o, lse

@@ -19,6 +19,7 @@ from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec
 from ...core.variant import runtime_values
 from .._triton_common import interpreter, request, traced
+from ...core.layout import cdiv, next_power_of_2
 from .._triton_common.plan import Fusion, KernelPlan, make_plan, scalars
 from . import heuristics
 from .device import device_props
@@ -268,3 +269,67 @@ class TritonBackend:
     def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
         return self.backward_launcher(y, spec)(y, grad)
+
+    # ---- the pieces ops (core.pieces; kernels in _triton_common/pieces.py) ----
+
+    def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
+        return self.supports(spec)
+
+    def supports_merge_states(self, spec) -> str | None:
+        return self.supports(spec)
+
+    def _sms(self, t: torch.Tensor) -> int | None:
+        return None if interpreter.interpreting() else device_props(self._index(t)).multiprocessor_count
+
+    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
+        """logsumexp (keepdim, accumulation dtype) through `lse_kernel`, planned per call."""
+        from .._triton_common.pieces import launch_lse, lse_layout
+
+        parts = lse_layout(x, spec, operands)
+        return launch_lse(x, spec, operands, lse_plan(parts[1].n_rows, parts[1].n_cols, x.element_size(),
+                                                      self._sms(x)), parts)
+
+    def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
+        """(out, lse) through `merge_kernel`, planned per call."""
+        from .._triton_common.pieces import launch_merge
+
+        sms = self._sms(outputs[0])
+        return launch_merge(outputs, lses, spec, lambda k, rows, d: merge_plan(k, rows, d, spec.dtype.itemsize, sms),
+                            out, lse_out)
+
+
+def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None):
+    """Tiles and grid of `lse_kernel`. A tile of ~16 KB of input per step (4096 16-bit or 2048
+    32-bit elements: 16 per thread of 8 warps, 16-byte loads) over BLOCK_M short rows or one
+    long row's sub-blocks; rows that leave fewer than two work items per SM are cut into chunks
+    (the grid would idle otherwise); 8 programs per SM keep the loads in flight."""
+    from .._triton_common.pieces import LsePlan
+
+    if sms is None:  # the interpreter: small tiles, few programs, chunks exercised on long rows
+        bn = min(next_power_of_2(n_cols), 64)
+        bm = min(4, next_power_of_2(n_rows))
+        work = cdiv(n_rows, bm)
+        chunks = 2 if n_cols > 2 * bn else 1
+        return LsePlan(bm, bn, chunks, min(work * chunks, 4))
+    elems = 4096 if elem_bytes <= 2 else 2048
+    bn = min(next_power_of_2(n_cols), elems)
+    bm = max(1, min(elems // bn, next_power_of_2(n_rows)))
+    work = cdiv(n_rows, bm)
+    chunks = 1
+    if work < 2 * sms and n_cols > 4 * bn:
+        chunks = min(cdiv(2 * sms, work), cdiv(n_cols, bn))
+    return LsePlan(bm, bn, chunks, min(work * chunks, sms * 8), num_warps=8 if bm * bn >= 2048 else 4)
+
+
+def merge_plan(k: int, n_rows: int, d: int, elem_bytes: int, sms: int | None):
+    """Tiles and grid of `merge_kernel`: a whole head (D <= 256) per tile row, ~2048 output
+    elements per tile (K loads of it in flight per step), 8 programs per SM."""
+    from .._triton_common.pieces import MergePlan
+
+    if sms is None:
+        return MergePlan(min(4, next_power_of_2(n_rows)), min(next_power_of_2(d), 32),
+                         min(cdiv(n_rows, 4) * cdiv(d, 32), 4))
+    bd = min(next_power_of_2(d), 256)
+    br = max(1, min(2048 // bd, next_power_of_2(n_rows)))
+    tiles = cdiv(n_rows, br) * cdiv(d, bd)
+    return MergePlan(br, bd, min(tiles, sms * 8), num_warps=4)

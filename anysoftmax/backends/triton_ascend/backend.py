@@ -155,3 +155,56 @@ class TritonAscendBackend:
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""
         return self.launcher(x, spec)(x)
+
+    # ---- the pieces ops (core.pieces): the shared kernels (_triton_common/pieces.py) with the
+    # NPU's fixed grid and tiles bounded by the unified buffer ----
+
+    def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
+        return self.supports(spec)
+
+    def supports_merge_states(self, spec) -> str | None:
+        if torch.float64 in (spec.dtype, *spec.lse_dtypes):
+            return _FP64_REASON
+        kind = spec.device.type
+        if kind == "cpu" and not interpreter.interpreting():
+            return "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax"
+        if kind == "cuda" and not npu.crosscheck_on_cuda():
+            return f"CUDA tensors run on triton_ascend only as a cross-check (set ${npu.ENV_ON_CUDA}=1)"
+        return npu.missing_reason() if kind == "npu" else None
+
+    def _programs(self, t: torch.Tensor) -> tuple[settings.Settings, int]:
+        s = settings.current()
+        live = None
+        if t.device.type == "npu" and s.grid == settings.VECTOR_CORES:
+            live = npu.vector_cores(npu.device_index(t.device))
+        return s, planning.resolve_programs(s, live)
+
+    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
+        """logsumexp through `lse_kernel`: one row per step (a per-row bound over several rows
+        lowers to unbounded loads on the NPU front end), sub-blocks sized by the UB budget for
+        the input and three accumulator lanes (max, sum, NaN count)."""
+        from .._triton_common.pieces import LsePlan, launch_lse, lse_layout
+
+        s, programs = self._programs(x)
+        parts = lse_layout(x, spec, operands)
+        n_rows, n_cols = parts[1].n_rows, parts[1].n_cols
+        per_elem = x.element_size() + 3 * 4
+        bn = max(planning.min_block_n(s, x.element_size(), 4),
+                 min(planning.floor_pow2(planning.tile_budget(s) // per_elem), 1 << max(n_cols - 1, 0).bit_length()))
+        plan = LsePlan(1, bn, 1, planning.grid_size(programs, n_rows))
+        with npu.device_guard(x.device):
+            return launch_lse(x, spec, operands, plan, parts)
+
+    def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
+        """merge_states through `merge_kernel`: one row per step, the head tiled by the UB
+        budget (accumulator, one partial and the output per element)."""
+        from .._triton_common.pieces import MergePlan, launch_merge
+
+        s, programs = self._programs(outputs[0])
+        per_elem = 4 + 2 * spec.dtype.itemsize
+
+        def plan_for(k, n_rows, d):
+            bd = min(planning.floor_pow2(planning.tile_budget(s) // per_elem), 1 << max(d - 1, 0).bit_length())
+            return MergePlan(1, max(bd, 1), planning.grid_size(programs, n_rows * -(-d // max(bd, 1))))
+        with npu.device_guard(outputs[0].device):
+            return launch_merge(outputs, lses, spec, plan_for, out, lse_out)

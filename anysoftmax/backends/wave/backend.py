@@ -94,6 +94,10 @@ class WaveBackend:
     devices = ("cuda",)  # ROCm tensors are torch device type "cuda" too
     priority = 50  # below triton (100), above torch (0)
     fused = True  # every step of core.variant is compiled into the kernel (fusion.Fusion)
+    # The pieces ops (core.pieces): the kernel builder emits one output per row element; a
+    # per-row second output (the lse) is not built yet.
+    logsumexp_refusal = "no logsumexp kernel (its kernel builder emits no per-row output yet; use 'triton' or 'torch')"
+    merge_states_refusal = "no merge_states kernel (use backend='triton' or 'torch')"
 
     def is_available(self) -> str | None:
         reason = runtime_missing()

@@ -1,0 +1,256 @@
+"""The pieces benchmark: `anysoftmax.logsumexp` and `anysoftmax.merge_states` against torch
+eager, torch.compile and the same-bytes copy, each result checked against the float64
+reference before it is timed.
+
+    python -m anysoftmax.bench.pieces                  # the H100 run: ~5 minutes
+    python -m anysoftmax.bench.pieces --quick          # a few shapes
+    python -m anysoftmax.bench.pieces --device cpu     # tiny shapes through the interpreter (the path only)
+
+* logsumexp over rows [M, N] (the softmax grid's shapes, bf16 and fp32): `anysoftmax`,
+  `torch` (`torch.logsumexp`), `torch.compile` (of the same call) and `copy`: a device copy
+  of the bytes logsumexp must move (read x, write one float32 per row).
+* merge_states of K = 2 and 8 partials [tokens, 32 heads, head_size 64/128/256] (bf16) with
+  float32 LSEs, tokens 1..8192: `anysoftmax`, `vllm-dropin` (`compat.vllm.merge_attn_states`,
+  K = 2, in place), `torch` (the formula in eager torch ops), `torch.compile` (of that
+  formula) and `copy` (K partials and LSEs read, one output and LSE written).
+
+Each row: median device time (`us`, `triton.testing.do_bench`, L2 flushed, inputs rotated),
+GB/s of the op's own bytes, `frac_of_copy` (the copy's time over the op's), and `host_us`: wall
+time per call issued back to back (dispatch-bound merges show there). Results:
+<out>/<device>/pieces_logsumexp.{json,png} and pieces_merge.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+LSE_GRID = [(32768, 128), (32768, 1024), (16384, 4096), (8192, 16384), (2048, 65536), (512, 262144),
+            (64, 1048576), (8, 1048576), (4823, 781)]
+LSE_QUICK = [(32768, 1024), (2048, 65536), (8, 1048576)]
+MERGE_TOKENS = [1, 16, 128, 1024, 8192]
+MERGE_HEADS = 32
+MERGE_D = [64, 128, 256]
+MERGE_K = [2, 8]
+CPU_LSE = [(8, 64), (3, 300)]
+CPU_MERGE = dict(tokens=[1, 5], d=[16], k=[2, 3], heads=2)
+
+
+def _timing(device):
+    from ..perf import back_to_back_us, rotation_count, time_ms
+
+    cpu = device.type == "cpu"
+    kw = dict(warmup_ms=1, rep_ms=5) if cpu else dict(warmup_ms=10, rep_ms=50)
+    return time_ms, back_to_back_us, rotation_count, kw, (20 if cpu else 200)
+
+
+def _copy_us(nbytes: int, device, time_ms, kw) -> float:
+    import torch
+
+    half = max(nbytes // 2 // 4, 1)
+    src = torch.ones(half, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return time_ms(lambda s: dst.copy_(s), [src], device, **kw) * 1e3
+
+
+def _compiled(fn):
+    # A fresh dynamo state per shape: past torch's recompile limit (8) dynamo would silently
+    # run the function eagerly (as `matrix.providers._compiled`).
+    import torch
+
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
+def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok"):
+    gbps = nbytes / (us * 1e-6) / 1e9 if us else 0.0
+    return dict(provider=provider, **what, us=round(us, 3), gbps=round(gbps, 1),
+                frac_of_copy=round(copy_us / us, 3) if us else 0.0,
+                host_us=None if host_us is None else round(host_us, 2), status=status, detail=err)
+
+
+def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
+    import torch
+
+    import anysoftmax
+    from ..core.compare import compare_logsumexp
+    from ..core.pieces import logsumexp_request
+
+    time_ms, b2b, rotation_count, kw, calls = _timing(device)
+    rows = []
+    for dtype in dtypes:
+        for m, n in shapes:
+            what = dict(op="logsumexp", dtype=str(dtype).removeprefix("torch."), M=m, N=n)
+            nbytes = m * n * dtype.itemsize + m * 4
+            xs = [torch.randn(m, n, device=device, dtype=dtype) for _ in range(rotation_count(nbytes))]
+            copy_us = _copy_us(nbytes, device, time_ms, kw)
+            rows.append(_row("copy", what, copy_us, nbytes, copy_us))
+            got = anysoftmax.logsumexp(xs[0], -1, keepdim=True)
+            sub = xs[0][:256]  # checked on up to 256 rows (the float64 reference of them all is large)
+            c = compare_logsumexp(got[:256], sub, logsumexp_request(sub, -1)[0], device=device)
+            providers = [("anysoftmax", lambda t: anysoftmax.logsumexp(t, -1), c)]
+            providers.append(("torch", lambda t: torch.logsumexp(t, -1), None))
+            if compiled:
+                providers.append(("torch.compile", _compiled(lambda t: torch.logsumexp(t, -1)), None))
+            for name, fn, check in providers:
+                try:
+                    us = time_ms(fn, xs, device, **kw) * 1e3
+                    host = b2b(lambda: fn(xs[0]), device, calls)
+                    ok = check is None or check.ok
+                    rows.append(_row(name, what, us, nbytes, copy_us, host, "" if ok else check.detail,
+                                     "ok" if ok else "wrong"))
+                except Exception as exc:  # a provider that fails is a row, not the end of the run
+                    rows.append(_row(name, what, 0.0, nbytes, copy_us, None, f"{type(exc).__name__}: {exc}",
+                                     "failed"))
+            print(" ".join(f"{r['provider']}={r['frac_of_copy']}" for r in rows[-len(providers) - 1:]),
+                  what, flush=True)
+            del xs
+    return rows
+
+
+def _formula(outs, lses):
+    # The textbook merge in torch ops (what an engine writes without a kernel), -inf guarded.
+    import torch
+
+    L = torch.stack(lses)
+    m = L.amax(0)
+    ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(L - ms)
+    s = w.sum(0)
+    out = (torch.stack(outs).float() * (w / s).unsqueeze(-1)).sum(0)
+    return out.to(outs[0].dtype), ms + torch.log(s)
+
+
+def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: bool) -> list[dict]:
+    import torch
+
+    import anysoftmax
+    from ..compat.vllm import merge_attn_states
+    from ..core.compare import compare_merge
+
+    time_ms, b2b, rotation_count, kw, calls = _timing(device)
+    rows = []
+    for k in k_list:
+        for d in d_list:
+            for tokens in tokens_list:
+                what = dict(op="merge_states", dtype=str(dtype).removeprefix("torch."), K=k, tokens=tokens,
+                            heads=heads, D=d)
+                part = tokens * heads * d * dtype.itemsize + tokens * heads * 4
+                nbytes = (k + 1) * part
+                sets = []
+                for _ in range(rotation_count(nbytes)):
+                    outs = [torch.randn(tokens, heads, d, device=device, dtype=dtype) for _ in range(k)]
+                    lses = [torch.randn(heads, tokens, device=device).t() * 3 for _ in range(k)]  # vLLM's layout
+                    sets.append((outs, lses))
+                copy_us = _copy_us(nbytes, device, time_ms, kw)
+                rows.append(_row("copy", what, copy_us, nbytes, copy_us))
+                out, lse = anysoftmax.merge_states(*sets[0])
+                check = compare_merge(out, lse, *sets[0], device=device)
+                providers = [("anysoftmax", lambda s: anysoftmax.merge_states(*s), check)]
+                if k == 2:
+                    dst = torch.empty(tokens, heads, d, device=device, dtype=dtype)
+                    dst_lse = torch.empty(heads, tokens, device=device)
+                    providers.append(("vllm-dropin", lambda s: merge_attn_states(
+                        dst, s[0][0], s[1][0].t(), s[0][1], s[1][1].t(), dst_lse), None))
+                providers.append(("torch", lambda s: _formula(*s), None))
+                if compiled:
+                    formula_c = _compiled(_formula)
+                    providers.append(("torch.compile", lambda s: formula_c(*s), None))
+                for name, fn, chk in providers:
+                    try:
+                        us = time_ms(fn, sets, device, **kw) * 1e3
+                        host = b2b(lambda: fn(sets[0]), device, calls)
+                        ok = chk is None or chk.ok
+                        rows.append(_row(name, what, us, nbytes, copy_us, host, "" if ok else chk.detail,
+                                         "ok" if ok else "wrong"))
+                    except Exception as exc:
+                        rows.append(_row(name, what, 0.0, nbytes, copy_us, None, f"{type(exc).__name__}: {exc}",
+                                         "failed"))
+                print(" ".join(f"{r['provider']}={r['frac_of_copy']}/{r['host_us']}us"
+                               for r in rows[-len(providers) - 1:]), what, flush=True)
+                del sets
+    return rows
+
+
+def plot(rows: list[dict], path: Path, x: str, panels: list[tuple[str, dict]]) -> None:
+    """frac_of_copy against `x` (log scale), one panel per (title, row filter), a line per provider."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (title, where) in zip(axes[0], panels):
+        sel = [r for r in rows if all(r.get(k) == v for k, v in where.items()) and r["status"] == "ok"]
+        for prov in dict.fromkeys(r["provider"] for r in sel):
+            pts = sorted((r[x], r["frac_of_copy"]) for r in sel if r["provider"] == prov)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=prov)
+        ax.set_xscale("log", base=2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(x)
+        ax.set_ylabel("fraction of same-bytes copy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.pieces", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--ops", default="logsumexp,merge_states")
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    import torch
+
+    from ..perf import warm_up
+    from .report import gpu_dir_name
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA GPU; --device cpu runs tiny shapes through the interpreter", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    cpu = device.type == "cpu"
+    name = gpu_dir_name(torch.cuda.get_device_name(device) if not cpu else "cpu")
+    out_dir = Path(args.out) / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    warm_up(device)
+    compiled = not args.no_compile and not cpu
+    ops = set(args.ops.split(","))
+    meta = dict(device=name, torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    if "logsumexp" in ops:
+        t0 = time.time()
+        shapes = CPU_LSE if cpu else LSE_QUICK if args.quick else LSE_GRID
+        rows = bench_logsumexp(shapes, [torch.bfloat16, torch.float32], device, compiled)
+        (out_dir / "pieces_logsumexp.json").write_text(json.dumps(dict(meta, seconds=round(time.time() - t0),
+                                                                       results=rows), indent=1))
+        plot(rows, out_dir / "pieces_logsumexp.png", "N", [(f"logsumexp {d}", dict(dtype=d))
+                                                            for d in ("bfloat16", "float32")])
+    if "merge_states" in ops:
+        t0 = time.time()
+        if cpu:
+            rows = bench_merge(CPU_MERGE["tokens"], CPU_MERGE["d"], CPU_MERGE["k"], CPU_MERGE["heads"],
+                               torch.bfloat16, device, False)
+        else:
+            tokens = [1, 1024, 8192] if args.quick else MERGE_TOKENS
+            rows = bench_merge(tokens, MERGE_D, MERGE_K, MERGE_HEADS, torch.bfloat16, device, compiled)
+        (out_dir / "pieces_merge.json").write_text(json.dumps(dict(meta, seconds=round(time.time() - t0),
+                                                                   results=rows), indent=1))
+        ks = CPU_MERGE["k"] if cpu else MERGE_K
+        ds = CPU_MERGE["d"] if cpu else [128]
+        plot(rows, out_dir / "pieces_merge.png", "tokens",
+             [(f"merge_states K={k} D={d} bf16", dict(K=k, D=d)) for k in ks for d in ds])
+    print(f"results in {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

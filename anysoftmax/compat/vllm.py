@@ -1,0 +1,63 @@
+"""vLLM's `merge_attn_states`, served by `anysoftmax.merge_states` on every backend that
+declares it (triton on CUDA/ROCm, triton_ascend on Ascend, torch anywhere).
+
+    from anysoftmax.compat.vllm import merge_attn_states
+    merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+
+vLLM's signature and layout (vllm/attention/ops/triton_merge_attn_states.py and the CUDA op in
+`vllm._custom_ops`): outputs `[num_tokens, num_heads, head_size]`, LSEs `[num_heads,
+num_tokens]` (transposed against the outputs: read in place, never copied), results written
+into `output` (and `output_lse` when given), nothing returned. Natural-log LSEs.
+
+Where the answers differ from vLLM's kernels (`anysoftmax.core.pieces` states ours):
+* a **+inf** LSE: vLLM's kernels read it as -inf (FlashAttention-2 marks an empty segment with
+  +inf), so that part weighs 0. Here +inf is +inf: the merged LSE is +inf and the output NaN
+  (as softmax and logsumexp of a row holding +inf give). Convert FA2's empty-segment marker
+  first (``lse.masked_fill_(lse == inf, -inf)``) when feeding such LSEs.
+* **both parts empty** (-inf and -inf): vLLM's Triton kernel computes 0/0 and writes NaN
+  (output and LSE); here the output is 0 and the LSE -inf, never NaN.
+* a part with LSE -inf is not read at all (a NaN in an empty part's output does not leak).
+* NaN in an LSE gives NaN in that token/head's output and LSE (vLLM: the same, by arithmetic).
+Accumulation in float32 as vLLM; the output is rounded once to its dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dispatch_pieces
+
+
+def _check(name: str, t, shape, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"merge_attn_states: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"merge_attn_states: {name} has shape {list(t.shape)}, expected {list(shape)}")
+    if t.device != device:
+        raise ValueError(f"merge_attn_states: {name} is on {t.device}, output on {device}; one device")
+
+
+def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
+                      suffix_output: torch.Tensor, suffix_lse: torch.Tensor, output_lse: torch.Tensor | None = None,
+                      *, backend: str | None = None) -> None:
+    """Merge two attention partials into `output` (and `output_lse`), in place (see the module
+    docstring); `backend` (keyword only, not in vLLM) picks the anysoftmax backend."""
+    if not isinstance(prefix_output, torch.Tensor) or prefix_output.dim() != 3:
+        raise ValueError("merge_attn_states: prefix_output must be a [num_tokens, num_heads, head_size] tensor")
+    tokens, heads, _ = prefix_output.shape
+    device = prefix_output.device
+    _check("output", output, prefix_output.shape, device)
+    _check("suffix_output", suffix_output, prefix_output.shape, device)
+    _check("prefix_lse", prefix_lse, (heads, tokens), device)
+    _check("suffix_lse", suffix_lse, (heads, tokens), device)
+    if output_lse is not None:
+        _check("output_lse", output_lse, (heads, tokens), device)
+        if output_lse.dtype != torch.float32:
+            raise TypeError(f"merge_attn_states: output_lse must be float32, got {output_lse.dtype}")
+    if output.dtype != prefix_output.dtype:
+        raise TypeError(f"merge_attn_states: output is {output.dtype}, prefix_output {prefix_output.dtype}; one dtype")
+    dispatch_pieces.merge_states([prefix_output, suffix_output], [prefix_lse.t(), suffix_lse.t()], backend,
+                                 out=output, lse_out=None if output_lse is None else output_lse.t())
+
+
+__all__ = ["merge_attn_states"]

@@ -1,0 +1,253 @@
+"""Softmax in pieces: the row state `logsumexp` and the merge of partial results, stated once.
+
+**logsumexp** (`anysoftmax.logsumexp(x, dim, *, scale, mask, causal, softcap, sinks, keepdim)`):
+the log of the fused softmax's denominator, ``lse = log(exp(s) + sum_{j kept} exp(z_j))`` with
+``z`` the fused input (`core.variant` steps 1-3) and ``s`` the row's sink when given, so that
+``softmax(x, ...)_j = exp(z_j - lse)``. Computed and returned in the accumulation dtype (float32
+for 16- and 32-bit inputs, float64 for float64). Special values as `torch.logsumexp` gives them:
+a row with nothing kept and no sink is -inf (a bool mask or causal leaving it empty, an additive
+-inf mask, all -inf logits, a zero-length row); a row with nothing kept but a sink is ``s``;
+NaN anywhere gives NaN; +inf (and no NaN) gives +inf. A 0-dim input is its own logsumexp.
+Gradient: ``d lse / d z_j = exp(z_j - lse)`` (the fused softmax), chained through softcap and
+scale; an additive mask gets it summed over its broadcast dims; a sink gets ``exp(s - lse)``.
+Rows at -inf get a zero gradient (no NaN).
+
+**merge_states** (`anysoftmax.merge_states(outputs, lses) -> (out, lse)`): K partial results,
+each normalised within its segment, with their segments' log-sum-exps:
+``lse = log(sum_i exp(lse_i))`` (float32; float64 when every lse is float64) and
+``out = sum_i exp(lse_i - lse) * out_i`` in the outputs' dtype (accumulated in float32/float64).
+Special values, chosen to agree with `logsumexp` and softmax of the unsplit row, so that
+``merge(split(x)) == (softmax(x), logsumexp(x))`` holds for every x:
+* a partial with ``lse_i = -inf`` (an empty or fully masked segment) weighs 0 and its output is
+  not read (a NaN there does not leak); every partial -inf gives ``out = 0``, ``lse = -inf``;
+* a NaN ``lse_i`` gives NaN in that row's ``out`` and ``lse`` (softmax and logsumexp of a row
+  holding NaN are NaN); a NaN in an ``out_i`` of positive weight gives NaN in that element;
+* a ``+inf`` ``lse_i`` (a segment holding a +inf logit) gives ``lse = +inf`` and ``out = NaN``
+  for that row: the partials' relative weights are undefined, as softmax of a row holding
+  +inf is NaN (inf - inf) while its logsumexp is +inf.
+Gradients: ``d out_i = p_i g``, ``d lse_i = p_i (<g, out_i - out> + g_lse)`` with
+``p_i = exp(lse_i - lse)`` (0 for -inf partials and rows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .spec import FLOAT_DTYPES, SoftmaxSpec, dtype_name
+from .variant import MASK_ADDITIVE, Variant, keep_mask
+from .reference import prologue
+
+LOGSUMEXP, MERGE_STATES = "logsumexp", "merge_states"
+OPS = ("softmax", LOGSUMEXP, MERGE_STATES)
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a log-sum-exp: float64 for float64, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """`shape` with size 1 in `dim` (logsumexp with keepdim; () for a 0-dim input)."""
+    return tuple(1 if d == dim else s for d, s in enumerate(shape))
+
+
+def logsumexp_request(x, dim, *, scale=None, mask=None, causal=False, softcap=None, sinks=None):
+    """Validate a logsumexp request exactly as softmax's (`SoftmaxSpec.from_request`):
+    (spec, `core.variant.Operands`). Errors name the argument."""
+    fused = dict(scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+    try:
+        return SoftmaxSpec.from_request(x, dim, None, log=False, fused=fused)
+    except (TypeError, ValueError, IndexError) as exc:
+        raise type(exc)(str(exc).replace("softmax:", "logsumexp:", 1)) from None
+
+
+def describe_logsumexp(spec: SoftmaxSpec) -> str:
+    fused = "" if spec.is_plain else f", {spec.variant.describe()}"
+    return f"logsumexp(shape={list(spec.shape)}, dim={spec.dim}, {dtype_name(spec.in_dtype)}{fused}, " \
+           f"device={spec.device})"
+
+
+@dataclass(frozen=True)
+class MergeSpec:
+    """One merge_states request: K partials of `shape` ([..., D]) in `dtype`, lses in `lse_dtypes`."""
+
+    k: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    lse_dtypes: tuple[torch.dtype, ...]
+    device: torch.device
+
+    @property
+    def out_lse_dtype(self) -> torch.dtype:
+        """float64 when every lse is float64, float32 otherwise."""
+        return torch.float64 if all(d == torch.float64 for d in self.lse_dtypes) else torch.float32
+
+    @property
+    def acc_dtype(self) -> torch.dtype:
+        return torch.float64 if torch.float64 in (self.dtype, self.out_lse_dtype) else torch.float32
+
+    @property
+    def n_rows(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    @property
+    def head_size(self) -> int:
+        return self.shape[-1]
+
+    def describe(self) -> str:
+        return f"merge_states(k={self.k}, shape={list(self.shape)}, {dtype_name(self.dtype)}, device={self.device})"
+
+    @classmethod
+    def from_tensors(cls, outputs, lses) -> "MergeSpec":
+        """Validate merge_states' arguments (errors name the argument) and describe them."""
+        for name, seq in (("outputs", outputs), ("lses", lses)):
+            if isinstance(seq, torch.Tensor) or not isinstance(seq, (list, tuple)):
+                raise TypeError(f"merge_states: {name} must be a list or tuple of tensors, got {type(seq).__name__}")
+            for i, t in enumerate(seq):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"merge_states: {name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+                if t.dtype not in FLOAT_DTYPES:
+                    raise TypeError(f"merge_states: {name}[{i}] dtype {t.dtype} is not supported; allowed: "
+                                    f"{', '.join(map(dtype_name, FLOAT_DTYPES))}")
+        if len(outputs) == 0:
+            raise ValueError("merge_states: outputs must hold at least one partial (K >= 1)")
+        if len(lses) != len(outputs):
+            raise ValueError(f"merge_states: lses has {len(lses)} tensors but outputs has {len(outputs)}; "
+                             f"one lse per partial")
+        first = outputs[0]
+        if first.dim() < 1:
+            raise ValueError("merge_states: outputs[0] must have at least one dim ([..., D])")
+        shape = tuple(first.shape)
+        for i, t in enumerate(outputs):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"merge_states: outputs[{i}] has shape {list(t.shape)}, outputs[0] {list(shape)}; "
+                                 f"all partials must have one shape")
+            if t.dtype != first.dtype:
+                raise TypeError(f"merge_states: outputs[{i}] is {t.dtype}, outputs[0] {first.dtype}; one dtype")
+        for i, t in enumerate(lses):
+            if tuple(t.shape) != shape[:-1]:
+                raise ValueError(f"merge_states: lses[{i}] has shape {list(t.shape)}; it must be the outputs' "
+                                 f"shape without the last dim, {list(shape[:-1])}")
+        for name, seq in (("outputs", outputs), ("lses", lses)):
+            for i, t in enumerate(seq):
+                if t.device != first.device:
+                    raise ValueError(f"merge_states: {name}[{i}] is on {t.device} but outputs[0] is on "
+                                     f"{first.device}; all on one device")
+        return cls(len(outputs), shape, first.dtype, tuple(t.dtype for t in lses), first.device)
+
+
+# ---- formulas in torch ops: the float64 reference, and in fp32 the torch backend --------------
+
+def logsumexp_formula(x: torch.Tensor, variant: Variant, dim: int, mask, sinks, dtype: torch.dtype) -> torch.Tensor:
+    """lse of the fused input with keepdim (x's shape with size 1 in `dim`), evaluated in `dtype`."""
+    if x.dim() == 0:
+        x = x.reshape(1)
+        out = logsumexp_formula(x, variant, 0, mask, sinks, dtype)
+        return out.reshape(())
+    z = prologue(x, variant, mask, dtype)
+    keep = keep_mask(tuple(z.shape), variant, mask, z.device)
+    if keep is not None:
+        z = z.masked_fill(~keep, -math.inf)
+    if sinks is not None:
+        z = torch.cat([z, sinks.to(dtype).expand(row_shape(tuple(z.shape), dim))], dim)
+    return torch.logsumexp(z, dim, keepdim=True)
+
+
+def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
+                               mask, sinks, dtype: torch.dtype):
+    """(dx, dmask_full, dsinks_rows): the gradients of lse (keepdim) given its gradient `g`
+    (keepdim shape), in `dtype`; dmask_full is the gradient of the additive mask before it is
+    summed to the mask's shape (None without one), dsinks_rows per row (None without sinks).
+    Differentiable again (double backward) in g, lse and x."""
+    scalar = x.dim() == 0
+    if scalar:
+        x, g, lse, dim = x.reshape(1), g.reshape(1), lse.reshape(1), 0
+    gw, lw = g.to(dtype), lse.to(dtype)
+    z = prologue(x, variant, mask, dtype)
+    keep = keep_mask(tuple(z.shape), variant, mask, z.device)
+    dead = lw == -math.inf  # rows with nothing: zero gradient, never exp(-inf - -inf)
+    live_lse = torch.where(dead, torch.zeros_like(lw), lw)
+    p = torch.exp(z - live_lse)
+    if keep is not None:
+        p = p.masked_fill(~keep, 0.0)
+    p = p.masked_fill(dead, 0.0)
+    dz = gw * p
+    dmask = dz if variant.mask_kind == MASK_ADDITIVE else None
+    dx = dz
+    if variant.softcap is not None:
+        t = torch.tanh(x.to(dtype) * (1.0 if variant.scale is None else variant.scale) / variant.softcap)
+        dx = dx * (1 - t * t)
+    if variant.scale is not None:
+        dx = dx * variant.scale
+    ds = None
+    if sinks is not None:
+        s = sinks.to(dtype).expand(tuple(lw.shape))
+        ds = (gw * torch.exp(s - live_lse)).masked_fill(dead, 0.0)
+    if scalar:
+        dx = dx.reshape(())
+    return dx, dmask, ds
+
+
+def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dtype):
+    """(out, lse) of merge_states in torch ops, accumulated in `acc` (the module docstring's rules)."""
+    L = torch.stack([t.to(acc) for t in lses])  # [K, ...]
+    m = L.amax(0) if L.numel() else L.sum(0)  # NaN propagates through amax
+    ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(L - ms)  # 0 for -inf partials; NaN only from NaN
+    s = w.sum(0)
+    lse = ms + torch.log(s)  # all -inf: 0 + log 0 = -inf; +inf: 0 + log inf = inf; NaN: NaN
+    num = None
+    for i, o in enumerate(outputs):
+        wi = w[i].unsqueeze(-1)
+        term = torch.where(wi == 0, torch.zeros((), dtype=acc, device=o.device), wi * o.to(acc))
+        num = term if num is None else num + term
+    sv = s.unsqueeze(-1)
+    out = torch.where(sv == 0, torch.zeros((), dtype=acc, device=sv.device), num / sv)
+    return out.to(out_dtype), lse.to(lse_out_dtype)
+
+
+def merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, acc):
+    """(d outputs, d lses) of merge_states from (out, lse) and their gradients, in `acc`;
+    differentiable again in every tensor."""
+    lw = lse.to(acc)
+    dead = lw == -math.inf
+    live = torch.where(dead, torch.zeros_like(lw), lw)
+    go = None if g_out is None else g_out.to(acc)
+    gl = None if g_lse is None else g_lse.to(acc)
+    d_outs, d_lses = [], []
+    for o, li in zip(outputs, lses):
+        l_i = li.to(acc)
+        p = torch.exp(l_i - live).masked_fill(dead | (l_i == -math.inf), 0.0)
+        if go is not None:
+            d_outs.append((p.unsqueeze(-1) * go).to(o.dtype))
+            inner = ((o.to(acc) - out.to(acc)) * go).sum(-1)
+        else:
+            d_outs.append(torch.zeros_like(o))
+            inner = torch.zeros_like(p)
+        dl = p * (inner + (gl if gl is not None else 0.0))
+        d_lses.append(dl.to(li.dtype))
+    return d_outs, d_lses
+
+
+def reference_logsumexp(x: torch.Tensor, spec: SoftmaxSpec, mask=None, sinks=None,
+                        device: str | torch.device = "cpu") -> torch.Tensor:
+    """The float64 logsumexp of `spec` on `x` (keepdim), evaluated on `device`."""
+    x64 = x.detach().to(device).to(torch.float64)
+    mask = None if mask is None else mask.detach().to(device)
+    sinks = None if sinks is None else sinks.detach().to(device)
+    return logsumexp_formula(x64, spec.variant, spec.dim, mask, sinks, torch.float64)
+
+
+def reference_merge(outputs, lses, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 (out, lse) of merge_states, evaluated on `device`."""
+    o64 = [t.detach().to(device).to(torch.float64) for t in outputs]
+    l64 = [t.detach().to(device).to(torch.float64) for t in lses]
+    return merge_formula(o64, l64, torch.float64, torch.float64, torch.float64)
+
+
+__all__ = ["LOGSUMEXP", "MERGE_STATES", "MergeSpec", "OPS", "describe_logsumexp", "logsumexp_backward_formula",
+           "logsumexp_formula", "logsumexp_request", "lse_dtype", "merge_backward_formula", "merge_formula",
+           "reference_logsumexp", "reference_merge", "row_shape"]

@@ -1,0 +1,216 @@
+"""`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: `anysoftmax.core.pieces`),
+and their operators ``torch.ops.anysoftmax.logsumexp`` / ``.merge_states`` with fake
+implementations (torch.compile keeps one graph), autograd (the backward is the formula of
+`core.pieces` in torch ops, so it differentiates again) and vmap rules.
+
+Eager inference calls `dispatch_pieces` directly (no dispatcher round trip); anything that may
+want a derivative, a torch.func transform or torch.compile goes through the operators.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.autograd.forward_ad as _fwad
+from torch._C._functorch import is_functorch_wrapped_tensor
+
+from .. import dispatch_pieces
+from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, lse_dtype,
+                           merge_backward_formula, row_shape)
+from ..core.variant import build, causal_name, runtime_values
+from .grad_mode import wants_autodiff
+
+
+# ---- logsumexp --------------------------------------------------------------------------------
+
+@torch.library.custom_op("anysoftmax::logsumexp", mutates_args=())
+def logsumexp_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], dim: int,
+                 scale: Optional[float], softcap: Optional[float], causal: str,
+                 backend: Optional[str] = None) -> torch.Tensor:
+    """`anysoftmax.logsumexp` with keepdim as an operator (accumulation dtype)."""
+    out = dispatch_pieces.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
+                                    sinks=sinks)
+    return out.contiguous().clone() if out.data_ptr() == x.data_ptr() else out.contiguous()
+
+
+@logsumexp_op.register_fake
+def _logsumexp_fake(x, mask, sinks, dim, scale, softcap, causal, backend=None):
+    spec, _ = logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+    return x.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype)
+
+
+def _lse_setup(ctx, inputs, output):
+    x, mask, sinks, dim, scale, softcap, causal, backend = inputs
+    ctx.save_for_backward(x, mask, sinks, output)
+    ctx.dim = dim % max(x.dim(), 1)
+    ctx.fused = dict(scale=scale, softcap=softcap, causal=causal)
+
+
+def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
+    return t.sum_to_size(shape) if tuple(t.shape) != tuple(shape) else t
+
+
+def _lse_backward(ctx, g):
+    x, mask, sinks, lse = ctx.saved_tensors
+    variant, _ = build(tuple(x.shape), x.device, ctx.dim, mask=mask, sinks=sinks, **ctx.fused)
+    dx, dmask, ds = logsumexp_backward_formula(g, lse, x, variant, ctx.dim, mask, sinks, lse_dtype(x.dtype))
+    d_mask = None if (dmask is None or not ctx.needs_input_grad[1]) else _sum_to(dmask, mask.shape).to(mask.dtype)
+    d_sinks = None if (ds is None or not ctx.needs_input_grad[2]) else _sum_to(ds, sinks.shape).to(sinks.dtype)
+    return dx.to(x.dtype), d_mask, d_sinks, None, None, None, None, None
+
+
+logsumexp_op.register_autograd(_lse_backward, setup_context=_lse_setup)
+
+
+def _front(t, bdim, batch, sample_ndim, full):
+    """`t` with its batch dim in front; an operand that broadcasts (mask, sinks) gets size-1
+    dims after the batch dim up to the sample's rank so right-aligned broadcasting lines up."""
+    if t is None:
+        return None
+    if bdim is None:
+        return t.expand(batch, *t.shape) if full else t
+    t = t.movedim(bdim, 0)
+    missing = sample_ndim - (t.dim() - 1)
+    return t[(slice(None),) + (None,) * missing] if missing > 0 else t
+
+
+@logsumexp_op.register_vmap
+def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backend=None):
+    nd = x.dim() - (in_dims[0] is not None)
+    xb = _front(x, in_dims[0], info.batch_size, nd, True)
+    if nd == 0:  # a 0-dim sample: a row of one
+        return logsumexp_op(xb.unsqueeze(1), None, None, 1, scale, softcap, causal, backend).squeeze(1), 0
+    pdim = dim % nd + 1
+    m = _front(mask, in_dims[1], info.batch_size, nd, False)
+    s = _front(sinks, in_dims[2], info.batch_size, nd, False)
+    return logsumexp_op(xb, m, s, pdim, scale, softcap, causal, backend), 0
+
+
+class _Logsumexp(torch.autograd.Function):
+    """The operator under eager autograd and torch.func transforms (an operator's registered
+    autograd does not run under torch.func.grad; a Function with a generated vmap rule over an
+    operator with a vmap rule does)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, mask, sinks, dim, scale, softcap, causal, backend):
+        return logsumexp_op(x, mask, sinks, dim, scale, softcap, causal, backend)
+
+    setup_context = staticmethod(_lse_setup)
+    backward = staticmethod(_lse_backward)
+
+
+def _plain_eager(*tensors) -> bool:
+    return not torch.compiler.is_compiling() and _fwad._current_level < 0 and all(
+        t is None or (type(t) in (torch.Tensor, torch.nn.Parameter) and not is_functorch_wrapped_tensor(t))
+        for t in tensors) and not wants_autodiff(*(t for t in tensors if t is not None))
+
+
+def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: torch.Tensor | None = None,
+              causal: bool | str = False, softcap: float | None = None, sinks: torch.Tensor | None = None,
+              keepdim: bool = False, backend: str | None = None) -> torch.Tensor:
+    """log of the fused softmax's denominator along `dim` (sinks included): float32 for 16/32-bit
+    inputs, float64 for float64; -inf for rows with nothing kept. The fused keywords as in
+    `anysoftmax.softmax`; `keepdim` as in `torch.logsumexp`. Differentiable (the gradient is the
+    fused softmax). Semantics: `anysoftmax.core.pieces`."""
+    if not isinstance(keepdim, bool):
+        raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
+    if _plain_eager(x, mask, sinks):
+        out = dispatch_pieces.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
+                                        sinks=sinks)
+    else:
+        if not torch.compiler.is_compiling():  # (traced: the fake implementation validates)
+            logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+        s, c = runtime_values(scale, softcap)
+        args = (x, mask, sinks, dim, None if scale is None else s, None if softcap is None else c,
+                causal_name(causal), backend)
+        out = logsumexp_op(*args) if torch.compiler.is_compiling() else _Logsumexp.apply(*args)
+    if keepdim or x.dim() == 0:
+        return out
+    return out.squeeze(dim % x.dim())
+
+
+# ---- merge_states -----------------------------------------------------------------------------
+
+@torch.library.custom_op("anysoftmax::merge_states", mutates_args=())
+def merge_states_op(outputs: list[torch.Tensor], lses: list[torch.Tensor],
+                    backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`anysoftmax.merge_states` as an operator."""
+    out, lse = dispatch_pieces.merge_states(outputs, lses, backend)
+    inputs = {t.data_ptr() for t in (*outputs, *lses) if t.numel()}
+    out = out.clone() if out.numel() and out.data_ptr() in inputs else out.contiguous()
+    lse = lse.clone() if lse.numel() and lse.data_ptr() in inputs else lse.contiguous()
+    return out, lse
+
+
+@merge_states_op.register_fake
+def _merge_fake(outputs, lses, backend=None):
+    spec = MergeSpec.from_tensors(outputs, lses)
+    return outputs[0].new_empty(spec.shape), outputs[0].new_empty(spec.shape[:-1], dtype=spec.out_lse_dtype)
+
+
+def _merge_setup(ctx, inputs, output):
+    outputs, lses, backend = inputs
+    ctx.k = len(outputs)
+    ctx.save_for_backward(*outputs, *lses, *output)
+
+
+def _merge_backward(ctx, g_out, g_lse):
+    saved = ctx.saved_tensors
+    k = ctx.k
+    outputs, lses, (out, lse) = saved[:k], saved[k:2 * k], saved[2 * k:]
+    spec = MergeSpec.from_tensors(list(outputs), list(lses))
+    d_outs, d_lses = merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, spec.acc_dtype)
+    return d_outs, d_lses, None
+
+
+merge_states_op.register_autograd(_merge_backward, setup_context=_merge_setup)
+
+
+class _MergeStates(torch.autograd.Function):
+    """merge_states under eager autograd and torch.func (as `_Logsumexp`); tensors flattened:
+    (k, backend, *outputs, *lses)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(k, backend, *tensors):
+        return merge_states_op(list(tensors[:k]), list(tensors[k:]), backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        k, backend, *tensors = inputs
+        _merge_setup(ctx, (tensors[:k], tensors[k:], backend), output)
+
+    @staticmethod
+    def backward(ctx, g_out, g_lse):
+        d_outs, d_lses, _ = _merge_backward(ctx, g_out, g_lse)
+        return None, None, *d_outs, *d_lses
+
+
+@merge_states_op.register_vmap
+def _merge_vmap(info, in_dims, outputs, lses, backend=None):
+    o_dims, l_dims = in_dims[0], in_dims[1]
+    ob = [_front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(outputs, o_dims)]
+    lb = [_front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(lses, l_dims)]
+    return merge_states_op(ob, lb, backend), (0, 0)
+
+
+def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge K partial results (`outputs[i]` `[..., D]`, each normalised within its segment,
+    `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
+    out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
+    -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: `anysoftmax.core.pieces`."""
+    tensors = isinstance(outputs, (list, tuple)) and isinstance(lses, (list, tuple)) and all(
+        isinstance(t, torch.Tensor) for t in (*outputs, *lses))
+    if not tensors or _plain_eager(*outputs, *lses):  # (bad arguments: dispatch's validation names them)
+        return dispatch_pieces.merge_states(outputs, lses, backend)
+    if torch.compiler.is_compiling():  # (the fake implementation validates)
+        return merge_states_op(list(outputs), list(lses), backend)
+    MergeSpec.from_tensors(outputs, lses)
+    return _MergeStates.apply(len(outputs), backend, *outputs, *lses)
+
+
+__all__ = ["logsumexp", "logsumexp_op", "merge_states", "merge_states_op"]
