@@ -26,18 +26,10 @@ def _local_lse(x: torch.Tensor, dim: int, *, scale, mask, softcap, backend) -> t
     """log Σ_j exp(z_j) over this shard's kept positions (no sinks: they count once, in the
     global merge), z = softcap(scale · x) + additive mask, bool mask True = excluded; float32
     for 16/32-bit x, float64 for float64; -inf for rows with nothing kept; x's shape without
-    `dim`. Differentiable. (Torch ops for now; the body becomes `anysoftmax.logsumexp(x, dim,
-    scale=scale, mask=mask, softcap=softcap, backend=backend)` once that exists.)"""
-    del backend  # torch ops run wherever x lives
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    z = x.to(acc)
-    if scale is not None:
-        z = z * scale
-    if softcap is not None:
-        z = softcap * torch.tanh(z / softcap)
-    if mask is not None:
-        z = z.masked_fill(mask, -math.inf) if mask.dtype == torch.bool else z + mask.to(acc)
-    return torch.logsumexp(z, dim)
+    `dim`. Differentiable: `anysoftmax.logsumexp`, on the chosen backend."""
+    from ..torchop.pieces import logsumexp
+
+    return logsumexp(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend)
 
 
 @dataclass(frozen=True)

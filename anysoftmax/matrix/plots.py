@@ -29,7 +29,7 @@ def _row(r: Result, fused: bool, missing: dict) -> tuple:
     # With variants, one row per (entry, backend, variant): a dozen variants side by side
     # would make the map thousands of pixels wide. An entry whose device is missing is one
     # row: every cell of it skipped for the one reason.
-    from .report import entry_label
+    from .labels import entry_label
 
     c = r.cell
     if c.entry in missing:
@@ -43,7 +43,7 @@ def _status_map(plt, results: list[Result], path: Path, devices: dict | None = N
     the grey squares are written under the map. Sized to be read on a laptop screen."""
     from matplotlib.patches import Patch
 
-    from .report import grouped_reasons
+    from .labels import grouped_reasons
 
     missing = {name: d["reason"] for name, d in (devices or {}).items() if d.get("reason")}
     fused = any(r.cell.variant.name != PLAIN_NAME for r in results)

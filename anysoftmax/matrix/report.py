@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from .cells import FAILED, PASSED, SKIPPED, Result
 from .runner import MatrixRun
+from .labels import entry_label, reason_key
 from .variants import PLAIN_NAME
 
 DETAIL_LIMIT = 60  # up to this many cells the terminal shows every cell, beyond it a summary
@@ -39,34 +39,8 @@ def _first_line(text: str, width: int = 100) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-INTERPRETED = " (Triton interpreter)"
-
-
-def entry_label(cell) -> str:
-    """The entry's name as tables show it: a CPU entry's Triton-kernel rows say that the Triton
-    interpreter runs them (a backend that `needs_interpreter` runs CPU tensors no other way);
-    its torch rows do not."""
-    if "interpreter" in cell.entry.lower() or not str(cell.device).startswith("cpu"):
-        return cell.entry
-    from ..core import registry
-
-    backend = registry.registered().get(cell.backend)
-    return cell.entry + INTERPRETED if backend is not None and hasattr(backend, "needs_interpreter") else cell.entry
-
-
 def _dir(direction: str) -> str:
     return {"forward": "fwd", "backward": "bwd"}.get(direction, direction)
-
-
-# A refusal names the request it refused ("does not support softmax(shape=[2, 5], ...)"); the
-# cell already says which request it was, so the same refusal of many requests is one reason.
-_REQUEST = re.compile(r"\b(?:log_)?softmax\((?:shape=)[^()]*\)")
-
-
-def reason_key(r: Result) -> str:
-    """The cell's reason, whole, with the request it names replaced by "this request": the
-    key that groups identical refusals of different cells."""
-    return _REQUEST.sub("this request", r.reason.strip())
 
 
 def grouped(run: MatrixRun, status: str) -> dict[tuple[str, str], list[Result]]:
@@ -76,18 +50,6 @@ def grouped(run: MatrixRun, status: str) -> dict[tuple[str, str], list[Result]]:
         if r.status == status:
             groups[(r.cell.entry, reason_key(r))].append(r)
     return groups
-
-
-def grouped_reasons(results: list[Result], missing: dict) -> list[tuple[int, str, str]]:
-    """(cells, "entry (backends)", reason) of the skipped cells, most cells first: what the
-    status map writes under its grey squares."""
-    groups: dict[tuple[str, str], list[Result]] = defaultdict(list)
-    for r in results:
-        if r.status == SKIPPED:
-            groups[(r.cell.entry, missing.get(r.cell.entry) or reason_key(r))].append(r)
-    out = [(len(rs), f"{entry} ({', '.join(dict.fromkeys(r.cell.backend for r in rs))})", why)
-           for (entry, why), rs in groups.items()]
-    return sorted(out, key=lambda t: -t[0])
 
 
 def _cells_of(rs: list[Result]) -> str:
