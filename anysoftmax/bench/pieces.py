@@ -177,8 +177,13 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
 
 
 def plot(rows: list[dict], path: Path, x: str, panels: list[tuple[str, dict]]) -> None:
-    """frac_of_copy against `x` (log scale), one panel per (title, row filter), a line per provider."""
-    import matplotlib
+    """frac_of_copy against `x` (log scale), one panel per (title, row filter), a line per provider
+    (nothing without matplotlib: the JSON holds every number)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install 'anysoftmax[plot]')")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
