@@ -14,7 +14,6 @@ argument). A run in which every check was refused fails too: nothing was proven.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import zlib
 from dataclasses import dataclass, field, replace
@@ -27,6 +26,7 @@ from ..core.spec import SoftmaxSpec, dtype_name
 from .cases import CASES, LONG_ROW_CASES, LONG_VARIANT_CASES, VARIANT_CASES, Case, VariantCase
 from .checks import check_backward, check_forward, declared_refusal
 from .poison import poisoned_allocations
+from .target import default_device, registered  # noqa: F401  (part of the kit's API)
 
 # The quick run: one case of each kind of layout, special values, dtype= and the fused steps,
 # in float32 and bfloat16 (float16 where a case is only float16).
@@ -303,46 +303,6 @@ def run_checks(checks: list[Check], backend: str, device: str, seed: int) -> Kit
         else:
             report.skipped.setdefault(refusal, []).append(check.name)
     return report
-
-
-def default_device(backend) -> str:
-    """The device a check of `backend` runs on when none is named: the first accelerator it
-    serves that is present here, else the CPU (where the backend's own refusals say why not)."""
-    devices = tuple(backend.devices)
-    for kind in ("cuda", "npu", "xpu"):
-        if kind in devices or ("*" in devices and kind == "cuda"):
-            module = getattr(torch, kind, None)
-            try:
-                if module is not None and module.is_available():
-                    return kind
-            except Exception:  # a broken driver stack is not this backend's device
-                continue
-    return "cpu"
-
-
-@contextlib.contextmanager
-def registered(backend):
-    """The name of `backend` (a backend object or a registered name), registered for the block
-    when it is an object the registry does not hold; whatever held its name before comes
-    back afterwards (a user's own registration is never removed)."""
-    if isinstance(backend, str):
-        yield registry.get_backend(backend).name
-        return
-    if not isinstance(backend, registry.Backend):
-        raise TypeError(f"check_backend: {backend!r} is not a backend: it needs name, devices, priority, "
-                        f"is_available(), supports(spec) and run(x, spec) (anysoftmax.core.registry.Backend)")
-    before = registry.registered().get(backend.name)
-    if before is backend:
-        yield backend.name
-        return
-    registry.register(backend)
-    try:
-        yield backend.name
-    finally:
-        if before is None:
-            registry.unregister(backend.name)
-        else:
-            registry.register(before)
 
 
 def check_backend(backend, *, device: str | None = None, quick: bool = False, seed: int | None = None,
