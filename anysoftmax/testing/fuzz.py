@@ -681,7 +681,7 @@ def fuzz_backend(backend, *, calls: int = 200, seed: int | None = None, device: 
     module docstring) and return the `FuzzReport`; raise `AssertionError` with the report's
     text, the shrunk repro and the replay seed when a call failed."""
     from ..core import registry
-    from .subject import default_device, registered
+    from .target import default_device, registered
 
     with registered(backend) as name:
         device = device or default_device(registry.get_backend(name))
@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       "failures, seed, time) to OUT")
     args = parser.parse_args(argv)
     from ..dispatch import use_interpreter_if_needed
-    from .plugin_arg import load_plugin
+    from .target import load_plugin
 
     note = use_interpreter_if_needed()
     if note:
@@ -718,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     for plugin in args.plugin or []:
         load_plugin(plugin)
     from ..core import registry
-    from .subject import default_device
+    from .target import default_device
     device = args.device or default_device(registry.get_backend(args.backend))
     report = run_fuzz(args.backend, calls=args.calls, seed=args.seed, device=device)
     if args.json:

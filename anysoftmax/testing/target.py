@@ -1,13 +1,40 @@
-"""The backend under test: the device its checks run on, and its registration for the duration
-of a check (the kit's and the fuzzer's)."""
+"""Which backend a kit run checks, and where: a backend object registered for the run, a plugin
+module loaded by name, the device a backend's checks run on by default. Shared by the kit, its
+command line and the fuzzer."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import torch
 
 from ..core import registry
+
+
+class UsageError(Exception):
+    """A bad argument: exit status 2, the message naming it."""
+
+
+def load_plugin(spec: str) -> None:
+    """Import `MODULE` (which registers its backends, e.g. with `anysoftmax.register(...)` at
+    import), or `MODULE:ATTR` and register ATTR: a backend class (instantiated), a factory or a
+    backend object."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"--plugin {spec}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    if not attr:
+        return
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise UsageError(f"--plugin {spec}: module {module_name!r} has no attribute {attr!r}")
+    backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, registry.Backend)) else obj
+    try:
+        registry.register(backend)
+    except TypeError as exc:
+        raise UsageError(f"--plugin {spec}: {exc}") from None
 
 
 def default_device(backend) -> str:
