@@ -32,7 +32,7 @@ def check_device(device: str) -> str:
 def run(args) -> int:
     """Run the kit as the parsed `args` ask; print the report; return the exit status."""
     from ..core import registry
-    from ..dispatch import use_interpreter_if_needed
+    from ..plugins import use_interpreter_if_needed
     from .kit import check_backend
 
     note = use_interpreter_if_needed()  # before any Triton kernel exists, as `matrix` does
@@ -40,7 +40,8 @@ def run(args) -> int:
         load_plugin(plugin)
     known = registry.registered()
     if args.backend not in known:
-        raise UsageError(f"unknown backend {args.backend!r}; known backends: {', '.join(known)} "
+        raise UsageError(f"unknown backend {args.backend!r}{registry.did_you_mean(args.backend, known)}; "
+                         f"known backends: {', '.join(known)} "
                          f"(a plugin's backends appear after --plugin MODULE or an installed entry point)")
     device = check_device(args.device) if args.device else None
     if note:

@@ -23,10 +23,11 @@ import torch
 
 from ..core import registry
 from ..core.spec import SoftmaxSpec, dtype_name
-from .cases import CASES, LONG_ROW_CASES, LONG_VARIANT_CASES, VARIANT_CASES, Case, VariantCase
-from .checks import check_backward, check_forward, declared_refusal
+from .cases import (CASES, LOGSUMEXP_CASES, LONG_ROW_CASES, LONG_VARIANT_CASES, SPLIT_CASES, VARIANT_CASES, Case,
+                    SplitCase, VariantCase)
+from .checks import check_backward, check_forward, check_logsumexp, check_merge_split, declared_refusal
 from .poison import poisoned_allocations
-from .target import default_device, registered  # noqa: F401  (part of the kit's API)
+from .target import default_device, registered
 
 # The quick run: one case of each kind of layout, special values, dtype= and the fused steps,
 # in float32 and bfloat16 (float16 where a case is only float16).
@@ -35,6 +36,8 @@ QUICK_CASES = ("seed-1823x781", "rank3-dim1", "transposed-2d-dim0", "step-sliced
 QUICK_VARIANTS = ("scale-softcap", "bool-mask-full-empty-zero", "additive-mask", "causal-bottom-right-empty-uniform",
                   "sinks-masked-rows", "everything", "dim0-mask-sinks", "long-causal-mask-sinks")
 QUICK_DTYPES = (torch.float32, torch.bfloat16)
+QUICK_PIECES = ("lse-specials", "lse-everything", "lse-gpt-oss", "split-3-uneven", "split-with-empty-segments",
+                "split-masked-and-specials", "split-11-many")
 # Gradients: the layouts that matter to a backward kernel (dx's layout follows y's), on
 # finite data (`compare_backward` checks finite gradients; the fused cases cover NaN rows).
 # Small inputs: the Triton interpreter runs every program in turn, and a 1823-row case costs
@@ -46,7 +49,7 @@ BACKWARD_CASES = ("rank2-dim1", "rank3-dim0", "rank4-dim2", "transposed-2d", "st
 REPEAT_CASES = ("rank2-dim1", "transposed-3d", "cols-3d", "long-2d")
 
 
-COMPUTING = ("forward", "repeat", "backward", "fused", "fused-backward")  # kinds that run a softmax
+COMPUTING = ("forward", "repeat", "backward", "fused", "fused-backward", "logsumexp", "merge")  # kinds that run a softmax
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,22 @@ def _fused(case: VariantCase, backend: str, device: str, log: bool, dtype, kind:
     return run
 
 
+def _logsumexp(case: VariantCase, backend: str, device: str, dtype) -> Callable[[int], str | None]:
+    def run(seed: int) -> str | None:
+        gen = _gen(seed, f"logsumexp/{case.name}/{dtype}")
+        x = case.make(gen, dtype)
+        kwargs = _to(device, case.kwargs(gen, x))
+        return check_logsumexp(x.to(device), case.dim, backend=backend, fused=kwargs)
+    return run
+
+
+def _merge(case: SplitCase, backend: str, device: str, dtype) -> Callable[[int], str | None]:
+    def run(seed: int) -> str | None:
+        x = case.make(_gen(seed, f"merge/{case.name}/{dtype}"), dtype).to(device)
+        return check_merge_split(x, case.bounds(x.shape[-1]), backend=backend)
+    return run
+
+
 def _name(kind: str, op: str, case, dtype) -> str:
     return f"{kind} {op} {case.name} {dtype_name(dtype)}"
 
@@ -280,6 +299,13 @@ def conformance_checks(backend: str, *, device: str = "cpu", quick: bool = False
             for c in variants:
                 checks += [Check(_name(kind, op, c, d), kind, _fused(c, backend, device, log, d, kind))
                            for d in _dtypes(c, quick)]
+    # Softmax in pieces: run where the backend declares the ops, a declared refusal elsewhere.
+    lse_cases = [c for c in LOGSUMEXP_CASES if not quick or c.name in QUICK_PIECES]
+    checks += [Check(_name("logsumexp", "logsumexp", c, d), "logsumexp", _logsumexp(c, backend, device, d))
+               for c in lse_cases for d in _dtypes(c, quick)]
+    split_cases = [c for c in SPLIT_CASES if not quick or c.name in QUICK_PIECES]
+    checks += [Check(_name("merge", "merge_states", c, d), "merge", _merge(c, backend, device, d))
+               for c in split_cases for d in _dtypes(c, quick)]
     checks += [Check(f"bad-input {name}", "bad-input", _bad_input(call, backend, device, exc, word))
                for name, call, exc, word in _bad_inputs()]
     return checks
