@@ -83,12 +83,19 @@ def test_readme_use_snippets_run():
     import importlib.util
 
     hf = importlib.util.find_spec("transformers") is not None  # (the hf extra; CI has it)
-    for block in blocks:
-        # from_pretrained would download a model: the line stops at its comment.
-        lines = [line.split("#")[0] if "from_pretrained" in line else line for line in block.splitlines()]
-        code = "\n".join(line for line in lines if hf or "integrations.transformers" not in line)
-        exec(compile(code, "README", "exec"), ns)
+    # The sharded vocabulary runs on a one-rank gloo group: its shard is the whole row.
+    ns.update(logits_shard=torch.randn(3, 50), tp_group=None)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        for block in blocks:
+            # from_pretrained would download a model: the line stops at its comment.
+            lines = [line.split("#")[0] if "from_pretrained" in line else line for line in block.splitlines()]
+            code = "\n".join(line for line in lines if hf or "integrations.transformers" not in line)
+            exec(compile(code, "README", "exec"), ns)
+    finally:
+        torch.distributed.destroy_process_group()
     assert ns["p"].shape == ns["scores"].shape
+    torch.testing.assert_close(ns["probs"], torch.softmax(ns["logits_shard"], -1))
 
 
 def test_links_resolve_inside_the_repository():
