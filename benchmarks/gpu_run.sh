@@ -5,6 +5,10 @@
 #   bash benchmarks/gpu_run.sh smoke      # a few requests per kernel path + the latency benchmark
 #   bash benchmarks/gpu_run.sh tests      # pytest -m gpu (the whole GPU suite)
 #   bash benchmarks/gpu_run.sh fwd|bwd    # the bandwidth benchmark (peers that import are included)
+#   bash benchmarks/gpu_run.sh fuzz BACKEND [CALLS] [CHUNK]   # the call-sequence fuzzer on cuda in runs of
+#        CHUNK calls, seeds 1, 2, ...: each run a fresh process; one summary $OUT/fuzz_BACKEND.json
+#        (triton_ascend on cuda needs ANYSOFTMAX_ASCEND_ON_CUDA=1)
+#   bash benchmarks/gpu_run.sh pieces     # logsumexp / merge_states conformance on cuda, then their benchmark
 # Optional peers (liger-kernel, quack-kernels) are used when importable (PYTHONPATH).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"
@@ -45,5 +49,26 @@ EOF
     flag=""; [ "$stage" = bwd ] && flag="--bwd"
     "$PY" -m anysoftmax.bench.softmax $flag --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench_$stage.txt" | tail -60
     ;;
-  *) echo "usage: bash benchmarks/gpu_run.sh smoke|tests|fwd|bwd" >&2; exit 2 ;;
+  fuzz)
+    backend="$1"; calls="${2:-2000}"; chunk="${3:-500}"; runs=$(( (calls + chunk - 1) / chunk ))
+    tmp=$(mktemp -d)
+    until="${FUZZ_UNTIL:-$(( $(date +%s) + 86400 ))}"  # (epoch seconds: no run starts after it)
+    for seed in $(seq 1 "$runs"); do
+      left=$(( until - $(date +%s) )); [ "$left" -le 5 ] && break
+      timeout "$left" "$PY" -m anysoftmax.testing.fuzz --backend "$backend" --device cuda --calls "$chunk" --seed "$seed" \
+        --json "$tmp/$seed.json" 2>&1 | tail -20 | tee -a "$OUT/fuzz_$backend.txt"
+    done
+    "$PY" -c 'import json, pathlib, sys
+runs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))]
+total = {k: sum(r[k] for r in runs) for k in ("calls", "checked", "skipped", "seconds")}
+total.update(backend=sys.argv[3], device_name=runs[0]["device_name"] if runs else None,
+             failures=[f for r in runs for f in r["failures"]], seeds=[r["seed"] for r in runs], runs=runs)
+json.dump(total, open(sys.argv[2], "w"), indent=1)
+print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backend.json" "$backend"
+    ;;
+  pieces)
+    "$PY" -m anysoftmax conformance triton --device cuda 2>&1 | tail -15 | tee "$OUT/conformance_triton.txt"
+    "$PY" -m anysoftmax.bench.pieces --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench_pieces.txt" | tail -40
+    ;;
+  *) echo "usage: bash benchmarks/gpu_run.sh smoke|profile|tests|fwd|bwd|fuzz BACKEND [CALLS] [CHUNK]|pieces" >&2; exit 2 ;;
 esac
