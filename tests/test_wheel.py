@@ -64,7 +64,7 @@ def test_wheel_contents(installed):
                    "anysoftmax/backends/triton/tuning.yaml", "anysoftmax/backends/triton_ascend/tuning.yaml",
                    "anysoftmax/backends/triton_ascend/profiles.yaml", "anysoftmax/backends/wave/tuning.yaml",
                    "anysoftmax/py.typed", "anysoftmax/bench/softmax.py", "anysoftmax/testing/cases.py",
-                   "anysoftmax/testing/kit.py", "_anysoftmax_pytestplugin.py"):
+                   "anysoftmax/testing/kit.py", "anysoftmax/testing/fuzz.py", "_anysoftmax_pytestplugin.py"):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert any(n.endswith("licenses/LICENSE") for n in names), "LICENSE missing from the wheel"
     meta = next(n for n in names if n.endswith("METADATA"))
