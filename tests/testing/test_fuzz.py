@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,22 +25,9 @@ PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 # Triton program in turn).
 BUDGETS = {"torch": 300, "triton": 150, "triton_ascend": 150}
 
-# Bug 2 of issue 34 (`empty_rows` without another fused keyword calls the plain launcher with
-# the fused signature), fixed on wt-request. Until that merge a draw that hits it fails with
-# this TypeError; a run whose only failures are it is an expected failure. The integrator
-# removes this switch (and `_only_bug_2`) after merging wt-request.
-KNOWN_BUG_2 = re.compile(r"run\(\) takes \d+ positional arguments? but \d+ were given")
-
-
-def _only_bug_2(failures: list[str]) -> bool:
-    return bool(failures) and all(KNOWN_BUG_2.search(f) for f in failures)
-
-
 def _fuzz(record_property, backend, calls, **kw):
     record_property("fuzz_seed", SEED)
     report = run_fuzz(backend, calls=calls, seed=SEED, print_fn=None, shrink_seconds=30, **kw)
-    if _only_bug_2(report.failures):
-        pytest.xfail(f"bug 2 of issue 34, fixed on wt-request (seed {SEED}): {report.failures[0][:300]}")
     return report
 
 
@@ -85,8 +71,6 @@ def test_a_launcher_memoised_without_the_layout_fails():
 def test_a_right_backend_passes_and_refusals_are_skips(record_property):
     record_property("fuzz_seed", SEED)
     report = check_backend(Right(), quick=True, seed=SEED, fuzz=100)
-    if _only_bug_2(report.fuzz.failures if report.fuzz else []):  # pragma: no cover (see KNOWN_BUG_2)
-        pytest.xfail("bug 2 of issue 34, fixed on wt-request")
     assert report.ok and report.fuzz.ok and report.fuzz.calls == 100, report.text()
     assert report.fuzz.skipped > 0  # float64 and the fused family are refused by Right: skips
     assert "anysoftmax fuzz of 'right' on cpu: 100 calls" in report.text()
