@@ -52,3 +52,40 @@ def test_one_collective_per_pass_and_no_host_sync(counts, form, rank):
     want = {} if form.startswith("logsumexp") else {"c10d::allreduce_": 1}
     assert _dispatched(collectives) == want, collectives
     assert ours == {}, f"backward: host syncs in anysoftmax.distributed's own code: {ours}"
+
+
+def test_a_group_that_refuses_the_tensor_form_takes_the_list_form_from_then_on(monkeypatch):
+    """gloo of some torch versions lacks the tensor-form all-gather: the refusal is met once
+    per group, then that group takes the list form (into views of one tensor) without trying
+    again; other groups keep the tensor form."""
+    import torch
+
+    from anysoftmax.distributed import collective
+
+    tried, listed = [], []
+
+    def tensor_form(out, state, group):
+        tried.append(group)
+        if group.name == "old":
+            raise RuntimeError("ProcessGroupGloo does not support _allgather_base")
+        out.copy_(torch.cat([state, state + 1]))
+
+    def list_form(outs, state, group):
+        listed.append(group)
+        for r, o in enumerate(outs):
+            o.copy_(state + r)
+
+    class Group:  # (weakly referenced, as process groups are)
+        def __init__(self, name):
+            self.name = name
+
+    monkeypatch.setattr(collective, "_gather_single", tensor_form)
+    monkeypatch.setattr(collective.dist, "all_gather", list_form)
+    old, new = Group("old"), Group("new")
+    state = torch.arange(3.0)
+    want = torch.stack([state, state + 1])
+    for _ in range(3):
+        assert torch.equal(collective.gather_states(state, 2, old), want)
+        assert torch.equal(collective.gather_states(state, 2, new), want)
+    assert [g.name for g in tried] == ["old", "new", "new", "new"]
+    assert [g.name for g in listed] == ["old"] * 3
