@@ -7,6 +7,13 @@ softmax there; the all-gather of the row states alone is the collective's share.
     python benchmarks/distributed_bench.py --nprocs 1                       # one GPU: a trivial collective
     python benchmarks/distributed_bench.py --cpu --nprocs 2                 # gloo on the CPU, tiny shapes
     ... --check                                                             # the conformance cases first
+    ... --profile                                                           # + one shape under torch.profiler
+
+`--profile` (after the sweep; `--profile-only` without it) runs one shape (`--profile-shape
+TOKENS,VOCAB`) under torch.profiler: per rank, the ops table of the sharded softmax and of the
+local fused softmax of the shard (sorted by device time, then by host time), the ops and
+kernels per call, and the host time to issue one call (no sync: when it is near the per-call
+time, the call is bound by Python, not by the GPU), in distributed_profile_<backend>_x<world>_rank<r>.txt.
 
 Times are per call, the slowest rank's, from a loop of calls between barriers (collectives keep
 the ranks in step, so one rank cannot be timed alone), median of `--repeats` loops. Rank 0
@@ -16,7 +23,8 @@ folder). NVLink multicast (NVLS) stays off.
 What to expect: the states must be known before any output is written, so the sharded softmax
 reads its shard twice (the local log-sum-exp, then the fused softmax with the other ranks as
 its sink): about 1.5 local softmaxes (read + write, then read) plus the gather of a float per
-row, once the local log-sum-exp is a kernel (`anysoftmax.logsumexp`; torch ops until then).
+row: the local log-sum-exp is one `anysoftmax.logsumexp` kernel, the merge a few tiny ops on
+[ranks, rows] floats, the values one fused softmax kernel with the other ranks as its sink.
 """
 
 from __future__ import annotations
@@ -106,6 +114,58 @@ def bench(args, rank: int, world: int, device: torch.device) -> list[dict]:
     return rows
 
 
+def profile_one(args, rank: int, world: int, device: torch.device, out: Path) -> Path:
+    """The --profile report of this rank (module docstring), written under `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tokens, vocab = (int(v) for v in args.profile_shape.split(","))
+    dtype = torch.float32 if args.cpu else torch.bfloat16
+    shard = torch.randn(tokens, vocab // world, device=device, dtype=dtype)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    calls = args.calls
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    lines = [f"{world} ranks ({dist.get_backend()}), rank {rank}, {where}; "
+             f"{str(dtype).removeprefix('torch.')} tokens={tokens} vocab={vocab} (shard {vocab // world}); "
+             f"{calls} calls profiled after a warm-up; torch {torch.__version__}", ""]
+    for name, fn in (("distributed", lambda: asd.softmax(shard, -1)),
+                     ("local_shard", lambda: anysoftmax.softmax(shard, -1))):
+        for _ in range(3):
+            fn()
+        _sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        issue_us = (time.perf_counter() - t0) * 1e6 / calls
+        _sync(device)
+        per_call_us = (time.perf_counter() - t0) * 1e6 / calls
+        dist.barrier()
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                fn()
+            _sync(device)
+        events = prof.events()
+        ops = sum(1 for e in events if e.name.startswith("aten::")
+                  and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+        kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        syncs = {n: sum(1 for e in events if e.name == n) for n in ("aten::item", "aten::_local_scalar_dense",
+                                                                  "aten::nonzero", "cudaStreamSynchronize",
+                                                                  "cudaDeviceSynchronize")}
+        collectives = sum(1 for e in events if e.name.startswith("c10d::"))
+        lines += [f"== {name}: host time to issue one call {issue_us:.1f} us, one call to completion "
+                  f"{per_call_us:.1f} us (unprofiled); per call: {ops / calls:.1f} top-level aten ops, "
+                  f"{kernels / calls:.1f} device kernels/copies, {collectives / calls:.1f} collectives; host "
+                  f"syncs in {calls} calls: {syncs} (one cudaDeviceSynchronize ends the profiled loop)", ""]
+        table = prof.key_averages()
+        if device.type == "cuda":
+            lines += ["-- by device time", table.table(sort_by="self_cuda_time_total", row_limit=25), ""]
+        lines += ["-- by host time", table.table(sort_by="cpu_time_total", row_limit=40), ""]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"distributed_profile_{dist.get_backend()}_x{world}_rank{rank}.txt"
+    path.write_text("\n".join(lines))
+    return path
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -155,9 +215,14 @@ def run(rank: int, world: int, args, init: str | None) -> None:
             result["check_failures"] = failures
             if rank == 0:
                 print(f"conformance over {backend}, {world} ranks: {len(failures)} failures", *failures, sep="\n")
+        out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / gpu_dir_name(result["device"])
+        if args.profile_only:
+            print(f"wrote {profile_one(args, rank, world, device, out)}", flush=True)
+            return
         result["results"] = bench(args, rank, world, device)
+        if args.profile:
+            print(f"wrote {profile_one(args, rank, world, device, out)}", flush=True)
         if rank == 0:
-            out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / gpu_dir_name(result["device"])
             out.mkdir(parents=True, exist_ok=True)
             stem = f"distributed_softmax_{backend}_x{world}"
             (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
@@ -177,8 +242,14 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="run the conformance cases first")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--profile", action="store_true", help="after the sweep, one shape under torch.profiler")
+    p.add_argument("--profile-only", action="store_true", help="the --profile report without the sweep")
+    p.add_argument("--profile-shape", default=None, help="TOKENS,VOCAB for --profile (default 16,131072; "
+                                                         "--cpu: 16,1024)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/<device>/)")
     args = p.parse_args(argv)
+    if args.profile_shape is None:
+        args.profile_shape = "16,1024" if args.cpu else "16,131072"
     if "RANK" in os.environ and args.nprocs is None:
         run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
         return 0

@@ -27,7 +27,7 @@ import torch
 
 from ..core.spec import SoftmaxSpec
 from .collective import group_rank_and_size
-from .functions import Call, ShardedLogsumexp, ShardedSoftmax
+from .functions import Call, ShardedLogsumexp, ShardedSoftmax, logsumexp_forward, softmax_forward
 
 __all__ = ["log_softmax", "logsumexp", "softmax"]
 
@@ -42,6 +42,13 @@ def _prepare(who: str, x, dim, dtype, causal, fused: dict, log: bool):
     if spec.out_dtype != x.dtype:
         x = x.to(spec.out_dtype)  # torch's dtype=: convert first
     return x, spec, ops
+
+
+def _graph(x, mask, sinks) -> bool:
+    # Without a gradient to record, the forward runs without the autograd.Function (its apply
+    # costs host time a small call waits on).
+    return torch.is_grad_enabled() and (x.requires_grad or (mask is not None and mask.requires_grad)
+                                        or (sinks is not None and sinks.requires_grad))
 
 
 def _no_rows(x: torch.Tensor, dim: int) -> bool:
@@ -66,7 +73,7 @@ def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None 
                        softcap, sinks, empty_rows, backend)
     if _no_rows(x, c.dim):  # no rows on any rank (they agree on the rows): nothing to exchange
         return x.new_empty(x.shape)
-    return ShardedSoftmax.apply(x, mask, sinks, c)
+    return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
 
 
 def log_softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None = None,
@@ -78,7 +85,7 @@ def log_softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | N
                        softcap, sinks, empty_rows, backend)
     if _no_rows(x, c.dim):
         return x.new_empty(x.shape)
-    return ShardedSoftmax.apply(x, mask, sinks, c)
+    return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
 
 
 def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = None, mask: torch.Tensor | None = None,
@@ -93,4 +100,5 @@ def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = No
         shape = tuple(1 if d == c.dim else s for d, s in enumerate(x.shape)) if keepdim else \
             tuple(s for d, s in enumerate(x.shape) if d != c.dim)
         return x.new_empty(shape, dtype=spec.acc_dtype)
-    return ShardedLogsumexp.apply(x, mask, sinks, c)
+    return ShardedLogsumexp.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else \
+        logsumexp_forward(x, mask, sinks, c)[0]

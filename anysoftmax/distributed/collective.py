@@ -4,6 +4,8 @@ only, so gloo (CPU) and NCCL (GPU) both take them."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -24,17 +26,32 @@ def group_rank_and_size(group, who: str) -> tuple[int, int]:
 # all_gather_single replaces all_gather_into_tensor in recent torch (same arguments).
 _gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
+# Groups whose backend refused the tensor form (gloo of some torch versions): they take the
+# list form from then on, so the choice is made once per group, never tried again per call.
+_list_form_groups: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _group_object(group):
+    return dist.group.WORLD if group is None else group
+
 
 def gather_states(state: torch.Tensor, world: int, group) -> torch.Tensor:
-    """[world, K] of every rank's `state` ([K], the same K on every rank), in rank order."""
+    """[world, K] of every rank's `state` ([K], the same K on every rank), in rank order: one
+    collective into one new tensor (the tensor form; the list form of views into the same
+    tensor where the group's backend lacks it)."""
     state = state.contiguous()
     if world == 1:
         return state.unsqueeze(0)
     out = torch.empty((world, state.numel()), dtype=state.dtype, device=state.device)
-    if _gather_single is not None:
-        _gather_single(out.view(-1), state, group=group)
-    else:  # older torch: the list form
-        dist.all_gather(list(out.unbind(0)), state, group=group)
+    if _gather_single is not None and _group_object(group) not in _list_form_groups:
+        try:
+            _gather_single(out.view(-1), state, group=group)
+            return out
+        except (RuntimeError, NotImplementedError) as exc:  # (refused before any rank sent anything)
+            if "support" not in str(exc):
+                raise
+            _list_form_groups.add(_group_object(group))
+    dist.all_gather(list(out.unbind(0)), state, group=group)
     return out
 
 

@@ -73,23 +73,39 @@ def _operand_grads(ctx, dz, ds_rows, mask, sinks):
     return dmask, dsinks
 
 
+def softmax_forward(x, mask, sinks, c: Call):
+    """(this rank's shard of the global softmax / log_softmax, the row states): the forward
+    without autograd (the Function's forward, and the whole call when nothing needs a gradient).
+    The global lse is merged only with sinks (their gradient reads it)."""
+    want_length = c.empty_rows == "uniform" and mask is not None and mask.dtype == torch.bool
+    st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
+                  rank=c.rank, world=c.world, group=c.group, want_length=want_length, want_lse=sinks is not None)
+    with torch.no_grad():
+        y = _shard_values(x, mask, sinks, c, st.rest)
+        if st.empty is not None and c.empty_rows != "zero":
+            if want_length:  # (a device tensor: torch.where, as masked_fill would read it on the host)
+                n = st.length.to(torch.float64)
+                value = -n.log() if c.log else 1.0 / n
+                y = torch.where(st.empty, value.to(dtype=y.dtype), y)
+            else:
+                y = y.masked_fill(st.empty, empty_row_value(c.empty_rows, 1, c.log))
+    return y, st
+
+
+def logsumexp_forward(x, mask, sinks, c: Call):
+    """(the global logsumexp per row, the row states), without autograd."""
+    st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
+                  rank=c.rank, world=c.world, group=c.group)
+    out = st.lse if st.empty is None else st.lse.masked_fill(st.empty, -math.inf)
+    return (out if c.keepdim else out.squeeze(c.dim)), st
+
+
 class ShardedSoftmax(torch.autograd.Function):
     """softmax / log_softmax of a sharded dim: forward(x, mask, sinks, call) -> this rank's shard."""
 
     @staticmethod
     def forward(ctx, x, mask, sinks, c: Call):
-        want_length = c.empty_rows == "uniform" and mask is not None and mask.dtype == torch.bool
-        st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                      rank=c.rank, world=c.world, group=c.group, want_length=want_length)
-        with torch.no_grad():
-            y = _shard_values(x, mask, sinks, c, st.rest)
-            if st.empty is not None and c.empty_rows != "zero":
-                if want_length:
-                    n = st.length.to(torch.float64)
-                    value = -n.log() if c.log else 1.0 / n
-                else:
-                    value = torch.tensor(empty_row_value(c.empty_rows, 1, c.log), dtype=torch.float64)
-                y = torch.where(st.empty, value.to(device=y.device, dtype=y.dtype), y)
+        y, st = softmax_forward(x, mask, sinks, c)
         ctx.c = c
         ctx.save_for_backward(y, x if c.softcap is not None else None, mask, sinks, st.lse, st.empty)
         return y
@@ -126,12 +142,10 @@ class ShardedLogsumexp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, mask, sinks, c: Call):
-        st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                      rank=c.rank, world=c.world, group=c.group)
-        out = st.lse if st.empty is None else st.lse.masked_fill(st.empty, -math.inf)
+        out, st = logsumexp_forward(x, mask, sinks, c)
         ctx.c = c
         ctx.save_for_backward(x, mask, sinks, st.lse, st.rest, st.empty)
-        return out if c.keepdim else out.squeeze(c.dim)
+        return out
 
     @staticmethod
     @once_differentiable

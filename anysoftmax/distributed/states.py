@@ -25,50 +25,67 @@ _SPLIT = 2**20
 def _local_lse(x: torch.Tensor, dim: int, *, scale, mask, softcap, backend) -> torch.Tensor:
     """log Σ_j exp(z_j) over this shard's kept positions (no sinks: they count once, in the
     global merge), z = softcap(scale · x) + additive mask, bool mask True = excluded; float32
-    for 16/32-bit x, float64 for float64; -inf for rows with nothing kept; x's shape without
-    `dim`. Differentiable: `anysoftmax.logsumexp`, on the chosen backend."""
+    for 16/32-bit x, float64 for float64; -inf for rows with nothing kept; x's shape with size 1
+    in `dim`. One `anysoftmax.logsumexp` call, on the chosen backend."""
     from ..torchop.pieces import logsumexp
 
-    return logsumexp(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend)
+    return logsumexp(x, dim, scale=scale, mask=mask, softcap=softcap, keepdim=True, backend=backend)
 
 
 @dataclass(frozen=True)
 class RowStates:
     """The merged states, each shaped as x with size 1 in `dim`, in the accumulation dtype."""
 
-    lse: torch.Tensor  # log of the global denominator (every rank's kept exp(z), plus the sinks)
+    lse: torch.Tensor | None  # log of the global denominator (every rank's kept exp(z), plus the sinks)
     rest: torch.Tensor  # log of the part outside this rank's shard (other ranks and the sinks)
     empty: torch.Tensor | None  # bool: rows no rank kept anything of (None: no bool mask)
     length: torch.Tensor | None  # the global row length (a 0-dim tensor), when asked for
 
 
+def _others(lses: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """log Σ over the ranks other than `rank` of [world, rows] states: [rows]. Two ranks: the
+    other's row itself (a view, no op); the first or last rank: a slice; else one cat."""
+    if world == 2:
+        return lses[1 - rank]
+    if rank == 0:
+        others = lses[1:]
+    elif rank == world - 1:
+        others = lses[:-1]
+    else:
+        others = torch.cat((lses[:rank], lses[rank + 1:]))
+    return torch.logsumexp(others, 0)
+
+
 def exchange(x: torch.Tensor, dim: int, *, scale, mask, softcap, sinks, backend, rank: int, world: int,
-             group, want_length: bool = False) -> RowStates:
+             group, want_length: bool = False, want_lse: bool = True) -> RowStates:
     """Compute this shard's row states, gather every rank's (the forward's one collective:
-    [world, rows (+ rows kept flags) (+ 2)] floats), merge them."""
+    [world, rows (+ rows kept flags) (+ 2)] floats), merge them. `lse` only when `want_lse`.
+
+    Nothing here reads a value on the host: on a GPU the ranks' streams run ahead of Python,
+    and a sync between the collectives would serialise them."""
     with torch.no_grad():
         local = _local_lse(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend)
-        acc, rows = local.dtype, local.numel()
-        parts = [local.reshape(-1)]
+        acc, rows, keep_shape = local.dtype, local.numel(), local.shape
         bool_mask = mask is not None and mask.dtype == torch.bool
-        if bool_mask:
+        s = None if sinks is None else sinks.detach().to(acc)
+        parts = [local.reshape(-1)]
+        if bool_mask:  # 1 where this shard keeps something of the row
             parts.append((~mask).expand(x.shape).any(dim).reshape(-1).to(acc))
-        if want_length:
+        if want_length:  # (device fills, never a host list copied over)
             n = x.shape[dim]
-            parts.append(torch.tensor([n // _SPLIT, n % _SPLIT], dtype=acc, device=x.device))
-        every = gather_states(torch.cat(parts), world, group)
-        keep_shape = tuple(1 if d == dim else s for d, s in enumerate(x.shape))
-        lses = every[:, :rows]
-        terms = [lses]
-        if sinks is not None:
-            terms.append(sinks.detach().to(acc).expand(keep_shape).reshape(1, rows))
-        lse = torch.logsumexp(torch.cat(terms), 0)
-        others = lses.clone()
-        others[rank] = -math.inf  # (logsumexp over -inf terms is exact: -inf, never NaN)
-        rest = torch.logsumexp(torch.cat([others] + terms[1:]), 0)
-        empty = (every[:, rows:2 * rows].sum(0) == 0).reshape(keep_shape) if bool_mask else None
-        length = None
+            parts += [local.new_full((1,), n // _SPLIT), local.new_full((1,), n % _SPLIT)]
+        every = gather_states(parts[0] if len(parts) == 1 else torch.cat(parts), world, group)
+        if world == 1:  # nothing outside the shard but the sinks
+            rest = local.new_full(keep_shape, -math.inf) if s is None else s.expand(keep_shape)
+        else:
+            rest = _others(every[:, :rows], rank, world).view(keep_shape)
+            if s is not None:  # (logaddexp of -inf and -inf is -inf: exact, never NaN)
+                rest = torch.logaddexp(rest, s)
+        lse = torch.logaddexp(rest, local) if want_lse else None
+        empty = length = None
+        if bool_mask:
+            empty = (every[:, rows:2 * rows].sum(0) == 0).view(keep_shape)
         if want_length:
             counts = every[:, -2:].to(torch.float64)
             length = (counts[:, 0] * _SPLIT + counts[:, 1]).sum()
-        return RowStates(lse.reshape(keep_shape), rest.reshape(keep_shape), empty, length)
+        return RowStates(lse, rest, empty, length)
