@@ -63,12 +63,17 @@ def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, soft
 
 
 def _merge_entry(chosen, outputs, lses, spec: MergeSpec):
-    """`f(outputs, lses, out, lse_out) -> (out, lse)` for one request."""
+    """`f(outputs, lses, out, lse_out) -> (out, lse)` for one request: the formula when there
+    is nothing to merge, else the backend's bound launcher when it offers one, else its
+    per-call planner."""
     if spec.n_rows == 0 or spec.head_size == 0:
         def formula(outputs, lses, out, lse_out):
             o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
             return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
         return formula
+    make = getattr(chosen, "merge_states_launcher", None)
+    if make is not None:
+        return make(outputs, lses, spec)
     run = chosen.run_merge_states
 
     def launch(outputs, lses, out, lse_out):
