@@ -27,7 +27,7 @@ from .core import registry
 from .core.cache import BoundedDict
 from .core.layout import new_output
 from .core.reference import backward_from_output, fused_backward
-from .core.request import BWD, FUSED_BWD, FUSED_FWD, FWD, Request, request_key
+from .core.request import BWD, FUSED_BWD, FUSED_FWD, FWD, Request, forward_key, request_key
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import Operands, runtime_values
 
@@ -93,7 +93,7 @@ def _forward_launcher(chosen, x: torch.Tensor, spec: SoftmaxSpec):
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
     """Softmax (log_softmax) of `x` along `dim` without autograd: the operators' implementation
     and the eager inference path."""
-    hit = _lookup(request_key(FWD, x, dim, dtype, backend, log))
+    hit = _lookup(forward_key(x, dim, dtype, backend, log))
     if hit is not None:
         stats["hits"] += 1
         return hit(x)

@@ -1,8 +1,8 @@
 """From a pieces request (`core.pieces`: logsumexp, merge_states) to a backend's kernel.
 
-Planned on every call for now (validation, selection, the backend's launch): cheap next to a
-kernel launch, and one memo key for every op (`anysoftmax.core.request`) is to come. The one
-place a key would be built is `_pieces_key`, unused until then.
+Keyed and memoised exactly as softmax (`dispatch`): the key is `core.request.request_key`
+with the op's direction (`LSE`, `MERGE`), the entry lives in dispatch's one memo, so a
+repeated request costs a key, a lookup and the backend's launch: no validation, no selection.
 """
 
 from __future__ import annotations
@@ -11,48 +11,94 @@ import torch
 
 from .core import registry
 from .core.pieces import LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, merge_formula
-from .core.variant import runtime_values
-from . import dispatch  # noqa: F401  (registers the backends' loader)
+from .core.request import LSE, MERGE, Request, request_key
+from .core.variant import Operands, runtime_values
+from . import dispatch
+from .dispatch import FusedArgs
+
+_lookup = dispatch._lookup
+_memo = dispatch._memo
+stats = dispatch.stats
 
 
-def _pieces_key(op: str, *tensors, backend=None):
-    """The memo key of a pieces request (to be routed through `core.request` at merge): each
-    tensor's layout, dtype, device and alignment, the backend choice and registry generation."""
-    return (op, tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
-                      for t in tensors), backend, registry.generation())
+def _lse_entry(chosen, x, spec, mask, sinks):
+    """`f(x, operands) -> lse` for one request: the formula for empty inputs (zero-length rows
+    are -inf, or s with a sink; no rows give an empty result; no kernel is launched), else the
+    backend's bound launcher when it offers one, else its per-call planner."""
+    if spec.numel == 0 or x.dim() == 0:
+        from dataclasses import replace
+        v0 = spec.variant
+
+        def formula(x, ops):
+            v = replace(v0, scale=None if v0.scale is None else ops.scale,
+                        softcap=None if v0.softcap is None else ops.softcap)
+            return logsumexp_formula(x, v, spec.dim, ops.mask, ops.sinks, spec.acc_dtype)
+        return formula
+    make = getattr(chosen, "logsumexp_launcher", None)
+    if make is not None:
+        return make(x, spec, Operands(mask, sinks, 1.0, 1.0))
+    run = chosen.run_logsumexp
+    return lambda x, ops: run(x, spec, ops)
 
 
 def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, softcap=None, sinks=None) -> torch.Tensor:
     """logsumexp with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype, no autograd."""
-    dispatch._fresh()
-    spec, operands = logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
-    if spec.needs_input_cast:
-        raise TypeError(f"logsumexp: input dtype {x.dtype} is not floating")
-    chosen = registry.select_op(LOGSUMEXP, spec, backend)
+    a = FusedArgs(scale, mask, causal, softcap, sinks)
+    hit = _lookup(request_key(LSE, x, dim, None, backend, False, None, a))
+    if hit is None:
+        dispatch._fresh()
+        spec, _ = logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+        if spec.needs_input_cast:
+            raise TypeError(f"logsumexp: input dtype {x.dtype} is not floating")
+        chosen = registry.select_op(LOGSUMEXP, spec, backend)
+        request = Request.build(request_key(LSE, x, dim, None, backend, False, None, a), spec, LSE, backend,
+                                x, mask, sinks)
+        hit = _lse_entry(chosen, x, spec, mask, sinks)
+        if request.key is not None:
+            _memo.put(request.key, hit)
+    else:
+        stats["hits"] += 1
     s, c = runtime_values(scale, softcap)
-    operands = operands._replace(scale=s, softcap=c)
-    if spec.numel == 0 or x.dim() == 0:
-        # Zero-length rows are -inf (s with a sink), no rows give an empty result: the formula
-        # states both exactly; no kernel is launched for them.
-        from dataclasses import replace
-        v = replace(spec.variant, scale=None if spec.variant.scale is None else s,
-                    softcap=None if spec.variant.softcap is None else c)
-        return logsumexp_formula(x, v, spec.dim, mask, sinks, spec.acc_dtype)
-    return chosen.run_logsumexp(x, spec, operands)
+    return hit(x, Operands(mask, sinks, s, c))
+
+
+def _merge_entry(chosen, outputs, lses, spec: MergeSpec):
+    """`f(outputs, lses, out, lse_out) -> (out, lse)` for one request: the formula when there
+    is nothing to merge, else the backend's bound launcher when it offers one, else its
+    per-call planner."""
+    if spec.n_rows == 0 or spec.head_size == 0:
+        def formula(outputs, lses, out, lse_out):
+            o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+            return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
+        return formula
+    make = getattr(chosen, "merge_states_launcher", None)
+    if make is not None:
+        return make(outputs, lses, spec)
+    run = chosen.run_merge_states
+
+    def launch(outputs, lses, out, lse_out):
+        if out is None and lse_out is None:  # (backends written before out= take no keywords)
+            return run(list(outputs), list(lses), spec)
+        return run(list(outputs), list(lses), spec, out=out, lse_out=lse_out)
+    return launch
 
 
 def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` when given
     (validated by the caller: shapes [..., D] / [...], any strides)."""
-    dispatch._fresh()
-    spec = MergeSpec.from_tensors(outputs, lses)
-    chosen = registry.select_op(MERGE_STATES, spec, backend)
-    if spec.n_rows == 0 or spec.head_size == 0:
-        o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
-        return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
-    if out is None and lse_out is None:
-        return chosen.run_merge_states(list(outputs), list(lses), spec)
-    return chosen.run_merge_states(list(outputs), list(lses), spec, out=out, lse_out=lse_out)
+    hit = _lookup(request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out))
+    if hit is None:
+        dispatch._fresh()
+        spec = MergeSpec.from_tensors(outputs, lses)
+        chosen = registry.select_op(MERGE_STATES, spec, backend)
+        request = Request.build(request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out), spec,
+                                MERGE, backend, *outputs, *lses, out, lse_out)
+        hit = _merge_entry(chosen, outputs, lses, spec)
+        if request.key is not None:
+            _memo.put(request.key, hit)
+    else:
+        stats["hits"] += 1
+    return hit(outputs, lses, out, lse_out)
 
 
 __all__ = ["logsumexp", "merge_states"]

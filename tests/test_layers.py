@@ -164,7 +164,9 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     x = torch.randn(8, 33)
     mask = torch.rand(8, 33) < 0.2
     calls = [lambda: anysoftmax.softmax(x, 1), lambda: anysoftmax.log_softmax(x, 1),
-             lambda: anysoftmax.softmax_backward(y, g, 1), lambda: anysoftmax.softmax(x, 1, scale=0.5, mask=mask)]
+             lambda: anysoftmax.softmax_backward(y, g, 1), lambda: anysoftmax.softmax(x, 1, scale=0.5, mask=mask),
+             lambda: anysoftmax.logsumexp(x, 1), lambda: anysoftmax.logsumexp(x, 1, scale=0.5, mask=mask),
+             lambda: anysoftmax.merge_states([y, g], [x[:, 0], x[:, 1]])]
     y = anysoftmax.softmax(x, 1)
     g = torch.randn_like(y)
     for call in calls:

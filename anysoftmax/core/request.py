@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import config
 from ..config import overrides_key
 from . import registry
 from .spec import SoftmaxSpec
@@ -38,8 +39,23 @@ ALIGN_BYTES = 16
 _ALIGN_MASK = ALIGN_BYTES - 1
 
 FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
+# The pieces ops (`core.pieces`): logsumexp keys as a fused forward, merge_states by its K
+# partials and K lses (see `request_key`).
+LSE, MERGE = "lse", "merge"
 
 _Tensor = torch.Tensor
+_tuple = tuple
+# The registry generation and the count of active tuning overrides, read in place on every
+# call (one-element lists the registry and config update on change): a function call each
+# would be most of a key's cost.
+_generation = registry._generation
+_overrides_active = config._active
+
+
+def _process_state() -> tuple:
+    # (registry generation, active tuning overrides) when some override is active: the rare
+    # path of `request_key`'s state part, which is the generation alone otherwise.
+    return (_generation[0], overrides_key())
 
 
 def alignment(t) -> int:
@@ -62,18 +78,22 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
 
     `x` is the input (forward) or the forward's output (backward); `grad` the output gradient
     (backward); `fused` the call's `FusedArgs` (fused family); `saved` and `p_sink` the
-    forward's input and sink shares a fused backward reads."""
-    if type(x) is not _Tensor or type(dim) is not int:
+    forward's input and sink shares a fused backward reads. logsumexp (`LSE`) passes its fused
+    keywords as `fused`; merge_states (`MERGE`) its K partials as `x`, its K lses as `dim`,
+    and its optional `out` and `lse_out` as `grad` and `saved`."""
+    if type(x) is not _Tensor:
+        return _merge_key(x, dim, backend, grad, saved) if direction is MERGE else None
+    if type(dim) is not int:
         return None
     # One tuple literal per form (no concatenation): this is the whole per-call cost of a hit.
     if fused is None:
         if grad is None:
             return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend,
-                    log, registry.generation(), overrides_key())
+                    log, _generation[0] if not _overrides_active[0] else _process_state())
         if type(grad) is not _Tensor:
             return None
         return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend,
-                log, registry.generation(), overrides_key(), grad.shape, grad.stride(), grad.dtype, grad.device,
+                log, _generation[0] if not _overrides_active[0] else _process_state(), grad.shape, grad.stride(), grad.dtype, grad.device,
                 grad.data_ptr() & _ALIGN_MASK)
     m, s = fused.mask, fused.sinks
     if (m is not None and type(m) is not _Tensor) or (s is not None and type(s) is not _Tensor) \
@@ -82,8 +102,32 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
             or (p_sink is not None and type(p_sink) is not _Tensor):
         return None
     return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
-            registry.generation(), overrides_key(), _operand(grad), _operand(m), _operand(s), fused.scale is None,
+            _generation[0] if not _overrides_active[0] else _process_state(), _operand(grad), _operand(m), _operand(s), fused.scale is None,
             fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved), _operand(p_sink))
+
+
+def forward_key(x, dim, dtype, backend, log):
+    """`request_key(FWD, x, dim, dtype, backend, log)` with positional arguments only and no
+    branch on the form: the plain forward's hit path (the most frequent call)."""
+    if type(x) is not _Tensor or type(dim) is not int:
+        return None
+    return (FWD, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
+            _generation[0] if not _overrides_active[0] else _process_state())
+
+
+def _merge_key(outputs, lses, backend, out, lse_out):
+    # merge_states: every partial's and lse's layout and alignment, then the optional outputs.
+    if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
+            or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
+        return None
+    for t in outputs:
+        if type(t) is not _Tensor:
+            return None
+    for t in lses:
+        if type(t) is not _Tensor:
+            return None
+    return (MERGE, _tuple([_operand(t) for t in outputs]), _tuple([_operand(t) for t in lses]), backend,
+            _generation[0] if not _overrides_active[0] else _process_state(), _operand(out), _operand(lse_out))
 
 
 def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) -> tuple:
@@ -133,4 +177,5 @@ class Request:
         return cls(key, spec, direction, backend, tuple(alignment(t) for t in operands))
 
 
-__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "Request", "alignment", "plan_key", "request_key"]
+__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "Request", "alignment", "forward_key",
+           "plan_key", "request_key"]

@@ -41,14 +41,6 @@ def _normalise(name: str, input, dim, dtype, stacklevel):
     return dim, dtype
 
 
-def _run(input, dim, dtype, backend, log: bool) -> torch.Tensor:
-    # (is_compiling first: under torch.compile it is a constant, and nothing after it is traced.)
-    if not torch.compiler.is_compiling() and type(input) is torch.Tensor and not input.requires_grad \
-            and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(input):
-        return dispatch.forward(input, dim, dtype, backend, log)  # eager inference: the hot path
-    return _run_general(input, dim, dtype, backend, log)
-
-
 def _run_general(input, dim, dtype, backend, log: bool) -> torch.Tensor:
     # Under torch.compile: the registered operator (autograd attached); when AOTAutograd traces
     # it for a request the triton backend serves, its kernels enter the graph as user-defined
@@ -100,7 +92,13 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
         dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        return _run(input, dim, dtype, backend, False)
+        # Eager inference goes straight to dispatch: the hot path, tested inline (a helper
+        # would be one more frame per call). (is_compiling first: under torch.compile it is a
+        # constant, and nothing after it is traced.)
+        if not torch.compiler.is_compiling() and type(input) is torch.Tensor and not input.requires_grad \
+                and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(input):
+            return dispatch.forward(input, dim, dtype, backend, False)
+        return _run_general(input, dim, dtype, backend, False)
     return _run_fused(input, dim, dtype, backend, False,
                       dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))
 
@@ -116,7 +114,13 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
         dim, dtype = _normalise("log_softmax", input, dim, dtype, _stacklevel)
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        return _run(input, dim, dtype, backend, True)
+        # Eager inference goes straight to dispatch: the hot path, tested inline (a helper
+        # would be one more frame per call). (is_compiling first: under torch.compile it is a
+        # constant, and nothing after it is traced.)
+        if not torch.compiler.is_compiling() and type(input) is torch.Tensor and not input.requires_grad \
+                and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(input):
+            return dispatch.forward(input, dim, dtype, backend, True)
+        return _run_general(input, dim, dtype, backend, True)
     return _run_fused(input, dim, dtype, backend, True,
                       dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))
 
@@ -126,7 +130,7 @@ def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool
     """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward
     output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in
     y's dtype."""
-    # Inline checks, as in `_run` (a helper call costs ~1.5 us per call on small tensors):
+    # Inline checks, as in `softmax` (a helper call costs ~1.5 us per call on small tensors):
     # eager without autodiff goes straight to dispatch; otherwise the operator, which is
     # traceable (fake implementation) and differentiable (double backward).
     try:
@@ -136,6 +140,6 @@ def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool
     except (AttributeError, TypeError):  # not tensors: dispatch's validation names the argument
         plain = True
     if plain:
-        return dispatch.backward(y, grad, dim, log=log, backend=backend)
+        return dispatch.backward(y, grad, dim, log, backend)  # (positional: no keyword parsing)
     from . import ops, registration  # noqa: F401  (registers the operators' autograd)
     return ops.softmax_backward_op(grad, y, dim, log, backend)

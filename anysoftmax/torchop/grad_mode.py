@@ -1,6 +1,6 @@
 """Whether a call must be differentiable: checked on every eager call, so it imports nothing
 heavy (the operators and their autograd, which pull in torch._dynamo and Triton, are loaded
-only when a derivative is wanted; see `api._run`)."""
+only when a derivative is wanted; see `api.softmax`)."""
 
 from __future__ import annotations
 

@@ -164,3 +164,63 @@ def test_first_request_of_a_process_is_memoised_under_its_key():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[1, 1, 1]", res.stdout
+
+
+def test_forward_key_is_request_key():
+    """The plain forward's fast key is `request_key(FWD, ...)`, the key its miss stores under."""
+    from anysoftmax.core.request import FWD, forward_key
+
+    x = torch.randn(SHAPE)
+    for args in ((x, -1, None, None, False), (x, 1, torch.float64, "torch", True), (_misaligned(x), 0, None, None, False)):
+        assert forward_key(*args) == request_key(FWD, *args)
+    assert forward_key(x, 1.0, None, None, False) is None and forward_key([x], 1, None, None, False) is None
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_repeated_pieces_are_memo_hits_and_alignment_is_in_their_key(backend, gen):
+    """logsumexp and merge_states through dispatch's one memo: a repeated request is a hit
+    (no new entry, the hit counter moves), a request that differs only in an operand's
+    alignment or strides is a new entry, and every result matches the float64 reference."""
+    from anysoftmax.core.compare import compare_logsumexp
+    from anysoftmax.core.pieces import logsumexp_request, merge_formula
+
+    x = torch.randn(SHAPE, generator=gen)
+    mask = torch.rand(SHAPE, generator=gen) < 0.3
+    dispatch.refresh()
+
+    def lse(t, **kw):
+        out = anysoftmax.logsumexp(t, -1, keepdim=True, backend=backend, **kw)
+        spec, _ = logsumexp_request(t, -1, **kw)
+        c = compare_logsumexp(out, t, spec, kw.get("mask"), kw.get("sinks"))
+        assert c.ok, c.detail
+
+    for kw in ({}, {"mask": mask, "scale": 0.5}):
+        assert _new_entries(lambda: lse(x, **kw)) == 1
+        hits = dispatch.stats["hits"]
+        assert _new_entries(lambda: lse(x, **kw)) == 0
+        assert dispatch.stats["hits"] == hits + 1
+        assert _new_entries(lambda: lse(_misaligned(x), **kw)) == 1
+        xt = torch.randn(SHAPE[::-1], generator=gen).t()  # same shape, other strides
+        assert _new_entries(lambda: lse(xt, **kw)) == 1
+    assert _new_entries(lambda: lse(x, scale=2.0, mask=mask)) == 0  # a new scale value is an argument
+
+    d = 16
+    outs = [torch.randn(6, d, generator=gen) for _ in range(3)]
+    lses = [torch.randn(6, generator=gen) for _ in range(3)]
+
+    def merge(os_, ls_, **kw):
+        o, l = anysoftmax.merge_states(os_, ls_, backend=backend, **kw)
+        wo, wl = merge_formula([t.double() for t in os_], [t.double() for t in ls_], torch.float64, torch.float64,
+                               torch.float64)
+        torch.testing.assert_close(o.double(), wo, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(l.double(), wl, atol=1e-5, rtol=1e-5)
+
+    assert _new_entries(lambda: merge(outs, lses)) == 1
+    hits = dispatch.stats["hits"]
+    assert _new_entries(lambda: merge(outs, lses)) == 0
+    assert dispatch.stats["hits"] == hits + 1
+    assert _new_entries(lambda: merge([outs[0], _misaligned(outs[1]), outs[2]], lses)) == 1
+    assert _new_entries(lambda: merge(outs, [lses[0], _misaligned(lses[1]), lses[2]])) == 1
+    strided = [torch.randn(d, 6, generator=gen).t() for _ in range(3)]
+    assert _new_entries(lambda: merge(strided, lses)) == 1
+    assert _new_entries(lambda: merge(outs[:2], lses[:2])) == 1  # K is in the key

@@ -10,7 +10,8 @@ from pathlib import Path
 import anysoftmax
 
 PACKAGE = Path(anysoftmax.__file__).resolve().parent
-KEY_FUNCTIONS = {"request_key", "plan_key", "build"}  # (`Request.build(key, ...)` carries request_key's key)
+KEY_FUNCTIONS = {"request_key", "forward_key", "plan_key", "build"}  # (`Request.build(key, ...)` carries request_key's key;
+# `forward_key` is request_key's plain-forward form, tests/api/test_request_key.py checks they agree)
 MEMO_TYPES = {"BoundedDict", "OnceCache", "Halvings"}
 
 # Memos keyed through core.request: their every lookup and store must take such a key.

@@ -108,33 +108,58 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
 FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
 
 
-def _fast_calls(compiled_kernels: list, tails: list) -> list:
-    """[(launch, function, packed metadata, constexpr tail)] launching compiled kernels through
-    Triton's low-level launcher with everything but the tensors already bound: what
-    `kernel[grid](...)` does after its first call, minus the argument binding, specialization
-    key, cache lookup and launch-metadata work that cost tens of microseconds of Python per
-    call. Valid for one request: same integer arguments and the same 16-byte alignment of every
-    pointer (the memo key guarantees both)."""
+def _fast_calls(compiled_kernels: list, tails: list, grid: int) -> list:
+    """[(launch, before, after, constexpr tail)] launching compiled kernels through Triton's
+    low-level launcher as `launch(*before, stream, *after, *pointers, *integers, *floats, *tail)`,
+    everything but the stream and the tensors bound here: what `kernel[grid](...)` does after
+    its first call, minus the argument binding, specialization key, cache lookup and
+    launch-metadata work that cost tens of microseconds of Python per call. Valid for one
+    request: same integer arguments and the same 16-byte alignment of every pointer (the memo
+    key guarantees both)."""
     calls = []
     for k, tail in zip(compiled_kernels, tails):
         run = k.run
         direct = getattr(run, "launch", None)
         # Triton's CUDA launcher's own __call__ only allocates scratch (none here), then calls
-        # its extension function with this argument order: called directly, one frame less.
+        # its extension function with this argument order: called directly, no Python frame
+        # between the launcher and the extension.
         if type(run).__name__ == "CudaLauncher" and direct is not None and \
                 not getattr(run, "global_scratch_size", 1) and not getattr(run, "profile_scratch_size", 1) \
                 and getattr(run, "num_ctas", 1) == 1:
-            fn = (lambda launch, c, p: lambda g, st, f, pk, *a: launch(g, 1, 1, st, f, c, p, None, None, pk,
-                                                                       None, None, None, *a))(
-                direct, run.launch_cooperative_grid, run.launch_pdl)
+            calls.append((direct, (grid, 1, 1), (k.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                                                  k.packed_metadata, None, None, None), tuple(tail)))
         else:
-            fn = (lambda r: lambda g, st, f, pk, *a: r(g, 1, 1, st, f, pk, None, None, None, *a))(run)
-        calls.append((fn, k.function, k.packed_metadata, tail))
+            calls.append((run, (grid, 1, 1), (k.function, k.packed_metadata, None, None, None), tuple(tail)))
     return calls
 
 
-def _inactive(hook) -> bool:
-    return hook is None or (isinstance(getattr(hook, "calls", None), list) and not hook.calls)
+# A launch hook that is no HookChain: always active (a non-empty list, see `_hook_calls`).
+_ACTIVE_HOOK = [True]
+
+
+def _hook_calls(hook) -> list:
+    """The list a launch hook is checked by on every call, empty while it is inactive: [] for
+    no hook, a Triton HookChain's own `calls` (added to and removed from in place), a non-empty
+    list for any other hook."""
+    if hook is None:
+        return []
+    calls = getattr(hook, "calls", None)
+    return calls if isinstance(calls, list) else _ACTIVE_HOOK
+
+
+def fast_state(compiled_kernels: list, tails: list, grid: int, index, stream_of, static: tuple) -> tuple:
+    """What a bound launcher's fast path holds after its first launch: the calls
+    (`_fast_calls`, each with its arguments after the pointers for the plain call's floats
+    joined once here), Triton's runtime knobs, the launch hooks seen then and the lists that
+    say whether they are inactive (`_hook_calls`), and `stream_of(index)` giving the current
+    raw stream. benchmarks/hit_path_cpu.py builds one around a no-op launch."""
+    from triton import knobs
+
+    hooks = knobs.runtime
+    enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+    calls = [(fn, before, after, tail, (*static, *PLAIN_SCALARS, *tail))
+             for fn, before, after, tail in _fast_calls(compiled_kernels, tails, grid)]
+    return calls, hooks, stream_of, index, enter, leave, _hook_calls(enter), _hook_calls(leave)
 
 
 def _constexpr_tails(kernel, n_positional: int, metas: list) -> list | None:
@@ -201,7 +226,10 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
 
     def head_of(tensors):
         tensors = as_kernel_takes(tensors)
-        return plan.head(tensors, *scratch(tensors[0].device)) if needs_scratch else tensors
+        return plan.head(tensors, *scratch(tensors[0].device))
+
+    if not needs_scratch:
+        head_of = as_kernel_takes  # noqa: F811  (the pointers are the tensors: one call less)
 
     def by_name(head, values) -> dict:
         return {**dict(zip(pointer_names, head)), **named_static, **dict(zip(VALUE_NAMES, values))}
@@ -213,28 +241,30 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
                 and all(c is not None and hasattr(c, "packed_metadata") for c in compiled):
             tails = _constexpr_tails(kernel, len(head) + len(static) + len(values), metas)
             if tails is not None:
-                from triton import knobs
                 from triton.runtime.driver import driver
 
-                hooks = knobs.runtime
-                state["fast"] = (_fast_calls(compiled, tails), hooks, driver.active.get_current_stream,
-                                 head[0].device.index, hooks.launch_enter_hook, hooks.launch_exit_hook)
+                state["fast"] = fast_state(compiled, tails, plan.grid, head[0].device.index,
+                                           driver.active.get_current_stream, static)
 
-    def launch(tensors, values) -> None:
-        head = head_of(tensors)
+    def launch(tensors, values=PLAIN_SCALARS) -> None:
         fast = state["fast"]
         if fast is not None:
-            calls, hooks, stream_of, index, enter, leave = fast
+            calls, hooks, stream_of, index, enter, leave, enter_calls, leave_calls = fast
             # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
-            if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and _inactive(enter) \
-                    and _inactive(leave):
+            if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
+                    and not leave_calls:
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.
-                ptrs = [t.data_ptr() for t in head]
+                ptrs = [t.data_ptr() for t in head_of(tensors)]
                 stream = stream_of(index)
-                for fn, function, packed, tail in calls:
-                    fn(plan.grid, stream, function, packed, *ptrs, *static, *values, *tail)
+                if values is PLAIN_SCALARS:
+                    for fn, before, after, _, rest in calls:
+                        fn(*before, stream, *after, *ptrs, *rest)
+                else:
+                    for fn, before, after, tail, _ in calls:
+                        fn(*before, stream, *after, *ptrs, *static, *values, *tail)
                 return
+        head = head_of(tensors)
         if state["compiled"] and not interpreted:
             args = by_name(head, values)
             for meta in metas:
@@ -247,8 +277,9 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
             else:
                 first_launch(head, values)
 
+    launch.state = state  # (tests and benchmarks/hit_path_cpu.py stand a recorder in for Triton's launcher)
     if not plan.cooperative:
-        return lambda tensors, values=PLAIN_SCALARS: launch(tensors, values)
+        return launch
 
     def run(tensors, values=PLAIN_SCALARS) -> None:
         fallback = state["fallback"]

@@ -102,6 +102,15 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
                   and spec.strides == contiguous_strides(shape))
 
     if spec.is_plain:
+        if like_input and guard is None:
+            # The common request, with nothing to decide per call.
+            def run_like(x: torch.Tensor) -> torch.Tensor:
+                y = torch.empty_like(x)
+                launch((x, y, None, None, None))
+                return y
+
+            return run_like
+
         def run(x: torch.Tensor) -> torch.Tensor:
             if contiguous:
                 x = x.contiguous()
@@ -146,7 +155,8 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None,
     if spec.is_plain:
         def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
             y, grad = backward_operands(y, grad, dtype)
-            dx = new_output(shape, dtype, device)
+            # (y is now contiguous in the output's dtype: empty_like is the cheapest allocation)
+            dx = new_output(shape, dtype, device) if POISON_OUTPUTS else torch.empty_like(y)
             if guard is None:
                 launch((y, grad, dx, None, None, None, None))
             else:

@@ -281,21 +281,34 @@ class TritonBackend:
     def _sms(self, t: torch.Tensor) -> int | None:
         return None if interpreter.interpreting() else device_props(self._index(t)).multiprocessor_count
 
-    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp (keepdim, accumulation dtype) through `lse_kernel`, planned per call."""
+    def logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands):
+        """`f(x, operands) -> lse` bound to one request (dispatch memoises it): tiles and grid
+        planned once here (the request key fixes x's and the operands' layouts); a call lays
+        out its operands and launches `lse_kernel`."""
         from .._triton_common.pieces import launch_lse, lse_layout
 
-        parts = lse_layout(x, spec, operands)
-        return launch_lse(x, spec, operands, lse_plan(parts[1].n_rows, parts[1].n_cols, x.element_size(),
-                                                      self._sms(x)), parts)
+        layout = lse_layout(x, spec, operands)[1]
+        plan = lse_plan(layout.n_rows, layout.n_cols, x.element_size(), self._sms(x))
+        return lambda x_, ops: launch_lse(x_, spec, ops, plan)
 
-    def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
-        """(out, lse) through `merge_kernel`, planned per call."""
+    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
+        """logsumexp (keepdim, accumulation dtype) through `lse_kernel`, planned for this call."""
+        return self.logsumexp_launcher(x, spec, operands)(x, operands)
+
+    def merge_states_launcher(self, outputs, lses, spec):
+        """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request: the device's
+        SM count read once, each group's plan made once (K > MAX_K merges in groups)."""
+        from functools import lru_cache
+
         from .._triton_common.pieces import launch_merge
 
-        sms = self._sms(outputs[0])
-        return launch_merge(outputs, lses, spec, lambda k, rows, d: merge_plan(k, rows, d, spec.dtype.itemsize, sms),
-                            out, lse_out)
+        sms, item = self._sms(outputs[0]), spec.dtype.itemsize
+        plan_for = lru_cache(maxsize=4)(lambda k, rows, d: merge_plan(k, rows, d, item, sms))
+        return lambda outputs_, lses_, out, lse_out: launch_merge(outputs_, lses_, spec, plan_for, out, lse_out)
+
+    def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
+        """(out, lse) through `merge_kernel`, planned for this call."""
+        return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
 
 def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None):

@@ -53,3 +53,69 @@ def test_a_missing_or_unknown_argument_is_named():
     named["n_colz"] = 8
     with pytest.raises(ValueError, match=r"missing \['n_cols'\], unknown \['n_colz'\]"):
         by_name(plan.kernel(), named)
+
+
+class _Recorder:
+    """Stands in for a compiled kernel's launcher; named like Triton's CUDA one (`direct`) to
+    take the branch that calls its extension function with no frame between."""
+
+    def __init__(self, direct: bool):
+        self.seen = []
+        if direct:
+            self.launch = lambda *a: self.seen.append(a)
+            self.launch_cooperative_grid, self.launch_pdl = "coop", "pdl"
+            self.global_scratch_size = self.profile_scratch_size = 0
+            self.num_ctas = 1
+
+    def __call__(self, *a):
+        self.seen.append(a)
+
+
+def _compiled(direct: bool):
+    from types import SimpleNamespace
+
+    run = type("CudaLauncher", (_Recorder,), {})(True) if direct else _Recorder(False)
+    return SimpleNamespace(run=run, function="fn", packed_metadata="packed")
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["cuda-launcher", "generic"])
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+def test_fast_path_passes_what_triton_launch_takes(direct, backward):
+    """After the first launch a bound launcher calls Triton's launcher positionally: grid,
+    stream, function, launch flags, packed metadata, then the pointers (absent operands stood in
+    for), the integers, the per-call floats and the constexpr tail, for plain and fused calls."""
+    from anysoftmax.backends._triton_common.launcher import bind, fast_state
+    from anysoftmax.backends._triton_common.plan import PLAIN_SCALARS
+
+    x = torch.randn(2, 4, 8)
+    spec = SoftmaxSpec.from_tensor(x, -1)
+    layout = backward_layout(x, spec)[0] if backward else forward_layout(x, spec)[2]
+    plan = make_plan("tile", 2, 8, 3, backward=backward, chunks=1, fusion=Fusion.of(spec))
+    launch = bind(plan, layout, False, torch.float32)
+    static = tuple(plan.static_args(layout).values())
+    compiled = _compiled(direct)
+    launch.state["fast"] = fast_state([compiled], [("T1", "T2")], plan.grid, 0, lambda index: 7, static)
+    ts = [torch.randn(2, 4, 8) for _ in range(3)]
+    given = tuple(ts[:3]) + (None,) * 4 if backward else (ts[0], ts[1], None, None, None)
+    ptrs = tuple(t.data_ptr() for t in plan.tensors(given))
+    flags = ("fn", "coop", "pdl", None, None, "packed", None, None, None) if direct else \
+        ("fn", "packed", None, None, None)
+    n_scratch = 2 if backward else 0  # (the backward kernel also takes its stats and counters)
+    for values in (PLAIN_SCALARS, (0.5, 3.0)):
+        compiled.run.seen.clear()
+        launch(given, values)
+        (got,) = compiled.run.seen
+        head = (plan.grid, 1, 1, 7, *flags, *ptrs)
+        tail = (*static, *values, "T1", "T2")
+        assert got[:len(head)] == head and got[len(head) + n_scratch:] == tail and len(got) == len(head + tail) + n_scratch
+    chain = launch.state["fast"][1].launch_enter_hook
+    if hasattr(chain, "add"):  # an active launch hook needs Triton's own path: the fast path stands aside
+        def hook(*a):
+            return None
+        chain.add(hook)
+        try:
+            compiled.run.seen.clear()
+            launch(given)
+            assert compiled.run.seen == []
+        finally:
+            chain.remove(hook)
