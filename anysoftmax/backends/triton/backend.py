@@ -282,9 +282,19 @@ class TritonBackend:
         return None if interpreter.interpreting() else device_props(self._index(t)).multiprocessor_count
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp (keepdim, accumulation dtype) through `lse_kernel`, planned per call."""
+        """logsumexp (keepdim, accumulation dtype): through the softmax forward's own plan
+        and row kernels (`lse_rows`) when that plan is a row kind, else (column plans: a
+        reduction over a non-innermost dim) through `lse_kernel`, planned per call."""
         from .._triton_common.pieces import launch_lse, lse_layout
 
+        # ---- logsumexp from the row kernels (lse_rows.py) ----
+        from .._triton_common import lse_rows
+
+        xr, planning, layout, materialise = lse_rows.layouts(x, spec)
+        plan = self.plan(xr, torch.empty(16, dtype=spec.out_dtype, device=x.device), planning, spec)
+        if lse_rows.row_plan_kind(plan):
+            return lse_rows.launcher(plan, layout, spec, materialise)(xr, operands)
+        # ---- end ----
         parts = lse_layout(x, spec, operands)
         return launch_lse(x, spec, operands, lse_plan(parts[1].n_rows, parts[1].n_cols, x.element_size(),
                                                       self._sms(x)), parts)
