@@ -72,6 +72,11 @@ def row_plan_kind(plan: KernelPlan) -> bool:
     return plan.kind in ROW_KINDS and not plan.backward
 
 
+def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool):
+    """`launcher(...)` when `plan` is a row kind, else None (the caller's fallback serves it)."""
+    return launcher(plan, layout, spec, materialise) if row_plan_kind(plan) else None
+
+
 def _row_offsets(layout: RowLayout, device) -> torch.Tensor:
     """The result's element offset of every row (the kernels' `_row_offsets` on the host)."""
     _, s1, s2 = layout.row_sizes
@@ -113,4 +118,4 @@ def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise
     return run
 
 
-__all__ = ["ROW_KINDS", "launcher", "layouts", "row_plan_kind"]
+__all__ = ["ROW_KINDS", "launcher", "launcher_for", "layouts", "row_plan_kind"]

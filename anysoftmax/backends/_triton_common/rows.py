@@ -18,6 +18,10 @@ their own (broadcast, often 0) strides.
 * `softmax_split_kernel`: a row cut into chunks held by different programs, meeting at a
   per-row barrier (one read, one write), or in two launches.
 
+STATES_ONLY (tile, online, split): logsumexp from the same plans (`lse_rows.py`): the row's
+statistics closed into lse = m + log(s) and one float written per row (per chunk for split,
+combined on the host) instead of the output row.
+
 The fused family (`fused.py`): after every load the prologue (scale, softcap, mask, causal);
 the sink joins where a row's statistics close; empty rows get their policy's value. Causal
 rows read only their kept prefix (masked loads move no bytes).
@@ -285,52 +289,51 @@ def softmax_split_kernel(
         z, keep = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
                                 ms0, ms1, ms2, msn, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
                                 HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
-        if STATES_ONLY:
+        stats_row = stats_ptr + row * (NSTAT * n_chunks)
+        if STATES_ONLY:  # (launched as PHASE 1: nothing below runs)
             m_raw = tl.max(z, axis=0)
             s_chunk = tl.sum(exp_acc(z - lse_sub(m_raw), ACC_FP64), axis=0)
             tl.store(y_ptr + item, close_lse(m_raw, s_chunk).to(y_ptr.dtype.element_ty))
-        else:
-            stats_row = stats_ptr + row * (NSTAT * n_chunks)
-            if PHASE != 2:
-                m_raw = tl.max(z, axis=0)
-                m_chunk = finite_or_zero(m_raw)
-                e = exp_acc(z - m_chunk, ACC_FP64)
-                tl.store(stats_row + NSTAT * chunk, m_raw)
-                tl.store(stats_row + NSTAT * chunk + 1, tl.sum(e, axis=0))
-                if NSTAT == 3:
-                    tl.store(stats_row + NSTAT * chunk + 2, tl.sum(keep.to(acc_ty), axis=0))
+        elif PHASE != 2:
+            m_raw = tl.max(z, axis=0)
+            m_chunk = finite_or_zero(m_raw)
+            e = exp_acc(z - m_chunk, ACC_FP64)
+            tl.store(stats_row + NSTAT * chunk, m_raw)
+            tl.store(stats_row + NSTAT * chunk + 1, tl.sum(e, axis=0))
+            if NSTAT == 3:
+                tl.store(stats_row + NSTAT * chunk + 2, tl.sum(keep.to(acc_ty), axis=0))
+        if PHASE == 0:
+            arrived = _row_arrive(count_ptr, row)
+        if PHASE == 0:
+            _row_wait(count_ptr, row, arrived, n_chunks)
+        if PHASE != 1:
+            g = tl.arange(0, G_POW2)
+            # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
+            ms = tl.load(stats_row + NSTAT * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
+            ss = tl.load(stats_row + NSTAT * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
+            sink = 0.0
+            if HAS_SINK:
+                sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+            m_sub, total = merge_stats(ms, ss, g < n_chunks, sink, HAS_SINK, ACC_FP64)
+            empty = False
+            if MASK == 1:
+                kept = tl.load(stats_row + NSTAT * g + 2, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
+                empty = tl.sum(kept, axis=0) == 0
+            elif CAUSAL:
+                empty = col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL) == 0
             if PHASE == 0:
-                arrived = _row_arrive(count_ptr, row)
-            if PHASE == 0:
-                _row_wait(count_ptr, row, arrived, n_chunks)
-            if PHASE != 1:
-                g = tl.arange(0, G_POW2)
-                # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
-                ms = tl.load(stats_row + NSTAT * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
-                ss = tl.load(stats_row + NSTAT * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
-                sink = 0.0
-                if HAS_SINK:
-                    sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
-                m_sub, total = merge_stats(ms, ss, g < n_chunks, sink, HAS_SINK, ACC_FP64)
-                empty = False
-                if MASK == 1:
-                    kept = tl.load(stats_row + NSTAT * g + 2, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
-                    empty = tl.sum(kept, axis=0) == 0
-                elif CAUSAL:
-                    empty = col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL) == 0
-                if PHASE == 0:
-                    _row_depart(count_ptr, row, n_chunks)
-                    y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
-                else:  # (no chunk statistics of its own in this phase: z stands in for them, unused)
-                    y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
-                if HAS_EMPTY:
-                    y = tl.where(empty, empty_fill(y, n_cols, LOG, EMPTY), y)
-                tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
-                         y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
-                if HAS_SINK:
-                    tl.store(p_ptr + _row_offsets(row, S1, S2, ps0, ps1, ps2),
-                             sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty),
-                             mask=(row * 0 + chunk) == 0)
+                _row_depart(count_ptr, row, n_chunks)
+                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+            else:  # (no chunk statistics of its own in this phase: z stands in for them, unused)
+                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+            if HAS_EMPTY:
+                y = tl.where(empty, empty_fill(y, n_cols, LOG, EMPTY), y)
+            tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
+                     y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+            if HAS_SINK:
+                tl.store(p_ptr + _row_offsets(row, S1, S2, ps0, ps1, ps2),
+                         sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty),
+                         mask=(row * 0 + chunk) == 0)
 
 
 @triton.jit

@@ -29,6 +29,8 @@ from .occupancy import DeviceProps, KernelResources, programs_per_sm
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
 # core.request.plan_key -> KernelPlan.
 _plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
+# (core.request.plan_key, launch layout, materialise) -> logsumexp launcher from the row kernels, or None.
+_lse_rows: OnceCache = OnceCache(maxsize=4096)
 
 
 def _operand_stand_ins(spec: SoftmaxSpec, device) -> tuple:
@@ -291,9 +293,12 @@ class TritonBackend:
         from .._triton_common import lse_rows
 
         xr, planning, layout, materialise = lse_rows.layouts(x, spec)
-        plan = self.plan(xr, torch.empty(16, dtype=spec.out_dtype, device=x.device), planning, spec)
-        if lse_rows.row_plan_kind(plan):
-            return lse_rows.launcher(plan, layout, spec, materialise)(xr, operands)
+        # The softmax's plan of this request (x stands in for the output: the same dtype),
+        # bound once per request; None for a column plan.
+        run = _lse_rows.get((plan_key(spec, FWD, xr), layout, materialise), lambda: lse_rows.launcher_for(
+            self.plan(xr, xr, planning, spec), layout, spec, materialise))
+        if run is not None:
+            return run(xr, operands)
         # ---- end ----
         parts = lse_layout(x, spec, operands)
         return launch_lse(x, spec, operands, lse_plan(parts[1].n_rows, parts[1].n_cols, x.element_size(),

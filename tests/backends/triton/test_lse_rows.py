@@ -225,3 +225,13 @@ def test_states_only_compiles_for_sm90_without_spills(kind, dtype, n, warps, fus
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not result["spills"], result
+
+
+def test_kit_logsumexp_cases():
+    """The conformance kit's logsumexp cases (`anysoftmax.testing.kit`) on the triton backend."""
+    from anysoftmax.testing.kit import conformance_checks, run_checks
+
+    checks = [c for c in conformance_checks("triton", device="cpu") if c.kind == "logsumexp"]
+    assert checks
+    report = run_checks(checks, "triton", "cpu", 1234)
+    assert report.ok, report.text()
