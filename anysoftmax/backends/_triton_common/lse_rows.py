@@ -77,13 +77,15 @@ def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materia
     return launcher(plan, layout, spec, materialise) if row_plan_kind(plan) else None
 
 
-def _row_offsets(layout: RowLayout, device) -> torch.Tensor:
-    """The result's element offset of every row (the kernels' `_row_offsets` on the host)."""
+def _row_offsets(layout: RowLayout, device) -> torch.Tensor | None:
+    """The result's element offset of every row (the kernels' `_row_offsets` on the host), or
+    None when row r is element r (rows in the result's order: no scatter needed)."""
     _, s1, s2 = layout.row_sizes
     st0, st1, st2 = layout.out_row_strides
-    rows = torch.arange(layout.n_rows, device=device, dtype=torch.int64)
+    rows = torch.arange(layout.n_rows, dtype=torch.int64)
     i2, rest = rows % s2, rows // s2
-    return (rest // s1) * st0 + (rest % s1) * st1 + i2 * st2
+    offsets = (rest // s1) * st0 + (rest % s1) * st1 + i2 * st2
+    return None if torch.equal(offsets, rows) else offsets.to(device)
 
 
 def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool):
@@ -110,9 +112,13 @@ def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise
         states = torch.empty((n_rows, chunks), dtype=acc, device=device)
         launch((x, states, mask, sinks, None), values)
         if has_sink:  # (the sinks are contiguous over the row shape, as the result)
-            states = torch.cat([states, sinks.reshape(-1)[offsets].to(acc)[:, None]], 1)
+            s_rows = sinks.reshape(-1) if offsets is None else sinks.reshape(-1)[offsets]
+            states = torch.cat([states, s_rows.to(acc)[:, None]], 1)
         out = new_output(shape, acc, device)
-        out.view(-1)[offsets] = torch.logsumexp(states, 1)
+        if offsets is None:
+            torch.logsumexp(states, 1, out=out.view(-1))
+        else:
+            out.view(-1)[offsets] = torch.logsumexp(states, 1)
         return out
 
     return run

@@ -306,6 +306,8 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks
 
     def stats_numel(self, layout):
+        if self.states_only:  # (chunk states go to the output: no scratch)
+            return 0
         return layout.n_rows * self.chunks * self.fusion.stats_per_chunk  # (max, sum[, kept]) per chunk
 
     def static_args(self, layout):
