@@ -129,7 +129,7 @@ def test_check_flags_the_div_mod_row_form():
     args = (x, y, x, x, y, 1823, 781, 1, 1823, 0, 0, 781, 1, 0, 0, 781, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0,
             *PLAIN_SCALARS)
     meta = dict(LOG=False, ACC_FP64=False, WIDE_COLS=False, BLOCK_M=4, BLOCK_N=1024, CAUSAL_VEC=1,
-                multibuffer=True,
+                STATES_ONLY=False, multibuffer=True,
                 **NO_FUSION.constexprs(torch.float32))
     div_mod = classify(compile_ttadapter(softmax_tile_kernel, args, {**meta, "FLAT_ROWS": False}))
     assert not div_mod.ok and any("ExtractedLoadOrStore" in line for line in div_mod.unbounded)

@@ -227,3 +227,58 @@ def merge_stats(ms, ss, valid, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.conste
 def sink_share(sink, m_sub, total, empty, ACC_FP64: tl.constexpr):
     """The sink's share of a row, exp(s - m) / denominator (0 for an empty row)."""
     return tl.where(empty, 0.0, exp_acc(sink - m_sub, ACC_FP64) / total)
+
+
+# ---- logsumexp from the row kernels (STATES_ONLY: `lse_rows.py`) ----
+# Softmax subtracts finite_or_zero(max), so a row holding +inf becomes inf - inf = NaN, which
+# is softmax's answer; logsumexp's is +inf (`core.pieces`). These helpers subtract 0 for a
+# max of either infinity instead: exp(+inf - 0) = +inf then carries the row to +inf.
+
+
+@triton.jit
+def lse_sub(m):
+    """The max subtracted before exp in a logsumexp: 0 where it is +-inf."""
+    return tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
+
+
+@triton.jit
+def lse_rescale(s, m_old, m_new, ACC_FP64: tl.constexpr):
+    """s (a sum of exp(z - lse_sub(m_old))) re-based on m_new; 0 while nothing was summed
+    (guards 0 * inf when the new max is far below 0), unless a NaN was (fmax may have hidden
+    it from m, the sum keeps it)."""
+    return tl.where((m_old == float("-inf")) & (s == s), 0.0, s * exp_acc(lse_sub(m_old) - lse_sub(m_new), ACC_FP64))
+
+
+@triton.jit
+def close_lse(m, s):
+    """lse = lse_sub(m) + log(s) from the row max m and s = sum of exp(z - lse_sub(m)): -inf
+    for a row with nothing kept (s = 0), NaN when s holds one, +inf for a +inf max (s is +inf
+    then too, unless a NaN joined it)."""
+    lse = lse_sub(m) + tl.log(s)
+    return tl.where((m == float("inf")) & (s == s), float("inf"), lse)
+
+
+@triton.jit
+def tile_lse(z, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """The logsumexp of each row (axis 1) of a tile held on chip, the sink joining the max and
+    the sum: one exp per element, as the softmax tile's."""
+    m = tl.max(z, axis=1)
+    if HAS_SINK:
+        m = tl.maximum(m, sink)
+    m_sub = lse_sub(m)
+    s = tl.sum(exp_acc(z - m_sub[:, None], ACC_FP64), axis=1)
+    if HAS_SINK:
+        s = s + exp_acc(sink - m_sub, ACC_FP64)  # (a NaN sink that max dropped joins here)
+    return close_lse(m, s)
+
+
+@triton.jit
+def lanes_lse(m, s, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """The logsumexp of one row from per-lane running (max m, sum s of exp(z - lse_sub(m)))."""
+    mx = tl.max(m, axis=0)
+    if HAS_SINK:
+        mx = tl.maximum(mx, sink)
+    total = tl.sum(lse_rescale(s, m, mx, ACC_FP64), axis=0)
+    if HAS_SINK:
+        total = total + exp_acc(sink - lse_sub(mx), ACC_FP64)
+    return close_lse(mx, total)

@@ -173,6 +173,9 @@ class KernelPlan:
     chunks: int = 1
     cooperative: bool = False
     fusion: Fusion = NO_FUSION
+    # The forward row kernels' logsumexp form (`lse_rows.py`): the row statistics are closed
+    # into lse and written in place of the output row (tile, online and split plans only).
+    states_only: bool = False
 
     kind: ClassVar[str] = ""
     split: ClassVar[bool] = False  # programs of one row (group) combine partial statistics
@@ -189,6 +192,8 @@ class KernelPlan:
     def phases(self) -> tuple:
         """PHASE values of the launches: one fused launch (0), or statistics then
         normalisation (1, 2) for a split plan that is not cooperative."""
+        if self.states_only:  # a split plan's chunk states are its statistics pass alone
+            return (1,) if self.split else (0,)
         return (1, 2) if self.split and not self.cooperative else (0,)
 
     def groups(self, layout: RowLayout) -> int:
@@ -269,7 +274,7 @@ class TilePlan(KernelPlan):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     BLOCK_M=self.block_m, BLOCK_N=self.block_n,
                     CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout),
-                    **self.fusion.constexprs(out_dtype))
+                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)
@@ -285,7 +290,7 @@ class OnlinePlan(KernelPlan):
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
-                    BLOCK_N=self.block_n, **self.fusion.constexprs(out_dtype))
+                    BLOCK_N=self.block_n, STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)
@@ -301,6 +306,8 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks
 
     def stats_numel(self, layout):
+        if self.states_only:  # (chunk states go to the output: no scratch)
+            return 0
         return layout.n_rows * self.chunks * self.fusion.stats_per_chunk  # (max, sum[, kept]) per chunk
 
     def static_args(self, layout):
@@ -310,7 +317,7 @@ class SplitPlan(KernelPlan):
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
-                    **self.fusion.constexprs(out_dtype))
+                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
 
 
 @dataclass(frozen=True)

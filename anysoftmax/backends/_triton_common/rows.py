@@ -18,6 +18,10 @@ their own (broadcast, often 0) strides.
 * `softmax_split_kernel`: a row cut into chunks held by different programs, meeting at a
   per-row barrier (one read, one write), or in two launches.
 
+STATES_ONLY (tile, online, split): logsumexp from the same plans (`lse_rows.py`): the row's
+statistics closed into lse = m + log(s) and one float written per row (per chunk for split,
+combined on the host) instead of the output row.
+
 The fused family (`fused.py`): after every load the prologue (scale, softcap, mask, causal);
 the sink joins where a row's statistics close; empty rows get their policy's value. Causal
 rows read only their kept prefix (masked loads move no bytes).
@@ -33,8 +37,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fused import (close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, merge_stats, prologue, sink_share,
-                    whole_vectors)
+from .fused import (close_lse, close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, lanes_lse, lse_rescale,
+                    lse_sub, merge_stats, prologue, sink_share, tile_lse, whole_vectors)
 
 LOG2E = 1.4426950408889634
 
@@ -60,7 +64,10 @@ def softmax_tile_kernel(
     FLAT_ROWS: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
+    STATES_ONLY: tl.constexpr,
 ):
+    """STATES_ONLY: the rows' logsumexp (`fused.tile_lse`) is written at y_ptr + the row's y offset
+    instead of the softmax (`lse_rows.py`): same tiles and loads, no output row."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     # Elements per 16-byte vector of x.
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
@@ -113,10 +120,13 @@ def softmax_tile_kernel(
         sink = 0.0
         if HAS_SINK:
             sink = tl.load(s_ptr + s_off, mask=row_ok, other=0.0).to(acc_ty)
-        y, p = close_tile(z, live, m_ptrs, sink, n_cols, lim, 1, LOG, ACC_FP64, HAS_SINK, MASK, CAUSAL, EMPTY)
-        tl.store(y_ptr + y_off[:, None] + cols[None, :] * ysn, y.to(y_ptr.dtype.element_ty), mask=mask)
-        if HAS_SINK:
-            tl.store(p_ptr + p_off, p.to(p_ptr.dtype.element_ty), mask=row_ok)
+        if STATES_ONLY:
+            tl.store(y_ptr + y_off, tile_lse(z, sink, HAS_SINK, ACC_FP64).to(y_ptr.dtype.element_ty), mask=row_ok)
+        else:
+            y, p = close_tile(z, live, m_ptrs, sink, n_cols, lim, 1, LOG, ACC_FP64, HAS_SINK, MASK, CAUSAL, EMPTY)
+            tl.store(y_ptr + y_off[:, None] + cols[None, :] * ysn, y.to(y_ptr.dtype.element_ty), mask=mask)
+            if HAS_SINK:
+                tl.store(p_ptr + p_off, p.to(p_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -129,7 +139,10 @@ def softmax_online_kernel(
     BLOCK_N: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
+    STATES_ONLY: tl.constexpr,
 ):
+    """STATES_ONLY: pass 1 only, the row's logsumexp written at y_ptr + the row's y offset
+    (`lse_rows.py`); its lanes subtract 0 for a +inf max (`fused.lse_sub`), so +inf stays +inf."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols0 = tl.arange(0, BLOCK_N)
     if WIDE_COLS:
@@ -151,10 +164,13 @@ def softmax_online_kernel(
             z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
                                HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
             m_new = tl.maximum(m, z)
-            m_sub = finite_or_zero(m_new)
-            s = s * exp_acc(m - m_sub, ACC_FP64) + exp_acc(z - m_sub, ACC_FP64)
+            if STATES_ONLY:
+                s = lse_rescale(s, m, m_new, ACC_FP64) + exp_acc(z - lse_sub(m_new), ACC_FP64)
+            else:
+                m_sub = finite_or_zero(m_new)
+                s = s * exp_acc(m - m_sub, ACC_FP64) + exp_acc(z - m_sub, ACC_FP64)
             m = m_new
-            if HAS_EMPTY:
+            if HAS_EMPTY and not STATES_ONLY:
                 kept += keep.to(tl.int32)
         sink = 0.0
         if HAS_SINK:
@@ -164,32 +180,35 @@ def softmax_online_kernel(
             one = tl.arange(0, 1)
             sink = tl.max(tl.load(s_ptr + _row_offsets(row64, S1, S2, ss0, ss1, ss2) + one, mask=row64 + one < n_rows,
                                   other=0.0).to(acc_ty), axis=0)
-        m_sub, total = merge_stats(m, s, True, sink, HAS_SINK, ACC_FP64)
-        empty = False
-        if HAS_EMPTY:
-            empty = tl.sum(kept, axis=0) == 0
-        if HAS_SINK:
-            tl.store(p_ptr + _row_offsets(row64, S1, S2, ps0, ps1, ps2),
-                     sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty))
-        # log_softmax subtracts m and log(sum) separately: folding them into one shift would
-        # round m + log(sum) at the magnitude of m and lose the small outputs' precision.
-        log_total = tl.log(total)
-        inv = 1.0 / total
-        # Pass 2: normalise every column (those past a causal prefix are written too).
-        for start in tl.range(0, n_cols, BLOCK_N):
-            cols = start + cols0
-            cmask = cols < n_cols
-            live = cols < lim
-            x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
-            z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
-                               HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
-            if LOG:
-                y = (z - m_sub) - log_total
-            else:
-                y = exp_acc(z - m_sub, ACC_FP64) * inv
+        if STATES_ONLY:
+            tl.store(y_row, lanes_lse(m, s, sink, HAS_SINK, ACC_FP64).to(y_ptr.dtype.element_ty))
+        else:
+            m_sub, total = merge_stats(m, s, True, sink, HAS_SINK, ACC_FP64)
+            empty = False
             if HAS_EMPTY:
-                y = tl.where(empty, empty_fill(y, n_cols, LOG, EMPTY), y)
-            tl.store(y_row + cols * ysn, y.to(y_ptr.dtype.element_ty), mask=cmask)
+                empty = tl.sum(kept, axis=0) == 0
+            if HAS_SINK:
+                tl.store(p_ptr + _row_offsets(row64, S1, S2, ps0, ps1, ps2),
+                         sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty))
+            # log_softmax subtracts m and log(sum) separately: folding them into one shift would
+            # round m + log(sum) at the magnitude of m and lose the small outputs' precision.
+            log_total = tl.log(total)
+            inv = 1.0 / total
+            # Pass 2: normalise every column (those past a causal prefix are written too).
+            for start in tl.range(0, n_cols, BLOCK_N):
+                cols = start + cols0
+                cmask = cols < n_cols
+                live = cols < lim
+                x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
+                z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
+                                   HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
+                if LOG:
+                    y = (z - m_sub) - log_total
+                else:
+                    y = exp_acc(z - m_sub, ACC_FP64) * inv
+                if HAS_EMPTY:
+                    y = tl.where(empty, empty_fill(y, n_cols, LOG, EMPTY), y)
+                tl.store(y_row + cols * ysn, y.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -241,6 +260,7 @@ def softmax_split_kernel(
     CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
+    STATES_ONLY: tl.constexpr,
 ):
     """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
 
@@ -252,6 +272,9 @@ def softmax_split_kernel(
     row-major, so all chunks of a row are in flight together. PHASE 1 / PHASE 2 split the same
     work into two launches (statistics, then normalisation re-reading the input) for the
     interpreter, where programs run one after another and a barrier would never open.
+
+    STATES_ONLY (launched as PHASE 1 alone, `lse_rows.py`): each chunk's own logsumexp (no
+    sink) is written at y_ptr[row * n_chunks + chunk]; the host combines the few per row.
     """
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
@@ -267,7 +290,11 @@ def softmax_split_kernel(
                                 ms0, ms1, ms2, msn, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
                                 HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
         stats_row = stats_ptr + row * (NSTAT * n_chunks)
-        if PHASE != 2:
+        if STATES_ONLY:  # (launched as PHASE 1: nothing below runs)
+            m_raw = tl.max(z, axis=0)
+            s_chunk = tl.sum(exp_acc(z - lse_sub(m_raw), ACC_FP64), axis=0)
+            tl.store(y_ptr + item, close_lse(m_raw, s_chunk).to(y_ptr.dtype.element_ty))
+        elif PHASE != 2:
             m_raw = tl.max(z, axis=0)
             m_chunk = finite_or_zero(m_raw)
             e = exp_acc(z - m_chunk, ACC_FP64)

@@ -282,17 +282,25 @@ class TritonBackend:
         return None if interpreter.interpreting() else device_props(self._index(t)).multiprocessor_count
 
     def logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands):
-        """`f(x, operands) -> lse` bound to one request (dispatch memoises it): tiles and grid
-        planned once here (the request key fixes x's and the operands' layouts); a call lays
-        out its operands and launches `lse_kernel`."""
+        """`f(x, operands) -> lse` bound to one request (dispatch memoises it). A row plan runs
+        the softmax forward's own plan and row kernels in their STATES_ONLY form (`lse_rows`:
+        the same tiles, warps and grid as the softmax of x, minus the output's store); a column
+        plan (a reduction over a non-innermost dim) runs `lse_kernel`. Planned once here: the
+        request key fixes x's and the operands' layouts."""
+        from .._triton_common import lse_rows
         from .._triton_common.pieces import launch_lse, lse_layout
 
+        xr, planning, layout, materialise = lse_rows.layouts(x, spec)
+        run = lse_rows.launcher_for(self.plan(xr, xr, planning, spec), layout, spec, materialise)
+        if run is not None:
+            copy_x = xr is not x  # (this layout's rows fit no three strided dims: read a contiguous copy)
+            return (lambda x_, ops: run(x_.contiguous(), ops)) if copy_x else run
         layout = lse_layout(x, spec, operands)[1]
         plan = lse_plan(layout.n_rows, layout.n_cols, x.element_size(), self._sms(x))
         return lambda x_, ops: launch_lse(x_, spec, ops, plan)
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp (keepdim, accumulation dtype) through `lse_kernel`, planned for this call."""
+        """logsumexp (keepdim, accumulation dtype), planned for this call (`logsumexp_launcher`)."""
         return self.logsumexp_launcher(x, spec, operands)(x, operands)
 
     def merge_states_launcher(self, outputs, lses, spec):

@@ -1,0 +1,127 @@
+"""logsumexp from the softmax forward's row kernels: the same plan (`KernelPlan`: kind, tiles,
+warps, grid from the occupancy model), launched with STATES_ONLY so the kernels close each
+row's statistics into ``lse = m + log(s)`` and write that one float instead of the row.
+
+logsumexp is the softmax forward's first half: the same reads of x (16-byte loads, several
+short rows per program, whole rows in registers, rows split across programs), and one float
+per row written instead of N. Serving it from the kernels that already reach the copy
+bandwidth for softmax gives it that bandwidth without a second set of tiles to tune.
+
+* tile / online plans: one launch; the row's lse is stored through the output layout's row
+  strides, here those of the [..., 1, ...] result (contiguous over the row shape).
+* split plans (long rows, few of them): the statistics pass alone (no barrier, never
+  cooperative), each chunk writing its own lse; the host reduces the few chunks per row (and
+  the sink) with `torch.logsumexp`, a read of n_rows x chunks floats.
+* column plans (a reduction over a non-innermost dim read as transposed tiles) are not
+  served here: `row_plan_kind` says so and the caller keeps `pieces.lse_kernel` for them.
+
+Special values (`core.pieces`): nothing kept is -inf (the sink's value with a sink), NaN
+anywhere NaN, +inf (without NaN) +inf; `fused.lse_sub` keeps the infinities out of exp's
+argument, the sums carry NaN where the GPU's max (fmax) drops it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ...core.layout import RowLayout, contiguous_strides, mask_fastest, new_output, operand_strides
+from ...core.pieces import row_shape
+from ...core.spec import SoftmaxSpec
+from ...core.variant import Operands
+from .launcher import bind
+from .plan import KernelPlan, scalars
+from .request import _materialised_strides, mask_operand, sinks_operand
+
+# Plan kinds whose kernels have the STATES_ONLY form.
+ROW_KINDS = ("tile", "online", "split")
+
+
+def _lse_out_strides(spec: SoftmaxSpec) -> tuple:
+    """The result's strides over x's shape: contiguous over the row shape, 0 in `dim`."""
+    rows = contiguous_strides(row_shape(spec.shape, spec.dim))
+    return tuple(0 if d == spec.dim else st for d, st in enumerate(rows))
+
+
+def layouts(x: torch.Tensor, spec: SoftmaxSpec):
+    """(x, planning layout, launch layout, materialise). The planning layout is the softmax's
+    own (a contiguous output of x's shape), so logsumexp shares softmax's plan (and its memo
+    entry) and never changes it; the launch layout reads x and the operands the same way but
+    writes through the result's strides. x is copied (contiguous) only when its row dims do not
+    fit three strided dims, the operands materialised only when theirs do not either (as
+    `request.forward_layout`)."""
+    shape, dim = spec.shape, spec.dim
+    y_like, out = contiguous_strides(shape), _lse_out_strides(spec)
+    for materialise in (False, True):
+        ops = _materialised_strides(spec) if materialise else operand_strides(spec)
+        for xx in ((x,) if materialise else (x, None)):
+            xx = x.contiguous() if xx is None else xx
+            st = tuple(xx.stride())
+            fastest = None if materialise else mask_fastest(spec, st, y_like)
+            planning = RowLayout.from_strides(shape, st, y_like, dim, ops, fastest)
+            launch = RowLayout.from_strides(shape, st, out, dim, ops, fastest)
+            if planning is not None and launch is not None:
+                return xx, planning, launch, materialise
+        x = x.contiguous()
+    raise ValueError(f"logsumexp: no row layout for shape {list(shape)}")  # (contiguous always has one)
+
+
+def row_plan_kind(plan: KernelPlan) -> bool:
+    """Whether `plan` (a forward softmax plan) has the row kernels' STATES_ONLY form."""
+    return plan.kind in ROW_KINDS and not plan.backward
+
+
+def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool):
+    """`launcher(...)` when `plan` is a row kind, else None (the caller's fallback serves it)."""
+    return launcher(plan, layout, spec, materialise) if row_plan_kind(plan) else None
+
+
+def _row_offsets(layout: RowLayout, device) -> torch.Tensor | None:
+    """The result's element offset of every row (the kernels' `_row_offsets` on the host), or
+    None when row r is element r (rows in the result's order: no scatter needed)."""
+    _, s1, s2 = layout.row_sizes
+    st0, st1, st2 = layout.out_row_strides
+    rows = torch.arange(layout.n_rows, dtype=torch.int64)
+    i2, rest = rows % s2, rows // s2
+    offsets = (rest // s1) * st0 + (rest % s1) * st1 + i2 * st2
+    return None if torch.equal(offsets, rows) else offsets.to(device)
+
+
+def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool):
+    """`f(x, operands) -> lse` (keepdim, accumulation dtype) for requests like `spec`, through
+    `plan`'s row kernel in its STATES_ONLY form; x laid out as `layout` (`layouts`)."""
+    options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
+    plan = replace(plan, states_only=True, cooperative=False, options=options)
+    # Constexprs from the softmax's output dtype: the same PRECISE (softcap's tanh) and
+    # accumulation as the softmax; the store converts to the result's dtype.
+    launch = bind(plan, layout, False, spec.out_dtype)
+    shape, acc, device = row_shape(spec.shape, spec.dim), spec.acc_dtype, spec.device
+    has_sink = spec.variant.sinks is not None
+    n_rows, chunks = layout.n_rows, plan.chunks
+    offsets = _row_offsets(layout, device) if plan.split else None
+
+    def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
+        mask = mask_operand(operands.mask, spec, materialise)
+        sinks = sinks_operand(operands.sinks, spec, materialise)
+        values = scalars(operands.scale, operands.softcap)
+        if not plan.split:
+            out = new_output(shape, acc, device)
+            launch((x, out, mask, sinks, None), values)
+            return out
+        states = torch.empty((n_rows, chunks), dtype=acc, device=device)
+        launch((x, states, mask, sinks, None), values)
+        if has_sink:  # (the sinks are contiguous over the row shape, as the result)
+            s_rows = sinks.reshape(-1) if offsets is None else sinks.reshape(-1)[offsets]
+            states = torch.cat([states, s_rows.to(acc)[:, None]], 1)
+        out = new_output(shape, acc, device)
+        if offsets is None:
+            torch.logsumexp(states, 1, out=out.view(-1))
+        else:
+            out.view(-1)[offsets] = torch.logsumexp(states, 1)
+        return out
+
+    return run
+
+
+__all__ = ["ROW_KINDS", "launcher", "launcher_for", "layouts", "row_plan_kind"]
