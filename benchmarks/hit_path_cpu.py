@@ -5,7 +5,8 @@ The triton backend's launcher is bound for an 8x1024 fp32 request, run once (thr
 Triton interpreter), then its fast path is given a no-op in place of Triton's compiled
 launcher: every later call walks the whole hit path of a GPU process (api checks, key, memo
 lookup, output allocation, argument assembly, stream lookup, launch-hook checks) and stops
-where the C launcher would start. Printed: us per call of that path, of its pieces alone, and
+where the C launcher would start. merge_states (K=2, [16, 32, 128] bf16) likewise, its bound
+launcher's fast path around the no-op. Printed: us per call of that path, of its pieces alone, and
 of torch's own CPU calls for scale.
 
     python benchmarks/hit_path_cpu.py [--n 20000]
@@ -39,7 +40,7 @@ def per_call_us(f, n: int) -> float:
     return best / n * 1e6
 
 
-def _noop(*args):
+def _noop(*args, **kwargs):
     return None
 
 
@@ -87,6 +88,27 @@ def _install_noop(entry, grid: int = 1) -> int:
     return len(found)
 
 
+class _NoopKernel:
+    """Stands in for `merge_kernel` where a launcher calls `kernel[grid](...)`: the JIT entry
+    itself is not measured, only the Python before it."""
+
+    def __getitem__(self, grid):
+        return _noop
+
+
+def _install_merge_noop(entry, grid: int) -> str:
+    # After the first launch: the bound merge launcher's fast path around the no-op, or (a
+    # launcher without one) `kernel[grid](...)` made a no-op.
+    state = getattr(entry, "state", None)
+    if state is not None and "fast" in state:
+        static = state["bound"][2]
+        state["fast"] = launcher.fast_state([_Compiled()], [()], grid, 0, lambda index: 0, static, values=())
+        return "fast path"
+    from anysoftmax.backends._triton_common import pieces
+    pieces.merge_kernel = _NoopKernel()
+    return "kernel[grid] no-op"
+
+
 def _key_fn():
     fk = getattr(core_request, "forward_key", None)
     if fk is not None:
@@ -106,6 +128,11 @@ def main() -> None:
     bwd_key = core_request.request_key(core_request.BWD, y, -1, None, "triton", False, g)
     for k in (fwd_key, bwd_key):
         assert _install_noop(dispatch._memo._data[k]) >= 1, "no launcher state found to stub"
+    outs = [torch.randn(16, 32, 128, dtype=torch.bfloat16) for _ in range(2)]
+    lses = [torch.randn(16, 32) for _ in range(2)]
+    anysoftmax.merge_states(outs, lses, backend="triton")
+    merge_key = core_request.request_key(core_request.MERGE, outs, lses, None, "triton", False, None, None, None)
+    merge_how = _install_merge_noop(dispatch._memo._data[merge_key], 1)
     key = _key_fn()
     lookup = dispatch._memo._data.get
     rows = [
@@ -118,9 +145,12 @@ def main() -> None:
         ("  bound launcher alone (no-op launch)", lambda: dispatch._memo._data[fwd_key](x)),
         ("  torch.empty_like", lambda: torch.empty_like(x)),
         ("  torch.empty(shape, dtype=, device=)", lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
+        ("anysoftmax.merge_states K=2 (hit, no-op)",
+         lambda: anysoftmax.merge_states(outs, lses, backend="triton")),
+        ("  bound merge launcher alone", lambda: dispatch._memo._data[merge_key](outs, lses, None, None)),
         ("torch.softmax (CPU kernel, for scale)", lambda: torch.softmax(x, -1)),
     ]
-    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls")
+    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls; merge_states 2x[16, 32, 128] bf16 ({merge_how})")
     for name, f in rows:
         print(f"{name:44s} {per_call_us(f, n):7.2f} us/call")
 

@@ -147,17 +147,19 @@ def _hook_calls(hook) -> list:
     return calls if isinstance(calls, list) else _ACTIVE_HOOK
 
 
-def fast_state(compiled_kernels: list, tails: list, grid: int, index, stream_of, static: tuple) -> tuple:
+def fast_state(compiled_kernels: list, tails: list, grid: int, index, stream_of, static: tuple,
+               values: tuple = PLAIN_SCALARS) -> tuple:
     """What a bound launcher's fast path holds after its first launch: the calls
     (`_fast_calls`, each with its arguments after the pointers for the plain call's floats
     joined once here), Triton's runtime knobs, the launch hooks seen then and the lists that
     say whether they are inactive (`_hook_calls`), and `stream_of(index)` giving the current
-    raw stream. benchmarks/hit_path_cpu.py builds one around a no-op launch."""
+    raw stream. `values`: the floats after the integers (none for a kernel that takes none, such
+    as `merge_kernel`). benchmarks/hit_path_cpu.py builds one around a no-op launch."""
     from triton import knobs
 
     hooks = knobs.runtime
     enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-    calls = [(fn, before, after, tail, (*static, *PLAIN_SCALARS, *tail))
+    calls = [(fn, before, after, tail, (*static, *values, *tail))
              for fn, before, after, tail in _fast_calls(compiled_kernels, tails, grid)]
     return calls, hooks, stream_of, index, enter, leave, _hook_calls(enter), _hook_calls(leave)
 

@@ -316,6 +316,137 @@ def launch_merge(outputs, lses, spec: MergeSpec, plan_for, out=None, lse_out=Non
     return _merge_group(outputs, lses, lead, spec.dtype, spec.out_lse_dtype, acc, plan_for, out, lse_out)
 
 
+def merge_launcher(spec: MergeSpec, plan_for):
+    """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one merge request (dispatch
+    memoises it per request key, which fixes every operand's shape, strides, dtype and
+    alignment, `out` and `lse_out` included). The first call works out, from its own tensors,
+    which inputs are converted or copied, the strides, plan, grid, integer arguments and
+    constexprs, and launches through `merge_kernel[grid]` (it compiles); later calls only
+    allocate the outputs not given, gather the data pointers and launch the compiled kernel
+    through Triton's low-level launcher (`launcher.fast_state`), where the JIT entry's argument
+    binding and specialisation would cost more than the launch itself. K > MAX_K (merged in
+    groups) always takes `launch_merge`."""
+    from .launcher import FAST_LAUNCH, _constexpr_tails, _interpreter_lock, fast_state, interpreter_quiet, launch_lock
+    from .request import _guard_for
+
+    if spec.k > MAX_K:
+        return lambda outputs, lses, out, lse_out: launch_merge(outputs, lses, spec, plan_for, out, lse_out)
+    lead = len(spec.shape) - 1
+    acc, out_dtype, lse_dtype = spec.acc_dtype, spec.dtype, spec.out_lse_dtype
+    shape, device, k = tuple(spec.shape), spec.device, spec.k
+    pad = MAX_K - k
+    lock = launch_lock(merge_kernel)
+    interpreted = lock is _interpreter_lock
+    guard = _guard_for(device, None)
+    # bound: (cast outputs, copy outputs, cast lses, copy lses, grid, integers, constexprs)
+    state = {"bound": None, "compiled": False, "fast": None}
+
+    def prepared(outputs, lses, how):
+        cast_o, copy_o, cast_l, copy_l = how
+        if cast_o:
+            outputs = [t.to(acc) for t in outputs]
+        if copy_o:
+            outputs = [t.contiguous() for t in outputs]
+        if cast_l:
+            lses = [t.to(acc) for t in lses]
+        if copy_l:
+            lses = [t.contiguous() for t in lses]
+        return outputs, lses
+
+    def bind_first(outputs, lses, out, lse_out):
+        # The decisions `_merge_group` makes per call, made once: they depend only on what the
+        # request key fixes (layouts and dtypes).
+        cast_o = len({t.dtype for t in outputs}) > 1
+        cast_l = len({t.dtype for t in lses}) > 1
+        outputs, lses = prepared(outputs, lses, (cast_o, False, cast_l, False))
+        copy_o = _shared_strides(outputs, lead) is None
+        copy_l = _shared_strides(lses, lead) is None
+        how = (cast_o, copy_o, cast_l, copy_l)
+        outputs, lses = prepared(outputs, lses, (False, copy_o, False, copy_l))
+        out = new_output(shape, out_dtype, device) if out is None else out
+        lse_out = new_output(shape[:-1], lse_dtype, device) if lse_out is None else lse_out
+        y_st, z_st = _two_row_dims(out, lead), _two_row_dims(lse_out, lead)
+        if y_st is None or z_st is None:
+            raise ValueError("merge_states: the output tensors' row dims do not collapse into two strides")
+        n_rows, D = math.prod(shape[:-1]), shape[-1]
+        plan = plan_for(k, n_rows, D)
+        static = (n_rows, D, shape[lead - 1] if lead else 1, *_two_row_dims(outputs[0], lead), outputs[0].stride(-1),
+                  *_two_row_dims(lses[0], lead), *y_st, out.stride(-1), *z_st)
+        meta = dict(K=k, ACC_FP64=acc == torch.float64, BLOCK_R=plan.block_r, BLOCK_D=plan.block_d)
+        if plan.num_warps is not None:
+            meta["num_warps"] = plan.num_warps
+        state["bound"] = (how, max(1, plan.grid), static, meta)
+        return outputs, lses, out, lse_out
+
+    def pointers(outputs, lses, out, lse_out) -> list:
+        # (the kernel takes MAX_K partials: the unused ones stand in as the first, never read)
+        ptrs = [t.data_ptr() for t in outputs]
+        ptrs += [ptrs[0]] * pad
+        lp = [t.data_ptr() for t in lses]
+        ptrs += lp
+        ptrs += [lp[0]] * pad
+        ptrs.append(out.data_ptr())
+        ptrs.append(lse_out.data_ptr())
+        return ptrs
+
+    def launch(outputs, lses, out, lse_out):
+        fast = state["fast"]
+        if fast is not None:
+            calls, hooks, stream_of, index, enter, leave, enter_calls, leave_calls = fast
+            # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
+            if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
+                    and not leave_calls:
+                how = state["bound"][0]
+                if any(how):
+                    outputs, lses = prepared(outputs, lses, how)
+                if out is None:
+                    out = new_output(shape, out_dtype, device)
+                if lse_out is None:
+                    lse_out = new_output(shape[:-1], lse_dtype, device)
+                ptrs = pointers(outputs, lses, out, lse_out)
+                stream = stream_of(index)
+                for fn, before, after, _, rest in calls:
+                    fn(*before, stream, *after, *ptrs, *rest)
+                return out, lse_out
+        bound = state["bound"]
+        if bound is None:
+            outputs, lses, out, lse_out = bind_first(outputs, lses, out, lse_out)
+            bound = state["bound"]
+        else:
+            outputs, lses = prepared(outputs, lses, bound[0])
+            out = new_output(shape, out_dtype, device) if out is None else out
+            lse_out = new_output(shape[:-1], lse_dtype, device) if lse_out is None else lse_out
+        _, grid, static, meta = bound
+        args = (*outputs, *[outputs[0]] * pad, *lses, *[lses[0]] * pad, out, lse_out, *static)
+        if state["compiled"] and not interpreted:  # (no fast path, or a launch hook is active)
+            merge_kernel[(grid,)](*args, **meta)
+            return out, lse_out
+        with lock:  # a first launch compiles: one thread at a time (every interpreted launch)
+            if interpreted:
+                with interpreter_quiet():
+                    merge_kernel[(grid,)](*args, **meta)
+                return out, lse_out
+            compiled = merge_kernel[(grid,)](*args, **meta)
+            state["compiled"] = True
+        if FAST_LAUNCH and compiled is not None and hasattr(compiled, "packed_metadata"):
+            tails = _constexpr_tails(merge_kernel, len(args), [meta])
+            if tails is not None:
+                from triton.runtime.driver import driver
+
+                state["fast"] = fast_state([compiled], tails, grid, out.device.index, driver.active.get_current_stream,
+                                           static, values=())
+        return out, lse_out
+
+    def run(outputs, lses, out, lse_out):
+        if guard is None:
+            return launch(outputs, lses, out, lse_out)
+        with guard(device):  # (Triton launches on the current device)
+            return launch(outputs, lses, out, lse_out)
+
+    run.state = state  # (tests and benchmarks/hit_path_cpu.py stand a recorder in for Triton's launcher)
+    return run
+
+
 def _merge_group(outputs, lses, lead, out_dtype, lse_dtype, acc, plan_for, out=None, lse_out=None):
     shape = tuple(outputs[0].shape)
     if len({t.dtype for t in outputs}) > 1:
@@ -349,4 +480,5 @@ def _merge_group(outputs, lses, lead, out_dtype, lse_dtype, acc, plan_for, out=N
     return out, lse_out
 
 
-__all__ = ["LsePlan", "MAX_K", "MergePlan", "launch_lse", "launch_merge", "lse_kernel", "lse_layout", "merge_kernel"]
+__all__ = ["LsePlan", "MAX_K", "MergePlan", "launch_lse", "launch_merge", "lse_kernel", "lse_layout", "merge_kernel",
+           "merge_launcher"]

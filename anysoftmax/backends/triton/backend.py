@@ -304,15 +304,17 @@ class TritonBackend:
         return self.logsumexp_launcher(x, spec, operands)(x, operands)
 
     def merge_states_launcher(self, outputs, lses, spec):
-        """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request: the device's
-        SM count read once, each group's plan made once (K > MAX_K merges in groups)."""
+        """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
+        (`pieces.merge_launcher`: worked out on its first call, then launched through Triton's
+        low-level launcher): the device's SM count read once, each group's plan made once
+        (K > MAX_K merges in groups)."""
         from functools import lru_cache
 
-        from .._triton_common.pieces import launch_merge
+        from .._triton_common.pieces import merge_launcher
 
         sms, item = self._sms(outputs[0]), spec.dtype.itemsize
         plan_for = lru_cache(maxsize=4)(lambda k, rows, d: merge_plan(k, rows, d, item, sms))
-        return lambda outputs_, lses_, out, lse_out: launch_merge(outputs_, lses_, spec, plan_for, out, lse_out)
+        return merge_launcher(spec, plan_for)
 
     def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
         """(out, lse) through `merge_kernel`, planned for this call."""
