@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import plugins
+from . import plugins  # noqa: F401  (registers the backends' loader with the registry)
 from .core import registry
 from .core.cache import BoundedDict
 from .core.layout import new_output
@@ -30,11 +30,6 @@ from .core.reference import backward_from_output, fused_backward
 from .core.request import BWD, FUSED_BWD, FUSED_FWD, FWD, Request, forward_key, request_key
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import Operands, runtime_values
-
-# `anysoftmax.plugins` names, public here as well (where a call starts).
-ENTRY_POINT_GROUP = plugins.ENTRY_POINT_GROUP
-load_plugins = plugins.load_plugins
-use_interpreter_if_needed = plugins.use_interpreter_if_needed
 
 # request key -> entry: forward f(x) -> y; backward f(y, grad) -> dx; fused forward and
 # backward (launcher, plain), `plain` when the request normalised to the plain softmax.
@@ -159,12 +154,6 @@ class FusedArgs(NamedTuple):
         return self._asdict()
 
 
-def fused_request_key(x, dim, dtype, backend, log: bool, a: FusedArgs):
-    """The memo key of a fused forward request (`core.request.request_key`), or None when an
-    argument is not of an exact type (then the request is validated on every call)."""
-    return request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a)
-
-
 def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor, SoftmaxSpec]:
     """Validate a fused request: (the input a backend receives, its spec with the variant)."""
     spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())
@@ -267,6 +256,5 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
     return launcher(grad, y, x, Operands(a.mask, a.sinks, scale, cap), p_sink)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "FusedArgs", "backward", "backward_fused", "check_backward_args", "forward",
-           "forward_fused", "fused_request_key", "load_plugins", "new_output", "prepare", "prepare_fused", "refresh",
-           "select", "stats", "use_interpreter_if_needed"]
+__all__ = ["FusedArgs", "backward", "backward_fused", "forward", "forward_fused", "new_output", "prepare",
+           "prepare_fused", "refresh", "select", "stats"]

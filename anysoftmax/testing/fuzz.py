@@ -709,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="OUT", help="write a JSON summary (backend, device name, calls, "
                                                       "failures, seed, time) to OUT")
     args = parser.parse_args(argv)
-    from ..dispatch import use_interpreter_if_needed
+    from ..plugins import use_interpreter_if_needed
     from .target import load_plugin
 
     note = use_interpreter_if_needed()

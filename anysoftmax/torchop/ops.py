@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from .. import dispatch
-from ..core.spec import SoftmaxSpec
+from ..core.spec import SoftmaxSpec, check_backward_args
 from ..dispatch import FusedArgs
 
 
@@ -81,7 +81,7 @@ def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool
 
 @softmax_backward_op.register_fake
 def _softmax_backward_fake(grad, y, dim, log, backend=None):
-    dispatch.check_backward_args(y, grad, dim, log)
+    check_backward_args(y, grad, dim, log)
     return y.new_empty(y.shape)
 
 
@@ -136,7 +136,7 @@ def softmax_fused_backward_op(grad: torch.Tensor, y: torch.Tensor, x: Optional[t
 @softmax_fused_backward_op.register_fake
 def _softmax_fused_backward_fake(grad, y, x, mask, sinks, p_sink, dim, scale, softcap, causal, empty_rows, log,
                                  backend=None):
-    dispatch.check_backward_args(y, grad, dim, log)
+    check_backward_args(y, grad, dim, log)
     spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=_fused_args(mask, sinks, scale, softcap, causal,
                                                                            empty_rows).as_kwargs())
     ds = y.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype) if sinks is not None else _no_sinks(y)

@@ -50,7 +50,7 @@ import torch
 from torch.library import triton_op
 
 from .. import dispatch
-from ..core.spec import SoftmaxSpec
+from ..core.spec import SoftmaxSpec, check_backward_args
 from ..dispatch import FusedArgs
 
 ENV = "ANYSOFTMAX_COMPILE_KERNELS"
@@ -101,7 +101,7 @@ def log_softmax_triton(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] =
 def softmax_backward_triton(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool,
                             backend: Optional[str] = None) -> torch.Tensor:
     """`softmax_backward` as Triton kernels torch.compile can see (GPU backends)."""
-    spec = dispatch.check_backward_args(y, grad, dim, log)
+    spec = check_backward_args(y, grad, dim, log)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
     spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
@@ -155,7 +155,7 @@ def softmax_fused_backward_triton(grad: torch.Tensor, y: torch.Tensor, x: Option
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """`anysoftmax::softmax_fused_backward` as Triton kernels torch.compile can see."""
     a = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
-    dispatch.check_backward_args(y, grad, dim, log)
+    check_backward_args(y, grad, dim, log)
     spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
     if spec.numel == 0:
         return torch.empty_like(y), (_empty_p(y) if sinks is None else torch.empty_like(p_sink))
@@ -192,7 +192,7 @@ def backward_target(grad, y, dim, log, backend):
             or not _concrete(grad, y):
         return None
     try:
-        spec = dispatch.check_backward_args(y, grad, dim, log)
+        spec = check_backward_args(y, grad, dim, log)
         if spec.numel == 0 or _backend_for(spec, backend) is None:
             return None
     except Exception:
@@ -226,7 +226,7 @@ def fused_backward_target(grad, y, x, mask, sinks, p, dim, scale, softcap, causa
         return None
     try:
         a = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
-        dispatch.check_backward_args(y, grad, dim, log)
+        check_backward_args(y, grad, dim, log)
         spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
         chosen = _backend_for(spec, backend)
         if spec.numel == 0 or chosen is None or not hasattr(chosen, "traced_fused_backward"):

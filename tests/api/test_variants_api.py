@@ -11,6 +11,7 @@ import torch
 import anysoftmax
 from anysoftmax import dispatch
 from anysoftmax.core import SoftmaxSpec
+from anysoftmax.core.request import FUSED_FWD, request_key
 from helpers import FUSED_PROBE, StubBackend, backends_that_run
 
 # The CPU backends that declare the fused family (a plugin without `fused = True` is not one).
@@ -224,7 +225,7 @@ def test_request_keys_imply_kernel_keys(gen):
     for m in masks + [m.transpose(-1, -2).contiguous().transpose(-1, -2) for m in masks]:
         for causal in (False, True, "bottom_right"):
             a = dispatch.FusedArgs(0.5, m, causal, None, None, "zero")
-            rk = dispatch.fused_request_key(x, -1, None, None, False, a)
+            rk = request_key(FUSED_FWD, x, -1, None, None, False, None, a)
             kk = SoftmaxSpec.from_request(x, -1, fused=a.as_kwargs())[0].kernel_key()
             assert seen.setdefault(rk, kk) == kk
 
