@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -112,25 +111,13 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
     return rows
 
 
-def _formula(outs, lses):
-    # The textbook merge in torch ops (what an engine writes without a kernel), -inf guarded.
-    import torch
-
-    L = torch.stack(lses)
-    m = L.amax(0)
-    ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w = torch.exp(L - ms)
-    s = w.sum(0)
-    out = (torch.stack(outs).float() * (w / s).unsqueeze(-1)).sum(0)
-    return out.to(outs[0].dtype), ms + torch.log(s)
-
-
 def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: bool) -> list[dict]:
     import torch
 
     import anysoftmax
     from ..compat.vllm import merge_attn_states
     from ..core.compare import compare_merge
+    from ..matrix.pieces_cells import torch_merge
 
     time_ms, b2b, rotation_count, kw, calls = _timing(device)
     rows = []
@@ -156,9 +143,9 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
                     dst_lse = torch.empty(heads, tokens, device=device)
                     providers.append(("vllm-dropin", lambda s: merge_attn_states(
                         dst, s[0][0], s[1][0].t(), s[0][1], s[1][1].t(), dst_lse), None))
-                providers.append(("torch", lambda s: _formula(*s), None))
+                providers.append(("torch", lambda s: torch_merge(*s), None))
                 if compiled:
-                    formula_c = _compiled(_formula)
+                    formula_c = _compiled(torch_merge)
                     providers.append(("torch.compile", lambda s: formula_c(*s), None))
                 for name, fn, chk in providers:
                     try:

@@ -155,8 +155,9 @@ class ShardedLogsumexp(torch.autograd.Function):
         acc = _acc(x)
         g = gout.to(acc) if c.keepdim else gout.to(acc).unsqueeze(c.dim)
         # d lse / d z is the global softmax: the local fused softmax with `rest` as its sink
-        # (0 at excluded positions and in rows empty everywhere).
-        p = _shard_values(x.detach(), mask, sinks, c._replace(log=False), rest).to(acc)
+        # (0 at excluded positions and in rows empty everywhere), computed in the accumulation
+        # dtype: rounded to a 16-bit x first, dx would carry two roundings instead of one.
+        p = _shard_values(x.detach().to(acc), mask, sinks, c._replace(log=False), rest)
         dz = g * p
         ds = None
         if sinks is not None:

@@ -39,8 +39,9 @@ def refusal(cell: Cell) -> str | None:
     return None
 
 
-def _formula(outs, lses):
-    # The merge as an engine writes it in torch ops, -inf guarded (the torch peers' merge).
+def torch_merge(outs, lses):
+    """merge_states as an engine writes it in torch ops, -inf guarded: the torch peer of the
+    matrix and the bench."""
     L = torch.stack(lses)
     m = L.amax(0)
     ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -65,7 +66,7 @@ def provider(cell: Cell, device: str):
     peer = name[len(providers.PEER_PREFIX):]
     if peer == "copy":
         return (lambda x: x.clone()) if cell.op == LOGSUMEXP else (lambda t: [o.clone() for o in t[0]])
-    fn = (lambda x: torch.logsumexp(x, dim)) if cell.op == LOGSUMEXP else (lambda t: _formula(*t))
+    fn = (lambda x: torch.logsumexp(x, dim)) if cell.op == LOGSUMEXP else (lambda t: torch_merge(*t))
     if peer == "torch":
         return fn
     if peer == "torch.compile":
