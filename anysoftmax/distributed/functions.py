@@ -44,14 +44,14 @@ def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _shard_values(x, mask, sinks, c: Call, rest) -> torch.Tensor:
+def _shard_values(x, mask, sinks, c: Call, rest, dtype=None) -> torch.Tensor:
     # With `rest` as its sink, the local fused softmax of the shard is the global softmax's
     # shard. Empty rows stay "zero" locally: a row empty here may be kept on another rank;
     # the policy applies to rows empty everywhere (done by the caller). One rank: `rest` is
     # the sinks themselves (without any, the plain softmax's path).
     op = _local_log_softmax if c.log else _local_softmax
     sink = (None if sinks is None else sinks.detach()) if c.world == 1 else rest
-    return op(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
+    return op(x, c.dim, dtype, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
 
 
 def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call) -> torch.Tensor:
@@ -155,9 +155,9 @@ class ShardedLogsumexp(torch.autograd.Function):
         acc = _acc(x)
         g = gout.to(acc) if c.keepdim else gout.to(acc).unsqueeze(c.dim)
         # d lse / d z is the global softmax: the local fused softmax with `rest` as its sink
-        # (0 at excluded positions and in rows empty everywhere), computed in the accumulation
-        # dtype: rounded to a 16-bit x first, dx would carry two roundings instead of one.
-        p = _shard_values(x.detach().to(acc), mask, sinks, c._replace(log=False), rest)
+        # (0 at excluded positions and in rows empty everywhere), in the accumulation dtype
+        # (`dtype=` widens inside the kernel's loads): dx is rounded once, not twice.
+        p = _shard_values(x.detach(), mask, sinks, c._replace(log=False), rest, acc)
         dz = g * p
         ds = None
         if sinks is not None:

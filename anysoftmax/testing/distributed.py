@@ -199,7 +199,10 @@ def _check_lse(parts, x, mask, sinks, dim, spec: SoftmaxSpec, backward: bool) ->
     slack = 16 * eps * gb * p * (1 + z.abs().nan_to_num(0.0, 0.0, 0.0))
     arg = (x64.detach() * (1.0 if v.scale is None else v.scale) / (v.softcap or 1.0)).abs()
     dx = torch.cat([p["dx"] for p in parts], dim)
-    bx = tol.atol * gb * max(1.0, scale) + 2 * tol.rtol * exp["x"].abs() + slack * scale * (1 + arg)
+    # The rounding to x's dtype near zero is absolute: half a subnormal step (float16: 3e-8),
+    # whatever g's size (atol · |g| alone fails a correctly rounded float16 subnormal).
+    sub = torch.finfo(x.dtype).smallest_normal * torch.finfo(x.dtype).eps
+    bx = tol.atol * gb * max(1.0, scale) + sub + 2 * tol.rtol * exp["x"].abs() + slack * scale * (1 + arg)
     why = _close(dx, exp["x"], bx, "logsumexp dx")
     if why:
         bad.append(why)

@@ -18,17 +18,9 @@ from anysoftmax.distributed import collective
 from anysoftmax.testing.distributed import spawn_checks
 
 
-# An open bug (issue 35): on some seeds the float16 logsumexp gradient of the dim-0 case misses
-# its bound by up to 1.6x (e.g. ANYSOFTMAX_TEST_SEED giving seed 2127877499 here, shards [0, 13]).
-# Until it is found, a run whose only failures are that one is an expected failure, shown as such.
-KNOWN_FP16_DIM0_LSE_GRAD = "dim0/logsumexp/float16"
-
-
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_conformance_over_gloo(world, seed):
     failures = spawn_checks(world, seed=seed, quick=world == 4, timeout=240)
-    if failures and all(f.startswith(KNOWN_FP16_DIM0_LSE_GRAD) and "logsumexp dx" in f for f in failures):
-        pytest.xfail(f"seed {seed}: the open float16 dim-0 logsumexp gradient bug: {failures[0]}")
     assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
 
 
