@@ -19,6 +19,7 @@ from .. import dispatch_pieces
 from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, lse_dtype,
                            merge_backward_formula, row_shape)
 from ..core.variant import build, causal_name, runtime_values
+from .batching import _front
 from .grad_mode import wants_autodiff
 
 
@@ -61,18 +62,6 @@ def _lse_backward(ctx, g):
 
 
 logsumexp_op.register_autograd(_lse_backward, setup_context=_lse_setup)
-
-
-def _front(t, bdim, batch, sample_ndim, full):
-    """`t` with its batch dim in front; an operand that broadcasts (mask, sinks) gets size-1
-    dims after the batch dim up to the sample's rank so right-aligned broadcasting lines up."""
-    if t is None:
-        return None
-    if bdim is None:
-        return t.expand(batch, *t.shape) if full else t
-    t = t.movedim(bdim, 0)
-    missing = sample_ndim - (t.dim() - 1)
-    return t[(slice(None),) + (None,) * missing] if missing > 0 else t
 
 
 @logsumexp_op.register_vmap
