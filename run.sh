@@ -80,6 +80,8 @@ fi
 
 case "$cmd" in
   matrix) exec "$PY" -m anysoftmax matrix "$@" ;;
-  test)   exec "$PY" -m pytest -q "$@" ;;
+  # One worker per core (pytest-xdist), a test file per worker at a time (files share fixtures
+  # and module-level state); ANYSOFTMAX_TEST_WORKERS=0 runs in this process.
+  test)   exec "$PY" -m pytest -q -n "${ANYSOFTMAX_TEST_WORKERS:-auto}" --dist loadfile "$@" ;;
   docs)   NO_MKDOCS_2_WARNING=1 exec "$PY" -m mkdocs build --strict --site-dir site "$@" ;;
 esac

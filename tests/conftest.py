@@ -26,13 +26,26 @@ plugins.use_interpreter_if_needed()
 import pytest  # noqa: E402
 
 SEED = int(os.environ.get("ANYSOFTMAX_TEST_SEED", random.SystemRandom().randrange(2**31)))
+# pytest-xdist's workers start after this module is imported in the controller: they inherit the
+# seed through the environment, so the whole run uses the one seed the header prints.
+os.environ["ANYSOFTMAX_TEST_SEED"] = str(SEED)
 
 
-def pytest_report_header(config):
+def _seed_lines() -> list[str]:
     return [f"anysoftmax: random seed {SEED} (set ANYSOFTMAX_TEST_SEED to replay); "
             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}; CUDA: {HAS_CUDA}",
             f"anysoftmax: fuzzer replay seed {SEED} (tests/testing/test_fuzz.py; replay: ANYSOFTMAX_TEST_SEED={SEED}, "
             f"or fuzz_backend(NAME, calls=N, seed={SEED}))"]
+
+
+def pytest_report_header(config):
+    return _seed_lines()
+
+
+def pytest_terminal_summary(terminalreporter):
+    # Again at the end: `-q` (run.sh test) hides the header, and a failure is read from the end.
+    for line in _seed_lines():
+        terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -49,7 +49,9 @@ def _inputs(gen, shape=(2, 3, 4, 6)):
 
 @pytest.mark.parametrize("backend", FP64_BACKENDS)
 def test_gradcheck_gradgradcheck(backend, gen):
-    x, sinks, add, mask = _inputs(gen)
+    # Small enough for numerical second derivatives through the interpreter (one launch per
+    # perturbed element); still two batches, per-head sinks and a bottom-right causal offset.
+    x, sinks, add, mask = _inputs(gen, shape=(2, 2, 3, 4))
 
     def f(x_, s_, m_):
         return anysoftmax.softmax(x_, -1, scale=0.7, softcap=1.5, mask=m_, sinks=s_, causal="bottom_right",

@@ -22,8 +22,9 @@ from wrong_backends import IgnoresMask, Right, StaleStrides
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 # Budgets: the whole file stays within a few minutes on one core (the interpreter runs every
-# Triton program in turn).
-BUDGETS = {"torch": 300, "triton": 150, "triton_ascend": 150}
+# Triton program in turn). triton_ascend runs the triton backend's kernels on a fixed program grid
+# (many more interpreted programs per call): fewer calls, the same kinds of sequence.
+BUDGETS = {"torch": 300, "triton": 150, "triton_ascend": 60}
 
 def _fuzz(record_property, backend, calls, **kw):
     record_property("fuzz_seed", SEED)
