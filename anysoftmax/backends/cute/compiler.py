@@ -21,7 +21,8 @@ _CUTLASS_DTYPES = {"float32": "Float32", "float16": "Float16", "bfloat16": "BFlo
 
 def _fake(dtype: str, vec: int, rank: int):
     """A tensor description with every extent and stride symbolic but the last (contiguous):
-    (rows, n) for the row kernels (rank 2), (outer, n, inner) for the column kernels (rank 3).
+    (rows, n) for the row kernels (rank 2), (outer, n, inner) for the column kernels (rank 3),
+    (rows,) for a logsumexp kernel's result (rank 1, vec 1).
     The last extent and the other strides are multiples of `vec`, the pointer aligned to a vector."""
     cute = import_dsl()
     import cutlass
@@ -52,7 +53,10 @@ def compile_kernel(key: KernelKey, keep: bool = False):
         options += ["--keep-ptx", "--keep-cubin"]
     if key.arch:
         options.append(f"--gpu-arch={key.arch}")
-    if key.lanes:  # a column kernel
+    if key.states:  # logsumexp: x in, one float32 a row out
+        consts = (key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.scaled, key.capped)
+        entry = kernels.states_entry
+    elif key.lanes:  # a column kernel
         consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.lanes)
         entry = kernels.columns_backward_entry if key.backward else kernels.columns_forward_entry
     elif key.fused:
@@ -63,8 +67,11 @@ def compile_kernel(key: KernelKey, keep: bool = False):
         consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.staged)
         entry = kernels.backward_entry if key.backward else kernels.forward_entry
     tensors = tuple(_fake(d, key.vec, 3 if key.lanes else 2) for d in key.operand_dtypes)
-    # A fused kernel's scale and softcap are run-time float32 arguments (a new value never recompiles).
-    values = (cutlass.Float32(1.0), cutlass.Float32(1.0)) if key.fused else ()
+    if key.states:  # the lse: a vector of one float32 a row
+        tensors = (tensors[0], _fake("float32", 1, 1))
+    # A fused kernel's scale and softcap are run-time float32 arguments (a new value never
+    # recompiles); a logsumexp kernel takes them always (1.0 where it has no such step).
+    values = (cutlass.Float32(1.0), cutlass.Float32(1.0)) if key.fused or key.states else ()
     args = (*tensors, *values, stream)
     return cute.compile(entry, *args, *consts, options=" ".join(options))
 

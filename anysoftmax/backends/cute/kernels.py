@@ -20,6 +20,10 @@ again, newest first, so that they come from L2, and writes the result; the last 
 the registers between the passes. (Bulk L2 prefetches of the coming tiles were tried on an
 H100 and made these kernels hang or fault: "illegal instruction"; they are not used.)
 
+logsumexp (`states_entry`) is the forward kernel with `states` set: the same plan, loads and
+reduction of a row (its tiles read once, none held), then lse = M + log(S) written by one
+thread, one float32 a row, instead of the second pass and the row's stores.
+
 What a thread keeps from its loads to its stores: softmax keeps exp(x - m) against its own
 maximum m (one exp an element; the output is that times exp(m - M) / S), as float16 for a 16-bit
 output; log_softmax keeps x; backward y and dy. Two-pass tiles are exponentiated again against
@@ -53,7 +57,9 @@ against 0 instead of -inf (else -inf - -inf = NaN would poison a finite row); pa
 combine as s1 * scale(m1) + s2 * scale(m2) with scale(m) = 1 when m is the larger maximum (so
 -inf/-inf and inf/inf pairs never form NaN by themselves), else exp2((m - M) * log2(e)); a NaN
 input makes its sum NaN and with it the whole row; a row of -inf ends with M = -inf and
-(x - M) = NaN everywhere, as torch gives it.
+(x - M) = NaN everywhere, as torch gives it. logsumexp (`core.pieces`) differs where +inf is
+the maximum: its thread exponentiates against 0 instead, so S = +inf and lse = +inf (NaN when
+the row also holds a NaN); a row of -inf gives -inf + log(0) = -inf.
 """
 
 import math
@@ -69,7 +75,8 @@ _built: list = []
 
 
 def entries() -> SimpleNamespace:
-    """The host entry points `forward_entry` and `backward_entry` (for `cute.compile`), and
+    """The host entry points `forward_entry`, `backward_entry`, their `fused_*` forms and
+    `states_entry` (logsumexp) for `cute.compile`, and
     those of the column kernels (`column_kernels.py`), defined on first use: this module imports
     without the DSL (its kernels need it to compile)."""
     with _lock:
@@ -290,16 +297,17 @@ def _define() -> SimpleNamespace:
         words.store(words.load() ^ zero)
 
     @cute.jit
-    def _tile_stats(frag: cute.Tensor, fe: cute.Tensor, keep: cutlass.Constexpr[bool], packed: cutlass.Constexpr[bool]):
+    def _tile_stats(frag: cute.Tensor, fe: cute.Tensor, keep: cutlass.Constexpr[bool], packed: cutlass.Constexpr[bool],
+                    states: cutlass.Constexpr[bool]):
         """(max m, sum of exp(x - m)) of one thread's tile; (-inf, 0) when it holds only -inf. With
         `keep`, exp(x - m) goes to `fe` (the forward output is then fe * exp(m - M) / S). `packed`
         (16-bit values, two a word): the maximum taken packed (`_packed_max`), the values
-        converted to float32 only for the exponentials."""
+        converted to float32 only for the exponentials. `states`: see `_exp_sum`."""
         if const_expr(packed):
             m = _packed_max(frag)
         else:
             m = frag.load().to(Float32).reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-        return m, _exp_sum(frag.load().to(Float32), m, fe, keep)
+        return m, _exp_sum(frag.load().to(Float32), m, fe, keep, states)
 
     @cute.jit
     def _packed_max(frag: cute.Tensor) -> Float32:
@@ -323,12 +331,17 @@ def _define() -> SimpleNamespace:
         return level[0]
 
     @cute.jit
-    def _exp_sum(x, m: Float32, fe: cute.Tensor, keep: cutlass.Constexpr[bool]) -> Float32:
+    def _exp_sum(x, m: Float32, fe: cute.Tensor, keep: cutlass.Constexpr[bool],
+                 states: cutlass.Constexpr[bool]) -> Float32:
         """Sum of exp(x - m) over a tile's float32 values `x` whose maximum is `m`; with `keep`,
-        exp(x - m) goes to `fe`."""
+        exp(x - m) goes to `fe`. `states` (the logsumexp kernel): a +inf maximum pivots at 0 too,
+        so that a row holding +inf sums to +inf (its logsumexp) instead of NaN (its softmax)."""
         pivot = m
         if m == -Float32.inf:
             pivot = Float32(0.0)  # exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN
+        if const_expr(states):
+            if m == Float32.inf:
+                pivot = Float32(0.0)
         e = cute.math.exp2((x - pivot) * LOG2_E, fastmath=True)
         if const_expr(keep):
             fe.store(e.to(fe.element_type))
@@ -375,7 +388,8 @@ def _define() -> SimpleNamespace:
     def _tile_stats_fused(frag: cute.Tensor, fz: cute.Tensor, keep_exp: cutlass.Constexpr[bool], scale: Float32,
                           cap: Float32, has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool],
                           first: Int32, threads: cutlass.Constexpr[int], n_vec: Int32,
-                          guard: cutlass.Constexpr[bool], precise: cutlass.Constexpr[bool]):
+                          guard: cutlass.Constexpr[bool], precise: cutlass.Constexpr[bool],
+                          states: cutlass.Constexpr[bool]):
         """`_tile_stats` after the prologue: z goes to the float32 `fz` (then, with `keep_exp`,
         exp(z - m) replaces it). Vectors past the row's end are set to -inf after the prologue,
         which would map a -inf fill to +inf (scale < 0) or -cap (softcap)."""
@@ -387,7 +401,7 @@ def _define() -> SimpleNamespace:
                     fz[None, k].fill(-Float32.inf)
         z = fz.load()
         m = z.reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-        return m, _exp_sum(z, m, fz, keep_exp)
+        return m, _exp_sum(z, m, fz, keep_exp, states)
 
     @cute.jit
     def _forward_kept(fx: cute.Tensor, fe: cute.Tensor, dst: cute.Tensor, m: Float32, big: Float32, total: Float32,
@@ -451,6 +465,15 @@ def _define() -> SimpleNamespace:
             dx = dx * scale
         dst.store(dx.to(dst.element_type))
 
+    @cute.jit
+    def _store_lse(mL: cute.Tensor, row: Int32, rank: Int32, big: Float32, total: Float32):
+        """The row's logsumexp M + log(S) into mL[row], written by the cluster's first thread
+        (every thread holds M and S): -inf for a row of -inf (M = -inf, S = 0), NaN with a NaN
+        (S is NaN), +inf with +inf and no NaN (M = S = +inf: `_exp_sum`'s `states`)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx + rank == 0:
+            mL[row] = big + cute.math.log(total, fastmath=False)
+
     def _vectors(t: cute.Tensor, row: Int32, vec: int) -> cute.Tensor:
         """Row `row` of the (rows, n) tensor `t` as (vec, n // vec) vectors."""
         return cute.zipped_divide(t[row, None], (vec,))
@@ -465,7 +488,10 @@ def _define() -> SimpleNamespace:
                         cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
                         vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
                         staged: cutlass.Constexpr[int], has_scale: cutlass.Constexpr[bool],
-                        has_cap: cutlass.Constexpr[bool]):
+                        has_cap: cutlass.Constexpr[bool], states: cutlass.Constexpr[bool]):
+        """softmax (log_softmax) of the rows of mX into mY; with `states` (logsumexp), the first
+        pass alone: the rows' statistics closed into lse = M + log(S), one float32 a row in the
+        vector mY, and nothing of the row written."""
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -477,7 +503,7 @@ def _define() -> SimpleNamespace:
             cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first st.async
         rank = bidx % cluster
         row = bidx // cluster
-        gx, gy = _vectors(mX, row, vec), _vectors(mY, row, vec)
+        gx = _vectors(mX, row, vec)
         n_vec = cute.size(gx, mode=[1])
         zero = _runtime_zero()
         per_cta = threads * vectors
@@ -486,28 +512,37 @@ def _define() -> SimpleNamespace:
         fx = cute.make_rmem_tensor(frag, mX.element_type)
         fy = cute.make_rmem_tensor(frag, mY.element_type)
         fused = const_expr(has_scale or has_cap)
-        precise = const_expr(mY.element_type.width == 32)  # the prologue's tanh (`_prologue_in_place`)
+        out_type = mY.element_type
+        if const_expr(states):
+            out_type = mX.element_type  # the softmax's output dtype: logsumexp computes as that softmax does
+        precise = const_expr(out_type.width == 32)  # the prologue's tanh (`_prologue_in_place`)
         # exp(x - m) kept between the reduction and the store: float16 (two a register) for a 16-bit
         # output (fp16's 2**-11 relative rounding is a quarter ulp of bf16 and half an ulp of fp16,
         # inside their tolerances, but a hundred times float32's), float32 otherwise. The fused
         # prologue's z (log_softmax) or exp(z - m) (softmax) is kept as float32 (the plan holds
         # fewer elements for it).
         packed = const_expr(_narrow(mX) and vec % 2 == 0)  # 16-bit values, two to a word
-        fe_half = const_expr(_narrow(mY) and vec % 2 == 0 and not fused)
+        fe_half = const_expr(out_type.width == 16 and vec % 2 == 0 and not fused)
         fe = cute.make_rmem_tensor(frag, cutlass.Float16 if fe_half else Float32)
         neg_inf = -mX.element_type.inf
+        keep = const_expr(not log and not states)  # exp(x - m) kept for the output
         if const_expr(not two_pass):
             _load_tile(gx, fx, first, threads, n_vec, neg_inf, True)
             if const_expr(fused):
-                m, s = _tile_stats_fused(fx, fe, not log, scale, cap, has_scale, has_cap, first, threads, n_vec, True,
-                                          precise)
+                m, s = _tile_stats_fused(fx, fe, keep, scale, cap, has_scale, has_cap, first, threads, n_vec, True,
+                                          precise, states)
                 big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
-                _forward_kept(fe, fe, fy, m, big, total, log, False, zero)  # fe: z (log) or exp(z - m)
+                if const_expr(not states):
+                    _forward_kept(fe, fe, fy, m, big, total, log, False, zero)  # fe: z (log) or exp(z - m)
             else:
-                m, s = _tile_stats(fx, fe, not log, packed)
+                m, s = _tile_stats(fx, fe, keep, packed, states)
                 big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
-                _forward_kept(fx, fe, fy, m, big, total, log, packed, zero)
-            _store_tile(fy, gy, first, threads, n_vec, True)
+                if const_expr(not states):
+                    _forward_kept(fx, fe, fy, m, big, total, log, packed, zero)
+            if const_expr(states):
+                _store_lse(mY, row, rank, big, total)
+            else:
+                _store_tile(fy, _vectors(mY, row, vec), first, threads, n_vec, True)
         else:
             per_tile = cluster * per_cta
             n_tiles = (n_vec + per_tile - 1) // per_tile
@@ -520,28 +555,33 @@ def _define() -> SimpleNamespace:
                         _store_tile(fx, sx, i * per_cta + tidx, threads, n_vec, False)
                 if const_expr(fused):
                     tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, first, threads, n_vec,
-                                               False, precise)
+                                               False, precise, states)
                 else:
-                    tm, ts = _tile_stats(fx, fe, False, packed)
+                    tm, ts = _tile_stats(fx, fe, False, packed, states)
                 m, s = _combine_pair(m, s, tm, ts)
             last = first + (n_tiles - 1) * per_tile
             _load_tile(gx, fx, last, threads, n_vec, neg_inf, True)
             if const_expr(fused):
                 tm, ts = _tile_stats_fused(fx, fe, False, scale, cap, has_scale, has_cap, last, threads, n_vec, True,
-                                           precise)
+                                           precise, states)
             else:
-                tm, ts = _tile_stats(fx, fe, False, packed)
+                tm, ts = _tile_stats(fx, fe, False, packed, states)
             m, s = _combine_pair(m, s, tm, ts)
             big, total = _row_reduce(m, s, slots, mbar, True, cluster, warps)
-            if const_expr(packed):
-                _opaque(fx, _after(zero, total))  # the last tile stays packed across the reduction
-            _forward_fresh(fx, fy, big, total, log, fe, scale, cap, has_scale, has_cap)  # the last tile, from the registers
-            _store_tile(fy, gy, last, threads, n_vec, True)
-            for i in cutlass.range(n_tiles - 1, unroll=1):  # newest first: the likeliest still in L2
-                t = n_tiles - 2 - i
-                _reload_tile(gx, sx, fx, first + t * per_tile, t, per_cta, tidx, threads, n_vec, staged)
+            if const_expr(states):
+                _store_lse(mY, row, rank, big, total)
+            else:
+                gy = _vectors(mY, row, vec)
+                if const_expr(packed):
+                    _opaque(fx, _after(zero, total))  # the last tile stays packed across the reduction
+                # The last tile, from the registers.
                 _forward_fresh(fx, fy, big, total, log, fe, scale, cap, has_scale, has_cap)
-                _store_tile(fy, gy, first + t * per_tile, threads, n_vec, False)
+                _store_tile(fy, gy, last, threads, n_vec, True)
+                for i in cutlass.range(n_tiles - 1, unroll=1):  # newest first: the likeliest still in L2
+                    t = n_tiles - 2 - i
+                    _reload_tile(gx, sx, fx, first + t * per_tile, t, per_cta, tidx, threads, n_vec, staged)
+                    _forward_fresh(fx, fy, big, total, log, fe, scale, cap, has_scale, has_cap)
+                    _store_tile(fy, gy, first + t * per_tile, threads, n_vec, False)
 
     @cute.kernel
     def _backward_kernel(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, mX: cute.Tensor, scale: Float32,
@@ -636,7 +676,7 @@ def _define() -> SimpleNamespace:
                       staged: cutlass.Constexpr[int]):
         """One cluster per row: grid = rows * cluster CTAs."""
         _forward_kernel(mX, mY, Float32(1.0), Float32(1.0), log, cluster, threads, vec, vectors, two_pass, staged,
-                        False, False).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                        False, False, False).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
                                       cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     @cute.jit
@@ -648,8 +688,20 @@ def _define() -> SimpleNamespace:
                             has_cap: cutlass.Constexpr[bool]):
         """`forward_entry` with the fused prologue (scale, softcap: run-time values)."""
         _forward_kernel(mX, mY, scale, cap, log, cluster, threads, vec, vectors, two_pass, staged, has_scale,
-                        has_cap).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
-                                        cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+                        has_cap, False).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                               cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None,
+                                               stream=stream)
+
+    @cute.jit
+    def states_entry(mX: cute.Tensor, mL: cute.Tensor, scale: Float32, cap: Float32, stream,
+                     cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
+                     vectors: cutlass.Constexpr[int], two_pass: cutlass.Constexpr[bool],
+                     has_scale: cutlass.Constexpr[bool], has_cap: cutlass.Constexpr[bool]):
+        """logsumexp: the forward kernel's first pass, each row's lse into the float32 vector mL
+        (scale and softcap: run-time values, 1.0 where the plan has no such step)."""
+        _forward_kernel(mX, mL, scale, cap, False, cluster, threads, vec, vectors, two_pass, 0, has_scale, has_cap,
+                        True).launch(grid=[mX.shape[0] * cluster, 1, 1], block=[threads, 1, 1],
+                                     cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
 
     @cute.jit
     def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: cutlass.Constexpr[bool],
@@ -680,4 +732,5 @@ def _define() -> SimpleNamespace:
         send=_send, wait_phase0=_wait_phase0, expect_bytes=_expect_bytes, log2_e=LOG2_E, warp=WARP))
     return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry,
                            fused_forward_entry=fused_forward_entry, fused_backward_entry=fused_backward_entry,
+                           states_entry=states_entry,
                            columns_forward_entry=columns.forward_entry, columns_backward_entry=columns.backward_entry)

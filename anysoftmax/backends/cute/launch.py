@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from ...core.layout import POISON_OUTPUTS, new_output
+from ...core.pieces import row_shape
 from .plan import DTYPE_BYTES, KernelKey
 
 
@@ -41,7 +42,8 @@ def _dlpack_call(fn, key: KernelKey) -> Callable:
     cute = import_dsl()
 
     def wrap(t: torch.Tensor, dtype: str):
-        return cute.runtime.from_dlpack(t, assumed_align=key.vec * DTYPE_BYTES[dtype]).mark_layout_dynamic(
+        vec = key.vec if t.dim() > 1 else 1  # a logsumexp's result is written one float at a time
+        return cute.runtime.from_dlpack(t, assumed_align=vec * DTYPE_BYTES[dtype]).mark_layout_dynamic(
             leading_dim=t.dim() - 1)
 
     dtypes = key.operand_dtypes
@@ -89,6 +91,26 @@ def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int, f
         return y
 
     return (lambda x, ops: (run(x, ops.scale, ops.softcap), None)) if fused else run
+
+
+def logsumexp(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -> Callable:
+    """`f(x, operands) -> lse` (keepdim, float32) for logsumexp requests like `spec` read as rows
+    (`backend.lse_rows_of`: row r's result is element r of the result). The kernel takes the
+    operands' scale and softcap (1.0 where absent); a sink is folded in after it,
+    lse = logaddexp(lse, s): one elementwise pass over the rows' floats, the sinks broadcast
+    as they are given (-inf rows become s, as `core.pieces` states)."""
+    shape, device = row_shape(spec.shape, spec.dim), spec.device
+    call = guarded(call, device)
+    sinks = spec.variant.sinks is not None
+
+    def run(x: torch.Tensor, ops) -> torch.Tensor:
+        out = new_output(shape, torch.float32, device)
+        call(rows_view(x, n_rows, n_cols, x_row_stride), out.view(n_rows), ops.scale, ops.softcap)
+        if sinks:
+            torch.logaddexp(out, ops.sinks, out=out)
+        return out
+
+    return run
 
 
 def _aligned(t: torch.Tensor, align_bytes: int) -> torch.Tensor:

@@ -53,6 +53,8 @@ class KernelKey:
     # Two-pass row kernels: full tiles (the first `staged`) a CTA keeps in shared memory between
     # the passes, so that the second pass reads them there instead of from L2 or memory.
     staged: int = 0
+    # logsumexp (`kernels.states_entry`): the forward's first pass alone, one float32 a row out.
+    states: bool = False
 
     @property
     def fused(self) -> bool:
@@ -79,8 +81,11 @@ class KernelKey:
 
     @property
     def operand_dtypes(self) -> tuple[str, ...]:
-        """The kernel's tensors' dtypes in argument order: (x, y) forward, (y, dy, dx) backward,
-        (y, dy, dx, x) a fused backward (x converted to y's dtype; read with a softcap only)."""
+        """The kernel's tensors' dtypes in argument order: (x, y) forward, (x, lse) logsumexp,
+        (y, dy, dx) backward, (y, dy, dx, x) a fused backward (x converted to y's dtype; read with
+        a softcap only)."""
+        if self.states:
+            return self.in_dtype, "float32"
         if not self.backward:
             return self.in_dtype, self.out_dtype
         return (self.in_dtype, self.in_dtype, self.out_dtype) + ((self.in_dtype,) if self.fused else ())
@@ -93,12 +98,12 @@ class KernelKey:
     def describe(self) -> str:
         """'fwd fp32 cluster 8 x 256 threads x 16 vec4 (one pass)'; column kernels
         'fwd fp32 columns: cluster 16 x 256 threads (8 lanes) x 16 vec4'."""
-        op = ("log_" if self.log else "") + ("bwd" if self.backward else "fwd")
+        op = "lse" if self.states else ("log_" if self.log else "") + ("bwd" if self.backward else "fwd")
         dt = self.in_dtype if self.in_dtype == self.out_dtype else f"{self.in_dtype}->{self.out_dtype}"
         if self.lanes:
             return (f"{op} {dt} columns: cluster {self.cluster} x {self.threads} threads ({self.lanes} lanes) "
                     f"x {self.vectors} vec{self.vec}")
-        passes = "two passes" if self.two_pass else "one pass"
+        passes = ("tiles streamed once" if self.states else "two passes") if self.two_pass else "one pass"
         if self.staged:
             passes += f", {self.staged} tile{'s' * (self.staged > 1)} in shared memory"
         op += "+scale" * self.scaled + "+softcap" * self.capped
@@ -144,17 +149,19 @@ def _max_vectors(t: dict, kind_bits: tuple[str, int], vec: int, entry: str = "el
 
 def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
               arch: str, tvm_ffi: bool, tuning: dict | None = None, scaled: bool = False,
-              capped: bool = False) -> KernelKey:
+              capped: bool = False, states: bool = False) -> KernelKey:
     """The kernel for rows of `n_cols` elements whose tensors are aligned to `align_elems`
     elements (pointers and row strides), with the fused prologue's steps `scaled` / `capped`.
-    Pure: the same arguments give the same plan."""
+    `states`: the logsumexp kernel of the softmax forward's plan (the same CTAs, vectors and
+    passes; no tiles held in shared memory: it reads every tile once). Pure: the same arguments
+    give the same plan."""
     t = table() if tuning is None else tuning
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_cols, align_elems, elem_bytes)
     n_vec = n_cols // vec
     kind_bits = _kind_bits(backward, log, in_dtype, out_dtype, vec)
     max_vectors = _max_vectors(t, kind_bits, vec, "fused_elems_per_thread" if scaled or capped else "elems_per_thread")
-    fused = dict(scaled=scaled, capped=capped)
+    flags = dict(scaled=scaled, capped=capped, states=states)
     threads = t["threads"]
     clusters = sorted(t["clusters"])
     need = cdiv(n_vec, threads * max_vectors)  # CTAs that hold the row
@@ -162,7 +169,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
         # One CTA: as few threads as hold the row, then as few vectors as suffice.
         threads = min(threads, max(t["min_threads"], next_power_of_2(cdiv(n_vec, max_vectors))))
         return KernelKey(backward, in_dtype, out_dtype, log, 1, threads, vec, cdiv(n_vec, threads), False, arch,
-                         tvm_ffi, **fused)
+                         tvm_ffi, **flags)
     # Rows a cluster of `threads`-thread CTAs cannot hold take CTAs of `long_row_threads` (one
     # an SM: the same registers an SM as two of `threads`, in half the CTAs of a cluster).
     long_threads = max(threads, _entry(t, "long_row_threads", *kind_bits))
@@ -171,7 +178,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
         if fitting:
             cluster = fitting[0]
             return KernelKey(backward, in_dtype, out_dtype, log, cluster, width, vec, cdiv(n_vec, cluster * width),
-                             False, arch, tvm_ffi, **fused)
+                             False, arch, tvm_ffi, **flags)
     threads, cluster = long_threads, clusters[-1]
     if (scaled or capped) and not backward:
         # The second pass recomputes the prologue (tanh) on reloaded tiles: fewer elements a tile.
@@ -180,7 +187,9 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     # Tiles of equal size (`balance_tiles`): as few vectors a thread as that many tiles need, so
     # that the last tile is not a sliver that leaves most threads idle.
     vectors = cdiv(n_vec, tiles * cluster * threads) if t["balance_tiles"] else max_vectors
-    two = KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, True, arch, tvm_ffi, **fused)
+    two = KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, True, arch, tvm_ffi, **flags)
+    if states:
+        return two
     # Full tiles (all but the last, which stays in registers; fewer vectors never add a tile)
     # kept in shared memory, as many as the CTA's share of `stage_bytes` holds: the second pass
     # then reads them there, not from memory again.

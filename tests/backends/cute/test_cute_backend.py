@@ -2,7 +2,8 @@
 refusal reasons, and the per-call path (views, strides, alignment, dtypes) with the compiled
 kernel replaced by a torch implementation of the same contract (it writes softmax of its
 (rows, n) input into its (rows, n) output; a column kernel over dim 1 of (outer, n, inner)
-tensors), checked against the float64 reference."""
+tensors; a logsumexp kernel one float32 a row into its (rows,) output), checked against the
+float64 reference."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import torch
 
 import anysoftmax
 from anysoftmax.backends.cute import CuteBackend, compiler, env, launch
-from anysoftmax.backends.cute.backend import rows_of
+from anysoftmax.backends.cute.backend import lse_rows_of, rows_of
 from anysoftmax.core import SoftmaxSpec, compare, compare_backward
+from anysoftmax.core.compare import compare_logsumexp
+from anysoftmax.core.pieces import logsumexp_request, row_shape
 from anysoftmax.core.reference import fused_backward, prologue
 from anysoftmax.core.variant import Variant
 
@@ -122,8 +125,16 @@ class FakeKernel:
     def __call__(self, *args):
         n = len(self.key.operand_dtypes)
         tensors, values = args[:n], args[n:]
-        assert len(values) == (2 if self.key.fused else 0)  # a fused kernel's (scale, softcap)
+        assert len(values) == (2 if self.key.fused or self.key.states else 0)  # (scale, softcap)
         self.calls.append([(tuple(t.shape), tuple(t.stride())) for t in tensors])
+        variant = Variant(scale=values[0] if self.key.scaled else None, softcap=values[1] if self.key.capped else None)
+        if self.key.states:  # (rows, n) x, the (rows,) float32 lse: contiguous
+            x, lse = tensors
+            assert x.dim() == 2 and x.stride(1) == 1 and lse.dim() == 1 and lse.stride(0) == 1
+            assert lse.dtype == torch.float32 and x.data_ptr() % (self.key.vec * x.element_size()) == 0
+            assert not self.key.staged
+            lse.copy_(torch.logsumexp(prologue(x, variant, None, torch.float32), 1))
+            return
         # Row kernels: (rows, n), reduced over dim 1; column kernels: (outer, n, inner), over dim 1.
         rank = 3 if self.key.lanes else 2
         for t in tensors:
@@ -134,7 +145,6 @@ class FakeKernel:
                 assert t.stride(1) % self.key.vec == 0
         for t, dtype in zip(tensors, self.key.operand_dtypes):
             assert str(t.dtype) == f"torch.{dtype}", (t.dtype, dtype)
-        variant = Variant(scale=values[0] if self.key.scaled else None, softcap=values[1] if self.key.capped else None)
         if self.key.backward:
             y, g, dx = tensors[:3]
             x = tensors[3] if self.key.fused else None
@@ -261,3 +271,112 @@ def test_rows_view_shares_storage():
     base = torch.randn(4, 10)
     v = launch.rows_view(base[:, 2:7], 4, 5, 10)
     assert v.data_ptr() == base[:, 2:7].data_ptr() and v.stride() == (10, 1)
+
+
+# ---------------------------------------------------------------- logsumexp (the states kernels)
+
+def _lse_spec(shape, dim=-1, dtype=torch.float32, strides=None, **fused):
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    if strides is not None:
+        x = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+    fused = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in fused.items()}
+    spec, _ = logsumexp_request(x, dim, **fused)
+    return replace(spec, device=torch.device("cuda", 0))
+
+
+def test_supports_logsumexp(capable):
+    assert BACKEND.supports_logsumexp(_lse_spec((8, 65536))) is None
+    assert BACKEND.supports_logsumexp(_lse_spec((4, 3, 1000), dtype=torch.bfloat16, scale=0.5, softcap=30.0)) is None
+    assert BACKEND.supports_logsumexp(_lse_spec((2, 3, 5, 700), sinks=torch.zeros(3, 1, 1))) is None
+    # The reduced dim contiguous but not last (the softmax's column case): the row kernels read it.
+    assert BACKEND.supports_logsumexp(_lse_spec((700, 6), dim=0, strides=(1, 700))) is None
+    assert BACKEND.supports_logsumexp(_lse_spec((5, 7), strides=(0, 1))) is None  # expanded rows
+
+
+@pytest.mark.parametrize("spec,match", [
+    (lambda: _lse_spec((8, 64), mask=torch.zeros(8, 64, dtype=torch.bool)),
+     r"cute's logsumexp takes scale, softcap and sinks only, not mask=bool.*\(masks and causal: backend 'triton'\)"),
+    (lambda: _lse_spec((8, 64), causal=True, sinks=torch.zeros(8, 1)), r"only, not .*causal"),
+    (lambda: _lse_spec((8, 64), dtype=torch.float64), "float64 is not supported"),
+    (lambda: replace(_lse_spec((8, 64)), device=torch.device("cpu")), "device type 'cpu'"),
+    (lambda: _lse_spec((8192, 64), dim=0), r"reduced dim 0 of \[8192, 64\] is strided \(input stride 64\).*'triton'"),
+    (lambda: _lse_spec((3, 4, 5), strides=(100, 20, 1)), "not equally spaced"),
+])
+def test_logsumexp_refusals_name_the_reason(capable, spec, match):
+    reason = BACKEND.supports_logsumexp(spec())
+    assert reason is not None and __import__("re").search(match, reason), reason
+
+
+def test_logsumexp_is_declared_to_the_registry(capable):
+    """The registry sees the op (`run_logsumexp`): a served request passes, a refused one gets
+    cute's reason, and merge_states stays a declared refusal."""
+    from anysoftmax.core import registry
+    from anysoftmax.core.pieces import MergeSpec
+
+    assert registry.op_refusal(BACKEND, "logsumexp", _lse_spec((4, 65536), softcap=20.0)) is None
+    assert "masks and causal" in registry.op_refusal(BACKEND, "logsumexp", _lse_spec((4, 64), causal=True))
+    merge = MergeSpec(2, (4, 64), torch.float32, (torch.float32,) * 2, torch.device("cuda", 0))
+    assert "no merge_states kernel" in registry.op_refusal(BACKEND, "merge_states", merge)
+
+
+def test_logsumexp_refused_through_the_api(monkeypatch):
+    """An explicit request that cute refuses raises with its reason (the fused steps are
+    checked before the device: this runs on a CPU tensor)."""
+    monkeypatch.setattr(type(BACKEND), "is_available", lambda self: None)
+    x = torch.randn(4, 64)
+    with pytest.raises(anysoftmax.UnsupportedRequestError, match="cute.*takes scale, softcap and sinks only"):
+        anysoftmax.logsumexp(x, -1, mask=torch.ones(4, 64, dtype=torch.bool), backend="cute")
+
+
+@pytest.mark.parametrize("fused", [{}, dict(scale=-0.7), dict(softcap=2.0), dict(scale=1.5, softcap=3.0), "sinks"])
+@pytest.mark.parametrize("kind", ["2d", "3d", "sliced-rows", "unaligned", "expanded", "column", "transposed"])
+def test_logsumexp_path(fake_kernels, kind, fused, gen):
+    """The launcher's views, alignment, result layout and sink fold, with the states kernel
+    stood in for, against the float64 reference."""
+    x = _input("dim0" if kind == "transposed" else kind, gen)  # (views: the layouts are the point)
+    if kind == "transposed":
+        x = x.t()  # (48, 40): dim 0 is contiguous, rows 40 apart
+    dim = 0 if kind in ("column", "transposed") else -1
+    if fused == "sinks":
+        sinks = torch.randn(row_shape(tuple(x.shape), dim % x.dim()), generator=gen) * 4
+        fused = dict(sinks=sinks[..., :1, :] if kind == "3d" else sinks)  # 3d: broadcast over a row dim
+    spec, ops = logsumexp_request(x, dim, **fused)
+    assert lse_rows_of(spec, tuple(x.stride())) == lse_rows_of(spec, spec.strides)
+    lse = BACKEND.logsumexp_launcher(x, spec, ops)(x, ops)
+    result = compare_logsumexp(lse, x, spec, None, fused.get("sinks"))
+    assert result.ok, result.detail
+    (kernel,) = fake_kernels
+    assert kernel.key.states and not kernel.key.backward and not kernel.key.staged
+    assert (kernel.key.scaled, kernel.key.capped) == ("scale" in fused, "softcap" in fused)
+    if kind == "unaligned":
+        assert kernel.key.vec == 1
+
+
+def test_logsumexp_through_the_api(fake_kernels, monkeypatch, gen):
+    """`anysoftmax.logsumexp(..., backend="cute")` reaches the launcher (dispatch memoises it:
+    a second call plans nothing) and gives keepdim and flat results."""
+    from anysoftmax.core import registry
+
+    monkeypatch.setattr(BACKEND, "is_available", lambda: None)
+    monkeypatch.setattr(registry, "get_backend", lambda name: BACKEND)
+    monkeypatch.setattr(BACKEND, "supports_logsumexp", lambda spec: None)
+    x = torch.randn(6, 4096, generator=gen) * 5
+    sinks = torch.randn(6, 1, generator=gen)
+    lse = anysoftmax.logsumexp(x, -1, scale=0.5, sinks=sinks, keepdim=True, backend="cute")
+    spec, _ = logsumexp_request(x, -1, scale=0.5, sinks=sinks)
+    result = compare_logsumexp(lse, x, spec, None, sinks)
+    assert result.ok, result.detail
+    flat = anysoftmax.logsumexp(x, -1, scale=0.5, sinks=sinks, backend="cute")
+    assert flat.shape == (6,) and torch.equal(flat, lse.view(6))
+    assert len(fake_kernels) == 1 and len(fake_kernels[0].calls) == 2
+
+
+def test_logsumexp_plan_is_the_forward_plan(fake_kernels):
+    """The states kernel runs the softmax forward's plan (CTAs, vectors, tiles) under its own
+    memo key, without tiles held in shared memory."""
+    x = torch.randn(2, 1 << 20, dtype=torch.bfloat16)
+    spec, _ = logsumexp_request(x, -1)
+    fwd = BACKEND.plan(False, spec, 1 << 20, 64)
+    lse = BACKEND.plan(False, spec, 1 << 20, 64, states=True)
+    assert fwd.two_pass and fwd.staged and lse == replace(fwd, states=True, staged=0)
+    assert BACKEND.plan(False, spec, 1 << 20, 64, states=True) is lse

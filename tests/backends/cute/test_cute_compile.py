@@ -67,9 +67,25 @@ def _fused_kinds():
     return list(seen.items())
 
 
+def _states_kinds():
+    """The logsumexp kernels (the forward plans' states form): every row length in float32 and
+    bfloat16, a few in float16, and the fused prologue over one CTA, a cluster and streamed tiles."""
+    seen = {}
+    plain = [(d, n, False, False) for d in ("float32", "bfloat16") for n in ROW_LENGTHS]
+    plain += [("float16", n, False, False) for n in (781, 131072, 1048576, 65538)]
+    fused = [(d, n, *steps) for d in ("float32", "bfloat16") for n in (781, 131072, 1048576)
+             for steps in ((True, False), (True, True))]
+    fused += [("float16", 262144, False, True)]
+    for dtype, n, scaled, capped in plain + fused:
+        key = make_plan(False, dtype, dtype, False, n, 64, ARCH, True, scaled=scaled, capped=capped, states=True)
+        seen.setdefault(key, n)
+    return list(seen.items())
+
+
 KINDS = _kinds()
 COLUMN_KINDS = _column_kinds()
 FUSED_KINDS = _fused_kinds()
+STATES_KINDS = _states_kinds()
 
 
 def test_kinds_cover_every_path():
@@ -153,6 +169,32 @@ def test_fused_kernels_compile(key: KernelKey, n: int):
     assert ptx.count("div.rn") <= 2, ptx.count("div.rn")
 
 
+def test_states_kinds_cover_every_path():
+    assert {k.cluster for k, _ in STATES_KINDS} == {1, 2, 4, 8, 16}
+    assert any(k.two_pass for k, _ in STATES_KINDS) and any(not k.two_pass for k, _ in STATES_KINDS)
+    assert {k.vec for k, _ in STATES_KINDS} >= {1, 2, 4, 8} and any(k.threads == 512 for k, _ in STATES_KINDS)
+    assert {(k.scaled, k.capped) for k, _ in STATES_KINDS} == {(False, False), (True, False), (True, True),
+                                                                (False, True)}
+    assert all(k.states and not k.staged and k.operand_dtypes[1] == "float32" for k, _ in STATES_KINDS)
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("key,n", STATES_KINDS, ids=[f"{k.describe()} N={n}" for k, n in STATES_KINDS])
+def test_states_kernels_compile(key: KernelKey, n: int):
+    """logsumexp's kernels: the forward's reads and reduction, one 32-bit store a row."""
+    ptx = _compiled_ptx(key)  # (no tiles held: no shared-memory vectors)
+    assert re.findall(r"st\.global\S*", ptx) == ["st.global.b32"]
+    # The row is read once: the vectors of a tile (and, streamed, of the last tile's copy of the code).
+    loads = re.findall(r"ld\.global\S*", ptx)
+    assert len(loads) == (2 if key.two_pass else 1) * key.vectors, loads
+    # One exp an element (two with softcap's tanh) plus those of the reductions.
+    per_element = 2 if key.capped else 1
+    exps = ptx.count("ex2.approx")
+    assert exps <= per_element * (2 if key.two_pass else 1) * key.vec * key.vectors + 64, exps
+    # Scale and softcap are run-time parameters of every logsumexp kernel (1.0 where it has no such step).
+    assert len(re.findall(r"\.param \.f32", ptx)) >= 2
+
+
 def test_column_kinds_cover_every_path():
     assert {k.cluster for k, _ in COLUMN_KINDS} >= {1, 2, 16}
     assert {k.lanes * k.vec * DTYPE_BYTES[k.in_dtype] for k, _ in COLUMN_KINDS if k.vec > 1} >= {32, 64, 128}
@@ -209,6 +251,18 @@ def test_plan_holds_the_row(backward, dtype, n):
         assert key.elems_per_tile >= n
         # No bigger than needed: one vector fewer a thread would not hold the row.
         assert key.cluster * key.threads * key.vec * (key.vectors - 1) < n
+
+
+def test_states_plan_is_the_forward_plan():
+    """logsumexp runs the softmax forward's plan (its CTAs, vectors and passes) minus the tiles
+    held in shared memory: its kernel reads each tile once."""
+    for dtype, n, capped in (("float32", 4096, False), ("bfloat16", 131072, True), ("float32", 1 << 20, False),
+                             ("bfloat16", 1 << 20, True)):
+        fwd = make_plan(False, dtype, dtype, False, n, 64, ARCH, True, capped=capped)
+        assert make_plan(False, dtype, dtype, False, n, 64, ARCH, True, capped=capped, states=True) == \
+            KernelKey(**{**fwd.__dict__, "states": True, "staged": 0})
+    assert "lse bfloat16" in make_plan(False, "bfloat16", "bfloat16", False, 1 << 20, 64, ARCH, True,
+                                       states=True).describe()
 
 
 def test_plan_is_pure_and_keyed_by_what_changes_code():
