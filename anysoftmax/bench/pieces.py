@@ -6,8 +6,9 @@ reference before it is timed.
     python -m anysoftmax.bench.pieces --quick          # a few shapes
     python -m anysoftmax.bench.pieces --device cpu     # tiny shapes through the interpreter (the path only)
 
-* logsumexp over rows [M, N] (the softmax grid's shapes, bf16 and fp32): `anysoftmax`,
-  `torch` (`torch.logsumexp`), `torch.compile` (of the same call) and `copy`: a device copy
+* logsumexp over rows [M, N] (the softmax grid's shapes, bf16 and fp32): `anysoftmax` (the
+  automatic choice), `anysoftmax:<backend>` for every backend that runs it here (what
+  `anysoftmax select` writes the selection table's `lse` rules from), `torch` (`torch.logsumexp`), `torch.compile` (of the same call) and `copy`: a device copy
   of the bytes logsumexp must move (read x, write one float32 per row).
 * merge_states of K = 2 and 8 partials [tokens, 32 heads, head_size 64/128/256] (bf16) with
   float32 LSEs, tokens 1..8192: `anysoftmax`, `vllm-dropin` (`compat.vllm.merge_attn_states`,
@@ -56,6 +57,12 @@ def _copy_us(nbytes: int, device, time_ms, kw) -> float:
     return time_ms(lambda s: dst.copy_(s), [src], device, **kw) * 1e3
 
 
+def _copy_gbps(device) -> float:
+    from ..perf import copy_bandwidth_gbps
+
+    return round(copy_bandwidth_gbps(device), 1)
+
+
 def _compiled(fn):
     # A fresh dynamo state per shape: past torch's recompile limit (8) dynamo would silently
     # run the function eagerly (as `matrix.providers._compiled`).
@@ -72,6 +79,15 @@ def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok")
                 host_us=None if host_us is None else round(host_us, 2), status=status, detail=err)
 
 
+def _lse_backends(x) -> list[str]:
+    """The backends that run logsumexp on `x` here (each timed as `anysoftmax:<name>`: the rows
+    `anysoftmax select` writes the table's `lse` rules from)."""
+    from ..core.pieces import logsumexp_request
+    from ..core.registry import op_runners
+
+    return op_runners("logsumexp", logsumexp_request(x, -1)[0])
+
+
 def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
     import torch
 
@@ -83,15 +99,17 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
     rows = []
     for dtype in dtypes:
         for m, n in shapes:
-            what = dict(op="logsumexp", dtype=str(dtype).removeprefix("torch."), M=m, N=n)
+            what = dict(op="logsumexp", dtype=str(dtype).removeprefix("torch."), M=m, N=n, dim=-1)
             nbytes = m * n * dtype.itemsize + m * 4
             xs = [torch.randn(m, n, device=device, dtype=dtype) for _ in range(rotation_count(nbytes))]
             copy_us = _copy_us(nbytes, device, time_ms, kw)
             rows.append(_row("copy", what, copy_us, nbytes, copy_us))
-            got = anysoftmax.logsumexp(xs[0], -1, keepdim=True)
             sub = xs[0][:256]  # checked on up to 256 rows (the float64 reference of them all is large)
-            c = compare_logsumexp(got[:256], sub, logsumexp_request(sub, -1)[0], device=device)
-            providers = [("anysoftmax", lambda t: anysoftmax.logsumexp(t, -1), c)]
+            providers = []
+            for backend in [None, *_lse_backends(xs[0])]:
+                fn = (lambda b: lambda t: anysoftmax.logsumexp(t, -1, backend=b))(backend)
+                check = compare_logsumexp(fn(xs[0]).unsqueeze(-1)[:256], sub, logsumexp_request(sub, -1)[0], device=device)
+                providers.append(("anysoftmax" if backend is None else f"anysoftmax:{backend}", fn, check))
             providers.append(("torch", lambda t: torch.logsumexp(t, -1), None))
             if compiled:
                 providers.append(("torch.compile", _compiled(lambda t: torch.logsumexp(t, -1)), None))
@@ -222,8 +240,10 @@ def main(argv=None) -> int:
         t0 = time.time()
         shapes = CPU_LSE if cpu else LSE_QUICK if args.quick else LSE_GRID
         rows = bench_logsumexp(shapes, [torch.bfloat16, torch.float32], device, compiled)
-        (out_dir / "pieces_logsumexp.json").write_text(json.dumps(dict(meta, seconds=round(time.time() - t0),
-                                                                       results=rows), indent=1))
+        # `direction: lse`: `anysoftmax select` reads the anysoftmax:<backend> rows as the table's lse rules.
+        (out_dir / "pieces_logsumexp.json").write_text(json.dumps(dict(meta, direction="lse", copy_gbps=_copy_gbps(device),
+                                                                       seconds=round(time.time() - t0), results=rows),
+                                                                  indent=1))
         plot(rows, out_dir / "pieces_logsumexp.png", "N", [(f"logsumexp {d}", dict(dtype=d))
                                                             for d in ("bfloat16", "float32")])
     if "merge_states" in ops:

@@ -1,6 +1,6 @@
 """Sweep the `triton` backend's tuning table on the GPU at hand, to fill backends/triton/tuning.yaml.
 
-    python -m anysoftmax.bench.tune_triton [--out DIR] [--groups small,tile,split,cols,warps] [--name NAME]
+    python -m anysoftmax.bench.tune_triton [--out DIR] [--groups small,tile,split,cols,warps,bwd,lse] [--name NAME]
 
 For each shape and dtype, every candidate override of the table is checked against the
 reference and timed (do_bench median, inputs rotated); the best per shape is printed and all
@@ -43,6 +43,44 @@ def warps_candidates():
 
 
 BWD_SHAPES = [(16384, 8192), (8192, 16384), (4096, 32768), (2048, 65536)]
+# logsumexp (`anysoftmax.logsumexp`: the softmax's plan in its STATES_ONLY form, or `lse_kernel`):
+# the pieces benchmark's grid. Its copy moves the same bytes (x read, a float32 per row written).
+LSE_SHAPES = [(32768, 128), (4823, 781), (32768, 1024), (16384, 4096), (2048, 65536), (512, 262144),
+              (64, 1048576), (8, 1048576)]
+
+
+def lse_candidates():
+    yield {}  # the table as it stands
+    for items in (4, 8):
+        yield dict(split_items_per_sm=items)
+    yield dict(split_chunk_bytes=32768)
+    yield dict(split_chunk_bytes=8192, split_min_chunk_elems=2048)
+    yield dict(long_rows="online")
+    yield dict(long_rows="online", online_block_n=8192, online_warps=16)
+    yield dict(rows_tile_elems=4096)
+    yield dict(rows_tile_elems=8192, warps_by_tile_elems=[[2**40, 8]])
+    yield dict(max_tile_elems=16384)
+    # The standalone `lse_kernel` (one read, no output row): elements per step, programs per SM, warps.
+    for elems, per_sm, warps in itertools.product([2048, 4096, 8192], [4, 8, 16], [4, 8]):
+        yield dict(lse_kernel=(elems, per_sm, warps))
+
+
+def lse_kernel_call(x, elems: int, per_sm: int, warps: int):
+    """`lse_kernel` on x's rows (dim -1) with the given tile, grid and warps; long rows cut into
+    chunks until every SM has work (their states combined by `launch_lse`)."""
+    from anysoftmax.backends._triton_common.pieces import LsePlan, launch_lse
+    from anysoftmax.core.layout import cdiv, next_power_of_2
+    from anysoftmax.core.pieces import logsumexp_request
+
+    spec, operands = logsumexp_request(x, -1)
+    m, n = x.shape
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    bn = min(next_power_of_2(n), elems)
+    bm = max(1, min(elems // bn, next_power_of_2(m)))
+    work = cdiv(m, bm)
+    chunks = min(cdiv(2 * sms, work), cdiv(n, bn)) if work < 2 * sms and n > 4 * bn else 1
+    plan = LsePlan(bm, bn, chunks, min(work * chunks, sms * per_sm), num_warps=warps)
+    return lambda t: launch_lse(t, spec, operands, plan)
 
 
 def bwd_candidates():
@@ -83,12 +121,15 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--groups", default="small,tile,split,cols")
     p.add_argument("--name", default="tune_triton")
+    p.add_argument("--shapes", default="", help="only these of the groups' shapes, e.g. 32768x1024,8x1048576")
     args = p.parse_args(argv)
 
     import anysoftmax
     from anysoftmax.torchop.api import softmax_backward
     from anysoftmax.backends.triton import heuristics
     from anysoftmax.core import SoftmaxSpec, compare
+    from anysoftmax.core.compare import compare_logsumexp
+    from anysoftmax.core.pieces import logsumexp_request
 
     from .report import gpu_dir_name
     from anysoftmax.perf import copy_bandwidth_gbps, rotation_count
@@ -101,10 +142,13 @@ def main(argv=None) -> int:
     rows = []
     groups = {"small": (SMALL_SHAPES, -1, small_candidates), "tile": (TILE_SHAPES, -1, tile_candidates),
               "split": (SPLIT_SHAPES, -1, split_candidates), "cols": (COLS_SHAPES, 0, cols_candidates),
-              "warps": (WARPS_SHAPES, -1, warps_candidates), "bwd": (BWD_SHAPES, -1, bwd_candidates)}
-    work = [((m, n, dim), cands, g == "bwd") for g in args.groups.split(",") for (shapes, dim, cands) in [groups[g]]
-            for m, n in shapes]
-    for (m, n, dim), cands, backward in work:
+              "warps": (WARPS_SHAPES, -1, warps_candidates), "bwd": (BWD_SHAPES, -1, bwd_candidates),
+              "lse": (LSE_SHAPES, -1, lse_candidates)}
+    only = {tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s}
+    work = [((m, n, dim), cands, g) for g in args.groups.split(",") for (shapes, dim, cands) in [groups[g]]
+            for m, n in shapes if not only or (m, n) in only]
+    for (m, n, dim), cands, group in work:
+        backward, lse = group == "bwd", group == "lse"
         for dname in args.dtypes.split(","):
             dtype = getattr(torch, dname)
             n_sets = rotation_count((3 if backward else 2) * m * n * dtype.itemsize)
@@ -116,14 +160,25 @@ def main(argv=None) -> int:
                 sets = [((torch.randn(m, n, device="cuda") * 3).to(dtype),) for _ in range(n_sets)]
                 copy_ms = median_ms(lambda x: x.clone(), sets)
             moved = (3 if backward else 2) * m * n * dtype.itemsize
+            if lse:  # x read, one float32 per row written: a copy of half as many bytes each way
+                moved = m * n * dtype.itemsize + 4 * m
+                half = torch.empty(moved // 8, dtype=torch.float32, device="cuda")
+                copy_ms = median_ms(lambda t: t.clone(), [(half,)])
             rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=True, ms=copy_ms, candidate="copy",
-                             backward=backward, frac=moved / (copy_ms * 1e-3) / 1e9 / copy))
+                             backward=backward, op=group, frac=moved / (copy_ms * 1e-3) / 1e9 / copy))
             print(f"{dname:9} {m}x{n} dim {dim}: same-size copy {rows[-1]['frac']:.3f}", flush=True)
             best = None
             for cand in cands():
                 try:
-                    with heuristics.override(**cand):
-                        if backward:
+                    with heuristics.override(**{k: v for k, v in cand.items() if k != "lse_kernel"}):
+                        if lse:
+                            fn = (lse_kernel_call(sets[0][0], *cand["lse_kernel"]) if "lse_kernel" in cand
+                                  else lambda x: anysoftmax.logsumexp(x, dim, backend="triton"))
+                            sub = sets[0][0][:256]
+                            ok = compare_logsumexp(fn(sets[0][0]).reshape(m, 1)[:256], sub, logsumexp_request(sub, dim)[0],
+                                                   device="cuda").ok
+                            ms = median_ms(fn, sets) if ok else float("nan")
+                        elif backward:
                             ok = backward_ok(sets[0], dim)
                             ms = (median_ms(lambda y, dy: softmax_backward(y, dy, dim, backend="triton"), sets)
                                   if ok else float("nan"))
@@ -136,7 +191,7 @@ def main(argv=None) -> int:
                     ok, ms = False, float("nan")
                     cand = {**cand, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}
                 frac = moved / (ms * 1e-3) / 1e9 / copy if ok else 0.0
-                rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=ok, ms=ms, frac=frac, backward=backward,
+                rows.append(dict(M=m, N=n, dim=dim, dtype=dname, ok=ok, ms=ms, frac=frac, backward=backward, op=group,
                                  **{k: str(v) for k, v in cand.items()}))
                 if ok and (best is None or frac > best[0]):
                     best = (frac, cand)

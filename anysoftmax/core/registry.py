@@ -222,10 +222,11 @@ def select(spec: SoftmaxSpec, backend: str | None = None, direction: str = "fwd"
 
 
 def _from_table(spec: SoftmaxSpec, candidates: list, direction: str,
-                device_name: str | None = None) -> tuple[Backend | None, str]:
+                device_name: str | None = None, refuses=None) -> tuple[Backend | None, str]:
     """The backend the device's selection table (or that of the device named `device_name`)
     names for `spec` if it can run it here, and why (or why not); (None, reason) sends the
-    choice on to the priority order."""
+    choice on to the priority order. `refuses(backend, spec)`: why a backend does not run the
+    request (default: the softmax's `refusal`)."""
     from .selection import lookup
 
     try:
@@ -248,7 +249,7 @@ def _from_table(spec: SoftmaxSpec, candidates: list, direction: str,
     where = f"{table.path} rule {rule.index} ({rule.describe()})"
     chosen = next((b for b in candidates if b.name == rule.backend), None)
     reason = (f"backend {rule.backend!r} is not registered for device type {spec.device.type!r}" if chosen is None
-              else _availability(chosen) or refusal(chosen, spec))
+              else _availability(chosen) or (refuses or refusal)(chosen, spec))
     if reason is not None:
         log.debug("anysoftmax: %s names %r for %s, passed over: %s", where, rule.backend, spec.describe(), reason)
         return None, f"{where} names {rule.backend!r}, passed over: {reason}"
@@ -309,10 +310,18 @@ def op_refusal(backend: Backend, op: str, spec) -> str | None:
     return check(spec) if check is not None else None
 
 
+def op_runners(op: str, spec) -> list[str]:
+    """The backends that run the pieces op `op` on `spec` here, by priority (what a benchmark
+    times one by one)."""
+    candidates = sorted((b for b in registered().values() if _serves(b, spec.device.type)), key=lambda b: -b.priority)
+    return [b.name for b in candidates if _availability(b) is None and op_refusal(b, op, spec) is None]
+
+
 def select_op(op: str, spec, backend: str | None = None) -> Backend:
     """The backend for the pieces op `op` on `spec`, chosen as `select` chooses for softmax
     (explicit name, then $ANYSOFTMAX_BACKEND, both raising with the reason; then the backends
-    serving the device by priority), without the softmax selection tables."""
+    serving the device by priority). logsumexp reads the device's selection table first (its
+    `lse` rules, measured by `anysoftmax.bench.pieces`), as `select` does for softmax."""
     if backend is not None or os.environ.get(ENV_BACKEND, "").strip():
         source = "requested explicitly"
         if backend is None:
@@ -329,6 +338,10 @@ def select_op(op: str, spec, backend: str | None = None) -> Backend:
                                           f"{_describe_op(op, spec)}: {reason}")
         return chosen
     candidates = sorted((b for b in registered().values() if _serves(b, spec.device.type)), key=lambda b: -b.priority)
+    if op == "logsumexp":
+        measured = _from_table(spec, candidates, "lse", refuses=lambda b, s: op_refusal(b, op, s))[0]
+        if measured is not None:
+            return measured
     reasons = []
     for b in candidates:
         reason = _availability(b) or op_refusal(b, op, spec)

@@ -30,7 +30,9 @@ from ..config import ENV_CONFIG_DIR, read_yaml_mapping
 from .spec import SoftmaxSpec, dtype_name
 
 log = logging.getLogger("anysoftmax")
-DIRECTIONS = ("fwd", "bwd")
+# Rows for the softmax forward, its backward, and logsumexp (`anysoftmax.logsumexp`: the backends
+# that serve it run their forward kernels' statistics, but not equally fast).
+DIRECTIONS = ("fwd", "bwd", "lse")
 DIM_KINDS = ("last", "non-last")
 
 

@@ -226,6 +226,24 @@ def test_select_command_writes_a_table_the_registry_reads(tmp_path, table_dir, t
     assert backend == "torch" and "selection table" in why and "rule 0" in why
 
 
+def test_logsumexp_reads_the_lse_rules(tmp_path, table_dir, triton_runs_here, capsys):
+    """`anysoftmax select` over a pieces benchmark document (`direction: lse`) writes rules the
+    automatic choice of logsumexp follows; softmax's own choice ignores them."""
+    lse = _doc("lse", [_row("anysoftmax:triton", "float32", 64, 128, 50.0),
+                       _row("anysoftmax:torch", "float32", 64, 128, 10.0),
+                       _row("torch", "float32", 64, 128, 5.0)])  # a peer: never a candidate
+    path = tmp_path / "pieces_logsumexp.json"
+    path.write_text(json.dumps(lse))
+    assert cli.main(["select", str(path), "--out", str(table_dir)]) == 0
+    assert "-> torch" in capsys.readouterr().out
+    spec = _spec((64, 128))
+    assert registry.select_op("logsumexp", spec).name == "torch"
+    assert registry.select(spec).name == "triton"  # no fwd rule: priority
+    assert registry.select_op("logsumexp", _spec((64, 128), dtype=torch.bfloat16)).name == "triton"  # no rule
+    assert registry.select_op("logsumexp", spec, backend="triton").name == "triton"  # explicit wins
+    assert registry.op_runners("logsumexp", spec)[:1] == ["triton"] and "torch" in registry.op_runners("logsumexp", spec)
+
+
 def test_select_command_usage_errors(tmp_path, capsys):
     assert cli.main(["select"]) == cli.EXIT_USAGE
     assert "--run" in capsys.readouterr().err
