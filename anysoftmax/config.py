@@ -25,6 +25,7 @@ ENV_CONFIG_DIR = "ANYSOFTMAX_CONFIG_DIR"
 
 
 ENV_RESULTS_DIR = "ANYSOFTMAX_RESULTS_DIR"
+ENV_CACHE_DIR = "ANYSOFTMAX_CACHE_DIR"
 # Set by `bash run.sh matrix` to its command: what it did not install, it adds through
 # ANYSOFTMAX_EXTRAS, so that is what a missing extra's reason should say there.
 ENV_RUN_SH = "ANYSOFTMAX_RUN_SH"
@@ -49,6 +50,17 @@ def results_dir() -> Path:
         return Path(env).expanduser()
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data).expanduser() / "anysoftmax" / "results"
+
+
+def cache_dir(name: str) -> Path:
+    """The folder of one compiled-artifact cache (not created here): `$ANYSOFTMAX_CACHE_DIR/name`
+    if set, else `$XDG_CACHE_HOME/anysoftmax/name` (`~/.cache/anysoftmax/name`)."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env:
+        return Path(env).expanduser() / name
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "anysoftmax" / name
 
 
 def is_int(v) -> bool:

@@ -9,6 +9,7 @@
 #   bash benchmarks/cute_gpu_run.sh sweep       # benchmarks/cute_sweep.py (tuning candidates)
 #   bash benchmarks/cute_gpu_run.sh bench fwd|bwd [PROVIDERS]   # the softmax benchmark
 #   bash benchmarks/cute_gpu_run.sh select      # the selection table from the bench results
+#   bash benchmarks/cute_gpu_run.sh native      # benchmarks/native_launch_bench.py (needs `site`)
 #     (SELECTION=anysoftmax/configs/selection puts it where the automatic choice reads it)
 # Logs and results go to $OUT (default out/gpu). Run from the repository root.
 set -uo pipefail
@@ -53,5 +54,8 @@ case "$stage" in
     "$PY" -m anysoftmax.cli select $(ls "${RESULTS:-$OUT/results}"/*/softmax_{fwd,bwd}.json 2>/dev/null) \
       --out "${SELECTION:-$OUT/selection}" 2>&1 | tee "$OUT/select.txt" | tail -40
     ;;
-  *) echo "usage: bash benchmarks/cute_gpu_run.sh dsl DIR|site DIR|tests|sweep|bench fwd|bwd|select" >&2; exit 2 ;;
+  native)  # the native launcher against Triton's: correctness, then us per call
+    "$PY" benchmarks/native_launch_bench.py --out "$OUT/native_launch.json" "$@" 2>&1 | tee "$OUT/native_launch_run.txt" | tail -40
+    ;;
+  *) echo "usage: bash benchmarks/cute_gpu_run.sh dsl DIR|site DIR|tests|sweep|bench fwd|bwd|select|native" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 """Where a repeated request's host time goes (run on a CUDA host, < 60 s): us per call of
 anysoftmax's forward and backward hit paths beside torch's calls, then the pieces of the
 forward's hit path alone (key, key + lookup, a bare allocation, the bound launcher, the raw
-Triton launch with preallocated tensors), then cProfile. benchmarks/hit_path_cpu.py measures
+Triton launch with preallocated tensors; with ANYSOFTMAX_LAUNCHER=native the native launcher's
+call with and without its allocation), then cProfile. benchmarks/hit_path_cpu.py measures
 the Python part of the same path without a GPU."""
 
 import cProfile
@@ -10,12 +11,9 @@ import time
 
 import torch
 
-import anysoftmax
-from anysoftmax import dispatch
-from anysoftmax.core import request as core_request
-
 
 def per_call_us(f, n=5000):
+    """Best of 3 loops of `n` back-to-back calls, each closed by a synchronize, per call."""
     for _ in range(200):
         f()
     torch.cuda.synchronize()
@@ -29,66 +27,89 @@ def per_call_us(f, n=5000):
     return best / n * 1e6
 
 
-def _launch_state(entry):
-    """The `launcher.bind` state of a memoised forward entry, found through its closures."""
+def launch_states(entry):
+    """(launch, state) of every `launcher.bind` launcher a memoised entry holds, found through
+    its closures (and tuples)."""
     todo, seen = [entry], set()
     while todo:
         fn = todo.pop()
         if id(fn) in seen:
             continue
         seen.add(id(fn))
+        if isinstance(fn, tuple):
+            todo.extend(fn)
+            continue
         state = getattr(fn, "state", None)
         if isinstance(state, dict) and "fast" in state:
-            return fn, state
+            yield fn, state
         for cell in getattr(fn, "__closure__", None) or ():
             try:
                 v = cell.cell_contents
             except ValueError:
                 continue
-            if callable(v):
+            if callable(v) or isinstance(v, tuple):
                 todo.append(v)
-    return None, None
 
 
-x = torch.randn(8, 1024, device="cuda")
-y = anysoftmax.softmax(x, -1)
-g = torch.randn_like(y)
-anysoftmax.softmax_backward(y, g, -1)
-key = core_request.request_key(core_request.FWD, x, -1, None, None, False)
-entry = dispatch._memo._data.get(key)
-lookup = dispatch._memo._data.get
-rows = [("anysoftmax forward", lambda: anysoftmax.softmax(x, -1)),
-        ("anysoftmax backward", lambda: anysoftmax.softmax_backward(y, g, -1)),
-        ("torch.softmax", lambda: torch.softmax(x, -1)),
-        ("torch._softmax_backward_data", lambda: torch._softmax_backward_data(g, y, -1, y.dtype)),
-        ("  forward key alone", lambda: core_request.forward_key(x, -1, None, None, False)),
-        ("  backward key alone", lambda: core_request.request_key(core_request.BWD, y, -1, None, None, False, g)),
-        ("  key + memo lookup", lambda: lookup(core_request.forward_key(x, -1, None, None, False))),
-        ("  torch.empty(shape, dtype=, device=)", lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
-        ("  torch.empty_like", lambda: torch.empty_like(x))]
-if entry is not None and not isinstance(entry, tuple):
-    rows.append(("  bound launcher (alloc + launch)", lambda: entry(x)))
-    launch, state = _launch_state(entry)
-    fast = state and state["fast"]
-    if fast:
-        # The raw launch alone: Triton's launcher with preallocated tensors and every argument
-        # already assembled, as the fast path calls it.
-        calls, _, stream_of, index = fast[:4]
-        out = torch.empty_like(x)
-        env = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__)))
-        ptrs = [t.data_ptr() for t in env["head_of"]((x, out, None, None, None))]  # (scratch included)
-        stream = stream_of(index)
-        fn, before, after, _, rest = calls[0]
-        rows.append(("  launcher's launch (ptrs, stream, hooks)", lambda: launch((x, out, None, None, None))))
-        rows.append(("  raw Triton launch (C extension)", lambda: fn(*before, stream, *after, *ptrs, *rest)))
-    else:
-        print("(the forward's launcher has no fast path here: raw launch not timed)")
-for name, f in rows:
-    print(f"{name:42s} {per_call_us(f):7.2f} us/call")
-prof = cProfile.Profile()
-prof.enable()
-for _ in range(5000):
-    anysoftmax.softmax(x, -1)
+def raw_triton_launch(launch, state, tensors):
+    """Triton's launcher alone, every argument assembled as the fast path calls it."""
+    calls, _, stream_of, index = state["fast"][:4]
+    env = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__)))
+    ptrs = [t.data_ptr() for t in env["head_of"](tensors)]  # (scratch included)
+    stream = stream_of(index)
+    fn, before, after, _, rest = calls[0]
+    return lambda: fn(*before, stream, *after, *ptrs, *rest)
+
+
+def main():
+    import anysoftmax
+    from anysoftmax import dispatch
+    from anysoftmax.core import request as core_request
+
+    x = torch.randn(8, 1024, device="cuda")
+    y = anysoftmax.softmax(x, -1)
+    g = torch.randn_like(y)
     anysoftmax.softmax_backward(y, g, -1)
-prof.disable()
-pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    key = core_request.request_key(core_request.FWD, x, -1, None, None, False)
+    entry = dispatch._memo._data.get(key)
+    lookup = dispatch._memo._data.get
+    rows = [("anysoftmax forward", lambda: anysoftmax.softmax(x, -1)),
+            ("anysoftmax backward", lambda: anysoftmax.softmax_backward(y, g, -1)),
+            ("torch.softmax", lambda: torch.softmax(x, -1)),
+            ("torch._softmax_backward_data", lambda: torch._softmax_backward_data(g, y, -1, y.dtype)),
+            ("  forward key alone", lambda: core_request.forward_key(x, -1, None, None, False)),
+            ("  backward key alone", lambda: core_request.request_key(core_request.BWD, y, -1, None, None, False, g)),
+            ("  key + memo lookup", lambda: lookup(core_request.forward_key(x, -1, None, None, False))),
+            ("  torch.empty(shape, dtype=, device=)",
+             lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
+            ("  torch.empty_like", lambda: torch.empty_like(x))]
+    if entry is not None and not isinstance(entry, tuple):
+        rows.append(("  bound launcher (alloc + launch)", lambda: entry(x)))
+        launch, state = next(launch_states(entry), (None, None))
+        if state and state["fast"]:
+            out = torch.empty_like(x)
+            given = (x, out, None, None, None)
+            rows.append(("  launcher's launch (ptrs, stream, hooks)", lambda: launch(given)))
+            rows.append(("  raw Triton launch (C extension)", raw_triton_launch(launch, state, given)))
+            if state["native"] is None:
+                print(f"(native launcher: {state['native_reason']})")
+            else:
+                native = state["native"][0]
+                rows.append(("  native launch (C++, preallocated)", lambda: native(*given)))
+                if state["native_alloc"]:
+                    rows.append(("  native alloc + launch (C++)", lambda: native(x, None, None, None, None)))
+        else:
+            print("(the forward's launcher has no fast path here: raw launch not timed)")
+    for name, f in rows:
+        print(f"{name:42s} {per_call_us(f):7.2f} us/call")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(5000):
+        anysoftmax.softmax(x, -1)
+        anysoftmax.softmax_backward(y, g, -1)
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+
+if __name__ == "__main__":
+    main()

@@ -63,6 +63,7 @@ def test_wheel_contents(installed):
     for needed in ("anysoftmax/configs/default.yaml", "anysoftmax/configs/h100.yaml",
                    "anysoftmax/backends/triton/tuning.yaml", "anysoftmax/backends/triton_ascend/tuning.yaml",
                    "anysoftmax/backends/triton_ascend/profiles.yaml", "anysoftmax/backends/wave/tuning.yaml",
+                   "anysoftmax/backends/_triton_common/native_launch.cc",
                    "anysoftmax/py.typed", "anysoftmax/bench/softmax.py", "anysoftmax/testing/cases.py",
                    "anysoftmax/testing/kit.py", "anysoftmax/testing/fuzz.py", "_anysoftmax_pytestplugin.py"):
         assert needed in names, f"{needed} missing from {wheel.name}"

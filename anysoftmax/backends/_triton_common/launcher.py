@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import replace
 
 import torch
 
 from ...core.layout import RowLayout
+from . import native_launch
 from .plan import PLAIN_SCALARS, VALUE_NAMES, KernelPlan, runtime_params
 
 # (device, stream) -> counters, least recently used first; bounded: a program that makes
@@ -182,6 +184,53 @@ def _positional_order(kernel, pointers: tuple, static: dict) -> bool:
     return runtime_params(kernel) == (*pointers, *static, *VALUE_NAMES)
 
 
+def hooks_quiet(fast: tuple) -> bool:
+    """True while the launch hooks are those `fast_state` saw and all of them inactive (a
+    profiler's hook needs Triton's own path, which builds its metadata)."""
+    _, hooks, _, _, enter, leave, enter_calls, leave_calls = fast
+    return hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
+        and not leave_calls
+
+
+_native_warned: set = set()
+
+
+def native_state(plan: KernelPlan, compiled: list, tensors: tuple, named_static: dict) -> tuple:
+    """(launcher, allocates, reason): `native_launch.make`'s launcher for a bound launcher
+    whose first launch compiled `compiled` from `tensors` (as `bind`'s launch takes them),
+    whether it allocates the output, and why there is none (None when there is one).
+
+    Its arguments are the tensors as given (None where the request has no such operand), then
+    the scratch pair where the plan takes one, then optionally the floats; which argument each
+    pointer reads is worked out here through the plan's own substitutions (`plan.tensors`,
+    `plan.head`), so it reads what Triton's launcher would be given."""
+    first = tensors[0]
+    try:
+        if any(type(c.run).__name__ != "CudaLauncher" for c in compiled):
+            raise native_launch.NativeUnavailable("the kernels are not launched by Triton's CUDA launcher")
+        native_launch.module()
+        if not native_launch.follows_torch_stream(first):
+            raise native_launch.NativeUnavailable("TVM-FFI does not see torch's current stream here")
+        n = len(tensors)
+        indices = plan.tensors(tuple(None if t is None else i for i, t in enumerate(tensors)))
+        if plan.split or plan.backward:
+            indices, n = plan.head(indices, n, n + 1), n + 2
+        read = set(indices)
+        floats = {name: (j, v) for j, (name, v) in enumerate(zip(VALUE_NAMES, PLAIN_SCALARS))}
+        allocates = native_launch.hands_back_torch(first)
+        out_slot = (2 if plan.backward else 1) if allocates else -1
+        fn = native_launch.make(compiled, plan.grid, first.device.index or 0, dict(zip(plan.pointer_names(), indices)),
+                                named_static, floats, [i in read for i in range(n)], out_slot)
+        return fn, allocates, None
+    except native_launch.NativeUnavailable as exc:
+        reason = str(exc)
+        if native_launch.EXPLICIT and reason not in _native_warned:
+            _native_warned.add(reason)
+            warnings.warn(f"ANYSOFTMAX_LAUNCHER=native: using Triton's launcher ({reason})", RuntimeWarning,
+                          stacklevel=2)
+        return None, False, reason
+
+
 def _cooperative_refused(exc: Exception) -> bool:
     return "cooperative" in str(exc).lower()
 
@@ -203,7 +252,9 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     backward: y, dy, dx, x, mask, p_sink, dsinks; None for an absent operand), `values` the
     per-call floats (`plan.scalars`). Constexprs, options and integer arguments are worked out
     once here; a call allocates the split scratch (if any) and launches. After the first
-    (compiling) launch, compiled kernels launch through `_fast_calls`.
+    (compiling) launch, compiled kernels launch through `_fast_calls`, or with
+    $ANYSOFTMAX_LAUNCHER=native through one C++ call (`native_state`; `run.like` then lets the
+    caller leave the output's slot None for that call to allocate it).
 
     A cooperative plan is launched as a cooperative grid (the driver refuses one whose programs
     cannot all be resident at once, instead of letting the row barrier spin forever: MPS SM
@@ -223,7 +274,10 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     grid = (plan.grid,)
     lock = launch_lock(kernel)
     interpreted = lock is _interpreter_lock
-    state = {"compiled": False, "fast": None, "fallback": None}
+    native = native_launch.LAUNCHER == "native"
+    out_slot = 2 if plan.backward else 1
+    state = {"compiled": False, "fast": None, "fallback": None, "native": None, "native_alloc": False,
+             "native_reason": "not launched yet" if native else "ANYSOFTMAX_LAUNCHER is triton"}
     as_kernel_takes = plan.tensors
 
     def head_of(tensors):
@@ -236,7 +290,7 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     def by_name(head, values) -> dict:
         return {**dict(zip(pointer_names, head)), **named_static, **dict(zip(VALUE_NAMES, values))}
 
-    def first_launch(head, values) -> None:
+    def first_launch(tensors, head, values) -> None:
         compiled = [kernel[grid](**by_name(head, values), **meta) for meta in metas]
         state["compiled"] = True
         if FAST_LAUNCH and not interpreted and _positional_order(kernel, pointer_names, named_static) \
@@ -247,14 +301,30 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
 
                 state["fast"] = fast_state(compiled, tails, plan.grid, head[0].device.index,
                                            driver.active.get_current_stream, static)
+                if native:  # (set after "fast": `like` reads "native_alloc" first)
+                    fn, allocates, state["native_reason"] = native_state(plan, compiled, tensors, named_static)
+                    # (the compiled kernels kept alive: Triton unloads a kernel's module when its
+                    # CompiledKernel goes, and the native launcher holds only the raw function)
+                    state["native"] = None if fn is None else (fn, head[0].device, compiled)
+                    state["native_alloc"] = allocates
+        if native and state["fast"] is None:
+            state["native_reason"] = "no fast path (interpreted, ANYSOFTMAX_FAST_LAUNCH=0, or not Triton's launcher)"
 
-    def launch(tensors, values=PLAIN_SCALARS) -> None:
+    def native_call(tensors, values):
+        fn, device, _ = state["native"]
+        if needs_scratch:
+            tensors = (*tensors, *scratch(device))
+        return fn(*tensors) if values is PLAIN_SCALARS else fn(*tensors, *values)
+
+    def launch(tensors, values=PLAIN_SCALARS):
         fast = state["fast"]
         if fast is not None:
             calls, hooks, stream_of, index, enter, leave, enter_calls, leave_calls = fast
             # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
                     and not leave_calls:
+                if native and state["native"] is not None:
+                    return native_call(tensors, values)
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.
                 ptrs = [t.data_ptr() for t in head_of(tensors)]
@@ -275,11 +345,24 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
         with lock:  # a first launch compiles: one thread at a time per kernel
             if interpreted:
                 with interpreter_quiet():
-                    first_launch(head, values)
+                    first_launch(tensors, head, values)
             else:
-                first_launch(head, values)
+                first_launch(tensors, head, values)
+
+    def like(tensors):
+        """`launch(tensors)` with None in the output's slot, returning the output: allocated like
+        tensors[0] (contiguous, as torch.empty_like gives it for the contiguous tensors this is
+        used with), by the native launcher itself when it can."""
+        if state["native_alloc"] and hooks_quiet(state["fast"]):
+            fn, device, _ = state["native"]
+            return fn(*tensors, *scratch(device)) if needs_scratch else fn(*tensors)
+        out = torch.empty_like(tensors[0])
+        launch((*tensors[:out_slot], out, *tensors[out_slot + 1:]))
+        return out
 
     launch.state = state  # (tests and benchmarks/hit_path_cpu.py stand a recorder in for Triton's launcher)
+    # (None: allocate in Python, as with Triton's launcher; a cooperative plan may be rebound.)
+    launch.like = like if native and not plan.cooperative else None
     if not plan.cooperative:
         return launch
 
@@ -297,4 +380,5 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
             state["fallback"] = bind(replace(plan, cooperative=False, options=options), layout, log, out_dtype)
             state["fallback"](tensors, values)
 
+    run.like = None
     return run

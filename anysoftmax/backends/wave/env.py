@@ -15,10 +15,10 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
+from ... import config
 from ...config import install_hint
 from ...core.registry import BackendUnavailableError
 
-ENV_CACHE_DIR = "ANYSOFTMAX_CACHE_DIR"
 # What `pip install 'anysoftmax[wave]'` installs (keep in step with pyproject.toml).
 PINS = {"wave-lang": "3.9.1", "iree-base-compiler": "3.9.0", "iree-base-runtime": "3.9.0"}
 
@@ -26,12 +26,7 @@ PINS = {"wave-lang": "3.9.1", "iree-base-compiler": "3.9.0", "iree-base-runtime"
 def cache_dir() -> Path:
     """Root of the Wave kernel cache (not created here): ``$ANYSOFTMAX_CACHE_DIR/wave`` if set,
     else ``$XDG_CACHE_HOME/anysoftmax/wave`` (``~/.cache/anysoftmax/wave``); never Wave's ~/.wave."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env).expanduser() / "wave"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "anysoftmax" / "wave"
+    return config.cache_dir("wave")
 
 
 def installed_version(dist: str) -> str | None:

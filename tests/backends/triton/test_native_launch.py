@@ -1,0 +1,324 @@
+"""The native launcher (`_triton_common/native_launch.py` + `.cc`) on a machine without a GPU:
+the C++ builds through TVM-FFI here, the parameter list it derives from a kernel compiled for
+sm_90 is Triton's (constexprs and integers specialised to 1 dropped, scratch pointers
+appended), and for every plan shape it packs, parameter by parameter, the value Triton's
+launcher is given on the fast path (its packing runs without launching). $ANYSOFTMAX_LAUNCHER
+is parsed strictly, and a missing toolchain leaves Triton's launcher in place with the reason
+recorded. On a GPU, native launches give Triton's results bit for bit."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from anysoftmax.backends._triton_common import launcher, native_launch
+from anysoftmax.backends._triton_common.launcher import bind, fast_state, native_state
+from anysoftmax.backends._triton_common.plan import PLAIN_SCALARS, VALUE_NAMES, Fusion, make_plan, runtime_params
+from anysoftmax.backends._triton_common.request import backward_layout, forward_layout
+from anysoftmax.core.spec import SoftmaxSpec
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+DL_CPU = 1
+
+
+def _toolchain_missing() -> str | None:
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError as exc:
+        return f"apache-tvm-ffi is not installed ({exc}): pip install 'anysoftmax[cute]'"
+    if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        return "no C++ compiler ($CXX, c++, g++ or clang++)"
+    return None
+
+
+needs_toolchain = pytest.mark.skipif(_toolchain_missing() is not None, reason=str(_toolchain_missing()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """The extension built into a scratch cache: nothing is left in the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ANYSOFTMAX_CACHE_DIR", str(tmp_path_factory.mktemp("anysoftmax_cache")))
+        mp.setattr(native_launch, "_loaded", {})
+        yield
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """The extension forgotten and its cache empty: this test builds (or fails to build) it."""
+    monkeypatch.setenv("ANYSOFTMAX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_launch, "_loaded", {})
+
+
+@needs_toolchain
+def test_extension_builds_and_caches(fresh, tmp_path):
+    assert native_launch.unavailable() is None
+    (built,) = (tmp_path / "cache" / "native").glob("native_launch_*.so")
+    mod = native_launch.module()
+    assert hasattr(mod, "make_launcher") and hasattr(mod, "alloc_like")
+    # Outputs it allocates come back as torch tensors (torch's allocator, through DLPack).
+    assert native_launch.hands_back_torch(torch.randn(3, 5, dtype=torch.bfloat16))
+    native_launch._loaded.clear()  # a second process: loads the cached library, builds nothing
+    stamp = built.stat().st_mtime_ns
+    assert native_launch.unavailable() is None and built.stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("value,chosen", [(None, "triton"), ("", "triton"), ("triton", "triton"),
+                                          ("native", "native"), (" Native ", "native"),
+                                          ("auto", native_launch.AUTO)])
+def test_launcher_knob(value, chosen):
+    assert native_launch.choose(value) == chosen
+
+
+def test_launcher_knob_refuses_other_values():
+    with pytest.raises(ValueError, match=r"ANYSOFTMAX_LAUNCHER='cuda'.*triton, native, auto"):
+        native_launch.choose("cuda")
+
+
+def test_missing_tvm_ffi_is_a_reason(fresh, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)  # (import tvm_ffi raises ImportError)
+    reason = native_launch.unavailable()
+    assert reason is not None and "apache-tvm-ffi does not import" in reason
+    assert native_launch.unavailable() == reason  # asked once: the same answer
+
+
+@needs_toolchain
+def test_failed_build_is_a_reason_and_triton_launches(fresh, monkeypatch):
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    reason = native_launch.unavailable()
+    assert reason is not None and "building native_launch.cc failed" in reason
+    # A bound launcher asked for the native one keeps Triton's, says why, and warns when the
+    # user named `native`.
+    monkeypatch.setattr(native_launch, "EXPLICIT", True)
+    monkeypatch.setattr(launcher, "_native_warned", set())
+    plan, layout, given, _ = _case("tile", False, False)
+    with pytest.warns(RuntimeWarning, match="building native_launch.cc failed"):
+        fn, allocates, why = native_state(plan, _stand_ins(plan, layout, given), given, plan.static_args(layout))
+    assert fn is None and not allocates and why == reason
+
+
+# --- the parameter list of a kernel compiled for sm_90 ---------------------------------------
+
+COMPILE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from compile_targets import DEVICES, case_layout, compile_launch, launches, plan_for
+from anysoftmax.backends._triton_common import native_launch
+from anysoftmax.backends.triton import occupancy
+
+shape, dtype = (8, 1024), torch.float32
+_, layout = case_layout(shape, 1, dtype, False, None)
+plan = plan_for(layout, dtype.itemsize, getattr(occupancy, DEVICES["sm_90"]), False, {})
+(kernel, args, constexprs, opts), = launches(plan, shape, 1, dtype, False, False)
+compiled, how = compile_launch(kernel, args, constexprs, "sm_90", opts)
+names = [p.name for p in kernel.params if not p.is_constexpr]
+print(json.dumps(dict(how=how, params=native_launch.kernel_params(compiled), refusal=native_launch.refusal(compiled),
+                      args={n: (v if isinstance(v, (int, float)) else str(v.dtype)) for n, v in zip(names, args)},
+                      constexprs=sorted(constexprs), signature=compiled.src.signature)))
+"""
+
+
+def test_parameter_types_of_a_compiled_kernel(tmp_path):
+    pytest.importorskip("triton")
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip(f"this Triton has no 'nvidia' backend ({sorted(backends)}): cannot compile for sm_90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    proc = subprocess.run([sys.executable, "-c", COMPILE, str(HERE)], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["how"] == "jit-binder" and doc["refusal"] is None
+    params = [tuple(p) for p in doc["params"]]
+    # Triton's launcher passes every signature entry but "constexpr" ones, then two pointers.
+    assert params[-2:] == list(native_launch.SCRATCH)
+    names = [n for n, _ in params[:-2]]
+    args = doc["args"]
+    # Dropped: every constexpr, and the integers equal to 1 (the JIT folds them in). Kept, in
+    # the kernel's order: the rest.
+    assert not set(names) & set(doc["constexprs"])
+    ones = [n for n, v in args.items() if isinstance(v, int) and not isinstance(v, bool) and v == 1]
+    assert {"S1", "xsn", "ysn"} <= set(ones), ones  # (8x1024 contiguous: one row block, unit columns)
+    assert names == [n for n in args if n not in ones]
+    assert all(doc["signature"][n] == "constexpr" for n in ones)
+    want = {"torch.float32": "*fp32"}
+    for name, ty in params[:-2]:
+        v = args[name]
+        assert ty == (want[v] if isinstance(v, str) else "fp32" if isinstance(v, float) else "i32"), (name, ty, v)
+
+
+# --- what is packed: the values Triton's launcher is given -------------------------------------
+
+CASES = [("tile", False, False), ("tile", False, True), ("tile", True, False), ("split", False, False),
+         ("split", True, True)]
+
+
+def _case(kind: str, backward: bool, fused: bool):
+    """(plan, layout, given tensors, values) of a request of `kind` on CPU tensors: the split
+    plans not cooperative (two launches forward, statistics then normalisation)."""
+    x = torch.randn(2, 3, 16)
+    if fused:
+        kw = dict(scale=0.5, softcap=3.0, mask=torch.rand(x.shape) < 0.3, sinks=torch.randn(2, 3, 1))
+        spec = SoftmaxSpec.from_request(x, -1, fused=kw)[0]
+    else:
+        spec = SoftmaxSpec.from_tensor(x, -1)
+    layout = backward_layout(x, spec)[0] if backward else forward_layout(x, spec)[2]
+    plan = make_plan(kind, 1, 16 if kind == "tile" else 8, 3, backward=backward, chunks=2, fusion=Fusion.of(spec))
+    t = [torch.randn(2, 3, 16) for _ in range(4)]
+    mask = (torch.rand(x.shape) < 0.3).view(torch.uint8) if fused else None
+    p = torch.randn(2, 3, 1) if fused else None
+    if backward:  # (y, dy, dx, x, mask, p_sink, dsinks)
+        given = (t[0], t[1], t[2], t[3] if fused else None, mask, p, torch.empty(2, 3, 1) if fused else None)
+    else:  # (x, y, mask, sinks, p_sink)
+        given = (t[0], t[1], mask, torch.randn(2, 3, 1) if fused else None, p)
+    return plan, layout, given, (0.5, -0.25, 3.0, 1e-3) if fused else PLAIN_SCALARS
+
+
+class _Triton:
+    """Stands in for Triton's CUDA launcher (named like it): records what it is given."""
+
+    def __init__(self):
+        self.seen = []
+        self.launch = lambda *a: self.seen.append(a)
+        self.launch_cooperative_grid = self.launch_pdl = False
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.num_ctas = 1
+
+
+CudaLauncher = type("CudaLauncher", (_Triton,), {})
+
+
+def _stand_ins(plan, layout, given) -> list:
+    """Compiled kernels of `plan`'s launches as Triton's JIT would type them: pointers,
+    integers (those equal to 1 specialised to constants), fp32 floats, then the constexprs."""
+    kernel = plan.kernel()
+    named = plan.arguments(plan.head(plan.tensors(given), torch.empty(1), torch.empty(1)), layout)
+    sig = {}
+    for n in runtime_params(kernel):
+        v = named[n]
+        sig[n] = "*fp32" if isinstance(v, torch.Tensor) else "fp32" if isinstance(v, float) else \
+            "constexpr" if v == 1 else "i32"
+    sig.update({n: "constexpr" for n in inspect.signature(kernel.fn).parameters if n not in sig})
+    md = SimpleNamespace(name=kernel.__name__, global_scratch_size=0, profile_scratch_size=0, num_ctas=1, shared=0,
+                         num_warps=4, launch_cooperative_grid=False, launch_pdl=False)
+    return [SimpleNamespace(run=CudaLauncher(), function=0, packed_metadata=(4, 1, 0),
+                            src=SimpleNamespace(signature=sig), metadata=md) for _ in plan.phases()]
+
+
+@needs_toolchain
+@pytest.mark.parametrize("kind,backward,fused", CASES,
+                         ids=[f"{k}-{'bwd' if b else 'fwd'}-{'fused' if f else 'plain'}" for k, b, f in CASES])
+def test_native_packs_what_triton_launch_is_given(kind, backward, fused, monkeypatch):
+    plan, layout, given, values = _case(kind, backward, fused)
+    scratch = (torch.empty(64), torch.zeros(16, dtype=torch.int32))  # (one pair for both paths)
+    monkeypatch.setattr(launcher, "scratch_maker", lambda *a: (lambda device: scratch))
+    monkeypatch.setattr(native_launch, "LAUNCHER", "native")
+    launch = bind(plan, layout, False, torch.float32)
+    compiled = _stand_ins(plan, layout, given)
+    assert len(compiled) == (2 if kind == "split" else 1)  # (statistics, then normalisation)
+    static = plan.static_args(layout)
+    launch.state["fast"] = fast_state(compiled, [()] * len(compiled), plan.grid, 0, lambda index: 7,
+                                      tuple(static.values()))
+    launch(given, values)  # Triton's launcher, as the fast path calls it
+    seen = [c.run.seen[0] for c in compiled]
+
+    # The native launcher, packing without launching (CPU tensors: DLPack device 1).
+    monkeypatch.setattr(native_launch, "follows_torch_stream", lambda t: True)
+    real_make = native_launch.make
+    monkeypatch.setattr(native_launch, "make", lambda *a, **k: real_make(*a, **k, run=False, device_type=DL_CPU))
+    fn, allocates, reason = native_state(plan, compiled, given, static)
+    assert reason is None and fn is not None and allocates
+    launch.state["native"] = (fn, given[0].device, compiled)
+    names = runtime_params(plan.kernel())
+    for vals in (values, PLAIN_SCALARS):
+        packed = launch(given, vals)
+        assert len(packed) == len(compiled)
+        for c, got, args in zip(compiled, packed, seen):
+            triton_args = dict(zip(names, args[13:]))  # (after grid, stream, function and flags)
+            triton_args.update(zip(VALUE_NAMES, vals))
+            params = native_launch.kernel_params(c)
+            slots = struct.unpack(f"<{len(params)}Q", bytes(got))
+            for (name, ty), slot in zip(params, slots):
+                want = 0 if (name, ty) in native_launch.SCRATCH else triton_args[name]
+                if ty == "fp32":
+                    assert slot == struct.unpack("<I", struct.pack("<f", want))[0], name
+                elif ty == "i32":
+                    assert slot == struct.unpack("<I", struct.pack("<i", want))[0], name
+                else:
+                    assert slot == want, name
+    # The request's operands are checked: a None where it has a tensor, or the reverse.
+    absent = given.index(None) if None in given else None
+    if absent is not None:
+        with pytest.raises(ValueError, match=f"argument {absent} is a tensor"):
+            launch(tuple(given[0] if i == absent else t for i, t in enumerate(given)))
+    with pytest.raises(ValueError, match="argument 0 is None"):
+        launch((None, *given[1:]))
+
+
+@needs_toolchain
+def test_native_allocates_the_output_slot(monkeypatch):
+    """`like` leaves the output's slot None: the C++ launcher allocates it like tensor 0 (the
+    packed pointer is a new allocation's, not an operand's)."""
+    plan, layout, given, _ = _case("tile", False, False)
+    monkeypatch.setattr(native_launch, "follows_torch_stream", lambda t: True)
+    real_make = native_launch.make
+    monkeypatch.setattr(native_launch, "make", lambda *a, **k: real_make(*a, **k, run=False, device_type=DL_CPU))
+    compiled = _stand_ins(plan, layout, given)
+    fn, allocates, _ = native_state(plan, compiled, given, plan.static_args(layout))
+    (packed,) = fn(given[0], None, None, None, None)
+    slots = struct.unpack(f"<{len(packed) // 8}Q", bytes(packed))
+    assert slots[0] == given[0].data_ptr() and slots[1] not in (0, given[0].data_ptr(), given[1].data_ptr())
+
+
+def test_interpreted_launcher_says_why_it_is_not_native(monkeypatch):
+    monkeypatch.setattr(native_launch, "LAUNCHER", "native")
+    plan, layout, given, _ = _case("tile", False, False)
+    launch = bind(plan, layout, False, torch.float32)
+    assert launch.like is not None
+    x = given[0]
+    y = launch.like((x, None, None, None, None))  # (no fast path: allocated in Python)
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert launch.state["fast"] is None and launch.state["native_reason"].startswith("no fast path")
+
+
+# --- on a GPU -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_toolchain
+@pytest.mark.parametrize("shape,dtype", [((8, 1024), torch.float32), ((4, 262144), torch.bfloat16)])
+def test_native_results_equal_triton_results(shape, dtype, monkeypatch):
+    import anysoftmax
+
+    if native_launch.unavailable() is not None:
+        pytest.fail(f"the native launcher does not build on this GPU host: {native_launch.unavailable()}")
+    made = []
+    real_make = native_launch.make
+    monkeypatch.setattr(native_launch, "make", lambda *a, **k: made.append(real_make(*a, **k)) or made[-1])
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    g = torch.randn_like(x)
+    got = {}
+    for which in ("triton", "native"):
+        monkeypatch.setattr(native_launch, "LAUNCHER", which)
+        anysoftmax.refresh()
+        for _ in range(3):  # (the first call compiles through Triton's JIT, the later ones are bound)
+            y = anysoftmax.softmax(x, -1, backend="triton")
+            got[which] = (y, anysoftmax.softmax_backward(y, g, -1, backend="triton"))
+    torch.cuda.synchronize()
+    assert len(made) >= 2, "the native launchers (forward, backward) were not made"
+    for a, b in zip(got["triton"], got["native"]):
+        assert torch.equal(a, b)
