@@ -8,9 +8,9 @@ the launchers rebound): the two equal bit for bit, both close to torch's, and wh
 native launcher really launched (else its reason).
 
 Timing (8x1024 fp32, as benchmarks/profile_hit_path.py: best of 3 loops of 5000 back-to-back
-calls, then a synchronize): torch.softmax and its backward, anysoftmax's forward, backward and
+calls, then a synchronize; the median of 5 rounds alternating the launchers): torch.softmax and its backward, anysoftmax's forward, backward and
 fused forward under each launcher, and the launches alone with preallocated tensors (Triton's
-C extension, the native call; the native call allocating its output).
+C extension, the native call).
 
     python3 benchmarks/native_launch_bench.py --out out/native_launch.json   # + .txt beside
 """
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -107,36 +108,41 @@ def check(name, shape, dtype, fused) -> dict:
     return row
 
 
-def timings() -> dict:
+def timings(rounds: int = 5) -> dict:
+    """us per call, the median of `rounds` rounds that alternate the two launchers (this host's
+    speed drifts by tens of percent between runs: only measurements taken side by side compare)."""
     x = torch.randn(8, 1024, device=DEVICE)
     g = torch.randn_like(x)
     mask = torch.rand(8, 1024, device=DEVICE) < 0.2
     y = torch.softmax(x, -1)
-    out = {"torch.softmax": per_call_us(lambda: torch.softmax(x, -1)),
-           "torch._softmax_backward_data": per_call_us(lambda: torch._softmax_backward_data(g, y, -1, y.dtype)),
-           "torch.empty_like": per_call_us(lambda: torch.empty_like(x))}
-    for which in ("triton", "native"):
-        use(which)
-        ya = anysoftmax.softmax(x, -1)
-        out[f"anysoftmax forward [{which}]"] = per_call_us(lambda: anysoftmax.softmax(x, -1))
-        out[f"anysoftmax backward [{which}]"] = per_call_us(lambda: anysoftmax.softmax_backward(ya, g, -1))
-        out[f"anysoftmax fused forward, scale+mask [{which}]"] = per_call_us(
-            lambda: anysoftmax.softmax(x, -1, scale=SCALE, mask=mask))
-        # The plain forward's bound launcher: the launches alone.
-        entry = dispatch._memo._data.get(core_request.request_key(core_request.FWD, x, -1, None, None, False))
-        launch, state = next(launch_states(entry), (None, None))
-        if state is None or state["fast"] is None:
-            continue
-        y0 = torch.empty_like(x)
-        if which == "triton":
-            out["raw Triton launch, preallocated"] = per_call_us(
-                raw_triton_launch(launch, state, (x, y0, None, None, None)))
-        elif state["native"] is not None:
-            fn = state["native"][0]
-            out["raw native launch, preallocated"] = per_call_us(lambda: fn(x, y0, None, None, None))
-            if state["native_alloc"]:
-                out["raw native launch, allocating"] = per_call_us(lambda: fn(x, None, None, None, None))
-    return out
+    seen: dict = {}
+
+    def note(name, f):
+        seen.setdefault(name, []).append(per_call_us(f))
+
+    for _ in range(rounds):
+        note("torch.softmax", lambda: torch.softmax(x, -1))
+        note("torch._softmax_backward_data", lambda: torch._softmax_backward_data(g, y, -1, y.dtype))
+        note("torch.empty_like", lambda: torch.empty_like(x))
+        for which in ("triton", "native"):
+            use(which)
+            ya = anysoftmax.softmax(x, -1)
+            note(f"anysoftmax forward [{which}]", lambda: anysoftmax.softmax(x, -1))
+            note(f"anysoftmax backward [{which}]", lambda: anysoftmax.softmax_backward(ya, g, -1))
+            note(f"anysoftmax fused forward, scale+mask [{which}]",
+                 lambda: anysoftmax.softmax(x, -1, scale=SCALE, mask=mask))
+            # The plain forward's bound launcher: the launches alone.
+            entry = dispatch._memo._data.get(core_request.request_key(core_request.FWD, x, -1, None, None, False))
+            launch, state = next(launch_states(entry), (None, None))
+            if state is None or state["fast"] is None:
+                continue
+            y0 = torch.empty_like(x)
+            if which == "triton":
+                note("raw Triton launch, preallocated", raw_triton_launch(launch, state, (x, y0, None, None, None)))
+            elif state["native"] is not None:
+                fn = state["native"][0]
+                note("raw native launch, preallocated", lambda: fn(x, y0, None, None, None))
+    return {name: statistics.median(v) for name, v in seen.items()}
 
 
 def main(argv=None) -> int:

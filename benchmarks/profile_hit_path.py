@@ -1,8 +1,8 @@
 """Where a repeated request's host time goes (run on a CUDA host, < 60 s): us per call of
 anysoftmax's forward and backward hit paths beside torch's calls, then the pieces of the
 forward's hit path alone (key, key + lookup, a bare allocation, the bound launcher, the raw
-Triton launch with preallocated tensors; with ANYSOFTMAX_LAUNCHER=native the native launcher's
-call with and without its allocation), then cProfile. benchmarks/hit_path_cpu.py measures
+Triton launch with preallocated tensors; the native launcher's call where it is used), then
+cProfile. benchmarks/hit_path_cpu.py measures
 the Python part of the same path without a GPU."""
 
 import cProfile
@@ -96,8 +96,6 @@ def main():
             else:
                 native = state["native"][0]
                 rows.append(("  native launch (C++, preallocated)", lambda: native(*given)))
-                if state["native_alloc"]:
-                    rows.append(("  native alloc + launch (C++)", lambda: native(x, None, None, None, None)))
         else:
             print("(the forward's launcher has no fast path here: raw launch not timed)")
     for name, f in rows:

@@ -184,21 +184,13 @@ def _positional_order(kernel, pointers: tuple, static: dict) -> bool:
     return runtime_params(kernel) == (*pointers, *static, *VALUE_NAMES)
 
 
-def hooks_quiet(fast: tuple) -> bool:
-    """True while the launch hooks are those `fast_state` saw and all of them inactive (a
-    profiler's hook needs Triton's own path, which builds its metadata)."""
-    _, hooks, _, _, enter, leave, enter_calls, leave_calls = fast
-    return hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
-        and not leave_calls
-
-
 _native_warned: set = set()
 
 
 def native_state(plan: KernelPlan, compiled: list, tensors: tuple, named_static: dict) -> tuple:
-    """(launcher, allocates, reason): `native_launch.make`'s launcher for a bound launcher
-    whose first launch compiled `compiled` from `tensors` (as `bind`'s launch takes them),
-    whether it allocates the output, and why there is none (None when there is one).
+    """(launcher, reason): `native_launch.make`'s launcher for a bound launcher whose first
+    launch compiled `compiled` from `tensors` (as `bind`'s launch takes them), and why there is
+    none (None when there is one).
 
     Its arguments are the tensors as given (None where the request has no such operand), then
     the scratch pair where the plan takes one, then optionally the floats; which argument each
@@ -217,18 +209,16 @@ def native_state(plan: KernelPlan, compiled: list, tensors: tuple, named_static:
             indices, n = plan.head(indices, n, n + 1), n + 2
         read = set(indices)
         floats = {name: (j, v) for j, (name, v) in enumerate(zip(VALUE_NAMES, PLAIN_SCALARS))}
-        allocates = native_launch.hands_back_torch(first)
-        out_slot = (2 if plan.backward else 1) if allocates else -1
         fn = native_launch.make(compiled, plan.grid, first.device.index or 0, dict(zip(plan.pointer_names(), indices)),
-                                named_static, floats, [i in read for i in range(n)], out_slot)
-        return fn, allocates, None
+                                named_static, floats, [i in read for i in range(n)])
+        return fn, None
     except native_launch.NativeUnavailable as exc:
         reason = str(exc)
         if native_launch.EXPLICIT and reason not in _native_warned:
             _native_warned.add(reason)
             warnings.warn(f"ANYSOFTMAX_LAUNCHER=native: using Triton's launcher ({reason})", RuntimeWarning,
                           stacklevel=2)
-        return None, False, reason
+        return None, reason
 
 
 def _cooperative_refused(exc: Exception) -> bool:
@@ -253,8 +243,7 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     per-call floats (`plan.scalars`). Constexprs, options and integer arguments are worked out
     once here; a call allocates the split scratch (if any) and launches. After the first
     (compiling) launch, compiled kernels launch through `_fast_calls`, or with
-    $ANYSOFTMAX_LAUNCHER=native through one C++ call (`native_state`; `run.like` then lets the
-    caller leave the output's slot None for that call to allocate it).
+    the native launcher through one C++ call (`native_state`; $ANYSOFTMAX_LAUNCHER).
 
     A cooperative plan is launched as a cooperative grid (the driver refuses one whose programs
     cannot all be resident at once, instead of letting the row barrier spin forever: MPS SM
@@ -275,8 +264,7 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
     lock = launch_lock(kernel)
     interpreted = lock is _interpreter_lock
     native = native_launch.LAUNCHER == "native"
-    out_slot = 2 if plan.backward else 1
-    state = {"compiled": False, "fast": None, "fallback": None, "native": None, "native_alloc": False,
+    state = {"compiled": False, "fast": None, "fallback": None, "native": None,
              "native_reason": "not launched yet" if native else "ANYSOFTMAX_LAUNCHER is triton"}
     as_kernel_takes = plan.tensors
 
@@ -301,12 +289,11 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
 
                 state["fast"] = fast_state(compiled, tails, plan.grid, head[0].device.index,
                                            driver.active.get_current_stream, static)
-                if native:  # (set after "fast": `like` reads "native_alloc" first)
-                    fn, allocates, state["native_reason"] = native_state(plan, compiled, tensors, named_static)
+                if native:
+                    fn, state["native_reason"] = native_state(plan, compiled, tensors, named_static)
                     # (the compiled kernels kept alive: Triton unloads a kernel's module when its
                     # CompiledKernel goes, and the native launcher holds only the raw function)
                     state["native"] = None if fn is None else (fn, head[0].device, compiled)
-                    state["native_alloc"] = allocates
         if native and state["fast"] is None:
             state["native_reason"] = "no fast path (interpreted, ANYSOFTMAX_FAST_LAUNCH=0, or not Triton's launcher)"
 
@@ -349,20 +336,7 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
             else:
                 first_launch(tensors, head, values)
 
-    def like(tensors):
-        """`launch(tensors)` with None in the output's slot, returning the output: allocated like
-        tensors[0] (contiguous, as torch.empty_like gives it for the contiguous tensors this is
-        used with), by the native launcher itself when it can."""
-        if state["native_alloc"] and hooks_quiet(state["fast"]):
-            fn, device, _ = state["native"]
-            return fn(*tensors, *scratch(device)) if needs_scratch else fn(*tensors)
-        out = torch.empty_like(tensors[0])
-        launch((*tensors[:out_slot], out, *tensors[out_slot + 1:]))
-        return out
-
     launch.state = state  # (tests and benchmarks/hit_path_cpu.py stand a recorder in for Triton's launcher)
-    # (None: allocate in Python, as with Triton's launcher; a cooperative plan may be rebound.)
-    launch.like = like if native and not plan.cooperative else None
     if not plan.cooperative:
         return launch
 
@@ -380,5 +354,4 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
             state["fallback"] = bind(replace(plan, cooperative=False, options=options), layout, log, out_dtype)
             state["fallback"](tensors, values)
 
-    run.like = None
     return run

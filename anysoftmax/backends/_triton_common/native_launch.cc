@@ -1,5 +1,5 @@
 // Launches Triton-compiled CUDA kernels from C++, called through TVM-FFI with torch tensors:
-// the repeated request's launch (argument packing, current stream, output allocation) without
+// the repeated request's launch (argument packing, current stream) without
 // the Python of Triton's launcher. native_launch.py builds this file, derives each kernel's
 // parameter list from its compiled signature and describes it to `make_launcher`.
 //
@@ -130,16 +130,15 @@ void launch_one(const Kernel& k, const uint64_t* slots, CUstream stream) {
 }
 
 // The launcher of one bound request. Called as f(*tensors) or f(*tensors, *floats): tensors
-// (None where the request has no such operand) in the order the launcher was made for; a None
-// in `out_slot` is allocated like tensor 0 (contiguous: what torch.empty_like gives for the
-// contiguous inputs this is used with) and returned. With `run` false nothing is launched and
-// the packed parameters of every kernel are returned (tests check them without a GPU).
+// (None where the request has no such operand) in the order the launcher was made for. With
+// `run` false nothing is launched and the packed parameters of every kernel are returned (tests
+// check them without a GPU).
 class Launcher {
  public:
-  Launcher(int device_type, int device, std::vector<bool> used, int out_slot, int n_values,
-           std::vector<Kernel> kernels, bool run)
-      : device_type_(device_type), device_(device), used_(std::move(used)), out_slot_(out_slot),
-        n_values_(n_values), kernels_(std::move(kernels)), run_(run) {}
+  Launcher(int device_type, int device, std::vector<bool> used, int n_values, std::vector<Kernel> kernels,
+           bool run)
+      : device_type_(device_type), device_(device), used_(std::move(used)), n_values_(n_values),
+        kernels_(std::move(kernels)), run_(run) {}
 
   void operator()(ffi::PackedArgs args, ffi::Any* rv) const {
     const int n_tensors = static_cast<int>(used_.size());
@@ -165,22 +164,10 @@ class Launcher {
         addresses[i] = reinterpret_cast<uint64_t>(d->data) + d->byte_offset;
       } else if (args[i] != nullptr) {
         TVM_FFI_THROW(TypeError) << "argument " << i << " is neither a tensor nor None";
-      } else if (used_[i] && i != out_slot_) {
+      } else if (used_[i]) {
         TVM_FFI_THROW(ValueError) << "argument " << i << " is None; this launcher was bound for a "
                                   << "request with that operand";
       }
-    }
-    ffi::Optional<ffi::Tensor> out;
-    if (out_slot_ >= 0 && args[out_slot_] == nullptr) {
-      std::optional<DLTensor*> like = args[0].try_cast<DLTensor*>();
-      if (!like.has_value()) TVM_FFI_THROW(TypeError) << "argument 0 must be a tensor to allocate like";
-      const DLTensor* d = *like;
-      // The environment's allocator: torch's (the caching allocator, on the current stream)
-      // when the call came from Python with torch tensors (tvm_ffi sets it per call).
-      ffi::Tensor t = ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::ShapeView(d->shape, d->ndim),
-                                                d->dtype, d->device);
-      addresses[out_slot_] = reinterpret_cast<uint64_t>(t.data_ptr());
-      out = t;
     }
     double values[kMaxValues] = {};
     const bool given = n_args > n_tensors;
@@ -223,17 +210,13 @@ class Launcher {
         packed.push_back(ffi::Bytes(reinterpret_cast<const char*>(slots), k.params.size() * sizeof(uint64_t)));
       }
     }
-    if (!run_) {
-      *rv = packed;
-    } else if (out.has_value()) {
-      *rv = *out;
-    }
+    if (!run_) *rv = packed;
   }
 
  private:
   int device_type_, device_;
   std::vector<bool> used_;
-  int out_slot_, n_values_;
+  int n_values_;
   std::vector<Kernel> kernels_;
   bool run_;
 };
@@ -241,8 +224,8 @@ class Launcher {
 // spec: per kernel [function, grid, threads per program, shared bytes, cooperative, pdl,
 // n_params, (kind, index, bits) per parameter]; `used`: 1 for each tensor argument some
 // parameter reads.
-ffi::Function make_launcher(int64_t device_type, int64_t device, ffi::Array<int64_t> used, int64_t out_slot,
-                            int64_t n_values, ffi::Array<int64_t> spec, bool run) {
+ffi::Function make_launcher(int64_t device_type, int64_t device, ffi::Array<int64_t> used, int64_t n_values,
+                            ffi::Array<int64_t> spec, bool run) {
   if (used.size() > kMaxTensors || n_values > kMaxValues) {
     TVM_FFI_THROW(ValueError) << "at most " << kMaxTensors << " tensors and " << kMaxValues << " floats";
   }
@@ -279,17 +262,9 @@ ffi::Function make_launcher(int64_t device_type, int64_t device, ffi::Array<int6
     }
     kernels.push_back(std::move(k));
   }
-  if (out_slot >= static_cast<int64_t>(used_flags.size())) TVM_FFI_THROW(ValueError) << "out_slot " << out_slot;
   return ffi::Function::FromPacked(Launcher(static_cast<int>(device_type), static_cast<int>(device),
-                                            std::move(used_flags), static_cast<int>(out_slot),
-                                            static_cast<int>(n_values), std::move(kernels), run));
-}
-
-// A tensor shaped like `like` from the environment's allocator, or None where there is none:
-// whether (and as what type) this launcher can hand back the outputs it allocates.
-ffi::Optional<ffi::Tensor> alloc_like(ffi::TensorView like) {
-  if (TVMFFIEnvGetDLPackManagedTensorAllocator() == nullptr) return std::nullopt;
-  return ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, like.shape(), like.dtype(), like.device());
+                                            std::move(used_flags), static_cast<int>(n_values),
+                                            std::move(kernels), run));
 }
 
 // The stream TVM-FFI holds for `t`'s device during this call (the caller's current stream
@@ -301,5 +276,4 @@ int64_t env_stream(ffi::TensorView t) {
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(make_launcher, make_launcher);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(alloc_like, alloc_like);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(env_stream, env_stream);

@@ -2,13 +2,15 @@
 called through TVM-FFI with the torch tensors themselves.
 
 A repeated request's launch through Triton's launcher costs microseconds of Python and
-argument parsing (`data_ptr()` per tensor, the stream, the extension's tuple parsing) and an
-allocation through `torch.empty_like`. Here one FFI call takes the tensors as DLPack views,
-reads torch's current stream from TVM-FFI's environment, allocates the output with torch's
-allocator and launches every kernel of the plan.
+argument parsing (`data_ptr()` per tensor, the stream, the extension's tuple parsing). Here one
+FFI call takes the tensors as DLPack views, reads torch's current stream from TVM-FFI's
+environment and launches every kernel of the plan. The output is allocated in Python
+(`torch.empty_like`): allocating through TVM-FFI's environment allocator costs more than it
+saves (NVIDIA H100 host: 10.6 us for a launch that allocates, against 6.2 for the launch and 2.5
+for `torch.empty_like`).
 
-`$ANYSOFTMAX_LAUNCHER` chooses: `triton` (Triton's launcher), `native`, or `auto` (the one
-`benchmarks/native_launch_bench.py` measured faster: `AUTO`). The extension is compiled once
+`$ANYSOFTMAX_LAUNCHER` chooses: `triton` (Triton's launcher), `native`, or `auto` (the default:
+the one `benchmarks/native_launch_bench.py` measured faster, `AUTO`). The extension is compiled once
 per machine into `config.cache_dir("native")` with the machine's C++ compiler (TVM-FFI's
 headers and library; cuda.h from the Triton wheel); when apache-tvm-ffi, the compiler or the
 build is missing, or a kernel needs what
@@ -33,8 +35,9 @@ from ... import config
 
 ENV_LAUNCHER = "ANYSOFTMAX_LAUNCHER"
 LAUNCHERS = ("triton", "native", "auto")
-# What `auto` means: the launcher measured faster on an H100 host (until measured: Triton's).
-AUTO = "triton"
+# What `auto` means: the launcher measured faster on an NVIDIA H100 host (native_launch_bench.py,
+# launch alone with preallocated tensors: 6.2 us native, 7.6 us Triton's; 6.5 / 7.4 in a second run).
+AUTO = "native"
 
 # DLPack's device type of CUDA tensors (kDLCUDA).
 DL_CUDA = 2
@@ -57,9 +60,9 @@ class NativeUnavailable(RuntimeError):
 
 
 def choose(value: str | None) -> str:
-    """The launcher a value of $ANYSOFTMAX_LAUNCHER names, "triton" or "native" (unset or
-    empty: "triton"; "auto": `AUTO`); ValueError for any other value."""
-    v = (value or "").strip().lower() or "triton"
+    """The launcher a value of $ANYSOFTMAX_LAUNCHER names, "triton" or "native" (unset, empty
+    or "auto": `AUTO`); ValueError for any other value."""
+    v = (value or "").strip().lower() or "auto"
     if v not in LAUNCHERS:
         raise ValueError(f"${ENV_LAUNCHER}={value!r}: expected one of {', '.join(LAUNCHERS)}")
     return AUTO if v == "auto" else v
@@ -204,11 +207,10 @@ def describe(params: list, pointers: dict, ints: dict, floats: dict) -> list[tup
 
 
 def make(compiled_kernels: list, grid: int, device: int, pointers: dict, ints: dict, floats: dict,
-         used: list, out_slot: int, run: bool = True, device_type: int = DL_CUDA):
+         used: list, run: bool = True, device_type: int = DL_CUDA):
     """The native launcher of one bound request: launches `compiled_kernels` one after the
     other on `grid` programs. Called as `f(*tensors)` or `f(*tensors, *floats)` (see
-    `native_launch.cc`); `used[i]`: tensor argument i is read by some parameter; a None in
-    `out_slot` (-1: none) is allocated like tensor 0 and returned. `run=False` packs the
+    `native_launch.cc`); `used[i]`: tensor argument i is read by some parameter. `run=False` packs the
     parameters without launching and returns them (the kernels need no GPU: tests).
     NativeUnavailable when the extension or a kernel cannot be used."""
     mod = module()
@@ -223,22 +225,7 @@ def make(compiled_kernels: list, grid: int, device: int, pointers: dict, ints: d
         spec += [int(k.function) if run else 0, grid, 32 * md.num_warps, md.shared,
                  int(bool(md.launch_cooperative_grid)), int(bool(md.launch_pdl)), len(described)]
         spec += [v for triple in described for v in triple]
-    return mod.make_launcher(device_type, device, [int(bool(u)) for u in used], out_slot, len(floats), spec, run)
-
-
-def hands_back_torch(tensor) -> bool:
-    """True when an output the extension allocates like `tensor` comes back to Python as a
-    torch.Tensor of its dtype and device (torch's DLPack exchange API gives TVM-FFI torch's
-    allocator and converts the result back); else the outputs are allocated in Python."""
-    import torch
-
-    small = tensor.new_empty((2, 3))
-    try:
-        got = module().alloc_like(small)
-    except Exception:  # (no allocator in this environment: the probe's answer, not an error)
-        return False
-    return isinstance(got, torch.Tensor) and got.shape == small.shape and got.dtype == small.dtype \
-        and got.device == small.device and got.is_contiguous()
+    return mod.make_launcher(device_type, device, [int(bool(u)) for u in used], len(floats), spec, run)
 
 
 _stream_checked: dict = {}

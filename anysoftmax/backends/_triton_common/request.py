@@ -102,13 +102,6 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
                   and spec.strides == contiguous_strides(shape))
 
     if spec.is_plain:
-        like = launch.like if like_input and guard is None else None
-        if like is not None:
-            # The common request; `launch.like` lets the native launcher allocate the output.
-            def run_native(x: torch.Tensor) -> torch.Tensor:
-                return like((x, None, None, None, None))
-
-            return run_native
         if like_input and guard is None:
             # The common request, with nothing to decide per call.
             def run_like(x: torch.Tensor) -> torch.Tensor:
@@ -160,14 +153,6 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None,
     guard = _guard_for(device, guard)
 
     if spec.is_plain:
-        like = launch.like if guard is None and not POISON_OUTPUTS else None
-        if like is not None:
-            def run_native(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-                y, grad = backward_operands(y, grad, dtype)
-                return like((y, grad, None, None, None, None, None))  # (dx like y: see `run`)
-
-            return run_native
-
         def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
             y, grad = backward_operands(y, grad, dtype)
             # (y is now contiguous in the output's dtype: empty_like is the cheapest allocation)
