@@ -12,7 +12,7 @@ import torch
 from .core import registry
 from .core.pieces import LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, merge_formula
 from .core.request import LSE, MERGE, Request, request_key
-from .core.variant import Operands, runtime_values
+from .core.variant import NO_OPERANDS, Operands, runtime_values
 from . import dispatch
 from .dispatch import FusedArgs
 
@@ -58,6 +58,8 @@ def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, soft
             _memo.put(request.key, hit)
     else:
         stats["hits"] += 1
+    if scale is None and softcap is None and mask is None and sinks is None:
+        return hit(x, NO_OPERANDS)
     s, c = runtime_values(scale, softcap)
     return hit(x, Operands(mask, sinks, s, c))
 

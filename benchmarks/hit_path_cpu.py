@@ -5,8 +5,9 @@ The triton backend's launcher is bound for an 8x1024 fp32 request, run once (thr
 Triton interpreter), then its fast path is given a no-op in place of Triton's compiled
 launcher: every later call walks the whole hit path of a GPU process (api checks, key, memo
 lookup, output allocation, argument assembly, stream lookup, launch-hook checks) and stops
-where the C launcher would start. merge_states (K=2, [16, 32, 128] bf16) likewise, its bound
-launcher's fast path around the no-op. Printed: us per call of that path, of its pieces alone, and
+where the C launcher would start. merge_states (K=2 and K=8, [16, 32, 128] bf16) likewise, its
+bound launcher's fast path around the no-op, and logsumexp on a tile plan (8x1024) and a split
+plan (2x65536 fp32: 16 chunks a row). Printed: us per call of that path, of its pieces alone, and
 of torch's own CPU calls for scale.
 
     python benchmarks/hit_path_cpu.py [--n 20000]
@@ -128,11 +129,20 @@ def main() -> None:
     bwd_key = core_request.request_key(core_request.BWD, y, -1, None, "triton", False, g)
     for k in (fwd_key, bwd_key):
         assert _install_noop(dispatch._memo._data[k]) >= 1, "no launcher state found to stub"
-    outs = [torch.randn(16, 32, 128, dtype=torch.bfloat16) for _ in range(2)]
-    lses = [torch.randn(16, 32) for _ in range(2)]
-    anysoftmax.merge_states(outs, lses, backend="triton")
-    merge_key = core_request.request_key(core_request.MERGE, outs, lses, None, "triton", False, None, None, None)
-    merge_how = _install_merge_noop(dispatch._memo._data[merge_key], 1)
+    merges = {}
+    for k in (2, 8):
+        outs = [torch.randn(16, 32, 128, dtype=torch.bfloat16) for _ in range(k)]
+        lses = [torch.randn(16, 32) for _ in range(k)]
+        anysoftmax.merge_states(outs, lses, backend="triton")
+        merge_key = core_request.request_key(core_request.MERGE, outs, lses, None, "triton", False, None, None, None)
+        merge_how = _install_merge_noop(dispatch._memo._data[merge_key], 1)
+        merges[k] = (outs, lses, dispatch._memo._data[merge_key])
+    long = torch.randn(2, 65536)
+    for t in (x, long):
+        anysoftmax.logsumexp(t, -1, backend="triton")
+        lse_key = core_request.request_key(core_request.LSE, t, -1, None, "triton", False, None,
+                                           dispatch.FusedArgs(None, None, False, None, None))
+        assert _install_noop(dispatch._memo._data[lse_key]) >= 1, "no logsumexp launcher state found to stub"
     key = _key_fn()
     lookup = dispatch._memo._data.get
     rows = [
@@ -145,12 +155,18 @@ def main() -> None:
         ("  bound launcher alone (no-op launch)", lambda: dispatch._memo._data[fwd_key](x)),
         ("  torch.empty_like", lambda: torch.empty_like(x)),
         ("  torch.empty(shape, dtype=, device=)", lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
-        ("anysoftmax.merge_states K=2 (hit, no-op)",
-         lambda: anysoftmax.merge_states(outs, lses, backend="triton")),
-        ("  bound merge launcher alone", lambda: dispatch._memo._data[merge_key](outs, lses, None, None)),
+        *[row for k, (outs, lses, bound) in merges.items() for row in (
+            (f"anysoftmax.merge_states K={k} (hit, no-op)",
+             lambda outs=outs, lses=lses: anysoftmax.merge_states(outs, lses, backend="triton")),
+            ("  bound merge launcher alone", lambda outs=outs, lses=lses, bound=bound: bound(outs, lses, None, None)),
+            ("  key alone (merge)", lambda outs=outs, lses=lses: core_request.request_key(
+                core_request.MERGE, outs, lses, None, "triton", False, None, None, None)))],
+        ("anysoftmax.logsumexp 8x1024 (tile, hit, no-op)", lambda: anysoftmax.logsumexp(x, -1, backend="triton")),
+        ("anysoftmax.logsumexp 2x65536 (split, hit, no-op)",
+         lambda: anysoftmax.logsumexp(long, -1, backend="triton")),
         ("torch.softmax (CPU kernel, for scale)", lambda: torch.softmax(x, -1)),
     ]
-    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls; merge_states 2x[16, 32, 128] bf16 ({merge_how})")
+    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls; merge_states K x [16, 32, 128] bf16 ({merge_how})")
     for name, f in rows:
         print(f"{name:44s} {per_call_us(f, n):7.2f} us/call")
 

@@ -20,7 +20,8 @@ from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_requ
                            merge_backward_formula, row_shape)
 from ..core.variant import build, causal_name, runtime_values
 from .batching import _front
-from .grad_mode import wants_autodiff
+
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 
 
 # ---- logsumexp --------------------------------------------------------------------------------
@@ -92,9 +93,17 @@ class _Logsumexp(torch.autograd.Function):
 
 
 def _plain_eager(*tensors) -> bool:
-    return not torch.compiler.is_compiling() and _fwad._current_level < 0 and all(
-        t is None or (type(t) in (torch.Tensor, torch.nn.Parameter) and not is_functorch_wrapped_tensor(t))
-        for t in tensors) and not wants_autodiff(*(t for t in tensors if t is not None))
+    """Whether a call on `tensors` (None where absent) runs eagerly without autodiff: exact
+    tensors, no gradient wanted (`grad_mode.wants_autodiff`), no torch.func transform or
+    forward-AD level, not compiling. One loop: this is on every call's path."""
+    if torch.compiler.is_compiling() or _fwad._current_level >= 0:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and ((type(t) is not _Tensor and type(t) is not _Parameter) or (grad and t.requires_grad)
+                              or is_functorch_wrapped_tensor(t)):
+            return False
+    return True
 
 
 def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: torch.Tensor | None = None,
@@ -187,14 +196,24 @@ def _merge_vmap(info, in_dims, outputs, lses, backend=None):
     return merge_states_op(ob, lb, backend), (0, 0)
 
 
+def _plain_states(outputs, lses) -> bool:
+    """Whether merge_states goes straight to dispatch: `_plain_eager` over the 2K tensors, or
+    arguments that are not lists of tensors (dispatch's validation names them)."""
+    if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
+        return True
+    for ts in (outputs, lses):
+        for t in ts:
+            if not isinstance(t, _Tensor):
+                return True
+    return _plain_eager(*outputs, *lses)
+
+
 def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge K partial results (`outputs[i]` `[..., D]`, each normalised within its segment,
     `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
     out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
     -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: `anysoftmax.core.pieces`."""
-    tensors = isinstance(outputs, (list, tuple)) and isinstance(lses, (list, tuple)) and all(
-        isinstance(t, torch.Tensor) for t in (*outputs, *lses))
-    if not tensors or _plain_eager(*outputs, *lses):  # (bad arguments: dispatch's validation names them)
+    if _plain_states(outputs, lses):
         return dispatch_pieces.merge_states(outputs, lses, backend)
     if torch.compiler.is_compiling():  # (the fake implementation validates)
         return merge_states_op(list(outputs), list(lses), backend)

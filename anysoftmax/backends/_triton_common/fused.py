@@ -259,14 +259,15 @@ def close_lse(m, s):
 
 
 @triton.jit
-def tile_lse(z, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
-    """The logsumexp of each row (axis 1) of a tile held on chip, the sink joining the max and
-    the sum: one exp per element, as the softmax tile's."""
-    m = tl.max(z, axis=1)
+def tile_lse(z, sink, AXIS: tl.constexpr, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """The logsumexp along AXIS of values held on chip (1: each row of a tile; 0: one row's
+    chunk lses, a -inf chunk weighing 0), the sink joining the max and the sum: one exp per
+    element, as the softmax tile's."""
+    m = tl.max(z, axis=AXIS)
     if HAS_SINK:
         m = tl.maximum(m, sink)
     m_sub = lse_sub(m)
-    s = tl.sum(exp_acc(z - m_sub[:, None], ACC_FP64), axis=1)
+    s = tl.sum(exp_acc(z - tl.expand_dims(m_sub, AXIS), ACC_FP64), axis=AXIS)
     if HAS_SINK:
         s = s + exp_acc(sink - m_sub, ACC_FP64)  # (a NaN sink that max dropped joins here)
     return close_lse(m, s)

@@ -2,8 +2,8 @@
 per request.
 
 State kept here, and why:
-* barrier counters per (device, stream): the cooperative split kernels leave them zeroed, so
-  they are allocated once and reused (no memset launch per call);
+* row counters per (device, stream): the kernels that count arrivals per row (`KernelPlan.counted`)
+  leave them zeroed, so they are allocated once and reused (no memset launch per call);
 * one lock per kernel, held only around a launcher's first launch: Triton compiles a
   specialization on first launch without a lock of its own, so two threads launching a new
   shape at once would compile it twice. Later launches take no lock. Under the interpreter every
@@ -56,8 +56,8 @@ def _raw_stream(device: torch.device) -> int:
 def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
     """Zeroed (arrived, departed) int32 counters for `n_rows` rows, reused across launches.
 
-    The cooperative kernels leave them zero again (the last program to leave a row resets
-    it), so they are allocated and zeroed once per (device, stream) and grown when needed. One
+    The kernels that use them leave them zero again (the last program of a row resets
+    them), so they are allocated and zeroed once per (device, stream) and grown when needed. One
     buffer per stream, because launches on different streams may overlap.
     """
     n = max(2 * n_rows, 2)
@@ -91,7 +91,7 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
     pointers) gets one small placeholder pair per device, allocated once."""
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     n_stats = plan.stats_numel(layout)
-    counter_groups = plan.groups(layout) if plan.cooperative else 0
+    counter_groups = plan.groups(layout) if plan.counted else 0
     placeholders: dict = {}
 
     def make(device) -> tuple:

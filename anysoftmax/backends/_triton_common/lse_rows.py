@@ -10,8 +10,9 @@ bandwidth for softmax gives it that bandwidth without a second set of tiles to t
 * tile / online plans: one launch; the row's lse is stored through the output layout's row
   strides, here those of the [..., 1, ...] result (contiguous over the row shape).
 * split plans (long rows, few of them): the statistics pass alone (no barrier, never
-  cooperative), each chunk writing its own lse; the host reduces the few chunks per row (and
-  the sink) with `torch.logsumexp`, a read of n_rows x chunks floats.
+  cooperative), each chunk writing its own lse to the scratch; the row's last chunk to finish
+  (the reused, self-resetting row counters) combines the row's chunks and the sink into the
+  result, in the same launch.
 * column plans (a reduction over a non-innermost dim read as transposed tiles) are not
   served here: `row_plan_kind` says so and the caller keeps `pieces.lse_kernel` for them.
 
@@ -31,8 +32,8 @@ from ...core.pieces import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .launcher import bind
-from .plan import KernelPlan, scalars
-from .request import _materialised_strides, mask_operand, sinks_operand
+from .plan import PLAIN_SCALARS, KernelPlan, scalars
+from .request import _guard_for, _materialised_strides, mask_operand, sinks_operand
 
 # Plan kinds whose kernels have the STATES_ONLY form.
 ROW_KINDS = ("tile", "online", "split")
@@ -77,17 +78,6 @@ def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materia
     return launcher(plan, layout, spec, materialise) if row_plan_kind(plan) else None
 
 
-def _row_offsets(layout: RowLayout, device) -> torch.Tensor | None:
-    """The result's element offset of every row (the kernels' `_row_offsets` on the host), or
-    None when row r is element r (rows in the result's order: no scatter needed)."""
-    _, s1, s2 = layout.row_sizes
-    st0, st1, st2 = layout.out_row_strides
-    rows = torch.arange(layout.n_rows, dtype=torch.int64)
-    i2, rest = rows % s2, rows // s2
-    offsets = (rest // s1) * st0 + (rest % s1) * st1 + i2 * st2
-    return None if torch.equal(offsets, rows) else offsets.to(device)
-
-
 def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool):
     """`f(x, operands) -> lse` (keepdim, accumulation dtype) for requests like `spec`, through
     `plan`'s row kernel in its STATES_ONLY form; x laid out as `layout` (`layouts`)."""
@@ -97,28 +87,20 @@ def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise
     # accumulation as the softmax; the store converts to the result's dtype.
     launch = bind(plan, layout, False, spec.out_dtype)
     shape, acc, device = row_shape(spec.shape, spec.dim), spec.acc_dtype, spec.device
-    has_sink = spec.variant.sinks is not None
-    n_rows, chunks = layout.n_rows, plan.chunks
-    offsets = _row_offsets(layout, device) if plan.split else None
+    plain_values = spec.variant.scale is None and spec.variant.softcap is None
+    guard = _guard_for(device, None)
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
         mask = mask_operand(operands.mask, spec, materialise)
         sinks = sinks_operand(operands.sinks, spec, materialise)
-        values = scalars(operands.scale, operands.softcap)
-        if not plan.split:
-            out = new_output(shape, acc, device)
-            launch((x, out, mask, sinks, None), values)
-            return out
-        states = torch.empty((n_rows, chunks), dtype=acc, device=device)
-        launch((x, states, mask, sinks, None), values)
-        if has_sink:  # (the sinks are contiguous over the row shape, as the result)
-            s_rows = sinks.reshape(-1) if offsets is None else sinks.reshape(-1)[offsets]
-            states = torch.cat([states, s_rows.to(acc)[:, None]], 1)
         out = new_output(shape, acc, device)
-        if offsets is None:
-            torch.logsumexp(states, 1, out=out.view(-1))
+        # (PLAIN_SCALARS itself: the bound launcher's fast path passes it pre-joined)
+        values = PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap)
+        if guard is None:
+            launch((x, out, mask, sinks, None), values)
         else:
-            out.view(-1)[offsets] = torch.logsumexp(states, 1)
+            with guard(device):  # (Triton launches on the current device)
+                launch((x, out, mask, sinks, None), values)
         return out
 
     return run

@@ -339,7 +339,7 @@ def merge_launcher(spec: MergeSpec, plan_for):
     interpreted = lock is _interpreter_lock
     guard = _guard_for(device, None)
     # bound: (cast outputs, copy outputs, cast lses, copy lses, grid, integers, constexprs)
-    state = {"bound": None, "compiled": False, "fast": None}
+    state = {"bound": None, "prepare": False, "compiled": False, "fast": None}
 
     def prepared(outputs, lses, how):
         cast_o, copy_o, cast_l, copy_l = how
@@ -376,18 +376,10 @@ def merge_launcher(spec: MergeSpec, plan_for):
         if plan.num_warps is not None:
             meta["num_warps"] = plan.num_warps
         state["bound"] = (how, max(1, plan.grid), static, meta)
+        state["prepare"] = any(how)
         return outputs, lses, out, lse_out
 
-    def pointers(outputs, lses, out, lse_out) -> list:
-        # (the kernel takes MAX_K partials: the unused ones stand in as the first, never read)
-        ptrs = [t.data_ptr() for t in outputs]
-        ptrs += [ptrs[0]] * pad
-        lp = [t.data_ptr() for t in lses]
-        ptrs += lp
-        ptrs += [lp[0]] * pad
-        ptrs.append(out.data_ptr())
-        ptrs.append(lse_out.data_ptr())
-        return ptrs
+    lse_shape = shape[:-1]
 
     def launch(outputs, lses, out, lse_out):
         fast = state["fast"]
@@ -396,17 +388,19 @@ def merge_launcher(spec: MergeSpec, plan_for):
             # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
                     and not leave_calls:
-                how = state["bound"][0]
-                if any(how):
-                    outputs, lses = prepared(outputs, lses, how)
+                if state["prepare"]:
+                    outputs, lses = prepared(outputs, lses, state["bound"][0])
                 if out is None:
                     out = new_output(shape, out_dtype, device)
                 if lse_out is None:
-                    lse_out = new_output(shape[:-1], lse_dtype, device)
-                ptrs = pointers(outputs, lses, out, lse_out)
+                    lse_out = new_output(lse_shape, lse_dtype, device)
+                # (the kernel takes MAX_K partials: the unused ones stand in as the first, never read)
+                po = [t.data_ptr() for t in outputs]
+                pl = [t.data_ptr() for t in lses]
                 stream = stream_of(index)
                 for fn, before, after, _, rest in calls:
-                    fn(*before, stream, *after, *ptrs, *rest)
+                    fn(*before, stream, *after, *po, *po[:1] * pad, *pl, *pl[:1] * pad, out.data_ptr(),
+                       lse_out.data_ptr(), *rest)
                 return out, lse_out
         bound = state["bound"]
         if bound is None:
@@ -415,7 +409,7 @@ def merge_launcher(spec: MergeSpec, plan_for):
         else:
             outputs, lses = prepared(outputs, lses, bound[0])
             out = new_output(shape, out_dtype, device) if out is None else out
-            lse_out = new_output(shape[:-1], lse_dtype, device) if lse_out is None else lse_out
+            lse_out = new_output(lse_shape, lse_dtype, device) if lse_out is None else lse_out
         _, grid, static, meta = bound
         args = (*outputs, *[outputs[0]] * pad, *lses, *[lses[0]] * pad, out, lse_out, *static)
         if state["compiled"] and not interpreted:  # (no fast path, or a launch hook is active)
@@ -438,11 +432,10 @@ def merge_launcher(spec: MergeSpec, plan_for):
         return out, lse_out
 
     def run(outputs, lses, out, lse_out):
-        if guard is None:
-            return launch(outputs, lses, out, lse_out)
         with guard(device):  # (Triton launches on the current device)
             return launch(outputs, lses, out, lse_out)
 
+    run = launch if guard is None else run
     run.state = state  # (tests and benchmarks/hit_path_cpu.py stand a recorder in for Triton's launcher)
     return run
 

@@ -200,6 +200,12 @@ class KernelPlan:
         """Rows (or column groups) whose chunks meet at one barrier."""
         return layout.n_rows
 
+    @property
+    def counted(self) -> bool:
+        """Whether the launch uses the row counters (`launcher.row_counters`): the cooperative
+        barrier, or a split logsumexp's last chunk of each row combining the row."""
+        return self.cooperative or (self.split and self.states_only)
+
     def work_items(self, layout: RowLayout) -> int:
         """The most programs that can have work."""
         return _cdiv(layout.n_rows, self.block_m)
@@ -306,9 +312,8 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks
 
     def stats_numel(self, layout):
-        if self.states_only:  # (chunk states go to the output: no scratch)
-            return 0
-        return layout.n_rows * self.chunks * self.fusion.stats_per_chunk  # (max, sum[, kept]) per chunk
+        per_chunk = 1 if self.states_only else self.fusion.stats_per_chunk  # lse, or (max, sum[, kept])
+        return layout.n_rows * self.chunks * per_chunk
 
     def static_args(self, layout):
         return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=self.chunks, **_row_strides(layout),

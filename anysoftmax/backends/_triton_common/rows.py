@@ -19,8 +19,8 @@ their own (broadcast, often 0) strides.
   per-row barrier (one read, one write), or in two launches.
 
 STATES_ONLY (tile, online, split): logsumexp from the same plans (`lse_rows.py`): the row's
-statistics closed into lse = m + log(s) and one float written per row (per chunk for split,
-combined on the host) instead of the output row.
+statistics closed into lse = m + log(s) and one float written per row (split: per chunk, then
+combined by the row's last chunk to finish) instead of the output row.
 
 The fused family (`fused.py`): after every load the prologue (scale, softcap, mask, causal);
 the sink joins where a row's statistics close; empty rows get their policy's value. Causal
@@ -121,7 +121,7 @@ def softmax_tile_kernel(
         if HAS_SINK:
             sink = tl.load(s_ptr + s_off, mask=row_ok, other=0.0).to(acc_ty)
         if STATES_ONLY:
-            tl.store(y_ptr + y_off, tile_lse(z, sink, HAS_SINK, ACC_FP64).to(y_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(y_ptr + y_off, tile_lse(z, sink, 1, HAS_SINK, ACC_FP64).to(y_ptr.dtype.element_ty), mask=row_ok)
         else:
             y, p = close_tile(z, live, m_ptrs, sink, n_cols, lim, 1, LOG, ACC_FP64, HAS_SINK, MASK, CAUSAL, EMPTY)
             tl.store(y_ptr + y_off[:, None] + cols[None, :] * ysn, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -274,7 +274,8 @@ def softmax_split_kernel(
     interpreter, where programs run one after another and a barrier would never open.
 
     STATES_ONLY (launched as PHASE 1 alone, `lse_rows.py`): each chunk's own logsumexp (no
-    sink) is written at y_ptr[row * n_chunks + chunk]; the host combines the few per row.
+    sink) goes to stats[row * n_chunks + chunk]; the row's last chunk to arrive (its counter,
+    left zero again) combines them with the sink into the row's lse at y_ptr + the row's y offset.
     """
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
@@ -293,7 +294,19 @@ def softmax_split_kernel(
         if STATES_ONLY:  # (launched as PHASE 1: nothing below runs)
             m_raw = tl.max(z, axis=0)
             s_chunk = tl.sum(exp_acc(z - lse_sub(m_raw), ACC_FP64), axis=0)
-            tl.store(y_ptr + item, close_lse(m_raw, s_chunk).to(y_ptr.dtype.element_ty))
+            tl.store(stats_ptr + item, close_lse(m_raw, s_chunk))
+            # The row's last chunk to arrive combines the row's chunk lses: nothing waits, so
+            # no co-residency is needed; its acquire (and .cg, as PHASE 0) sees the others' stores.
+            if _row_arrive(count_ptr, row) == n_chunks:
+                tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
+                g = tl.arange(0, G_POW2)
+                ls = tl.load(stats_ptr + row * n_chunks + g, mask=g < n_chunks, other=float("-inf"),
+                             cache_modifier=".cg")
+                sink = 0.0
+                if HAS_SINK:
+                    sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+                tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2),
+                         tile_lse(ls, sink, 0, HAS_SINK, ACC_FP64).to(y_ptr.dtype.element_ty))
         elif PHASE != 2:
             m_raw = tl.max(z, axis=0)
             m_chunk = finite_or_zero(m_raw)

@@ -120,6 +120,69 @@ def test_strided_inputs(path, gen, rows_only):
         _check(torch.randn(4, 5, 130, generator=gen).bfloat16().permute(1, 0, 2), -1)  # rows not chaining
 
 
+def test_split_combine(gen, rows_only):
+    """The split plan's combine (the row's last chunk to finish, in the kernel): special values
+    confined to single chunks, sinks (the only value kept, +inf, NaN), masks emptying whole
+    chunks, results with dim not last and rows reordered (heads fastest); the row counters are
+    left zero."""
+    from anysoftmax.backends._triton_common import launcher
+
+    inf, nan = math.inf, math.nan
+    x = torch.randn(10, 150, generator=gen) * 3  # fp32 under these overrides: 5 chunks of 32, the last short
+    x[0, 70] = inf  # +inf in chunk 2 only
+    x[1, 140] = nan  # NaN in the short last chunk only
+    x[2, :32] = -inf  # chunk 0 empty: weighs 0
+    x[3, :128] = -inf  # only the last chunk holds values
+    x[4] = -inf  # nothing kept
+    x[5, 40], x[5, 100] = inf, nan  # NaN wins over +inf
+    x[6, 33], x[6, 140] = inf, inf
+    x[7, 64:96] = 80.0  # one dominant chunk
+    sinks = torch.randn(10, 1, generator=gen)
+    sinks[4], sinks[8], sinks[9] = 2.5, inf, nan
+    mask = torch.zeros(10, 150, dtype=torch.bool)
+    mask[:, 32:96] = True  # chunks 1 and 2 excluded
+    with heuristics.override(**LONG_ROW_PATHS["split"]):
+        out = _check(x, -1)
+        assert torch.isposinf(out[[0, 6]]).all() and torch.isnan(out[[1, 5]]).all() and torch.isneginf(out[4]).all()
+        out = _check(x, -1, sinks=sinks)
+        assert out[4].item() == 2.5 and torch.isposinf(out[[0, 8]]).all() and torch.isnan(out[[1, 9]]).all()
+        out = _check(x, -1, mask=mask, sinks=sinks)
+        assert torch.isfinite(out[0]).all() and out[4].item() == 2.5  # (the +inf was masked out)
+        d = x.reshape(2, 5, 150).permute(0, 2, 1)  # dim 1 of [2, 150, 5]: result [2, 1, 5]
+        _check(d, 1)
+        _check(d, 1, sinks=sinks.reshape(2, 1, 5))
+        heads = x.reshape(2, 5, 1, 150).expand(2, 5, 3, 150)  # a head-broadcast mask: heads vary fastest
+        _check(heads, -1, mask=mask.reshape(2, 5, 1, 150)[:, :1], sinks=torch.randn(5, 1, 1, generator=gen))
+    assert set(rows_only) == {"split"}, rows_only
+    assert all(not c.any() for c in launcher._counters.values())
+
+
+def test_split_path_host_ops(gen, rows_only):
+    """A split logsumexp call combines the chunks in its kernel: no torch.logsumexp, cat or
+    index-put on the host (the ops the interpreter itself dispatches to run a kernel are not
+    counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x, sinks = torch.randn(3, 2, 150, generator=gen), torch.randn(2, 1, generator=gen)
+    with heuristics.override(**LONG_ROW_PATHS["split"]):
+        for kw in ({}, dict(sinks=sinks)):
+            anysoftmax.logsumexp(x, -1, backend="triton", **kw)  # (plans and binds)
+            with Ops() as ops:
+                anysoftmax.logsumexp(x, -1, backend="triton", **kw)
+            host = [n for n in ops.names if any(w in n for w in ("logsumexp", "cat", "index", "arange", "_to_copy"))]
+            assert not host, ops.names
+    assert set(rows_only) == {"split"}, rows_only
+
+
 def test_zero_dim_empty_one_element(gen):
     s = torch.tensor(-1.5)
     assert anysoftmax.logsumexp(s, 0, backend="triton").item() == -1.5
@@ -143,7 +206,7 @@ def test_column_plans_keep_lse_kernel(gen, monkeypatch):
 
 
 def test_the_check_can_fail(gen, monkeypatch):
-    """A wrong lse is caught: the split path's host combine given sinks off by 5."""
+    """A wrong lse is caught: the split path's combine given sinks off by 5."""
     from anysoftmax.backends._triton_common import lse_rows
 
     x = torch.randn(2, 3, 5, 200, generator=gen) * 3
