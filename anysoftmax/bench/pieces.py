@@ -229,13 +229,14 @@ def main(argv=None) -> int:
         return 2
     device = torch.device(args.device)
     cpu = device.type == "cpu"
-    name = gpu_dir_name(torch.cuda.get_device_name(device) if not cpu else "cpu")
+    device_name = torch.cuda.get_device_name(device) if not cpu else "cpu"
+    name = gpu_dir_name(device_name)
     out_dir = Path(args.out) / name
     out_dir.mkdir(parents=True, exist_ok=True)
     warm_up(device)
     compiled = not args.no_compile and not cpu
     ops = set(args.ops.split(","))
-    meta = dict(device=name, torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    meta = dict(device=device_name, torch=torch.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if "logsumexp" in ops:
         t0 = time.time()
         shapes = CPU_LSE if cpu else LSE_QUICK if args.quick else LSE_GRID
