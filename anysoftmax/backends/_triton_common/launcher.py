@@ -13,6 +13,7 @@ State kept here, and why:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import warnings
@@ -110,6 +111,20 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
 FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
 
 
+@functools.lru_cache(maxsize=None)
+def _forwards_varargs(launcher_type) -> bool:
+    """Whether a CUDA launcher's `__call__(gridX, gridY, gridZ, stream, function, *args)` hands
+    its arguments to the extension as `launch(grids, stream, function, cooperative, pdl, global
+    scratch, profile scratch, *args)`: the layout `_fast_calls` calls the extension with (Triton
+    3.2-3.6). Later launchers take named metadata and the kernel's arguments as one tuple: they
+    are called through `__call__` itself."""
+    import inspect
+
+    params = list(inspect.signature(launcher_type.__call__).parameters.values())[1:]
+    return [p.name for p in params[:5]] == ["gridX", "gridY", "gridZ", "stream", "function"] and \
+        len(params) == 6 and params[5].kind is inspect.Parameter.VAR_POSITIONAL
+
+
 def _fast_calls(compiled_kernels: list, tails: list, grid: int) -> list:
     """[(launch, before, after, constexpr tail)] launching compiled kernels through Triton's
     low-level launcher as `launch(*before, stream, *after, *pointers, *integers, *floats, *tail)`,
@@ -125,7 +140,7 @@ def _fast_calls(compiled_kernels: list, tails: list, grid: int) -> list:
         # Triton's CUDA launcher's own __call__ only allocates scratch (none here), then calls
         # its extension function with this argument order: called directly, no Python frame
         # between the launcher and the extension.
-        if type(run).__name__ == "CudaLauncher" and direct is not None and \
+        if type(run).__name__ == "CudaLauncher" and direct is not None and _forwards_varargs(type(run)) and \
                 not getattr(run, "global_scratch_size", 1) and not getattr(run, "profile_scratch_size", 1) \
                 and getattr(run, "num_ctas", 1) == 1:
             calls.append((direct, (grid, 1, 1), (k.function, run.launch_cooperative_grid, run.launch_pdl, None, None,

@@ -119,3 +119,37 @@ def test_fast_path_passes_what_triton_launch_takes(direct, backward):
             assert compiled.run.seen == []
         finally:
             chain.remove(hook)
+
+
+class _Compiled:
+    """A compiled kernel as `_fast_calls` reads it (function handle, packed metadata, launcher)."""
+
+    def __init__(self, launcher):
+        self.run, self.function, self.packed_metadata = launcher, 11, ("meta",)
+
+
+def _launcher_type(call):
+    return type("CudaLauncher", (), {"__call__": call, "launch": staticmethod(lambda *a: a),
+                                     "global_scratch_size": 0, "profile_scratch_size": 0, "num_ctas": 1,
+                                     "launch_cooperative_grid": False, "launch_pdl": False})
+
+
+def test_fast_calls_follow_the_launchers_argument_layout():
+    """Triton's CUDA launcher changed how it calls its extension: the extension is called directly
+    only for the layout `_fast_calls` packs (`__call__(gridX, gridY, gridZ, stream, function, *args)`,
+    Triton 3.2-3.6); a later launcher (named metadata, the arguments as one tuple) is called through
+    its own `__call__`, which takes what Triton's JIT passes it."""
+    from anysoftmax.backends._triton_common.launcher import _fast_calls
+
+    def old_call(self, gridX, gridY, gridZ, stream, function, *args):
+        pass
+
+    def new_call(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                 launch_enter_hook, launch_exit_hook, *args):
+        pass
+
+    old, new = _launcher_type(old_call)(), _launcher_type(new_call)()
+    ((fn, _, after, _),) = _fast_calls([_Compiled(old)], [()], 4)
+    assert fn is old.launch and after[:3] == (11, False, False)  # function, cooperative, pdl
+    ((fn, _, after, _),) = _fast_calls([_Compiled(new)], [()], 4)
+    assert fn is new and after == (11, ("meta",), None, None, None)  # as JITFunction.run calls it
