@@ -65,6 +65,10 @@ def lse_candidates():
         yield dict(lse_kernel=(elems, per_sm, warps))
 
 
+# Candidate keys that are no tuning-table values (the test of the sweeps allows these).
+KERNEL_CANDIDATE_KEYS = {"lse_kernel"}
+
+
 def lse_kernel_call(x, elems: int, per_sm: int, warps: int):
     """`lse_kernel` on x's rows (dim -1) with the given tile, grid and warps; long rows cut into
     chunks until every SM has work (their states combined by `launch_lse`)."""
@@ -170,7 +174,7 @@ def main(argv=None) -> int:
             best = None
             for cand in cands():
                 try:
-                    with heuristics.override(**{k: v for k, v in cand.items() if k != "lse_kernel"}):
+                    with heuristics.override(**{k: v for k, v in cand.items() if k not in KERNEL_CANDIDATE_KEYS}):
                         if lse:
                             fn = (lse_kernel_call(sets[0][0], *cand["lse_kernel"]) if "lse_kernel" in cand
                                   else lambda x: anysoftmax.logsumexp(x, dim, backend="triton"))

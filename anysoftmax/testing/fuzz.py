@@ -603,10 +603,13 @@ def _device_name(device: str) -> str:
 def _failure_texts(exc: BaseException) -> list[str]:
     """One text per distinct failure: the exception with hypothesis's shrunk steps (its notes);
     hypothesis groups distinct failures (and a flaky one's attempts) in an ExceptionGroup."""
+    notes = [str(n) for n in getattr(exc, "__notes__", [])]
     subs = getattr(exc, "exceptions", None)
     if subs:
-        return [t for sub in subs for t in _failure_texts(sub)]
-    return ["\n".join([f"{type(exc).__name__}: {exc}"] + [str(n) for n in getattr(exc, "__notes__", [])])]
+        # (a group's own notes, e.g. the steps of a failure that did not replay alike, go with
+        # each of its failures)
+        return ["\n".join([t, *notes]) for sub in subs for t in _failure_texts(sub)]
+    return ["\n".join([f"{type(exc).__name__}: {exc}", *notes])]
 
 
 @contextlib.contextmanager

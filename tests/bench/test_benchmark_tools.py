@@ -11,7 +11,7 @@ SWEEPS = [name for name in dir(tune_triton) if name.endswith("_candidates")]
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_sweep_candidates_name_known_tuning_keys(sweep):
-    known = set(load_tuning("triton"))
+    known = set(load_tuning("triton")) | tune_triton.KERNEL_CANDIDATE_KEYS
     candidates = list(getattr(tune_triton, sweep)())
     assert candidates
     for cand in candidates:

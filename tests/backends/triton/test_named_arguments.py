@@ -67,8 +67,8 @@ class _Recorder:
             self.global_scratch_size = self.profile_scratch_size = 0
             self.num_ctas = 1
 
-    def __call__(self, *a):
-        self.seen.append(a)
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # (Triton 3.6's signature)
+        self.seen.append((gridX, gridY, gridZ, stream, function, *args))
 
 
 def _compiled(direct: bool):
