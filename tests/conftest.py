@@ -42,8 +42,17 @@ def pytest_report_header(config):
     return _seed_lines()
 
 
+def pytest_sessionstart(session):
+    # `-q` (run.sh test) hides the header: the seed still comes first, so a run that is killed
+    # before its summary can be replayed.
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        for line in _seed_lines():
+            reporter.write_line(line)
+
+
 def pytest_terminal_summary(terminalreporter):
-    # Again at the end: `-q` (run.sh test) hides the header, and a failure is read from the end.
+    # Again at the end, where a failure is read.
     for line in _seed_lines():
         terminalreporter.write_line(line)
 
