@@ -42,6 +42,9 @@ FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
 # The pieces ops (`core.pieces`): logsumexp keys as a fused forward, merge_states by its K
 # partials and K lses (see `request_key`).
 LSE, MERGE = "lse", "merge"
+# `anysoftmax.distributed`'s requests (its own memo): softmax / log_softmax, and logsumexp, of a
+# sharded dim.
+SHARDED, SHARDED_LSE = "sharded", "sharded_lse"
 
 _Tensor = torch.Tensor
 _tuple = tuple
@@ -179,5 +182,5 @@ class Request:
         return cls(key, spec, direction, backend, tuple(alignment(t) for t in operands))
 
 
-__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "Request", "alignment", "forward_key",
-           "plan_key", "request_key"]
+__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "Request", "SHARDED", "SHARDED_LSE",
+           "alignment", "forward_key", "plan_key", "request_key"]

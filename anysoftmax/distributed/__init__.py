@@ -23,25 +23,45 @@ gloo (CPU tensors) and NCCL (one GPU per rank). docs/semantics.md states the con
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from ..core.cache import BoundedDict
+from ..core.request import SHARDED, SHARDED_LSE, request_key
 from ..core.spec import SoftmaxSpec
+from ..core.variant import runtime_values
+from ..dispatch import FusedArgs
+from ..torchop.pieces import _plain_eager
 from .collective import group_rank_and_size
 from .functions import Call, ShardedLogsumexp, ShardedSoftmax, logsumexp_forward, softmax_forward
 
 __all__ = ["log_softmax", "logsumexp", "softmax"]
 
 
-def _prepare(who: str, x, dim, dtype, causal, fused: dict, log: bool):
-    if causal not in (False, None):
-        raise ValueError(f"{who}: causal={causal!r} is not supported over a sharded dim (a shard does not know its "
-                         f"keys' global positions); pass the shard of a bool mask instead")
-    spec, ops = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=fused)
+class _Checked(NamedTuple):
+    """What validating a request leaves, for every call of it (scale's and softcap's values
+    are the call's, checked on every call; the group's rank and size are the group's)."""
+
+    dim: int  # normalised
+    cast: torch.dtype | None  # dtype= to convert x to first
+    empty_rows: str  # normalised ("zero" where no row can be empty)
+    no_rows: bool  # (not `spec.n_rows`: an empty shard has rows all the same, and must take part)
+    acc: torch.dtype
+
+
+# request key -> _Checked: a repeated request is not validated again.
+_memo: BoundedDict = BoundedDict(maxsize=1024)
+_lookup = _memo._data.get
+
+
+def _check(who: str, x, dim, dtype, log: bool, a: FusedArgs) -> _Checked:
+    spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())
     if not spec.shape:
         raise ValueError(f"{who}: x must have at least one dim (the sharded one), got a 0-dim tensor")
-    if spec.out_dtype != x.dtype:
-        x = x.to(spec.out_dtype)  # torch's dtype=: convert first
-    return x, spec, ops
+    no_rows = any(s == 0 for d, s in enumerate(spec.shape) if d != spec.dim)
+    return _Checked(spec.dim, None if spec.out_dtype == x.dtype else spec.out_dtype, spec.variant.empty_rows,
+                    no_rows, spec.acc_dtype)
 
 
 def _graph(x, mask, sinks) -> bool:
@@ -51,17 +71,24 @@ def _graph(x, mask, sinks) -> bool:
                                         or (sinks is not None and sinks.requires_grad))
 
 
-def _no_rows(x: torch.Tensor, dim: int) -> bool:
-    # (not `spec.n_rows`: an empty shard has rows all the same, and must take part)
-    return any(s == 0 for d, s in enumerate(x.shape) if d != dim)
-
-
-def _call(who, x, dim, dtype, log, keepdim, group, scale, mask, causal, softcap, sinks, empty_rows, backend):
+def _call(who, direction, x, dim, dtype, log, keepdim, group, scale, mask, causal, softcap, sinks, empty_rows,
+          backend):
     rank, world = group_rank_and_size(group, who)
-    fused = dict(scale=scale, mask=mask, softcap=softcap, sinks=sinks, empty_rows=empty_rows)
-    x, spec, _ = _prepare(who, x, dim, dtype, causal, fused, log)
-    v = spec.variant
-    return x, Call(spec.dim, log, v.scale, v.softcap, v.empty_rows, keepdim, backend, group, rank, world), spec
+    if causal not in (False, None):
+        raise ValueError(f"{who}: causal={causal!r} is not supported over a sharded dim (a shard does not know its "
+                         f"keys' global positions); pass the shard of a bool mask instead")
+    a = FusedArgs(scale, mask, False, softcap, sinks, empty_rows)
+    key = request_key(direction, x, dim, dtype, backend, log, None, a)
+    checked = _lookup(key)
+    if checked is None:
+        checked = _check(who, x, dim, dtype, log, a)
+        if key is not None:
+            _memo.put(key, checked)
+    s, c = runtime_values(scale, softcap)
+    if checked.cast is not None:
+        x = x.to(checked.cast)  # torch's dtype=: convert first
+    return x, Call(checked.dim, log, None if scale is None else s, None if softcap is None else c, checked.empty_rows,
+                   keepdim, backend, group, rank, world, _plain_eager(x, mask, sinks, gradients=False)), checked
 
 
 def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None = None, scale: float | None = None,
@@ -69,9 +96,9 @@ def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None 
             sinks: torch.Tensor | None = None, empty_rows: str = "zero", backend: str | None = None) -> torch.Tensor:
     """This rank's shard of the softmax over `dim`, sharded across `group` (None: the default
     group); the fused keywords as in `anysoftmax.softmax` (module docstring: what a shard means)."""
-    x, c, spec = _call("anysoftmax.distributed.softmax", x, dim, dtype, False, False, group, scale, mask, causal,
-                       softcap, sinks, empty_rows, backend)
-    if _no_rows(x, c.dim):  # no rows on any rank (they agree on the rows): nothing to exchange
+    x, c, checked = _call("anysoftmax.distributed.softmax", SHARDED, x, dim, dtype, False, False, group, scale, mask,
+                          causal, softcap, sinks, empty_rows, backend)
+    if checked.no_rows:  # no rows on any rank (they agree on the rows): nothing to exchange
         return x.new_empty(x.shape)
     return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
 
@@ -81,9 +108,9 @@ def log_softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | N
                 softcap: float | None = None, sinks: torch.Tensor | None = None, empty_rows: str = "zero",
                 backend: str | None = None) -> torch.Tensor:
     """This rank's shard of the log-softmax over `dim`, sharded across `group`; as `softmax`."""
-    x, c, spec = _call("anysoftmax.distributed.log_softmax", x, dim, dtype, True, False, group, scale, mask, causal,
-                       softcap, sinks, empty_rows, backend)
-    if _no_rows(x, c.dim):
+    x, c, checked = _call("anysoftmax.distributed.log_softmax", SHARDED, x, dim, dtype, True, False, group, scale,
+                          mask, causal, softcap, sinks, empty_rows, backend)
+    if checked.no_rows:
         return x.new_empty(x.shape)
     return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
 
@@ -94,11 +121,11 @@ def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = No
     """The log of the global fused softmax's denominator per row (sinks included), on every
     rank: float32 for 16/32-bit x, float64 for float64; -inf for rows a bool mask leaves empty
     on every rank. Its gradient is the global softmax (no collective in the backward)."""
-    x, c, spec = _call("anysoftmax.distributed.logsumexp", x, dim, None, False, keepdim, group, scale, mask, causal,
-                       softcap, sinks, "zero", backend)
-    if _no_rows(x, c.dim):
+    x, c, checked = _call("anysoftmax.distributed.logsumexp", SHARDED_LSE, x, dim, None, False, keepdim, group, scale,
+                          mask, causal, softcap, sinks, "zero", backend)
+    if checked.no_rows:
         shape = tuple(1 if d == c.dim else s for d, s in enumerate(x.shape)) if keepdim else \
             tuple(s for d, s in enumerate(x.shape) if d != c.dim)
-        return x.new_empty(shape, dtype=spec.acc_dtype)
+        return x.new_empty(shape, dtype=checked.acc)
     return ShardedLogsumexp.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else \
         logsumexp_forward(x, mask, sinks, c)[0]

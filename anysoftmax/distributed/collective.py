@@ -10,8 +10,21 @@ import torch
 import torch.distributed as dist
 
 
+def _group_object(group):
+    return dist.group.WORLD if group is None else group
+
+
+# group -> (this rank's index, size): fixed for a group's life, so asked of torch.distributed
+# once per group object (a re-initialised default group is a new object).
+_ranks: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def group_rank_and_size(group, who: str) -> tuple[int, int]:
     """(this rank's index in `group`, the group's size); `group` None is the default group."""
+    try:
+        return _ranks[_group_object(group)]
+    except (KeyError, TypeError, AttributeError):  # (new; None: uninitialised; no torch.distributed)
+        pass
     if not dist.is_available():
         raise RuntimeError(f"{who}: torch.distributed is not available in this torch build")
     if not dist.is_initialized():
@@ -20,7 +33,9 @@ def group_rank_and_size(group, who: str) -> tuple[int, int]:
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError(f"{who}: this process is not a member of group={group!r}")
-    return rank, dist.get_world_size(group)
+    got = rank, dist.get_world_size(group)
+    _ranks[_group_object(group)] = got
+    return got
 
 
 # all_gather_single replaces all_gather_into_tensor in recent torch (same arguments).
@@ -29,10 +44,6 @@ _gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_
 # Groups whose backend refused the tensor form (gloo of some torch versions): they take the
 # list form from then on, so the choice is made once per group, never tried again per call.
 _list_form_groups: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def _group_object(group):
-    return dist.group.WORLD if group is None else group
 
 
 def gather_states(state: torch.Tensor, world: int, group) -> torch.Tensor:

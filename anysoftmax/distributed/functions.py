@@ -19,8 +19,10 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .. import dispatch
 from ..core.reference import empty_row_value
-from ..torchop.api import log_softmax as _local_log_softmax, softmax as _local_softmax
+from ..torchop.api import log_softmax as _log_softmax, softmax as _softmax
+from ..torchop.pieces import _plain_eager
 from .collective import sum_rows
 from .states import exchange
 
@@ -38,10 +40,22 @@ class Call(NamedTuple):
     group: object
     rank: int
     world: int
+    eager: bool  # plain eager tensors and modes (`torchop.pieces._plain_eager`): local calls go straight to dispatch
 
 
 def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _local_softmax(x, c: Call, mask, sink, dtype) -> torch.Tensor:
+    """The shard's local fused softmax (log_softmax with `c.log`), recording no gradient:
+    straight to dispatch when `c.eager` (what the public function would find), else through
+    the public function (torch.compile, torch.func, forward AD, tensor subclasses)."""
+    if c.eager:
+        return dispatch.forward_fused(x, c.dim, dtype, c.backend, c.log,
+                                      dispatch.FusedArgs(c.scale, mask, False, c.softcap, sink))[0]
+    op = _log_softmax if c.log else _softmax
+    return op(x, c.dim, dtype, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
 
 
 def _shard_values(x, mask, sinks, c: Call, rest, dtype=None) -> torch.Tensor:
@@ -49,9 +63,8 @@ def _shard_values(x, mask, sinks, c: Call, rest, dtype=None) -> torch.Tensor:
     # shard. Empty rows stay "zero" locally: a row empty here may be kept on another rank;
     # the policy applies to rows empty everywhere (done by the caller). One rank: `rest` is
     # the sinks themselves (without any, the plain softmax's path).
-    op = _local_log_softmax if c.log else _local_softmax
     sink = (None if sinks is None else sinks.detach()) if c.world == 1 else rest
-    return op(x, c.dim, dtype, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
+    return _local_softmax(x, c, mask, sink, dtype)
 
 
 def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call) -> torch.Tensor:
@@ -75,27 +88,28 @@ def _operand_grads(ctx, dz, ds_rows, mask, sinks):
 
 def softmax_forward(x, mask, sinks, c: Call):
     """(this rank's shard of the global softmax / log_softmax, the row states): the forward
-    without autograd (the Function's forward, and the whole call when nothing needs a gradient).
+    without autograd (the Function's forward, and the whole call when nothing needs a gradient:
+    either way nothing here records one, without a no_grad block's cost).
     The global lse is merged only with sinks (their gradient reads it)."""
     want_length = c.empty_rows == "uniform" and mask is not None and mask.dtype == torch.bool
     st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                  rank=c.rank, world=c.world, group=c.group, want_length=want_length, want_lse=sinks is not None)
-    with torch.no_grad():
-        y = _shard_values(x, mask, sinks, c, st.rest)
-        if st.empty is not None and c.empty_rows != "zero":
-            if want_length:  # (a device tensor: torch.where, as masked_fill would read it on the host)
-                n = st.length.to(torch.float64)
-                value = -n.log() if c.log else 1.0 / n
-                y = torch.where(st.empty, value.to(dtype=y.dtype), y)
-            else:
-                y = y.masked_fill(st.empty, empty_row_value(c.empty_rows, 1, c.log))
+                  rank=c.rank, world=c.world, group=c.group, eager=c.eager, want_length=want_length,
+                  want_lse=sinks is not None)
+    y = _shard_values(x, mask, sinks, c, st.rest)
+    if st.empty is not None and c.empty_rows != "zero":
+        if want_length:  # (a device tensor: torch.where, as masked_fill would read it on the host)
+            n = st.length.to(torch.float64)
+            value = -n.log() if c.log else 1.0 / n
+            y = torch.where(st.empty, value.to(dtype=y.dtype), y)
+        else:
+            y = y.masked_fill(st.empty, empty_row_value(c.empty_rows, 1, c.log))
     return y, st
 
 
 def logsumexp_forward(x, mask, sinks, c: Call):
-    """(the global logsumexp per row, the row states), without autograd."""
+    """(the global logsumexp per row, the row states), without autograd (as `softmax_forward`)."""
     st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                  rank=c.rank, world=c.world, group=c.group)
+                  rank=c.rank, world=c.world, group=c.group, eager=c.eager)
     out = st.lse if st.empty is None else st.lse.masked_fill(st.empty, -math.inf)
     return (out if c.keepdim else out.squeeze(c.dim)), st
 
@@ -144,7 +158,8 @@ class ShardedLogsumexp(torch.autograd.Function):
     def forward(ctx, x, mask, sinks, c: Call):
         out, st = logsumexp_forward(x, mask, sinks, c)
         ctx.c = c
-        ctx.save_for_backward(x, mask, sinks, st.lse, st.rest, st.empty)
+        # (lse only with sinks, its one reader: one rank without sinks returns it, unsaved)
+        ctx.save_for_backward(x, mask, sinks, st.lse if sinks is not None else None, st.rest, st.empty)
         return out
 
     @staticmethod
@@ -157,7 +172,8 @@ class ShardedLogsumexp(torch.autograd.Function):
         # d lse / d z is the global softmax: the local fused softmax with `rest` as its sink
         # (0 at excluded positions and in rows empty everywhere), in the accumulation dtype
         # (`dtype=` widens inside the kernel's loads): dx is rounded once, not twice.
-        p = _shard_values(x.detach(), mask, sinks, c._replace(log=False), rest, acc)
+        c = c._replace(log=False, eager=_plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)
+        p = _shard_values(x.detach(), mask, sinks, c, rest, acc)
         dz = g * p
         ds = None
         if sinks is not None:

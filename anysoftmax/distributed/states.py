@@ -11,33 +11,34 @@ cancellation.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from .. import dispatch_pieces
+from ..torchop.pieces import logsumexp
 from .collective import gather_states
 
 # Row lengths travel as two floats (n >> 20, n & (2**20 - 1)): exact in float32 up to 2**44.
 _SPLIT = 2**20
 
 
-def _local_lse(x: torch.Tensor, dim: int, *, scale, mask, softcap, backend) -> torch.Tensor:
+def _local_lse(x: torch.Tensor, dim: int, *, scale, mask, softcap, backend, eager: bool) -> torch.Tensor:
     """log Σ_j exp(z_j) over this shard's kept positions (no sinks: they count once, in the
     global merge), z = softcap(scale · x) + additive mask, bool mask True = excluded; float32
     for 16/32-bit x, float64 for float64; -inf for rows with nothing kept; x's shape with size 1
-    in `dim`. One `anysoftmax.logsumexp` call, on the chosen backend."""
-    from ..torchop.pieces import logsumexp
-
+    in `dim`. One `anysoftmax.logsumexp` call, on the chosen backend (`eager`: straight to
+    dispatch, as `functions._local_softmax`)."""
+    if eager:
+        return dispatch_pieces.logsumexp(x, dim, backend, scale=scale, mask=mask, softcap=softcap)
     return logsumexp(x, dim, scale=scale, mask=mask, softcap=softcap, keepdim=True, backend=backend)
 
 
-@dataclass(frozen=True)
-class RowStates:
+class RowStates(NamedTuple):
     """The merged states, each shaped as x with size 1 in `dim`, in the accumulation dtype."""
 
     lse: torch.Tensor | None  # log of the global denominator (every rank's kept exp(z), plus the sinks)
-    rest: torch.Tensor  # log of the part outside this rank's shard (other ranks and the sinks)
+    rest: torch.Tensor | None  # log of the part outside this shard (other ranks, sinks); None: one rank, no sinks
     empty: torch.Tensor | None  # bool: rows no rank kept anything of (None: no bool mask)
     length: torch.Tensor | None  # the global row length (a 0-dim tensor), when asked for
 
@@ -57,35 +58,35 @@ def _others(lses: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def exchange(x: torch.Tensor, dim: int, *, scale, mask, softcap, sinks, backend, rank: int, world: int,
-             group, want_length: bool = False, want_lse: bool = True) -> RowStates:
+             group, eager: bool, want_length: bool = False, want_lse: bool = True) -> RowStates:
     """Compute this shard's row states, gather every rank's (the forward's one collective:
     [world, rows (+ rows kept flags) (+ 2)] floats), merge them. `lse` only when `want_lse`.
 
     Nothing here reads a value on the host: on a GPU the ranks' streams run ahead of Python,
-    and a sync between the collectives would serialise them."""
-    with torch.no_grad():
-        local = _local_lse(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend)
-        acc, rows, keep_shape = local.dtype, local.numel(), local.shape
-        bool_mask = mask is not None and mask.dtype == torch.bool
-        s = None if sinks is None else sinks.detach().to(acc)
-        parts = [local.reshape(-1)]
-        if bool_mask:  # 1 where this shard keeps something of the row
-            parts.append((~mask).expand(x.shape).any(dim).reshape(-1).to(acc))
-        if want_length:  # (device fills, never a host list copied over)
-            n = x.shape[dim]
-            parts += [local.new_full((1,), n // _SPLIT), local.new_full((1,), n % _SPLIT)]
-        every = gather_states(parts[0] if len(parts) == 1 else torch.cat(parts), world, group)
-        if world == 1:  # nothing outside the shard but the sinks
-            rest = local.new_full(keep_shape, -math.inf) if s is None else s.expand(keep_shape)
-        else:
-            rest = _others(every[:, :rows], rank, world).view(keep_shape)
-            if s is not None:  # (logaddexp of -inf and -inf is -inf: exact, never NaN)
-                rest = torch.logaddexp(rest, s)
-        lse = torch.logaddexp(rest, local) if want_lse else None
-        empty = length = None
-        if bool_mask:
-            empty = (every[:, rows:2 * rows].sum(0) == 0).view(keep_shape)
-        if want_length:
-            counts = every[:, -2:].to(torch.float64)
-            length = (counts[:, 0] * _SPLIT + counts[:, 1]).sum()
-        return RowStates(lse, rest, empty, length)
+    and a sync between the collectives would serialise them. Records no gradient (its callers,
+    `functions.softmax_forward` and `logsumexp_forward`, run where none is wanted)."""
+    local = _local_lse(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend, eager=eager)
+    acc, rows, keep_shape = local.dtype, local.numel(), local.shape
+    bool_mask = mask is not None and mask.dtype == torch.bool
+    s = None if sinks is None else sinks.detach().to(acc)
+    parts = [local.reshape(-1)]
+    if bool_mask:  # 1 where this shard keeps something of the row
+        parts.append((~mask).expand(x.shape).any(dim).reshape(-1).to(acc))
+    if want_length:  # (device fills, never a host list copied over)
+        n = x.shape[dim]
+        parts += [local.new_full((1,), n // _SPLIT), local.new_full((1,), n % _SPLIT)]
+    every = gather_states(parts[0] if len(parts) == 1 else torch.cat(parts), world, group)
+    if world == 1:  # nothing outside the shard but the sinks
+        rest = None if s is None else s.expand(keep_shape)
+    else:
+        rest = _others(every[:, :rows], rank, world).view(keep_shape)
+        if s is not None:  # (logaddexp of -inf and -inf is -inf: exact, never NaN)
+            rest = torch.logaddexp(rest, s)
+    lse = None if not want_lse else local if rest is None else torch.logaddexp(rest, local)
+    empty = length = None
+    if bool_mask:
+        empty = (every[:, rows:2 * rows].sum(0) == 0).view(keep_shape)
+    if want_length:
+        counts = every[:, -2:].to(torch.float64)
+        length = (counts[:, 0] * _SPLIT + counts[:, 1]).sum()
+    return RowStates(lse, rest, empty, length)

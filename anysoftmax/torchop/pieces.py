@@ -92,13 +92,14 @@ class _Logsumexp(torch.autograd.Function):
     backward = staticmethod(_lse_backward)
 
 
-def _plain_eager(*tensors) -> bool:
+def _plain_eager(*tensors, gradients: bool = True) -> bool:
     """Whether a call on `tensors` (None where absent) runs eagerly without autodiff: exact
-    tensors, no gradient wanted (`grad_mode.wants_autodiff`), no torch.func transform or
-    forward-AD level, not compiling. One loop: this is on every call's path."""
+    tensors, no gradient wanted (`grad_mode.wants_autodiff`; not asked with `gradients` False,
+    for a caller that records none), no torch.func transform or forward-AD level, not
+    compiling. One loop: this is on every call's path."""
     if torch.compiler.is_compiling() or _fwad._current_level >= 0:
         return False
-    grad = torch.is_grad_enabled()
+    grad = gradients and torch.is_grad_enabled()
     for t in tensors:
         if t is not None and ((type(t) is not _Tensor and type(t) is not _Parameter) or (grad and t.requires_grad)
                               or is_functorch_wrapped_tensor(t)):

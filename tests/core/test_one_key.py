@@ -12,7 +12,7 @@ import anysoftmax
 PACKAGE = Path(anysoftmax.__file__).resolve().parent
 KEY_FUNCTIONS = {"request_key", "forward_key", "plan_key", "build"}  # (`Request.build(key, ...)` carries request_key's key;
 # `forward_key` is request_key's plain-forward form, tests/api/test_request_key.py checks they agree)
-MEMO_TYPES = {"BoundedDict", "OnceCache", "Halvings"}
+MEMO_TYPES = {"BoundedDict", "OnceCache", "Halvings", "WeakKeyDictionary"}
 
 # Memos keyed through core.request: their every lookup and store must take such a key.
 REQUEST_MEMOS = {
@@ -20,6 +20,7 @@ REQUEST_MEMOS = {
     "backends/triton/backend.py:_plans",
     "backends/cute/backend.py:_plans",
     "backends/wave/backend.py:_loaded",
+    "distributed/__init__.py:_memo",
 }
 # Caches that are not per request, and why.
 OTHER_CACHES = {
@@ -29,6 +30,8 @@ OTHER_CACHES = {
     "backends/wave/backend.py:_vmfbs": "kernel binary per wave KernelKey (the canonical spec's kernel_key)",
     "backends/wave/runtime.py:_modules": "loaded module per kernel binary and device",
     "backends/wave/runtime.py:_devices": "runtime device per GPU",
+    "distributed/collective.py:_ranks": "per process group: this rank's index and the group's size, fixed for the "
+                                        "group's life",
     "backends/triton_ascend/backend.py:_halvings": "learned state: the NPU compiler's accepted budget per shape "
                                                    "class, shared by every request of the class",
 }

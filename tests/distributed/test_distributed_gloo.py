@@ -118,6 +118,39 @@ def test_one_gather_forward_one_reduce_backward(one_rank, gen, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_a_repeated_request_is_checked_once_and_never_reused_stale(one_rank, gen):
+    """A request is validated once (memoised by its key); operands that differ only in
+    strides or offset are other requests, and scale's and softcap's values are the call's
+    (checked on every call): each result is the local one (one rank)."""
+    import anysoftmax
+    import anysoftmax.distributed as asd
+    from anysoftmax import distributed
+
+    base = torch.randn(6, 40, generator=gen, dtype=torch.float64)
+    xs = [base[:4, :16].clone(), base[1:5, 3:19], torch.randn(16, 4, generator=gen, dtype=torch.float64).t()]
+    full = torch.rand(4, 16, generator=gen) < 0.3
+    full[0] = True  # (row 0 empty: empty_rows applies)
+    masks = [full, full[:, :1].expand(4, 16), full.t().contiguous().t()]
+    sinks = torch.randn(4, 1, generator=gen, dtype=torch.float64)
+    distributed._memo.clear()
+    for _ in range(2):
+        for x in xs:
+            for m in masks:
+                for scale in (0.5, 2.0):
+                    kw = dict(scale=scale, mask=m, sinks=sinks, empty_rows="uniform")
+                    torch.testing.assert_close(asd.softmax(x, -1, **kw), anysoftmax.softmax(x, -1, **kw),
+                                               rtol=1e-12, atol=1e-14)
+                    got = asd.logsumexp(x, 1, scale=scale, mask=m, softcap=3.0 / scale)
+                    want = anysoftmax.logsumexp(x, 1, scale=scale, mask=m, softcap=3.0 / scale)
+                    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    assert len(distributed._memo) == 2 * len(xs) * len(masks)
+    with pytest.raises(ValueError, match="softcap"):  # (a memoised request, a new value)
+        asd.logsumexp(xs[0], 1, scale=1.0, mask=masks[0], softcap=-1.0)
+    y = asd.log_softmax(xs[0].float(), -1, dtype=torch.float64)
+    assert y.dtype == torch.float64 and asd.log_softmax(xs[0].float(), -1, dtype=torch.float64).dtype == torch.float64
+    torch.testing.assert_close(y, anysoftmax.log_softmax(xs[0].float(), -1, dtype=torch.float64))
+
+
 def test_import_anysoftmax_leaves_distributed_unloaded():
     code = ("import sys, anysoftmax; assert 'anysoftmax.distributed' not in sys.modules; "
             "assert anysoftmax.distributed.softmax is not None")
