@@ -85,9 +85,12 @@ def seed(request) -> int:
 @pytest.fixture
 def broken():
     """The deliberately broken backends (tests/plugins/broken_backends.py), registered for one
-    test and removed after it."""
+    test and removed after it, unless a matrix run imported `broken_plugin` meanwhile: importing
+    it registers them for the rest of the process (a module is imported once), and a later test
+    in the same process (pytest-xdist runs several files in one) names that plugin again."""
     import broken_backends
 
     broken_backends.register_all()
     yield
-    broken_backends.unregister_all()
+    if "broken_plugin" not in sys.modules:
+        broken_backends.unregister_all()

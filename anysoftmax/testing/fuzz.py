@@ -49,6 +49,7 @@ DEFAULTS = {"scale": None, "mask": None, "causal": False, "softcap": None, "sink
             "dtype": None}
 STEPS_PER_EXAMPLE = 12
 HISTORY = 6  # earlier outputs re-checked after every call (a reused output buffer shows here)
+SEQUENCE_SHOWN = STEPS_PER_EXAMPLE  # a failure's report lists its sequence's checked steps
 
 
 # ---- what is drawn ------------------------------------------------------------------------
@@ -326,6 +327,7 @@ def _machine(ctx: "_Run"):
             super().__init__()
             self.history: list[tuple[int, torch.Tensor, torch.Tensor]] = []
             self.step = 0
+            self.steps: list[str] = []
 
         # -- bookkeeping
         def _spend(self) -> bool:
@@ -339,16 +341,27 @@ def _machine(ctx: "_Run"):
 
         @contextlib.contextmanager
         def _checked(self, what: str):
+            # The checked steps of this sequence go with its failure, whether or not hypothesis
+            # replays and shrinks it (a failure that rests on state left by earlier sequences,
+            # a backend's own memo, may not replay alike: hypothesis then reports no steps).
+            self.steps.append(what)
             try:
                 yield
-            except FuzzFailure:
+            except FuzzFailure as exc:
                 ctx.failing = True
+                exc.add_note(self._sequence())
                 raise
             except UnsupportedRequestError:
                 ctx.skipped += not ctx.failing
             except Exception as exc:
                 ctx.failing = True
-                raise FuzzFailure(f"{what}: {type(exc).__name__}: {exc}") from exc
+                failure = FuzzFailure(f"{what}: {type(exc).__name__}: {exc}")
+                failure.add_note(self._sequence())
+                raise failure from exc
+
+        def _sequence(self) -> str:
+            return "checked steps of this sequence, the failing one last:\n" + "\n".join(
+                f"  {i}. {what}" for i, what in enumerate(self.steps[-SEQUENCE_SHOWN:], 1))
 
         def _remember(self, y: torch.Tensor):
             for step, kept, copy in self.history:
