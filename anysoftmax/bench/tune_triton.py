@@ -70,20 +70,15 @@ KERNEL_CANDIDATE_KEYS = {"lse_kernel"}
 
 
 def lse_kernel_call(x, elems: int, per_sm: int, warps: int):
-    """`lse_kernel` on x's rows (dim -1) with the given tile, grid and warps; long rows cut into
-    chunks until every SM has work (their states combined by `launch_lse`)."""
-    from anysoftmax.backends._triton_common.pieces import LsePlan, launch_lse
-    from anysoftmax.core.layout import cdiv, next_power_of_2
+    """`lse_kernel` on x's rows (dim -1) with the given tile, grid and warps (the backend's
+    `lse_plan` with those choices; long rows' chunks combined by `launch_lse`)."""
+    from anysoftmax.backends._triton_common.pieces import launch_lse
+    from anysoftmax.backends.triton.backend import lse_plan
     from anysoftmax.core.pieces import logsumexp_request
 
     spec, operands = logsumexp_request(x, -1)
-    m, n = x.shape
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    bn = min(next_power_of_2(n), elems)
-    bm = max(1, min(elems // bn, next_power_of_2(m)))
-    work = cdiv(m, bm)
-    chunks = min(cdiv(2 * sms, work), cdiv(n, bn)) if work < 2 * sms and n > 4 * bn else 1
-    plan = LsePlan(bm, bn, chunks, min(work * chunks, sms * per_sm), num_warps=warps)
+    plan = lse_plan(*x.shape, x.element_size(), sms, elems=elems, programs_per_sm=per_sm, num_warps=warps)
     return lambda t: launch_lse(t, spec, operands, plan)
 
 

@@ -189,6 +189,11 @@ def _serves(backend: Backend, device_type: str) -> bool:
     return "*" in backend.devices or device_type in backend.devices
 
 
+def _by_priority(device_type: str) -> list[Backend]:
+    """The registered backends serving `device_type`, highest priority first."""
+    return sorted((b for b in registered().values() if _serves(b, device_type)), key=lambda b: -b.priority)
+
+
 def select(spec: SoftmaxSpec, backend: str | None = None, direction: str = "fwd") -> Backend:
     """Pick the backend for `spec`: explicit name, then $ANYSOFTMAX_BACKEND, then automatic
     (the device's selection table, then priority). `direction` ("fwd" or "bwd") picks the
@@ -205,8 +210,7 @@ def select(spec: SoftmaxSpec, backend: str | None = None, direction: str = "fwd"
             raise ValueError(f"${ENV_BACKEND}={env!r}: {exc}") from None
         return _check_explicit(chosen, spec, f"from ${ENV_BACKEND}")
     device_type = spec.device.type
-    candidates = [b for b in registered().values() if _serves(b, device_type)]
-    candidates.sort(key=lambda b: -b.priority)
+    candidates = _by_priority(device_type)
     measured = _from_table(spec, candidates, direction)[0]
     if measured is not None:
         return measured
@@ -260,7 +264,7 @@ def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None =
     """(backend, why) of the automatic choice for `spec`: the table rule that picked it, or
     the priority order and what it passed over. `select` decides the same way. `device_name`
     reads that device's table instead of the one of `spec.device` (explaining another GPU)."""
-    candidates = sorted((b for b in registered().values() if _serves(b, spec.device.type)), key=lambda b: -b.priority)
+    candidates = _by_priority(spec.device.type)
     chosen, why = _from_table(spec, candidates, direction, device_name)
     if chosen is not None:
         return chosen.name, f"selection table: {why}"
@@ -313,7 +317,7 @@ def op_refusal(backend: Backend, op: str, spec) -> str | None:
 def op_runners(op: str, spec) -> list[str]:
     """The backends that run the pieces op `op` on `spec` here, by priority (what a benchmark
     times one by one)."""
-    candidates = sorted((b for b in registered().values() if _serves(b, spec.device.type)), key=lambda b: -b.priority)
+    candidates = _by_priority(spec.device.type)
     return [b.name for b in candidates if _availability(b) is None and op_refusal(b, op, spec) is None]
 
 
@@ -337,7 +341,7 @@ def select_op(op: str, spec, backend: str | None = None) -> Backend:
             raise UnsupportedRequestError(f"backend {chosen.name!r} ({source}) does not support "
                                           f"{_describe_op(op, spec)}: {reason}")
         return chosen
-    candidates = sorted((b for b in registered().values() if _serves(b, spec.device.type)), key=lambda b: -b.priority)
+    candidates = _by_priority(spec.device.type)
     if op == "logsumexp":
         measured = _from_table(spec, candidates, "lse", refuses=lambda b, s: op_refusal(b, op, s))[0]
         if measured is not None:

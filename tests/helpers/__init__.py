@@ -9,6 +9,7 @@ torch.compile graphs), `helpers.vendor` (the vendors' softmax conventions).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -167,3 +168,23 @@ def config_errors(folder, data) -> list[str]:
         load_config(path)
     assert all(line.startswith(f"{path}: ") for line in info.value.errors), info.value.errors
     return info.value.errors
+
+
+@contextlib.contextmanager
+def active_launch_hook(fast: tuple):
+    """A no-op hook added to the launch-enter hook chain a bound launcher's fast path saw
+    (`launcher.fast_state`) for the block; yields False where this Triton's hook is no chain
+    (nothing added: the caller's check does not apply)."""
+    chain = fast[1].launch_enter_hook
+    if not hasattr(chain, "add"):
+        yield False
+        return
+
+    def hook(*a):
+        return None
+
+    chain.add(hook)
+    try:
+        yield True
+    finally:
+        chain.remove(hook)

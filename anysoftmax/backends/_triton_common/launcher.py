@@ -325,7 +325,7 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype)
             # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
                     and not leave_calls:
-                if native and state["native"] is not None:
+                if state["native"] is not None:  # (set only when the native launcher was chosen and built)
                     return native_call(tensors, values)
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.

@@ -321,11 +321,13 @@ class TritonBackend:
         return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
 
-def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None):
-    """Tiles and grid of `lse_kernel`. A tile of ~16 KB of input per step (4096 16-bit or 2048
-    32-bit elements: 16 per thread of 8 warps, 16-byte loads) over BLOCK_M short rows or one
-    long row's sub-blocks; rows that leave fewer than two work items per SM are cut into chunks
-    (the grid would idle otherwise); 8 programs per SM keep the loads in flight."""
+def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: int | None = None,
+             programs_per_sm: int = 8, num_warps: int | None = None):
+    """Tiles and grid of `lse_kernel`. A tile of ~16 KB of input per step (`elems`: 4096 16-bit
+    or 2048 32-bit elements, 16 per thread of 8 warps, 16-byte loads) over BLOCK_M short rows or
+    one long row's sub-blocks; rows that leave fewer than two work items per SM are cut into
+    chunks (the grid would idle otherwise); 8 programs per SM keep the loads in flight. The
+    keywords override the choices (`anysoftmax.bench.tune_triton`'s lse sweep)."""
     from .._triton_common.pieces import LsePlan
 
     if sms is None:  # the interpreter: small tiles, few programs, chunks exercised on long rows
@@ -334,14 +336,15 @@ def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None):
         work = cdiv(n_rows, bm)
         chunks = 2 if n_cols > 2 * bn else 1
         return LsePlan(bm, bn, chunks, min(work * chunks, 4))
-    elems = 4096 if elem_bytes <= 2 else 2048
+    elems = elems or (4096 if elem_bytes <= 2 else 2048)
     bn = min(next_power_of_2(n_cols), elems)
     bm = max(1, min(elems // bn, next_power_of_2(n_rows)))
     work = cdiv(n_rows, bm)
     chunks = 1
     if work < 2 * sms and n_cols > 4 * bn:
         chunks = min(cdiv(2 * sms, work), cdiv(n_cols, bn))
-    return LsePlan(bm, bn, chunks, min(work * chunks, sms * 8), num_warps=8 if bm * bn >= 2048 else 4)
+    return LsePlan(bm, bn, chunks, min(work * chunks, sms * programs_per_sm),
+                   num_warps=num_warps or (8 if bm * bn >= 2048 else 4))
 
 
 def merge_plan(k: int, n_rows: int, d: int, elem_bytes: int, sms: int | None):

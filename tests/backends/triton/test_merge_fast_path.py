@@ -15,6 +15,7 @@ from anysoftmax.backends._triton_common import pieces
 from anysoftmax.backends._triton_common.launcher import fast_state
 from anysoftmax.core.pieces import merge_formula
 from anysoftmax.core.request import MERGE, request_key
+from helpers import active_launch_hook
 
 SHAPE = (2, 3, 8)  # [batch, heads, D]: 6 rows, S1 = 3
 
@@ -113,12 +114,8 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
         torch.testing.assert_close(got_out.double(), ref_out, rtol=1e-2, atol=1e-2)  # (bf16 output)
         torch.testing.assert_close(got_lse.double(), ref_lse, rtol=1e-6, atol=1e-6)
 
-    chain = run.state["fast"][1].launch_enter_hook
-    if hasattr(chain, "add"):  # an active launch hook needs Triton's own path: the fast path stands aside
-        def hook(*a):
-            return None
-        chain.add(hook)
-        try:
+    with active_launch_hook(run.state["fast"]) as active:
+        if active:  # an active launch hook needs Triton's own path: the fast path stands aside
             launcher.seen.clear()
             launcher.tensors = None
             outputs, lses = _operands(k, dtype)
@@ -127,5 +124,3 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
             ref_out, ref_lse = merge_formula([t.double() for t in outputs], [t.double() for t in lses],
                                              torch.float64, torch.float64, torch.float64)
             torch.testing.assert_close(got_lse.double(), ref_lse, rtol=1e-6, atol=1e-6)
-        finally:
-            chain.remove(hook)

@@ -12,6 +12,7 @@ from anysoftmax.backends._triton_common.plan import Fusion, by_name, make_plan, 
 from anysoftmax.backends._triton_common.request import backward_layout, forward_layout
 from anysoftmax.core.layout import allocate_rows
 from anysoftmax.core.spec import SoftmaxSpec
+from helpers import active_launch_hook
 
 CASES = [("tile", False, -1), ("online", False, -1), ("split", False, -1), ("cols", False, 0),
          ("cols_split", False, 0), ("tile", True, -1), ("split", True, -1)]
@@ -108,48 +109,29 @@ def test_fast_path_passes_what_triton_launch_takes(direct, backward):
         head = (plan.grid, 1, 1, 7, *flags, *ptrs)
         tail = (*static, *values, "T1", "T2")
         assert got[:len(head)] == head and got[len(head) + n_scratch:] == tail and len(got) == len(head + tail) + n_scratch
-    chain = launch.state["fast"][1].launch_enter_hook
-    if hasattr(chain, "add"):  # an active launch hook needs Triton's own path: the fast path stands aside
-        def hook(*a):
-            return None
-        chain.add(hook)
-        try:
+    with active_launch_hook(launch.state["fast"]) as active:
+        if active:  # an active launch hook needs Triton's own path: the fast path stands aside
             compiled.run.seen.clear()
             launch(given)
             assert compiled.run.seen == []
-        finally:
-            chain.remove(hook)
-
-
-class _Compiled:
-    """A compiled kernel as `_fast_calls` reads it (function handle, packed metadata, launcher)."""
-
-    def __init__(self, launcher):
-        self.run, self.function, self.packed_metadata = launcher, 11, ("meta",)
-
-
-def _launcher_type(call):
-    return type("CudaLauncher", (), {"__call__": call, "launch": staticmethod(lambda *a: a),
-                                     "global_scratch_size": 0, "profile_scratch_size": 0, "num_ctas": 1,
-                                     "launch_cooperative_grid": False, "launch_pdl": False})
 
 
 def test_fast_calls_follow_the_launchers_argument_layout():
     """Triton's CUDA launcher changed how it calls its extension: the extension is called directly
     only for the layout `_fast_calls` packs (`__call__(gridX, gridY, gridZ, stream, function, *args)`,
-    Triton 3.2-3.6); a later launcher (named metadata, the arguments as one tuple) is called through
-    its own `__call__`, which takes what Triton's JIT passes it."""
+    Triton 3.2-3.6, as `_Recorder`'s); a later launcher (named metadata, the arguments as one
+    tuple) is called through its own `__call__`, which takes what Triton's JIT passes it."""
     from anysoftmax.backends._triton_common.launcher import _fast_calls
 
-    def old_call(self, gridX, gridY, gridZ, stream, function, *args):
-        pass
+    class Later(_Recorder):
+        def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                     launch_enter_hook, launch_exit_hook, *args):
+            pass
 
-    def new_call(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
-                 launch_enter_hook, launch_exit_hook, *args):
-        pass
-
-    old, new = _launcher_type(old_call)(), _launcher_type(new_call)()
-    ((fn, _, after, _),) = _fast_calls([_Compiled(old)], [()], 4)
-    assert fn is old.launch and after[:3] == (11, False, False)  # function, cooperative, pdl
-    ((fn, _, after, _),) = _fast_calls([_Compiled(new)], [()], 4)
-    assert fn is new and after == (11, ("meta",), None, None, None)  # as JITFunction.run calls it
+    old = _compiled(True)
+    ((fn, _, after, _),) = _fast_calls([old], [()], 4)
+    assert fn is old.run.launch and after[:3] == ("fn", "coop", "pdl")  # function, cooperative, pdl
+    new = _compiled(True)
+    new.run = type("CudaLauncher", (Later,), {})(True)
+    ((fn, _, after, _),) = _fast_calls([new], [()], 4)
+    assert fn is new.run and after == ("fn", "packed", None, None, None)  # as JITFunction.run calls it
