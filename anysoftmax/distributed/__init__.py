@@ -18,7 +18,9 @@ Forward: one all-gather of the row states (a float per row, and a kept flag per 
 mask), never the rows; backward: one all-reduce of one float per row (none for logsumexp). Every
 rank must call with the same dtype, rows and keywords, and backpropagate through its result;
 `TORCH_DISTRIBUTED_DEBUG=DETAIL` makes torch check that the ranks' collectives agree. Works with
-gloo (CPU tensors) and NCCL (one GPU per rank). docs/semantics.md states the contract.
+gloo (CPU tensors) and NCCL (one GPU per rank). A group of one rank without sinks runs the
+local op itself (its shard is the whole dim: no exchange, x read once). docs/semantics.md states
+the contract.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from ..core.request import SHARDED, SHARDED_LSE, request_key
 from ..core.spec import SoftmaxSpec
 from ..core.variant import runtime_values
 from ..dispatch import FusedArgs
-from ..torchop.pieces import _plain_eager
+from ..torchop.api import log_softmax as _local_log_softmax, softmax as _local_softmax
+from ..torchop.pieces import _plain_eager, logsumexp as _local_logsumexp
 from .collective import group_rank_and_size
 from .functions import Call, ShardedLogsumexp, ShardedSoftmax, logsumexp_forward, softmax_forward
 
@@ -100,6 +103,9 @@ def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None 
                           causal, softcap, sinks, empty_rows, backend)
     if checked.no_rows:  # no rows on any rank (they agree on the rows): nothing to exchange
         return x.new_empty(x.shape)
+    if c.world == 1 and sinks is None:  # the shard is the whole dim: the local op, one read of x
+        return _local_softmax(x, c.dim, scale=scale, mask=mask, softcap=softcap, empty_rows=c.empty_rows,
+                              backend=backend)
     return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
 
 
@@ -112,6 +118,9 @@ def log_softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | N
                           mask, causal, softcap, sinks, empty_rows, backend)
     if checked.no_rows:
         return x.new_empty(x.shape)
+    if c.world == 1 and sinks is None:
+        return _local_log_softmax(x, c.dim, scale=scale, mask=mask, softcap=softcap, empty_rows=c.empty_rows,
+                                  backend=backend)
     return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
 
 
@@ -127,5 +136,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = No
         shape = tuple(1 if d == c.dim else s for d, s in enumerate(x.shape)) if keepdim else \
             tuple(s for d, s in enumerate(x.shape) if d != c.dim)
         return x.new_empty(shape, dtype=checked.acc)
+    if c.world == 1 and sinks is None:
+        return _local_logsumexp(x, c.dim, scale=scale, mask=mask, softcap=softcap, keepdim=keepdim, backend=backend)
     return ShardedLogsumexp.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else \
         logsumexp_forward(x, mask, sinks, c)[0]

@@ -211,8 +211,11 @@ def _check_lse(parts, x, mask, sinks, dim, spec: SoftmaxSpec, backward: bool) ->
             dmask = torch.cat([p["dmask"] for p in parts], dim)
         else:
             dmask = sum(p["dmask"] for p in parts)
+        # (+ the absolute rounding near zero to the mask's dtype, as for dx: a float16 dmask of
+        # -9.0e-8 is correctly -1.2e-7, its nearest subnormal)
+        mi = torch.finfo(mask.dtype)
         bm = (tol.atol * gb + 2 * tol.rtol * gb * p + slack).sum_to_size(mask.shape) \
-            + 2 * torch.finfo(mask.dtype).eps * exp["mask"].abs()
+            + 2 * mi.eps * exp["mask"].abs() + mi.smallest_normal * mi.eps
         why = _close(dmask, exp["mask"], bm, "logsumexp dmask")
         if why:
             bad.append(why)

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 import torch.autograd.forward_ad as _fwad
-from torch._C._functorch import is_functorch_wrapped_tensor
+from torch._C._functorch import is_functorch_wrapped_tensor, peek_interpreter_stack
 
 from .. import dispatch_pieces
 from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, lse_dtype,
@@ -96,13 +96,15 @@ def _plain_eager(*tensors, gradients: bool = True) -> bool:
     """Whether a call on `tensors` (None where absent) runs eagerly without autodiff: exact
     tensors, no gradient wanted (`grad_mode.wants_autodiff`; not asked with `gradients` False,
     for a caller that records none), no torch.func transform or forward-AD level, not
-    compiling. One loop: this is on every call's path."""
+    compiling. One loop: this is on every call's path. Tensors are asked whether torch.func
+    wrapped them only while a transform runs (its wrappers live no longer than it)."""
     if torch.compiler.is_compiling() or _fwad._current_level >= 0:
         return False
     grad = gradients and torch.is_grad_enabled()
+    wrapped = peek_interpreter_stack() is not None
     for t in tensors:
         if t is not None and ((type(t) is not _Tensor and type(t) is not _Parameter) or (grad and t.requires_grad)
-                              or is_functorch_wrapped_tensor(t)):
+                              or (wrapped and is_functorch_wrapped_tensor(t))):
             return False
     return True
 
@@ -198,15 +200,25 @@ def _merge_vmap(info, in_dims, outputs, lses, backend=None):
 
 
 def _plain_states(outputs, lses) -> bool:
-    """Whether merge_states goes straight to dispatch: `_plain_eager` over the 2K tensors, or
-    arguments that are not lists of tensors (dispatch's validation names them)."""
+    """Whether merge_states goes straight to dispatch: `_plain_eager`'s conditions over the 2K
+    tensors in one loop, or arguments that are not lists of tensors (dispatch's validation
+    names them)."""
     if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
         return True
+    if torch.compiler.is_compiling() or _fwad._current_level >= 0:
+        return False
+    grad = torch.is_grad_enabled()
+    wrapped = peek_interpreter_stack() is not None
+    plain = True
     for ts in (outputs, lses):
         for t in ts:
-            if not isinstance(t, _Tensor):
-                return True
-    return _plain_eager(*outputs, *lses)
+            if type(t) is not _Tensor and type(t) is not _Parameter:
+                if not isinstance(t, _Tensor):
+                    return True
+                plain = False  # (a subclass)
+            elif (grad and t.requires_grad) or (wrapped and is_functorch_wrapped_tensor(t)):
+                plain = False
+    return plain
 
 
 def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -118,6 +118,34 @@ def test_one_gather_forward_one_reduce_backward(one_rank, gen, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_one_rank_without_sinks_runs_the_local_op(one_rank, gen, monkeypatch):
+    """A group of one rank holds the whole dim: without sinks the call is the local op itself
+    (no collective, x read once), with its values and gradients, empty_rows included."""
+    import anysoftmax
+    import anysoftmax.distributed as asd
+    from anysoftmax.distributed import functions, states
+
+    def no_collective(*args):
+        raise AssertionError("a collective in a group of one rank without sinks")
+
+    monkeypatch.setattr(states, "gather_states", no_collective)
+    monkeypatch.setattr(functions, "sum_rows", no_collective)
+    x = torch.randn(4, 5, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(4, 5, 16, generator=gen) < 0.4
+    mask[0, 0] = True  # (an empty row)
+    dy = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    for fn, local in ((asd.softmax, anysoftmax.softmax), (asd.log_softmax, anysoftmax.log_softmax)):
+        for kw in (dict(), dict(scale=0.5, mask=mask, softcap=4.0, empty_rows="uniform")):
+            y = fn(x, -1, **kw)
+            want = local(x, -1, **kw)
+            assert torch.equal(y, want)
+            assert torch.equal(torch.autograd.grad(y, x, dy)[0], torch.autograd.grad(want, x, dy)[0])
+    lse = asd.logsumexp(x, 1, mask=mask.transpose(1, 2).contiguous().transpose(1, 2), keepdim=True)
+    assert torch.equal(lse, anysoftmax.logsumexp(x, 1, mask=mask, keepdim=True))
+    with pytest.raises(AssertionError, match="a collective"):  # (sinks: the sharded path)
+        asd.softmax(x, -1, sinks=torch.zeros(4, 5, 1, dtype=torch.float64))
+
+
 def test_a_repeated_request_is_checked_once_and_never_reused_stale(one_rank, gen):
     """A request is validated once (memoised by its key); operands that differ only in
     strides or offset are other requests, and scale's and softcap's values are the call's

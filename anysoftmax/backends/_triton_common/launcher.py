@@ -202,38 +202,43 @@ def _positional_order(kernel, pointers: tuple, static: dict) -> bool:
 _native_warned: set = set()
 
 
-def native_state(plan: KernelPlan, compiled: list, tensors: tuple, named_static: dict) -> tuple:
-    """(launcher, reason): `native_launch.make`'s launcher for a bound launcher whose first
-    launch compiled `compiled` from `tensors` (as `bind`'s launch takes them), and why there is
-    none (None when there is one).
-
-    Its arguments are the tensors as given (None where the request has no such operand), then
-    the scratch pair where the plan takes one, then optionally the floats; which argument each
-    pointer reads is worked out here through the plan's own substitutions (`plan.tensors`,
-    `plan.head`), so it reads what Triton's launcher would be given."""
-    first = tensors[0]
+def native_for(compiled: list, first, grid: int, pointers: dict, ints: dict, floats: dict, used: list) -> tuple:
+    """(launcher, reason): `native_launch.make`'s launcher of `compiled` (launched by Triton's
+    CUDA launcher from tensors on `first`'s device), or None and why not; a user who named
+    `native` is warned once per reason."""
     try:
         if any(type(c.run).__name__ != "CudaLauncher" for c in compiled):
             raise native_launch.NativeUnavailable("the kernels are not launched by Triton's CUDA launcher")
         native_launch.module()
         if not native_launch.follows_torch_stream(first):
             raise native_launch.NativeUnavailable("TVM-FFI does not see torch's current stream here")
-        n = len(tensors)
-        indices = plan.tensors(tuple(None if t is None else i for i, t in enumerate(tensors)))
-        if plan.split or plan.backward:
-            indices, n = plan.head(indices, n, n + 1), n + 2
-        read = set(indices)
-        floats = {name: (j, v) for j, (name, v) in enumerate(zip(VALUE_NAMES, PLAIN_SCALARS))}
-        fn = native_launch.make(compiled, plan.grid, first.device.index or 0, dict(zip(plan.pointer_names(), indices)),
-                                named_static, floats, [i in read for i in range(n)])
-        return fn, None
+        return native_launch.make(compiled, grid, first.device.index or 0, pointers, ints, floats, used), None
     except native_launch.NativeUnavailable as exc:
         reason = str(exc)
         if native_launch.EXPLICIT and reason not in _native_warned:
             _native_warned.add(reason)
             warnings.warn(f"ANYSOFTMAX_LAUNCHER=native: using Triton's launcher ({reason})", RuntimeWarning,
-                          stacklevel=2)
+                          stacklevel=3)
         return None, reason
+
+
+def native_state(plan: KernelPlan, compiled: list, tensors: tuple, named_static: dict) -> tuple:
+    """(launcher, reason): `native_for`'s launcher for a bound launcher whose first launch
+    compiled `compiled` from `tensors` (as `bind`'s launch takes them), and why there is none
+    (None when there is one).
+
+    Its arguments are the tensors as given (None where the request has no such operand), then
+    the scratch pair where the plan takes one, then optionally the floats; which argument each
+    pointer reads is worked out here through the plan's own substitutions (`plan.tensors`,
+    `plan.head`), so it reads what Triton's launcher would be given."""
+    n = len(tensors)
+    indices = plan.tensors(tuple(None if t is None else i for i, t in enumerate(tensors)))
+    if plan.split or plan.backward:
+        indices, n = plan.head(indices, n, n + 1), n + 2
+    read = set(indices)
+    floats = {name: (j, v) for j, (name, v) in enumerate(zip(VALUE_NAMES, PLAIN_SCALARS))}
+    return native_for(compiled, tensors[0], plan.grid, dict(zip(plan.pointer_names(), indices)), named_static,
+                      floats, [i in read for i in range(n)])
 
 
 def _cooperative_refused(exc: Exception) -> bool:

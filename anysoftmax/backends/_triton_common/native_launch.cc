@@ -25,7 +25,7 @@ namespace {
 
 // The most tensor, float and kernel parameters a launcher takes: the softmax kernels take
 // under 50 parameters; a larger kernel is refused when the launcher is made.
-constexpr int kMaxTensors = 16;
+constexpr int kMaxTensors = 24;  // merge_states at K = 8: 8 partials, 8 lses, out, lse
 constexpr int kMaxValues = 8;
 constexpr int kMaxParams = 96;
 

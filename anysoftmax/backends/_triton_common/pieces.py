@@ -189,8 +189,10 @@ def _merge_part(o_ptr, l_ptr, o_off, l_off, cols, osd, live, row_ok, m_sub, s, a
     lse = tl.load(l_ptr + l_off, mask=row_ok, other=float("-inf")).to(acc.dtype)
     w = exp_acc(lse - m_sub, ACC_FP64)
     w = tl.where(lse == float("-inf"), 0.0, w)
-    # A partial of weight 0 is not read (an empty segment's output may hold anything, NaN too).
-    o = tl.load(o_ptr + o_off[:, None] + cols[None, :] * osd, mask=live & (w > 0)[:, None], other=0.0).to(acc.dtype)
+    # The partial's load does not wait on its weight (at decode sizes a second round trip to
+    # memory would be most of the merge's time); a partial of weight 0 is selected away, so
+    # what an empty segment's output holds (NaN too) never reaches the sums.
+    o = tl.load(o_ptr + o_off[:, None] + cols[None, :] * osd, mask=live, other=0.0).to(acc.dtype)
     acc += tl.where((w == 0)[:, None], 0.0, w[:, None] * o)
     return s + w, acc
 
@@ -322,10 +324,11 @@ def merge_launcher(spec: MergeSpec, plan_for):
     alignment, `out` and `lse_out` included). The first call works out, from its own tensors,
     which inputs are converted or copied, the strides, plan, grid, integer arguments and
     constexprs, and launches through `merge_kernel[grid]` (it compiles); later calls only
-    allocate the outputs not given, gather the data pointers and launch the compiled kernel
-    through Triton's low-level launcher (`launcher.fast_state`), where the JIT entry's argument
-    binding and specialisation would cost more than the launch itself. K > MAX_K (merged in
-    groups) always takes `launch_merge`."""
+    allocate the outputs not given and launch the compiled kernel through the native launcher
+    (`native_merge`, one C++ call with the tensors) or Triton's low-level launcher
+    (`launcher.fast_state`), where the JIT entry's argument binding and specialisation would
+    cost more than the launch itself. K > MAX_K (merged in groups) always takes `launch_merge`."""
+    from . import native_launch
     from .launcher import FAST_LAUNCH, _constexpr_tails, _interpreter_lock, fast_state, interpreter_quiet, launch_lock
     from .request import _guard_for
 
@@ -339,7 +342,8 @@ def merge_launcher(spec: MergeSpec, plan_for):
     interpreted = lock is _interpreter_lock
     guard = _guard_for(device, None)
     # bound: (cast outputs, copy outputs, cast lses, copy lses, grid, integers, constexprs)
-    state = {"bound": None, "prepare": False, "compiled": False, "fast": None}
+    state = {"bound": None, "prepare": False, "compiled": False, "fast": None, "native": None,
+             "native_reason": "not launched yet" if native_launch.LAUNCHER == "native" else "ANYSOFTMAX_LAUNCHER is triton"}
 
     def prepared(outputs, lses, how):
         cast_o, copy_o, cast_l, copy_l = how
@@ -365,13 +369,8 @@ def merge_launcher(spec: MergeSpec, plan_for):
         outputs, lses = prepared(outputs, lses, (False, copy_o, False, copy_l))
         out = new_output(shape, out_dtype, device) if out is None else out
         lse_out = new_output(shape[:-1], lse_dtype, device) if lse_out is None else lse_out
-        y_st, z_st = _two_row_dims(out, lead), _two_row_dims(lse_out, lead)
-        if y_st is None or z_st is None:
-            raise ValueError("merge_states: the output tensors' row dims do not collapse into two strides")
-        n_rows, D = math.prod(shape[:-1]), shape[-1]
-        plan = plan_for(k, n_rows, D)
-        static = (n_rows, D, shape[lead - 1] if lead else 1, *_two_row_dims(outputs[0], lead), outputs[0].stride(-1),
-                  *_two_row_dims(lses[0], lead), *y_st, out.stride(-1), *z_st)
+        static = _row_args(outputs, lses, out, lse_out, lead)
+        plan = plan_for(k, static[0], static[1])
         meta = dict(K=k, ACC_FP64=acc == torch.float64, BLOCK_R=plan.block_r, BLOCK_D=plan.block_d)
         if plan.num_warps is not None:
             meta["num_warps"] = plan.num_warps
@@ -394,6 +393,9 @@ def merge_launcher(spec: MergeSpec, plan_for):
                     out = new_output(shape, out_dtype, device)
                 if lse_out is None:
                     lse_out = new_output(lse_shape, lse_dtype, device)
+                if state["native"] is not None:
+                    state["native"][0](*outputs, *lses, out, lse_out)
+                    return out, lse_out
                 # (the kernel takes MAX_K partials: the unused ones stand in as the first, never read)
                 po = [t.data_ptr() for t in outputs]
                 pl = [t.data_ptr() for t in lses]
@@ -429,6 +431,10 @@ def merge_launcher(spec: MergeSpec, plan_for):
 
                 state["fast"] = fast_state([compiled], tails, grid, out.device.index, driver.active.get_current_stream,
                                            static, values=())
+                if native_launch.LAUNCHER == "native":
+                    fn, state["native_reason"] = native_merge(compiled, k, out, grid, static)
+                    # (the CompiledKernel kept alive: the native launcher holds only its function)
+                    state["native"] = None if fn is None else (fn, compiled)
         return out, lse_out
 
     def run(outputs, lses, out, lse_out):
@@ -440,38 +446,68 @@ def merge_launcher(spec: MergeSpec, plan_for):
     return run
 
 
+MERGE_INTS = ("n_rows", "D", "S1", "os0", "os1", "osd", "ls0", "ls1", "ys0", "ys1", "ysd", "zs0", "zs1")
+
+
+def native_merge(compiled, k: int, out: torch.Tensor, grid: int, static: tuple, run: bool = True):
+    """(launcher, reason) of `launcher.native_for` for a compiled `merge_kernel` of K = k,
+    called as `f(*outputs, *lses, out, lse_out)`: partial i is argument i, its lse argument
+    k + i, the unused partials and lses stand in as the first ones (never read, K being a
+    constexpr). `run=False` packs the parameters and returns them (no GPU: tests)."""
+    from .launcher import native_for
+
+    pointers = {f"o{i}": i if i < k else 0 for i in range(MAX_K)}
+    pointers.update({f"l{i}": k + (i if i < k else 0) for i in range(MAX_K)})
+    pointers.update(out_ptr=2 * k, lse_ptr=2 * k + 1)
+    ints = dict(zip(MERGE_INTS, static))
+    if not run:
+        from . import native_launch
+
+        return native_launch.make([compiled], grid, 0, pointers, ints, {}, [True] * (2 * k + 2), run=False), None
+    return native_for([compiled], out, grid, pointers, ints, {}, [True] * (2 * k + 2))
+
+
 def _merge_group(outputs, lses, lead, out_dtype, lse_dtype, acc, plan_for, out=None, lse_out=None):
     shape = tuple(outputs[0].shape)
     if len({t.dtype for t in outputs}) > 1:
         outputs = [t.to(acc) for t in outputs]
     if len({t.dtype for t in lses}) > 1:
         lses = [t.to(acc) for t in lses]
-    o_st = _shared_strides(outputs, lead)
-    if o_st is None:
+    if _shared_strides(outputs, lead) is None:
         outputs = [t.contiguous() for t in outputs]
-        o_st = _two_row_dims(outputs[0], lead)
-    l_st = _shared_strides(lses, lead)
-    if l_st is None:
+    if _shared_strides(lses, lead) is None:
         lses = [t.contiguous() for t in lses]
-        l_st = _two_row_dims(lses[0], lead)
     out = new_output(shape, out_dtype, outputs[0].device) if out is None else out
     lse_out = new_output(shape[:-1], lse_dtype, outputs[0].device) if lse_out is None else lse_out
-    y_st, z_st = _two_row_dims(out, lead), _two_row_dims(lse_out, lead)
-    if y_st is None or z_st is None:
-        raise ValueError("merge_states: the output tensors' row dims do not collapse into two strides")
     k = len(outputs)
-    n_rows = math.prod(shape[:-1])
-    D = shape[-1]
-    S1 = shape[lead - 1] if lead else 1
-    plan = plan_for(k, n_rows, D)
+    static = _row_args(outputs, lses, out, lse_out, lead)
+    plan = plan_for(k, static[0], static[1])
     pad_o = outputs + [outputs[0]] * (MAX_K - k)
     pad_l = lses + [lses[0]] * (MAX_K - k)
     options = {} if plan.num_warps is None else dict(num_warps=plan.num_warps)
-    merge_kernel[(max(1, plan.grid),)](
-        *pad_o, *pad_l, out, lse_out, n_rows, D, S1, *o_st, outputs[0].stride(-1), *l_st, *y_st, out.stride(-1),
-        *z_st, K=k, ACC_FP64=acc == torch.float64, BLOCK_R=plan.block_r, BLOCK_D=plan.block_d, **options)
+    merge_kernel[(max(1, plan.grid),)](*pad_o, *pad_l, out, lse_out, *static, K=k, ACC_FP64=acc == torch.float64,
+                                       BLOCK_R=plan.block_r, BLOCK_D=plan.block_d, **options)
     return out, lse_out
 
 
-__all__ = ["LsePlan", "MAX_K", "MergePlan", "launch_lse", "launch_merge", "lse_kernel", "lse_layout", "merge_kernel",
-           "merge_launcher"]
+def _row_args(outputs, lses, out, lse_out, lead: int) -> tuple:
+    """`merge_kernel`'s integer arguments (`MERGE_INTS`) for operands whose row dims collapse
+    into two strides. With two row dims whose lses run along the first (vLLM's [heads, tokens]
+    lse read as [tokens, heads]), the rows are numbered the other way round (every operand
+    transposed: rows merge independently, so the same memory is read and written): a tile's
+    consecutive rows then read consecutive lse floats, a sector for several rows instead of
+    one per row, which at K = 8 and head size 64 is a quarter of the bytes read."""
+    l0 = lses[0]
+    if lead == 2 and l0.shape[0] > 1 and l0.shape[1] > 1 and l0.stride(0) < l0.stride(1):
+        outputs, lses = [t.transpose(0, 1) for t in outputs[:1]], [l0.transpose(0, 1)]
+        out, lse_out = out.transpose(0, 1), lse_out.transpose(0, 1)
+    y_st, z_st = _two_row_dims(out, lead), _two_row_dims(lse_out, lead)
+    if y_st is None or z_st is None:
+        raise ValueError("merge_states: the output tensors' row dims do not collapse into two strides")
+    shape = out.shape
+    return (math.prod(shape[:-1]), shape[-1], shape[lead - 1] if lead else 1, *_two_row_dims(outputs[0], lead),
+            outputs[0].stride(-1), *_two_row_dims(lses[0], lead), *y_st, out.stride(-1), *z_st)
+
+
+__all__ = ["LsePlan", "MAX_K", "MERGE_INTS", "MergePlan", "launch_lse", "launch_merge", "lse_kernel", "lse_layout", "merge_kernel",
+           "merge_launcher", "native_merge"]

@@ -348,14 +348,23 @@ def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: 
 
 
 def merge_plan(k: int, n_rows: int, d: int, elem_bytes: int, sms: int | None):
-    """Tiles and grid of `merge_kernel`: a whole head (D <= 256) per tile row, ~2048 output
-    elements per tile (K loads of it in flight per step), 8 programs per SM."""
+    """Tiles and grid of `merge_kernel`: a whole head (D <= 256) per tile row, one warp per
+    program, each thread reading 32 bytes of every partial for K <= 4 and 8 bytes for more
+    (K loads in flight either way), and one program per tile (a persistent grid only past 256
+    programs per SM). Tiles shrink to one row while that leaves fewer than 4 programs per SM:
+    at decode sizes the merge is one memory round trip, spread over as many SMs as it can be.
+    (NVIDIA H100, benchmarks/pieces_probe.py over the bench's 30 merge shapes: 0.88 of the
+    same-bytes copy on average, where the best of 36-40 configurations per shape gives 0.90
+    and 2048-element tiles of 4 warps on 8 programs per SM 0.77.)"""
     from .._triton_common.pieces import MergePlan
 
     if sms is None:
         return MergePlan(min(4, next_power_of_2(n_rows)), min(next_power_of_2(d), 32),
                          min(cdiv(n_rows, 4) * cdiv(d, 32), 4))
     bd = min(next_power_of_2(d), 256)
-    br = max(1, min(2048 // bd, next_power_of_2(n_rows)))
+    per_thread = max(1, (32 if k <= 4 else 8) // elem_bytes)
+    br = max(1, min(32 * per_thread // bd, next_power_of_2(n_rows)))
+    while br > 1 and cdiv(n_rows, br) < 4 * sms:
+        br //= 2
     tiles = cdiv(n_rows, br) * cdiv(d, bd)
-    return MergePlan(br, bd, min(tiles, sms * 8), num_warps=4)
+    return MergePlan(br, bd, min(tiles, sms * 256), num_warps=min(8, max(1, br * bd // (32 * per_thread))))

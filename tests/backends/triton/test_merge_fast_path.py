@@ -48,7 +48,7 @@ def _operands(k, dtype):
     outputs = [torch.randn(SHAPE, dtype=torch.float64).to(dtype) for _ in range(k)]
     # The lses as vLLM keeps them ([heads, tokens] storage, viewed [tokens, heads]): strides (1, 2).
     lses = [torch.randn(SHAPE[1], SHAPE[0], dtype=torch.float32).t() for _ in range(k)]
-    lses[0][0, 1] = float("-inf")  # (a partial of weight 0 is not read)
+    lses[0][0, 1] = float("-inf")  # (a partial of weight 0: it weighs nothing)
     return outputs, lses
 
 
@@ -79,9 +79,10 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
     run = dispatch._memo._data[request_key(MERGE, outputs, lses, None, "triton", False, out, None, lse_out)]
     how, grid, static, meta = run.state["bound"]
     assert how == (False, False, False, False)  # one dtype each, shared strides: nothing copied
-    # Worked out by hand: n_rows, D, S1, partials (r0, r1, d), lses (r0, r1), out (r0, r1, d), lse_out.
-    y_st, z_st = ((8, 16), (1, 2)) if given else ((24, 8), (3, 1))
-    assert static == (6, 8, 3, 24, 8, 1, 1, 2, *y_st, 1, *z_st)
+    # Worked out by hand: n_rows, D, S1, partials (r0, r1, d), lses (r0, r1), out (r0, r1, d), lse_out;
+    # the rows numbered heads-major (every operand read as [heads, batch, ...]), as the lses run.
+    y_st, z_st = ((16, 8), (2, 1)) if given else ((8, 24), (1, 3))
+    assert static == (6, 8, 2, 8, 24, 1, 2, 1, *y_st, 1, *z_st)
     tail = (k, False, 4, 8)  # K, ACC_FP64, BLOCK_R, BLOCK_D (the interpreter's merge plan)
     assert tuple(meta.values()) == tail and grid == 2
     # The fast path as a GPU process has it after the first (compiling) launch.

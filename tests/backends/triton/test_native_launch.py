@@ -308,3 +308,69 @@ def test_native_results_equal_triton_results(shape, dtype, monkeypatch):
     assert len(made) >= 2, "the native launchers (forward, backward) were not made"
     for a, b in zip(got["triton"], got["native"]):
         assert torch.equal(a, b)
+
+
+# --- merge_states: its bound launcher's native form ------------------------------------------------
+
+@needs_toolchain
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_native_merge_packs_each_partial_and_lse(k, monkeypatch):
+    from anysoftmax.backends._triton_common import pieces
+
+    # The integer parameters, named in the kernel's order between the pointers and the constexprs.
+    names = runtime_params(pieces.merge_kernel)
+    pointers = [f"o{i}" for i in range(pieces.MAX_K)] + [f"l{i}" for i in range(pieces.MAX_K)] + ["out_ptr", "lse_ptr"]
+    assert names == (*pointers, *pieces.MERGE_INTS)
+    outputs = [torch.randn(5, 4, 16) for _ in range(k)]
+    lses = [torch.randn(5, 4) for _ in range(k)]
+    out, lse_out = torch.empty(5, 4, 16), torch.empty(5, 4)
+    static = (20, 16, 4, 64, 16, 1, 4, 1, 64, 16, 1, 4, 1)  # (rows (5, 4) of 16 columns, contiguous)
+    sig = {n: "*fp32" for n in pointers}
+    sig.update({n: "constexpr" if v == 1 else "i32" for n, v in zip(pieces.MERGE_INTS, static)})
+    md = SimpleNamespace(name="merge_kernel", global_scratch_size=0, profile_scratch_size=0, num_ctas=1, shared=0,
+                         num_warps=4, launch_cooperative_grid=False, launch_pdl=False)
+    compiled = SimpleNamespace(run=CudaLauncher(), function=0, src=SimpleNamespace(signature=sig), metadata=md)
+    real_make = native_launch.make  # (CPU tensors: DLPack device 1)
+    monkeypatch.setattr(native_launch, "make", lambda *a, **kw: real_make(*a, **kw, device_type=DL_CPU))
+    fn, reason = pieces.native_merge(compiled, k, out, 3, static, run=False)
+    assert reason is None
+    (got,) = fn(*outputs, *lses, out, lse_out)
+    params = native_launch.kernel_params(compiled)
+    slots = dict(zip([n for n, _ in params], struct.unpack(f"<{len(params)}Q", bytes(got))))
+    # Partial i and lse i where i < K; past K the first ones stand in (never read: K is a constexpr).
+    for i in range(pieces.MAX_K):
+        assert slots[f"o{i}"] == outputs[i if i < k else 0].data_ptr(), i
+        assert slots[f"l{i}"] == lses[i if i < k else 0].data_ptr(), i
+    assert slots["out_ptr"] == out.data_ptr() and slots["lse_ptr"] == lse_out.data_ptr()
+    for n, v in zip(pieces.MERGE_INTS, static):
+        if v != 1:
+            assert slots[n] == v, n
+    assert slots["global_scratch"] == slots["profile_scratch"] == 0
+
+
+@pytest.mark.gpu
+@needs_toolchain
+@pytest.mark.parametrize("k", [2, 8])
+def test_native_merge_equals_triton_merge(k, monkeypatch):
+    import anysoftmax
+
+    if native_launch.unavailable() is not None:
+        pytest.fail(f"the native launcher does not build on this GPU host: {native_launch.unavailable()}")
+    outputs = [torch.randn(3, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(k)]
+    lses = [torch.randn(3, 32, device="cuda") * 4 for _ in range(k)]
+    lses[0][1] = float("-inf")  # (an empty segment in one row)
+    from anysoftmax.core.pieces import MergeSpec
+    from anysoftmax.core.registry import get_backend
+
+    spec = MergeSpec.from_tensors(outputs, lses)
+    got = {}
+    for which in ("triton", "native"):
+        monkeypatch.setattr(native_launch, "LAUNCHER", which)
+        launch = get_backend("triton").merge_states_launcher(outputs, lses, spec)
+        for _ in range(3):  # (the first call compiles; the later ones are bound)
+            got[which] = launch(outputs, lses, None, None)
+        assert (launch.state["native"] is not None) == (which == "native"), launch.state["native_reason"]
+    torch.cuda.synchronize()
+    for a, b in zip(got["triton"], got["native"]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got["native"][1], torch.stack(lses).logsumexp(0))
