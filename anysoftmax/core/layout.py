@@ -36,6 +36,14 @@ def new_output(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def new_output_like(t: torch.Tensor, dtype):
+    """A contiguous output of `t`'s shape and device in `dtype` (`new_output`'s poisoning):
+    `empty_like` costs the host half of `torch.empty` with a shape, dtype and device."""
+    if POISON_OUTPUTS:
+        return torch.full_like(t, float("nan"), dtype=dtype, memory_format=torch.contiguous_format)
+    return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1), as `triton.next_power_of_2`; here so that
     planning imports no Triton (it must not be imported before the interpreter is decided)."""

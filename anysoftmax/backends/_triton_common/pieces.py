@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core.layout import RowLayout, cdiv, contiguous_strides, new_output
+from ...core.layout import RowLayout, cdiv, contiguous_strides, new_output, new_output_like
 from ...core.pieces import MergeSpec, row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import BOTTOM_RIGHT, CAUSAL_NONE, MASK_BOOL, MASK_NONE, Operands
@@ -390,9 +390,9 @@ def merge_launcher(spec: MergeSpec, plan_for):
                 if state["prepare"]:
                     outputs, lses = prepared(outputs, lses, state["bound"][0])
                 if out is None:
-                    out = new_output(shape, out_dtype, device)
+                    out = new_output_like(outputs[0], out_dtype)
                 if lse_out is None:
-                    lse_out = new_output(lse_shape, lse_dtype, device)
+                    lse_out = new_output_like(lses[0], lse_dtype)
                 if state["native"] is not None:
                     state["native"][0](*outputs, *lses, out, lse_out)
                     return out, lse_out

@@ -63,7 +63,11 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
         allocated.append(t)
         return t
 
+    def recording_like(t, dtype):
+        return recording_output(t.shape, dtype, t.device)
+
     monkeypatch.setattr(pieces, "new_output", recording_output)
+    monkeypatch.setattr(pieces, "new_output_like", recording_like)
     dtype = torch.bfloat16
 
     def outs():
