@@ -4,7 +4,7 @@
   or one program per tile) at the bench's decode and prefill shapes (K = 2 and 8, tokens 1..8192
   x 32 heads x D 64/128/256, bf16, vLLM's [heads, tokens] lses), each configuration launched
   through its bound launcher (as a repeated request runs), its result checked against the
-  float64 formula; and the automatic plan beside them.
+  float64 merge (`core.compare.compare_merge`); and the automatic plan beside them.
 * host: merge_states, logsumexp and softmax back to back through the native and Triton
   launchers, and a profile of the host path of each.
 * lse: the read ceiling of the shapes where logsumexp stays under 0.95 of copy (torch's sum and
@@ -35,6 +35,7 @@ import anysoftmax
 from anysoftmax.backends._triton_common import native_launch
 from anysoftmax.backends._triton_common.pieces import MergePlan, merge_launcher
 from anysoftmax.bench.pieces import MERGE_D, MERGE_HEADS, MERGE_K, MERGE_TOKENS, _copy_us
+from anysoftmax.core.compare import compare_merge
 from anysoftmax.core.pieces import MergeSpec
 from anysoftmax.perf import back_to_back_us, rotation_count, time_ms, warm_up
 
@@ -56,12 +57,6 @@ def merge_sets(tokens, d, k, n):
     return sets
 
 
-def merge_reference(outs, lses):
-    lse = torch.stack([t.double() for t in lses]).logsumexp(0)
-    w = torch.stack([torch.exp(t.double() - lse) for t in lses])
-    return (w[..., None] * torch.stack([o.double() for o in outs])).sum(0), lse
-
-
 def probe_merge(f, deadline):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     summary = []
@@ -73,7 +68,6 @@ def probe_merge(f, deadline):
         sets = merge_sets(tokens, d, k, rotation_count(nbytes))
         copy = _copy_us(nbytes, "cuda", time_ms, KW)
         spec = MergeSpec.from_tensors(*sets[0])
-        ref_o, ref_l = merge_reference(*sets[0])
         auto = time_ms(lambda s: anysoftmax.merge_states(*s), sets, "cuda", **KW) * 1e3
         best = ("auto", auto)
         bd = min(triton.next_power_of_2(d), 256)
@@ -85,9 +79,7 @@ def probe_merge(f, deadline):
             plan = MergePlan(br, bd, min(tiles, sms * 8) if persistent else tiles, num_warps=warps)
             run = merge_launcher(spec, lambda *_a, p=plan: p)
             try:
-                o, l_ = run(*sets[0], None, None)
-                ok = torch.allclose(o.double(), ref_o, atol=2e-2, rtol=2e-2) and torch.allclose(l_.double(), ref_l,
-                                                                                                 atol=1e-4)
+                ok = compare_merge(*run(*sets[0], None, None), *sets[0], device="cuda").ok
                 us = time_ms(lambda s: run(*s, None, None), sets, "cuda", **KW) * 1e3
             except Exception as exc:  # a configuration that does not compile or launch is a row
                 emit(f, dict(part="merge", K=k, D=d, tokens=tokens, br=br, warps=warps, persistent=persistent,

@@ -58,13 +58,12 @@ def _local_softmax(x, c: Call, mask, sink, dtype) -> torch.Tensor:
     return op(x, c.dim, dtype, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
 
 
-def _shard_values(x, mask, sinks, c: Call, rest, dtype=None) -> torch.Tensor:
+def _shard_values(x, mask, c: Call, rest, dtype=None) -> torch.Tensor:
     # With `rest` as its sink, the local fused softmax of the shard is the global softmax's
     # shard. Empty rows stay "zero" locally: a row empty here may be kept on another rank;
     # the policy applies to rows empty everywhere (done by the caller). One rank: `rest` is
-    # the sinks themselves (without any, the plain softmax's path).
-    sink = (None if sinks is None else sinks.detach()) if c.world == 1 else rest
-    return _local_softmax(x, c, mask, sink, dtype)
+    # the sinks themselves (`states.exchange`).
+    return _local_softmax(x, c, mask, rest, dtype)
 
 
 def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call) -> torch.Tensor:
@@ -95,7 +94,7 @@ def softmax_forward(x, mask, sinks, c: Call):
     st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
                   rank=c.rank, world=c.world, group=c.group, eager=c.eager, want_length=want_length,
                   want_lse=sinks is not None)
-    y = _shard_values(x, mask, sinks, c, st.rest)
+    y = _shard_values(x, mask, c, st.rest)
     if st.empty is not None and c.empty_rows != "zero":
         if want_length:  # (a device tensor: torch.where, as masked_fill would read it on the host)
             n = st.length.to(torch.float64)
@@ -173,7 +172,7 @@ class ShardedLogsumexp(torch.autograd.Function):
         # (0 at excluded positions and in rows empty everywhere), in the accumulation dtype
         # (`dtype=` widens inside the kernel's loads): dx is rounded once, not twice.
         c = c._replace(log=False, eager=_plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)
-        p = _shard_values(x.detach(), mask, sinks, c, rest, acc)
+        p = _shard_values(x.detach(), mask, c, rest, acc)
         dz = g * p
         ds = None
         if sinks is not None:

@@ -200,25 +200,12 @@ def _merge_vmap(info, in_dims, outputs, lses, backend=None):
 
 
 def _plain_states(outputs, lses) -> bool:
-    """Whether merge_states goes straight to dispatch: `_plain_eager`'s conditions over the 2K
-    tensors in one loop, or arguments that are not lists of tensors (dispatch's validation
-    names them)."""
+    """Whether merge_states goes straight to dispatch: `_plain_eager` over the 2K tensors, or
+    arguments that are not lists (dispatch's validation names them; an element that is no
+    tensor fails `_plain_eager` and `MergeSpec.from_tensors` names it)."""
     if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
         return True
-    if torch.compiler.is_compiling() or _fwad._current_level >= 0:
-        return False
-    grad = torch.is_grad_enabled()
-    wrapped = peek_interpreter_stack() is not None
-    plain = True
-    for ts in (outputs, lses):
-        for t in ts:
-            if type(t) is not _Tensor and type(t) is not _Parameter:
-                if not isinstance(t, _Tensor):
-                    return True
-                plain = False  # (a subclass)
-            elif (grad and t.requires_grad) or (wrapped and is_functorch_wrapped_tensor(t)):
-                plain = False
-    return plain
+    return _plain_eager(*outputs, *lses)
 
 
 def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -446,24 +446,18 @@ def merge_launcher(spec: MergeSpec, plan_for):
     return run
 
 
-MERGE_INTS = ("n_rows", "D", "S1", "os0", "os1", "osd", "ls0", "ls1", "ys0", "ys1", "ysd", "zs0", "zs1")
-
-
-def native_merge(compiled, k: int, out: torch.Tensor, grid: int, static: tuple, run: bool = True):
+def native_merge(compiled, k: int, out: torch.Tensor, grid: int, static: tuple):
     """(launcher, reason) of `launcher.native_for` for a compiled `merge_kernel` of K = k,
     called as `f(*outputs, *lses, out, lse_out)`: partial i is argument i, its lse argument
     k + i, the unused partials and lses stand in as the first ones (never read, K being a
-    constexpr). `run=False` packs the parameters and returns them (no GPU: tests)."""
+    constexpr); `static` the kernel's integer arguments in its order (`_row_args`)."""
     from .launcher import native_for
+    from .plan import runtime_params
 
     pointers = {f"o{i}": i if i < k else 0 for i in range(MAX_K)}
     pointers.update({f"l{i}": k + (i if i < k else 0) for i in range(MAX_K)})
     pointers.update(out_ptr=2 * k, lse_ptr=2 * k + 1)
-    ints = dict(zip(MERGE_INTS, static))
-    if not run:
-        from . import native_launch
-
-        return native_launch.make([compiled], grid, 0, pointers, ints, {}, [True] * (2 * k + 2), run=False), None
+    ints = dict(zip(runtime_params(merge_kernel)[len(pointers):], static))
     return native_for([compiled], out, grid, pointers, ints, {}, [True] * (2 * k + 2))
 
 
@@ -491,7 +485,7 @@ def _merge_group(outputs, lses, lead, out_dtype, lse_dtype, acc, plan_for, out=N
 
 
 def _row_args(outputs, lses, out, lse_out, lead: int) -> tuple:
-    """`merge_kernel`'s integer arguments (`MERGE_INTS`) for operands whose row dims collapse
+    """`merge_kernel`'s integer arguments, in its order, for operands whose row dims collapse
     into two strides. With two row dims whose lses run along the first (vLLM's [heads, tokens]
     lse read as [tokens, heads]), the rows are numbered the other way round (every operand
     transposed: rows merge independently, so the same memory is read and written): a tile's
@@ -509,5 +503,5 @@ def _row_args(outputs, lses, out, lse_out, lead: int) -> tuple:
             outputs[0].stride(-1), *_two_row_dims(lses[0], lead), *y_st, out.stride(-1), *z_st)
 
 
-__all__ = ["LsePlan", "MAX_K", "MERGE_INTS", "MergePlan", "launch_lse", "launch_merge", "lse_kernel", "lse_layout", "merge_kernel",
+__all__ = ["LsePlan", "MAX_K", "MergePlan", "launch_lse", "launch_merge", "lse_kernel", "lse_layout", "merge_kernel",
            "merge_launcher", "native_merge"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -33,12 +32,12 @@ DL_CPU = 1
 
 
 def _toolchain_missing() -> str | None:
+    # What building the extension would lack (apache-tvm-ffi, a C++ compiler, Triton's cuda.h),
+    # asked of the build's own command, which names it.
     try:
-        import tvm_ffi  # noqa: F401
-    except ImportError as exc:
-        return f"apache-tvm-ffi is not installed ({exc}): pip install 'anysoftmax[cute]'"
-    if not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
-        return "no C++ compiler ($CXX, c++, g++ or clang++)"
+        native_launch.build_command(Path("native_launch.cc"), Path("out.so"))
+    except native_launch.NativeUnavailable as exc:
+        return str(exc)
     return None
 
 
@@ -317,22 +316,26 @@ def test_native_results_equal_triton_results(shape, dtype, monkeypatch):
 def test_native_merge_packs_each_partial_and_lse(k, monkeypatch):
     from anysoftmax.backends._triton_common import pieces
 
-    # The integer parameters, named in the kernel's order between the pointers and the constexprs.
+    # The kernel's runtime parameters: the partials, the lses and the two outputs, then the integers.
     names = runtime_params(pieces.merge_kernel)
     pointers = [f"o{i}" for i in range(pieces.MAX_K)] + [f"l{i}" for i in range(pieces.MAX_K)] + ["out_ptr", "lse_ptr"]
-    assert names == (*pointers, *pieces.MERGE_INTS)
     outputs = [torch.randn(5, 4, 16) for _ in range(k)]
     lses = [torch.randn(5, 4) for _ in range(k)]
     out, lse_out = torch.empty(5, 4, 16), torch.empty(5, 4)
     static = (20, 16, 4, 64, 16, 1, 4, 1, 64, 16, 1, 4, 1)  # (rows (5, 4) of 16 columns, contiguous)
+    assert pieces._row_args(outputs, lses, out, lse_out, 2) == static
+    assert names[:len(pointers)] == tuple(pointers) and len(names) == len(pointers) + len(static)
+    ints = names[len(pointers):]
     sig = {n: "*fp32" for n in pointers}
-    sig.update({n: "constexpr" if v == 1 else "i32" for n, v in zip(pieces.MERGE_INTS, static)})
+    sig.update({n: "constexpr" if v == 1 else "i32" for n, v in zip(ints, static)})
     md = SimpleNamespace(name="merge_kernel", global_scratch_size=0, profile_scratch_size=0, num_ctas=1, shared=0,
                          num_warps=4, launch_cooperative_grid=False, launch_pdl=False)
     compiled = SimpleNamespace(run=CudaLauncher(), function=0, src=SimpleNamespace(signature=sig), metadata=md)
-    real_make = native_launch.make  # (CPU tensors: DLPack device 1)
-    monkeypatch.setattr(native_launch, "make", lambda *a, **kw: real_make(*a, **kw, device_type=DL_CPU))
-    fn, reason = pieces.native_merge(compiled, k, out, 3, static, run=False)
+    # Packing without launching, from CPU tensors (DLPack device 1).
+    real_make = native_launch.make
+    monkeypatch.setattr(native_launch, "make", lambda *a, **kw: real_make(*a, **kw, run=False, device_type=DL_CPU))
+    monkeypatch.setattr(native_launch, "follows_torch_stream", lambda t: True)
+    fn, reason = pieces.native_merge(compiled, k, out, 3, static)
     assert reason is None
     (got,) = fn(*outputs, *lses, out, lse_out)
     params = native_launch.kernel_params(compiled)
@@ -342,7 +345,7 @@ def test_native_merge_packs_each_partial_and_lse(k, monkeypatch):
         assert slots[f"o{i}"] == outputs[i if i < k else 0].data_ptr(), i
         assert slots[f"l{i}"] == lses[i if i < k else 0].data_ptr(), i
     assert slots["out_ptr"] == out.data_ptr() and slots["lse_ptr"] == lse_out.data_ptr()
-    for n, v in zip(pieces.MERGE_INTS, static):
+    for n, v in zip(ints, static):
         if v != 1:
             assert slots[n] == v, n
     assert slots["global_scratch"] == slots["profile_scratch"] == 0
@@ -352,8 +355,6 @@ def test_native_merge_packs_each_partial_and_lse(k, monkeypatch):
 @needs_toolchain
 @pytest.mark.parametrize("k", [2, 8])
 def test_native_merge_equals_triton_merge(k, monkeypatch):
-    import anysoftmax
-
     if native_launch.unavailable() is not None:
         pytest.fail(f"the native launcher does not build on this GPU host: {native_launch.unavailable()}")
     outputs = [torch.randn(3, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(k)]
