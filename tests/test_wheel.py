@@ -101,6 +101,20 @@ want = torch.softmax(z.double(), -1).nan_to_num(0.0)
 for b in ("triton", "triton_ascend"):
     got = anysoftmax.softmax(s, -1, scale=0.5, mask=m, causal=True, backend=b)
     assert (got.double() - want).abs().max() < 1e-6, b
+# The pieces from the wheel: merge_states of a split row (vLLM's [heads, tokens] lses), its
+# logsumexp, and the sharded softmax over a group of one gloo rank (the local op).
+x = torch.randn(5, 3, 64)
+parts = x.split([20, 44], -1)
+lses = [anysoftmax.logsumexp(t, -1, backend="triton").t().contiguous().t() for t in parts]
+outs = [torch.softmax(t, -1) @ torch.eye(t.shape[-1], 8) for t in parts]
+out, lse = anysoftmax.merge_states(outs, lses, backend="triton")
+assert (lse - torch.logsumexp(x, -1)).abs().max() < 1e-5
+assert (out - torch.softmax(x, -1) @ torch.cat([torch.eye(20, 8), torch.eye(44, 8)])).abs().max() < 1e-5
+import tempfile, torch.distributed as dist, anysoftmax.distributed as asd
+with tempfile.TemporaryDirectory() as tmp:
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/r", rank=0, world_size=1)
+    assert (asd.softmax(x, -1, backend="triton") - torch.softmax(x, -1)).abs().max() < 1e-6
+    dist.destroy_process_group()
 print("ok", anysoftmax.__version__)
 """
     res = _run([str(py), "-c", code], cwd=outside, env=_env({"TRITON_INTERPRET": "1"}))
