@@ -41,7 +41,7 @@ VARIANTS = {
     "t384": dict(threads=384),
     # Long rows (session 10): CTAs of 512 threads for rows 256-thread clusters cannot hold,
     # full tiles kept in shared memory between the passes (`stage_bytes` a CTA), equal tiles.
-    "session9": dict(long_row_threads=256, stage_bytes=0, balance_tiles=False),
+    "run9": dict(long_row_threads=256, stage_bytes=0, balance_tiles=False),
     "nostage": dict(stage_bytes=0),
     "unbalanced": dict(balance_tiles=False),
     "t512": dict(long_row_threads=512),
