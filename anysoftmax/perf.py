@@ -35,6 +35,17 @@ def rotation_count(bytes_per_set: int) -> int:
     return max(2, min(MAX_ROTATED_SETS, -(-ROTATE_BYTES // max(bytes_per_set, 1))))
 
 
+# A graph replays calls back to back with no L2 flush between them: its rotated sets must
+# themselves exceed the L2 several times over (256 MB against 50-60 MB), small sets included.
+GRAPH_ROTATE_BYTES = 256 << 20
+MAX_GRAPH_SETS = 16384
+
+
+def graph_rotation_count(bytes_per_set: int) -> int:
+    """How many input sets of `bytes_per_set` a graph timing (`graph_time_ms`) rotates through."""
+    return max(2, min(MAX_GRAPH_SETS, -(-GRAPH_ROTATE_BYTES // max(bytes_per_set, 1))))
+
+
 def timer_label(device) -> str:
     """'gpu' (device events via do_bench) or 'cpu' (wall clock, perf_counter)."""
     return "cpu" if torch.device(device).type == "cpu" else "gpu"
@@ -90,6 +101,31 @@ def time_ms(fn: Callable[[object], object], inputs: Sequence[object], device, *,
 
     with _device_context(device):
         return float(do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def graph_time_ms(fn: Callable[[object], object], inputs: Sequence[object], device, *, rep_ms: float = 20) -> float:
+    """Median device time in ms of one `fn(inp)` call among calls captured back to back in a
+    CUDA graph and replayed (`triton.testing.do_bench_cudagraph`), `inp` rotating through
+    `inputs` (`graph_rotation_count` sets: no call finds its input in L2).
+
+    What a small op costs the device when the host is out of the way (a model's decode step
+    replayed from a graph): `time_ms` times one launch after an L2 flush and, once the host
+    takes longer per call than the flush, times the host too. Accelerators with CUDA graphs only.
+    """
+    if not inputs:
+        raise ValueError("graph_time_ms needs at least one input")
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"graph_time_ms needs a CUDA device, not {device}")
+    rotation = itertools.cycle(inputs)
+
+    def call():
+        return fn(next(rotation))
+
+    from triton.testing import do_bench_cudagraph
+
+    with _device_context(device):
+        return float(do_bench_cudagraph(call, rep=rep_ms, return_mode="median"))
 
 
 BACK_TO_BACK_CALLS = 200  # enough to average out the host's jitter; little next to do_bench

@@ -13,7 +13,14 @@
   `num_stages`), and rows read as boxes by the tensor memory accelerator into a pipeline of
   shared-memory buffers, to tell the row kernels' plan from what a read-only kernel reaches.
 
-    python benchmarks/pieces_probe.py --out DIR [--parts merge,host,lse] [--budget-s 540]
+  With `--graph` the merge configurations are timed from CUDA graphs (`perf.graph_time_ms`,
+  one program per tile only).
+* order: graph-timed merges with the rows in the operands' order against head-major rows.
+* floor: graph-timed diagnostics of the merges furthest under the copy (a Triton copy beside
+  torch's; partials as views a power of two apart, padded views, separate allocations).
+* layout: the automatic merge with vLLM's lses against contiguous ones (the rows' order).
+
+    python benchmarks/pieces_probe.py --out DIR [--parts merge,host,lse,layout,floor,order] [--budget-s 540]
 
 JSON lines in DIR/pieces_probe.jsonl, a summary of the best per shape on stdout.
 """
@@ -34,10 +41,11 @@ import triton.language as tl
 import anysoftmax
 from anysoftmax.backends._triton_common import native_launch
 from anysoftmax.backends._triton_common.pieces import MergePlan, merge_launcher
-from anysoftmax.bench.pieces import MERGE_D, MERGE_HEADS, MERGE_K, MERGE_TOKENS, _copy_us
+from anysoftmax.bench.pieces import MERGE_D, MERGE_HEADS, MERGE_K, MERGE_TOKENS, _copy_us, _graph_copy_us
+from anysoftmax.bench.pieces import merge_sets as bench_merge_sets
 from anysoftmax.core.compare import compare_merge
 from anysoftmax.core.pieces import MergeSpec
-from anysoftmax.perf import back_to_back_us, rotation_count, time_ms, warm_up
+from anysoftmax.perf import back_to_back_us, graph_rotation_count, graph_time_ms, rotation_count, time_ms, warm_up
 
 KW = dict(warmup_ms=5, rep_ms=25)
 LSE_SHAPES = [(32768, 1024), (16384, 4096)]
@@ -57,7 +65,10 @@ def merge_sets(tokens, d, k, n):
     return sets
 
 
-def probe_merge(f, deadline):
+def probe_merge(f, deadline, graph=False, persistent_too=True):
+    """Configurations of the merge per bench shape against the copy, timed by `time_ms` (one
+    launch after an L2 flush) or, with `graph`, by `graph_time_ms` (calls replayed back to
+    back from a CUDA graph: the kernel's own time, launch gaps out)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     summary = []
     for k, d, tokens in itertools.product(MERGE_K, MERGE_D, MERGE_TOKENS):
@@ -65,13 +76,20 @@ def probe_merge(f, deadline):
             break
         rows_n = tokens * MERGE_HEADS
         nbytes = (k + 1) * (rows_n * d * 2 + rows_n * 4)
-        sets = merge_sets(tokens, d, k, rotation_count(nbytes))
-        copy = _copy_us(nbytes, "cuda", time_ms, KW)
+        if graph:
+            sets = bench_merge_sets(tokens, MERGE_HEADS, d, k, torch.bfloat16, "cuda", graph_rotation_count(nbytes))
+            copy = _graph_copy_us(nbytes, "cuda", len(sets))
+            timed = lambda fn: graph_time_ms(fn, sets, "cuda") * 1e3  # noqa: E731
+        else:
+            sets = merge_sets(tokens, d, k, rotation_count(nbytes))
+            copy = _copy_us(nbytes, "cuda", time_ms, KW)
+            timed = lambda fn: time_ms(fn, sets, "cuda", **KW) * 1e3  # noqa: E731
         spec = MergeSpec.from_tensors(*sets[0])
-        auto = time_ms(lambda s: anysoftmax.merge_states(*s), sets, "cuda", **KW) * 1e3
+        auto = timed(lambda s: anysoftmax.merge_states(*s))
         best = ("auto", auto)
         bd = min(triton.next_power_of_2(d), 256)
-        for br, warps, persistent in itertools.product([1, 2, 4, 8, 16, 32], [1, 2, 4, 8], [True, False]):
+        for br, warps, persistent in itertools.product([1, 2, 4, 8, 16, 32], [1, 2, 4, 8],
+                                                       [True, False] if persistent_too else [False]):
             per_thread = br * bd / (32 * warps)
             if not 2 <= per_thread <= 64 or br > triton.next_power_of_2(rows_n):
                 continue
@@ -80,18 +98,19 @@ def probe_merge(f, deadline):
             run = merge_launcher(spec, lambda *_a, p=plan: p)
             try:
                 ok = compare_merge(*run(*sets[0], None, None), *sets[0], device="cuda").ok
-                us = time_ms(lambda s: run(*s, None, None), sets, "cuda", **KW) * 1e3
+                us = timed(lambda s: run(*s, None, None))
             except Exception as exc:  # a configuration that does not compile or launch is a row
                 emit(f, dict(part="merge", K=k, D=d, tokens=tokens, br=br, warps=warps, persistent=persistent,
                              error=f"{type(exc).__name__}: {exc}"[:300]))
                 continue
             emit(f, dict(part="merge", K=k, D=d, tokens=tokens, br=br, warps=warps, persistent=persistent,
-                         grid=plan.grid, us=round(us, 3), copy_us=round(copy, 3), frac=round(copy / us, 3), ok=ok))
+                         grid=plan.grid, us=round(us, 3), copy_us=round(copy, 3), frac=round(copy / us, 3), ok=ok,
+                         timing="graph" if graph else "do_bench"))
             if ok and us < best[1]:
                 best = (f"br={br} warps={warps} {'persistent' if persistent else 'all tiles'}", us)
         line = dict(part="merge_best", K=k, D=d, tokens=tokens, copy_us=round(copy, 3), auto_us=round(auto, 3),
                     auto_frac=round(copy / auto, 3), best=best[0], best_us=round(best[1], 3),
-                    best_frac=round(copy / best[1], 3))
+                    best_frac=round(copy / best[1], 3), timing="graph" if graph else "do_bench")
         emit(f, line)
         summary.append(line)
         print(json.dumps(line), flush=True)
@@ -99,30 +118,174 @@ def probe_merge(f, deadline):
     return summary
 
 
-def probe_host(f):
+@triton.jit
+def probe_copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+
+def probe_floor(f):
+    """Graph-timed diagnostics of the merges furthest under the copy: (1) torch's copy against a
+    Triton copy of the same bytes (is the small merges' gap a Triton kernel's start-up?), (2) a
+    merge whose partials are views of one buffer (a power-of-two distance apart, as the bench's
+    sets), separate allocations, or views a few pages off a power of two (do K streams at one
+    power-of-two distance collide in the memory's channels?)."""
+    for k, d, tokens in [(2, 64, 1), (8, 64, 1), (2, 128, 128), (8, 64, 128), (8, 64, 1024), (8, 128, 128)]:
+        rows_n = tokens * MERGE_HEADS
+        nbytes = (k + 1) * (rows_n * d * 2 + rows_n * 4)
+        n_sets = graph_rotation_count(nbytes)
+        half = max(nbytes // 2 // 4, 1)
+        src = torch.ones(n_sets, half, device="cuda")
+        dst = torch.empty(half, device="cuda")
+        row = dict(part="floor", K=k, D=d, tokens=tokens,
+                   torch_copy_us=graph_time_ms(lambda s: dst.copy_(s), list(src), "cuda") * 1e3)
+        for block in (256, 1024, 4096):
+            row[f"triton_copy_{block}_us"] = graph_time_ms(
+                lambda s, b=block: probe_copy_kernel[(triton.cdiv(half, b),)](s, dst, half, BLOCK=b), list(src),
+                "cuda") * 1e3
+        del src
+        views = bench_merge_sets(tokens, MERGE_HEADS, d, k, torch.bfloat16, "cuda", n_sets)
+        row["merge_views_us"] = graph_time_ms(lambda s: anysoftmax.merge_states(*s), views, "cuda") * 1e3
+        del views
+        pad = 3 * 4096 // 2  # elements: three 4 KB pages
+        per = rows_n * d
+        big = torch.randn(n_sets * k * (per + pad), device="cuda", dtype=torch.bfloat16)
+        lse_big = torch.randn(n_sets, k, MERGE_HEADS, tokens, device="cuda")
+        padded = [([big[(i * k + j) * (per + pad):(i * k + j) * (per + pad) + per].view(tokens, MERGE_HEADS, d)
+                    for j in range(k)], [lse_big[i, j].t() for j in range(k)]) for i in range(n_sets)]
+        row["merge_padded_views_us"] = graph_time_ms(lambda s: anysoftmax.merge_states(*s), padded, "cuda") * 1e3
+        del padded, big
+        n_sep = min(n_sets, 512)
+        sep = merge_sets(tokens, d, k, n_sep)
+        row["merge_separate_us"] = graph_time_ms(lambda s: anysoftmax.merge_states(*s), sep, "cuda") * 1e3
+        row["separate_sets"] = n_sep
+        del sep
+        row = {k_: (round(v, 3) if isinstance(v, float) else v) for k_, v in row.items()}
+        emit(f, row)
+        print(json.dumps(row), flush=True)
+
+
+def probe_order(f):
+    """Graph-timed: vLLM-layout merges with the rows in the operands' order (the kernel's: a
+    tile's rows adjacent heads of one token, adjacent in the partials) against rows numbered
+    head-major (a tile's rows one head's consecutive tokens: lse sectors shared in a tile)."""
+    from anysoftmax.backends._triton_common import pieces
+
+    operand_order = pieces._row_args
+
+    def head_major(outputs, lses, out, lse_out, lead):
+        l0 = lses[0]
+        if lead == 2 and l0.shape[0] > 1 and l0.shape[1] > 1 and l0.stride(0) < l0.stride(1):
+            outputs, lses = [t.transpose(0, 1) for t in outputs[:1]], [l0.transpose(0, 1)]
+            out, lse_out = out.transpose(0, 1), lse_out.transpose(0, 1)
+        return operand_order(outputs, lses, out, lse_out, lead)
+
+    for k, d, tokens in [(2, 64, 1), (2, 64, 128), (2, 64, 1024), (2, 128, 1024), (8, 64, 16), (8, 64, 128),
+                         (8, 64, 1024), (8, 128, 128), (8, 256, 128), (2, 256, 8192)]:
+        rows_n = tokens * MERGE_HEADS
+        nbytes = (k + 1) * (rows_n * d * 2 + rows_n * 4)
+        sets = bench_merge_sets(tokens, MERGE_HEADS, d, k, torch.bfloat16, "cuda", graph_rotation_count(nbytes))
+        row = dict(part="merge_order", K=k, D=d, tokens=tokens, copy_us=_graph_copy_us(nbytes, "cuda", len(sets)))
+        for name, fn in (("head_major", head_major), ("token_major", operand_order)):
+            pieces._row_args = fn
+            anysoftmax.refresh()
+            ok = compare_merge(*anysoftmax.merge_states(*sets[0]), *sets[0], device="cuda").ok
+            row[f"{name}_us"] = graph_time_ms(lambda s: anysoftmax.merge_states(*s), sets, "cuda") * 1e3
+            row[f"{name}_ok"] = ok
+        pieces._row_args = operand_order
+        anysoftmax.refresh()
+        row = {k_: (round(v, 3) if isinstance(v, float) else v) for k_, v in row.items()}
+        emit(f, row)
+        print(json.dumps(row), flush=True)
+        del sets
+
+
+def probe_layout(f):
+    """The automatic merge with vLLM's [heads, tokens] lses (rows numbered head-major: a tile's
+    rows are one head's tokens, its partial rows scattered by heads x D) against contiguous
+    [tokens, heads] lses (rows token-major: a tile's partial rows adjacent): does the order the
+    rows are read in cost bandwidth at the K = 8 shapes under 0.85 of copy?"""
+    for k, d, tokens in itertools.product([2, 8], [64, 128], [128, 1024]):
+        rows_n = tokens * MERGE_HEADS
+        nbytes = (k + 1) * (rows_n * d * 2 + rows_n * 4)
+        copy = _copy_us(nbytes, "cuda", time_ms, KW)
+        for layout in ("vllm", "contiguous"):
+            sets = merge_sets(tokens, d, k, rotation_count(nbytes))
+            if layout == "contiguous":
+                sets = [(outs, [torch.randn(tokens, MERGE_HEADS, device="cuda") * 3 for _ in range(k)])
+                        for outs, _ in sets]
+            ok = compare_merge(*anysoftmax.merge_states(*sets[0]), *sets[0], device="cuda").ok
+            us = time_ms(lambda s: anysoftmax.merge_states(*s), sets, "cuda", **KW) * 1e3
+            row = dict(part="merge_layout", K=k, D=d, tokens=tokens, lses=layout, us=round(us, 3),
+                       copy_us=round(copy, 3), frac=round(copy / us, 3), ok=ok)
+            emit(f, row)
+            print(json.dumps(row), flush=True)
+            del sets
+
+
+def probe_host(f, rounds=5):
+    """Host microseconds per call, back to back, median of `rounds` rounds that alternate the
+    launchers: the whole calls, and the merge's parts (request key, eager check, dispatch, the
+    bound launcher, allocation, a TVM-FFI call with 1 and 18 CUDA tensors) to find its cost."""
+    import statistics
+
+    from anysoftmax import dispatch_pieces
+    from anysoftmax.core.request import MERGE, request_key
+    from anysoftmax.torchop.pieces import _plain_states
+
     x = torch.randn(16, 1024, device="cuda")
-    outs2, lses2 = merge_sets(1, 128, 2, 1)[0]
-    outs8, lses8 = merge_sets(1, 128, 8, 1)[0]
+    sets = {k: merge_sets(1, 128, k, 1)[0] for k in (2, 8)}
     src = torch.randn(32 * 128, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    res = {"torch.copy_ 8 KB": back_to_back_us(lambda: dst.copy_(src), "cuda"),
-           "torch.softmax 16x1024": back_to_back_us(lambda: torch.softmax(x, -1), "cuda")}
+    fixed = {"torch.copy_ 8 KB": lambda: dst.copy_(src), "torch.softmax 16x1024": lambda: torch.softmax(x, -1),
+             "torch.empty_like x2": lambda: (torch.empty_like(src), torch.empty_like(src))}
+    try:
+        import tvm_ffi
+
+        nop = tvm_ffi.get_global_func("testing.nop")
+        many = [*sets[8][0], *sets[8][1], dst, src]
+        fixed.update({"tvm_ffi nop(1 CUDA tensor)": lambda: nop(src), "tvm_ffi nop(18 CUDA tensors)": lambda: nop(*many),
+                      "18 data_ptr()": lambda: [t.data_ptr() for t in many]})
+    except Exception as exc:  # (apache-tvm-ffi not installed: the launchers' comparison still runs)
+        emit(f, dict(part="host", what="tvm_ffi", error=str(exc)))
+    for k, (outs, lses) in sets.items():
+        fixed[f"merge K={k}: request key"] = lambda o=outs, l=lses: request_key(MERGE, o, l, None, None, False, None,
+                                                                               None, None)
+        fixed[f"merge K={k}: _plain_states"] = lambda o=outs, l=lses: _plain_states(o, l)
+    times: dict[str, list] = {}
+    for _ in range(rounds):
+        for name, call in fixed.items():
+            times.setdefault(name, []).append(back_to_back_us(call, "cuda"))
+        for which in ("triton", "native"):
+            native_launch.LAUNCHER = which
+            anysoftmax.refresh()
+            calls = {"softmax 16x1024": lambda: anysoftmax.softmax(x, -1),
+                     "logsumexp 16x1024": lambda: anysoftmax.logsumexp(x, -1)}
+            for k, (outs, lses) in sets.items():
+                anysoftmax.merge_states(outs, lses)  # (binds the request)
+                hit = dispatch_pieces._lookup(request_key(MERGE, outs, lses, None, None, False, None, None, None))
+                out, lse = torch.empty_like(outs[0]), torch.empty(lses[0].shape, device="cuda")
+                calls.update({f"merge K={k} 1x32x128": lambda o=outs, l=lses: anysoftmax.merge_states(o, l),
+                              f"merge K={k}: dispatch": lambda o=outs, l=lses: dispatch_pieces.merge_states(o, l),
+                              f"merge K={k}: bound launcher": lambda o=outs, l=lses, h=hit: h(o, l, None, None),
+                              f"merge K={k}: bound launcher, outputs given":
+                                  lambda o=outs, l=lses, h=hit, y=out, z=lse: h(o, l, y, z)})
+            for name, call in calls.items():
+                times.setdefault(f"{name} ({which})", []).append(back_to_back_us(call, "cuda"))
+    native_launch.LAUNCHER = native_launch.choose(None)
+    anysoftmax.refresh()
+    for name, us in times.items():
+        med = statistics.median(us)
+        emit(f, dict(part="host", what=name, us=round(med, 2), rounds=[round(u, 2) for u in us]))
+        print(f"host {name}: {med:.2f} us (rounds {', '.join(f'{u:.1f}' for u in us)})", flush=True)
     for which in ("triton", "native"):
         native_launch.LAUNCHER = which
         anysoftmax.refresh()
-        for name, call in [("softmax 16x1024", lambda: anysoftmax.softmax(x, -1)),
-                           ("merge_states K=2 1x32x128", lambda: anysoftmax.merge_states(outs2, lses2)),
-                           ("merge_states K=8 1x32x128", lambda: anysoftmax.merge_states(outs8, lses8)),
-                           ("logsumexp 16x1024", lambda: anysoftmax.logsumexp(x, -1))]:
-            res[f"{name} ({which})"] = min(back_to_back_us(call, "cuda") for _ in range(5))
-        for name, call in [("merge_states K=8 1x32x128", lambda: anysoftmax.merge_states(outs8, lses8)),
-                           ("logsumexp 16x1024", lambda: anysoftmax.logsumexp(x, -1))]:
-            profile(f, f"{name} ({which})", call)
+        outs, lses = sets[8]
+        anysoftmax.merge_states(outs, lses)
+        profile(f, f"merge_states K=8 1x32x128 ({which})", lambda: anysoftmax.merge_states(outs, lses))
     native_launch.LAUNCHER = native_launch.choose(None)
     anysoftmax.refresh()
-    for name, us in res.items():
-        emit(f, dict(part="host", what=name, us=round(us, 2)))
-        print(f"host {name}: {us:.2f} us", flush=True)
 
 
 def profile(f, name, call, calls=2000):
@@ -263,6 +426,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="host,merge,lse")
     ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--graph", action="store_true", help="merge: time from CUDA graphs (graph_time_ms)")
     ap.add_argument("--lse-kernels", default="simple,tma", help="the probe kernels timed (simple, tma)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -274,10 +438,16 @@ def main(argv=None) -> int:
         parts = a.parts.split(",")
         if "host" in parts:
             probe_host(f)
+        if "layout" in parts:
+            probe_layout(f)
+        if "floor" in parts:
+            probe_floor(f)
+        if "order" in parts:
+            probe_order(f)
         if "lse" in parts:
             probe_lse(f, deadline - (240 if "merge" in parts else 0), a.lse_kernels.split(","))
         if "merge" in parts:
-            probe_merge(f, deadline)
+            probe_merge(f, deadline, graph=a.graph, persistent_too=not a.graph)
     return 0
 
 

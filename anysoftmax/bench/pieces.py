@@ -17,7 +17,10 @@ reference before it is timed.
 
 Each row: median device time (`us`, `triton.testing.do_bench`, L2 flushed, inputs rotated),
 GB/s of the op's own bytes, `frac_of_copy` (the copy's time over the op's), and `host_us`: wall
-time per call issued back to back (dispatch-bound merges show there). Results:
+time per call issued back to back (dispatch-bound merges show there). Merge rows on a GPU also
+carry `graph_us` and `graph_frac_of_copy`: the device time per call of calls replayed back to
+back from a CUDA graph (`perf.graph_time_ms`, inputs rotated past the L2), against the copy
+timed alike; a decode step's merges run that way, and there the host no longer shows. Results:
 <out>/<device>/pieces_logsumexp.{json,png} and pieces_merge.{json,png}.
 """
 
@@ -72,10 +75,13 @@ def _compiled(fn):
     return torch.compile(fn, dynamic=False)
 
 
-def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok"):
+def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok", graph=(None, None)):
     gbps = nbytes / (us * 1e-6) / 1e9 if us else 0.0
+    graph_us, copy_graph_us = graph
+    timed_graph = {} if graph_us is None else dict(graph_us=round(graph_us, 3),
+                                                   graph_frac_of_copy=round(copy_graph_us / graph_us, 3))
     return dict(provider=provider, **what, us=round(us, 3), gbps=round(gbps, 1),
-                frac_of_copy=round(copy_us / us, 3) if us else 0.0,
+                frac_of_copy=round(copy_us / us, 3) if us else 0.0, **timed_graph,
                 host_us=None if host_us is None else round(host_us, 2), status=status, detail=err)
 
 
@@ -129,15 +135,43 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
     return rows
 
 
+def merge_sets(tokens, heads, d, k, dtype, device, n) -> list[tuple[list, list]]:
+    """`n` input sets of a merge: K partials [tokens, heads, d] and K lses in vLLM's layout
+    ([heads, tokens] read as [tokens, heads]), views into two buffers (one allocation each, a
+    set at a 16-byte-aligned offset: every set is the same request)."""
+    import torch
+
+    o = torch.randn(n, k, tokens, heads, d, device=device, dtype=dtype)
+    lse = torch.randn(n, k, heads, tokens, device=device) * 3
+    return [([o[i, j] for j in range(k)], [lse[i, j].t() for j in range(k)]) for i in range(n)]
+
+
+def _graph_copy_us(nbytes: int, device, n_sets: int) -> float:
+    import torch
+
+    from ..perf import graph_time_ms
+
+    half = max(nbytes // 2 // 4, 1)
+    src = torch.ones(n_sets, half, dtype=torch.float32, device=device)
+    dst = torch.empty(half, dtype=torch.float32, device=device)
+    return graph_time_ms(lambda s: dst.copy_(s), list(src), device) * 1e3
+
+
 def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: bool) -> list[dict]:
+    """Rows of merge_states and its peers. On a GPU each is also timed from a CUDA graph of
+    back-to-back calls (`graph_us`, `graph_frac_of_copy` against the copy timed alike): the
+    device time of a merge in a decode step replayed from a graph, where `us` (one launch
+    after an L2 flush) also holds the host's time once that exceeds the flush."""
     import torch
 
     import anysoftmax
     from ..compat.vllm import merge_attn_states
     from ..core.compare import compare_merge
     from ..matrix.pieces_cells import torch_merge
+    from ..perf import graph_rotation_count, graph_time_ms
 
     time_ms, b2b, rotation_count, kw, calls = _timing(device)
+    graphs = device.type == "cuda"
     rows = []
     for k in k_list:
         for d in d_list:
@@ -146,21 +180,22 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
                             heads=heads, D=d)
                 part = tokens * heads * d * dtype.itemsize + tokens * heads * 4
                 nbytes = (k + 1) * part
-                sets = []
-                for _ in range(rotation_count(nbytes)):
-                    outs = [torch.randn(tokens, heads, d, device=device, dtype=dtype) for _ in range(k)]
-                    lses = [torch.randn(heads, tokens, device=device).t() * 3 for _ in range(k)]  # vLLM's layout
-                    sets.append((outs, lses))
+                n_sets = graph_rotation_count(nbytes) if graphs else rotation_count(nbytes)
+                all_sets = merge_sets(tokens, heads, d, k, dtype, device, n_sets)
+                sets = all_sets[:rotation_count(nbytes)]
                 copy_us = _copy_us(nbytes, device, time_ms, kw)
-                rows.append(_row("copy", what, copy_us, nbytes, copy_us))
+                copy_graph_us = _graph_copy_us(nbytes, device, n_sets) if graphs else None
+                rows.append(_row("copy", what, copy_us, nbytes, copy_us, graph=(copy_graph_us, copy_graph_us)))
                 out, lse = anysoftmax.merge_states(*sets[0])
                 check = compare_merge(out, lse, *sets[0], device=device)
                 providers = [("anysoftmax", lambda s: anysoftmax.merge_states(*s), check)]
                 if k == 2:
                     dst = torch.empty(tokens, heads, d, device=device, dtype=dtype)
                     dst_lse = torch.empty(heads, tokens, device=device)
+                    merge_attn_states(dst, sets[0][0][0], sets[0][1][0].t(), sets[0][0][1], sets[0][1][1].t(), dst_lse)
+                    check_v = compare_merge(dst, dst_lse.t(), *sets[0], device=device)
                     providers.append(("vllm-dropin", lambda s: merge_attn_states(
-                        dst, s[0][0], s[1][0].t(), s[0][1], s[1][1].t(), dst_lse), None))
+                        dst, s[0][0], s[1][0].t(), s[0][1], s[1][1].t(), dst_lse), check_v))
                 providers.append(("torch", lambda s: torch_merge(*s), None))
                 if compiled:
                     formula_c = _compiled(torch_merge)
@@ -169,21 +204,23 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
                     try:
                         us = time_ms(fn, sets, device, **kw) * 1e3
                         host = b2b(lambda: fn(sets[0]), device, calls)
+                        graph_us = graph_time_ms(fn, all_sets, device) * 1e3 if graphs else None
                         ok = chk is None or chk.ok
                         rows.append(_row(name, what, us, nbytes, copy_us, host, "" if ok else chk.detail,
-                                         "ok" if ok else "wrong"))
+                                         "ok" if ok else "wrong", graph=(graph_us, copy_graph_us)))
                     except Exception as exc:
                         rows.append(_row(name, what, 0.0, nbytes, copy_us, None, f"{type(exc).__name__}: {exc}",
                                          "failed"))
-                print(" ".join(f"{r['provider']}={r['frac_of_copy']}/{r['host_us']}us"
+                print(" ".join(f"{r['provider']}={r['frac_of_copy']}|{r.get('graph_frac_of_copy')}/{r['host_us']}us"
                                for r in rows[-len(providers) - 1:]), what, flush=True)
-                del sets
+                del sets, all_sets
     return rows
 
 
-def plot(rows: list[dict], path: Path, x: str, panels: list[tuple[str, dict]]) -> None:
-    """frac_of_copy against `x` (log scale), one panel per (title, row filter), a line per provider
-    (nothing without matplotlib: the JSON holds every number)."""
+def plot(rows: list[dict], path: Path, x: str, panels: list[tuple]) -> None:
+    """A fraction of copy against `x` (log scale), one panel per (title, row filter[, the row's
+    key: `frac_of_copy` unless named]), a line per provider (nothing without matplotlib: the
+    JSON holds every number)."""
     try:
         import matplotlib
     except ImportError:
@@ -194,10 +231,12 @@ def plot(rows: list[dict], path: Path, x: str, panels: list[tuple[str, dict]]) -
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (title, where) in zip(axes[0], panels):
-        sel = [r for r in rows if all(r.get(k) == v for k, v in where.items()) and r["status"] == "ok"]
+    for ax, (title, where, *key) in zip(axes[0], panels):
+        key = key[0] if key else "frac_of_copy"
+        sel = [r for r in rows if all(r.get(k) == v for k, v in where.items()) and r["status"] == "ok"
+               and r.get(key) is not None]
         for prov in dict.fromkeys(r["provider"] for r in sel):
-            pts = sorted((r[x], r["frac_of_copy"]) for r in sel if r["provider"] == prov)
+            pts = sorted((r[x], r[key]) for r in sel if r["provider"] == prov)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=prov)
         ax.set_xscale("log", base=2)
         ax.set_title(title, fontsize=9)
@@ -259,8 +298,10 @@ def main(argv=None) -> int:
                                                                    results=rows), indent=1))
         ks = CPU_MERGE["k"] if cpu else MERGE_K
         ds = CPU_MERGE["d"] if cpu else [128]
-        plot(rows, out_dir / "pieces_merge.png", "tokens",
-             [(f"merge_states K={k} D={d} bf16", dict(K=k, D=d)) for k in ks for d in ds])
+        panels = [(f"merge_states K={k} D={d} bf16", dict(K=k, D=d)) for k in ks for d in ds]
+        if not cpu:
+            panels += [(f"{t} (CUDA graph)", w, "graph_frac_of_copy") for t, w in panels]
+        plot(rows, out_dir / "pieces_merge.png", "tokens", panels)
     print(f"results in {out_dir}")
     return 0
 

@@ -32,7 +32,7 @@ from ...core.pieces import MergeSpec, row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import BOTTOM_RIGHT, CAUSAL_NONE, MASK_BOOL, MASK_NONE, Operands
 from .fused import col_limit, exp_acc, prologue
-from .plan import scalars
+from .plan import INT32_MAX, scalars
 from .rows import _row_offsets
 
 MAX_K = 8
@@ -185,39 +185,47 @@ def launch_lse(x: torch.Tensor, spec: SoftmaxSpec, operands: Operands, plan: Lse
 # ---- merge_states -----------------------------------------------------------------------------
 
 @triton.jit
-def _merge_part(o_ptr, l_ptr, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64: tl.constexpr):
-    lse = tl.load(l_ptr + l_off, mask=row_ok, other=float("-inf")).to(acc.dtype)
-    w = exp_acc(lse - m_sub, ACC_FP64)
-    w = tl.where(lse == float("-inf"), 0.0, w)
-    # The partial's load does not wait on its weight (at decode sizes a second round trip to
-    # memory would be most of the merge's time); a partial of weight 0 is selected away, so
-    # what an empty segment's output holds (NaN too) never reaches the sums.
-    o = tl.load(o_ptr + o_off[:, None] + cols[None, :] * osd, mask=live, other=0.0).to(acc.dtype)
-    acc += tl.where((w == 0)[:, None], 0.0, w[:, None] * o)
-    return s + w, acc
+def _load_part(o_ptr, l_ptr, o_off, l_off, cols, osd, live, row_ok, ACC_FP64: tl.constexpr):
+    lse = tl.load(l_ptr + l_off, mask=row_ok, other=float("-inf"))
+    o = tl.load(o_ptr + o_off[:, None] + cols[None, :] * osd, mask=live, other=0.0)
+    return lse.to(tl.float64 if ACC_FP64 else tl.float32), o
 
 
 @triton.jit
-def _lse_max(l_ptr, l_off, row_ok, m, bad):
-    lse = tl.load(l_ptr + l_off, mask=row_ok, other=float("-inf")).to(m.dtype)
-    return tl.maximum(m, lse), bad | (lse != lse)
+def _add_part(lse, o, m_sub, s, acc, ACC_FP64: tl.constexpr):
+    w = exp_acc(lse - m_sub, ACC_FP64)
+    w = tl.where(lse == float("-inf"), 0.0, w)
+    # A partial of weight 0 is selected away, so what an empty segment's output holds (NaN
+    # too) never reaches the sums.
+    acc += tl.where((w == 0)[:, None], 0.0, w[:, None] * o.to(acc.dtype))
+    return s + w, acc
 
 
 @triton.jit
 def merge_kernel(
     o0, o1, o2, o3, o4, o5, o6, o7, l0, l1, l2, l3, l4, l5, l6, l7, out_ptr, lse_ptr,
     n_rows, D, S1, os0, os1, osd, ls0, ls1, ys0, ys1, ysd, zs0, zs1,
-    K: tl.constexpr, ACC_FP64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    K: tl.constexpr, ACC_FP64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr,
 ):
     """out = sum_i exp(l_i - lse) o_i, lse = log sum_i exp(l_i): rows r = (r // S1, r % S1)
-    through (stride0, stride1) per tensor kind (partials, their lses, out, lse out)."""
+    through (stride0, stride1) per tensor kind (partials, their lses, out, lse out).
+
+    Every partial and lse of a tile is loaded before the first is used: the tile costs one
+    memory round trip (at decode sizes that round trip is most of the merge's time; loads
+    issued after the lses' maximum would wait for it: two). Offsets are 32-bit unless an
+    operand spans 2**31 elements (`WIDE`): the merge does little arithmetic per byte, and 64-bit
+    row division and addressing was most of its instructions (NVIDIA H100, K = 8, head size 64:
+    issue-bound beside the copy)."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     n_dt = tl.cdiv(D, BLOCK_D)
     n_tiles = tl.cdiv(n_rows, BLOCK_R) * n_dt
     for t in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         rb = t // n_dt
         dt = t % n_dt
-        rows = tl.cast(rb, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        if WIDE:
+            rows = tl.cast(rb, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        else:
+            rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = dt * BLOCK_D + tl.arange(0, BLOCK_D)
         row_ok = rows < n_rows
         live = row_ok[:, None] & (cols < D)[None, :]
@@ -225,44 +233,58 @@ def merge_kernel(
         r1 = rows % S1
         o_off = r0 * os0 + r1 * os1
         l_off = r0 * ls0 + r1 * ls1
-        m = tl.full([BLOCK_R], float("-inf"), acc_ty)
-        bad = rows < 0
-        m, bad = _lse_max(l0, l_off, row_ok, m, bad)
+        p0, v0 = _load_part(o0, l0, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
         if K > 1:
-            m, bad = _lse_max(l1, l_off, row_ok, m, bad)
+            p1, v1 = _load_part(o1, l1, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
         if K > 2:
-            m, bad = _lse_max(l2, l_off, row_ok, m, bad)
+            p2, v2 = _load_part(o2, l2, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
         if K > 3:
-            m, bad = _lse_max(l3, l_off, row_ok, m, bad)
+            p3, v3 = _load_part(o3, l3, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
         if K > 4:
-            m, bad = _lse_max(l4, l_off, row_ok, m, bad)
+            p4, v4 = _load_part(o4, l4, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
         if K > 5:
-            m, bad = _lse_max(l5, l_off, row_ok, m, bad)
+            p5, v5 = _load_part(o5, l5, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
         if K > 6:
-            m, bad = _lse_max(l6, l_off, row_ok, m, bad)
+            p6, v6 = _load_part(o6, l6, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
         if K > 7:
-            m, bad = _lse_max(l7, l_off, row_ok, m, bad)
+            p7, v7 = _load_part(o7, l7, o_off, l_off, cols, osd, live, row_ok, ACC_FP64)
+        m = p0
+        bad = p0 != p0
+        if K > 1:
+            m, bad = tl.maximum(m, p1), bad | (p1 != p1)
+        if K > 2:
+            m, bad = tl.maximum(m, p2), bad | (p2 != p2)
+        if K > 3:
+            m, bad = tl.maximum(m, p3), bad | (p3 != p3)
+        if K > 4:
+            m, bad = tl.maximum(m, p4), bad | (p4 != p4)
+        if K > 5:
+            m, bad = tl.maximum(m, p5), bad | (p5 != p5)
+        if K > 6:
+            m, bad = tl.maximum(m, p6), bad | (p6 != p6)
+        if K > 7:
+            m, bad = tl.maximum(m, p7), bad | (p7 != p7)
         # -inf: every partial empty (weights 0, out 0); +inf: weights inf/inf (NaN, by design).
         m_sub = tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
         s = tl.zeros([BLOCK_R], acc_ty)
         acc = tl.zeros([BLOCK_R, BLOCK_D], acc_ty)
-        s, acc = _merge_part(o0, l0, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+        s, acc = _add_part(p0, v0, m_sub, s, acc, ACC_FP64)
         if K > 1:
-            s, acc = _merge_part(o1, l1, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+            s, acc = _add_part(p1, v1, m_sub, s, acc, ACC_FP64)
         if K > 2:
-            s, acc = _merge_part(o2, l2, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+            s, acc = _add_part(p2, v2, m_sub, s, acc, ACC_FP64)
         if K > 3:
-            s, acc = _merge_part(o3, l3, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+            s, acc = _add_part(p3, v3, m_sub, s, acc, ACC_FP64)
         if K > 4:
-            s, acc = _merge_part(o4, l4, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+            s, acc = _add_part(p4, v4, m_sub, s, acc, ACC_FP64)
         if K > 5:
-            s, acc = _merge_part(o5, l5, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+            s, acc = _add_part(p5, v5, m_sub, s, acc, ACC_FP64)
         if K > 6:
-            s, acc = _merge_part(o6, l6, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+            s, acc = _add_part(p6, v6, m_sub, s, acc, ACC_FP64)
         if K > 7:
-            s, acc = _merge_part(o7, l7, o_off, l_off, cols, osd, live, row_ok, m_sub, s, acc, ACC_FP64)
+            s, acc = _add_part(p7, v7, m_sub, s, acc, ACC_FP64)
         m_inf = m == float("inf")
-        out = tl.where((s == 0)[:, None], 0.0, acc / s[:, None])
+        out = acc * tl.where(s == 0, 0.0, 1.0 / s)[:, None]  # (one division per row, not per element)
         out = tl.where((bad | m_inf)[:, None], float("nan"), out)
         tl.store(out_ptr + (r0 * ys0 + r1 * ys1)[:, None] + cols[None, :] * ysd, out.to(out_ptr.dtype.element_ty),
                  mask=live)
@@ -371,7 +393,8 @@ def merge_launcher(spec: MergeSpec, plan_for):
         lse_out = new_output(shape[:-1], lse_dtype, device) if lse_out is None else lse_out
         static = _row_args(outputs, lses, out, lse_out, lead)
         plan = plan_for(k, static[0], static[1])
-        meta = dict(K=k, ACC_FP64=acc == torch.float64, BLOCK_R=plan.block_r, BLOCK_D=plan.block_d)
+        meta = dict(K=k, ACC_FP64=acc == torch.float64, BLOCK_R=plan.block_r, BLOCK_D=plan.block_d,
+                    WIDE=_wide(outputs[0], lses[0], out, lse_out, rows=static[0] + plan.block_r))
         if plan.num_warps is not None:
             meta["num_warps"] = plan.num_warps
         state["bound"] = (how, max(1, plan.grid), static, meta)
@@ -480,21 +503,26 @@ def _merge_group(outputs, lses, lead, out_dtype, lse_dtype, acc, plan_for, out=N
     pad_l = lses + [lses[0]] * (MAX_K - k)
     options = {} if plan.num_warps is None else dict(num_warps=plan.num_warps)
     merge_kernel[(max(1, plan.grid),)](*pad_o, *pad_l, out, lse_out, *static, K=k, ACC_FP64=acc == torch.float64,
-                                       BLOCK_R=plan.block_r, BLOCK_D=plan.block_d, **options)
+                                       BLOCK_R=plan.block_r, BLOCK_D=plan.block_d,
+                                       WIDE=_wide(outputs[0], lses[0], out, lse_out, rows=static[0] + plan.block_r),
+                                       **options)
     return out, lse_out
+
+
+def _wide(*tensors, rows: int) -> bool:
+    """Whether merge_kernel needs 64-bit offsets: a tensor's furthest element (every partial
+    shares the first's strides, every lse the first lse's) or the row count pass 2**31 - 1."""
+    reach = max(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n) for t in tensors)
+    return max(reach, rows) > INT32_MAX
 
 
 def _row_args(outputs, lses, out, lse_out, lead: int) -> tuple:
     """`merge_kernel`'s integer arguments, in its order, for operands whose row dims collapse
-    into two strides. With two row dims whose lses run along the first (vLLM's [heads, tokens]
-    lse read as [tokens, heads]), the rows are numbered the other way round (every operand
-    transposed: rows merge independently, so the same memory is read and written): a tile's
-    consecutive rows then read consecutive lse floats, a sector for several rows instead of
-    one per row, which at K = 8 and head size 64 is a quarter of the bytes read."""
-    l0 = lses[0]
-    if lead == 2 and l0.shape[0] > 1 and l0.shape[1] > 1 and l0.stride(0) < l0.stride(1):
-        outputs, lses = [t.transpose(0, 1) for t in outputs[:1]], [l0.transpose(0, 1)]
-        out, lse_out = out.transpose(0, 1), lse_out.transpose(0, 1)
+    into two strides. Rows are numbered in the operands' own order (vLLM's [heads, tokens]
+    lses included): a tile's rows are then adjacent in the partials, and with lses read a float
+    per row (sectors shared through L2) that beat numbering one head's tokens together at every
+    shape measured (NVIDIA H100, CUDA graphs: K = 2, 8192 x 32 x 256 0.99 of copy against
+    0.95; K = 8, 1024 x 32 x 64 0.79 against 0.76; `benchmarks/pieces_probe.py --parts order`)."""
     y_st, z_st = _two_row_dims(out, lead), _two_row_dims(lse_out, lead)
     if y_st is None or z_st is None:
         raise ValueError("merge_states: the output tensors' row dims do not collapse into two strides")

@@ -32,9 +32,9 @@ class _Launcher:
         if self.tensors is None:  # (only recording: the test maps the addresses afterwards)
             return
         ptrs, ints, tail = a[9:27], a[27:40], a[40:]
-        k, acc64, br, bd = tail
+        k, acc64, br, bd, wide = tail
         pieces.merge_kernel[(a[0],)](*[self.tensors[p] for p in ptrs], *ints, K=k, ACC_FP64=acc64, BLOCK_R=br,
-                                     BLOCK_D=bd)
+                                     BLOCK_D=bd, WIDE=wide)
 
 
 def _merge(outputs, lses, out, lse_out):
@@ -84,10 +84,10 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
     how, grid, static, meta = run.state["bound"]
     assert how == (False, False, False, False)  # one dtype each, shared strides: nothing copied
     # Worked out by hand: n_rows, D, S1, partials (r0, r1, d), lses (r0, r1), out (r0, r1, d), lse_out;
-    # the rows numbered heads-major (every operand read as [heads, batch, ...]), as the lses run.
-    y_st, z_st = ((16, 8), (2, 1)) if given else ((8, 24), (1, 3))
-    assert static == (6, 8, 2, 8, 24, 1, 2, 1, *y_st, 1, *z_st)
-    tail = (k, False, 4, 8)  # K, ACC_FP64, BLOCK_R, BLOCK_D (the interpreter's merge plan)
+    # the rows numbered in the operands' order ([batch, heads]), the lses read across their storage.
+    y_st, z_st = ((8, 16), (1, 2)) if given else ((24, 8), (3, 1))
+    assert static == (6, 8, 3, 24, 8, 1, 1, 2, *y_st, 1, *z_st)
+    tail = (k, False, 4, 8, False)  # K, ACC_FP64, BLOCK_R, BLOCK_D (the interpreter's merge plan), WIDE
     assert tuple(meta.values()) == tail and grid == 2
     # The fast path as a GPU process has it after the first (compiling) launch.
     from types import SimpleNamespace
@@ -129,3 +129,15 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
             ref_out, ref_lse = merge_formula([t.double() for t in outputs], [t.double() for t in lses],
                                              torch.float64, torch.float64, torch.float64)
             torch.testing.assert_close(got_lse.double(), ref_lse, rtol=1e-6, atol=1e-6)
+
+
+def test_merge_offsets_widen_only_past_int32():
+    # merge_kernel's offsets are 32-bit unless an operand's furthest element or the row count
+    # passes 2**31 - 1 (meta tensors: the strides alone, no memory).
+    small = torch.empty_strided((4, 32, 64), (2048, 64, 1), device="meta")
+    lse = torch.empty_strided((4, 32), (1, 4), device="meta")
+    assert not pieces._wide(small, lse, small, lse, rows=128)
+    far = torch.empty_strided((2, 32, 64), (2**31, 64, 1), device="meta")
+    assert pieces._wide(far, lse, small, lse, rows=128)
+    assert pieces._wide(small, torch.empty_strided((4, 32), (2**30, 1), device="meta"), small, lse, rows=128)
+    assert pieces._wide(small, lse, small, lse, rows=2**31)
