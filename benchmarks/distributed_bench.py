@@ -20,11 +20,15 @@ the ranks in step, so one rank cannot be timed alone), median of `--repeats` loo
 writes distributed_softmax.json and .png under benchmarks/results/<device>/ (`--out` another
 folder). NVLink multicast (NVLS) stays off.
 
-What to expect: the states must be known before any output is written, so the sharded softmax
-reads its shard twice (the local log-sum-exp, then the fused softmax with the other ranks as
-its sink): about 1.5 local softmaxes (read + write, then read) plus the gather of a float per
-row: the local log-sum-exp is one `anysoftmax.logsumexp` kernel, the merge a few tiny ops on
-[ranks, rows] floats, the values one fused softmax kernel with the other ranks as its sink.
+Providers: `distributed` (what `anysoftmax.distributed.softmax` does: on NVIDIA GPUs the
+one-read kernel, the row states exchanged inside it through a symmetric-memory mailbox,
+`anysoftmax.distributed.one_read`), `two_pass` (the same call with the one-read path off: the
+shard's logsumexp, an all-gather of the states, then the fused softmax re-reading the shard
+with the other ranks as its sink: about 1.5 local softmaxes), `local_shard` (the local fused
+softmax of one shard: the goal is at most this plus one small collective), `states_gather`
+(the all-gather of one float per row alone) and `gather_rows` (the rows gathered to one rank
+and one softmax there). `--one-read-chunks 16384,32768` adds the one-read kernel at those
+chunk sizes in bytes (`split_chunk_bytes`), `one_read_<bytes>_ms`.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ sys.path.insert(0, str(ROOT))
 import anysoftmax  # noqa: E402
 import anysoftmax.distributed as asd  # noqa: E402
 from anysoftmax.bench.report import gpu_dir_name  # noqa: E402
+from anysoftmax.backends.triton import heuristics  # noqa: E402
+from anysoftmax.distributed import one_read  # noqa: E402
 from anysoftmax.distributed.collective import gather_states  # noqa: E402
 
 GPU_VOCABS, GPU_TOKENS = (131072, 262144), (1, 16, 128, 1024, 4096, 16384)
@@ -87,8 +93,18 @@ def gather_then_softmax(shard: torch.Tensor, world: int, rank: int):
     return anysoftmax.softmax(torch.cat(parts, -1), -1) if rank == 0 else None
 
 
+def two_pass(shard: torch.Tensor) -> torch.Tensor:
+    """`anysoftmax.distributed.softmax` with the one-read path off (`one_read.ENABLED`)."""
+    one_read.ENABLED = False
+    try:
+        return asd.softmax(shard, -1)
+    finally:
+        one_read.ENABLED = True
+
+
 def bench(args, rank: int, world: int, device: torch.device) -> list[dict]:
     vocabs, tokens = (CPU_VOCABS, CPU_TOKENS) if args.cpu else (GPU_VOCABS, GPU_TOKENS)
+    tokens = args.tokens or tokens
     dtypes = [torch.float32] if args.cpu else [torch.bfloat16, torch.float32]
     rows = []
     for dtype in dtypes:
@@ -97,19 +113,30 @@ def bench(args, rank: int, world: int, device: torch.device) -> list[dict]:
                 shard = torch.randn(t, v // world, device=device, dtype=dtype)
                 state = torch.randn(t, device=device, dtype=torch.float32)
                 row = {"dtype": str(dtype).removeprefix("torch."), "vocab": v, "tokens": t, "world": world}
+                before = one_read.stats["calls"]
+                asd.softmax(shard, -1)
+                row["path"] = "one_read" if one_read.stats["calls"] > before else "two_pass"
                 for name, fn in (("distributed", lambda: asd.softmax(shard, -1)),
+                                 ("two_pass", lambda: two_pass(shard)),
                                  ("local_shard", lambda: anysoftmax.softmax(shard, -1)),
                                  ("states_gather", lambda: gather_states(state, world, None)),
                                  ("gather_rows", lambda: gather_then_softmax(shard, world, rank))):
                     row[f"{name}_ms"] = per_call_ms(fn, device, args.calls, args.repeats)
+                for b in args.one_read_chunks:
+                    with heuristics.override(split_chunk_bytes=b):
+                        row[f"one_read_{b}_ms"] = per_call_ms(lambda: asd.softmax(shard, -1), device, args.calls,
+                                                              args.repeats)
                 row["collective_share"] = row["states_gather_ms"] / row["distributed_ms"]
                 row["vs_local"] = row["distributed_ms"] / row["local_shard_ms"]
+                row["vs_local_plus_gather"] = row["distributed_ms"] / (row["local_shard_ms"] + row["states_gather_ms"])
                 row["vs_gather_rows"] = row["distributed_ms"] / row["gather_rows_ms"]
                 rows.append(row)
                 if rank == 0:
-                    print(f"{row['dtype']:9s} V={v:7d} T={t:6d}  distributed {row['distributed_ms']:.4f} ms  "
+                    extra = "".join(f"  chunk {b}: {row[f'one_read_{b}_ms']:.4f}" for b in args.one_read_chunks)
+                    print(f"{row['dtype']:9s} V={v:7d} T={t:6d}  distributed ({row['path']}) "
+                          f"{row['distributed_ms']:.4f} ms  two-pass {row['two_pass_ms']:.4f}  "
                           f"local {row['local_shard_ms']:.4f}  states {row['states_gather_ms']:.4f}  "
-                          f"gather+softmax {row['gather_rows_ms']:.4f}", flush=True)
+                          f"gather+softmax {row['gather_rows_ms']:.4f}{extra}", flush=True)
                 del shard
     return rows
 
@@ -177,7 +204,7 @@ def plot(result: dict, path: Path) -> None:
     for ax, (dtype, v) in zip(axes[0], keys):
         pts = sorted((r for r in result["results"] if (r["dtype"], r["vocab"]) == (dtype, v)),
                      key=lambda r: r["tokens"])
-        for name in ("distributed", "local_shard", "gather_rows", "states_gather"):
+        for name in ("distributed", "two_pass", "local_shard", "gather_rows", "states_gather"):
             ax.plot([r["tokens"] for r in pts], [r[f"{name}_ms"] for r in pts], marker="o", ms=3, label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -247,7 +274,12 @@ def main(argv=None) -> int:
     p.add_argument("--profile-shape", default=None, help="TOKENS,VOCAB for --profile (default 16,131072; "
                                                          "--cpu: 16,1024)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/<device>/)")
+    p.add_argument("--one-read-chunks", default="", help="chunk sizes in bytes to time the one-read kernel at too "
+                                                         "(comma-separated)")
+    p.add_argument("--tokens", default=None, help="token counts (comma-separated; default the sweep's)")
     args = p.parse_args(argv)
+    args.one_read_chunks = [int(b) for b in args.one_read_chunks.split(",") if b]
+    args.tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
     if args.profile_shape is None:
         args.profile_shape = "16,1024" if args.cpu else "16,131072"
     if "RANK" in os.environ and args.nprocs is None:

@@ -23,6 +23,7 @@ from .. import dispatch
 from ..core.reference import empty_row_value
 from ..torchop.api import log_softmax as _log_softmax, softmax as _softmax
 from ..torchop.pieces import _plain_eager
+from . import one_read
 from .collective import sum_rows
 from .states import exchange
 
@@ -88,8 +89,12 @@ def _operand_grads(ctx, dz, ds_rows, mask, sinks):
 def softmax_forward(x, mask, sinks, c: Call):
     """(this rank's shard of the global softmax / log_softmax, the row states): the forward
     without autograd (the Function's forward, and the whole call when nothing needs a gradient:
-    either way nothing here records one, without a no_grad block's cost).
+    either way nothing here records one, without a no_grad block's cost): one read of the shard
+    where `one_read` takes the call, else the states' all-gather and a second read.
     The global lse is merged only with sinks (their gradient reads it)."""
+    one = one_read.forward(x, mask, sinks, c)
+    if one is not None:
+        return one
     want_length = c.empty_rows == "uniform" and mask is not None and mask.dtype == torch.bool
     st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
                   rank=c.rank, world=c.world, group=c.group, eager=c.eager, want_length=want_length,

@@ -15,7 +15,7 @@ import os
 import sys
 
 ENV = "TRITON_INTERPRET"
-KERNEL_MODULES = ("rows", "cols", "bwd")
+KERNEL_MODULES = ("rows", "cols", "bwd", "sharded")
 # Triton is an extra: CUDA and ROCm builds of torch bring it, the CPU build does not.
 TRITON_EXTRA = "pip install 'anysoftmax[triton]'"
 

@@ -320,6 +320,14 @@ class TritonBackend:
         """(out, lse) through `merge_kernel`, planned for this call."""
         return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
+    @staticmethod
+    def sharded_softmax(x: torch.Tensor, dim: int, **kwargs):
+        """This rank's shard of a softmax whose `dim` is sharded across GPUs, the row states
+        exchanged inside the kernel through a mailbox (`sharded.run`, `anysoftmax.distributed.one_read`)."""
+        from . import sharded
+
+        return sharded.run(x, dim, **kwargs)
+
 
 def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: int | None = None,
              programs_per_sm: int = 8, num_warps: int | None = None):

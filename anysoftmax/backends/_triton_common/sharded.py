@@ -1,0 +1,147 @@
+"""A row sharded across GPUs, normalised with one read of each shard: the split kernel's row
+barrier (`rows.softmax_split_kernel`) extended to the pieces of the row other ranks hold.
+
+Each rank holds its shard of every row, cut into `n_chunks` local chunks. A program computes
+its chunk's (max, sum) as the split kernel does; once the row's local chunks are merged, the
+rank's log-sum-exp of the row is *published*: written into every other rank's mailbox (a
+symmetric-memory buffer the peers map over NVLink) as one 64-bit word,
+
+    word = epoch << 32 | float32 bits of this rank's lse of the row
+
+so a word carries its own validity: no flag to order it against, no reset between calls. A
+reader spins on its own mailbox until every peer's word of the row carries this call's epoch,
+folds the peers' lses (and the sinks) into one `rest`, and normalises its chunk with `rest` as
+the row's sink: exp(z_j) / (exp(rest) + sum_local exp(z_k)) is the global softmax's shard.
+
+PHASE 0 (one cooperative launch): the chunk stays in registers across the exchange, so the
+shard is read once from memory. Every program of the launch must be resident (the grid is
+sized to the GPU, the row's local chunks in flight together, rows in ascending order per
+program): then no wait can depend on a program that never runs, on this GPU or a peer's,
+since every rank publishes a row before it waits on it. PHASE 1 / PHASE 2 (two launches: the
+local chunks' statistics, the last to arrive publishing the row; then wait and normalise,
+re-reading x) for a shard row that outgrows the GPU, and for the interpreter, where programs
+run one after another. The protocol is the same, so ranks may take different phases.
+
+Mailbox layout (`anysoftmax.distributed.mailbox`): int64 [2, capacity, world]; the call's
+epoch picks the half (epoch & 1, `slot_base`): a rank can be at most one call ahead of
+another (to finish a call it needs every peer's words of that call), so a word of the next
+call never overwrites one that is still to be read.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .fused import exp_acc, finite_or_zero, merge_stats, tile_lse
+from .rows import _chunk_at, _chunk_logits, _normalise_chunk, _row_arrive, _row_depart, _row_offsets, _row_wait
+
+LOW32 = tl.constexpr(0xFFFFFFFF)  # the float32 bits of a word
+
+
+@triton.jit
+def _local_lse(stats_row, n_chunks, G_POW2: tl.constexpr, ACC_FP64: tl.constexpr):
+    """This rank's lse of a row from its local chunks' (max, sum) in `stats_row` (read through
+    L2: other programs wrote them before the row's barrier)."""
+    g = tl.arange(0, G_POW2)
+    ms = tl.load(stats_row + 2 * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
+    ss = tl.load(stats_row + 2 * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
+    m_sub, total = merge_stats(ms, ss, g < n_chunks, 0.0, False, ACC_FP64)
+    return ms, ss, m_sub + tl.log(total)  # (-inf for a row with nothing kept: log 0)
+
+
+@triton.jit
+def _publish(peers_ptr, slot, lse, epoch, ranks, others, go):
+    """Write this rank's `lse` of a row, tagged with `epoch`, into slot `slot` of every other
+    rank's mailbox (where `go`, one flag per rank): one relaxed system-scope exchange per peer, single-copy
+    atomic, so a reader sees either the old word or the whole new one."""
+    bits = lse.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64) & LOW32
+    word = (tl.cast(epoch, tl.int64) << 32) | bits
+    base = tl.load(peers_ptr + ranks, mask=others, other=0)
+    dst = base.to(tl.pointer_type(tl.int64)) + slot
+    tl.atomic_xchg(dst, word + tl.zeros_like(base), mask=others & go, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """Spin until every other rank's word of the row (at words_ptr + slot_row + rank) carries
+    `epoch`, then the log of everything outside this shard: the peers' lses and the sink."""
+    w = tl.load(words_ptr + slot_row + ranks, mask=others, other=0, volatile=True)
+    while tl.sum(tl.where(others & ((w >> 32) != epoch), 1, 0), axis=0) > 0:
+        w = tl.load(words_ptr + slot_row + ranks, mask=others, other=0, volatile=True)
+    peer = (w & LOW32).to(tl.int32).to(tl.float32, bitcast=True)
+    peer = tl.where(others, peer, float("-inf"))
+    if ACC_FP64:
+        peer = peer.to(tl.float64)
+    return tile_lse(peer, sink, 0, HAS_SINK, ACC_FP64)
+
+
+# The epoch and the mailbox half change every call: never specialised on (a value of 1 or a
+# multiple of 16 would otherwise compile another kernel, and a fast launch would reuse the wrong one).
+@triton.jit(do_not_specialize=["epoch", "slot_base"])
+def sharded_split_kernel(
+    x_ptr, y_ptr, m_ptr, s_ptr, lse_ptr, stats_ptr, count_ptr, words_ptr, peers_ptr,
+    n_rows, n_cols, n_chunks, rank, world, epoch, slot_base,
+    S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn, ms0, ms1, ms2, msn, ss0, ss1, ss2,
+    scale_hi, scale_lo, cap_hi, cap_lo,
+    LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr, CHUNK: tl.constexpr,
+    G_POW2: tl.constexpr, W_POW2: tl.constexpr, PHASE: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, HAS_SINK: tl.constexpr,
+    WRITE_LSE: tl.constexpr, PRECISE: tl.constexpr,
+):
+    """This rank's shard of a row-sharded softmax (module docstring). Rows are numbered in
+    logical order on every rank (the mailbox slot of row r is the same everywhere); MASK is 0
+    or 2 (additive: a bool mask's empty rows need every rank's kept count); WRITE_LSE stores
+    the row's global lse at lse_ptr + row (the sinks' gradient reads it)."""
+    acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    offs = tl.arange(0, CHUNK)
+    if WIDE_COLS:
+        offs = offs.to(tl.int64)
+    ranks = tl.arange(0, W_POW2)
+    others = (ranks < world) & (ranks != rank)
+    n_items = n_rows * n_chunks
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+        stats_row = stats_ptr + row * (2 * n_chunks)
+        slot_row = slot_base + row * world
+        sink = 0.0
+        if HAS_SINK:
+            sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+        if PHASE != 2:
+            z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                 ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                 HAS_SCALE, HAS_CAP, MASK, False, ACC_FP64, PRECISE)
+            m_raw = tl.max(z, axis=0)
+            m_chunk = finite_or_zero(m_raw)
+            e = exp_acc(z - m_chunk, ACC_FP64)
+            tl.store(stats_row + 2 * chunk, m_raw)
+            tl.store(stats_row + 2 * chunk + 1, tl.sum(e, axis=0))
+            arrived = _row_arrive(count_ptr, row)
+        if PHASE == 1:
+            # The row's last chunk to arrive publishes it and leaves the counter at zero;
+            # nothing waits here, so no co-residency is needed.
+            if arrived == n_chunks:
+                tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
+                row_lse = _local_lse(stats_row, n_chunks, G_POW2, ACC_FP64)[2]
+                _publish(peers_ptr, slot_row + rank, row_lse, epoch, ranks, others, ranks >= 0)
+        else:
+            if PHASE == 0:
+                _row_wait(count_ptr, row, arrived, n_chunks)
+            ms, ss, lse = _local_lse(stats_row, n_chunks, G_POW2, ACC_FP64)
+            if PHASE == 0:
+                _publish(peers_ptr, slot_row + rank, lse, epoch, ranks, others, ranks * 0 + chunk == 0)
+            rest = _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK, ACC_FP64)
+            g = tl.arange(0, G_POW2)
+            m_sub, total = merge_stats(ms, ss, g < n_chunks, rest, True, ACC_FP64)
+            if WRITE_LSE:
+                tl.store(lse_ptr + row, (m_sub + tl.log(total)).to(lse_ptr.dtype.element_ty), mask=chunk == 0)
+            if PHASE == 0:
+                _row_depart(count_ptr, row, n_chunks)
+                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+            else:  # (re-read: the chunk's own statistics are not kept between launches)
+                z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                     ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                     HAS_SCALE, HAS_CAP, MASK, False, ACC_FP64, PRECISE)
+                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+            tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
+                     y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)

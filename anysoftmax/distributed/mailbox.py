@@ -1,0 +1,99 @@
+"""The mailbox of the one-read sharded softmax (`one_read.py`): per rank an int64 buffer
+[2, capacity, world] that every rank of the group can write over NVLink (torch's symmetric
+memory), and the addresses of every rank's buffer as this rank maps them.
+
+A kernel writes a row's state into slot [epoch & 1, row, its rank] of each peer's buffer, one
+64-bit word tagged with the call's epoch (`backends/_triton_common/sharded.py`), and reads the
+peers' words from its own. Every call takes the next epoch, the same on every rank since the
+calls are collective. Mailboxes are made once per (group, device) by a collective
+(`rendezvous`), grown (a new collective, on the same call everywhere: the rows agree) when a
+call has more rows, and never freed while the process lives: a peer's kernel still in flight
+may write into an old one.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+# A word holds the epoch in its upper 32 bits, below the sign bit.
+MAX_EPOCH = 2**31 - 1
+
+
+class Mailbox:
+    """This rank's mailbox `words` (int64 [2 * capacity * world]), `peers` (int64 [world]: the
+    address of every rank's `words` in this process, this rank's own included) and the epoch
+    of the last call. `keep` holds whatever keeps the mapping alive."""
+
+    __slots__ = ("words", "peers", "capacity", "world", "epoch", "keep")
+
+    def __init__(self, words: torch.Tensor, peers: torch.Tensor, capacity: int, world: int, keep=None):
+        if words.dtype != torch.int64 or words.numel() < 2 * capacity * world:
+            raise ValueError(f"Mailbox: words must be int64 with at least 2 * capacity * world = "
+                             f"{2 * capacity * world} elements, got {words.dtype} with {words.numel()}")
+        if peers.dtype != torch.int64 or peers.numel() != world:
+            raise ValueError(f"Mailbox: peers must be int64 with world = {world} elements, got {peers.dtype} "
+                             f"with {peers.numel()}")
+        self.words, self.peers, self.capacity, self.world, self.keep = words, peers, capacity, world, keep
+        self.epoch = 0
+
+    def next_call(self) -> tuple[int, int]:
+        """(epoch, slot base) of the next call: the epoch every rank's words of it carry, and the
+        offset of the mailbox half it uses (a rank is never more than one call ahead)."""
+        if self.epoch >= MAX_EPOCH:
+            raise RuntimeError(f"anysoftmax.distributed: this mailbox has served {MAX_EPOCH} calls, the most "
+                               f"its 32-bit epochs tell apart; set ANYSOFTMAX_SHARDED_ONE_READ=0 to go on with "
+                               f"the two-pass exchange")
+        self.epoch += 1
+        return self.epoch, (self.epoch & 1) * self.capacity * self.world
+
+
+def symmetric_memory_missing() -> str | None:
+    """Why torch's symmetric memory cannot back a mailbox here, or None."""
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401
+    except ImportError as exc:
+        return f"torch.distributed._symmetric_memory is not importable ({exc})"
+    return None
+
+
+# group -> {device: Mailbox}; retired mailboxes stay referenced (module docstring).
+_boxes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_retired: list = []
+_lock = threading.Lock()
+
+
+def _rendezvous(group, device: torch.device, capacity: int, world: int) -> Mailbox:
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    pg = dist.group.WORLD if group is None else group
+    n = 2 * capacity * world
+    words = symm_mem.empty(n, dtype=torch.int64, device=device)
+    # Zeroed before the rendezvous: no peer writes into it before every rank has joined.
+    words.zero_()
+    torch.cuda.synchronize(device)
+    handle = symm_mem.rendezvous(words, pg)
+    peers = torch.tensor([handle.get_buffer(r, (n,), torch.int64).data_ptr() for r in range(world)],
+                         dtype=torch.int64, device=device)
+    return Mailbox(words, peers, capacity, world, keep=handle)
+
+
+def symmetric(group, device: torch.device, rows: int, world: int) -> Mailbox:
+    """The mailbox of `group` on `device` holding at least `rows` rows (a collective the first
+    time, and when a call has more rows than the mailbox: every rank calls it on the same call)."""
+    import torch.distributed as dist
+
+    dist_group = dist.group.WORLD if group is None else group
+    with _lock:
+        per_device = _boxes.setdefault(dist_group, {})
+        box = per_device.get(device)
+        if box is not None and box.capacity >= rows:
+            return box
+        capacity = max(rows, 1024, 2 * box.capacity if box is not None else 0)
+        if box is not None:
+            _retired.append(box)
+        box = per_device[device] = _rendezvous(group, device, capacity, world)
+        return box

@@ -1,0 +1,82 @@
+"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel,
+through a mailbox of symmetric memory (`mailbox.py`), instead of a logsumexp kernel, an
+all-gather and a second kernel that reads the shard again (`states.exchange`).
+
+Taken on CUDA GPUs for 16/32-bit shards, plain or with scale, softcap, an additive mask and
+sinks, in plain eager mode (not while torch.compile or torch.func trace, nor while a CUDA
+graph is captured: the call's epoch is a launch argument, a replay would repeat it), on the
+`triton` backend (chosen, or the automatic choice). The decision depends only on what every
+rank shares (device type, dtype, keywords, backend, modes), never on a shard's length or
+strides, so the ranks of a group always take the same path. ANYSOFTMAX_SHARDED_ONE_READ=0
+turns it off (read once, at import).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+from .mailbox import Mailbox, symmetric, symmetric_memory_missing
+from .states import RowStates
+
+ENV = "ANYSOFTMAX_SHARDED_ONE_READ"
+ENABLED = os.environ.get(ENV, "1") != "0"
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Calls served here (the benchmark reads which path a call took).
+stats = {"calls": 0}
+
+
+def _is_nvidia(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and torch.version.hip is None
+
+
+def refusal(x: torch.Tensor, mask, c) -> str | None:
+    """Why a call takes the two-pass exchange instead, or None (module docstring)."""
+    if not ENABLED:
+        return f"{ENV}=0"
+    if c.world < 2:
+        return "one rank: nothing to exchange"
+    if not _is_nvidia(x):
+        return "the mailbox needs NVIDIA GPUs (torch's symmetric memory, system-scope atomics over NVLink)"
+    if x.dtype not in DTYPES:
+        return f"{x.dtype}: the mailbox carries float32 states (float64 keeps the two-pass exchange)"
+    if mask is not None and mask.dtype == torch.bool:
+        return "a bool mask: its empty rows need every rank's kept count"
+    if c.backend not in (None, "triton"):
+        return f"backend={c.backend!r}: the one-read kernel is the triton backend's"
+    if not c.eager:
+        return "torch.compile, torch.func or a tensor subclass: traced through the two-pass exchange"
+    if torch.cuda.is_current_stream_capturing():
+        return "a CUDA graph is being captured: the call's epoch is a launch argument"
+    return _symmetric_memory_missing()
+
+
+_symmetric_memory_missing = functools.cache(symmetric_memory_missing)
+
+
+def _rows(x: torch.Tensor, dim: int) -> int:
+    return math.prod(s for d, s in enumerate(x.shape) if d != dim)
+
+
+def sharded_softmax(x: torch.Tensor, mask, sinks, c, box: Mailbox) -> tuple[torch.Tensor, RowStates]:
+    """(this rank's shard of the global softmax / log_softmax, its row states: the global lse
+    with sinks, their gradient's one reader) through the mailbox `box`: one launch of the
+    triton backend's sharded kernel (two where a shard row outgrows the GPU)."""
+    from ..core.registry import get_backend
+
+    epoch, slot_base = box.next_call()
+    stats["calls"] += 1
+    y, lse = get_backend("triton").sharded_softmax(
+        x, c.dim, log=c.log, scale=c.scale, softcap=c.softcap, mask=mask, sinks=sinks, words=box.words,
+        peers=box.peers, rank=c.rank, world=c.world, epoch=epoch, slot_base=slot_base, want_lse=sinks is not None)
+    return y, RowStates(lse, None, None, None)
+
+
+def forward(x: torch.Tensor, mask, sinks, c) -> tuple[torch.Tensor, RowStates] | None:
+    """`sharded_softmax` through the group's symmetric mailbox, or None where `refusal` says no."""
+    if refusal(x, mask, c) is not None:
+        return None
+    return sharded_softmax(x, mask, sinks, c, symmetric(c.group, x.device, _rows(x, c.dim), c.world))
