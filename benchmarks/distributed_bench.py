@@ -27,8 +27,9 @@ shard's logsumexp, an all-gather of the states, then the fused softmax re-readin
 with the other ranks as its sink: about 1.5 local softmaxes), `local_shard` (the local fused
 softmax of one shard: the goal is at most this plus one small collective), `states_gather`
 (the all-gather of one float per row alone) and `gather_rows` (the rows gathered to one rank
-and one softmax there). `--one-read-chunks 16384,32768` adds the one-read kernel at those
-chunk sizes in bytes (`split_chunk_bytes`), `one_read_<bytes>_ms`.
+and one softmax there). `--one-read-variants "split_chunk_bytes=8192;sharded_prefetch_16bit=true"`
+adds the one-read kernel under those triton tuning overrides (`;` between variants, `,` between
+keys of one), `one_read[<variant>]_ms`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # (before NCCL starts: NVLink mu
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -122,17 +124,17 @@ def bench(args, rank: int, world: int, device: torch.device) -> list[dict]:
                                  ("states_gather", lambda: gather_states(state, world, None)),
                                  ("gather_rows", lambda: gather_then_softmax(shard, world, rank))):
                     row[f"{name}_ms"] = per_call_ms(fn, device, args.calls, args.repeats)
-                for b in args.one_read_chunks:
-                    with heuristics.override(split_chunk_bytes=b):
-                        row[f"one_read_{b}_ms"] = per_call_ms(lambda: asd.softmax(shard, -1), device, args.calls,
-                                                              args.repeats)
+                for name, values in args.one_read_variants.items():
+                    with heuristics.override(**values):
+                        row[f"one_read[{name}]_ms"] = per_call_ms(lambda: asd.softmax(shard, -1), device, args.calls,
+                                                                  args.repeats)
                 row["collective_share"] = row["states_gather_ms"] / row["distributed_ms"]
                 row["vs_local"] = row["distributed_ms"] / row["local_shard_ms"]
                 row["vs_local_plus_gather"] = row["distributed_ms"] / (row["local_shard_ms"] + row["states_gather_ms"])
                 row["vs_gather_rows"] = row["distributed_ms"] / row["gather_rows_ms"]
                 rows.append(row)
                 if rank == 0:
-                    extra = "".join(f"  chunk {b}: {row[f'one_read_{b}_ms']:.4f}" for b in args.one_read_chunks)
+                    extra = "".join(f"  [{n}] {row[f'one_read[{n}]_ms']:.4f}" for n in args.one_read_variants)
                     print(f"{row['dtype']:9s} V={v:7d} T={t:6d}  distributed ({row['path']}) "
                           f"{row['distributed_ms']:.4f} ms  two-pass {row['two_pass_ms']:.4f}  "
                           f"local {row['local_shard_ms']:.4f}  states {row['states_gather_ms']:.4f}  "
@@ -274,11 +276,12 @@ def main(argv=None) -> int:
     p.add_argument("--profile-shape", default=None, help="TOKENS,VOCAB for --profile (default 16,131072; "
                                                          "--cpu: 16,1024)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/<device>/)")
-    p.add_argument("--one-read-chunks", default="", help="chunk sizes in bytes to time the one-read kernel at too "
-                                                         "(comma-separated)")
+    p.add_argument("--one-read-variants", default="", help="triton tuning overrides to time the one-read kernel "
+                                                           "under too (module docstring)")
     p.add_argument("--tokens", default=None, help="token counts (comma-separated; default the sweep's)")
     args = p.parse_args(argv)
-    args.one_read_chunks = [int(b) for b in args.one_read_chunks.split(",") if b]
+    args.one_read_variants = {v: dict((k.strip(), yaml.safe_load(x)) for k, x in (kv.split("=") for kv in v.split(",")))
+                              for v in args.one_read_variants.split(";") if v}
     args.tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
     if args.profile_shape is None:
         args.profile_shape = "16,1024" if args.cpu else "16,131072"

@@ -9,7 +9,7 @@
 #        CHUNK calls, seeds 1, 2, ...: each run a fresh process; one summary $OUT/fuzz_BACKEND.json
 #        (triton_ascend on cuda needs ANYSOFTMAX_ASCEND_ON_CUDA=1)
 #   bash benchmarks/gpu_run.sh pieces     # logsumexp / merge_states conformance on cuda, then their benchmark
-#   bash benchmarks/gpu_run.sh sharded [RANKS] [CHUNK_BYTES]   # anysoftmax.distributed over NCCL, one GPU a
+#   bash benchmarks/gpu_run.sh sharded [RANKS] [VARIANTS]   # anysoftmax.distributed over NCCL, one GPU a
 #        rank: the one-read smoke, then distributed_bench.py (CHECK=1: the conformance kit first; results under $OUT)
 # Optional peers (liger-kernel, quack-kernels) are used when importable (PYTHONPATH).
 set -uo pipefail
@@ -78,8 +78,8 @@ print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backe
     run="$PY -m torch.distributed.run --nproc_per_node=$n"
     timeout 180 $run benchmarks/one_read_smoke.py 2>&1 | tee "$OUT/one_read_smoke_x$n.txt"
     timeout "${BENCH_TIMEOUT:-420}" $run benchmarks/distributed_bench.py ${CHECK:+--check} --out "$OUT" \
-      --one-read-chunks "${2:-}" 2>&1 \
+      --one-read-variants "${2:-}" 2>&1 \
       | tee "$OUT/distributed_bench_x$n.txt"
     ;;
-  *) echo "usage: bash benchmarks/gpu_run.sh smoke|profile|tests|fwd|bwd|fuzz BACKEND [CALLS] [CHUNK]|pieces|sharded [RANKS] [CHUNK_BYTES]" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/gpu_run.sh smoke|profile|tests|fwd|bwd|fuzz BACKEND [CALLS] [CHUNK]|pieces|sharded [RANKS] [VARIANTS]" >&2; exit 2 ;;
 esac

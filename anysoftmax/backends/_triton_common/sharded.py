@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fused import exp_acc, finite_or_zero, merge_stats, tile_lse
+from .fused import exp_acc, finite_or_zero, merge_stats, prologue, tile_lse
 from .rows import _chunk_at, _chunk_logits, _normalise_chunk, _row_arrive, _row_depart, _row_offsets, _row_wait
 
 LOW32 = tl.constexpr(0xFFFFFFFF)  # the float32 bits of a word
@@ -63,6 +63,17 @@ def _publish(peers_ptr, slot, lse, epoch, ranks, others, go):
 
 
 @triton.jit
+def _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn):
+    """Work item `item`'s chunk of x as stored (-inf outside the row, everywhere past the last
+    item): the load alone, issued ahead of its use (PREFETCH), in x's dtype: a conversion here
+    would wait for the load before the program goes on to wait for its row (and hold twice the
+    registers for 16-bit x)."""
+    row, _, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+    live = cols < tl.where(tl.cast(item, tl.int64) < n_items, n_cols, 0)
+    return tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live, other=float("-inf"))
+
+
+@triton.jit
 def _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
     """Spin until every other rank's word of the row (at words_ptr + slot_row + rank) carries
     `epoch`, then the log of everything outside this shard: the peers' lses and the sink."""
@@ -85,14 +96,16 @@ def sharded_split_kernel(
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn, ms0, ms1, ms2, msn, ss0, ss1, ss2,
     scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr, CHUNK: tl.constexpr,
-    G_POW2: tl.constexpr, W_POW2: tl.constexpr, PHASE: tl.constexpr,
+    G_POW2: tl.constexpr, W_POW2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, HAS_SINK: tl.constexpr,
     WRITE_LSE: tl.constexpr, PRECISE: tl.constexpr,
 ):
     """This rank's shard of a row-sharded softmax (module docstring). Rows are numbered in
     logical order on every rank (the mailbox slot of row r is the same everywhere); MASK is 0
     or 2 (additive: a bool mask's empty rows need every rank's kept count); WRITE_LSE stores
-    the row's global lse at lse_ptr + row (the sinks' gradient reads it)."""
+    the row's global lse at lse_ptr + row (the sinks' gradient reads it). PREFETCH (PHASE 0):
+    a program issues its next chunk's load before it waits on this one's row, so the load is in
+    flight while the states cross NVLink (it holds two chunks then)."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     offs = tl.arange(0, CHUNK)
     if WIDE_COLS:
@@ -100,7 +113,11 @@ def sharded_split_kernel(
     ranks = tl.arange(0, W_POW2)
     others = (ranks < world) & (ranks != rank)
     n_items = n_rows * n_chunks
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+    nprog = tl.num_programs(0)
+    if PREFETCH:
+        x_next = _chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
+                          xsn)
+    for item in tl.range(tl.program_id(0), n_items, nprog):
         row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
         stats_row = stats_ptr + row * (2 * n_chunks)
         slot_row = slot_base + row * world
@@ -108,15 +125,22 @@ def sharded_split_kernel(
         if HAS_SINK:
             sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
         if PHASE != 2:
-            z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
-                                 ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                 HAS_SCALE, HAS_CAP, MASK, False, ACC_FP64, PRECISE)
+            if PREFETCH:
+                z, _ = prologue(x_next.to(acc_ty), cols < n_cols, m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn,
+                                scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
+            else:
+                z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                     ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                     HAS_SCALE, HAS_CAP, MASK, False, ACC_FP64, PRECISE)
             m_raw = tl.max(z, axis=0)
             m_chunk = finite_or_zero(m_raw)
             e = exp_acc(z - m_chunk, ACC_FP64)
             tl.store(stats_row + 2 * chunk, m_raw)
             tl.store(stats_row + 2 * chunk + 1, tl.sum(e, axis=0))
             arrived = _row_arrive(count_ptr, row)
+            if PREFETCH:
+                x_next = _chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
+                                  xs2, xsn)
         if PHASE == 1:
             # The row's last chunk to arrive publishes it and leaves the counter at zero;
             # nothing waits here, so no co-residency is needed.

@@ -116,9 +116,12 @@ class _Bound:
                     ys1=ys1, ys2=ys2, ysn=layout.out_col_stride, ms0=ms0, ms1=ms1, ms2=ms2, msn=msn, ss0=ss0,
                     ss1=ss1, ss2=ss2)
 
+        prefetch = bool(heuristics.table()[f"sharded_prefetch_{8 * min(x.element_size(), 4)}bit"])
+
         def metas(chunk: int, chunks: int, phases: tuple) -> list:
             wide = chunk * chunks * max(abs(layout.in_col_stride), abs(layout.out_col_stride), 1) > INT32_MAX
-            return [dict(flags, WIDE_COLS=wide, CHUNK=chunk, G_POW2=next_power_of_2(chunks), PHASE=p) for p in phases]
+            return [dict(flags, WIDE_COLS=wide, CHUNK=chunk, G_POW2=next_power_of_2(chunks), PHASE=p,
+                         PREFETCH=p == 0 and prefetch) for p in phases]
 
         def resident_of(chunk: int, chunks: int, warps: int) -> int:
             meta = metas(chunk, chunks, (0,))[0]
@@ -204,7 +207,7 @@ class _Bound:
         p = self.plan
         self.plan = p._replace(grid=max(1, min(self.layout.n_rows * p.chunks, p.grid)), phases=(1, 2))
         self.options.pop("launch_cooperative_grid", None)
-        self.metas = [dict(self.metas[0], PHASE=phase) for phase in (1, 2)]
+        self.metas = [dict(self.metas[0], PHASE=phase, PREFETCH=False) for phase in (1, 2)]
         return [self.kernel[(self.plan.grid,)](**args, **meta, **self.options) for meta in self.metas]
 
 

@@ -43,11 +43,11 @@ for name, c, types in (("lse plain", plain, lse_types), ("lse everything", every
     out.append(dict(kernel=name, spills="st.local" in k.asm.get("ptx", "")))
 m_types = {f"o{i}": "*bf16" for i in range(8)} | {f"l{i}": "*fp32" for i in range(8)} | dict(out_ptr="*bf16",
                                                                                            lse_ptr="*fp32")
-for K in (1, 2, 8):
-    c = dict(K=K, ACC_FP64=False, BLOCK_R=8, BLOCK_D=256)
+for K, wide in ((1, False), (2, False), (8, False), (2, True)):
+    c = dict(K=K, ACC_FP64=False, BLOCK_R=8, BLOCK_D=256, WIDE=wide)
     k = triton.compile(ASTSource(pieces.merge_kernel, sig(pieces.merge_kernel, m_types, c), c), target=target,
                        options=dict(num_warps=4))
-    out.append(dict(kernel=f"merge K={K}", spills="st.local" in k.asm.get("ptx", "")))
+    out.append(dict(kernel=f"merge K={K}{' WIDE' if wide else ''}", spills="st.local" in k.asm.get("ptx", "")))
 print(json.dumps(out))
 '''
 
@@ -63,5 +63,5 @@ def test_pieces_kernels_compile(target, backend):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["kernel"] for r in results] == ["lse plain", "lse everything", "lse additive fp64", "merge K=1",
-                                              "merge K=2", "merge K=8"]
+                                              "merge K=2", "merge K=8", "merge K=2 WIDE"]
     assert not [r for r in results if r["spills"]], results
