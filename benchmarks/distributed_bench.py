@@ -208,6 +208,9 @@ def plot(result: dict, path: Path) -> None:
                      key=lambda r: r["tokens"])
         for name in ("distributed", "two_pass", "local_shard", "gather_rows", "states_gather"):
             ax.plot([r["tokens"] for r in pts], [r[f"{name}_ms"] for r in pts], marker="o", ms=3, label=name)
+        for key in sorted(k for k in pts[0] if k.startswith("one_read[")):  # (--one-read-variants)
+            ax.plot([r["tokens"] for r in pts], [r[key] for r in pts], ls="--", marker=".", ms=3,
+                    label=key.removesuffix("_ms"))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens (rows)")
