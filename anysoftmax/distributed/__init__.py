@@ -15,7 +15,9 @@ applies to rows a bool mask leaves empty on every rank, and "uniform" is 1/N wit
 row length.
 
 Forward: one all-gather of the row states (a float per row, and a kept flag per row with a bool
-mask), never the rows; backward: one all-reduce of one float per row (none for logsumexp). Every
+mask), never the rows; on NVIDIA GPUs the softmax and log_softmax exchange those states inside
+one kernel instead, through symmetric memory, reading the shard once (`one_read`). Backward:
+one all-reduce of one float per row (none for logsumexp). Every
 rank must call with the same dtype, rows and keywords, and backpropagate through its result;
 `TORCH_DISTRIBUTED_DEBUG=DETAIL` makes torch check that the ranks' collectives agree. Works with
 gloo (CPU tensors) and NCCL (one GPU per rank). A group of one rank without sinks runs the
