@@ -18,6 +18,8 @@ import weakref
 
 import torch
 
+from ..core.cache import BoundedDict
+
 # A word holds the epoch in its upper 32 bits, below the sign bit.
 MAX_EPOCH = 2**31 - 1
 
@@ -25,9 +27,10 @@ MAX_EPOCH = 2**31 - 1
 class Mailbox:
     """This rank's mailbox `words` (int64 [2 * capacity * world]), `peers` (int64 [world]: the
     address of every rank's `words` in this process, this rank's own included) and the epoch
-    of the last call. `keep` holds whatever keeps the mapping alive."""
+    of the last call. `keep` holds whatever keeps the mapping alive; `launchers` the backend's
+    launchers bound to this mailbox, by request key (`one_read.sharded_softmax`)."""
 
-    __slots__ = ("words", "peers", "capacity", "world", "epoch", "keep")
+    __slots__ = ("words", "peers", "capacity", "world", "epoch", "keep", "launchers")
 
     def __init__(self, words: torch.Tensor, peers: torch.Tensor, capacity: int, world: int, keep=None):
         if words.dtype != torch.int64 or words.numel() < 2 * capacity * world:
@@ -38,6 +41,8 @@ class Mailbox:
                              f"with {peers.numel()}")
         self.words, self.peers, self.capacity, self.world, self.keep = words, peers, capacity, world, keep
         self.epoch = 0
+        # core.request's key of a call -> the backend's launcher bound to this mailbox.
+        self.launchers = BoundedDict(maxsize=256)
 
     def next_call(self) -> tuple[int, int]:
         """(epoch, slot base) of the next call: the epoch every rank's words of it carry, and the

@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from ..core.request import SHARDED, request_key
+from ..dispatch import FusedArgs
 from .mailbox import Mailbox, symmetric, symmetric_memory_missing
 from .states import RowStates
 
@@ -65,13 +67,20 @@ def sharded_softmax(x: torch.Tensor, mask, sinks, c, box: Mailbox) -> tuple[torc
     """(this rank's shard of the global softmax / log_softmax, its row states: the global lse
     with sinks, their gradient's one reader) through the mailbox `box`: one launch of the
     triton backend's sharded kernel (two where a shard row outgrows the GPU)."""
-    from ..core.registry import get_backend
+    key = request_key(SHARDED, x, c.dim, None, c.backend, c.log, None, FusedArgs(c.scale, mask, False, c.softcap, sinks))
+    launch = box.launchers.get(key) if key is not None else None
+    if launch is None:
+        from ..core.registry import get_backend
 
+        launch = get_backend("triton").sharded_softmax_launcher(
+            x, c.dim, log=c.log, has_scale=c.scale is not None, has_cap=c.softcap is not None, mask=mask,
+            has_sink=sinks is not None, want_lse=sinks is not None, rank=c.rank, world=c.world, words=box.words,
+            peers=box.peers)
+        if key is not None:
+            box.launchers.put(key, launch)
     epoch, slot_base = box.next_call()
     stats["calls"] += 1
-    y, lse = get_backend("triton").sharded_softmax(
-        x, c.dim, log=c.log, scale=c.scale, softcap=c.softcap, mask=mask, sinks=sinks, words=box.words,
-        peers=box.peers, rank=c.rank, world=c.world, epoch=epoch, slot_base=slot_base, want_lse=sinks is not None)
+    y, lse = launch(x, mask, sinks, c.scale, c.softcap, epoch, slot_base)
     return y, RowStates(lse, None, None, None)
 
 

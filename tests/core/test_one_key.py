@@ -34,6 +34,10 @@ OTHER_CACHES = {
                                         "group's life",
     "backends/triton_ascend/backend.py:_halvings": "learned state: the NPU compiler's accepted budget per shape "
                                                    "class, shared by every request of the class",
+    "backends/triton/sharded.py:_occupancy": "compiled sharded kernel per specialisation (constexprs, warps, dtypes, "
+                                             "device): many requests share one",
+    "distributed/mailbox.py:_boxes": "per process group and device: the symmetric-memory mailbox (its launchers are "
+                                     "keyed by core.request's key, one_read.sharded_softmax)",
 }
 
 

@@ -321,12 +321,13 @@ class TritonBackend:
         return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
     @staticmethod
-    def sharded_softmax(x: torch.Tensor, dim: int, **kwargs):
-        """This rank's shard of a softmax whose `dim` is sharded across GPUs, the row states
-        exchanged inside the kernel through a mailbox (`sharded.run`, `anysoftmax.distributed.one_read`)."""
+    def sharded_softmax_launcher(x: torch.Tensor, dim: int, **kwargs):
+        """A launcher of this rank's shard of a softmax whose `dim` is sharded across GPUs, the
+        row states exchanged inside the kernel through a mailbox (`sharded.launcher`,
+        `anysoftmax.distributed.one_read`)."""
         from . import sharded
 
-        return sharded.run(x, dim, **kwargs)
+        return sharded.launcher(x, dim, **kwargs)
 
 
 def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: int | None = None,

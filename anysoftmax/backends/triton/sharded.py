@@ -7,8 +7,8 @@ local chunk of a row fits on the GPU at once, else the two-launch form. Each ran
 own shard: the mailbox protocol is per row, so ranks with different shard lengths may take
 different chunkings and phases.
 
-A request (shapes, strides, 16-byte alignments, dtypes, keywords, ranks, mailbox) is planned
-once (`_bound`); after its first launch it launches through Triton's low-level launcher
+A request is planned once (`launcher`, memoised by the caller under the request's key for its
+mailbox); after its first launch it launches through Triton's low-level launcher
 (`launcher._fast_calls`) with the call's epoch and mailbox half, which the kernel does not
 specialise on.
 """
@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from ...core.cache import BoundedDict, OnceCache
+from ...core.cache import OnceCache
 from ...core.layout import RowLayout, contiguous_strides, new_output, next_power_of_2
 from .._triton_common import interpreter
 from .._triton_common.launcher import (_constexpr_tails, _cooperative_refused, _fast_calls, _raw_stream,
@@ -44,8 +44,6 @@ class ShardedPlan(NamedTuple):
 
 # (constexprs, warps, dtypes, device index) -> programs the GPU holds at once.
 _occupancy: OnceCache[int] = OnceCache(maxsize=256)
-# request -> _Bound
-_bound: BoundedDict = BoundedDict(maxsize=256)
 
 
 def _kernel():
@@ -162,6 +160,8 @@ class _Bound:
                     peers_ptr=self.peers, **ints, **dict(zip(VALUE_NAMES, values)))
 
     def __call__(self, x, mask, sinks, scale, softcap, epoch: int, slot_base: int):
+        if mask is not None:
+            mask = mask.expand(self.shape)
         if self.copy_x:
             x = x.contiguous()
         if self.copy_mask:
@@ -211,22 +211,13 @@ class _Bound:
         return [self.kernel[(self.plan.grid,)](**args, **meta, **self.options) for meta in self.metas]
 
 
-def run(x: torch.Tensor, dim: int, *, log: bool, scale, softcap, mask, sinks, words: torch.Tensor,
-        peers: torch.Tensor, rank: int, world: int, epoch: int, slot_base: int, want_lse: bool):
-    """(this rank's shard of the global softmax / log_softmax in x's dtype, the rows' global
-    lse in float32 shaped as x with size 1 in `dim` or None) through the mailbox `words`
-    (int64, this rank's) and `peers` (int64 [world]: every rank's `words` address), for the
-    call's `epoch` and mailbox half `slot_base`. `scale`/`softcap`: float values or None;
-    `mask`: additive, broadcastable to x; `sinks`: broadcastable to x's rows. 16/32-bit x."""
-    if mask is not None:
-        mask = mask.expand(x.shape)
-    key = (tuple(x.shape), tuple(x.stride()), x.dtype, x.device, x.data_ptr() % 16, dim, log, scale is not None,
-           softcap is not None, None if mask is None else (mask.dtype, tuple(mask.stride()), mask.data_ptr() % 16),
-           None if sinks is None else tuple(sinks.shape), want_lse, rank, world, words.data_ptr(), peers.data_ptr(),
-           heuristics.override.key())
-    bound = _bound.get(key)
-    if bound is None:
-        bound = _Bound(x, dim, log, scale is not None, softcap is not None, mask, sinks is not None, want_lse, rank,
-                       world, words, peers)
-        _bound.put(key, bound)
-    return bound(x, mask, sinks, scale, softcap, epoch, slot_base)
+def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: bool, mask, has_sink: bool,
+             want_lse: bool, rank: int, world: int, words: torch.Tensor, peers: torch.Tensor) -> _Bound:
+    """The launcher of one request, bound to one mailbox: `f(x, mask, sinks, scale, softcap, epoch,
+    slot_base) -> (y, lse)`, this rank's shard of the global softmax / log_softmax in x's dtype
+    and the rows' global lse in float32 (x's shape with size 1 in `dim`; None unless
+    `want_lse`). `words`: this rank's mailbox (int64), `peers`: every rank's `words` address
+    (int64 [world]); `mask`: additive, broadcastable to x; sinks broadcastable to x's rows;
+    16/32-bit x. The caller memoises it under the request's key (`core.request`)."""
+    return _Bound(x, dim, log, has_scale, has_cap, None if mask is None else mask.expand(x.shape), has_sink,
+                  want_lse, rank, world, words, peers)
