@@ -62,8 +62,8 @@ def main() -> int:
         torch.cuda.synchronize(device)
         path = "one_read" if one_read.stats["calls"] > before else "two_pass"
         parts = [torch.empty(*rows, bounds[r + 1] - bounds[r], dtype=dtype, device=device) for r in range(world)]
+        parts[rank].copy_(y)
         for r in range(world):  # (uneven shards: a broadcast per rank)
-            parts[r].copy_(y) if r == rank else None
             dist.broadcast(parts[r], src=r)
         if rank == 0:
             v, _ = build(tuple(x.shape), x.device, x.dim() - 1, scale=kw.get("scale"), mask=mask,

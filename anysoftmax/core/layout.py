@@ -187,9 +187,15 @@ def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
         return ()
     out = [v.mask.strides] if v.mask is not None else []
     if v.sinks is not None:
-        rows = contiguous_strides(tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape)))
-        out += [tuple(0 if d == spec.dim else st for d, st in enumerate(rows))] * 2
+        out += [row_operand_strides(spec.shape, spec.dim)] * 2
     return tuple(out)
+
+
+def row_operand_strides(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """Strides over `shape` of a per-row operand laid out contiguously over `shape` with size 1
+    in `dim` (one value per row, 0 along `dim`): how the kernels read the sinks."""
+    rows = contiguous_strides(tuple(1 if d == dim else s for d, s in enumerate(shape)))
+    return tuple(0 if d == dim else st for d, st in enumerate(rows))
 
 
 def mask_fastest(spec, in_strides, out_strides) -> int | None:

@@ -67,7 +67,8 @@ def sharded_softmax(x: torch.Tensor, mask, sinks, c, box: Mailbox) -> tuple[torc
     """(this rank's shard of the global softmax / log_softmax, its row states: the global lse
     with sinks, their gradient's one reader) through the mailbox `box`: one launch of the
     triton backend's sharded kernel (two where a shard row outgrows the GPU)."""
-    key = request_key(SHARDED, x, c.dim, None, c.backend, c.log, None, FusedArgs(c.scale, mask, False, c.softcap, sinks))
+    fused = FusedArgs(c.scale, mask, False, c.softcap, sinks)
+    key = request_key(SHARDED, x, c.dim, None, c.backend, c.log, None, fused)
     launch = box.launchers.get(key) if key is not None else None
     if launch is None:
         from ..core.registry import get_backend

@@ -40,13 +40,13 @@ LOW32 = tl.constexpr(0xFFFFFFFF)  # the float32 bits of a word
 
 
 @triton.jit
-def _local_lse(stats_row, n_chunks, G_POW2: tl.constexpr, ACC_FP64: tl.constexpr):
+def _local_lse(stats_row, n_chunks, G_POW2: tl.constexpr):
     """This rank's lse of a row from its local chunks' (max, sum) in `stats_row` (read through
     L2: other programs wrote them before the row's barrier)."""
     g = tl.arange(0, G_POW2)
     ms = tl.load(stats_row + 2 * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
     ss = tl.load(stats_row + 2 * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
-    m_sub, total = merge_stats(ms, ss, g < n_chunks, 0.0, False, ACC_FP64)
+    m_sub, total = merge_stats(ms, ss, g < n_chunks, 0.0, False, False)
     return ms, ss, m_sub + tl.log(total)  # (-inf for a row with nothing kept: log 0)
 
 
@@ -55,7 +55,7 @@ def _publish(peers_ptr, slot, lse, epoch, ranks, others, go):
     """Write this rank's `lse` of a row, tagged with `epoch`, into slot `slot` of every other
     rank's mailbox (where `go`, one flag per rank): one relaxed system-scope exchange per peer, single-copy
     atomic, so a reader sees either the old word or the whole new one."""
-    bits = lse.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64) & LOW32
+    bits = lse.to(tl.int32, bitcast=True).to(tl.int64) & LOW32
     word = (tl.cast(epoch, tl.int64) << 32) | bits
     base = tl.load(peers_ptr + ranks, mask=others, other=0)
     dst = base.to(tl.pointer_type(tl.int64)) + slot
@@ -74,7 +74,7 @@ def _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, 
 
 
 @triton.jit
-def _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
+def _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK: tl.constexpr):
     """Spin until every other rank's word of the row (at words_ptr + slot_row + rank) carries
     `epoch`, then the log of everything outside this shard: the peers' lses and the sink."""
     w = tl.load(words_ptr + slot_row + ranks, mask=others, other=0, volatile=True)
@@ -82,9 +82,7 @@ def _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK: tl.c
         w = tl.load(words_ptr + slot_row + ranks, mask=others, other=0, volatile=True)
     peer = (w & LOW32).to(tl.int32).to(tl.float32, bitcast=True)
     peer = tl.where(others, peer, float("-inf"))
-    if ACC_FP64:
-        peer = peer.to(tl.float64)
-    return tile_lse(peer, sink, 0, HAS_SINK, ACC_FP64)
+    return tile_lse(peer, sink, 0, HAS_SINK, False)
 
 
 # The epoch and the mailbox half change every call: never specialised on (a value of 1 or a
@@ -95,18 +93,19 @@ def sharded_split_kernel(
     n_rows, n_cols, n_chunks, rank, world, epoch, slot_base,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn, ms0, ms1, ms2, msn, ss0, ss1, ss2,
     scale_hi, scale_lo, cap_hi, cap_lo,
-    LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr, CHUNK: tl.constexpr,
+    LOG: tl.constexpr, WIDE_COLS: tl.constexpr, CHUNK: tl.constexpr,
     G_POW2: tl.constexpr, W_POW2: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, HAS_SINK: tl.constexpr,
     WRITE_LSE: tl.constexpr, PRECISE: tl.constexpr,
 ):
-    """This rank's shard of a row-sharded softmax (module docstring). Rows are numbered in
+    """This rank's shard of a row-sharded softmax (module docstring), accumulated in float32 (the
+    words carry float32 lses: float64 shards keep the all-gather path). Rows are numbered in
     logical order on every rank (the mailbox slot of row r is the same everywhere); MASK is 0
     or 2 (additive: a bool mask's empty rows need every rank's kept count); WRITE_LSE stores
     the row's global lse at lse_ptr + row (the sinks' gradient reads it). PREFETCH (PHASE 0):
     a program issues its next chunk's load before it waits on this one's row, so the load is in
     flight while the states cross NVLink (it holds two chunks then)."""
-    acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    acc_ty = tl.float32
     offs = tl.arange(0, CHUNK)
     if WIDE_COLS:
         offs = offs.to(tl.int64)
@@ -126,15 +125,16 @@ def sharded_split_kernel(
             sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
         if PHASE != 2:
             if PREFETCH:
-                z, _ = prologue(x_next.to(acc_ty), cols < n_cols, m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn,
-                                scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
+                m_ptrs = m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
+                z, _ = prologue(x_next.to(acc_ty), cols < n_cols, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
+                                HAS_SCALE, HAS_CAP, MASK, False, PRECISE)
             else:
                 z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
                                      ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                     HAS_SCALE, HAS_CAP, MASK, False, ACC_FP64, PRECISE)
+                                     HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
             m_raw = tl.max(z, axis=0)
             m_chunk = finite_or_zero(m_raw)
-            e = exp_acc(z - m_chunk, ACC_FP64)
+            e = exp_acc(z - m_chunk, False)
             tl.store(stats_row + 2 * chunk, m_raw)
             tl.store(stats_row + 2 * chunk + 1, tl.sum(e, axis=0))
             arrived = _row_arrive(count_ptr, row)
@@ -146,26 +146,26 @@ def sharded_split_kernel(
             # nothing waits here, so no co-residency is needed.
             if arrived == n_chunks:
                 tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
-                row_lse = _local_lse(stats_row, n_chunks, G_POW2, ACC_FP64)[2]
+                row_lse = _local_lse(stats_row, n_chunks, G_POW2)[2]
                 _publish(peers_ptr, slot_row + rank, row_lse, epoch, ranks, others, ranks >= 0)
         else:
             if PHASE == 0:
                 _row_wait(count_ptr, row, arrived, n_chunks)
-            ms, ss, lse = _local_lse(stats_row, n_chunks, G_POW2, ACC_FP64)
+            ms, ss, lse = _local_lse(stats_row, n_chunks, G_POW2)
             if PHASE == 0:
                 _publish(peers_ptr, slot_row + rank, lse, epoch, ranks, others, ranks * 0 + chunk == 0)
-            rest = _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK, ACC_FP64)
+            rest = _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK)
             g = tl.arange(0, G_POW2)
-            m_sub, total = merge_stats(ms, ss, g < n_chunks, rest, True, ACC_FP64)
+            m_sub, total = merge_stats(ms, ss, g < n_chunks, rest, True, False)
             if WRITE_LSE:
                 tl.store(lse_ptr + row, (m_sub + tl.log(total)).to(lse_ptr.dtype.element_ty), mask=chunk == 0)
             if PHASE == 0:
                 _row_depart(count_ptr, row, n_chunks)
-                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, False)
             else:  # (re-read: the chunk's own statistics are not kept between launches)
                 z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
                                      ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                     HAS_SCALE, HAS_CAP, MASK, False, ACC_FP64, PRECISE)
-                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+                                     HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
+                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, False)
             tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)

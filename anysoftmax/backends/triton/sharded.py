@@ -20,11 +20,11 @@ from typing import NamedTuple
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, contiguous_strides, new_output, next_power_of_2
+from ...core.layout import RowLayout, contiguous_strides, new_output, next_power_of_2, row_operand_strides
 from .._triton_common import interpreter
 from .._triton_common.launcher import (_constexpr_tails, _cooperative_refused, _fast_calls, _raw_stream,
                                        device_guard, interpreter_quiet, launch_lock, row_counters)
-from .._triton_common.plan import INT32_MAX, VALUE_NAMES, runtime_params, scalars
+from .._triton_common.plan import VALUE_NAMES, _wide_cols, runtime_params, scalars
 from . import heuristics
 from .device import device_props
 from .occupancy import KernelResources, programs_per_sm
@@ -58,8 +58,7 @@ def _layout(x, y_strides, dim, mask, has_sink) -> tuple:
     shape = tuple(x.shape)
     ops = [] if mask is None else [tuple(mask.stride())]
     if has_sink:
-        ops.append(tuple(0 if d == dim else s for d, s in enumerate(
-            contiguous_strides(tuple(1 if d == dim else s for d, s in enumerate(shape))))))
+        ops.append(row_operand_strides(shape, dim))
     layout = RowLayout.from_strides(shape, tuple(x.stride()), y_strides, dim, tuple(ops))
     if layout is not None:
         return False, False, layout
@@ -101,7 +100,7 @@ class _Bound:
         self.want_lse, self.words, self.peers = want_lse, words, peers
         self.copy_x, self.copy_mask, layout = _layout(x, contiguous_strides(self.shape), dim, mask, has_sink)
         self.layout = layout
-        flags = dict(LOG=log, ACC_FP64=False, W_POW2=next_power_of_2(world), HAS_SCALE=has_scale, HAS_CAP=has_cap,
+        flags = dict(LOG=log, W_POW2=next_power_of_2(world), HAS_SCALE=has_scale, HAS_CAP=has_cap,
                      MASK=0 if mask is None else 2, HAS_SINK=has_sink, WRITE_LSE=want_lse,
                      PRECISE=x.dtype.itemsize > 2)
         (ms0, ms1, ms2), msn = (layout.op_row_strides[0], layout.op_col_strides[0]) if mask is not None else \
@@ -114,11 +113,11 @@ class _Bound:
                     ys1=ys1, ys2=ys2, ysn=layout.out_col_stride, ms0=ms0, ms1=ms1, ms2=ms2, msn=msn, ss0=ss0,
                     ss1=ss1, ss2=ss2)
 
-        prefetch = bool(heuristics.table()[f"sharded_prefetch_{8 * min(x.element_size(), 4)}bit"])
+        prefetch = bool(heuristics.table()["sharded_prefetch_32bit" if x.element_size() == 4 else
+                                           "sharded_prefetch_16bit"])
 
         def metas(chunk: int, chunks: int, phases: tuple) -> list:
-            wide = chunk * chunks * max(abs(layout.in_col_stride), abs(layout.out_col_stride), 1) > INT32_MAX
-            return [dict(flags, WIDE_COLS=wide, CHUNK=chunk, G_POW2=next_power_of_2(chunks), PHASE=p,
+            return [dict(flags, WIDE_COLS=_wide_cols(layout, chunk), CHUNK=chunk, G_POW2=next_power_of_2(chunks), PHASE=p,
                          PREFETCH=p == 0 and prefetch) for p in phases]
 
         def resident_of(chunk: int, chunks: int, warps: int) -> int:
