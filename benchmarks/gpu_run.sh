@@ -76,7 +76,7 @@ print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backe
     n="${1:-2}"
     nvidia-smi topo -m 2>&1 | tee "$OUT/topo.txt"
     run="$PY -m torch.distributed.run --nproc_per_node=$n"
-    timeout 180 $run benchmarks/one_read_smoke.py 2>&1 | tee "$OUT/one_read_smoke_x$n.txt"
+    timeout 240 $run benchmarks/one_read_smoke.py 2>&1 | tee "$OUT/one_read_smoke_x$n.txt"
     timeout "${BENCH_TIMEOUT:-420}" $run benchmarks/distributed_bench.py ${CHECK:+--check} --out "$OUT" \
       --one-read-variants "${2:-}" 2>&1 \
       | tee "$OUT/distributed_bench_x$n.txt"

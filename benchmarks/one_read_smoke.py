@@ -8,6 +8,7 @@ empty), and rank 0 compares the gathered result with the float64 softmax of the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from datetime import timedelta
@@ -21,6 +22,7 @@ import torch.distributed as dist  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import anysoftmax.distributed as asd  # noqa: E402
+from anysoftmax.backends.triton import heuristics  # noqa: E402
 from anysoftmax.core.reference import fused_forward  # noqa: E402
 from anysoftmax.core.spec import TOLERANCES  # noqa: E402
 from anysoftmax.core.variant import build  # noqa: E402
@@ -34,8 +36,13 @@ CASES = [
     ((2, 7), 131072, None, torch.float16, {"softcap": 20.0, "sinks": True, "log": True}),
     ((9,), 100000, (0.0,), torch.float32, {"mask": True, "sinks": True}),
     ((1024,), 8192, None, torch.bfloat16, {}),
+    ((2048,), 131072, None, torch.bfloat16, {"sinks": True}),  # (many chunks and passes per program)
+    ((3000,), 65536, (0.4,), torch.float32, {"log": True}),
     ((5,), 3_000_000, None, torch.float32, {"log": True}),
 ]
+
+# The one-launch forms (PHASE 0): the tuning table's, and each dtype's other prefetch choice.
+FORMS = [("tuned", {}), ("prefetch flipped", {"sharded_prefetch_16bit": True, "sharded_prefetch_32bit": False})]
 
 
 def main() -> int:
@@ -44,7 +51,7 @@ def main() -> int:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(device)
     failures = 0
-    for rows, n, cuts, dtype, kw in CASES:
+    for (rows, n, cuts, dtype, kw), (form, tuning) in itertools.product(CASES, FORMS):
         g = torch.Generator(device="cpu").manual_seed(n)
         x = (torch.randn(*rows, n, generator=g) * 4).to(dtype)
         bounds = [0, *[int(f * n) for f in (cuts or [i / world for i in range(1, world)])][:world - 1], n]
@@ -57,8 +64,9 @@ def main() -> int:
                     sinks=None if sinks is None else sinks.to(device))
         before = one_read.stats["calls"]
         xs = x[..., lo:hi].to(device)
-        for _ in range(3):  # the same request again: the epochs move on
-            y = fn(xs, -1, **args)
+        with heuristics.override(**tuning):
+            for _ in range(3):  # the same request again: the epochs move on
+                y = fn(xs, -1, **args)
         torch.cuda.synchronize(device)
         path = "one_read" if one_read.stats["calls"] > before else "two_pass"
         parts = [torch.empty(*rows, bounds[r + 1] - bounds[r], dtype=dtype, device=device) for r in range(world)]
@@ -75,7 +83,7 @@ def main() -> int:
             bound = tol.atol + tol.rtol * ref.abs()
             ok = bool((err <= bound).all()) and not bool(got.isnan().any())
             failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {str(dtype):15s} rows={rows} n={n} cuts={bounds} {kw} path={path} "
+            print(f"{'ok  ' if ok else 'FAIL'} {str(dtype):15s} rows={rows} n={n} cuts={bounds} {kw} path={path} ({form}) "
                   f"max err {float(err.max()):.3e}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

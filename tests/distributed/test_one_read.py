@@ -12,8 +12,9 @@
 * Which calls take the path: the refusals, each with its reason, and the mailbox's epochs.
 
 What this does not prove: that two GPUs exchange through NVLink (benchmarks/one_read_smoke.py
-and the conformance kit over NCCL, on two GPUs: docs/speed.md), nor the cooperative one-launch
-form (PHASE 0), which the interpreter cannot run (its programs run one after another).
+and the conformance kit over NCCL, on two GPUs: docs/speed.md), nor the one-launch form's
+row barrier across a GPU's programs: the interpreter runs programs one after another, so it
+takes the one-launch form (PHASE 0) only for shard rows of one chunk.
 """
 
 from __future__ import annotations
@@ -37,14 +38,19 @@ try:
 except ImportError as exc:  # pragma: no cover - the test extra installs it
     TRITON_MISSING = f"triton is not installed ({exc})"
 
-# (name, global row length, shard lengths, dtype, keywords)
+# (name, leading dims, shard lengths, dtype, keywords; "tuning": triton tuning overrides). A
+# shard row of one chunk takes the one-launch form (PHASE 0, with or without the prefetch of
+# the next item), one of many chunks the two-launch form.
 CASES = [
     ("plain-uneven", (3, 4), [7, 10], torch.float32, {}),
     ("three-ranks-empty-shard", (5,), [6, 0, 11], torch.float32, {"log": True}),
     ("bf16-scale-sinks", (2, 3), [9, 8], torch.bfloat16, {"scale": 0.6, "sinks": True}),
     ("fp16-softcap-mask", (4,), [5, 12], torch.float16, {"softcap": 3.0, "mask": True}),
-    ("many-chunks", (3,), [70, 45], torch.float32, {"chunk_bytes": 64, "sinks": True}),
-    ("specials", (4,), [8, 8], torch.float32, {"special": True, "sinks": True}),
+    ("log-fp16-prefetch", (7,), [3, 12], torch.float16, {"log": True, "tuning": {"sharded_prefetch_16bit": True}}),
+    ("many-chunks", (3,), [70, 45], torch.float32,
+     {"tuning": {"split_chunk_bytes": 64, "split_min_chunk_elems": 1}, "sinks": True}),
+    ("specials-no-prefetch", (4,), [8, 8], torch.float32,
+     {"special": True, "sinks": True, "tuning": {"sharded_prefetch_32bit": False}}),
 ]
 CALLS = 3
 
@@ -85,8 +91,7 @@ def _rank(rank: int, world: int, words_all, cap: int, cases, out: str) -> None:
             ms = None if mask is None else mask[..., lo:lo + sizes[rank]]
             c = Call(x.dim() - 1, kw.get("log", False), kw.get("scale"), kw.get("softcap"), "zero", False, None, None,
                      rank, world, True)
-            with heuristics.override(**({"split_chunk_bytes": kw["chunk_bytes"], "split_min_chunk_elems": 1}
-                                        if "chunk_bytes" in kw else {})):
+            with heuristics.override(**kw.get("tuning", {})):
                 y, st = sharded_softmax(xs, ms, sinks, c, box)
             got.append((y, st.lse))
         results[name] = got

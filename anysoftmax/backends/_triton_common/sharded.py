@@ -19,8 +19,9 @@ sized to the GPU, the row's local chunks in flight together, rows in ascending o
 program): then no wait can depend on a program that never runs, on this GPU or a peer's,
 since every rank publishes a row before it waits on it. PHASE 1 / PHASE 2 (two launches: the
 local chunks' statistics, the last to arrive publishing the row; then wait and normalise,
-re-reading x) for a shard row that outgrows the GPU, and for the interpreter, where programs
-run one after another. The protocol is the same, so ranks may take different phases.
+re-reading x) for a shard row that outgrows the GPU, and for the interpreter's rows of several
+chunks (its programs run one after another: a row of one chunk has no local barrier, so PHASE
+0 runs there). The protocol is the same, so ranks may take different phases.
 
 Mailbox layout (`anysoftmax.distributed.mailbox`): int64 [2, capacity, world]; the call's
 epoch picks the half (epoch & 1, `slot_base`): a rank can be at most one call ahead of

@@ -78,8 +78,12 @@ def plan(layout: RowLayout, elem_bytes: int, device: torch.device, resident_of) 
     chunks = max(1, -(-layout.n_cols // chunk))
     warps = heuristics.by_bound(heuristics.table()["split_warps_by_chunk"], chunk)
     items = layout.n_rows * chunks
-    if interpreted:  # programs run one after another: never the barrier
-        return ShardedPlan(chunk, chunks, max(1, min(items, heuristics.table()["interpreter_programs"])), warps, (1, 2))
+    if interpreted:
+        # Programs run one after another: never the row barrier of several local chunks. A
+        # one-chunk row has none, and a program waits only on the peers' same rows, so the
+        # one-launch form runs there.
+        grid = max(1, min(items, heuristics.table()["interpreter_programs"]))
+        return ShardedPlan(chunk, chunks, grid, warps, (0,) if chunks == 1 else (1, 2))
     resident = resident_of(chunk, chunks, warps)
     if resident >= chunks:
         return ShardedPlan(chunk, chunks, max(1, min(items, resident // chunks * chunks)), warps, (0,))
