@@ -283,3 +283,9 @@ def lanes_lse(m, s, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
     if HAS_SINK:
         total = total + exp_acc(sink - lse_sub(mx), ACC_FP64)
     return close_lse(mx, total)
+
+
+if type(close_lse).__name__ == "InterpretedFunction":  # (defined for Triton's CPU interpreter)
+    from .interpreter import patch_each_launch_once
+
+    patch_each_launch_once()
