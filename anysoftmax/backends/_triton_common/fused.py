@@ -286,6 +286,6 @@ def lanes_lse(m, s, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
 
 
 if type(close_lse).__name__ == "InterpretedFunction":  # (defined for Triton's CPU interpreter)
-    from .interpreter import patch_each_launch_once
+    from .interpreted_launch import patch_each_launch_once
 
     patch_each_launch_once()

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import os
 import sys
-import threading
-import weakref
 
 ENV = "TRITON_INTERPRET"
 KERNEL_MODULES = ("rows", "cols", "bwd", "sharded")
@@ -110,84 +107,3 @@ def interpreter_problem() -> str | None:
     if not torch.allclose(y, torch.softmax(x, 1)):
         return f"the Triton {triton.__version__} interpreter computes wrong results on this machine"
     return None
-
-
-
-class OncePerLaunch:
-    """Triton's interpreter patching `triton.language` once per launch (`patch_each_launch_once`):
-    `patch_lang(fn)` stands for the interpreter's `_patch_lang` (`real`), `call` for
-    `GridExecutor.__call__` (`real_call`). Inside a launch (this thread's), a device function's
-    patch is skipped when the launch already patched every language module its globals hold
-    (`langs_of`); the launch's own patch, and any other, go to `real`, and all of them are
-    undone when the launch ends."""
-
-    def __init__(self, real, real_call, scope_type, langs_of):
-        self.real, self.real_call, self.scope_type, self.langs_of = real, real_call, scope_type, langs_of
-        self.launch = threading.local()  # .langs: modules this thread's launch patched (None: no launch)
-
-    def patch_lang(self, fn):
-        launch = self.launch
-        langs = getattr(launch, "langs", None)
-        if langs is None:
-            return self.real(fn)
-        if not launch.first and self.langs_of(fn) <= langs:
-            return self.scope_type()  # (nothing to patch, nothing to restore)
-        launch.langs = langs | self.langs_of(fn)
-        scope = self.real(fn)
-        if not launch.first:  # a device call's patch of another module: undone with the launch's
-            launch.inner.append(scope)
-            return scope
-        # The launch's own patch, which the executor restores when the grid is done: the device
-        # calls' patches first, last one first (Triton drops them, leaving those modules patched).
-        launch.first, inner, restore = False, [], scope.restore
-        launch.inner = inner
-
-        def restore_all():
-            while inner:
-                inner.pop().restore()
-            restore()
-
-        scope.restore = restore_all
-        return scope
-
-    def call(self, executor, *args, **kwargs):
-        launch = self.launch
-        outer = getattr(launch, "langs", None), getattr(launch, "first", False), getattr(launch, "inner", None)
-        launch.langs, launch.first, launch.inner = frozenset(), True, []
-        try:
-            return self.real_call(executor, *args, **kwargs)
-        finally:
-            launch.langs, launch.first, launch.inner = outer
-
-
-@functools.lru_cache(maxsize=None)
-def patch_each_launch_once() -> OncePerLaunch | None:
-    """Make Triton's interpreter patch `triton.language` once per launch instead of once per
-    call of a `@triton.jit` helper; the installed `OncePerLaunch`, or None where the interpreter
-    lacks the internals it replaces (then it is left as it is).
-
-    The interpreter replaces the language's builtins with its numpy versions when a launch
-    starts (and restores them when it ends), and again on *every* call of a device function
-    inside it: a scan of `triton.language`, `tl.tensor` and `tl.math` that finds them already
-    replaced and changes nothing. With the kernels' small helpers called per program, that scan
-    was half of an interpreted launch's time (a logsumexp test: 65 s, 30 s without it).
-    """
-    try:
-        from triton.runtime import interpreter as ti
-
-        once = OncePerLaunch(ti._patch_lang, ti.GridExecutor.__call__, ti._LangPatchScope, None)
-    except (ImportError, AttributeError):
-        return None
-    seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def langs_of(fn) -> frozenset:
-        found = seen.get(fn)
-        if found is None:
-            found = seen[fn] = frozenset(id(v) for v in fn.__globals__.values()
-                                         if inspect.ismodule(v) and v in (ti.tl, ti.tl.core))
-        return found
-
-    once.langs_of = langs_of
-    ti._patch_lang = once.patch_lang
-    ti.GridExecutor.__call__ = lambda executor, *args, **kwargs: once.call(executor, *args, **kwargs)
-    return once

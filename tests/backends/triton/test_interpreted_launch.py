@@ -1,4 +1,4 @@
-"""`_triton_common.interpreter.patch_each_launch_once`: Triton's interpreter patches the language
+"""`_triton_common.interpreted_launch.patch_each_launch_once`: Triton's interpreter patches the language
 once per launch, not once per device-function call, and nothing else changes: a launch still
 patches and restores `triton.language` as before, a helper that sees a language module the
 launch did not patch still patches it, and the kernels compute what the reference does."""
@@ -23,7 +23,7 @@ def _members(module) -> dict:
 
 def _installed():
     from anysoftmax.backends._triton_common import fused  # noqa: F401  (defining the kernels installs it)
-    from anysoftmax.backends._triton_common.interpreter import patch_each_launch_once
+    from anysoftmax.backends._triton_common.interpreted_launch import patch_each_launch_once
 
     return patch_each_launch_once()
 
@@ -66,7 +66,7 @@ def test_only_modules_the_launch_patched_are_skipped():
     """Outside a launch every patch is Triton's; inside, the launch's own patch is, and a device
     call's is skipped only when its modules are among those already patched; the patches taken
     inside a launch are undone with the launch's, last first."""
-    from anysoftmax.backends._triton_common.interpreter import OncePerLaunch
+    from anysoftmax.backends._triton_common.interpreted_launch import OncePerLaunch
 
     class Fn:  # a device function as the patch sees it: its globals' language modules
         def __init__(self, *langs):
