@@ -26,10 +26,18 @@ __all__ = [
 ]
 
 
+# Subpackages loaded on first use (`anysoftmax.testing.check_backend(...)` after a bare `import
+# anysoftmax`): importing the package leaves them unloaded.
+_LAZY_SUBPACKAGES = ("distributed", "testing")
+
+
 def __getattr__(name: str):
-    # `anysoftmax.distributed` on first use: importing the package leaves it unloaded.
-    if name == "distributed":
+    if name in _LAZY_SUBPACKAGES:
         import importlib
 
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_SUBPACKAGES))
