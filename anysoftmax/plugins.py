@@ -39,12 +39,16 @@ def use_interpreter_if_needed() -> str | None:
     """Ask the registered backends whether Triton must run through its CPU interpreter here
     (every backend that runs Triton kernels says `needs_interpreter()`: no device of its own),
     and if so set TRITON_INTERPRET=1 before any kernel is defined, unless the user set it.
-    Returns a line saying what was done, or None. Importing backends defines no kernel."""
+    Returns a line saying what was done, or None. Importing backends defines no kernel. Without
+    the `triton` package there is no interpreter to switch on: nothing is done (the backends'
+    reasons name the extra to install)."""
     triton_family = [b for b in registry.registered().values() if hasattr(b, "needs_interpreter")]
     if not triton_family or not all(b.needs_interpreter() for b in triton_family):
         return None
-    from .backends._triton_common.interpreter import use_interpreter_if_no_device
+    from .backends._triton_common.interpreter import triton_missing, use_interpreter_if_no_device
 
+    if triton_missing() is not None:
+        return None
     return use_interpreter_if_no_device()
 
 

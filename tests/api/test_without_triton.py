@@ -59,6 +59,19 @@ def test_cli_backends_without_triton():
     assert "anysoftmax[triton]" in rows["triton"]["reason"]
 
 
+def test_cli_backends_without_triton_claims_no_interpreter():
+    res = _run("""
+import os
+from anysoftmax.cli import main
+code = main(['backends'])
+print('TRITON_INTERPRET:', os.environ.get('TRITON_INTERPRET'))
+raise SystemExit(code)
+""")
+    assert res.returncode == 0, res.stderr
+    assert "through the Triton interpreter" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert "runs here: torch\n" in res.stdout and "TRITON_INTERPRET: None" in res.stdout
+
+
 def test_explicit_triton_without_triton_raises_naming_the_extra():
     res = _run("""
 import torch, anysoftmax
