@@ -196,9 +196,10 @@ def parse_request(text: str, device: str):
 
 
 def explain_lines(args) -> list[str]:
-    """`backends --explain`: the automatic choice for each request, and why."""
+    """`backends --explain`: the automatic choice for each request, and why. With --gpu-name,
+    the choice on that GPU (its table) and, unless it is the GPU here, this machine's own."""
     from .core.registry import explain
-    from .core.selection import resolve_name
+    from .core.selection import device_name, resolve_name
 
     gpu = None
     if args.gpu_name:
@@ -209,9 +210,13 @@ def explain_lines(args) -> list[str]:
     lines = []
     for text in args.explain:
         spec = parse_request(text, args.device)
+        elsewhere = gpu is not None and gpu != device_name(spec.device)
         for direction in ("fwd", "bwd") if args.direction == "both" else (args.direction,):
             name, why = explain(spec, direction, gpu)
             lines.append(f"{text} {direction} on {gpu or args.device}: {name or 'none'} <- {why}")
+            if elsewhere:
+                name, why = explain(spec, direction)
+                lines.append(f"{text} {direction} on {args.device} here: {name or 'none'} <- {why}")
     return lines
 
 
@@ -389,8 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "rule or priority); e.g. 1024x131072:bf16 or 8192x8192:fp32:0 (repeatable)")
     b.add_argument("--direction", choices=("fwd", "bwd", "both"), default="fwd", help="--explain: forward, backward")
     b.add_argument("--device", default="cuda", help="--explain: the request's device type (default cuda)")
-    b.add_argument("--gpu-name", help="--explain: read the selection table of this GPU instead of the one of the "
-                                      "device here: its name ('NVIDIA H100 80GB HBM3') or a unique part of it (H100)")
+    b.add_argument("--gpu-name", help="--explain: the choice on this GPU, from its selection table (and, unless it "
+                                      "is the GPU here, this machine's own choice on a second line): its name "
+                                      "('NVIDIA H100 80GB HBM3') or a unique part of it (H100)")
     b.set_defaults(func=cmd_backends)
     c = sub.add_parser("select", help="write the per-device selection table from benchmark results",
                        description="Build configs/selection/<device>.yaml: per shape class the backend the automatic "

@@ -9,7 +9,8 @@ Selection order (Liger-Kernel's rule: an explicit choice never falls back silent
    the request, if its backend can run it; else the backends that serve the tensor's device
    type, by priority (CUDA/ROCm -> ``triton``, Ascend ``npu`` -> ``triton_ascend``, anything ->
    ``torch``); one that is unavailable or does not support the request is passed over with a
-   debug log line. `explain(spec)` says which one and why.
+   debug log line. `explain(spec)` says which one and why: `decide` makes the automatic choice
+   for `select`, `select_op` and `explain` alike.
 """
 
 from __future__ import annotations
@@ -82,6 +83,22 @@ class BackendStatus:
     note: str = ""  # how it runs here when that is worth knowing (e.g. through the Triton interpreter)
 
 
+class BackendTable(list):
+    """What `list_backends()` returns: a list of `BackendStatus`, printed as a table with one
+    backend per line (name, availability, devices, reason or note)."""
+
+    HEADER = ("backend", "available", "devices", "reason / note")
+
+    def __repr__(self) -> str:
+        cells = [self.HEADER] + [(b.name, "yes" if b.available else "no", ", ".join(b.devices), b.reason or b.note)
+                                 for b in self]
+        widths = [max(len(row[i]) for row in cells) for i in range(3)]
+        return "\n".join(("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3]).rstrip()
+                         for row in cells)
+
+    __str__ = __repr__
+
+
 _lock = threading.Lock()
 _backends: dict[str, Backend] = {}
 # Bumped whenever the set of backends changes: memoised selections keyed by it go stale.
@@ -145,9 +162,10 @@ def _availability(backend: Backend) -> str | None:
         return f"availability check failed: {type(exc).__name__}: {exc}"
 
 
-def list_backends() -> list[BackendStatus]:
-    """Every registered backend with its availability on this machine and the reason if not."""
-    rows = []
+def list_backends() -> BackendTable:
+    """Every registered backend with its availability on this machine and the reason if not (a
+    list of `BackendStatus` that prints as a table)."""
+    rows = BackendTable()
     for b in registered().values():
         reason = _availability(b)
         note = ""
@@ -174,6 +192,35 @@ def refusal(backend: Backend, spec: SoftmaxSpec) -> str | None:
     return fused_refusal(backend, spec) or backend.supports(spec)
 
 
+# A small request of each floating dtype: a device type is one a backend runs when its
+# `supports` takes any of them there (a backend may take 16-bit dtypes only, or refuse float64).
+_PROBE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def device_refusal(backend: Backend, device_type: str) -> str | None:
+    """Why `backend` runs no request on tensors of `device_type` here (its `supports` refuses a
+    small request of every floating dtype on that device type), or None. Availability is
+    `unavailable_reason`'s; a device type torch cannot name here (no extension for it) is not
+    judged (None)."""
+    from dataclasses import replace
+
+    try:
+        device = torch.device(device_type)
+    except RuntimeError:  # e.g. "npu" without torch_npu: nothing of that type can exist here
+        return None
+    reasons = []
+    for dtype in _PROBE_DTYPES:
+        spec = replace(SoftmaxSpec.from_tensor(torch.empty(2, 8, dtype=dtype, device="meta"), -1), device=device)
+        try:
+            reason = backend.supports(spec)
+        except Exception as exc:  # a probe must never take the caller down
+            reason = f"supports() failed: {type(exc).__name__}: {exc}"
+        if reason is None:
+            return None
+        reasons.append(reason)
+    return reasons[0]
+
+
 def _check_explicit(backend: Backend, spec: SoftmaxSpec, source: str) -> Backend:
     reason = _availability(backend)
     if reason is not None:
@@ -196,8 +243,8 @@ def _by_priority(device_type: str) -> list[Backend]:
 
 def select(spec: SoftmaxSpec, backend: str | None = None, direction: str = "fwd") -> Backend:
     """Pick the backend for `spec`: explicit name, then $ANYSOFTMAX_BACKEND, then automatic
-    (the device's selection table, then priority). `direction` ("fwd" or "bwd") picks the
-    table's rows for a forward or a backward request."""
+    (`decide`: the device's selection table, then priority). `direction` ("fwd" or "bwd") picks
+    the table's rows for a forward or a backward request."""
     if backend is not None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
@@ -209,28 +256,46 @@ def select(spec: SoftmaxSpec, backend: str | None = None, direction: str = "fwd"
         except ValueError as exc:
             raise ValueError(f"${ENV_BACKEND}={env!r}: {exc}") from None
         return _check_explicit(chosen, spec, f"from ${ENV_BACKEND}")
-    device_type = spec.device.type
-    candidates = _by_priority(device_type)
-    measured = _from_table(spec, candidates, direction)[0]
-    if measured is not None:
-        return measured
-    reasons = []
+    chosen, why = decide(spec, direction)
+    if chosen is None:
+        raise UnsupportedRequestError(why)
+    return chosen
+
+
+def decide(spec: SoftmaxSpec, direction: str | None = "fwd", device_name: str | None = None, refuses=refusal,
+           available=_availability, what: str | None = None) -> tuple[Backend | None, str]:
+    """The automatic choice for `spec` and why: the backend the selection table's rule names
+    (the table of `spec.device`, or of the device named `device_name`; `direction` "fwd", "bwd"
+    or "lse" picks its rows, None reads no table) if it runs the request, else the first of the
+    backends serving the device type, by priority, that runs it; (None, why none can) when none
+    can. `select`, `select_op` and `explain` all decide here, so they cannot disagree.
+    `available(backend)`: why it cannot run here; `refuses(backend, spec)`: why it does not run
+    the request (default: the softmax's `refusal`); `what`: the request as messages name it."""
+    candidates = _by_priority(spec.device.type)
+    table_why = ""
+    if direction is not None:
+        measured, table_why = _from_table(spec, candidates, direction, device_name, refuses, available)
+        if measured is not None:
+            return measured, f"selection table: {table_why}"
+    passed = []
     for b in candidates:
-        reason = _availability(b) or refusal(b, spec)
+        reason = available(b) or refuses(b, spec)
         if reason is None:
-            return b
-        log.debug("anysoftmax: passing over backend %r for %s: %s", b.name, spec.describe(), reason)
-        reasons.append(f"{b.name}: {reason}")
-    raise UnsupportedRequestError(
-        f"no backend can run {spec.describe()}: " + ("; ".join(reasons) or f"none serves device type {device_type!r}"))
+            notes = "; ".join(filter(None, [table_why, "passed over: " + "; ".join(passed) if passed else ""]))
+            return b, (f"priority {b.priority}, the first of {[c.name for c in candidates]} that runs it"
+                       + (f" ({notes})" if notes else ""))
+        log.debug("anysoftmax: passing over backend %r for %s: %s", b.name, what or spec.describe(), reason)
+        passed.append(f"{b.name}: {reason}")
+    return None, (f"no backend can run {what or spec.describe()}: "
+                  + ("; ".join(passed) or f"none serves device type {spec.device.type!r}")
+                  + (f" ({table_why})" if table_why else ""))
 
 
-def _from_table(spec: SoftmaxSpec, candidates: list, direction: str,
-                device_name: str | None = None, refuses=None) -> tuple[Backend | None, str]:
+def _from_table(spec: SoftmaxSpec, candidates: list, direction: str, device_name: str | None,
+                refuses, available) -> tuple[Backend | None, str]:
     """The backend the device's selection table (or that of the device named `device_name`)
-    names for `spec` if it can run it here, and why (or why not); (None, reason) sends the
-    choice on to the priority order. `refuses(backend, spec)`: why a backend does not run the
-    request (default: the softmax's `refusal`)."""
+    names for `spec` if it can run it (`available`, `refuses`: see `decide`), and why (or why
+    not); (None, reason) sends the choice on to the priority order."""
     from .selection import lookup
 
     try:
@@ -253,29 +318,32 @@ def _from_table(spec: SoftmaxSpec, candidates: list, direction: str,
     where = f"{table.path} rule {rule.index} ({rule.describe()})"
     chosen = next((b for b in candidates if b.name == rule.backend), None)
     reason = (f"backend {rule.backend!r} is not registered for device type {spec.device.type!r}" if chosen is None
-              else _availability(chosen) or (refuses or refusal)(chosen, spec))
+              else available(chosen) or refuses(chosen, spec))
     if reason is not None:
         log.debug("anysoftmax: %s names %r for %s, passed over: %s", where, rule.backend, spec.describe(), reason)
         return None, f"{where} names {rule.backend!r}, passed over: {reason}"
     return chosen, f"{where}; measured {rule.measured}" if rule.measured else where
 
 
+def _assumed_available(backend: Backend) -> None:
+    """Availability on a device that is not here: not knowable here, so assumed."""
+    return None
+
+
 def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None = None) -> tuple[str, str]:
-    """(backend, why) of the automatic choice for `spec`: the table rule that picked it, or
-    the priority order and what it passed over. `select` decides the same way. `device_name`
-    reads that device's table instead of the one of `spec.device` (explaining another GPU)."""
-    candidates = _by_priority(spec.device.type)
-    chosen, why = _from_table(spec, candidates, direction, device_name)
-    if chosen is not None:
-        return chosen.name, f"selection table: {why}"
-    passed = []
-    for b in candidates:
-        reason = _availability(b) or b.supports(spec)
-        if reason is None:
-            return b.name, f"priority {b.priority}, the first of {[c.name for c in candidates]} that runs it " \
-                           f"({why}{'; passed over: ' + '; '.join(passed) if passed else ''})"
-        passed.append(f"{b.name}: {reason}")
-    return "", f"no backend can run {spec.describe()} ({why}; {'; '.join(passed)})"
+    """(backend, why) of the automatic choice for `spec`, decided by `decide` as `select`
+    decides: the table rule that picked it, or the priority order and what it passed over;
+    ("", why) when no backend can run it. `device_name` answers for that device instead (its
+    selection table): one that is not the device here is judged by what the backends declare
+    (the fused family), their availability and limits there being unknowable here."""
+    from .selection import device_name as name_of
+
+    if device_name is not None and device_name != name_of(spec.device):
+        chosen, why = decide(spec, direction, device_name, refuses=fused_refusal, available=_assumed_available)
+        why += "; on that device: its backends assumed available (not checkable here)"
+    else:
+        chosen, why = decide(spec, direction, device_name)
+    return (chosen.name if chosen is not None else ""), why
 
 
 _loader_lock = threading.RLock()
@@ -341,20 +409,11 @@ def select_op(op: str, spec, backend: str | None = None) -> Backend:
             raise UnsupportedRequestError(f"backend {chosen.name!r} ({source}) does not support "
                                           f"{_describe_op(op, spec)}: {reason}")
         return chosen
-    candidates = _by_priority(spec.device.type)
-    if op == "logsumexp":
-        measured = _from_table(spec, candidates, "lse", refuses=lambda b, s: op_refusal(b, op, s))[0]
-        if measured is not None:
-            return measured
-    reasons = []
-    for b in candidates:
-        reason = _availability(b) or op_refusal(b, op, spec)
-        if reason is None:
-            return b
-        log.debug("anysoftmax: passing over backend %r for %s: %s", b.name, _describe_op(op, spec), reason)
-        reasons.append(f"{b.name}: {reason}")
-    raise UnsupportedRequestError(f"no backend can run {_describe_op(op, spec)}: "
-                                  + ("; ".join(reasons) or f"none serves device type {spec.device.type!r}"))
+    chosen, why = decide(spec, "lse" if op == "logsumexp" else None, refuses=lambda b, s: op_refusal(b, op, s),
+                         what=_describe_op(op, spec))
+    if chosen is None:
+        raise UnsupportedRequestError(why)
+    return chosen
 
 
 def _describe_op(op: str, spec) -> str:

@@ -16,16 +16,24 @@ Devices served: with `backend=None`, those of the available non-fallback backend
 with `triton`, Ascend with `triton_ascend`, ...); with a named backend, the device types it
 declares (pass `devices=` to choose, e.g. `("cpu",)` for a CPU test backend).
 
+A named backend is an explicit choice, as `backend=` is: `enable()` refuses one that is not
+available here (BackendUnavailableError) or runs no tensor of a device type named (ValueError),
+and a request it does not run raises UnsupportedRequestError naming it and the reason; torch's
+kernel never runs in its place. With no backend named, the automatic choice serves every
+request (the `torch` backend runs any).
+
 No recursion: while anysoftmax itself runs (in this thread), a softmax that reaches these
 registrations again — the `torch` fallback backend, or a backend that calls torch — is computed
-by torch's own decomposition of the op (`torch._decomp`), never by anysoftmax again. A request
-the chosen backend does not support is served the same way.
+by torch's own decomposition of the op (`torch._decomp`), never by anysoftmax again.
+
+`calls` counts, per process: "forward" and "backward", the calls anysoftmax served;
+"reentrant", the softmax calls anysoftmax's backends made themselves while serving one (torch's
+decomposition computed them).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import warnings
 
@@ -33,9 +41,7 @@ import torch
 
 from .. import dispatch
 from ..core import registry
-from ..core.errors import UnsupportedRequestError
-
-log = logging.getLogger("anysoftmax")
+from ..core.errors import BackendUnavailableError
 
 DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1", "xpu": "XPU"}
 OPS = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data")
@@ -46,7 +52,7 @@ OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel for the sam
 _state_lock = threading.Lock()
 _active: dict = {}  # "lib", "backend", "devices", "depth" while enabled
 _inside = threading.local()  # set while anysoftmax serves a call in this thread
-calls = {"forward": 0, "backward": 0, "fallback": 0}  # served calls (tests read them)
+calls = {"forward": 0, "backward": 0, "reentrant": 0}  # see the module doc (tests read them)
 
 
 def _decomposed(name: str):
@@ -69,16 +75,11 @@ def _forward_impl(log_form: bool):
 
     def impl(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
         if getattr(_inside, "on", False):
-            calls["fallback"] += 1
+            calls["reentrant"] += 1
             return _decomposed(name)(x, dim, half_to_float)
         out_dtype = torch.float32 if half_to_float else None
         with _serving():
-            try:
-                y = dispatch.forward(x, dim, out_dtype, _active.get("backend"), log_form)
-            except UnsupportedRequestError as exc:
-                log.debug("anysoftmax override: %s served by torch: %s", name, exc)
-                calls["fallback"] += 1
-                return _decomposed(name)(x, dim, half_to_float)
+            y = dispatch.forward(x, dim, out_dtype, _active.get("backend"), log_form)
         calls["forward"] += 1
         return y
 
@@ -90,15 +91,10 @@ def _backward_impl(log_form: bool):
 
     def impl(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
         if getattr(_inside, "on", False):
-            calls["fallback"] += 1
+            calls["reentrant"] += 1
             return _decomposed(name)(grad, output, dim, input_dtype)
         with _serving():
-            try:
-                dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
-            except UnsupportedRequestError as exc:
-                log.debug("anysoftmax override: %s served by torch: %s", name, exc)
-                calls["fallback"] += 1
-                return _decomposed(name)(grad, output, dim, input_dtype)
+            dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
         calls["backward"] += 1
         return dx if dx.dtype == input_dtype else dx.to(input_dtype)
 
@@ -144,19 +140,22 @@ def _warn_if_nothing_served(backend: str | None, devices: tuple[str, ...], stack
 
 def enable(backend: str | None = None, devices: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """Route torch's softmax ops on the served devices through anysoftmax (see the module doc);
-    returns the device types served. Calling it again while on replaces the choice. Warns
-    (RuntimeWarning) when none of the served device types is present here."""
+    returns the device types served. Calling it again while on replaces the choice. A named
+    backend must run here: BackendUnavailableError when it is not available, ValueError when it
+    runs no tensor of a device type in `devices`. Warns (RuntimeWarning) when none of the served
+    device types is present here."""
     return _enable(backend, devices, stacklevel=4)  # (warnings name the caller's line)
 
 
 def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, ...]:
-    if backend is not None:
-        registry.get_backend(backend)  # an unknown name fails here, not inside a model
+    chosen = registry.get_backend(backend) if backend is not None else None  # unknown names fail here
     devices = tuple(devices) if devices is not None else served_devices(backend)
     unknown = [d for d in devices if d not in DISPATCH_KEYS]
     if unknown:
         raise ValueError(f"anysoftmax.enable: device type(s) {unknown} cannot be overridden; "
                          f"allowed: {', '.join(DISPATCH_KEYS)}")
+    if chosen is not None:
+        _check_runs(chosen, devices)
     if warn:
         _warn_if_nothing_served(backend, devices, stacklevel)
     with _state_lock:
@@ -175,6 +174,19 @@ def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, 
                 lib.impl("_log_softmax_backward_data", _backward_impl(True), key)
         _active.update(lib=lib, backend=backend, devices=devices)
     return devices
+
+
+def _check_runs(chosen, devices: tuple[str, ...]) -> None:
+    """Refuse, before anything is registered, a named backend that cannot serve the devices:
+    every call of the model would fail later, far from the cause."""
+    call = f"anysoftmax.enable/use(backend={chosen.name!r}, devices={devices!r})"
+    reason = registry.unavailable_reason(chosen.name)
+    if reason is not None:
+        raise BackendUnavailableError(f"{call}: backend {chosen.name!r} is not available here: {reason}")
+    for device in devices:
+        reason = registry.device_refusal(chosen, device)
+        if reason is not None:
+            raise ValueError(f"{call}: {chosen.name!r} cannot run {device} tensors here: {reason}")
 
 
 def _disable_locked() -> None:

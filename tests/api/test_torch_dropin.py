@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 import pickle
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from anysoftmax.core import registry
 from anysoftmax.core.reference import backward_from_output
 from helpers import StubBackend, runnable_backends
 
+REPO = Path(__file__).resolve().parents[2]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # gpu: skipped with the reason without CUDA
 
 
@@ -147,14 +152,47 @@ def test_override_serves_every_spelling_and_restores_torch(device, counting, gen
     assert counting.forward == len(want)
 
 
-def test_override_recursion_is_served_by_torch(counting, gen):
-    # CountingBackend itself calls torch.softmax: that call must not come back to it.
+def test_override_recursion_is_served_by_torch_and_counted_apart(counting, gen):
+    # CountingBackend itself calls torch.softmax: that call must not come back to it. The
+    # counters tell the call the override served from the one the backend made.
     x = torch.randn(4, 9, generator=gen)
-    before = override.calls["fallback"]
+    before = dict(override.calls)
     with anysoftmax.use(backend="counting"):
         y = torch.softmax(x, 1)
-    assert counting.forward == 1 and override.calls["fallback"] > before
+    assert counting.forward == 1
+    assert {k: override.calls[k] - before.get(k, 0) for k in override.calls} == {
+        "forward": 1, "backward": 0, "reentrant": 1}
     torch.testing.assert_close(y, torch.softmax(x, 1))
+
+
+class NoFloat64(CountingBackend):
+    """A CPU backend that declares it does not take float64."""
+
+    name = "no_float64"
+
+    def supports(self, spec):
+        if torch.float64 in (spec.in_dtype, spec.out_dtype):
+            return "this test backend computes float16, bfloat16 and float32 only"
+        return None
+
+
+@pytest.mark.parametrize("entry", ["softmax", "log_softmax"])
+def test_override_with_a_named_backend_raises_on_a_request_it_refuses(entry, gen):
+    """use(backend=X) is explicit, as backend=X is: a request X refuses raises naming X and the
+    reason, never runs torch's kernel instead."""
+    b = anysoftmax.register(NoFloat64())
+    try:
+        x = torch.randn(4, 9, generator=gen, dtype=torch.float64)
+        with anysoftmax.use(backend="no_float64", devices=("cpu",)):
+            with pytest.raises(anysoftmax.UnsupportedRequestError,
+                               match=r"backend 'no_float64' .*float32 only"):
+                getattr(torch, entry)(x, 1)
+            got = getattr(torch, entry)(x.float(), 1)  # a request it takes is served
+        assert b.forward == 1
+        torch.testing.assert_close(got, getattr(torch, entry)(x.float(), 1))
+    finally:
+        anysoftmax.disable()
+        registry.unregister("no_float64")
 
 
 def test_override_other_devices_untouched(counting, gen):
@@ -165,6 +203,62 @@ def test_override_other_devices_untouched(counting, gen):
         assert counting.forward == 0
     finally:
         anysoftmax.disable()
+
+
+class CudaOnly(StubBackend):
+    """Available, but runs CUDA tensors only (as the cute backend does)."""
+
+    name, devices = "cuda_only", ("cuda",)
+
+    def supports(self, spec):
+        return None if spec.device.type == "cuda" else f"device type {spec.device.type!r}: CUDA GPUs only"
+
+
+class Unavailable(StubBackend):
+    name = "unavailable_here"
+
+    def is_available(self):
+        return "needs hardware this machine lacks"
+
+
+def test_enable_refuses_a_backend_that_cannot_run_the_devices_named():
+    anysoftmax.register(CudaOnly())
+    anysoftmax.register(Unavailable())
+    try:
+        with pytest.raises(ValueError, match=r"'cuda_only' cannot run cpu tensors here: .*CUDA GPUs only"):
+            anysoftmax.enable(backend="cuda_only", devices=("cpu",))
+        with pytest.raises(ValueError, match=r"devices=\('cpu',\)"):
+            with anysoftmax.use(backend="cuda_only", devices=("cpu",)):
+                pass
+        with pytest.raises(anysoftmax.BackendUnavailableError, match="needs hardware this machine lacks"):
+            anysoftmax.enable(backend="unavailable_here", devices=("cpu",))
+        # cute runs CUDA GPUs of sm_90+ only: unavailable on a machine without one, refusing CPU
+        # tensors on one.
+        with pytest.raises((ValueError, anysoftmax.BackendUnavailableError), match="'cute'"):
+            anysoftmax.enable(backend="cute", devices=("cpu",))
+        assert anysoftmax.enabled() == ()
+    finally:
+        anysoftmax.disable()
+        registry.unregister("cuda_only")
+        registry.unregister("unavailable_here")
+
+
+def test_enable_refuses_triton_on_cpu_without_the_interpreter():
+    """Without TRITON_INTERPRET, Triton runs no CPU tensor: enable() says so instead of
+    registering an override whose every call would fail (a fresh interpreter: the choice is
+    process-wide)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_INTERPRET": "0"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    code = ("import anysoftmax\n"
+            "try:\n"
+            "    anysoftmax.enable(backend='triton', devices=('cpu',))\n"
+            "except (ValueError, anysoftmax.BackendUnavailableError) as exc:\n"
+            "    print(type(exc).__name__, exc)\n"
+            "print('enabled:', anysoftmax.enabled())\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "'triton'" in res.stdout and "TRITON_INTERPRET" in res.stdout, res.stdout
+    assert res.stdout.strip().endswith("enabled: ()"), res.stdout
 
 
 def test_override_bad_arguments():

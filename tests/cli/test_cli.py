@@ -128,6 +128,26 @@ def test_backends_json_is_list_backends(capsys):
     assert doc["backends"] == json.loads(json.dumps([asdict(b) for b in anysoftmax.list_backends()]))
 
 
+def test_explain_with_a_gpu_name_answers_for_that_gpu_and_for_this_machine(capsys):
+    """--gpu-name H100 names what the H100's table takes there; this machine's own choice (what
+    `select` does here) is its own line, unless the GPU named is the one here."""
+    from anysoftmax import cli
+    from anysoftmax.core import registry, selection
+
+    name = selection.resolve_name("H100")
+    spec = cli.parse_request("64x131072", "cuda")
+    assert main(["backends", "--explain", "64x131072", "--direction", "both", "--gpu-name", "H100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    here = selection.device_name(spec.device) == name
+    assert len(lines) == (2 if here else 4), lines
+    for direction, group in zip(("fwd", "bwd"), (lines[:len(lines) // 2], lines[len(lines) // 2:])):
+        rule, _ = selection.lookup(spec, direction, name)
+        assert group[0].startswith(f"64x131072 {direction} on {name}: {rule.backend} <- selection table: "), group[0]
+        if not here:
+            chosen = registry.select(spec, direction=direction).name
+            assert group[1].startswith(f"64x131072 {direction} on cuda here: {chosen} <- "), group[1]
+
+
 def test_backends_escapes_markup(monkeypatch, capsys):
     from anysoftmax.core import registry
     class _Missing(StubBackend):
