@@ -10,12 +10,14 @@ a row with nothing kept and no sink is -inf (a bool mask or causal leaving it em
 NaN anywhere gives NaN; +inf (and no NaN) gives +inf. A 0-dim input is its own logsumexp.
 Gradient: ``d lse / d z_j = exp(z_j - lse)`` (the fused softmax), chained through softcap and
 scale; an additive mask gets it summed over its broadcast dims; a sink gets ``exp(s - lse)``.
-Rows at -inf get a zero gradient (no NaN).
+Rows at -inf get a zero gradient (no NaN). Forward mode: the same derivatives applied to the
+tangents of x, an additive mask and the sinks (0 for rows at -inf).
 
 **merge_states** (`anysoftmax.merge_states(outputs, lses) -> (out, lse)`): K partial results,
 each normalised within its segment, with their segments' log-sum-exps:
 ``lse = log(sum_i exp(lse_i))`` (float32; float64 when every lse is float64) and
-``out = sum_i exp(lse_i - lse) * out_i`` in the outputs' dtype (accumulated in float32/float64).
+``out = sum_i exp(lse_i - lse) * out_i`` in the outputs' dtype (accumulated in float32/float64;
+a float64 accumulation reaches 16-bit outputs through float32).
 Special values, chosen to agree with `logsumexp` and softmax of the unsplit row, so that
 ``merge(split(x)) == (softmax(x), logsumexp(x))`` holds for every x:
 * a partial with ``lse_i = -inf`` (an empty or fully masked segment) weighs 0 and its output is
@@ -26,7 +28,9 @@ Special values, chosen to agree with `logsumexp` and softmax of the unsplit row,
   for that row: the partials' relative weights are undefined, as softmax of a row holding
   +inf is NaN (inf - inf) while its logsumexp is +inf.
 Gradients: ``d out_i = p_i g``, ``d lse_i = p_i (<g, out_i - out> + g_lse)`` with
-``p_i = exp(lse_i - lse)`` (0 for -inf partials and rows).
+``p_i = exp(lse_i - lse)`` (0 for -inf partials and rows); forward mode:
+``t_lse = sum_i p_i t_lse_i``, ``t_out = sum_i p_i (t_out_i + t_lse_i (out_i - out))``. A
+partial of weight 0 is read by no derivative either (0, never 0 * NaN).
 """
 
 from __future__ import annotations
@@ -191,6 +195,40 @@ def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tens
     return dx, dmask, ds
 
 
+def logsumexp_tangent(tx, tmask, tsinks, lse: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
+                      mask, sinks, dtype: torch.dtype) -> torch.Tensor:
+    """The jvp of lse (keepdim) for tangents of x, an additive mask and the sinks (None: zero),
+    in `dtype`: sum_j (d lse / d z_j) t_z_j + p_s t_s, the derivatives of
+    `logsumexp_backward_formula` at g = 1; rows at -inf and excluded positions give 0."""
+    one = torch.ones(lse.shape, dtype=dtype, device=lse.device)
+    dx, dmask, ds = logsumexp_backward_formula(one, lse, x, variant, dim, mask, sinks, dtype)
+    tangent = torch.zeros(lse.shape, dtype=dtype, device=lse.device)
+    if x.dim() == 0:
+        return tangent if tx is None else tangent + dx * tx.to(dtype)
+    if tx is not None:
+        tangent = tangent + (dx * tx.to(dtype)).sum(dim, keepdim=True)
+    if tmask is not None and dmask is not None:
+        tangent = tangent + (dmask * tmask.to(dtype)).sum(dim, keepdim=True)
+    if tsinks is not None and ds is not None:
+        tangent = tangent + ds * tsinks.to(dtype)
+    return tangent
+
+
+def _read_if_weighed(o: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`o` where its partial's weight `p` (broadcast over the head) is nonzero, else 0: an empty
+    segment's output (NaN too) is never read, so no derivative carries 0 * NaN either (a where
+    passes its unselected branch a zero gradient, where a product by 0 would pass 0 * NaN)."""
+    return torch.where(p == 0, torch.zeros((), dtype=o.dtype, device=o.device), o)
+
+
+def _merge_weights(lses, lse, acc):
+    """p_i = exp(lse_i - lse) in `acc` per partial: 0 for -inf partials and for rows at -inf."""
+    lw = lse.to(acc)
+    dead = lw == -math.inf
+    live = torch.where(dead, torch.zeros_like(lw), lw)
+    return [torch.exp(li.to(acc) - live).masked_fill(dead | (li == -math.inf), 0.0) for li in lses]
+
+
 def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dtype):
     """(out, lse) of merge_states in torch ops, accumulated in `acc` (the module docstring's rules)."""
     L = torch.stack([t.to(acc) for t in lses])  # [K, ...]
@@ -202,7 +240,7 @@ def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dty
     num = None
     for i, o in enumerate(outputs):
         wi = w[i].unsqueeze(-1)
-        term = torch.where(wi == 0, torch.zeros((), dtype=acc, device=o.device), wi * o.to(acc))
+        term = wi * _read_if_weighed(o.to(acc), wi)
         num = term if num is None else num + term
     sv = s.unsqueeze(-1)
     out = torch.where(sv == 0, torch.zeros((), dtype=acc, device=sv.device), num / sv)
@@ -212,24 +250,36 @@ def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dty
 def merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, acc):
     """(d outputs, d lses) of merge_states from (out, lse) and their gradients, in `acc`;
     differentiable again in every tensor."""
-    lw = lse.to(acc)
-    dead = lw == -math.inf
-    live = torch.where(dead, torch.zeros_like(lw), lw)
     go = None if g_out is None else g_out.to(acc)
     gl = None if g_lse is None else g_lse.to(acc)
     d_outs, d_lses = [], []
-    for o, li in zip(outputs, lses):
-        l_i = li.to(acc)
-        p = torch.exp(l_i - live).masked_fill(dead | (l_i == -math.inf), 0.0)
+    for o, li, p in zip(outputs, lses, _merge_weights(lses, lse, acc)):
         if go is not None:
             d_outs.append((p.unsqueeze(-1) * go).to(o.dtype))
-            inner = ((o.to(acc) - out.to(acc)) * go).sum(-1)
+            inner = ((_read_if_weighed(o.to(acc), p.unsqueeze(-1)) - out.to(acc)) * go).sum(-1)
         else:
             d_outs.append(torch.zeros_like(o))
             inner = torch.zeros_like(p)
         dl = p * (inner + (gl if gl is not None else 0.0))
         d_lses.append(dl.to(li.dtype))
     return d_outs, d_lses
+
+
+def merge_tangent(t_outs, t_lses, outputs, lses, out, lse, acc):
+    """(t_out, t_lse): the jvp of merge_states at (outputs, lses) with result (out, lse), for
+    tangents of the outputs and lses (None: zero), in out's and lse's dtypes:
+    t_lse = sum_i p_i t_lse_i, t_out = sum_i p_i (t_out_i + t_lse_i (out_i - out)); partials
+    and rows at -inf contribute 0."""
+    t_lse = torch.zeros(lse.shape, dtype=acc, device=lse.device)
+    t_out = torch.zeros(out.shape, dtype=acc, device=out.device)
+    ow = out.to(acc)
+    for i, (o, p) in enumerate(zip(outputs, _merge_weights(lses, lse, acc))):
+        if t_lses[i] is not None:
+            t_lse = t_lse + p * t_lses[i].to(acc)
+            t_out = t_out + (p * t_lses[i].to(acc)).unsqueeze(-1) * (_read_if_weighed(o.to(acc), p.unsqueeze(-1)) - ow)
+        if t_outs[i] is not None:
+            t_out = t_out + p.unsqueeze(-1) * t_outs[i].to(acc)
+    return t_out.to(out.dtype), t_lse.to(lse.dtype)
 
 
 def reference_logsumexp(x: torch.Tensor, spec: SoftmaxSpec, mask=None, sinks=None,
@@ -249,5 +299,5 @@ def reference_merge(outputs, lses, device: str | torch.device = "cpu") -> tuple[
 
 
 __all__ = ["LOGSUMEXP", "MERGE_STATES", "MergeSpec", "OPS", "describe_logsumexp", "logsumexp_backward_formula",
-           "logsumexp_formula", "logsumexp_request", "lse_dtype", "merge_backward_formula", "merge_formula",
-           "reference_logsumexp", "reference_merge", "row_shape"]
+           "logsumexp_formula", "logsumexp_request", "logsumexp_tangent", "lse_dtype", "merge_backward_formula",
+           "merge_formula", "merge_tangent", "reference_logsumexp", "reference_merge", "row_shape"]

@@ -1,7 +1,8 @@
 """`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: `anysoftmax.core.pieces`),
 and their operators ``torch.ops.anysoftmax.logsumexp`` / ``.merge_states`` with fake
 implementations (torch.compile keeps one graph), autograd (the backward is the formula of
-`core.pieces` in torch ops, so it differentiates again) and vmap rules.
+`core.pieces` in torch ops, so it differentiates again), forward mode (the jvp formulas of
+`core.pieces`, as softmax's Functions have theirs) and vmap rules.
 
 Eager inference calls `dispatch_pieces` directly (no dispatcher round trip); anything that may
 want a derivative, a torch.func transform or torch.compile goes through the operators.
@@ -16,8 +17,8 @@ import torch.autograd.forward_ad as _fwad
 from torch._C._functorch import is_functorch_wrapped_tensor, peek_interpreter_stack
 
 from .. import dispatch_pieces
-from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, lse_dtype,
-                           merge_backward_formula, row_shape)
+from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
+                           merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, runtime_values
 from .batching import _front
 
@@ -77,10 +78,27 @@ def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backen
     return logsumexp_op(xb, m, s, pdim, scale, softcap, causal, backend), 0
 
 
+def _refuse_forward_over_forward():
+    # (`autodiff` imported when a jvp runs: it imports torch._dynamo, which imports triton, and
+    # importing anysoftmax must leave the Triton interpreter choice open: `interpreter`.)
+    from .autodiff import refuse_forward_over_forward
+
+    refuse_forward_over_forward()
+
+
+def _lse_tangent(ctx, tx, tmask, tsinks):
+    # The jvp in torch ops (`core.pieces.logsumexp_tangent`): an autograd.Function applied inside
+    # a jvp would re-enter the same functorch level, while torch ops nest (hessian, jacrev(jacfwd)).
+    x, mask, sinks, lse = ctx.saved_tensors
+    variant, _ = build(tuple(x.shape), x.device, ctx.dim, mask=mask, sinks=sinks, **ctx.fused)
+    tmask = tmask if mask is not None and mask.dtype.is_floating_point else None
+    return logsumexp_tangent(tx, tmask, tsinks, lse, x, variant, ctx.dim, mask, sinks, lse_dtype(x.dtype))
+
+
 class _Logsumexp(torch.autograd.Function):
-    """The operator under eager autograd and torch.func transforms (an operator's registered
-    autograd does not run under torch.func.grad; a Function with a generated vmap rule over an
-    operator with a vmap rule does)."""
+    """The operator under eager autograd, forward mode and torch.func transforms (an operator's
+    registered autograd does not run under torch.func.grad and has no jvp; a Function with a
+    generated vmap rule over an operator with a vmap rule does)."""
 
     generate_vmap_rule = True
 
@@ -88,8 +106,18 @@ class _Logsumexp(torch.autograd.Function):
     def forward(x, mask, sinks, dim, scale, softcap, causal, backend):
         return logsumexp_op(x, mask, sinks, dim, scale, softcap, causal, backend)
 
-    setup_context = staticmethod(_lse_setup)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _lse_setup(ctx, inputs, output)
+        x, mask, sinks = inputs[:3]
+        ctx.save_for_forward(x, mask, sinks, output)
+
     backward = staticmethod(_lse_backward)
+
+    @staticmethod
+    def jvp(ctx, tx, tmask, tsinks, *_):
+        _refuse_forward_over_forward()
+        return _lse_tangent(ctx, tx, tmask, tsinks)
 
 
 def _plain_eager(*tensors, gradients: bool = True) -> bool:
@@ -171,8 +199,8 @@ merge_states_op.register_autograd(_merge_backward, setup_context=_merge_setup)
 
 
 class _MergeStates(torch.autograd.Function):
-    """merge_states under eager autograd and torch.func (as `_Logsumexp`); tensors flattened:
-    (k, backend, *outputs, *lses)."""
+    """merge_states under eager autograd, forward mode and torch.func (as `_Logsumexp`); tensors
+    flattened: (k, backend, *outputs, *lses)."""
 
     generate_vmap_rule = True
 
@@ -184,11 +212,20 @@ class _MergeStates(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         k, backend, *tensors = inputs
         _merge_setup(ctx, (tensors[:k], tensors[k:], backend), output)
+        ctx.save_for_forward(*tensors, *output)
 
     @staticmethod
     def backward(ctx, g_out, g_lse):
         d_outs, d_lses, _ = _merge_backward(ctx, g_out, g_lse)
         return None, None, *d_outs, *d_lses
+
+    @staticmethod
+    def jvp(ctx, _k, _backend, *tangents):
+        _refuse_forward_over_forward()
+        saved, k = ctx.saved_tensors, ctx.k
+        outputs, lses, (out, lse) = saved[:k], saved[k:2 * k], saved[2 * k:]
+        spec = MergeSpec.from_tensors(list(outputs), list(lses))
+        return merge_tangent(tangents[:k], tangents[k:], outputs, lses, out, lse, spec.acc_dtype)
 
 
 @merge_states_op.register_vmap

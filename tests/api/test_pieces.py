@@ -12,6 +12,8 @@ import anysoftmax
 from anysoftmax.core.compare import compare_logsumexp, compare_merge
 from anysoftmax.core.errors import UnsupportedRequestError
 from anysoftmax.core.pieces import logsumexp_request, reference_logsumexp
+from anysoftmax.core.spec import TOLERANCES
+from helpers import takes_float64
 
 BACKENDS = ["torch", "triton", "triton_ascend"]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -322,3 +324,294 @@ def test_opcheck(backend, gen):
     o = [torch.randn(5, 2, 8, generator=gen, dtype=torch.float32, requires_grad=True) for _ in range(3)]
     ls = [torch.randn(5, 2, generator=gen, requires_grad=True) for _ in range(3)]
     torch.library.opcheck(merge_states_op, (o, ls, backend))
+
+
+# ---- merge_states: a fully masked segment's partial weighs 0 in the derivatives too ----------
+
+def _merge_grads(outs, lses, backend, w_out, w_lse, create_graph=False):
+    leaves = [t.detach().requires_grad_() for t in (*outs, *lses)]
+    out, lse = anysoftmax.merge_states(leaves[:len(outs)], leaves[len(outs):], backend=backend)
+    return torch.autograd.grad((out * w_out).sum() + (lse * w_lse).sum(), leaves, create_graph=create_graph)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_merge_gradients_ignore_a_nan_partial_of_weight_zero(backend, gen):
+    """A partial with lse -inf and NaN in its output (what a fully masked segment's softmax with
+    empty_rows="nan", or SDPA's, leaves) gets 0 gradients, and the others get exactly what they
+    get when that output holds finite values instead; rows where every partial is -inf too."""
+    dtype = torch.float64 if takes_float64(backend) else torch.float32
+    outs = [torch.randn(4, 6, generator=gen, dtype=dtype) for _ in range(3)]
+    lses = [torch.randn(4, generator=gen, dtype=dtype) * 3 for _ in range(3)]
+    lses[1][0] = lses[1][2] = -math.inf  # partial 1 is empty in rows 0 and 2
+    for ls in lses:
+        ls[2] = -math.inf  # row 2: every partial empty
+    w_out, w_lse = torch.randn(4, 6, generator=gen, dtype=dtype), torch.randn(4, generator=gen, dtype=dtype)
+    finite = _merge_grads(outs, lses, backend, w_out, w_lse)
+    outs[1][0] = math.nan
+    outs[1][2] = math.nan
+    got = _merge_grads(outs, lses, backend, w_out, w_lse)
+    for i, (g, want) in enumerate(zip(got, finite)):
+        assert torch.equal(g, want), f"gradient {i} differs (NaN: {torch.isnan(g).any().item()})"
+    assert torch.equal(got[1][0], torch.zeros(6, dtype=dtype)) and got[4][0].item() == 0.0
+
+
+def test_merge_double_backward_with_a_nan_partial(gen):
+    """gradcheck and gradgradcheck (float64) with a partial of lse -inf and NaN output in one
+    row: its derivatives of every order are 0. (The derivatives are one formula in torch ops for
+    every backend; finite differences through an interpreted kernel would cost seconds.)"""
+    outs = [torch.randn(3, 4, generator=gen, dtype=torch.float64) for _ in range(3)]
+    lses = [torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(3)]
+    lses[1][0] = -math.inf
+    outs[1][0] = math.nan
+    leaves = [t.requires_grad_() for t in (*outs, *lses)]
+    f = lambda *t: anysoftmax.merge_states(t[:3], t[3:])  # noqa: E731
+    assert torch.autograd.gradcheck(f, leaves)
+    assert torch.autograd.gradgradcheck(f, leaves)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_kv_with_a_fully_masked_segment(backend, gen):
+    """Attention over keys split in three segments, the middle one fully masked in every row:
+    x.grad through merge_states equals the unsplit attention's (float64 torch), never NaN."""
+    dtype = torch.float64 if takes_float64(backend) else torch.float32
+    x = torch.randn(5, 12, generator=gen, dtype=dtype, requires_grad=True)
+    v = torch.randn(12, 4, generator=gen, dtype=dtype)
+    mask = torch.rand(5, 12, generator=gen) < 0.3
+    mask[:, 4:8] = True
+    mask[:, 9] = False  # every row keeps something
+    w_out, w_lse = torch.randn(5, 4, generator=gen, dtype=dtype), torch.randn(5, generator=gen, dtype=dtype)
+    outs, lses = [], []
+    for a, b in ((0, 4), (4, 8), (8, 12)):
+        seg, m = x[:, a:b], mask[:, a:b]
+        outs.append(anysoftmax.softmax(seg, -1, mask=m, empty_rows="nan") @ v[a:b])
+        lses.append(anysoftmax.logsumexp(seg, -1, mask=m))
+    assert torch.isnan(outs[1]).all() and torch.isneginf(lses[1]).all()
+    out, lse = anysoftmax.merge_states(outs, lses, backend=backend)
+    g, = torch.autograd.grad((out * w_out).sum() + (lse * w_lse).sum(), x)
+    x64 = x.detach().double().requires_grad_()
+    z = x64.masked_fill(mask, -math.inf)
+    ref_loss = ((torch.softmax(z, -1) @ v.double()) * w_out.double()).sum() + \
+        (torch.logsumexp(z, -1) * w_lse.double()).sum()
+    ref, = torch.autograd.grad(ref_loss, x64)
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(g.double(), ref, rtol=10 * tol.rtol, atol=10 * tol.rtol * ref.abs().max().item())
+    assert torch.equal(g[:, 4:8], torch.zeros(5, 4, dtype=dtype))
+
+
+# ---- merge_states: float64 lses with 16/32-bit outputs ----------------------------------------
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if takes_float64(b)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_merge_float64_lses_with_narrower_outputs(backend, dtype, gen):
+    """Outputs in 16/32 bits with float64 lses (every one, or some): the merge accumulates in
+    float64 and rounds the result once to the outputs' dtype (through float32 in the kernels);
+    K = 11 merges in groups through a float64 intermediate."""
+    for k, lse_dtypes in ((3, (torch.float64,) * 3), (3, (torch.float64, torch.float32, torch.float64)),
+                          (11, (torch.float64,) * 11)):
+        outs = [torch.randn(6, 3, 40, generator=gen).to(dtype) for _ in range(k)]
+        lses = [(torch.randn(6, 3, generator=gen, dtype=torch.float64) * 4).to(d) for d in lse_dtypes]
+        lses[0][1, 2] = -math.inf
+        out, lse = anysoftmax.merge_states(outs, lses, backend=backend)
+        assert out.dtype == dtype
+        assert lse.dtype == (torch.float64 if set(lse_dtypes) == {torch.float64} else torch.float32)
+        c = compare_merge(out, lse, outs, lses)
+        assert c.ok, f"K={k} {lse_dtypes}: {c.detail}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gpu_merge_float64_lses_with_narrower_outputs(dtype, gen):
+    """The compiled merge kernel (CUDA) with float64 lses and 16/32-bit outputs: the same
+    rounding through float32 as the interpreter's, against the float64 reference; K = 2, 8
+    and 11 (merged in groups through a float64 intermediate)."""
+    for k in (2, 8, 11):
+        outs = [torch.randn(300, 8, 128, generator=gen).to(dtype).cuda() for _ in range(k)]
+        lses = [(torch.randn(300, 8, generator=gen, dtype=torch.float64) * 4).cuda() for _ in range(k)]
+        lses[0][::7] = -math.inf
+        out, lse = anysoftmax.merge_states(outs, lses, backend="triton")
+        assert out.dtype == dtype and lse.dtype == torch.float64
+        c = compare_merge(out, lse, outs, lses)
+        assert c.ok, f"K={k}: {c.detail}"
+
+
+# ---- forward mode and torch.func transforms, against torch.func of the float64 formulas --------
+
+def _transform_setup(backend):
+    """(dtype, tolerances): float64 where the backend takes it, else float32 (NPU backends)."""
+    if takes_float64(backend):
+        return torch.float64, dict(rtol=1e-9, atol=1e-11)
+    return torch.float32, dict(rtol=2e-5, atol=2e-5)
+
+
+def _lse_pair(backend, x, dim, **fused):
+    """(anysoftmax.logsumexp of (x, mask, sinks), the float64 formula of the same request), both
+    functions of the three tensors (mask and sinks as given in `fused`, None when absent)."""
+    from anysoftmax.core.pieces import logsumexp_formula
+
+    spec, _ = logsumexp_request(x, dim, **fused)
+    kw = {k: v for k, v in fused.items() if k not in ("mask", "sinks")}
+
+    def ours(a, m, s):
+        return anysoftmax.logsumexp(a, dim, mask=m, sinks=s, backend=backend, **kw)
+
+    def reference(a, m, s):
+        m = None if m is None else (m if m.dtype == torch.bool else m.double())
+        s = None if s is None else s.double()
+        return logsumexp_formula(a.double(), spec.variant, spec.dim, m, s, torch.float64).squeeze(spec.dim)
+    return ours, reference
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logsumexp_forward_mode(backend, gen):
+    """jvp (tangents of x, an additive mask and the sinks), dual numbers and jacfwd of the fused
+    logsumexp equal those of the float64 formula."""
+    import torch.autograd.forward_ad as fwad
+    from torch.func import jacfwd, jvp
+
+    dtype, tol = _transform_setup(backend)
+    rand = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
+    x, m, s = rand(3, 4, 9) * 2, rand(9), rand(4, 1)
+    ours, ref = _lse_pair(backend, x, -1, scale=0.7, softcap=3.0, mask=m, sinks=s)
+    tangents = (rand(3, 4, 9), rand(9), rand(4, 1))
+    got, want = jvp(ours, (x, m, s), tangents), jvp(ref, (x, m, s), tangents)
+    torch.testing.assert_close(got[0], want[0].to(got[0].dtype), **tol)
+    torch.testing.assert_close(got[1], want[1].to(got[1].dtype), **tol)
+    with fwad.dual_level():
+        dual = fwad.unpack_dual(ours(fwad.make_dual(x, tangents[0]), m, s))
+    torch.testing.assert_close(dual.tangent, jvp(lambda a: ref(a, m, s), (x,), tangents[:1])[1].to(dtype), **tol)
+    for got_j, want_j in zip(jacfwd(ours, argnums=(0, 1, 2))(x, m, s), jacfwd(ref, argnums=(0, 1, 2))(x, m, s)):
+        torch.testing.assert_close(got_j, want_j.to(got_j.dtype), **tol)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logsumexp_forward_mode_of_empty_rows_is_zero(backend, gen):
+    """Rows with nothing kept (a bool mask, -inf logits, causal) are -inf: their tangent is 0,
+    never NaN (the formula's exp(-inf - -inf)); with a sink such a row is s, tangent t_s."""
+    from torch.func import jacfwd, jvp
+
+    dtype, tol = _transform_setup(backend)
+    x = torch.randn(2, 5, 7, generator=gen, dtype=dtype)
+    x[1, 2] = -math.inf
+    mask = torch.rand(2, 5, 7, generator=gen) < 0.3
+    mask[0, 1] = True
+    t = torch.randn(2, 5, 7, generator=gen, dtype=dtype)
+    for fused in (dict(mask=mask), dict(mask=mask, causal="bottom_right", scale=0.5), dict(mask=mask, softcap=2.0)):
+        empty = torch.zeros(2, 5, dtype=torch.bool)
+        empty[0, 1] = True
+        empty[1, 2] = "softcap" not in fused  # (softcap maps -inf logits to -softcap)
+        ours, ref = _lse_pair(backend, x, -1, **fused)
+        value, tangent = jvp(lambda a: ours(a, mask, None), (x,), (t,))
+        want = jvp(lambda a: ref(a, mask, None), (x,), (t,))[1]
+        assert torch.isneginf(value[empty]).all(), fused
+        empty = torch.isneginf(value)  # (with causal, the random mask may empty more rows)
+        assert torch.equal(tangent[empty], torch.zeros_like(tangent[empty])), fused
+        torch.testing.assert_close(tangent[~empty], want[~empty].to(tangent.dtype), **tol)
+        jac = jacfwd(lambda a: ours(a, mask, None))(x)
+        assert torch.isfinite(jac).all() and torch.equal(jac[empty], torch.zeros_like(jac[empty])), fused
+    sinks = torch.randn(5, 1, generator=gen, dtype=dtype)
+    ts = torch.randn(5, 1, generator=gen, dtype=dtype)
+    ours, ref = _lse_pair(backend, x, -1, mask=mask, sinks=sinks)
+    got = jvp(lambda a, s: ours(a, mask, s), (x, sinks), (t, ts))
+    want = jvp(lambda a, s: ref(a, mask, s), (x, sinks), (t, ts))
+    torch.testing.assert_close(got[1], want[1].to(got[1].dtype), **tol)
+    torch.testing.assert_close(got[1][0, 1], ts[1, 0], **tol)  # only the sink: d lse = t_s
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logsumexp_second_order_transforms(backend, gen):
+    """hessian (forward over reverse) and jacrev(jacfwd) of a loss of the fused logsumexp, an
+    empty row among them (its block 0), against torch.func of the float64 formula; forward over
+    forward is refused, as for softmax."""
+    from torch.func import hessian, jacfwd, jacrev
+
+    dtype, tol = _transform_setup(backend)
+    x = torch.randn(3, 6, generator=gen, dtype=dtype)
+    mask = torch.randn(3, 6, generator=gen, dtype=dtype)
+    mask[1] = -math.inf  # row 1: nothing kept
+    w = torch.randn(3, generator=gen, dtype=dtype)
+    ours, ref = _lse_pair(backend, x, -1, scale=0.8, softcap=2.5, mask=mask)
+
+    def loss(f, rows):
+        def run(a):
+            lse = f(a, mask[rows], None)
+            return (torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)) * w[rows].to(lse.dtype)).sin().sum()
+        return run
+    every, live = torch.arange(3), torch.tensor([0, 2])
+    for transform in (hessian, lambda f: jacrev(jacfwd(f))):
+        got = transform(loss(ours, every))(x)
+        want = transform(loss(ref, live))(x[live])
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got[live][:, :, live], want.to(got.dtype), **tol)
+        assert torch.equal(got[1], torch.zeros_like(got[1]))
+    with pytest.raises(NotImplementedError, match=r"jacfwd\(jacrev"):
+        jacfwd(jacfwd(lambda a: anysoftmax.logsumexp(a, -1, backend=backend)))(x)
+
+
+def _merge_pair(backend, k):
+    """(anysoftmax.merge_states, the float64 formula) as functions of the 2k tensors."""
+    from anysoftmax.core.pieces import merge_formula
+
+    def ours(*t):
+        return anysoftmax.merge_states(list(t[:k]), list(t[k:]), backend=backend)
+
+    def reference(*t):
+        return merge_formula([a.double() for a in t[:k]], [a.double() for a in t[k:]], torch.float64, torch.float64,
+                             torch.float64)
+    return ours, reference
+
+
+def _merge_inputs(gen, dtype, k=3):
+    """k partials [4, 5] with lses [4]; partial 1 is empty (lse -inf, NaN output) in row 0."""
+    outs = [torch.randn(4, 5, generator=gen, dtype=dtype) for _ in range(k)]
+    lses = [torch.randn(4, generator=gen, dtype=dtype) * 2 for _ in range(k)]
+    lses[1][0] = -math.inf
+    outs[1][0] = math.nan
+    return (*outs, *lses)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_merge_forward_mode(backend, gen):
+    """jvp and jacfwd of merge_states equal those of the float64 formula; a partial of lse -inf
+    (NaN output) contributes 0, and a row where every partial is -inf has tangent 0."""
+    from torch.func import jacfwd, jvp
+
+    dtype, tol = _transform_setup(backend)
+    k = 3
+    ours, ref = _merge_pair(backend, k)
+    inputs = _merge_inputs(gen, dtype, k)
+    tangents = tuple(torch.randn(t.shape, generator=gen, dtype=dtype) for t in inputs)
+    (value, got), (_, want) = jvp(ours, inputs, tangents), jvp(ref, inputs, tangents)
+    torch.testing.assert_close(got, tuple(w.to(dtype) for w in want), **tol)
+    argnums = tuple(range(2 * k))
+    for got_j, want_j in zip(jacfwd(ours, argnums=argnums)(*inputs), jacfwd(ref, argnums=argnums)(*inputs)):
+        torch.testing.assert_close(got_j, tuple(w.to(dtype) for w in want_j), **tol)
+    for t in inputs[k:]:
+        t[2] = -math.inf  # row 2: every partial empty
+    value, got = jvp(ours, inputs, tangents)
+    assert torch.isneginf(value[1][2]) and torch.equal(value[0][2], torch.zeros(5, dtype=dtype))
+    assert got[1][2].item() == 0.0 and torch.equal(got[0][2], torch.zeros(5, dtype=dtype))
+    assert all(torch.isfinite(g).all() for g in got)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_merge_second_order_transforms(backend, gen):
+    """hessian and jacrev(jacfwd) of a loss of merge_states (a partial of lse -inf with NaN
+    output among them) against torch.func of the float64 formula."""
+    from torch.func import hessian, jacfwd, jacrev
+
+    dtype, tol = _transform_setup(backend)
+    k = 2
+    ours, ref = _merge_pair(backend, k)
+    inputs = _merge_inputs(gen, dtype, k)
+    w_out, w_lse = torch.randn(4, 5, generator=gen, dtype=dtype), torch.randn(4, generator=gen, dtype=dtype)
+
+    def loss(f):
+        def run(*t):
+            out, lse = f(*t)
+            return (out * w_out.to(out.dtype)).sin().sum() + (lse * w_lse.to(lse.dtype)).sin().sum()
+        return run
+    argnums = tuple(range(2 * k))
+    for transform in (hessian, lambda f, argnums: jacrev(jacfwd(f, argnums=argnums), argnums=argnums)):
+        got, want = transform(loss(ours), argnums=argnums)(*inputs), transform(loss(ref), argnums=argnums)(*inputs)
+        for got_row, want_row in zip(got, want):
+            torch.testing.assert_close(got_row, tuple(w.to(dtype) for w in want_row), **tol)

@@ -202,6 +202,18 @@ def _add_part(lse, o, m_sub, s, acc, ACC_FP64: tl.constexpr):
 
 
 @triton.jit
+def _as_element_of(v, ptr):
+    """v converted to the element type of `ptr`, a float64 value to a narrower type through
+    float32: the interpreter's float64 -> bfloat16 cast gives NaN, and the compiled kernel
+    (which could cast in one step) takes the same two roundings, so both are one code path."""
+    ty = ptr.dtype.element_ty
+    if v.dtype == tl.float64:
+        if ty != tl.float64:
+            v = v.to(tl.float32)
+    return v.to(ty)
+
+
+@triton.jit
 def merge_kernel(
     o0, o1, o2, o3, o4, o5, o6, o7, l0, l1, l2, l3, l4, l5, l6, l7, out_ptr, lse_ptr,
     n_rows, D, S1, os0, os1, osd, ls0, ls1, ys0, ys1, ysd, zs0, zs1,
@@ -286,12 +298,12 @@ def merge_kernel(
         m_inf = m == float("inf")
         out = acc * tl.where(s == 0, 0.0, 1.0 / s)[:, None]  # (one division per row, not per element)
         out = tl.where((bad | m_inf)[:, None], float("nan"), out)
-        tl.store(out_ptr + (r0 * ys0 + r1 * ys1)[:, None] + cols[None, :] * ysd, out.to(out_ptr.dtype.element_ty),
+        tl.store(out_ptr + (r0 * ys0 + r1 * ys1)[:, None] + cols[None, :] * ysd, _as_element_of(out, out_ptr),
                  mask=live)
         lse = m_sub + tl.log(s)
         lse = tl.where(m_inf, float("inf"), lse)
         lse = tl.where(bad, float("nan"), lse)
-        tl.store(lse_ptr + r0 * zs0 + r1 * zs1, lse.to(lse_ptr.dtype.element_ty), mask=row_ok & ((tl.zeros([BLOCK_R], tl.int32) + dt) == 0))
+        tl.store(lse_ptr + r0 * zs0 + r1 * zs1, _as_element_of(lse, lse_ptr), mask=row_ok & ((tl.zeros([BLOCK_R], tl.int32) + dt) == 0))
 
 
 @dataclass(frozen=True)

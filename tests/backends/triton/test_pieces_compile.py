@@ -1,6 +1,7 @@
 """The pieces kernels (`_triton_common/pieces.py`: lse_kernel, merge_kernel) compile ahead of
 time for Hopper (sm_90) and CDNA3 (gfx942) in the variants the backends launch, without
-spilling to local memory on sm_90. Nothing runs: results are checked through the interpreter
+spilling to local memory on sm_90, and rounding float64 to 16-bit outputs through float32 as
+the interpreter does. Nothing runs: results are checked through the interpreter
 (tests/api/test_pieces.py) and the kit; this proves the real compiler accepts the kernels.
 Compiled in a subprocess: this suite sets TRITON_INTERPRET=1."""
 
@@ -18,7 +19,7 @@ import triton.backends
 ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = r'''
-import json, sys
+import json, re, sys
 import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
@@ -48,6 +49,14 @@ for K, wide in ((1, False), (2, False), (8, False), (2, True)):
     k = triton.compile(ASTSource(pieces.merge_kernel, sig(pieces.merge_kernel, m_types, c), c), target=target,
                        options=dict(num_warps=4))
     out.append(dict(kernel=f"merge K={K}{' WIDE' if wide else ''}", spills="st.local" in k.asm.get("ptx", "")))
+# float64 lses with bfloat16 outputs: a float64 accumulator rounded to the outputs' dtype.
+c = dict(K=2, ACC_FP64=True, BLOCK_R=8, BLOCK_D=256, WIDE=False)
+f64_types = m_types | {f"l{i}": "*fp64" for i in range(8)} | dict(lse_ptr="*fp64")
+k = triton.compile(ASTSource(pieces.merge_kernel, sig(pieces.merge_kernel, f64_types, c), c), target=target,
+                   options=dict(num_warps=4))
+ptx = k.asm.get("ptx", "")
+out.append(dict(kernel="merge K=2 fp64 lses bf16 out", spills="st.local" in ptx,
+                f64_to_16bit=sorted(set(re.findall(r"cvt\.rn\.b?f16x?2?\.f64", ptx)))))
 print(json.dumps(out))
 '''
 
@@ -63,5 +72,9 @@ def test_pieces_kernels_compile(target, backend):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["kernel"] for r in results] == ["lse plain", "lse everything", "lse additive fp64", "merge K=1",
-                                              "merge K=2", "merge K=8", "merge K=2 WIDE"]
+                                              "merge K=2", "merge K=8", "merge K=2 WIDE",
+                                              "merge K=2 fp64 lses bf16 out"]
     assert not [r for r in results if r["spills"]], results
+    # The compiled kernel rounds float64 to a 16-bit output through float32, as the interpreter
+    # does (one code path: tests/api/test_pieces.py checks the values through the interpreter).
+    assert results[-1]["f64_to_16bit"] == [], results[-1]
