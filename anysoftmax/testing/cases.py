@@ -64,6 +64,13 @@ def permuted(shape, perm):
     return make
 
 
+def channels_last(shape):
+    """A 4-d input in channels_last memory (NHWC strides: dim 1 is the innermost)."""
+    def make(gen, dtype):
+        return randn(shape)(gen, dtype).contiguous(memory_format=torch.channels_last)
+    return make
+
+
 def with_specials(shape, scale=3.0):
     """Rows: one with a NaN, one with +inf, one all -inf, one half -inf, the rest random."""
     def make(gen, dtype):
@@ -123,6 +130,13 @@ CASES: list[Case] = [
     Case("dtype-fp32-to-fp64", randn((20, 130)), 1, out_dtype=torch.float64, dtypes=(torch.float32,)),
     Case("dtype-fp32-to-fp16", randn((20, 130)), 1, out_dtype=torch.float16, dtypes=(torch.float32,)),
     Case("dtype-fp64-to-bf16", randn((20, 130)), 0, out_dtype=torch.bfloat16, dtypes=(torch.float64,)),
+    # Sizes and layouts at which a kernel's plan changes, each as small as it can be: a row past
+    # 1024, 2048 and 4096 elements (a looped or split tile; 16-bit included), more rows than
+    # 4096 (a grid that covers rows in more than one pass), NHWC strides.
+    Case("row-4097", randn((1, 4097)), 1),
+    Case("rows-4097", randn((4097, 2)), 1),
+    Case("channels-last", channels_last((2, 5, 3, 4)), 1),
+    Case("channels-last-dim3", channels_last((2, 5, 3, 4)), 3),
 ]
 
 def offset_with_dead_head(shape, offset=-1e4, dead=100):
@@ -191,17 +205,39 @@ def additive_mask(shape, dtype=None, blocked=0.2):
     return make
 
 
+def nothing_excluded(shape):
+    """A bool mask that excludes nothing (all False): the same result as no mask."""
+    def make(gen):
+        return torch.zeros(shape, dtype=torch.bool)
+    return make
+
+
+def nan_where_excluded(shape, density=0.3):
+    """(make, mask) of a case: random logits, NaN at every fifth position of each row, and a
+    bool mask that excludes those (and a random `density` of the rest). An excluded logit is
+    never read: the output is as if it were finite, and its gradient is 0."""
+    def make(gen, dtype):
+        x = randn(shape)(gen, dtype)
+        x[..., 1::5] = float("nan")
+        return x
+
+    def mask(gen, x):
+        return (torch.rand(tuple(x.shape), generator=gen) < density) | torch.isnan(x)
+    return make, mask
+
+
 def sinks(shape, scale=1.5):
     def make(gen):
         return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
     return make
 
 
-def _kw(**parts):
+def _kw(x_mask=None, **parts):
     """kwargs(gen, x): constant values as given, callables called with the generator (masks,
-    sinks); sinks take the input's dtype unless the case says otherwise."""
+    sinks); sinks take the input's dtype unless the case says otherwise. `x_mask(gen, x)`
+    makes the mask from the input itself."""
     def make(gen, x):
-        out = {}
+        out = {} if x_mask is None else {"mask": x_mask(gen, x)}
         for k, v in parts.items():
             v = v(gen) if callable(v) else v
             if k in ("sinks", "mask") and isinstance(v, torch.Tensor) and v.dtype == torch.float64:
@@ -213,8 +249,10 @@ def _kw(**parts):
     return make
 
 
+LONG_DTYPES = (torch.bfloat16, torch.float32)  # interpreted long rows are slow: two dtypes suffice here
 ATT = (2, 3, 16, 24)  # [B, H, Sq, Sk]: sq < sk (bottom-right differs from top-left)
 ATT_SQ_GT_SK = (2, 2, 20, 12)  # sq > sk: bottom-right leaves the first rows empty
+NAN_EXCLUDED_INPUT, NAN_EXCLUDED_MASK = nan_where_excluded((2, 2, 6, 20))
 
 VARIANT_CASES: list[VariantCase] = [
     VariantCase("scale", randn(ATT), -1, _kw(scale=0.125)),
@@ -222,6 +260,7 @@ VARIANT_CASES: list[VariantCase] = [
     VariantCase("softcap", randn(ATT, 20.0), -1, _kw(softcap=30.0)),
     VariantCase("scale-softcap", randn(ATT, 8.0), -1, _kw(scale=0.5, softcap=5.0)),
     VariantCase("bool-mask-broadcast", randn(ATT), -1, _kw(mask=bool_mask((2, 1, 16, 24)))),
+    VariantCase("bool-mask-nothing-excluded", randn((2, 2, 4, 24)), -1, _kw(mask=nothing_excluded((2, 1, 4, 24)))),
     VariantCase("bool-mask-full-empty-zero", randn(ATT), -1,
                 _kw(mask=bool_mask(ATT, empty_rows=[(0, 1, 3), (1, 2, 0)]))),
     VariantCase("bool-mask-empty-nan", randn(ATT), -1,
@@ -255,10 +294,14 @@ VARIANT_CASES: list[VariantCase] = [
     VariantCase("dim1-additive-softcap", randn((4, 50, 40)), 1, _kw(mask=additive_mask((50, 1)), softcap=3.0)),
     VariantCase("rank2-specials", with_specials((8, 100)), 1, _kw(scale=0.5, mask=bool_mask((8, 100)))),
     VariantCase("n1-sinks", randn((17, 1)), 1, _kw(sinks=sinks((17, 1)))),
+    # NaN logits the mask excludes, through softcap's tanh (its derivative must not read them).
+    VariantCase("softcap-nan-excluded", NAN_EXCLUDED_INPUT, -1, _kw(NAN_EXCLUDED_MASK, softcap=4.0, scale=0.5)),
+    # A fused row past 512 elements (and 1024): a fused kernel's looped tile.
+    VariantCase("fused-row-1100", randn((1, 1, 2, 1100)), -1,
+                _kw(mask=bool_mask((1, 1, 2, 1100)), sinks=sinks((1, 1, 1)), scale=0.5), dtypes=LONG_DTYPES),
 ]
 
 # Rows longer than the (lowered) tile limit: the online, split and column-split kernels.
-LONG_DTYPES = (torch.bfloat16, torch.float32)  # interpreted long rows are slow: two dtypes suffice here
 LONG_VARIANT_CASES: list[VariantCase] = [
     VariantCase("long-causal-mask-sinks", randn((1, 2, 12, 200)), -1,
                 _kw(causal="bottom_right", mask=bool_mask((1, 1, 12, 200), empty_rows=[(0, 0, 3)]),
@@ -304,17 +347,28 @@ LOGSUMEXP_CASES: list[VariantCase] = [
 ]
 
 
+CONTIGUOUS, STRIDED, INTO_OUT = "contiguous", "strided", "into-out"
+
+
 @dataclass(frozen=True)
 class SplitCase:
     """merge(split(x)): rows of `make`'s x cut along the last dim at `bounds(n)` (segment
     b_i..b_i+1, empty ones allowed); each segment's softmax and logsumexp merged must give x's
-    softmax and logsumexp (rows with nothing: 0 and -inf)."""
+    softmax and logsumexp (rows with nothing: 0 and -inf).
+
+    `lse_dtype`: the partial lses' dtype (None: float64 for float64 x, else float32).
+    `layout`: CONTIGUOUS partials; STRIDED (every partial output and lse a non-contiguous view,
+    its last two dims stored transposed as vLLM keeps its lses); INTO_OUT (two partials of a
+    [tokens, heads, head_size] x merged by `anysoftmax.compat.vllm.merge_attn_states` into
+    `output` and `output_lse`, vLLM's layout)."""
 
     name: str
     make: Callable[[torch.Generator, torch.dtype], torch.Tensor]
     bounds: Callable[[int], list]
     dtypes: tuple = DTYPES
     tags: frozenset = field(default_factory=frozenset)
+    lse_dtype: torch.dtype | None = None
+    layout: str = CONTIGUOUS
 
 
 def even(k):
@@ -332,6 +386,14 @@ def with_masked_segments(shape, scale=3.0):
     return make
 
 
+def by_heads(make, heads):
+    """`make`'s [rows, n] input as [rows / heads, heads, n] (vLLM's [tokens, heads, head_size])."""
+    def made(gen, dtype):
+        x = make(gen, dtype)
+        return x.reshape(x.shape[0] // heads, heads, x.shape[-1])
+    return made
+
+
 SPLIT_CASES: list[SplitCase] = [
     SplitCase("split-1", randn((6, 48)), even(1)),
     SplitCase("split-2", randn((6, 48)), even(2)),
@@ -342,4 +404,9 @@ SPLIT_CASES: list[SplitCase] = [
     SplitCase("split-one-element-segments", randn((3, 9)), even(9)),
     SplitCase("split-masked-and-specials", with_masked_segments((8, 60)), lambda n: [0, 12, 24, 40, n]),
     SplitCase("split-large-magnitude", uniform((6, 64), 1e4), even(4), dtypes=(torch.float32, torch.float64)),
+    SplitCase("split-strided", by_heads(with_masked_segments((8, 40)), 2), lambda n: [0, 13, 13, n], layout=STRIDED),
+    SplitCase("split-float64-lses", with_masked_segments((8, 40)), lambda n: [0, 15, 16, n],
+              dtypes=(torch.float16, torch.bfloat16, torch.float32), lse_dtype=torch.float64),
+    SplitCase("split-into-out", by_heads(with_masked_segments((8, 40)), 2), lambda n: [0, 17, n],
+              dtypes=(torch.float16, torch.bfloat16, torch.float32), layout=INTO_OUT),
 ]

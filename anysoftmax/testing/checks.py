@@ -18,7 +18,9 @@ import torch
 from ..core import registry
 from ..core.compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
 from ..core.errors import UnsupportedRequestError
-from ..core.spec import SoftmaxSpec
+from ..core.spec import TOLERANCES, SoftmaxSpec, Tolerance
+from ..core.variant import keep_mask
+from .cases import CONTIGUOUS, INTO_OUT, STRIDED
 from .poison import poisoned_allocations
 
 
@@ -137,10 +139,43 @@ def check_backward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False
     ds = grads[1] if sinks is not None else None
     result = compare_fused_backward(grads[0], y, g, x, spec, mask, sinks, ds)
     assert result.ok, f"backward of {spec.describe()}: {result.detail}"
+    excluded_get_zero(grads[0], x, spec, mask, f"backward of {spec.describe()}")
     if additive:
         result = compare_mask_gradient(grads[-1], y, g, x, spec, mask, sinks)
         assert result.ok, f"backward of {spec.describe()}: {result.detail}"
     return None
+
+
+def excluded_get_zero(dx: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mask, what: str) -> None:
+    """Positions a bool mask or causal excludes are never read: their gradient is exactly 0,
+    whatever the logit there (a NaN included; the reference's own formula is no help here, as
+    it multiplies a zero by the NaN's softcap derivative)."""
+    keep = keep_mask(tuple(x.shape), spec.variant, mask, dx.device)
+    if keep is None:
+        return
+    leaked = dx.detach()[~keep]
+    bad = leaked != 0  # (NaN != 0)
+    if bool(bad.any()):
+        at = tuple((~keep & (dx.detach() != 0)).nonzero()[0].tolist())
+        raise AssertionError(f"{what}: the gradient at {int(bad.sum())} excluded positions is not 0 (at {list(at)}: "
+                             f"{dx[at].item()}, logit {x[at].item()})")
+
+
+# An error bound's count of float32/float64 roundings of the exponent's terms (as
+# `core.compare.PROLOGUE_ROUNDINGS`: scale, softcap, the subtraction of the lse).
+ROUNDINGS = 8
+
+
+def _bounded(got, expected, bound, what: str) -> None:
+    """`got` against the float64 `expected` within the per-element absolute `bound`."""
+    from ..core.compare import compare_values
+
+    result = compare_values(got, expected, bound.nan_to_num(nan=float("inf")), Tolerance(0.0, 1.0), what)
+    assert result.ok, result.detail
+
+
+def _finite_abs(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(t), t.abs(), torch.zeros_like(t))
 
 
 # ---- softmax in pieces (core.pieces) ----------------------------------------------------------
@@ -180,21 +215,20 @@ def check_logsumexp(x: torch.Tensor, dim: int, *, backend: str, fused: dict | No
     return None
 
 
-def check_merge_split(x: torch.Tensor, bounds: list, *, backend: str) -> str | None:
-    """merge(split(x)) == (softmax(x), logsumexp(x)) along the last dim: each segment's
-    softmax (in float64, rounded to x's dtype) as a partial output over all n columns
-    (the attention value with V = identity) and its logsumexp (the backend's when it declares
-    logsumexp, else the float64 one in float32), merged by the backend. Rows with nothing
-    (every logit -inf) must merge to 0 and -inf."""
+def _partials(x: torch.Tensor, bounds: list, backend: str, lse_dtype=None) -> tuple[list, list]:
+    """merge(split(x))'s partials: each segment's softmax (in float64, rounded to x's dtype) as
+    an output over all n columns (the attention value with V = identity; NaN for a segment
+    whose logits are all -inf, as a kernel leaves a fully masked one) and its logsumexp in
+    `lse_dtype` (None: the backend's, float64 for float64 x, else float32): the backend's when
+    it declares logsumexp and gives that dtype, else the float64 one rounded."""
     import anysoftmax
-    from ..core.compare import compare_merge
-    from ..core.pieces import MergeSpec
 
     n = x.shape[-1]
+    lse_spec, _ = SoftmaxSpec.from_request(x, x.dim() - 1, fused={})
+    lse_dtype = lse_dtype or lse_spec.acc_dtype
     x64 = x.detach().to("cpu", torch.float64)
     eye = torch.eye(n, dtype=torch.float64)
-    lse_spec, _ = SoftmaxSpec.from_request(x, x.dim() - 1, fused={})
-    own_lse = pieces_refusal(backend, "logsumexp", lse_spec) is None
+    own_lse = lse_dtype == lse_spec.acc_dtype and pieces_refusal(backend, "logsumexp", lse_spec) is None
     outs, lses = [], []
     for a, b in zip(bounds[:-1], bounds[1:]):
         seg = x64[..., a:b]
@@ -205,18 +239,169 @@ def check_merge_split(x: torch.Tensor, bounds: list, *, backend: str) -> str | N
         p = torch.softmax(seg, -1) if b > a else seg  # (an empty segment's output: zeros below)
         outs.append((p @ eye[a:b] if b > a else torch.zeros(*x.shape[:-1], n, dtype=torch.float64))
                     .to(x.dtype).to(x.device))
-        lses.append(lse.to(torch.float64 if x.dtype == torch.float64 else torch.float32).to(x.device))
+        lses.append(lse.to(lse_dtype).to(x.device))
+    return outs, lses
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values in a non-contiguous view: its last two dims stored transposed (an lse of
+    [tokens, heads] as vLLM keeps it, [heads, tokens]; an output's head_size elements apart by
+    the heads), or for one dim every other element of a buffer twice as long."""
+    if t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    buf = torch.empty(2 * t.numel(), dtype=t.dtype, device=t.device)
+    view = buf[1::2]
+    view.copy_(t)
+    return view
+
+
+def _merge_call(outs: list, lses: list, backend: str, layout: str):
+    """A call of merge_states on the partials in `layout` (`cases.SplitCase`), returning (out,
+    lse): `anysoftmax.merge_states`, or vLLM's `merge_attn_states` writing into fresh
+    (poisoned) `output` and `output_lse`."""
+    import anysoftmax
+
+    if layout == STRIDED:
+        outs, lses = [_strided(t) for t in outs], [_strided(t) for t in lses]
+        assert not any(t.is_contiguous() for t in (*outs, *lses))
+    if layout != INTO_OUT:
+        return lambda: anysoftmax.merge_states(outs, lses, backend=backend)
+    from ..compat.vllm import merge_attn_states
+
+    (prefix, suffix), (prefix_lse, suffix_lse) = outs, [t.t().contiguous() for t in lses]  # [heads, tokens]
+
+    def call():
+        output = torch.empty_like(prefix)
+        output_lse = torch.empty_like(prefix_lse, dtype=torch.float32)
+        merge_attn_states(output, prefix, prefix_lse, suffix, suffix_lse, output_lse, backend=backend)
+        return output, output_lse.t()
+    return call
+
+
+def check_logsumexp_backward(x: torch.Tensor, dim: int, *, backend: str, fused: dict | None = None,
+                             seed: int = 7) -> str | None:
+    """Gradients of `anysoftmax.logsumexp` (autograd; x's, and the sinks' when given) against
+    the float64 formula (`core.pieces.logsumexp_backward_formula`) from the lse the backend
+    gave; positions the mask or causal excludes get exactly 0."""
+    import anysoftmax
+    from ..core.pieces import describe_logsumexp, logsumexp_backward_formula, logsumexp_request
+    from ..core.reference import prologue
+
+    fused = dict(fused or {})
+    spec, _ = logsumexp_request(x, dim, **fused)
+    reason = pieces_refusal(backend, "logsumexp", spec)
+    if reason is not None:
+        return _expect_refusal(lambda: anysoftmax.logsumexp(x, dim, backend=backend, **fused), backend, reason)
+    if x.numel() == 0:
+        return check_logsumexp(x, dim, backend=backend, fused=fused)
+    mask, sinks = fused.get("mask"), fused.get("sinks")
+    wants = [x.detach().clone().requires_grad_()]
+    if sinks is not None:
+        fused["sinks"] = sinks.detach().clone().requires_grad_()
+        wants.append(fused["sinks"])
+    what = f"backward of {describe_logsumexp(spec)}"
+    with poisoned_allocations(), _named(spec, "backward of logsumexp: "):
+        lse = anysoftmax.logsumexp(wants[0], dim, keepdim=True, backend=backend, **fused)
+        g = _upstream(lse, seed + x.numel())
+        grads = torch.autograd.grad(lse, wants, g)
+    excluded_get_zero(grads[0], x, spec, mask, what)
+    f64 = lambda t: None if t is None else t.detach().to("cpu", torch.float64)  # noqa: E731
+    x64, g64, lse64, s64 = f64(x), f64(g), f64(lse), f64(sinks)
+    m = None if mask is None else mask.detach().cpu()
+    v = spec.variant
+    dx, _, ds_rows = logsumexp_backward_formula(g64, lse64, x64, v, spec.dim, m, s64, torch.float64)
+    # Bounds: the gradient's rounding to its dtype, plus float32 (float64) roundings of the
+    # exponent z - lse relative to |z| + |lse| (z's own: scale, softcap and their argument).
+    eps = torch.finfo(spec.acc_dtype).eps
+    live = torch.where(torch.isfinite(lse64), lse64, torch.zeros_like(lse64))
+    z = prologue(x64, v, m, torch.float64)
+    scale = 1.0 if v.scale is None else abs(v.scale)
+    arg = 0.0 if v.softcap is None else _finite_abs(x64 * scale / v.softcap)
+    p = torch.exp(z - live).nan_to_num(0.0, 0.0, 0.0)
+    drift = ROUNDINGS * eps * (1 + _finite_abs(z) + _finite_abs(lse64) + arg)
+    tol = TOLERANCES[x.dtype]
+    _bounded(grads[0], dx, tol.atol * max(1.0, scale) + tol.rtol * dx.abs().nan_to_num(0.0)
+             + g64.abs() * p * scale * drift, f"{what}: dx ")
+    if sinks is not None:
+        ds = ds_rows.sum_to_size(tuple(sinks.shape))
+        tol = TOLERANCES[sinks.dtype]
+        ps = torch.exp(s64.expand(tuple(lse64.shape)) - live).nan_to_num(0.0, 0.0, 0.0)
+        mag = (g64.abs() * ps * ROUNDINGS * eps * (1 + _finite_abs(s64) + _finite_abs(lse64))).sum_to_size(
+            tuple(sinks.shape))
+        _bounded(grads[1], ds, tol.atol + tol.rtol * ds.abs().nan_to_num(0.0) + mag, f"{what}: dsinks ")
+    return None
+
+
+def check_merge_split(x: torch.Tensor, bounds: list, *, backend: str, lse_dtype=None,
+                      layout: str = CONTIGUOUS) -> str | None:
+    """merge(split(x)) == (softmax(x), logsumexp(x)) along the last dim: the segments'
+    partials (`_partials`: lses in `lse_dtype`), laid out as `layout` says (`cases.SplitCase`),
+    merged by the backend. Rows with nothing (every logit -inf) must merge to 0 and -inf."""
+    from ..core.compare import compare_merge
+    from ..core.pieces import MergeSpec
+
+    outs, lses = _partials(x, bounds, backend, lse_dtype)
+    spec = MergeSpec.from_tensors(outs, lses)
+    call = _merge_call(outs, lses, backend, layout)
+    reason = pieces_refusal(backend, "merge_states", spec)
+    if reason is not None:
+        return _expect_refusal(call, backend, reason)
+    with poisoned_allocations():
+        try:
+            out, lse = call()
+        except Exception as exc:
+            raise AssertionError(f"{spec.describe()}: {type(exc).__name__}: {exc}") from exc
+    x64 = x.detach().to("cpu", torch.float64)
+    full_lse = torch.logsumexp(x64, -1)
+    expected = torch.where((full_lse == float("-inf")).unsqueeze(-1), 0.0, torch.softmax(x64, -1))
+    result = compare_merge(out, lse, outs, lses, expected=(expected, full_lse), roundings=3)
+    assert result.ok, f"{spec.describe()}, {layout} partials of segments {bounds}: {result.detail}"
+    return None
+
+
+def check_merge_backward(x: torch.Tensor, bounds: list, *, backend: str, lse_dtype=None, seed: int = 7) -> str | None:
+    """Gradients of merge(split(x)) through `anysoftmax.merge_states` (autograd) against the
+    float64 formula (`core.pieces.merge_backward_formula`) from the (out, lse) the backend
+    gave. A partial whose lse is -inf weighs 0: its output (NaN for a fully masked segment)
+    is never read, and its gradients are exactly 0."""
+    import anysoftmax
+    from ..core.pieces import MergeSpec, merge_backward_formula
+
+    outs, lses = _partials(x, bounds, backend, lse_dtype)
     spec = MergeSpec.from_tensors(outs, lses)
     reason = pieces_refusal(backend, "merge_states", spec)
     if reason is not None:
         return _expect_refusal(lambda: anysoftmax.merge_states(outs, lses, backend=backend), backend, reason)
-    with poisoned_allocations():
-        try:
-            out, lse = anysoftmax.merge_states(outs, lses, backend=backend)
-        except Exception as exc:
-            raise AssertionError(f"{spec.describe()}: {type(exc).__name__}: {exc}") from exc
-    full_lse = torch.logsumexp(x64, -1)
-    expected = torch.where((full_lse == float("-inf")).unsqueeze(-1), 0.0, torch.softmax(x64, -1))
-    result = compare_merge(out, lse, outs, lses, expected=(expected, full_lse), roundings=3)
-    assert result.ok, f"{spec.describe()} of segments {bounds}: {result.detail}"
+    wants = [t.detach().clone().requires_grad_() for t in (*outs, *lses)]
+    k = len(outs)
+    with poisoned_allocations(), _named(spec, "backward of "):
+        out, lse = anysoftmax.merge_states(wants[:k], wants[k:], backend=backend)
+        g_out, g_lse = _upstream(out, seed), _upstream(lse, seed + 1)
+        grads = torch.autograd.grad((out, lse), wants, (g_out, g_lse))
+    what = f"backward of {spec.describe()} of segments {bounds}"
+    for i, li in enumerate(lses):
+        dead = li == float("-inf")
+        for name, d in ((f"outputs[{i}]", grads[i][dead]), (f"lses[{i}]", grads[k + i][dead])):
+            if bool((d != 0).any()):
+                raise AssertionError(f"{what}: {name}'s gradient where lses[{i}] is -inf is not 0 "
+                                     f"({int((d != 0).sum())} values, e.g. {d[d != 0][0].item()})")
+    f64 = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
+    o64, l64, out64, lse64, go, gl = [f64(t) for t in outs], [f64(t) for t in lses], f64(out), f64(lse), \
+        f64(g_out), f64(g_lse)
+    d_outs, d_lses = merge_backward_formula(go, gl, o64, l64, out64, lse64, torch.float64)
+    # Bounds: the result's rounding to its dtype, plus float32 (float64) roundings of the
+    # weight exp(lse_i - lse) relative to |lse_i| + |lse|, and of <g, out_i - out> relative to
+    # its terms' magnitudes.
+    eps = torch.finfo(spec.acc_dtype).eps
+    for i in range(k):
+        p = torch.exp(l64[i] - torch.where(torch.isfinite(lse64), lse64, torch.zeros_like(lse64))).nan_to_num(0.0, 0.0)
+        drift = ROUNDINGS * eps * (1 + _finite_abs(l64[i]) + _finite_abs(lse64))
+        tol = TOLERANCES[outs[i].dtype]
+        mag = p.unsqueeze(-1) * go.abs()
+        _bounded(grads[i], d_outs[i], tol.atol + tol.rtol * d_outs[i].abs().nan_to_num(0.0) + mag * drift.unsqueeze(-1),
+                 f"{what}: outputs[{i}]'s gradient: ")
+        tol = TOLERANCES[lses[i].dtype]
+        terms = ((_finite_abs(o64[i]) + _finite_abs(out64)) * go.abs()).sum(-1) + gl.abs()
+        _bounded(grads[k + i], d_lses[i], tol.atol + tol.rtol * d_lses[i].abs().nan_to_num(0.0)
+                 + p * terms * (drift + ROUNDINGS * eps), f"{what}: lses[{i}]'s gradient: ")
     return None

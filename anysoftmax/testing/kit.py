@@ -1,7 +1,8 @@
 """The conformance kit: every shipped case, run on one backend, as a list of named checks.
 
 `conformance_checks(name, device=..., quick=...)` builds the checks (plain forward cases,
-long rows, repeated calls, gradients, the fused family, bad input, the backend protocol);
+long rows, repeated calls, gradients, the fused family, logsumexp and merge_states with their
+gradients, bad input, the backend protocol);
 `run_checks` runs them and collects a `KitReport`; `check_backend` does both for a backend
 object (registered for the run if it is not already) and raises `AssertionError` naming every
 failed case. The project's own conformance tests and the pytest plugin run the same checks.
@@ -25,19 +26,23 @@ from ..core import registry
 from ..core.spec import SoftmaxSpec, dtype_name
 from .cases import (CASES, LOGSUMEXP_CASES, LONG_ROW_CASES, LONG_VARIANT_CASES, SPLIT_CASES, VARIANT_CASES, Case,
                     SplitCase, VariantCase)
-from .checks import check_backward, check_forward, check_logsumexp, check_merge_split, declared_refusal
+from .checks import (check_backward, check_forward, check_logsumexp, check_logsumexp_backward, check_merge_backward,
+                     check_merge_split, declared_refusal)
 from .poison import poisoned_allocations
 from .target import default_device, registered
 
 # The quick run: one case of each kind of layout, special values, dtype= and the fused steps,
 # in float32 and bfloat16 (float16 where a case is only float16).
 QUICK_CASES = ("seed-1823x781", "rank3-dim1", "transposed-2d-dim0", "step-sliced", "expanded-rows", "cols-3d",
-               "specials", "n1", "zero-dim", "empty-rows", "dtype-fp16-to-fp32", "long-specials", "long-dead-head")
+               "specials", "n1", "zero-dim", "empty-rows", "dtype-fp16-to-fp32", "long-specials", "long-dead-head",
+               "row-4097", "rows-4097", "channels-last")
 QUICK_VARIANTS = ("scale-softcap", "bool-mask-full-empty-zero", "additive-mask", "causal-bottom-right-empty-uniform",
-                  "sinks-masked-rows", "everything", "dim0-mask-sinks", "long-causal-mask-sinks")
+                  "sinks-masked-rows", "everything", "dim0-mask-sinks", "long-causal-mask-sinks",
+                  "bool-mask-nothing-excluded", "softcap-nan-excluded", "fused-row-1100")
 QUICK_DTYPES = (torch.float32, torch.bfloat16)
 QUICK_PIECES = ("lse-specials", "lse-everything", "lse-gpt-oss", "split-3-uneven", "split-with-empty-segments",
-                "split-masked-and-specials", "split-11-many")
+                "split-masked-and-specials", "split-11-many", "split-strided",
+                "split-float64-lses", "split-into-out")
 # Gradients: the layouts that matter to a backward kernel (dx's layout follows y's), on
 # finite data (`compare_backward` checks finite gradients; the fused cases cover NaN rows).
 # Small inputs: the Triton interpreter runs every program in turn, and a 1823-row case costs
@@ -47,9 +52,16 @@ BACKWARD_CASES = ("rank2-dim1", "rank3-dim0", "rank4-dim2", "transposed-2d", "st
 # Repeated calls of one request with new data: the second call takes the memoised launcher
 # (a stale pointer or a reused output buffer shows here).
 REPEAT_CASES = ("rank2-dim1", "transposed-3d", "cols-3d", "long-2d")
+# Gradients of the pieces ops (autograd in torch ops from the backend's forward): special
+# values, empty and sink-only rows, NaN logits a mask excludes; for merge_states, -inf partials
+# whose outputs are NaN. The quick run keeps the first of each.
+LOGSUMEXP_BACKWARD_CASES = ("lse-softcap-nan-excluded", "lse-everything", "lse-specials", "lse-sinks-masked-rows",
+                            "lse-rank3-dim1")
+MERGE_BACKWARD_CASES = ("split-masked-and-specials", "split-float64-lses", "split-with-empty-segments")
 
 
-COMPUTING = ("forward", "repeat", "backward", "fused", "fused-backward", "logsumexp", "merge")  # kinds that run a softmax
+COMPUTING = ("forward", "repeat", "backward", "fused", "fused-backward", "logsumexp", "logsumexp-backward", "merge",
+             "merge-backward")  # kinds that run a softmax
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class Check:
     refusal (skip); it raises AssertionError (or the backend's exception) on failure."""
 
     name: str
-    kind: str  # protocol, forward, repeat, backward, fused, fused-backward, bad-input
+    kind: str  # protocol, bad-input, or one of COMPUTING
     run: Callable[[int], str | None] = field(repr=False, compare=False)
 
 
@@ -171,19 +183,25 @@ def _fused(case: VariantCase, backend: str, device: str, log: bool, dtype, kind:
     return run
 
 
-def _logsumexp(case: VariantCase, backend: str, device: str, dtype) -> Callable[[int], str | None]:
+def _logsumexp(case: VariantCase, backend: str, device: str, dtype, kind: str) -> Callable[[int], str | None]:
     def run(seed: int) -> str | None:
-        gen = _gen(seed, f"logsumexp/{case.name}/{dtype}")
+        gen = _gen(seed, f"{kind}/{case.name}/{dtype}")
         x = case.make(gen, dtype)
         kwargs = _to(device, case.kwargs(gen, x))
+        if kind == "logsumexp-backward":
+            return check_logsumexp_backward(x.to(device), case.dim, backend=backend, fused=kwargs, seed=seed)
         return check_logsumexp(x.to(device), case.dim, backend=backend, fused=kwargs)
     return run
 
 
-def _merge(case: SplitCase, backend: str, device: str, dtype) -> Callable[[int], str | None]:
+def _merge(case: SplitCase, backend: str, device: str, dtype, kind: str) -> Callable[[int], str | None]:
     def run(seed: int) -> str | None:
-        x = case.make(_gen(seed, f"merge/{case.name}/{dtype}"), dtype).to(device)
-        return check_merge_split(x, case.bounds(x.shape[-1]), backend=backend)
+        x = case.make(_gen(seed, f"{kind}/{case.name}/{dtype}"), dtype).to(device)
+        if kind == "merge-backward":
+            return check_merge_backward(x, case.bounds(x.shape[-1]), backend=backend, lse_dtype=case.lse_dtype,
+                                        seed=seed)
+        return check_merge_split(x, case.bounds(x.shape[-1]), backend=backend, lse_dtype=case.lse_dtype,
+                                 layout=case.layout)
     return run
 
 
@@ -301,11 +319,21 @@ def conformance_checks(backend: str, *, device: str = "cpu", quick: bool = False
                            for d in _dtypes(c, quick)]
     # Softmax in pieces: run where the backend declares the ops, a declared refusal elsewhere.
     lse_cases = [c for c in LOGSUMEXP_CASES if not quick or c.name in QUICK_PIECES]
-    checks += [Check(_name("logsumexp", "logsumexp", c, d), "logsumexp", _logsumexp(c, backend, device, d))
+    checks += [Check(_name("logsumexp", "logsumexp", c, d), "logsumexp", _logsumexp(c, backend, device, d, "logsumexp"))
                for c in lse_cases for d in _dtypes(c, quick)]
+    lse_by_name = {c.name: c for c in LOGSUMEXP_CASES}
+    checks += [Check(_name("logsumexp-backward", "logsumexp", c, d), "logsumexp-backward",
+                     _logsumexp(c, backend, device, d, "logsumexp-backward"))
+               for c in (lse_by_name[n] for n in LOGSUMEXP_BACKWARD_CASES[:1 if quick else None])
+               for d in _dtypes(c, True)]
     split_cases = [c for c in SPLIT_CASES if not quick or c.name in QUICK_PIECES]
-    checks += [Check(_name("merge", "merge_states", c, d), "merge", _merge(c, backend, device, d))
+    checks += [Check(_name("merge", "merge_states", c, d), "merge", _merge(c, backend, device, d, "merge"))
                for c in split_cases for d in _dtypes(c, quick)]
+    split_by_name = {c.name: c for c in SPLIT_CASES}
+    checks += [Check(_name("merge-backward", "merge_states", c, d), "merge-backward",
+                     _merge(c, backend, device, d, "merge-backward"))
+               for c in (split_by_name[n] for n in MERGE_BACKWARD_CASES[:1 if quick else None])
+               for d in _dtypes(c, True)]
     checks += [Check(f"bad-input {name}", "bad-input", _bad_input(call, backend, device, exc, word))
                for name, call, exc, word in _bad_inputs()]
     return checks

@@ -3,15 +3,21 @@
 Each is a small change to a correct torch-based backend (`Right`, as the README's example): an
 error of a few float32 ulps in long rows, a mask ignored, the last element never written, a
 buffer reused across calls, the input scaled in place, a `supports()` answering with a bool.
+The `Planted` ones are the torch backend itself, wrong only under one condition (a bool mask
+that excludes nothing, long rows, many rows, channels_last, merge_states' strided partials,
+float64 lses or `out=`): each passes a kit that has no case meeting its condition.
 Importing this module registers nothing: tests pass an object to `check_backend`, or the CLI
 `--plugin wrong_backends:CLASS`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from anysoftmax.core.reference import fused_forward
+from anysoftmax.backends.torch_eager import TorchBackend
+from anysoftmax.core.reference import fused_backward, fused_forward
 from anysoftmax.core.variant import NO_OPERANDS
 
 
@@ -53,8 +59,6 @@ class IgnoresMask(Right):
     def run(self, x, spec, operands=NO_OPERANDS):
         if spec.is_plain:
             return super().run(x, spec)
-        from dataclasses import replace
-
         v = replace(spec.variant, mask=None, mask_kind="none", scale=None if spec.variant.scale is None else
                     operands.scale, softcap=None if spec.variant.softcap is None else operands.softcap)
         y, p = fused_forward(x, v, spec.dim, spec.log, None, operands.sinks, torch.float32)
@@ -160,3 +164,159 @@ class NaiveMerge(Right):
         s = w.sum(0)
         out = sum(w[i].unsqueeze(-1) * o.float() for i, o in enumerate(outputs)) / s.unsqueeze(-1)
         return out.to(spec.dtype), m + torch.log(s)
+
+
+# ---- planted defects: the torch backend, wrong only under one condition ------------------------
+
+def nudged(y: torch.Tensor) -> torch.Tensor:
+    """`y` with its largest finite element 1/8 too large: one wrong value, outside every dtype's
+    tolerance, that only a case meeting the plant's condition computes."""
+    y = y.clone()
+    size = torch.where(torch.isfinite(y), y.abs(), torch.zeros_like(y))
+    if y.numel():
+        at = torch.unravel_index(size.argmax(), y.shape)
+        y[at] = y[at] * (1 + 2.0**-3)
+    return y
+
+
+class Planted(TorchBackend):
+    """The torch backend (correct) with one defect planted: a result `wrong_*` says is affected
+    comes back `nudged`. Each subclass is a bug a kernel could have and the kit must catch."""
+
+    name = "planted"
+    devices = ("cpu",)
+    priority = -100
+
+    def wrong_softmax(self, x, spec, operands) -> bool:
+        return False
+
+    def wrong_merge(self, outputs, lses, spec, out) -> bool:
+        return False
+
+    def run(self, x, spec, operands=NO_OPERANDS):
+        result = super().run(x, spec, operands)
+        if not self.wrong_softmax(x, spec, operands):
+            return result
+        if isinstance(result, tuple):
+            return nudged(result[0]), result[1]
+        return nudged(result)
+
+    def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
+        o, lse = super().run_merge_states(outputs, lses, spec)
+        if self.wrong_merge(outputs, lses, spec, out):
+            o = nudged(o)
+        return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
+
+
+class MaskAllKeptOff(Planted):
+    """Wrong when a bool mask excludes nothing (a fast path for an all-False mask)."""
+
+    name = "mask_all_kept_off"
+
+    def wrong_softmax(self, x, spec, operands):
+        m = operands.mask
+        return m is not None and m.dtype == torch.bool and not bool(m.any())
+
+
+class LastDimLongOff(Planted):
+    """Wrong for rows along the last dim longer than 1000 (a looped kernel)."""
+
+    name = "last_dim_long_off"
+
+    def wrong_softmax(self, x, spec, operands):
+        return spec.dim == spec.ndim - 1 and spec.n_cols > 1000
+
+
+class HalfLongOff(Planted):
+    """Wrong for 16-bit rows longer than 1000 (a 16-bit path's accumulator)."""
+
+    name = "half_long_off"
+
+    def wrong_softmax(self, x, spec, operands):
+        return spec.in_dtype.itemsize == 2 and spec.n_cols > 1000
+
+
+class Over2048Off(Planted):
+    """Wrong for rows longer than 2048 (the split kernel)."""
+
+    name = "over_2048_off"
+
+    def wrong_softmax(self, x, spec, operands):
+        return spec.n_cols > 2048
+
+
+class FusedLongOff(Planted):
+    """Wrong for fused-family rows longer than 512 (the fused online kernel)."""
+
+    name = "fused_long_off"
+
+    def wrong_softmax(self, x, spec, operands):
+        return not spec.is_plain and spec.n_cols > 512
+
+
+class ChannelsLastOff(Planted):
+    """Wrong for channels_last inputs (NHWC strides read as another layout)."""
+
+    name = "channels_last_off"
+
+    def wrong_softmax(self, x, spec, operands):
+        return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+class ManyRowsOff(Planted):
+    """Wrong with more than 4096 rows (a grid that wraps)."""
+
+    name = "many_rows_off"
+
+    def wrong_softmax(self, x, spec, operands):
+        return spec.n_rows > 4096
+
+
+class StridedMergeOff(Planted):
+    """merge_states wrong for non-contiguous partials (outputs or lses read as contiguous)."""
+
+    name = "strided_merge_off"
+
+    def wrong_merge(self, outputs, lses, spec, out):
+        return not all(t.is_contiguous() for t in (*outputs, *lses))
+
+
+class Float64LseMergeOff(Planted):
+    """merge_states wrong for float64 lses with 16- or 32-bit outputs (a cast between them)."""
+
+    name = "float64_lse_merge_off"
+
+    def wrong_merge(self, outputs, lses, spec, out):
+        return spec.dtype != torch.float64 and any(t.dtype == torch.float64 for t in lses)
+
+
+class MergeIntoOutOff(Planted):
+    """merge_states wrong only when it writes into `out=` (the vLLM drop-in's path)."""
+
+    name = "merge_into_out_off"
+
+    def wrong_merge(self, outputs, lses, spec, out):
+        return out is not None
+
+
+PLANTED = (MaskAllKeptOff, LastDimLongOff, HalfLongOff, Over2048Off, FusedLongOff, ChannelsLastOff, ManyRowsOff,
+           StridedMergeOff, Float64LseMergeOff, MergeIntoOutOff)
+
+
+class SoftcapNanGradient(Planted):
+    """A fused backward of its own that multiplies softcap's derivative in at every position,
+    excluded ones too: where the mask excludes a NaN logit, 0 * NaN leaks into the gradient."""
+
+    name = "softcap_nan_gradient"
+
+    def fused_backward_launcher(self, y, spec):
+        v, dim, log, acc = spec.variant, spec.dim, spec.log, spec.acc_dtype
+
+        def run(grad, y_, x, ops, p_sink):
+            variant = replace(v, scale=None if v.scale is None else ops.scale,
+                              softcap=None if v.softcap is None else ops.softcap)
+            dx, ds, _ = fused_backward(grad, y_, x, variant, dim, log, ops.mask, p_sink, acc)
+            if variant.softcap is not None:
+                dx = dx + 0.0 * torch.tanh(x.to(acc) / variant.softcap)
+            return dx.to(y_.dtype), ds
+        return run

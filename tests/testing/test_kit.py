@@ -17,8 +17,10 @@ import anysoftmax
 from anysoftmax.core import registry
 from anysoftmax.testing import check_backend, conformance_checks
 from helpers import write_matrix
-from wrong_backends import (BoolSupports, IgnoresMask, LongRowOff, LseOff, NaiveMerge, ReusesOutput, Right,
-                            ScalesInputInPlace, SkipsLastElement)
+from wrong_backends import (BoolSupports, ChannelsLastOff, Float64LseMergeOff, FusedLongOff, HalfLongOff, IgnoresMask,
+                            LastDimLongOff, LongRowOff, LseOff, ManyRowsOff, MaskAllKeptOff, MergeIntoOutOff,
+                            NaiveMerge, Over2048Off, ReusesOutput, Right, ScalesInputInPlace, SkipsLastElement,
+                            SoftcapNanGradient, StridedMergeOff)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "plugin"
@@ -60,6 +62,36 @@ def test_subtly_wrong_backends_fail_naming_their_cases(backend, named):
     assert f"anysoftmax conformance of {backend.name!r}" in text
     for piece in named:
         assert piece in text, text[:3000]
+
+
+# The torch backend with one defect planted (`wrong_backends.Planted`): each is wrong only under
+# its condition, passed the kit before the kit had a case meeting it, and must now fail it,
+# named by a case that meets it (in the quick run too).
+PLANTED = [
+    (MaskAllKeptOff(), "fused softmax bool-mask-nothing-excluded float32"),
+    (LastDimLongOff(), "forward softmax row-4097 float32"),
+    (HalfLongOff(), "forward softmax row-4097 bfloat16"),
+    (Over2048Off(), "forward log_softmax row-4097 float32"),
+    (FusedLongOff(), "fused softmax fused-row-1100 float32"),
+    (ChannelsLastOff(), "forward softmax channels-last float32"),
+    (ManyRowsOff(), "forward softmax rows-4097 float32"),
+    (StridedMergeOff(), "merge merge_states split-strided float32"),
+    (Float64LseMergeOff(), "merge merge_states split-float64-lses bfloat16"),
+    (MergeIntoOutOff(), "merge merge_states split-into-out float32"),
+    (SoftcapNanGradient(), "fused-backward softmax softcap-nan-excluded float32"),
+]
+
+
+def failed_checks(text: str) -> set[str]:
+    """The names of the failed checks in a report's text."""
+    lines = text.split("failed (", 1)[1].splitlines()[1:]
+    return {line[2:].split(": ", 1)[0] for line in lines if line.startswith("  ") and not line.startswith("   ")}
+
+
+@pytest.mark.parametrize("backend,case", PLANTED, ids=[b.name for b, _ in PLANTED])
+def test_planted_defects_fail_naming_a_case_that_meets_them(backend, case):
+    failed = failed_checks(failures(backend))
+    assert case in failed, sorted(failed)
 
 
 def test_the_fused_gate_is_a_skip_and_a_fused_backend_is_checked():
