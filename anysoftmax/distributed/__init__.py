@@ -34,7 +34,7 @@ from ..core.request import SHARDED, SHARDED_LSE
 from ..torchop.api import log_softmax as _local_log_softmax, softmax as _local_softmax
 from ..torchop.pieces import logsumexp as _local_logsumexp
 from . import ops
-from .autograd import ShardedLogsumexp, ShardedSoftmax
+from .autograd import FuncShardedLogsumexp, FuncShardedSoftmax, ShardedLogsumexp, ShardedSoftmax
 from .calls import prepare, refuse_causal
 from .collective import group_name
 from .functions import logsumexp_forward, softmax_forward
@@ -61,9 +61,9 @@ def _softmax(who, log, x, dim, group, dtype, scale, mask, causal, softcap, sinks
     if c.world == 1 and sinks is None:  # the shard is the whole dim: the local op, one read of x
         local = _local_log_softmax if log else _local_softmax
         return local(x, c.dim, scale=scale, mask=mask, softcap=softcap, empty_rows=c.empty_rows, backend=backend)
-    if c.eager and not _graph(x, mask, sinks):
-        return softmax_forward(x, mask, sinks, c)[0]
-    return ShardedSoftmax.apply(x, mask, sinks, c)[0]
+    if not c.eager:  # (torch.func, forward AD, tensor subclasses)
+        return FuncShardedSoftmax.apply(x, mask, sinks, c)[0]
+    return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
 
 
 def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None = None, scale: float | None = None,
@@ -103,6 +103,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = No
         return x.new_empty(shape, dtype=checked.acc)
     if c.world == 1 and sinks is None:
         return _local_logsumexp(x, c.dim, scale=scale, mask=mask, softcap=softcap, keepdim=keepdim, backend=backend)
-    if c.eager and not _graph(x, mask, sinks):
-        return logsumexp_forward(x, mask, sinks, c)[0]
-    return ShardedLogsumexp.apply(x, mask, sinks, c)[0]
+    if not c.eager:
+        return FuncShardedLogsumexp.apply(x, mask, sinks, c)[0]
+    return ShardedLogsumexp.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else \
+        logsumexp_forward(x, mask, sinks, c)[0]

@@ -1,13 +1,12 @@
-"""The autograd Functions of the sharded softmax, log_softmax and logsumexp: eager autograd and
-torch.func's transforms (grad, vjp, vmap and vmap of grad: `setup_context`, and vmap rules
-generated over the operators of `ops.py`).
+"""The autograd Functions of the sharded softmax, log_softmax and logsumexp: one for eager
+autograd, one for torch.func's transforms (grad, vjp, jacrev, vmap and vmap of grad: a
+`setup_context`, and vmap rules generated over the operators of `ops.py`), each pair sharing
+its forward, saved tensors and backward.
 
 On plain tensors a Function runs the formulas of `functions.py` itself (in eager mode the
 forward may read the shard once, `one_read`); on tensors a torch.func transform wraps, it calls
-the operators, whose vmap rules batch. The forward's row states travel as outputs (the
-Functions' saved tensors are set from inputs and outputs) that are not differentiable; the
-public functions return the first output. A backward that is itself differentiated raises
-(`functions.refuse_double_backward`).
+the operators, whose vmap rules batch. A backward that is itself differentiated raises
+(`refuse_double_backward`).
 """
 
 from __future__ import annotations
@@ -70,60 +69,117 @@ def _backward(ctx, grad, formula, operator, tail: tuple):
     return dx if needs[0] else None, _or_none(dmask, needs[1]), _or_none(dsinks, needs[2]), None
 
 
+# ---- softmax, log_softmax ---------------------------------------------------------------------
+
+def _softmax_outputs(x, mask, sinks, c):
+    # (y, the global lse (with sinks), the rows empty on every rank (with a bool mask))
+    if _plain_eager(x, mask, sinks, gradients=False):
+        y, st = softmax_forward(x, mask, sinks, c)
+        return y, st.lse, st.empty
+    return ops.softmax_op(x, mask, sinks, c.dim, None, c.log, c.scale, c.softcap, c.empty_rows, c.backend,
+                          group_name(c.group))
+
+
+def _softmax_save(ctx, x, mask, sinks, c, y, lse, empty):
+    ctx.c = c
+    ctx.save_for_backward(y, x if c.softcap is not None else None, mask, sinks, lse, empty)
+
+
+def _softmax_grad(ctx, gy):
+    c = ctx.c
+    return _backward(ctx, gy, softmax_backward, ops.softmax_backward_op,
+                     (c.dim, c.log, c.scale, c.softcap, group_name(c.group)))
+
+
 class ShardedSoftmax(torch.autograd.Function):
-    """apply(x, mask, sinks, call) -> (this rank's shard of the softmax / log_softmax, the
-    global lse (with sinks), the rows empty on every rank (with a bool mask))."""
+    """Eager autograd: apply(x, mask, sinks, call) -> this rank's shard of the softmax /
+    log_softmax. (ctx-style: a Function with `setup_context` binds its arguments through
+    `inspect` on every apply, some 30 us of host time a small call waits on.)"""
+
+    @staticmethod
+    def forward(ctx, x, mask, sinks, c):
+        y, lse, empty = _softmax_outputs(x, mask, sinks, c)
+        _softmax_save(ctx, x, mask, sinks, c, y, lse, empty)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        return _softmax_grad(ctx, gy)
+
+
+class FuncShardedSoftmax(torch.autograd.Function):
+    """torch.func: apply(x, mask, sinks, call) -> (this rank's shard, the global lse (with
+    sinks), the rows empty on every rank (with a bool mask)); the row states are outputs (a
+    `setup_context` sees inputs and outputs only), not differentiable."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, mask, sinks, c):
-        if _plain_eager(x, mask, sinks, gradients=False):
-            y, st = softmax_forward(x, mask, sinks, c)
-            return y, st.lse, st.empty
-        return ops.softmax_op(x, mask, sinks, c.dim, None, c.log, c.scale, c.softcap, c.empty_rows, c.backend,
-                              group_name(c.group))
+        return _softmax_outputs(x, mask, sinks, c)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, mask, sinks, c = inputs
-        y, lse, empty = output
-        ctx.c = c
-        ctx.mark_non_differentiable(*_present(lse, empty))
-        ctx.save_for_backward(y, x if c.softcap is not None else None, mask, sinks, lse, empty)
+        ctx.mark_non_differentiable(*_present(*output[1:]))
+        _softmax_save(ctx, *inputs, *output)
 
     @staticmethod
     def backward(ctx, gy, _lse, _empty):
-        c = ctx.c
-        return _backward(ctx, gy, softmax_backward, ops.softmax_backward_op,
-                         (c.dim, c.log, c.scale, c.softcap, group_name(c.group)))
+        return _softmax_grad(ctx, gy)
+
+
+# ---- logsumexp --------------------------------------------------------------------------------
+
+def _logsumexp_outputs(x, mask, sinks, c):
+    # (the global logsumexp, `rest`, the rows empty on every rank (with a bool mask))
+    if _plain_eager(x, mask, sinks, gradients=False):
+        out, st = logsumexp_forward(x, mask, sinks, c)
+        return out, st.rest, st.empty
+    return ops.logsumexp_op(x, mask, sinks, c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group))
+
+
+def _logsumexp_save(ctx, x, mask, sinks, c, out, rest, empty):
+    ctx.c = c
+    # (the result only with sinks, its one reader: the global lse of every row there)
+    ctx.save_for_backward(x, mask, sinks, out if sinks is not None else None, rest, empty)
+
+
+def _logsumexp_grad(ctx, g):
+    c = ctx.c
+    return _backward(ctx, g, logsumexp_backward, ops.logsumexp_backward_op,
+                     (c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group)))
 
 
 class ShardedLogsumexp(torch.autograd.Function):
-    """apply(x, mask, sinks, call) -> (the global logsumexp per row on every rank: -inf for rows
-    a bool mask leaves empty on every rank, their sink with sinks; `rest`, the log of
-    everything outside this shard; the rows empty on every rank (with a bool mask))."""
+    """Eager autograd: apply(x, mask, sinks, call) -> the global logsumexp per row on every
+    rank (-inf for rows a bool mask leaves empty on every rank, their sink with sinks)."""
+
+    @staticmethod
+    def forward(ctx, x, mask, sinks, c):
+        out, rest, empty = _logsumexp_outputs(x, mask, sinks, c)
+        _logsumexp_save(ctx, x, mask, sinks, c, out, rest, empty)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return _logsumexp_grad(ctx, g)
+
+
+class FuncShardedLogsumexp(torch.autograd.Function):
+    """torch.func: apply(x, mask, sinks, call) -> (the global logsumexp, `rest` (the log of
+    everything outside this shard), the rows empty on every rank), as `FuncShardedSoftmax`."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, mask, sinks, c):
-        if _plain_eager(x, mask, sinks, gradients=False):
-            out, st = logsumexp_forward(x, mask, sinks, c)
-            return out, st.rest, st.empty
-        return ops.logsumexp_op(x, mask, sinks, c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group))
+        return _logsumexp_outputs(x, mask, sinks, c)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, mask, sinks, c = inputs
-        out, rest, empty = output
-        ctx.c = c
-        ctx.mark_non_differentiable(*_present(rest, empty))
-        # (the result only with sinks, its one reader: the global lse of every row there)
-        ctx.save_for_backward(x, mask, sinks, out if sinks is not None else None, rest, empty)
+        ctx.mark_non_differentiable(*_present(*output[1:]))
+        _logsumexp_save(ctx, *inputs, *output)
 
     @staticmethod
     def backward(ctx, g, _rest, _empty):
-        c = ctx.c
-        return _backward(ctx, g, logsumexp_backward, ops.logsumexp_backward_op,
-                         (c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group)))
+        return _logsumexp_grad(ctx, g)

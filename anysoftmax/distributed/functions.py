@@ -28,6 +28,13 @@ from . import one_read
 from .collective import sum_rows
 from .states import exchange
 
+# What differentiating a backward raises (`autograd.refuse_double_backward`, the backward
+# operators' own backward): the first derivative counts the replicated lse and sinks once on
+# every rank, their second derivatives would sum over the ranks: no consistent one, so none,
+# never a silently constant one.
+NO_DOUBLE_BACKWARD = ("anysoftmax.distributed: no double backward (create_graph=True, or a derivative of a "
+                      "derivative): differentiate the sharded softmax, log_softmax or logsumexp once")
+
 
 class Call(NamedTuple):
     """The non-tensor arguments of one call, as validated by the public functions."""
@@ -159,11 +166,3 @@ def _operand_grads(dz, ds_rows, mask, sinks, needs):
     if ds_rows is not None:
         dsinks = ds_rows.sum_to_size(sinks.shape).to(sinks.dtype)
     return dmask, dsinks
-
-
-# What differentiating a backward raises (`autograd.refuse_double_backward`, the backward
-# operators' own backward): the first derivative counts the replicated lse and sinks once on
-# every rank, their second derivatives would sum over the ranks: no consistent one, so none,
-# never a silently constant one.
-NO_DOUBLE_BACKWARD = ("anysoftmax.distributed: no double backward (create_graph=True, or a derivative of a "
-                      "derivative): differentiate the sharded softmax, log_softmax or logsumexp once")

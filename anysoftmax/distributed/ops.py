@@ -42,7 +42,8 @@ def _row_shape(x: _Tensor, dim: int) -> tuple[int, ...]:
 
 def _fresh(*outputs: _Tensor, inputs=()) -> tuple[_Tensor, ...]:
     """`outputs`, contiguous, none sharing memory with another or with `inputs` (an operator's
-    outputs are new tensors); a placeholder (None) becomes an empty tensor."""
+    outputs are new tensors: a row state may be a view of the sinks, a gradient the same
+    tensor as another)."""
     seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
     out = []
     for t in outputs:
@@ -76,9 +77,9 @@ def _no_rows(x: _Tensor, dim: int) -> bool:
 def softmax_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], dim: int, dtype: Optional[torch.dtype],
                log: bool, scale: Optional[float], softcap: Optional[float], empty_rows: str, backend: Optional[str],
                group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """(this rank's shard of the softmax / log_softmax of a dim sharded across the group
-    `group` (its name, `collective.group_name`), the global lse (with sinks), the rows empty on every
-    rank (with a bool mask))."""
+    """(this rank's shard of the softmax / log_softmax of a dim sharded across the group named
+    `group` (`collective.group_name`), the global lse (with sinks), the rows empty on every rank
+    (with a bool mask))."""
     x, c, checked = _prepare(_SOFTMAX[log], SHARDED, x, dim, dtype, log, False, group, scale, mask, softcap, sinks,
                              empty_rows, backend)
     rows = _row_shape(x, c.dim)
@@ -104,7 +105,8 @@ def _softmax_fake(x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, b
 @torch.library.custom_op("anysoftmax::sharded_softmax_backward", mutates_args=())
 def softmax_backward_op(gy: _Tensor, y: _Tensor, x: Optional[_Tensor], mask: Optional[_Tensor],
                         sinks: Optional[_Tensor], lse: _Tensor, empty: _Tensor, dim: int, log: bool,
-                        scale: Optional[float], softcap: Optional[float], group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
+                        scale: Optional[float], softcap: Optional[float],
+                        group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
     """(dx, dmask, dsinks) of `softmax_op` (`functions.softmax_backward`); `dim` normalised."""
     c = _backward_call(dim, log, scale, softcap, False, None, group)
     if _no_rows(y, dim):
@@ -233,7 +235,8 @@ def _logsumexp_setup(ctx, inputs, output):
 def _logsumexp_grad(ctx, g, _rest, _empty):
     x, mask, sinks, out, rest, empty = ctx.saved_tensors
     dx, dmask, dsinks = logsumexp_backward_op(g, x, mask, sinks, out, rest, empty, *ctx.args)
-    return dx, _operand_grad(ctx, 1, mask, dmask), _operand_grad(ctx, 2, sinks, dsinks), None, None, None, None, None, None
+    return (dx, _operand_grad(ctx, 1, mask, dmask), _operand_grad(ctx, 2, sinks, dsinks),
+            None, None, None, None, None, None)
 
 
 logsumexp_op.register_autograd(_logsumexp_grad, setup_context=_logsumexp_setup)
@@ -268,6 +271,11 @@ def _rows_front(t, bdim, n: int, ndim: int, present: bool):
     return _front(t, bdim, n, ndim) if present else t
 
 
+def _grad_dims(mask, sinks) -> tuple:
+    # The batch dims of a backward operator's (dx, dmask, dsinks): placeholders have none.
+    return 0, 0 if mask is not None and not _bool(mask) else None, 0 if sinks is not None else None
+
+
 @softmax_op.register_vmap
 def _softmax_vmap(info, in_dims, x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group):
     n, (xd, md, sd) = info.batch_size, in_dims[:3]
@@ -286,7 +294,7 @@ def _softmax_backward_vmap(info, in_dims, gy, y, x, mask, sinks, lse, empty, dim
         _front(sinks, sd, n, ndim), _rows_front(lse, ld, n, ndim, sinks is not None),
         _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_SOFTMAX[log], dim, ndim), log, scale, softcap,
         group)
-    return (dx, dmask, dsinks), (0, 0 if mask is not None and not _bool(mask) else None, 0 if sinks is not None else None)
+    return (dx, dmask, dsinks), _grad_dims(mask, sinks)
 
 
 @logsumexp_op.register_vmap
@@ -312,7 +320,7 @@ def _logsumexp_backward_vmap(info, in_dims, g, x, mask, sinks, out, rest, empty,
         _rows_front(rest, rd, n, ndim, _has_rest(sinks, world)),
         _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
         backend, group)
-    return (dx, dmask, dsinks), (0, 0 if mask is not None and not _bool(mask) else None, 0 if sinks is not None else None)
+    return (dx, dmask, dsinks), _grad_dims(mask, sinks)
 
 
 def compiled_softmax(x, dim, dtype, log, scale, mask, softcap, sinks, empty_rows, backend, group) -> _Tensor:

@@ -6,9 +6,10 @@ across ranks), against the float64 reference of the *global* function.
     spawn_checks(world_size=3)                          # gloo on the CPU, one process per rank
 
 Every rank makes the same global tensors from `seed`, takes its shard (uneven shards, empty
-ones, split points drawn per case), runs forward and backward, and rank 0 checks the gathered
-shards with `anysoftmax.core.compare` (gradients of x, of an additive mask and of the sinks
-too). All ranks return the same list of failures.
+ones, split points drawn per case), runs forward and backward (eagerly, or through torch.func,
+vmap or torch.compile: `ShardCase.mode`), and rank 0 checks the gathered shards with
+`anysoftmax.core.compare` (gradients of x, of an additive mask and of the sinks too). All
+ranks return the same list of failures.
 """
 
 from __future__ import annotations

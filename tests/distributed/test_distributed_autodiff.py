@@ -55,22 +55,26 @@ def test_torch_func_grad_vmap_and_vmap_of_grad(one_rank, gen, op):
 
 @pytest.mark.parametrize("op", OPS)
 def test_torch_compile_fullgraph(one_rank, gen, op):
-    """One graph (fullgraph), forward and backward through AOTAutograd, with the default group
-    and with a group object passed in."""
+    """One graph (fullgraph), forward and backward through AOTAutograd: with sinks and a bool
+    mask that empties a row (the sharded path), without sinks (one rank: the same operator),
+    with the default group and with a group object passed in."""
     sharded, local = _ops(op)
-    x, mask, sinks = _operands(gen)
-    for group in (None, dist.group.WORLD):
+    x, _, sinks = _operands(gen)
+    mask = torch.rand(x.shape, generator=gen) < 0.3
+    mask[1, 2] = True
+    kw = dict(scale=0.5, mask=mask) if op == "logsumexp" else dict(scale=0.5, mask=mask, empty_rows="uniform")
+    for group, s in ((None, sinks), (dist.group.WORLD, None)):
         torch._dynamo.reset()
-        fn = torch.compile(lambda x, s: sharded(x, -1, group=group, sinks=s, scale=0.5), fullgraph=True,
+        fn = torch.compile(lambda x, s: sharded(x, -1, group=group, sinks=s, **kw), fullgraph=True,
                            backend="aot_eager")
-        xs, ss = x.clone().requires_grad_(), sinks.clone().requires_grad_()
-        got = fn(xs, ss)
-        want = local(x, -1, sinks=sinks, scale=0.5)
-        _close(got, want)
+        diff = (x.clone().requires_grad_(), None if s is None else s.clone().requires_grad_())
+        got = fn(*diff)
+        ref = (x.clone().requires_grad_(), None if s is None else s.clone().requires_grad_())
+        want = local(ref[0], -1, sinks=ref[1], **kw)
+        _close(got, want.detach())
         w = torch.randn(got.shape, generator=gen, dtype=torch.float64)
-        xl, sl = x.clone().requires_grad_(), sinks.clone().requires_grad_()
-        _close(torch.autograd.grad(got, (xs, ss), w),
-               torch.autograd.grad(local(xl, -1, sinks=sl, scale=0.5), (xl, sl), w))
+        _close(torch.autograd.grad(got, [t for t in diff if t is not None], w),
+               torch.autograd.grad(want, [t for t in ref if t is not None], w))
 
 
 @pytest.mark.parametrize("op", OPS)
