@@ -9,6 +9,11 @@ import weakref
 import torch
 import torch.distributed as dist
 
+try:  # (a name -> its group: what torch's functional collectives resolve groups with)
+    from torch._C._distributed_c10d import _resolve_process_group
+except ImportError:  # pragma: no cover - a torch built without distributed
+    _resolve_process_group = None
+
 
 def _group_object(group):
     return dist.group.WORLD if group is None else group
@@ -36,6 +41,18 @@ def group_rank_and_size(group, who: str) -> tuple[int, int]:
     got = rank, dist.get_world_size(group)
     _ranks[_group_object(group)] = got
     return got
+
+
+def group_name(group) -> str:
+    """`group` as an operator argument (`ops.py`: a schema type, that torch.compile reads from
+    a group object without running anything): its name, "" for None (the default group that
+    is current when the call runs)."""
+    return "" if group is None else group.group_name
+
+
+def group_of(name: str):
+    """The group `group_name` named (None: the default group)."""
+    return None if name == "" else _resolve_process_group(name)
 
 
 # all_gather_single replaces all_gather_into_tensor in recent torch (same arguments).

@@ -1,4 +1,5 @@
-"""The autograd Functions of the sharded softmax, log_softmax and logsumexp.
+"""The sharded softmax, log_softmax and logsumexp as formulas without autograd: the forwards
+and backwards that the autograd Functions (`autograd.py`) and the operators (`ops.py`) run.
 
 Forward: `states.exchange` (one gather of row states), then one local fused softmax whose sink
 is `rest`, the log of everything outside the shard. Backward: softmax and log_softmax sum one
@@ -8,7 +9,8 @@ is the global softmax, recomputed locally from the saved `rest`).
 Sinks are replicated on every rank: each rank's sink gradient is the full one (the row sums
 are global after the backward's all-reduce). A floating mask is this rank's operand: its
 gradient is what this rank's use of it contributes (a mask shared by all ranks, broadcast
-along `dim`, gets each rank's part; their sum is the whole).
+along `dim`, gets each rank's part; their sum is the whole). There is no second derivative
+(`NO_DOUBLE_BACKWARD`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import math
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import dispatch
 from ..core.reference import empty_row_value
@@ -26,6 +27,13 @@ from ..torchop.pieces import _plain_eager
 from . import one_read
 from .collective import sum_rows
 from .states import exchange
+
+# What differentiating a backward raises (`autograd.refuse_double_backward`, the backward
+# operators' own backward): the first derivative counts the replicated lse and sinks once on
+# every rank, their second derivatives would sum over the ranks: no consistent one, so none,
+# never a silently constant one.
+NO_DOUBLE_BACKWARD = ("anysoftmax.distributed: no double backward (create_graph=True, or a derivative of a "
+                      "derivative): differentiate the sharded softmax, log_softmax or logsumexp once")
 
 
 class Call(NamedTuple):
@@ -77,15 +85,6 @@ def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call) -> torch.Tensor:
     return dz
 
 
-def _operand_grads(ctx, dz, ds_rows, mask, sinks):
-    dmask = dsinks = None
-    if ctx.needs_input_grad[1] and mask is not None and mask.dtype.is_floating_point:
-        dmask = dz.sum_to_size(mask.shape).to(mask.dtype)
-    if ctx.needs_input_grad[2] and sinks is not None:
-        dsinks = ds_rows.sum_to_size(sinks.shape).to(sinks.dtype)
-    return dmask, dsinks
-
-
 def softmax_forward(x, mask, sinks, c: Call):
     """(this rank's shard of the global softmax / log_softmax, the row states): the forward
     without autograd (the Function's forward, and the whole call when nothing needs a gradient:
@@ -114,76 +113,56 @@ def logsumexp_forward(x, mask, sinks, c: Call):
     """(the global logsumexp per row, the row states), without autograd (as `softmax_forward`)."""
     st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
                   rank=c.rank, world=c.world, group=c.group, eager=c.eager)
-    out = st.lse if st.empty is None else st.lse.masked_fill(st.empty, -math.inf)
+    # A row no rank keeps anything of is -inf, or its sink s with sinks (the merge gives s there).
+    out = st.lse if st.empty is None or sinks is not None else st.lse.masked_fill(st.empty, -math.inf)
     return (out if c.keepdim else out.squeeze(c.dim)), st
 
 
-class ShardedSoftmax(torch.autograd.Function):
-    """softmax / log_softmax of a sharded dim: forward(x, mask, sinks, call) -> this rank's shard."""
-
-    @staticmethod
-    def forward(ctx, x, mask, sinks, c: Call):
-        y, st = softmax_forward(x, mask, sinks, c)
-        ctx.c = c
-        ctx.save_for_backward(y, x if c.softcap is not None else None, mask, sinks, st.lse, st.empty)
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, gy):
-        y, x, mask, sinks, lse, empty = ctx.saved_tensors
-        c: Call = ctx.c
-        acc = _acc(y)
-        g, yy = gy.to(acc), y.to(acc)
-        excluded = None
-        if mask is not None and mask.dtype == torch.bool:
-            excluded = mask.expand(y.shape)
-            g = g.masked_fill(excluded, 0.0)  # excluded outputs are constants
-        # The backward's one collective: one float per row.
-        total = sum_rows(g.sum(c.dim, keepdim=True) if c.log else (yy * g).sum(c.dim, keepdim=True), c.world, c.group)
-        dz = g - yy.exp() * total if c.log else yy * (g - total)
-        ds = None
-        if sinks is not None:
-            ds = -torch.exp(sinks.detach().to(acc) - lse) * total
-        if excluded is not None:
-            dz = dz.masked_fill(excluded | empty, 0.0)
-            if ds is not None:
-                ds = ds.masked_fill(empty, 0.0)
-        dmask, dsinks = _operand_grads(ctx, dz, ds, mask, sinks)
-        dx = _chain(dz, x, c).to(y.dtype) if ctx.needs_input_grad[0] else None
-        return dx, dmask, dsinks, None
+def softmax_backward(gy, y, x, mask, sinks, lse, empty, c: Call, needs=(True, True, True)):
+    """(dx, dmask, dsinks) of the sharded softmax / log_softmax from its gradient `gy`, its
+    result `y` and the row states (`lse` with sinks, `empty` with a bool mask); `x` only with
+    softcap. `needs`: which of the three are wanted (None where not, or where the operand is
+    absent or a bool mask). The backward's one collective: one float per row."""
+    acc = _acc(y)
+    g, yy = gy.to(acc), y.to(acc)
+    excluded = None
+    if mask is not None and mask.dtype == torch.bool:
+        excluded = mask.expand(y.shape)
+        g = g.masked_fill(excluded, 0.0)  # excluded outputs are constants
+    total = sum_rows(g.sum(c.dim, keepdim=True) if c.log else (yy * g).sum(c.dim, keepdim=True), c.world, c.group)
+    dz = g - yy.exp() * total if c.log else yy * (g - total)
+    ds = None
+    if sinks is not None and needs[2]:
+        ds = -torch.exp(sinks.detach().to(acc) - lse) * total
+    if excluded is not None:
+        dz = dz.masked_fill(excluded | empty, 0.0)
+        if ds is not None:
+            ds = ds.masked_fill(empty, 0.0)
+    return _chain(dz, x, c).to(y.dtype) if needs[0] else None, *_operand_grads(dz, ds, mask, sinks, needs)
 
 
-class ShardedLogsumexp(torch.autograd.Function):
-    """logsumexp of a sharded dim: forward(x, mask, sinks, call) -> the global value per row
-    (every rank gets all rows); -inf for rows a bool mask leaves empty on every rank."""
+def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True, True, True)):
+    """(dx, dmask, dsinks) of the sharded logsumexp from its gradient `g` and its result `out`
+    (read with sinks: there it is the global lse of every row), as `softmax_backward`. No
+    collective: d lse / d z is the global softmax, the local fused softmax with `rest` as its
+    sink (0 at excluded positions and in rows empty everywhere), in the accumulation dtype
+    (`dtype=` widens inside the kernel's loads): dx is rounded once, not twice. A row with
+    nothing kept but its sink s is s: the sink's gradient there is g."""
+    acc = _acc(x)
+    g = g.to(acc) if c.keepdim else g.to(acc).unsqueeze(c.dim)
+    c = c._replace(log=False, eager=_plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)
+    dz = g * _shard_values(x.detach(), mask, c, rest, acc)
+    ds = None
+    if sinks is not None and needs[2]:
+        lse = out if c.keepdim else out.unsqueeze(c.dim)
+        ds = g * torch.exp(sinks.detach().to(acc) - lse)
+    return _chain(dz, x, c).to(x.dtype) if needs[0] else None, *_operand_grads(dz, ds, mask, sinks, needs)
 
-    @staticmethod
-    def forward(ctx, x, mask, sinks, c: Call):
-        out, st = logsumexp_forward(x, mask, sinks, c)
-        ctx.c = c
-        # (lse only with sinks, its one reader: one rank without sinks returns it, unsaved)
-        ctx.save_for_backward(x, mask, sinks, st.lse if sinks is not None else None, st.rest, st.empty)
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, gout):
-        x, mask, sinks, lse, rest, empty = ctx.saved_tensors
-        c: Call = ctx.c
-        acc = _acc(x)
-        g = gout.to(acc) if c.keepdim else gout.to(acc).unsqueeze(c.dim)
-        # d lse / d z is the global softmax: the local fused softmax with `rest` as its sink
-        # (0 at excluded positions and in rows empty everywhere), in the accumulation dtype
-        # (`dtype=` widens inside the kernel's loads): dx is rounded once, not twice.
-        c = c._replace(log=False, eager=_plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)
-        p = _shard_values(x.detach(), mask, c, rest, acc)
-        dz = g * p
-        ds = None
-        if sinks is not None:
-            ds = g * torch.exp(sinks.detach().to(acc) - lse)
-            if empty is not None:
-                ds = ds.masked_fill(empty, 0.0)
-        dmask, dsinks = _operand_grads(ctx, dz, ds, mask, sinks)
-        dx = _chain(dz, x, c).to(x.dtype) if ctx.needs_input_grad[0] else None
-        return dx, dmask, dsinks, None
+def _operand_grads(dz, ds_rows, mask, sinks, needs):
+    dmask = dsinks = None
+    if needs[1] and mask is not None and mask.dtype.is_floating_point:
+        dmask = dz.sum_to_size(mask.shape).to(mask.dtype)
+    if ds_rows is not None:
+        dsinks = ds_rows.sum_to_size(sinks.shape).to(sinks.dtype)
+    return dmask, dsinks

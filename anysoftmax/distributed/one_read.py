@@ -5,9 +5,11 @@ all-gather and a second kernel that reads the shard again (`states.exchange`).
 Taken on CUDA GPUs for 16/32-bit shards, plain or with scale, softcap, an additive mask and
 sinks, in plain eager mode (not while torch.compile or torch.func trace, nor while a CUDA
 graph is captured: the call's epoch is a launch argument, a replay would repeat it), on the
-`triton` backend (chosen, or the automatic choice). The decision depends only on what every
-rank shares (device type, dtype, keywords, backend, modes), never on a shard's length or
-strides, so the ranks of a group always take the same path. ANYSOFTMAX_SHARDED_ONE_READ=0
+`triton` backend (chosen by `backend=` or $ANYSOFTMAX_BACKEND, or the automatic choice: a
+backend either of them names is an explicit choice, as everywhere in anysoftmax). The
+decision depends only on what every rank shares (device type, dtype, keywords, backend,
+modes), never on a shard's length or strides, so the ranks of a group always take the same
+path. ANYSOFTMAX_SHARDED_ONE_READ=0
 turns it off (read once, at import).
 """
 
@@ -19,6 +21,7 @@ import os
 
 import torch
 
+from ..core.registry import ENV_BACKEND
 from ..core.request import SHARDED, request_key
 from ..dispatch import FusedArgs
 from .mailbox import Mailbox, symmetric, symmetric_memory_missing
@@ -47,8 +50,14 @@ def refusal(x: torch.Tensor, mask, c) -> str | None:
         return f"{x.dtype}: the mailbox carries float32 states (float64 keeps the two-pass exchange)"
     if mask is not None and mask.dtype == torch.bool:
         return "a bool mask: its empty rows need every rank's kept count"
-    if c.backend not in (None, "triton"):
-        return f"backend={c.backend!r}: the one-read kernel is the triton backend's"
+    if c.backend is not None:
+        if c.backend != "triton":
+            return f"backend={c.backend!r}: the one-read kernel is the triton backend's"
+    else:
+        # (read per call, as `registry.select` reads it per new request: a few hundred ns)
+        env = os.environ.get(ENV_BACKEND, "").strip()
+        if env and env != "triton":
+            return f"${ENV_BACKEND}={env!r}: the one-read kernel is the triton backend's"
     if not c.eager:
         return "torch.compile, torch.func or a tensor subclass: traced through the two-pass exchange"
     if torch.cuda.is_current_stream_capturing():

@@ -6,9 +6,10 @@ across ranks), against the float64 reference of the *global* function.
     spawn_checks(world_size=3)                          # gloo on the CPU, one process per rank
 
 Every rank makes the same global tensors from `seed`, takes its shard (uneven shards, empty
-ones, split points drawn per case), runs forward and backward, and rank 0 checks the gathered
-shards with `anysoftmax.core.compare` (gradients of x, of an additive mask and of the sinks
-too). All ranks return the same list of failures.
+ones, split points drawn per case), runs forward and backward (eagerly, or through torch.func,
+vmap or torch.compile: `ShardCase.mode`), and rank 0 checks the gathered shards with
+`anysoftmax.core.compare` (gradients of x, of an additive mask and of the sinks too). All
+ranks return the same list of failures.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ class ShardCase:
     """One global request, sharded along `dim`. `mask`: None, "bool" (some rows empty
     everywhere), "bool_rows" (a [rows, 1] mask broadcast along dim), "additive" (per element),
     "bias" (additive, broadcast over the rows); `special`: None, "neginf" (a row -inf on
-    one rank), "nan", "posinf" (one element)."""
+    one rank), "nan", "posinf" (one element). `mode`: how the call and its gradient run: None
+    (eager autograd), "func" (`torch.func.vjp`), "vmap" (`torch.func.vmap` over the leading dim,
+    differentiated by `torch.func.vjp`), "compile" (`torch.compile(fullgraph=True)`, AOTAutograd
+    without Inductor's codegen: the trace is what is checked). `dtypes`: the dtypes it runs in
+    (None: every one asked for)."""
 
     name: str
     shape: tuple[int, ...]
@@ -42,6 +47,8 @@ class ShardCase:
     fused: dict = field(default_factory=dict)  # scale, softcap, sinks (bool), empty_rows
     mask: str | None = None
     special: str | None = None
+    mode: str | None = None
+    dtypes: tuple | None = None
 
 
 CASES = (
@@ -55,7 +62,16 @@ CASES = (
     ShardCase("bias", (4, 18), -1, {"scale": 2.0}, mask="bias"),
     ShardCase("neginf-shard", (3, 16), -1, special="neginf"),
     ShardCase("nan-posinf", (4, 16), -1, {"sinks": True}, special="nan"),
+    # Rows a broadcast bool mask empties on every rank, with sinks: logsumexp is the sink there.
+    ShardCase("bool-rows-sinks", (3, 2, 13), -1, {"sinks": True, "scale": 0.7}, mask="bool_rows"),
+    # torch.func, vmap and torch.compile take the all-gather path (docs/semantics.md).
+    ShardCase("func-vjp", (3, 15), -1, {"sinks": True, "softcap": 4.0}, mask="additive", mode="func",
+              dtypes=(torch.float32,)),
+    ShardCase("vmap", (2, 3, 14), -1, {"sinks": True, "empty_rows": "uniform"}, mask="bool", mode="vmap",
+              dtypes=(torch.float32,)),
+    ShardCase("compile", (4, 13), 1, {"sinks": True, "scale": 0.5}, mode="compile", dtypes=(torch.float32,)),
 )
+MODES = (None, "func", "vmap", "compile")
 
 
 def _split(n: int, world: int, g: torch.Generator) -> list[int]:
@@ -124,17 +140,50 @@ def _run_case(case: ShardCase, op: str, dtype, seed: int, backend, group, rank: 
     kw = {k: v for k, v in case.fused.items() if k != "sinks"}
     if op == "logsumexp":
         kw.pop("empty_rows", None)
-        out = asd.logsumexp(xs, case.dim, group=group, mask=ms, sinks=ss, backend=backend, **kw)
+        fn = asd.logsumexp
+    else:
+        fn = asd.log_softmax if op == "log_softmax" else asd.softmax
+    named = [(n, t) for n, t in (("x", xs), ("mask", ms), ("sinks", ss)) if t is not None and t.requires_grad]
+    out, pullback = _run_mode(case, fn, xs, ms, ss, group, backend, kw, [n for n, _ in named])
+    if op == "logsumexp":
         grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
         grad_out = grad_out.to(device=out.device, dtype=out.dtype)
     else:
-        fn = asd.log_softmax if op == "log_softmax" else asd.softmax
-        out = fn(xs, case.dim, group=group, mask=ms, sinks=ss, backend=backend, **kw)
         grad_out = dy.narrow(dim, off, sizes[rank])
-    named = [(n, t) for n, t in (("x", xs), ("mask", ms), ("sinks", ss)) if t is not None and t.requires_grad]
-    got = dict(zip([n for n, _ in named], torch.autograd.grad(out, [t for _, t in named], grad_out)))
+    got = dict(zip([n for n, _ in named], pullback(grad_out)))
     return {"out": out.detach(), "dx": got.get("x"), "dmask": got.get("mask"), "dsinks": got.get("sinks"),
             "grad_out": grad_out, "sizes": sizes}, (*host, dim)
+
+
+def _run_mode(case: ShardCase, fn, xs, ms, ss, group, backend, kw: dict, names: list[str]):
+    """(this rank's result, pullback: its gradient -> the gradients of the operands `names`)
+    of `fn` on the shards, run the way `case.mode` says."""
+    operands = {"x": xs, "mask": ms, "sinks": ss}
+    primals = [operands[n] for n in names]
+
+    def call(x, mask, sinks, dim=case.dim):
+        return fn(x, dim, group=group, mask=mask, sinks=sinks, backend=backend, **kw)
+
+    if case.mode is None or case.mode == "compile":
+        run = call if case.mode is None else torch.compile(call, fullgraph=True, backend="aot_eager")
+        out = run(xs, ms, ss)
+        return out, lambda g: torch.autograd.grad(out, primals, g)
+    if case.mode == "vmap":  # over the leading dim: the operands that have it batched, the rest broadcast
+        if case.dim % len(case.shape) == 0:
+            raise ValueError(f"case {case.name!r}: vmap runs over dim 0, the sharded dim must be another")
+        in_dims = tuple(0 if t is not None and t.dim() == len(case.shape) and t.shape[0] == case.shape[0] else None
+                        for t in (xs, ms, ss))
+        sample_dim = case.dim if case.dim < 0 else case.dim - 1
+        call = torch.func.vmap(lambda x, mask, sinks: fn(x, sample_dim, group=group, mask=mask, sinks=sinks,
+                                                         backend=backend, **kw), in_dims=in_dims)
+    elif case.mode != "func":
+        raise ValueError(f"case {case.name!r}: unknown mode {case.mode!r} (one of {MODES})")
+
+    def differentiable(*diff):
+        given = dict(operands, **dict(zip(names, diff)))
+        return call(given["x"], given["mask"], given["sinks"])
+
+    return torch.func.vjp(differentiable, *[t.detach() for t in primals])
 
 
 def _reference_lse(x, spec: SoftmaxSpec, mask, sinks):
@@ -146,7 +195,7 @@ def _reference_lse(x, spec: SoftmaxSpec, mask, sinks):
     terms = z if sinks is None else torch.cat([z, sinks.to(torch.float64).expand(
         tuple(1 if d == spec.dim else s for d, s in enumerate(z.shape)))], spec.dim)
     lse = torch.logsumexp(terms, spec.dim)
-    if keep is not None:
+    if keep is not None and sinks is None:  # (a row with nothing kept but its sink s is s)
         lse = lse.masked_fill(~keep.any(spec.dim), -math.inf)
     return lse
 
@@ -273,6 +322,8 @@ def check_distributed(backend: str | None = None, *, group=None, seed: int = 0, 
     for i, case in enumerate(cases):
         for op in ops:
             for j, dtype in enumerate(dtypes):
+                if case.dtypes is not None and dtype not in case.dtypes:
+                    continue
                 case_seed = seed * 1000003 + i * 97 + j
                 name = f"{case.name}/{op}/{str(dtype).removeprefix('torch.')}"
                 try:

@@ -1,14 +1,14 @@
-"""`anysoftmax.distributed` over gloo on the CPU: 1, 2, 3 and 4 processes each run the whole
+"""`anysoftmax.distributed` over gloo on the CPU: 1, 2, 3 and 4 processes each run the
 conformance set (`anysoftmax.testing.distributed`: uneven and empty shards, every dtype,
-forward and backward, the fused keywords, special values) once; one process checks the errors
-and the collectives each call makes."""
+forward and backward, the fused keywords, special values, torch.func and torch.compile) once;
+one process checks the errors, rows with nothing kept but a sink on every backend, and the
+collectives each call makes."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
 import torch
@@ -16,12 +16,19 @@ import torch.distributed as dist
 
 from anysoftmax.distributed import collective
 from anysoftmax.testing.distributed import spawn_checks
+from helpers import backends_that_run
+from helpers.distributed import one_rank  # noqa: F401  (a fixture)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_conformance_over_gloo(world, seed):
-    # (one rank: the local op without sinks, the sharded path with them)
-    failures = spawn_checks(world, seed=seed, quick=world in (1, 4), timeout=240)
+    # (one rank: the local op without sinks, the sharded path with them. 1 and 4 ranks: float32
+    # and bfloat16, eager only; 2 and 3 ranks: every dtype, and torch.func, vmap, torch.compile)
+    from anysoftmax.testing.distributed import CASES
+
+    quick = world in (1, 4)
+    failures = spawn_checks(world, seed=seed, quick=quick, cases=[c for c in CASES if not quick or c.mode is None],
+                            timeout=240)
     assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
 
 
@@ -30,20 +37,40 @@ def test_triton_backend_over_gloo(seed):
     interpreted): the sink that stands for the other ranks goes through it."""
     from anysoftmax.testing.distributed import CASES
 
-    failures = spawn_checks(2, "triton", seed=seed, dtypes=(torch.float32,), ops=("softmax", "log_softmax"),
+    failures = spawn_checks(2, "triton", seed=seed, dtypes=(torch.float32,), ops=("softmax", "log_softmax",
+                                                                                   "logsumexp"),
                             cases=[c for c in CASES if c.name in ("plain", "bool-nan-sinks", "additive-sinks",
-                                                                  "nan-posinf")],
+                                                                  "nan-posinf", "bool-rows-sinks")],
                             timeout=240)
     assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    """A default process group of one gloo rank in this process (removed after the test)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1,
-                            timeout=timedelta(seconds=60))
-    yield
-    dist.destroy_process_group()
+@pytest.mark.parametrize("backend", backends_that_run("cpu", torch.float32, fused={
+    "mask": torch.zeros(6, dtype=torch.bool), "sinks": torch.zeros(3, 1, 1)}))
+def test_logsumexp_of_a_row_with_nothing_kept_but_its_sink_is_the_sink(one_rank, gen, backend):
+    """`anysoftmax.logsumexp`'s rule, sharded: a row a bool mask leaves empty on every rank
+    gives its sink s (not -inf), and the sink's gradient there is the row's gradient (d s/d s)."""
+    import anysoftmax.distributed as asd
+    from anysoftmax.core.pieces import logsumexp_formula
+    from anysoftmax.core.spec import SoftmaxSpec
+
+    x = torch.randn(4, 3, 10, generator=gen, requires_grad=True)
+    mask = torch.rand(4, 3, 10, generator=gen) < 0.5
+    mask[0] = True
+    mask[2, 1] = True
+    sinks = torch.randn(4, 3, 1, generator=gen, requires_grad=True)
+    got = asd.logsumexp(x, -1, mask=mask, sinks=sinks, scale=0.5, backend=backend)
+    g = torch.randn(got.shape, generator=gen)
+    dx, ds = torch.autograd.grad(got, (x, sinks), g)
+    spec, _ = SoftmaxSpec.from_request(x, -1, fused=dict(mask=mask, sinks=sinks, scale=0.5))
+    x64, s64 = x.detach().double().requires_grad_(), sinks.detach().double().requires_grad_()
+    want = logsumexp_formula(x64, spec.variant, 2, mask, s64, torch.float64).squeeze(2)
+    want_dx, want_ds = torch.autograd.grad(want, (x64, s64), g.double())
+    assert torch.equal(got[0], sinks[0, :, 0].detach()) and got[2, 1] == sinks[2, 1, 0]
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
+    assert torch.equal(ds[0, :, 0], g[0]) and ds[2, 1, 0] == g[2, 1]
+    torch.testing.assert_close(ds.double(), want_ds, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(dx.double(), want_dx, rtol=2e-6, atol=2e-6)
 
 
 def test_errors_name_the_argument(one_rank, gen):
@@ -153,7 +180,7 @@ def test_a_repeated_request_is_checked_once_and_never_reused_stale(one_rank, gen
     (checked on every call): each result is the local one (one rank)."""
     import anysoftmax
     import anysoftmax.distributed as asd
-    from anysoftmax import distributed
+    from anysoftmax.distributed import calls
 
     base = torch.randn(6, 40, generator=gen, dtype=torch.float64)
     xs = [base[:4, :16].clone(), base[1:5, 3:19], torch.randn(16, 4, generator=gen, dtype=torch.float64).t()]
@@ -161,7 +188,7 @@ def test_a_repeated_request_is_checked_once_and_never_reused_stale(one_rank, gen
     full[0] = True  # (row 0 empty: empty_rows applies)
     masks = [full, full[:, :1].expand(4, 16), full.t().contiguous().t()]
     sinks = torch.randn(4, 1, generator=gen, dtype=torch.float64)
-    distributed._memo.clear()
+    calls.memo.clear()
     for _ in range(2):
         for x in xs:
             for m in masks:
@@ -172,7 +199,7 @@ def test_a_repeated_request_is_checked_once_and_never_reused_stale(one_rank, gen
                     got = asd.logsumexp(x, 1, scale=scale, mask=m, softcap=3.0 / scale)
                     want = anysoftmax.logsumexp(x, 1, scale=scale, mask=m, softcap=3.0 / scale)
                     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
-    assert len(distributed._memo) == 2 * len(xs) * len(masks)
+    assert len(calls.memo) == 2 * len(xs) * len(masks)
     with pytest.raises(ValueError, match="softcap"):  # (a memoised request, a new value)
         asd.logsumexp(xs[0], 1, scale=1.0, mask=masks[0], softcap=-1.0)
     y = asd.log_softmax(xs[0].float(), -1, dtype=torch.float64)

@@ -246,6 +246,27 @@ def test_refusals_name_their_reason(monkeypatch, what, kw, x, mask, reason):
     assert why is not None and reason in why, (what, why)
 
 
+@pytest.mark.parametrize("env,backend,refused", [
+    ("torch", None, "$ANYSOFTMAX_BACKEND='torch'"),  # the environment's choice is explicit
+    (" cute ", None, "$ANYSOFTMAX_BACKEND='cute'"),
+    ("torch", "triton", None),  # backend= comes first, as in every other call
+    ("triton", None, None),
+    ("", None, None),  # (unset: the automatic choice)
+])
+def test_a_backend_named_by_the_environment_is_explicit_here_too(monkeypatch, env, backend, refused):
+    """$ANYSOFTMAX_BACKEND is an explicit choice everywhere (core.registry): a call it sends to
+    another backend never launches the triton backend's one-read kernel."""
+    from anysoftmax.distributed import one_read
+
+    monkeypatch.setattr(one_read, "ENABLED", True)
+    monkeypatch.setattr(one_read, "_is_nvidia", lambda t: True)  # (a meta tensor stands for a CUDA one)
+    monkeypatch.setattr(one_read, "_symmetric_memory_missing", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setenv("ANYSOFTMAX_BACKEND", env)
+    why = one_read.refusal(torch.empty(2, 8, device="meta"), None, _call(backend=backend))
+    assert why == refused if refused is None else (why is not None and refused in why), why
+
+
 def test_the_switch_turns_the_path_off(monkeypatch):
     from anysoftmax.distributed import one_read
 

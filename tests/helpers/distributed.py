@@ -1,12 +1,23 @@
-"""Workers of the gloo tests that need ranks to disagree (`tests/distributed`): spawned
-processes import them from here."""
+"""The gloo tests' fixture of one rank, and the workers of those that need ranks to disagree
+(`tests/distributed`): spawned processes import them from here."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A default process group of one gloo rank in this process (removed after the test): a
+    call with sinks takes the sharded path there, whose result is the local op's."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    yield
+    dist.destroy_process_group()
 
 
 def mismatched_rows(rank: int, init: str, out: str) -> None:

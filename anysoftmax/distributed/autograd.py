@@ -1,0 +1,185 @@
+"""The autograd Functions of the sharded softmax, log_softmax and logsumexp: one for eager
+autograd, one for torch.func's transforms (grad, vjp, jacrev, vmap and vmap of grad: a
+`setup_context`, and vmap rules generated over the operators of `ops.py`), each pair sharing
+its forward, saved tensors and backward.
+
+On plain tensors a Function runs the formulas of `functions.py` itself (in eager mode the
+forward may read the shard once, `one_read`); on tensors a torch.func transform wraps, it calls
+the operators, whose vmap rules batch. A backward that is itself differentiated raises
+(`refuse_double_backward`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor, maybe_get_level
+
+from ..torchop.pieces import _plain_eager
+from . import ops
+from .collective import group_name
+from .functions import NO_DOUBLE_BACKWARD, logsumexp_backward, logsumexp_forward, softmax_backward, softmax_forward
+
+
+def refuse_double_backward(*tensors) -> None:
+    """Raise where this backward is itself differentiated: in eager mode, with grad mode on
+    (`create_graph=True`) and a tensor it reads requiring a gradient; under torch.func, where a
+    reverse-mode level outside the one this backward serves is live (grad of grad, jacrev of
+    jacrev: the level of the saved tensors, or a dead one when a vjp is called after its
+    transform returned). A single grad, vjp or jacrev, and vmap of them, run."""
+    if not torch.is_grad_enabled():
+        return
+    stack = get_interpreter_stack()
+    if not stack:  # (wrappers of a dead level here: a vjp called after its transform returned)
+        if any(t is not None and t.requires_grad and not is_functorch_wrapped_tensor(t) for t in tensors):
+            raise RuntimeError(NO_DOUBLE_BACKWARD)
+        return
+    own = max((maybe_get_level(t) for t in tensors if t is not None), default=-1)
+    outer = [i.level() for i in stack if i.key() == TransformType.Grad and (own < 0 or i.level() < own)]
+    if outer:
+        raise RuntimeError(NO_DOUBLE_BACKWARD)
+
+
+def _plain(*tensors) -> bool:
+    # A backward's tensors are plain ones: the formulas run on them. torch.func's wrappers,
+    # dead ones too (a vjp called after its transform returned: they have no storage), go
+    # through the operators, which unwrap them.
+    return _plain_eager(*tensors, gradients=False) and not any(
+        t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def _present(*tensors) -> tuple:
+    return tuple(t for t in tensors if t is not None)
+
+
+def _or_none(grad, wanted: bool):
+    # An operator's placeholder (no such gradient), or an unwanted one: None for autograd.
+    return grad if wanted and grad.numel() else None
+
+
+def _backward(ctx, grad, formula, operator, tail: tuple):
+    """A Function's backward: (dx, dmask, dsinks, None) from the formula on plain tensors, else
+    from the backward operator (`tail`: its non-tensor arguments)."""
+    saved = ctx.saved_tensors
+    refuse_double_backward(grad, *saved)
+    needs = ctx.needs_input_grad
+    with torch.no_grad():  # (differentiated nowhere: see refuse_double_backward)
+        if _plain(grad, *saved):
+            return (*formula(grad, *saved, ctx.c, needs[:3]), None)
+        dx, dmask, dsinks = operator(grad, *saved, *tail)
+    return dx if needs[0] else None, _or_none(dmask, needs[1]), _or_none(dsinks, needs[2]), None
+
+
+# ---- softmax, log_softmax ---------------------------------------------------------------------
+
+def _softmax_outputs(x, mask, sinks, c):
+    # (y, the global lse (with sinks), the rows empty on every rank (with a bool mask))
+    if _plain_eager(x, mask, sinks, gradients=False):
+        y, st = softmax_forward(x, mask, sinks, c)
+        return y, st.lse, st.empty
+    return ops.softmax_op(x, mask, sinks, c.dim, None, c.log, c.scale, c.softcap, c.empty_rows, c.backend,
+                          group_name(c.group))
+
+
+def _softmax_save(ctx, x, mask, sinks, c, y, lse, empty):
+    ctx.c = c
+    ctx.save_for_backward(y, x if c.softcap is not None else None, mask, sinks, lse, empty)
+
+
+def _softmax_grad(ctx, gy):
+    c = ctx.c
+    return _backward(ctx, gy, softmax_backward, ops.softmax_backward_op,
+                     (c.dim, c.log, c.scale, c.softcap, group_name(c.group)))
+
+
+class ShardedSoftmax(torch.autograd.Function):
+    """Eager autograd: apply(x, mask, sinks, call) -> this rank's shard of the softmax /
+    log_softmax. (ctx-style: a Function with `setup_context` binds its arguments through
+    `inspect` on every apply, some 30 us of host time a small call waits on.)"""
+
+    @staticmethod
+    def forward(ctx, x, mask, sinks, c):
+        y, lse, empty = _softmax_outputs(x, mask, sinks, c)
+        _softmax_save(ctx, x, mask, sinks, c, y, lse, empty)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        return _softmax_grad(ctx, gy)
+
+
+class FuncShardedSoftmax(torch.autograd.Function):
+    """torch.func: apply(x, mask, sinks, call) -> (this rank's shard, the global lse (with
+    sinks), the rows empty on every rank (with a bool mask)); the row states are outputs (a
+    `setup_context` sees inputs and outputs only), not differentiable."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, mask, sinks, c):
+        return _softmax_outputs(x, mask, sinks, c)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(*_present(*output[1:]))
+        _softmax_save(ctx, *inputs, *output)
+
+    @staticmethod
+    def backward(ctx, gy, _lse, _empty):
+        return _softmax_grad(ctx, gy)
+
+
+# ---- logsumexp --------------------------------------------------------------------------------
+
+def _logsumexp_outputs(x, mask, sinks, c):
+    # (the global logsumexp, `rest`, the rows empty on every rank (with a bool mask))
+    if _plain_eager(x, mask, sinks, gradients=False):
+        out, st = logsumexp_forward(x, mask, sinks, c)
+        return out, st.rest, st.empty
+    return ops.logsumexp_op(x, mask, sinks, c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group))
+
+
+def _logsumexp_save(ctx, x, mask, sinks, c, out, rest, empty):
+    ctx.c = c
+    # (the result only with sinks, its one reader: the global lse of every row there)
+    ctx.save_for_backward(x, mask, sinks, out if sinks is not None else None, rest, empty)
+
+
+def _logsumexp_grad(ctx, g):
+    c = ctx.c
+    return _backward(ctx, g, logsumexp_backward, ops.logsumexp_backward_op,
+                     (c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group)))
+
+
+class ShardedLogsumexp(torch.autograd.Function):
+    """Eager autograd: apply(x, mask, sinks, call) -> the global logsumexp per row on every
+    rank (-inf for rows a bool mask leaves empty on every rank, their sink with sinks)."""
+
+    @staticmethod
+    def forward(ctx, x, mask, sinks, c):
+        out, rest, empty = _logsumexp_outputs(x, mask, sinks, c)
+        _logsumexp_save(ctx, x, mask, sinks, c, out, rest, empty)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return _logsumexp_grad(ctx, g)
+
+
+class FuncShardedLogsumexp(torch.autograd.Function):
+    """torch.func: apply(x, mask, sinks, call) -> (the global logsumexp, `rest` (the log of
+    everything outside this shard), the rows empty on every rank), as `FuncShardedSoftmax`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, mask, sinks, c):
+        return _logsumexp_outputs(x, mask, sinks, c)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(*_present(*output[1:]))
+        _logsumexp_save(ctx, *inputs, *output)
+
+    @staticmethod
+    def backward(ctx, g, _rest, _empty):
+        return _logsumexp_grad(ctx, g)

@@ -1,0 +1,337 @@
+"""The sharded functions as torch operators: ``torch.ops.anysoftmax.sharded_softmax`` (softmax
+and log_softmax), ``.sharded_logsumexp`` and their backwards, with fake implementations (so
+torch.compile keeps one graph: dynamo cannot trace the collectives, it calls the operator),
+autograd (what AOTAutograd differentiates; a backward operator refuses to be differentiated:
+`functions.refuse_double_backward`) and vmap rules (a batch dim is one more row dim: every rank
+batches alike, so the ranks still agree on the rows).
+
+torch.compile calls the forward operators directly; torch.func transforms reach them through
+the Functions of `autograd.py`, whose forwards and backwards call them for wrapped tensors. Each
+operator runs the formulas of `functions.py` on plain tensors, validated as the public
+functions validate, through the all-gather of the row states (never `one_read`, whose epochs
+are per eager call). An output an operator does not have (the lse without sinks, the empty rows
+without a bool mask, the gradient of a bool mask or of absent sinks) is an empty placeholder:
+operators return tensors only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..core.request import SHARDED, SHARDED_LSE
+from ..dispatch import FusedArgs
+from . import calls
+from .collective import group_of, group_rank_and_size
+from .functions import (NO_DOUBLE_BACKWARD, Call, logsumexp_backward, logsumexp_forward, softmax_backward,
+                        softmax_forward)
+
+_Tensor = torch.Tensor
+_SOFTMAX = {False: "anysoftmax.distributed.softmax", True: "anysoftmax.distributed.log_softmax"}
+_LSE = "anysoftmax.distributed.logsumexp"
+
+
+def _bool(mask) -> bool:
+    return mask is not None and mask.dtype == torch.bool
+
+
+def _row_shape(x: _Tensor, dim: int) -> tuple[int, ...]:
+    return tuple(1 if d == dim else s for d, s in enumerate(x.shape))
+
+
+def _fresh(*outputs: _Tensor, inputs=()) -> tuple[_Tensor, ...]:
+    """`outputs`, contiguous, none sharing memory with another or with `inputs` (an operator's
+    outputs are new tensors: a row state may be a view of the sinks, a gradient the same
+    tensor as another)."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
+    out = []
+    for t in outputs:
+        t = t.contiguous()
+        if t.numel() and t.untyped_storage().data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out.append(t)
+    return tuple(out)
+
+
+def _prepare(who, direction, x, dim, dtype, log, keepdim, group, scale, mask, softcap, sinks, empty_rows, backend):
+    x, c, checked = calls.prepare(who, direction, x, dim, dtype, log, keepdim, group_of(group), scale, mask, False,
+                                  softcap, sinks, empty_rows, backend)
+    return x, c._replace(eager=False), checked  # (eager False: the all-gather path, never one_read)
+
+
+def _backward_call(dim, log, scale, softcap, keepdim, backend, group) -> Call:
+    g = group_of(group)
+    rank, world = group_rank_and_size(g, "anysoftmax.distributed (backward)")
+    return Call(dim, log, scale, softcap, "zero", keepdim, backend, g, rank, world, False)
+
+
+def _no_rows(x: _Tensor, dim: int) -> bool:
+    return any(s == 0 for d, s in enumerate(x.shape) if d != dim % x.dim())
+
+
+# ---- softmax, log_softmax ---------------------------------------------------------------------
+
+@torch.library.custom_op("anysoftmax::sharded_softmax", mutates_args=())
+def softmax_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], dim: int, dtype: Optional[torch.dtype],
+               log: bool, scale: Optional[float], softcap: Optional[float], empty_rows: str, backend: Optional[str],
+               group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """(this rank's shard of the softmax / log_softmax of a dim sharded across the group named
+    `group` (`collective.group_name`), the global lse (with sinks), the rows empty on every rank
+    (with a bool mask))."""
+    x, c, checked = _prepare(_SOFTMAX[log], SHARDED, x, dim, dtype, log, False, group, scale, mask, softcap, sinks,
+                             empty_rows, backend)
+    rows = _row_shape(x, c.dim)
+    if checked.no_rows:
+        y, lse, empty = x.new_empty(x.shape), x.new_empty(rows, dtype=checked.acc), x.new_empty(rows, dtype=torch.bool)
+    else:
+        y, st = softmax_forward(x, mask, sinks, c)
+        lse, empty = st.lse, st.empty
+    lse = lse if sinks is not None else x.new_empty(0, dtype=checked.acc)
+    empty = empty if _bool(mask) else x.new_empty(0, dtype=torch.bool)
+    return _fresh(y, lse, empty, inputs=(x, mask, sinks))
+
+
+@softmax_op.register_fake
+def _softmax_fake(x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group):
+    checked = calls.check(_SOFTMAX[log], x, dim, dtype, log, FusedArgs(scale, mask, False, softcap, sinks, empty_rows))
+    rows = _row_shape(x, checked.dim)
+    return (x.new_empty(x.shape, dtype=checked.cast or x.dtype),
+            x.new_empty(rows if sinks is not None else (0,), dtype=checked.acc),
+            x.new_empty(rows if _bool(mask) else (0,), dtype=torch.bool))
+
+
+@torch.library.custom_op("anysoftmax::sharded_softmax_backward", mutates_args=())
+def softmax_backward_op(gy: _Tensor, y: _Tensor, x: Optional[_Tensor], mask: Optional[_Tensor],
+                        sinks: Optional[_Tensor], lse: _Tensor, empty: _Tensor, dim: int, log: bool,
+                        scale: Optional[float], softcap: Optional[float],
+                        group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """(dx, dmask, dsinks) of `softmax_op` (`functions.softmax_backward`); `dim` normalised."""
+    c = _backward_call(dim, log, scale, softcap, False, None, group)
+    if _no_rows(y, dim):
+        dx, dmask, dsinks = torch.zeros_like(y), None, None
+        if mask is not None and mask.dtype.is_floating_point:
+            dmask = torch.zeros_like(mask)
+        if sinks is not None:
+            dsinks = torch.zeros_like(sinks)
+    else:
+        dx, dmask, dsinks = softmax_backward(gy, y, x, mask, sinks, lse if sinks is not None else None,
+                                             empty if _bool(mask) else None, c)
+    return _fresh(dx, y.new_empty(0) if dmask is None else dmask, y.new_empty(0) if dsinks is None else dsinks,
+                  inputs=(gy, y, x, mask, sinks, lse, empty))
+
+
+@softmax_backward_op.register_fake
+def _softmax_backward_fake(gy, y, x, mask, sinks, lse, empty, dim, log, scale, softcap, group):
+    return (y.new_empty(y.shape), _operand_grad_fake(y, mask, floating_only=True), _operand_grad_fake(y, sinks))
+
+
+def _operand_grad_fake(ref, t, floating_only=False):
+    if t is None or (floating_only and not t.dtype.is_floating_point):
+        return ref.new_empty(0)
+    return t.new_empty(t.shape)
+
+
+def _softmax_setup(ctx, inputs, output):
+    x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group = inputs
+    y, lse, empty = output
+    # (softcap's derivative reads x as the forward read it: after dtype=)
+    xs = None if softcap is None else x if dtype is None else x.to(dtype)
+    ctx.save_for_backward(y, xs, mask, sinks, lse, empty)
+    ctx.args = (dim % x.dim(), log, scale, softcap, group)
+    ctx.x_dtype = x.dtype
+
+
+def _softmax_grad(ctx, gy, _lse, _empty):
+    y, x, mask, sinks, lse, empty = ctx.saved_tensors
+    dx, dmask, dsinks = softmax_backward_op(gy, y, x, mask, sinks, lse, empty, *ctx.args)
+    return (dx.to(ctx.x_dtype), _operand_grad(ctx, 1, mask, dmask), _operand_grad(ctx, 2, sinks, dsinks),
+            None, None, None, None, None, None, None, None)
+
+
+def _operand_grad(ctx, index: int, operand, grad):
+    wanted = ctx.needs_input_grad[index] and operand is not None and operand.dtype.is_floating_point
+    return grad if wanted else None
+
+
+def _refuse(ctx, *grads):
+    raise RuntimeError(NO_DOUBLE_BACKWARD)
+
+
+def _no_context(ctx, inputs, output):
+    pass
+
+
+softmax_op.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+softmax_backward_op.register_autograd(_refuse, setup_context=_no_context)
+
+
+# ---- logsumexp --------------------------------------------------------------------------------
+
+@torch.library.custom_op("anysoftmax::sharded_logsumexp", mutates_args=())
+def logsumexp_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], dim: int, scale: Optional[float],
+                 softcap: Optional[float], keepdim: bool, backend: Optional[str],
+                 group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """(the global logsumexp of a dim sharded across `group`, `rest` (the log of everything
+    outside this shard: with sinks or more than one rank), the rows empty on every rank (with
+    a bool mask))."""
+    x, c, checked = _prepare(_LSE, SHARDED_LSE, x, dim, None, False, keepdim, group, scale, mask, softcap, sinks,
+                             "zero", backend)
+    rows = _row_shape(x, c.dim)
+    if checked.no_rows:
+        out = x.new_empty(rows if keepdim else _without(x, c.dim), dtype=checked.acc)
+        rest, empty = x.new_empty(rows, dtype=checked.acc), x.new_empty(rows, dtype=torch.bool)
+    else:
+        out, st = logsumexp_forward(x, mask, sinks, c)
+        rest, empty = st.rest, st.empty
+    return _fresh(out, rest if _has_rest(sinks, c.world) else x.new_empty(0, dtype=checked.acc),
+                  empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
+
+
+def _without(x: _Tensor, dim: int) -> tuple[int, ...]:
+    return tuple(s for d, s in enumerate(x.shape) if d != dim)
+
+
+def _has_rest(sinks, world: int) -> bool:
+    return sinks is not None or world > 1
+
+
+@logsumexp_op.register_fake
+def _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group):
+    checked = calls.check(_LSE, x, dim, None, False, FusedArgs(scale, mask, False, softcap, sinks, "zero"))
+    rows = _row_shape(x, checked.dim)
+    _, world = group_rank_and_size(group_of(group), _LSE)
+    return (x.new_empty(rows if keepdim else _without(x, checked.dim), dtype=checked.acc),
+            x.new_empty(rows if _has_rest(sinks, world) else (0,), dtype=checked.acc),
+            x.new_empty(rows if _bool(mask) else (0,), dtype=torch.bool))
+
+
+@torch.library.custom_op("anysoftmax::sharded_logsumexp_backward", mutates_args=())
+def logsumexp_backward_op(g: _Tensor, x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], out: _Tensor,
+                          rest: _Tensor, empty: _Tensor, dim: int, scale: Optional[float], softcap: Optional[float],
+                          keepdim: bool, backend: Optional[str], group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
+    """(dx, dmask, dsinks) of `logsumexp_op` from its result `out` (`functions.logsumexp_backward`);
+    `dim` normalised."""
+    c = _backward_call(dim, False, scale, softcap, keepdim, backend, group)
+    dx, dmask, dsinks = logsumexp_backward(g, x, mask, sinks, out, rest if _has_rest(sinks, c.world) else None,
+                                           empty if _bool(mask) else None, c)
+    return _fresh(dx, x.new_empty(0) if dmask is None else dmask, x.new_empty(0) if dsinks is None else dsinks,
+                  inputs=(g, x, mask, sinks, out, rest, empty))
+
+
+@logsumexp_backward_op.register_fake
+def _logsumexp_backward_fake(g, x, mask, sinks, out, rest, empty, dim, scale, softcap, keepdim, backend, group):
+    return x.new_empty(x.shape), _operand_grad_fake(x, mask, floating_only=True), _operand_grad_fake(x, sinks)
+
+
+def _logsumexp_setup(ctx, inputs, output):
+    x, mask, sinks, dim, scale, softcap, keepdim, backend, group = inputs
+    out, rest, empty = output
+    ctx.save_for_backward(x, mask, sinks, out, rest, empty)
+    ctx.args = (dim % x.dim(), scale, softcap, keepdim, backend, group)
+
+
+def _logsumexp_grad(ctx, g, _rest, _empty):
+    x, mask, sinks, out, rest, empty = ctx.saved_tensors
+    dx, dmask, dsinks = logsumexp_backward_op(g, x, mask, sinks, out, rest, empty, *ctx.args)
+    return (dx, _operand_grad(ctx, 1, mask, dmask), _operand_grad(ctx, 2, sinks, dsinks),
+            None, None, None, None, None, None)
+
+
+logsumexp_op.register_autograd(_logsumexp_grad, setup_context=_logsumexp_setup)
+logsumexp_backward_op.register_autograd(_refuse, setup_context=_no_context)
+
+
+# ---- vmap: a batch dim is one more row dim ----------------------------------------------------
+
+def _sample_dim(who: str, dim: int, ndim: int) -> int:
+    """`dim` of a sample of rank `ndim` as a dim of the batched tensor (batch dim in front)."""
+    if ndim == 0:
+        raise ValueError(f"{who}: x must have at least one dim (the sharded one), got a 0-dim tensor")
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{who}: dim={dim} is out of range for a tensor of {ndim} dims")
+    return dim % ndim + 1
+
+
+def _front(t, bdim, n: int, ndim: int):
+    """`t` with its batch dim in front (an unbatched one broadcast over the batch) and size-1
+    dims after it up to the sample's rank `ndim`, so that right-aligned broadcasting against
+    the batched x still lines up (None stays None)."""
+    if t is None:
+        return None
+    t = t.expand(n, *t.shape) if bdim is None else t.movedim(bdim, 0)
+    missing = ndim - (t.dim() - 1)
+    return t[(slice(None),) + (None,) * missing] if missing > 0 else t
+
+
+def _rows_front(t, bdim, n: int, ndim: int, present: bool):
+    # A row-state input (lse, rest, empty): batched like x where the operator has it, else a
+    # placeholder, passed as it is.
+    return _front(t, bdim, n, ndim) if present else t
+
+
+def _grad_dims(mask, sinks) -> tuple:
+    # The batch dims of a backward operator's (dx, dmask, dsinks): placeholders have none.
+    return 0, 0 if mask is not None and not _bool(mask) else None, 0 if sinks is not None else None
+
+
+@softmax_op.register_vmap
+def _softmax_vmap(info, in_dims, x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group):
+    n, (xd, md, sd) = info.batch_size, in_dims[:3]
+    ndim = x.dim() - (xd is not None)
+    out = softmax_op(_front(x, xd, n, ndim), _front(mask, md, n, ndim), _front(sinks, sd, n, ndim),
+                     _sample_dim(_SOFTMAX[log], dim, ndim), dtype, log, scale, softcap, empty_rows, backend, group)
+    return out, (0, 0 if sinks is not None else None, 0 if _bool(mask) else None)
+
+
+@softmax_backward_op.register_vmap
+def _softmax_backward_vmap(info, in_dims, gy, y, x, mask, sinks, lse, empty, dim, log, scale, softcap, group):
+    n, (gd, yd, xd, md, sd, ld, ed) = info.batch_size, in_dims[:7]
+    ndim = y.dim() - (yd is not None)
+    dx, dmask, dsinks = softmax_backward_op(
+        _front(gy, gd, n, ndim), _front(y, yd, n, ndim), _front(x, xd, n, ndim), _front(mask, md, n, ndim),
+        _front(sinks, sd, n, ndim), _rows_front(lse, ld, n, ndim, sinks is not None),
+        _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_SOFTMAX[log], dim, ndim), log, scale, softcap,
+        group)
+    return (dx, dmask, dsinks), _grad_dims(mask, sinks)
+
+
+@logsumexp_op.register_vmap
+def _logsumexp_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, keepdim, backend, group):
+    n, (xd, md, sd) = info.batch_size, in_dims[:3]
+    ndim = x.dim() - (xd is not None)
+    _, world = group_rank_and_size(group_of(group), _LSE)
+    out = logsumexp_op(_front(x, xd, n, ndim), _front(mask, md, n, ndim), _front(sinks, sd, n, ndim),
+                       _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim, backend, group)
+    return out, (0, 0 if _has_rest(sinks, world) else None, 0 if _bool(mask) else None)
+
+
+@logsumexp_backward_op.register_vmap
+def _logsumexp_backward_vmap(info, in_dims, g, x, mask, sinks, out, rest, empty, dim, scale, softcap, keepdim,
+                             backend, group):
+    n, (gd, xd, md, sd, od, rd, ed) = info.batch_size, in_dims[:7]
+    ndim = x.dim() - (xd is not None)
+    _, world = group_rank_and_size(group_of(group), _LSE)
+    gb = g.expand(n, *g.shape) if gd is None else g.movedim(gd, 0)
+    ob = out.expand(n, *out.shape) if od is None else out.movedim(od, 0)
+    dx, dmask, dsinks = logsumexp_backward_op(
+        gb, _front(x, xd, n, ndim), _front(mask, md, n, ndim), _front(sinks, sd, n, ndim), ob,
+        _rows_front(rest, rd, n, ndim, _has_rest(sinks, world)),
+        _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
+        backend, group)
+    return (dx, dmask, dsinks), _grad_dims(mask, sinks)
+
+
+def compiled_softmax(x, dim, dtype, log, scale, mask, softcap, sinks, empty_rows, backend, group) -> _Tensor:
+    """The public softmax / log_softmax while torch.compile traces (validated by the fake)."""
+    return softmax_op(x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group)[0]
+
+
+def compiled_logsumexp(x, dim, scale, mask, softcap, sinks, keepdim, backend, group) -> _Tensor:
+    """The public logsumexp while torch.compile traces (validated by the fake)."""
+    return logsumexp_op(x, mask, sinks, dim, scale, softcap, keepdim, backend, group)[0]
+
+
+__all__ = ["compiled_logsumexp", "compiled_softmax", "logsumexp_backward_op", "logsumexp_op", "softmax_backward_op",
+           "softmax_op"]
