@@ -398,7 +398,7 @@ def _chi2_check(mode: str, sample_fn, device: str):
             step = n // 8
             ids = torch.cat([sample_fn(x[:step], **kwargs, seed=seed_int, offset=k).cpu() for k in range(8)])
         else:  # no seed
-            with torch.random.fork_rng(devices=_rng_devices(device)):
+            with _forked_rng(device):
                 torch.manual_seed(seed)
                 ids = sample_fn(x, **kwargs)
         _assert_fit(_counts(ids, vocab), probs, mode)
@@ -406,11 +406,14 @@ def _chi2_check(mode: str, sample_fn, device: str):
     return run
 
 
-def _rng_devices(device: str) -> list:
+def _forked_rng(device: str):
+    """torch's generators of the CPU and of `device`, restored on exit (the kit's manual_seed
+    calls leave the caller's state as it was)."""
     d = torch.device(device)
-    if d.type == "cuda":
-        return [d.index if d.index is not None else torch.cuda.current_device()]
-    return []
+    if d.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    index = d.index if d.index is not None else getattr(torch, d.type).current_device()
+    return torch.random.fork_rng(devices=[index], device_type=d.type)
 
 
 # ---- the definition, determinism, position, advancing --------------------------------------------
@@ -509,7 +512,7 @@ def _position_check(sample_fn, device: str):
 def _advancing_check(sample_fn, device: str):
     def run(seed: int) -> str | None:
         x = _near_uniform(_gen(seed, "advancing")).to(device)
-        with torch.random.fork_rng(devices=_rng_devices(device)):
+        with _forked_rng(device):
             torch.manual_seed(seed)
             a, b = sample_fn(x).cpu(), sample_fn(x).cpu()
             torch.manual_seed(seed)
