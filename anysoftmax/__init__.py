@@ -28,7 +28,7 @@ __all__ = [
 
 # Subpackages loaded on first use (`anysoftmax.testing.check_backend(...)` after a bare `import
 # anysoftmax`): importing the package leaves them unloaded.
-_LAZY_SUBPACKAGES = ("distributed", "testing")
+_LAZY_SUBPACKAGES = ("distributed", "sampling", "testing")
 
 
 def __getattr__(name: str):

@@ -1,0 +1,73 @@
+"""`anysoftmax.sampling.probs`, `sample` and `logprobs`: validate, pick the implementation, run.
+
+Semantics: `sampling.reference` and docs/sampling.md. `backend=None` or ``"torch"`` runs the
+`torch` sampler (reference quality, any device, no host synchronisation); the Triton kernels
+come through the registry later, so any other name is refused here with the reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.errors import UnsupportedRequestError
+from . import torch_sampler
+from .spec import SamplingSpec, check_ids, check_top_n
+
+
+def _implementation(op: str, backend):
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"{op}: backend must be a backend name (str) or None, got {type(backend).__name__}")
+    if backend not in (None, "torch"):
+        raise UnsupportedRequestError(f"{op}: backend {backend!r} has no sampler; anysoftmax.sampling runs on "
+                                      f"backend=None or 'torch'")
+    return torch_sampler
+
+
+def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None,
+          backend: str | None = None) -> torch.Tensor:
+    """float32 probabilities of the filtered, renormalised distribution of each row of
+    `logits` ``[..., V]``: z = logits / temperature, then top_k, top_p (on the top-k
+    renormalised distribution), min_p; 0 outside the kept set. Keywords: a number or a tensor
+    with one value per row; None switches a step off. Temperature 0 is greedy (probability 1
+    on the argmax, the lowest index among ties)."""
+    impl = _implementation("probs", backend)
+    spec = SamplingSpec.from_request("probs", logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                     min_p=min_p)
+    return impl.probs(spec, logits)
+
+
+def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=0,
+           return_logprobs: bool = False, backend: str | None = None):
+    """One token id per row of `logits` ``[..., V]`` (int64, shape ``logits.shape[:-1]``), drawn
+    from the distribution `probs` gives; with `return_logprobs`, also each chosen token's
+    float32 log-probability under that distribution.
+
+    `seed` (an int, or an int64 tensor: 0-dim for the batch, or one per row) and `offset` (an
+    int or a tensor, e.g. the decode step) make the draw a pure function of (seed, offset, the
+    row's logits, the keywords): the same on every call and every backend. A per-row seed gives
+    a request the same draw wherever it sits in the batch. Without a seed, torch's default
+    generator for the device supplies one and advances. No host synchronisation."""
+    impl = _implementation("sample", backend)
+    if not isinstance(return_logprobs, bool):
+        raise TypeError(f"sample: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
+    spec = SamplingSpec.from_request("sample", logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                     min_p=min_p, seed=seed, offset=offset)
+    return impl.sample(spec, logits, return_logprobs)
+
+
+def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n: int = 0,
+             backend: str | None = None):
+    """float32 log-probabilities of `ids` (shape ``logits.shape[:-1] + (K,)``) under
+    ``log_softmax(logits / temperature)``; with ``top_n > 0`` returns ``(logprobs, top_values,
+    top_ids)``, the top-n log-probabilities of each row (the lower id first among ties).
+    Temperature 0 gives the limit: ``-log n`` on the n tied maxima, -inf elsewhere."""
+    impl = _implementation("logprobs", backend)
+    spec = SamplingSpec.from_request("logprobs", logits, temperature=temperature)
+    flat_ids = check_ids("logprobs", spec, ids)
+    n = check_top_n("logprobs", spec, top_n)
+    out = impl.logprobs(spec, logits, flat_ids, n)
+    if not n:
+        return out.reshape(ids.shape)
+    picked, values, top_ids = out
+    shape = tuple(ids.shape[:-1]) + (n,)
+    return picked.reshape(ids.shape), values.reshape(shape), top_ids.reshape(shape)

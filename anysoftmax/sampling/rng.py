@@ -1,0 +1,124 @@
+"""The randomness of a draw, defined once: every backend, sharded or not, draws these numbers.
+
+**Bits.** Token ``i`` (its index in the whole vocabulary, also when the vocabulary is sharded)
+of a row gets ``r_i``, word 0 of Philox4x32-10 (Salmon et al., SC'11; Triton's generator) with
+
+* key ``(k0, k1)`` = the row's seed as an unsigned 64-bit integer (low word, high word);
+* counter ``(c0, c1, c2, c3)`` = ``(i, stream, offset low word, offset high word)``, where
+  ``stream`` is the row's flat index when one seed serves the whole batch (an int, a 0-dim
+  tensor, or no seed) and 0 for a per-row seed tensor, so that a request with its own seed
+  draws the same wherever it sits in the batch.
+
+In Triton this is ``tl.philox(seed, i, stream, off_lo, off_hi)[0]`` (uint32 counter words),
+which equals ``tl.randint(seed, i + (stream << 32))`` when the offset is 0.
+
+**Exponentials.** ``u_i = (r_i + 1/2) / 2**32`` lies in (0, 1), never 0 or 1, and
+``E_i = -log(1 - u_i)`` (that is ``-log(U_i)`` with ``U_i = 1 - u_i`` in (0, 1)) is Exp(1),
+finite and positive. It must be computed accurately near ``u = 0`` (``-log1p(-u)``): the
+winner of a race over many tokens has a tiny ``E``, and ``-log`` of a float32 ``1 - u`` rounds
+every ``E`` below 6e-8 to 0. In float32, ``u = min((float32(r) + 0.5) * 2**-32, 1 - 2**-24)``:
+the clamp keeps ``E`` finite where ``u`` would round to 1 (r >= 2**32 - 128, a token that
+cannot win anyway).
+
+**The draw** (the exponential race, i.e. Gumbel-max): the token is the argmax over the kept
+set of ``z_i - log(E_i)`` (``z`` = logits / temperature), the lowest index among exact ties.
+It is token ``i`` with probability ``p_i`` of the filtered, renormalised distribution: the
+argmin of ``E_i / p_i`` over independent exponentials.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .spec import SamplingSpec
+
+MASK32 = 0xFFFFFFFF
+# Philox4x32's round multipliers and Weyl key increments (Triton's `philox_impl`).
+PHILOX_ROUND_A, PHILOX_ROUND_B = 0xD2511F53, 0xCD9E8D57
+PHILOX_KEY_A, PHILOX_KEY_B = 0x9E3779B9, 0xBB67AE85
+PHILOX_ROUNDS = 10
+# Elements of [rows, V] whose bits are made at once: bounds the int64 temporaries (~10 of them).
+RACE_CHUNK = 1 << 22
+
+
+def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32-bit words of ``a * b`` for a uint32 constant and uint32 values held in
+    int64: b is split into 16-bit halves so that no partial product leaves int64."""
+    p_lo = a * (b & 0xFFFF)  # < 2**48
+    p_hi = a * (b >> 16)  # < 2**48
+    s = p_lo + ((p_hi & 0xFFFF) << 16)  # < 2**49
+    return (p_hi >> 16) + (s >> 32), s & MASK32
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = PHILOX_ROUNDS) -> tuple[torch.Tensor, ...]:
+    """Philox4x32 (`rounds` rounds) on uint32 words held in int64 tensors (broadcast together):
+    the four output words, each in [0, 2**32). Integer ops only, so any device computes the same bits."""
+    for _ in range(rounds):
+        hi_b, lo_b = _mul_hi_lo(PHILOX_ROUND_B, c2)
+        hi_a, lo_a = _mul_hi_lo(PHILOX_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + PHILOX_KEY_A) & MASK32, (k1 + PHILOX_KEY_B) & MASK32
+    return c0, c1, c2, c3
+
+
+def random_bits(seed: torch.Tensor, stream: torch.Tensor, offset: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``r`` of the definition: int64 in [0, 2**32), shape ``[rows, len(tokens)]``, for int64
+    ``seed``, ``stream``, ``offset`` of shape [rows] and global token indices ``tokens`` [V]."""
+    seed, stream, offset = (t.reshape(-1, 1) for t in (seed, stream, offset))
+    words = philox4x32(tokens.reshape(1, -1) & MASK32, stream & MASK32, offset & MASK32, (offset >> 32) & MASK32,
+                       seed & MASK32, (seed >> 32) & MASK32)
+    return words[0]
+
+
+def exponential(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``E = -log1p(-u)``, ``u = (r + 1/2) / 2**32``, in `dtype` (exact u in float64; float32
+    clamps u below 1, see the module)."""
+    if dtype == torch.float64:
+        u = (bits.to(torch.float64) + 0.5) * 2.0**-32
+    else:
+        u = ((bits.to(torch.float32) + 0.5) * 2.0**-32).clamp_max(1.0 - 2.0**-24).to(dtype)
+    return -torch.log1p(-u)
+
+
+def row_words(spec: SamplingSpec, device: torch.device | None = None) -> tuple[torch.Tensor, ...]:
+    """(seed, stream, offset) of every row as int64 ``[rows]`` tensors. Without a seed, one is
+    drawn from torch's default generator for the device (on the device: no host sync), which
+    advances it as `torch.multinomial` would; the draw then proceeds as with an int seed."""
+    device = spec.device if device is None else device
+    rows = spec.rows
+    if spec.seed is None:
+        seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=device).expand(rows)
+    elif isinstance(spec.seed, torch.Tensor):
+        seed = spec.seed.to(device).expand(rows)
+    else:
+        seed = torch.full((rows,), spec.seed, dtype=torch.int64, device=device)
+    if spec.per_row_seed:
+        stream = torch.zeros(rows, dtype=torch.int64, device=device)
+    else:
+        stream = torch.arange(rows, dtype=torch.int64, device=device)
+    offset = spec.column("offset", device).reshape(rows)
+    return seed, stream, offset
+
+
+def exponential_race(z: torch.Tensor, kept: torch.Tensor, words: tuple[torch.Tensor, ...],
+                     vocab_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draw of each row of ``z`` [rows, V] (in its dtype) over its `kept` tokens, the
+    tokens numbered from `vocab_start` (a shard of the vocabulary): (ids, keys), the argmax of
+    ``z - log(E)`` (lowest index among ties) as a global token id and its key, both [rows].
+    The keys are elementwise, so the draw of a sharded row is the shard winner of largest key
+    (lowest id among equal keys). A row with nothing kept gets id `vocab_start` and key -inf
+    (callers mark such rows invalid). Row chunks bound the memory."""
+    rows, vocab = z.shape
+    tokens = torch.arange(vocab_start, vocab_start + vocab, dtype=torch.int64, device=z.device)
+    step = max(1, RACE_CHUNK // max(vocab, 1))
+    ids, best = [], []
+    for start in range(0, rows, step):
+        part = slice(start, start + step)
+        e = exponential(random_bits(*(w[part] for w in words), tokens), z.dtype)
+        keys = torch.where(kept[part], z[part] - torch.log(e), -torch.inf)
+        at = keys.argmax(-1)  # (argmax documents the first maximum)
+        ids.append(at + vocab_start)
+        best.append(keys.gather(-1, at[:, None])[:, 0])
+    if not ids:
+        return torch.zeros(0, dtype=torch.int64, device=z.device), z.new_zeros(0)
+    return torch.cat(ids), torch.cat(best)
