@@ -20,6 +20,7 @@ import yaml
 
 import anysoftmax
 from anysoftmax.cli import build_parser
+from anysoftmax.core.compare import compare_merge
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -87,7 +88,8 @@ def test_readme_use_snippets_run():
     blocks = [b for b in code_blocks(README, "python") if "class MyBackend" not in b]
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1))
     ns = dict(x=torch.randn(4, 8), model=model, batch=torch.randn(3, 8), d=24,
-              scores=torch.randn(2, 3, 16, 24), pad=torch.rand(2, 1, 16, 24) < 0.2, sinks=torch.randn(3, 1, 1))
+              scores=torch.randn(2, 3, 16, 24), pad=torch.rand(2, 1, 16, 24) < 0.2, sinks=torch.randn(3, 1, 1),
+              v=torch.randn(24, 64))
     import importlib.util
 
     hf = importlib.util.find_spec("transformers") is not None  # (the hf extra; CI has it)
@@ -104,6 +106,12 @@ def test_readme_use_snippets_run():
         torch.distributed.destroy_process_group()
     assert ns["p"].shape == ns["scores"].shape
     torch.testing.assert_close(ns["probs"], torch.softmax(ns["logits_shard"], -1))
+    # Softmax in pieces: the merge of the split attention is the unsplit one (float64 reference).
+    scores64 = ns["scores"].double()
+    unsplit = (torch.softmax(scores64, -1) @ ns["v"].double(), torch.logsumexp(scores64, -1))
+    lses = [anysoftmax.logsumexp(s, -1) for s in ns["parts"]]
+    merged = compare_merge(ns["out"], ns["lse"], ns["outs"], lses, expected=unsplit)
+    assert merged.ok, merged.detail
 
 
 def test_links_resolve_inside_the_repository():
