@@ -236,3 +236,34 @@ def test_a_dead_link_fails_the_strict_build(tmp_path):
     res = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert res.returncode != 0, res.stderr[-3000:]
     assert "missing.txt" in res.stderr and "evidence.txt" not in res.stderr, res.stderr[-3000:]
+
+
+# ---- what the package tells its users -----------------------------------------------------------
+
+def _message_strings(path: Path) -> list[tuple[int, str]]:
+    """The string literals of a module that are not docstrings: what it prints, warns or raises."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_messages_point_to_what_a_wheel_user_has():
+    """The wheel holds the package, not docs/ or requirements files: a message that sends its
+    reader there sends a wheel user nowhere. (Docstrings and comments, read in a clone, may.)"""
+    bad = [f"{p.relative_to(ROOT)}:{line}: {text!r}" for p in sorted((ROOT / "anysoftmax").rglob("*.py"))
+           for line, text in _message_strings(p) if re.search(r"\bdocs/\w+\.md|requirements-\w+\.txt", text)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_ascend_install_order_is_in_the_message_itself():
+    from anysoftmax.backends.triton_ascend import npu
+
+    reason = npu.missing_reason()
+    if reason is None:
+        pytest.skip("an Ascend NPU stack is installed here: nothing is missing")
+    assert "triton-ascend==3.2.0" in reason and "torch-npu==2.7.1" in reason and "set_env.sh" in reason, reason
