@@ -429,8 +429,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def search_current_folder() -> None:
+    """Let modules in the current folder import, as under `python -m anysoftmax`: a `--plugin
+    my_pkg.backend` or a matrix's `plugins:` of the user's project. The console script's
+    sys.path[0] is its bin folder, not the current one. Appended, not prepended: a folder named
+    like an installed package never shadows it in the command's own imports."""
+    try:
+        here = os.getcwd()
+    except OSError:  # the current folder was removed: nothing there to import
+        return
+    if not any(os.path.abspath(p or os.curdir) == here for p in sys.path):
+        sys.path.append(here)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `anysoftmax` and `python -m anysoftmax`; returns the exit status."""
+    if argv is None:  # run as the command (not called from Python): the current folder's modules import
+        search_current_folder()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "bench":  # everything after `bench` belongs to the benchmark suite
         return cmd_bench(argv[1:])

@@ -234,7 +234,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
     else:
         _fresh()
         check_backward_args(y, grad, dim, log)
-        spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs())
+        spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs(), op="softmax_backward", arg="y")
         if a.softcap is not None and (not isinstance(x, torch.Tensor) or x.shape != y.shape):
             raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
         if a.sinks is not None and p_sink is None:

@@ -49,7 +49,7 @@ def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, soft
         dispatch._fresh()
         spec, _ = logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
         if spec.needs_input_cast:
-            raise TypeError(f"logsumexp: input dtype {x.dtype} is not floating")
+            raise TypeError(f"logsumexp: x dtype {x.dtype} is not floating")
         chosen = registry.select_op(LOGSUMEXP, spec, backend)
         request = Request.build(request_key(LSE, x, dim, None, backend, False, None, a), spec, LSE, backend,
                                 x, mask, sinks)

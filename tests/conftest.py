@@ -38,6 +38,13 @@ def _seed_lines() -> list[str]:
             f"or fuzz_backend(NAME, calls=N, seed={SEED}))"]
 
 
+def pytest_configure(config):
+    # Below -q pytest prints no "N passed" line: every run ends with its counts and its seed
+    # (`bash run.sh test -qq` included), so -qq and quieter read as -q.
+    if config.option.verbose < -1 and not config.option.collectonly:
+        config.option.verbose = -1
+
+
 def pytest_report_header(config):
     return _seed_lines()
 

@@ -1,7 +1,7 @@
 """Writing a selection table (`anysoftmax.core.selection`) from benchmark results.
 
 Input: the benchmark's result documents of one device (`softmax_fwd.json`, `softmax_bwd.json`:
-`python -m anysoftmax.bench.softmax [--bwd]`), whose `anysoftmax:<backend>` rows are the
+`anysoftmax bench [--bwd]`), whose `anysoftmax:<backend>` rows are the
 candidates. Rules:
 
 * Only backends that passed conformance in that run may be chosen: a backend with any `wrong`

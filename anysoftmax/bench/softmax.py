@@ -1,10 +1,10 @@
 """The softmax benchmark: anysoftmax against torch, torch.compile, the seed, Liger and QuACK.
 
-    python -m anysoftmax.bench.softmax                 # forward, the full grid, every provider
-    python -m anysoftmax.bench.softmax --bwd           # backward
-    python -m anysoftmax.bench.softmax --quick         # a few shapes
-    python -m anysoftmax.bench.softmax --device cpu    # tiny shapes on the CPU (Triton interpreter)
-    python -m anysoftmax.bench.softmax --variants [all|NAMES] [--bwd]   # the fused family (bench.variants)
+    anysoftmax bench                   # forward, the full grid, every provider
+    anysoftmax bench --bwd             # backward
+    anysoftmax bench --quick           # a few shapes
+    anysoftmax bench --device cpu      # tiny shapes on the CPU (Triton interpreter)
+    anysoftmax bench --variants [all|NAMES] [--bwd]   # the fused family (bench.variants)
 
 A thin entry point to the device matrix: every (provider, dtype, shape) is a matrix cell,
 checked against the float64 reference (one tolerance, `anysoftmax.core.compare`) and then
@@ -20,6 +20,7 @@ scores, `anysoftmax.bench.variants`) <out>/<device>/softmax_variants_<fwd|bwd>.{
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -64,8 +65,12 @@ def grid(args) -> list[tuple[str, list[str], list[tuple[int, int, int]]]]:
     return parts
 
 
+COMMAND = "anysoftmax bench"
+
+
 def parse(argv, prog: str = "python -m anysoftmax.bench.softmax"):
-    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+    # The examples name the command the user ran (`prog`).
+    p = argparse.ArgumentParser(prog=prog, description=re.sub(rf"^    {COMMAND}", f"    {prog}", __doc__, flags=re.M),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bwd", action="store_true", help="benchmark the backward pass")
     p.add_argument("--latency", action="store_true",

@@ -1,9 +1,9 @@
 """`anysoftmax bench --variants`: the fused family on attention scores, against torch.
 
-    python -m anysoftmax.bench.softmax --variants              # the speed goals' variants, fwd
-    python -m anysoftmax.bench.softmax --variants all --bwd    # every preset, backward
-    python -m anysoftmax.bench.softmax --variants scale,mask --quick
-    python -m anysoftmax.bench.softmax --variants --device cpu # tiny shapes, the whole path
+    anysoftmax bench --variants                   # the speed goals' variants, fwd
+    anysoftmax bench --variants all --bwd         # every preset, backward
+    anysoftmax bench --variants scale,mask --quick
+    anysoftmax bench --variants --device cpu      # tiny shapes, the whole path
 
 Scores [8, 16, S, S], S in 1024, 2048, 4096 (`--quick`: S = 2048), bf16 and fp32; each
 variant a preset of `matrix.variants` (operands from the cell's seed). Providers: anysoftmax

@@ -62,10 +62,7 @@ def logsumexp_request(x, dim, *, scale=None, mask=None, causal=False, softcap=No
     """Validate a logsumexp request exactly as softmax's (`SoftmaxSpec.from_request`):
     (spec, `core.variant.Operands`). Errors name the argument."""
     fused = dict(scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
-    try:
-        return SoftmaxSpec.from_request(x, dim, None, log=False, fused=fused)
-    except (TypeError, ValueError, IndexError) as exc:
-        raise type(exc)(str(exc).replace("softmax:", "logsumexp:", 1)) from None
+    return SoftmaxSpec.from_request(x, dim, None, log=False, fused=fused, op="logsumexp", arg="x")
 
 
 def describe_logsumexp(spec: SoftmaxSpec) -> str:

@@ -168,48 +168,57 @@ class SoftmaxSpec:
 
     @classmethod
     def from_request(cls, x: object, dim: object, dtype: object = None, log: bool = False,
-                     fused: dict | None = None) -> tuple["SoftmaxSpec", object]:
+                     fused: dict | None = None, *, op: str | None = None,
+                     arg: str = "input") -> tuple["SoftmaxSpec", object]:
         """`from_tensor` plus the fused keywords (`scale, mask, causal, softcap, sinks,
         empty_rows` in `fused`): returns (spec, `core.variant.Operands`). Errors name the
-        argument (see `core.variant.build`)."""
-        spec = cls.from_tensor(x, dim, dtype, log=log)
-        variant, operands = build_variant(spec.shape, spec.device, spec.dim, **(fused or {}))
+        argument (see `core.variant.build`) and begin with `op` (as in `from_tensor`)."""
+        op = op or ("log_softmax" if log else "softmax")
+        spec = cls.from_tensor(x, dim, dtype, log=log, op=op, arg=arg)
+        try:
+            variant, operands = build_variant(spec.shape, spec.device, spec.dim, **(fused or {}))
+        except (TypeError, ValueError) as exc:  # core.variant words its errors as softmax's
+            if op == "softmax":
+                raise
+            raise type(exc)(str(exc).replace("softmax:", f"{op}:", 1)) from None
         return spec.with_variant(variant), operands
 
     @classmethod
-    def from_tensor(cls, x: object, dim: object, dtype: object = None, log: bool = False) -> "SoftmaxSpec":
+    def from_tensor(cls, x: object, dim: object, dtype: object = None, log: bool = False, *,
+                    op: str | None = None, arg: str = "input") -> "SoftmaxSpec":
         """Validate a user request and describe it; raises before anything is launched.
 
         TypeError: `x` is not a tensor, its dtype is not floating, `dim` is not an int, or
-        `dtype` is not a floating dtype. IndexError: `dim` out of range.
+        `dtype` is not a floating dtype. IndexError: `dim` out of range. The message begins
+        with `op` (the public function: softmax or log_softmax by `log` unless given) and calls
+        `x` by `arg`, the function's name for it.
         """
+        op = op or ("log_softmax" if log else "softmax")
+        allowed = ", ".join(map(dtype_name, FLOAT_DTYPES))
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"softmax: x must be a torch.Tensor, got {type(x).__name__}")
+            raise TypeError(f"{op}: {arg} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype not in FLOAT_DTYPES and (x.dtype.is_complex or not isinstance(dtype, torch.dtype)
                                             or dtype not in FLOAT_DTYPES):
             # torch accepts integer and bool inputs when dtype= names a floating type (it
             # converts first), and so do we; complex inputs are refused even then, because
             # torch would drop their imaginary part without an error.
-            raise TypeError(
-                f"softmax: input dtype {x.dtype} is not supported; allowed: "
-                f"{', '.join(map(dtype_name, FLOAT_DTYPES))}, or an integer/bool input with dtype= "
-                f"one of those")
+            cast = ", or an integer/bool input with dtype= one of those" if op in ("softmax", "log_softmax") else ""
+            raise TypeError(f"{op}: {arg} dtype {x.dtype} is not supported; allowed: {allowed}{cast}")
         if isinstance(dim, bool) or not isinstance(dim, int):
-            raise TypeError(f"softmax: dim must be an int, got {type(dim).__name__}")
+            raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
         if dtype is None:
             out_dtype = x.dtype
         elif not isinstance(dtype, torch.dtype):
-            raise TypeError(f"softmax: dtype must be a torch.dtype or None, got {dtype!r}")
+            raise TypeError(f"{op}: dtype must be a torch.dtype or None, got {dtype!r}")
         elif dtype not in FLOAT_DTYPES:
-            raise TypeError(
-                f"softmax: dtype={dtype} is not supported; allowed: {', '.join(map(dtype_name, FLOAT_DTYPES))}")
+            raise TypeError(f"{op}: dtype={dtype} is not supported; allowed: {allowed}")
         else:
             out_dtype = dtype
         ndim = x.dim()
         lo, hi = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
         if not lo <= dim <= hi:
             raise IndexError(
-                f"softmax: dim {dim} out of range for a tensor of {ndim} dimension(s) "
+                f"{op}: dim {dim} out of range for a tensor of {ndim} dimension(s) "
                 f"(expected to be in range of [{lo}, {hi}])")
         return cls(
             shape=tuple(x.shape), strides=tuple(x.stride()), in_dtype=x.dtype,
@@ -219,7 +228,7 @@ class SoftmaxSpec:
 
 def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
     """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec."""
-    spec = SoftmaxSpec.from_tensor(y, dim, log=log)
+    spec = SoftmaxSpec.from_tensor(y, dim, log=log, op="softmax_backward", arg="y")
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")
     if grad.shape != y.shape:

@@ -18,6 +18,7 @@ from .cells import FAILED, PASSED, SKIPPED, Cell, Result
 from .conformance import check_cell, make_input, rounded_output
 from .devices import device_name
 from .fused_cells import check_fused, fused_bench_inputs
+from .labels import entry_label
 from .variants import applies
 
 CPU_BENCH_NOTE = ("benchmark skipped: needs a GPU (a CPU/Triton-interpreter timing says nothing about kernel "
@@ -69,13 +70,12 @@ def _note(res: Result, text: str) -> None:
 
 
 def _back_to_back_calls(cell: Cell, res: Result) -> int:
-    """Calls for `host_us`: on a CPU (the interpreter: ms per call) fewer, within the rep
-    budget; a fused cell's attention scores take milliseconds per call on a GPU too, where
-    about a second of calls (at least 10) shows the host cost as well as 200 would."""
+    """Calls for an accelerator's `host_us`: a fused cell's attention scores take milliseconds
+    per call, where about a second of calls (at least 10) shows the host cost as well as 200
+    would."""
     if res.timer == "gpu" and cell.variant.is_plain:
         return perf.BACK_TO_BACK_CALLS
-    budget = cell.rep_ms if res.timer == "cpu" else 1000.0
-    return max(3 if res.timer == "cpu" else 10, min(perf.BACK_TO_BACK_CALLS, int(budget / max(res.ms, 1e-3))))
+    return max(10, min(perf.BACK_TO_BACK_CALLS, int(1000.0 / max(res.ms, 1e-3))))
 
 
 def _benchmark(cell: Cell, device: str, res: Result) -> None:
@@ -97,10 +97,13 @@ def _benchmark(cell: Cell, device: str, res: Result) -> None:
     res.copy_gbps = copy_gbps(device)
     res.frac_copy = res.gbps / res.copy_gbps
     res.timer = perf.timer_label(device)
-    res.host_us = perf.back_to_back_us(lambda: fn(inputs[0]), device, _back_to_back_calls(cell, res),
-                                       warmup=1 if res.timer == "cpu" else 5)
     if res.timer == "cpu":
-        _note(res, "CPU wall-clock timing" + (" of the Triton interpreter" if cell.backend == "triton" else ""))
+        # A CPU call returns when its work is done: its wall time, which `time_ms` just
+        # measured, is the host's time per call (no device queue to run ahead of).
+        res.host_us = res.ms * 1e3
+        _note(res, "CPU wall-clock timing" + (" of the Triton interpreter" if entry_label(cell) != cell.entry else ""))
+    else:
+        res.host_us = perf.back_to_back_us(lambda: fn(inputs[0]), device, _back_to_back_calls(cell, res))
 
 
 def run_cell(cell: Cell, device: str) -> Result:

@@ -112,7 +112,7 @@ def test_logsumexp_errors():
     x = torch.randn(3, 4)
     with pytest.raises(IndexError, match="logsumexp: dim 2"):
         anysoftmax.logsumexp(x, 2)
-    with pytest.raises(TypeError, match="logsumexp: input dtype"):
+    with pytest.raises(TypeError, match="logsumexp: x dtype"):
         anysoftmax.logsumexp(torch.ones(3, dtype=torch.int32), 0)
     with pytest.raises(ValueError, match="logsumexp: softcap must be > 0"):
         anysoftmax.logsumexp(x, 1, softcap=-1.0)

@@ -194,3 +194,14 @@ def test_variant_names_and_grid():
     assert variants.shapes(args()) == [(8, 16, s, s) for s in (1024, 2048, 4096)]
     assert variants.shapes(args(quick=True)) == [(8, 16, 2048, 2048)]
     assert variants.shapes(args(shapes="1x2x3x4")) == [(1, 2, 3, 4)]
+
+
+def test_bench_help_shows_the_command_it_was_run_as(capsys):
+    from anysoftmax.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: anysoftmax bench ") and "python -m" not in text, text
+    assert "    anysoftmax bench --bwd " in text and "    anysoftmax bench --variants " in text, text

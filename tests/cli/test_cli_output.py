@@ -116,3 +116,29 @@ def test_use_and_enable_warn_when_they_serve_no_device_present():
         warnings.simplefilter("error", RuntimeWarning)
         with anysoftmax.use(backend="torch", devices=("cpu",)) as served:
             assert served == ("cpu",)
+
+
+def test_conformance_prints_no_warnings_of_the_interpreters_numpy(monkeypatch, capsys):
+    """The interpreter emulates a kernel with numpy, which warns where the GPU computes inf and
+    NaN silently: `conformance triton` shows none of those, and every other warning still."""
+    from anysoftmax.cli import main
+    from anysoftmax.testing import kit
+
+    def one_overflowing_launch(name, **_):
+        anysoftmax.softmax(torch.full((2, 8), 3e38), -1, backend=name, scale=10.0)  # inf in numpy's multiply
+        warnings.warn("a warning of the backend's own", RuntimeWarning)
+
+        class Report:
+            def text(self):
+                return "checked"
+
+        return Report()
+
+    monkeypatch.setattr(kit, "check_backend", one_overflowing_launch)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(["conformance", "triton", "--device", "cpu"]) == 0
+    shown = [str(w.message) for w in seen]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert not [m for m in shown if "encountered" in m], shown
+    assert "a warning of the backend's own" in shown, shown

@@ -135,3 +135,12 @@ def test_shipped_configs_validate(name):
     # Every backend a shipped config names is registered: a config never silently skips cells.
     cfg = load_config(matrix_path(name))
     assert expand(cfg), f"{name} has no cells"
+
+
+def test_the_default_matrix_checks_and_times_on_the_cpu():
+    """`bash run.sh matrix` on a CPU machine checks and times, as the README says: every
+    backend, op and direction it checks on the CPU is also timed there (wall clock), on one shape."""
+    cells = [c for c in expand(load_config(matrix_path("default"))) if c.device == "cpu"]
+    kinds = {(c.backend, c.op, c.direction) for c in cells}
+    timed = {(c.backend, c.op, c.direction) for c in cells if c.benchmark and c.bench_cpu}
+    assert kinds and timed == kinds, sorted(kinds - timed)

@@ -26,7 +26,7 @@ from ...core.spec import SoftmaxSpec
 from .._triton_common import interpreter, request
 from .._triton_common.launcher import bind
 from .._triton_common.plan import PLAIN_SCALARS, Fusion, KernelPlan, flat_rows
-from . import npu, planning, settings, ub_retry
+from . import install, npu, planning, settings, ub_retry
 
 # shape class -> halvings of the UB budget the NPU compiler accepted (ub_retry).
 _halvings = ub_retry.Halvings()
@@ -86,8 +86,8 @@ class TritonAscendBackend:
     def is_available(self) -> str | None:
         """None when some device can run it here (interpreter, CUDA cross-check or an NPU)."""
         missing = interpreter.triton_missing(
-            "pip install 'anysoftmax[ascend]' on an Ascend host (triton-ascend; see docs/ascend.md for the "
-            f"order), or {interpreter.TRITON_EXTRA} for the CPU interpreter")
+            f"on an Ascend host, {install.INSTALL_ORDER}; elsewhere {interpreter.TRITON_EXTRA} for the CPU "
+            "interpreter")
         if missing is not None:
             return missing
         if interpreter.interpreting():

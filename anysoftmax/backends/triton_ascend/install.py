@@ -18,8 +18,13 @@ DIST = "triton-ascend"
 # with requirements-ascend.txt and docs/ascend.md.
 PINS = {"triton-ascend": "3.2.0", "torch": "2.7.1", "torch-npu": "2.7.1", "CANN": "8.5.0"}
 FIX = ("pip uninstall -y triton triton-ascend && pip install --no-deps --force-reinstall "
-       f"triton-ascend=={PINS['triton-ascend']} && pip install --no-deps -e . "
-       "(the `triton` extra, or a CUDA build of torch, pulls stock Triton back; see docs/ascend.md)")
+       f"triton-ascend=={PINS['triton-ascend']}, then anysoftmax without its dependencies (pip install --no-deps "
+       "-e . in a clone, or the wheel): its `triton` extra, or a CUDA build of torch, pulls stock Triton back")
+# The whole install order in the message itself (a wheel user has no docs/ folder to look in).
+INSTALL_ORDER = (f"install in this order: CANN {PINS['CANN']} (source its set_env.sh), then pip install "
+                 f"torch=={PINS['torch']} torch-npu=={PINS['torch-npu']} triton-ascend=={PINS['triton-ascend']} "
+                 "pybind11, then anysoftmax with pip install --no-deps (never its `triton` extra: stock Triton "
+                 "overwrites triton-ascend)")
 
 
 def _norm(name: str) -> str:

@@ -24,7 +24,7 @@ from . import install
 
 
 ENV_ON_CUDA = "ANYSOFTMAX_ASCEND_ON_CUDA"
-INSTALL_HINT = "see docs/ascend.md for the install order"
+INSTALL_HINT = install.INSTALL_ORDER
 
 
 def crosscheck_on_cuda() -> bool:
@@ -75,7 +75,7 @@ def missing_reason() -> str | None:
         return "torch_npu is installed but no NPU is visible (torch.npu.is_available() is False)"
     note = install.version_note(install.installed_versions([install.DIST, "torch-npu"]))
     if note is not None:
-        warnings.warn(f"triton_ascend: {note}; see docs/ascend.md", stacklevel=2)
+        warnings.warn(f"triton_ascend: {note}; other versions are allowed but untested", stacklevel=2)
     return None
 
 
