@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import backward_from_output, fused_backward, fused_forward, prologue, reference
+from .reference import backward_from_output, fused_backward, fused_forward, kept_values, prologue, reference
 from .spec import TOLERANCES, SoftmaxSpec
 from .variant import keep_mask
 
@@ -205,7 +205,7 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     tol = spec.tolerance
     extra = torch.zeros_like(sens)
     if v.softcap is not None:
-        arg = x64 * (1.0 if v.scale is None else v.scale) / v.softcap
+        arg = kept_values(x64, keep) * (1.0 if v.scale is None else v.scale) / v.softcap
         t = torch.tanh(arg)
         factor = factor * (1 - t * t)
         dz = expected.abs() / torch.clamp(factor, min=torch.finfo(torch.float64).tiny)

@@ -42,7 +42,7 @@ import torch
 
 from .spec import FLOAT_DTYPES, SoftmaxSpec, dtype_name
 from .variant import MASK_ADDITIVE, Variant, keep_mask
-from .reference import prologue
+from .reference import kept_values, prologue, prologue_chain
 
 LOGSUMEXP, MERGE_STATES = "logsumexp", "merge_states"
 OPS = ("softmax", LOGSUMEXP, MERGE_STATES)
@@ -167,8 +167,8 @@ def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tens
     if scalar:
         x, g, lse, dim = x.reshape(1), g.reshape(1), lse.reshape(1), 0
     gw, lw = g.to(dtype), lse.to(dtype)
-    z = prologue(x, variant, mask, dtype)
-    keep = keep_mask(tuple(z.shape), variant, mask, z.device)
+    keep = keep_mask(tuple(x.shape), variant, mask, x.device)
+    z = prologue(kept_values(x, keep), variant, mask, dtype)
     dead = lw == -math.inf  # rows with nothing: zero gradient, never exp(-inf - -inf)
     live_lse = torch.where(dead, torch.zeros_like(lw), lw)
     p = torch.exp(z - live_lse)
@@ -177,12 +177,7 @@ def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tens
     p = p.masked_fill(dead, 0.0)
     dz = gw * p
     dmask = dz if variant.mask_kind == MASK_ADDITIVE else None
-    dx = dz
-    if variant.softcap is not None:
-        t = torch.tanh(x.to(dtype) * (1.0 if variant.scale is None else variant.scale) / variant.softcap)
-        dx = dx * (1 - t * t)
-    if variant.scale is not None:
-        dx = dx * variant.scale
+    dx = prologue_chain(dz, x, variant.scale, variant.softcap, keep)
     ds = None
     if sinks is not None:
         s = sinks.to(dtype).expand(tuple(lw.shape))

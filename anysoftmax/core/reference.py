@@ -51,6 +51,28 @@ def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype
     return z
 
 
+def kept_values(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """`x` with 0 where `keep` (None: everywhere kept) excludes a position. An excluded
+    position is outside the softmax, but a derivative read there would still multiply its 0
+    by the prologue's factor at that value: 0 * (1 - tanh(NaN)^2) is NaN, and so is the
+    double backward through an exp of it. The formulas read only kept values."""
+    return x if keep is None else x.masked_fill(~keep, 0)
+
+
+def prologue_chain(dz: torch.Tensor, x: torch.Tensor, scale: float | None, softcap: float | None,
+                   keep: torch.Tensor | None) -> torch.Tensor:
+    """The gradient (or tangent) of x from that of the logits after softcap, `dz`: times
+    softcap's 1 - tanh(scale * x / softcap)^2 (recomputed from x) and scale. The factor is
+    read from kept values only (`kept_values`): what x holds at an excluded position (NaN,
+    inf) never enters, so a `dz` of 0 there stays 0."""
+    if softcap is not None:
+        t = torch.tanh(kept_values(x, keep).to(dz.dtype) * (1.0 if scale is None else scale) / softcap)
+        dz = dz * (1 - t * t)
+    if scale is not None:
+        dz = dz * scale
+    return dz
+
+
 def empty_row_value(policy: str, n: int, log: bool) -> float:
     """What an empty row's elements are under `policy` (core.variant: zero / nan / uniform)."""
     if policy == "nan":
@@ -65,8 +87,8 @@ def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: 
     """(y, p_sink) of the fused family evaluated in `dtype` (float64: the reference). `p_sink`
     is the sink's share of each row, exp(s - m) / denominator (shape of x with size 1 in
     `dim`), None without sinks. Differentiable in x, sinks and a floating mask."""
-    z = prologue(x, variant, mask, dtype)
-    keep = keep_mask(tuple(z.shape), variant, mask, z.device)
+    keep = keep_mask(tuple(x.shape), variant, mask, x.device)
+    z = prologue(kept_values(x, keep), variant, mask, dtype)
     empty = None
     if keep is not None:
         z = z.masked_fill(~keep, -math.inf)
@@ -106,7 +128,7 @@ def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, 
     (log: -p_sink * sum(grad)) or None without `p_sink`, and dz (the gradient of the logits
     after softcap, which a floating mask receives) when `want_dz`. `x` is needed with softcap
     only (its derivative 1 - tanh^2 is recomputed from x). Excluded positions and empty rows
-    get 0."""
+    get 0, whatever x holds at an excluded position (NaN, inf)."""
     g = grad.to(dtype)
     yy = y.to(dtype)
     keep = keep_mask(tuple(y.shape), variant, mask, g.device)
@@ -126,13 +148,7 @@ def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, 
         if ds is not None:
             ds = ds.masked_fill(empty, 0.0)
     dmask = dz if want_dz else None
-    dx = dz
-    if variant.softcap is not None:
-        t = torch.tanh(x.to(dtype) * (1.0 if variant.scale is None else variant.scale) / variant.softcap)
-        dx = dx * (1 - t * t)
-    if variant.scale is not None:
-        dx = dx * variant.scale
-    return dx, ds, dmask
+    return prologue_chain(dz, x, variant.scale, variant.softcap, keep), ds, dmask
 
 
 def backward_from_output(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool = False,

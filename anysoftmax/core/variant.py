@@ -26,8 +26,8 @@ Order of the steps, per row of the reduced dim (`dim`):
    ``"uniform"`` (the -10000 fill of Megatron and torch_npu): 1/N (log: -log N), N = row length.
    A sink does not change this (the default gives 0, what the sink formula gives).
 
-Gradients: excluded positions and empty rows get 0, and an upstream gradient arriving at an
-excluded output (a constant: 0, or -inf for log_softmax) is ignored — torch's
+Gradients: excluded positions and empty rows get 0 (whatever x holds there: NaN, inf), and
+an upstream gradient arriving at an excluded output (a constant: 0, or -inf for log_softmax) is ignored — torch's
 ``masked_fill(-inf).log_softmax`` would still route it through the normaliser; softcap
 multiplies by 1 - (z/softcap)^2,
 scale by scale; the sinks get ``ds = -p_s * sum_j y_j dy_j`` per row (``p_s`` the sink's share

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .. import dispatch
-from ..core.reference import empty_row_value
+from ..core.reference import empty_row_value, prologue_chain
 from ..torchop.api import log_softmax as _log_softmax, softmax as _softmax
 from ..torchop.pieces import _plain_eager
 from . import one_read
@@ -75,14 +75,11 @@ def _shard_values(x, mask, c: Call, rest, dtype=None) -> torch.Tensor:
     return _local_softmax(x, c, mask, rest, dtype)
 
 
-def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call) -> torch.Tensor:
-    """dz (gradient of the logits after softcap) to dx: softcap's 1 - tanh², scale's factor."""
-    if c.softcap is not None:
-        t = torch.tanh(x.to(dz.dtype) * (1.0 if c.scale is None else c.scale) / c.softcap)
-        dz = dz * (1 - t * t)
-    if c.scale is not None:
-        dz = dz * c.scale
-    return dz
+def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call, mask) -> torch.Tensor:
+    """dz (gradient of the logits after softcap) to dx: softcap's 1 - tanh², scale's factor
+    (read at the positions a bool mask keeps: an excluded x may be NaN)."""
+    keep = ~mask.expand(dz.shape) if mask is not None and mask.dtype == torch.bool else None
+    return prologue_chain(dz, x, c.scale, c.softcap, keep)
 
 
 def softmax_forward(x, mask, sinks, c: Call):
@@ -138,7 +135,7 @@ def softmax_backward(gy, y, x, mask, sinks, lse, empty, c: Call, needs=(True, Tr
         dz = dz.masked_fill(excluded | empty, 0.0)
         if ds is not None:
             ds = ds.masked_fill(empty, 0.0)
-    return _chain(dz, x, c).to(y.dtype) if needs[0] else None, *_operand_grads(dz, ds, mask, sinks, needs)
+    return _chain(dz, x, c, mask).to(y.dtype) if needs[0] else None, *_operand_grads(dz, ds, mask, sinks, needs)
 
 
 def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True, True, True)):
@@ -156,7 +153,7 @@ def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True
     if sinks is not None and needs[2]:
         lse = out if c.keepdim else out.unsqueeze(c.dim)
         ds = g * torch.exp(sinks.detach().to(acc) - lse)
-    return _chain(dz, x, c).to(x.dtype) if needs[0] else None, *_operand_grads(dz, ds, mask, sinks, needs)
+    return _chain(dz, x, c, mask).to(x.dtype) if needs[0] else None, *_operand_grads(dz, ds, mask, sinks, needs)
 
 
 def _operand_grads(dz, ds_rows, mask, sinks, needs):

@@ -24,7 +24,7 @@ from .. import dispatch
 
 from . import ops
 from .autodiff import _functorch_active, refuse_forward_over_forward
-from ..core.reference import fused_backward
+from ..core.reference import fused_backward, prologue_chain
 from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
 from .grad_mode import wants_autodiff
 
@@ -88,18 +88,12 @@ def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
     excluded positions and empty rows: 0."""
     acc = acc_dtype(y.dtype)
     v, dim = a.variant, a.dim
+    keep = keep_mask(tuple(y.shape), v, mask, y.device)
     tz = torch.zeros(y.shape, dtype=acc, device=y.device)
     if tx is not None:
-        factor = tx.to(acc)
-        if v.softcap is not None:
-            t = torch.tanh(x.to(acc) * (1.0 if v.scale is None else v.scale) / v.softcap)
-            factor = factor * (1 - t * t)
-        if v.scale is not None:
-            factor = factor * v.scale
-        tz = tz + factor
+        tz = tz + prologue_chain(tx.to(acc), x, v.scale, v.softcap, keep)
     if tmask is not None and v.mask_kind == MASK_ADDITIVE:
         tz = tz + tmask.to(acc)
-    keep = keep_mask(tuple(y.shape), v, mask, y.device)
     if keep is not None:
         tz = tz.masked_fill(~keep, 0.0)
     yw = y.to(acc)

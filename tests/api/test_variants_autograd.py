@@ -93,6 +93,50 @@ def test_gradients_equal_the_composition(backend, log, gen):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+# The backends that take float32 fused requests (the Triton backends through the interpreter).
+FUSED_BACKENDS = backends_that_run("cpu", torch.float32, fused=FUSED_PROBE)
+EXCLUDED_LOGITS = [math.nan, math.inf, -math.inf]
+
+
+def _poison_excluded(x, mask, causal):
+    """x with NaN / +-inf at every position the bool mask or causal excludes, and the kept positions."""
+    keep = ~mask.expand(x.shape)
+    if causal:
+        sq, sk = x.shape[-2:]
+        keep = keep & torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq if causal == "bottom_right" else 0)
+    fill = torch.tensor(EXCLUDED_LOGITS, dtype=x.dtype)[torch.arange(x.numel()) % len(EXCLUDED_LOGITS)]
+    return torch.where(keep, x, fill.view(x.shape)), keep
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_excluded_logits_never_reach_the_softcap_gradient(backend, op, gen):
+    """A NaN or infinite logit at a position the bool mask or causal excludes is outside the
+    softmax: the gradient there is 0 and elsewhere that of the same call with finite values
+    there, with softcap (whose derivative 1 - tanh^2 would be NaN at such a logit) as without."""
+    x = torch.randn(2, 3, 5, 6, generator=gen) * 2
+    mask = torch.rand(2, 1, 5, 6, generator=gen) < 0.3
+    mask[..., 0] = False
+    fn = getattr(anysoftmax, op)
+    for causal in (False, "bottom_right"):
+        poisoned, keep = _poison_excluded(x, mask, causal)
+        for kw in (dict(softcap=2.5), dict(softcap=2.5, scale=0.7), dict()):
+            got_x, want_x = poisoned.clone().requires_grad_(), x.double().requires_grad_()
+            y = fn(got_x, -1, mask=mask, causal=causal, backend=backend, **kw)
+            ref = fn(want_x, -1, mask=mask, causal=causal, backend="torch", **kw)
+            g = torch.randn(y.shape, generator=gen)
+            if op == "log_softmax":
+                g = g.masked_fill(~keep, 0.0)  # (-inf constants there: numerical comparison ignores them)
+            got, = torch.autograd.grad(y, got_x, g, create_graph=True)
+            want, = torch.autograd.grad(ref, want_x, g.double())
+            assert torch.equal(got.detach()[~keep], torch.zeros_like(got[~keep])), (causal, kw)
+            torch.testing.assert_close(got.detach().double(), want, rtol=1e-4, atol=1e-5)
+            # second order: a NaN at an excluded logit must not leak into the double backward
+            second, = torch.autograd.grad((got * torch.randn(got.shape, generator=gen)).sum(), got_x,
+                                          allow_unused=True)
+            assert second is None or torch.isfinite(second).all(), (causal, kw)
+
+
 @pytest.mark.parametrize("backend", FP64_BACKENDS)
 def test_func_transforms(backend, gen):
     sink = torch.randn(1, generator=gen, dtype=torch.float64)

@@ -174,6 +174,30 @@ def test_one_rank_without_sinks_runs_the_local_op(one_rank, gen, monkeypatch):
         asd.softmax(x, -1, sinks=torch.zeros(4, 5, 1, dtype=torch.float64))
 
 
+def test_excluded_logits_never_reach_the_softcap_gradient(one_rank, gen):
+    """The sharded path (one rank with sinks) as the local op: NaN or inf at a position the bool
+    mask excludes gives a gradient of 0 there, with softcap as without."""
+    import anysoftmax
+    import anysoftmax.distributed as asd
+
+    x = torch.randn(4, 5, 16, generator=gen, dtype=torch.float64)
+    mask = torch.rand(4, 5, 16, generator=gen) < 0.3
+    poisoned = x.masked_fill(mask, float("nan"))
+    poisoned[..., ::2] = poisoned[..., ::2].masked_fill(mask[..., ::2], float("inf"))
+    sinks = torch.randn(5, 1, generator=gen, dtype=torch.float64)
+    for fn, local in ((asd.softmax, anysoftmax.softmax), (asd.log_softmax, anysoftmax.log_softmax),
+                      (asd.logsumexp, anysoftmax.logsumexp)):
+        got_x, want_x = poisoned.clone().requires_grad_(), x.clone().requires_grad_()
+        y = fn(got_x, -1, scale=0.5, softcap=3.0, mask=mask, sinks=sinks)
+        want = local(want_x, -1, scale=0.5, softcap=3.0, mask=mask, sinks=sinks)
+        dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
+        if y.shape == mask.shape:
+            dy = dy.masked_fill(mask, 0.0)  # (log_softmax: -inf constants there)
+        got, = torch.autograd.grad(y, got_x, dy)
+        assert torch.equal(got[mask], torch.zeros_like(got[mask])), fn.__name__
+        torch.testing.assert_close(got, torch.autograd.grad(want, want_x, dy)[0], rtol=1e-10, atol=1e-12)
+
+
 def test_a_repeated_request_is_checked_once_and_never_reused_stale(one_rank, gen):
     """A request is validated once (memoised by its key); operands that differ only in
     strides or offset are other requests, and scale's and softcap's values are the call's

@@ -97,8 +97,6 @@ def softmax_bwd_kernel(
                 dx = dy - tl.exp(y) * total[:, None]
             else:
                 dx = y * (dy - total[:, None])
-            if MASK == 1 or CAUSAL:
-                dx = tl.where(keep, dx, 0.0)
             if HAS_CAP:
                 scale = 1.0
                 if HAS_SCALE:
@@ -109,6 +107,10 @@ def softmax_bwd_kernel(
                 dx = dx * (1.0 - t * t)
             if HAS_SCALE:
                 dx = dx * pair(scale_hi, scale_lo, ACC_FP64)
+            if MASK == 1 or CAUSAL:
+                # After softcap's factor: an excluded x may be NaN or inf, and 0 * (1 - tanh^2)
+                # of it is NaN; excluded positions get 0 whatever they hold.
+                dx = tl.where(keep, dx, 0.0)
             tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             if HAS_SINK:
                 # ds = -p_s * sum(y dy) (log: -p_s * sum(dy)); p_s is 0 in an empty row.
