@@ -41,13 +41,19 @@ def _row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
 
 def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """Steps 1-3a of the family in `dtype`: z = scale*x, softcap, plus a floating mask."""
-    z = x.to(dtype)
-    if variant.scale is not None:
-        z = z * variant.scale
-    if variant.softcap is not None:
-        z = variant.softcap * torch.tanh(z / variant.softcap)
+    z = scaled_and_capped(x.to(dtype), variant.scale, variant.softcap)
     if variant.mask_kind == MASK_ADDITIVE:
         z = z + mask.to(dtype)
+    return z
+
+
+def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
+    """Steps 1-2 of the family: softcap * tanh(scale * z / softcap), a step skipped where its
+    value is None."""
+    if scale is not None:
+        z = z * scale
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
     return z
 
 

@@ -4,7 +4,7 @@ reference and the tests read the semantics from here.
 
 Order of the steps, per row of the reduced dim (`dim`):
 
-1. ``z = scale * x``                                   (scale: any finite float; None = 1, skipped)
+1. ``z = scale * x``                                   (scale: any finite number, not a bool; None = 1, skipped)
 2. ``z = softcap * tanh(z / softcap)``                  (Gemma2's logit cap; softcap > 0)
 3. mask and causal:
    * a **bool** mask (broadcastable to x): True = **excluded** (as `Tensor.masked_fill`,
@@ -43,6 +43,7 @@ whose operands are laid out differently. `scale` and `softcap` values are kernel
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -153,15 +154,33 @@ class Operands(NamedTuple):
 NO_OPERANDS = Operands(None, None, 1.0, 1.0)
 
 
+def _is_symbolic(value) -> bool:
+    # A float (or int) torch.compile traces as a symbol: its value is known only when the
+    # compiled graph runs, where the operator receiving it validates it.
+    return isinstance(value, (torch.SymFloat, torch.SymInt))
+
+
 def _finite_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
-            value = value.item()
-        else:
-            raise TypeError(f"softmax: {name} must be a float, got {type(value).__name__}")
+    """`value` as a float: what `F.scaled_dot_product_attention`'s `scale` takes (a Python or
+    NumPy real number, a one-element tensor that needs no gradient), never a bool; finite."""
+    if _is_symbolic(value):
+        return value
+    if isinstance(value, torch.Tensor) and value.dtype != torch.bool and value.numel() == 1 \
+            and not value.requires_grad:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # (NumPy's bool is no Real)
+        kind = "bool" if isinstance(value, torch.Tensor) and value.dtype == torch.bool else type(value).__name__
+        raise TypeError(f"softmax: {name} must be a float, got {kind}")
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"softmax: {name} must be finite, got {value}")
+    return value
+
+
+def _positive_cap(value) -> float:
+    value = _finite_float("softcap", value)
+    if not _is_symbolic(value) and value <= 0:
+        raise ValueError(f"softmax: softcap must be > 0, got {value}")
     return value
 
 
@@ -204,9 +223,7 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
     if scale is not None:
         scale = _finite_float("scale", scale)
     if softcap is not None:
-        softcap = _finite_float("softcap", softcap)
-        if softcap <= 0:
-            raise ValueError(f"softmax: softcap must be > 0, got {softcap}")
+        softcap = _positive_cap(softcap)
     if not isinstance(empty_rows, str) or empty_rows not in EMPTY_ROWS:
         raise ValueError(f"softmax: empty_rows must be one of {', '.join(map(repr, EMPTY_ROWS))}, got {empty_rows!r}")
     form = causal_name(causal)
@@ -261,7 +278,13 @@ def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | Non
 
 def runtime_values(scale, softcap) -> tuple[float, float]:
     """(scale, softcap) as the kernel arguments of one call, validated on every call (a
-    memoised request skips `build`, not these checks): 1.0 where absent."""
+    memoised request skips `build`, not these checks): 1.0 where absent. While torch.compile
+    traces, a float or int is passed on unchecked: it may be a symbol (Dynamo's for a value
+    that changes between calls), which no check can read; a constant is checked by the
+    operator's fake implementation while tracing, and every value by the operator when the
+    graph runs."""
+    if torch.compiler.is_compiling():
+        return _traced_value("scale", scale), _traced_value("softcap", softcap)
     if scale is None:
         s = 1.0
     elif type(scale) is float and math.isfinite(scale):
@@ -273,7 +296,13 @@ def runtime_values(scale, softcap) -> tuple[float, float]:
     elif type(softcap) is float and math.isfinite(softcap) and softcap > 0:
         c = softcap
     else:
-        c = _finite_float("softcap", softcap)
-        if c <= 0:
-            raise ValueError(f"softmax: softcap must be > 0, got {c}")
+        c = _positive_cap(softcap)
     return s, c
+
+
+def _traced_value(name: str, value):
+    if value is None:
+        return 1.0
+    if type(value) in (float, int) or _is_symbolic(value):
+        return value
+    return _positive_cap(value) if name == "softcap" else _finite_float(name, value)

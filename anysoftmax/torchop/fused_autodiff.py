@@ -27,6 +27,7 @@ from .autodiff import _functorch_active, refuse_forward_over_forward
 from ..core.reference import fused_backward, prologue_chain
 from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
 from .grad_mode import wants_autodiff
+from .traced_temperature import scaled_logits, traced_as_symbols
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -280,9 +281,16 @@ def fused_softmax(x, dim, dtype, backend, log, mask, sinks, scale, softcap, caus
 def compiled_fused(x, dim, dtype, backend, log, mask, sinks, scale, softcap, causal, empty_rows) -> torch.Tensor:
     """What `anysoftmax.softmax` traces to under torch.compile: the operator (autograd
     registered on it by `anysoftmax.registration`); inside a torch.func transform, the eager
-    Function (one graph break), as for the plain operator."""
+    Function (one graph break), as for the plain operator. A scale or softcap that Dynamo
+    traces as a symbol is applied before the operator (`traced_temperature`)."""
     if _functorch_active():
         return _eager_fused(x, dim, dtype, backend, log, mask, sinks, scale, softcap, causal, empty_rows)
+    if traced_as_symbols(scale, softcap):
+        out_dtype = x.dtype if dtype is None else dtype
+        z = scaled_logits(x, out_dtype, scale, softcap, mask, causal)
+        y, _ = ops.softmax_fused_op(z, mask, sinks, dim, None, None, None, causal_name(causal), empty_rows, log,
+                                    backend)
+        return y.to(out_dtype)
     scale, softcap, causal = op_arguments(scale, softcap, causal)
     y, _ = ops.softmax_fused_op(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend)
     return y

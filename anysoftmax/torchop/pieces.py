@@ -21,6 +21,7 @@ from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_requ
                            merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, runtime_values
 from .batching import _front
+from .traced_temperature import scaled_logits, traced_as_symbols
 
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 
@@ -152,6 +153,9 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
     else:
         if not torch.compiler.is_compiling():  # (traced: the fake implementation validates)
             logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+        elif traced_as_symbols(scale, softcap):  # (see `traced_temperature`)
+            x = scaled_logits(x, x.dtype, scale, softcap, mask, causal)
+            scale = softcap = None
         s, c = runtime_values(scale, softcap)
         args = (x, mask, sinks, dim, None if scale is None else s, None if softcap is None else c,
                 causal_name(causal), backend)

@@ -23,7 +23,9 @@ exactly as eager dispatch would, and calls the matching `*_triton` operator when
   (a) a graph is being traced (the rule only exists under FunctionalTensorMode, and not for
       torch.export, which keeps custom ops whole: `custom_triton_ops_decomposition_disabled`),
   (b) the selected backend says `traceable(spec)`: the `triton` backend, for CUDA/HIP tensors
-      (and CPU tensors under the Triton interpreter, how CI traces the kernels), and
+      (and CPU tensors under the Triton interpreter, how CI traces the kernels, except when
+      Inductor compiles the graph: it needs a Triton driver for the tensors' device, and the
+      interpreter is none), and
   (c) shapes and strides are concrete ints (a dynamic-shape graph keeps the opaque operator: a
       plan is chosen per shape), the tensor is not empty, and $ANYSOFTMAX_COMPILE_KERNELS is
       not "0" (read at trace time: set it to keep the opaque operators, e.g. to compare).
@@ -43,6 +45,7 @@ The fused family has the same pair: ``softmax_fused_triton`` / ``softmax_fused_b
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 from typing import Optional
 
@@ -56,12 +59,22 @@ from ..dispatch import FusedArgs
 ENV = "ANYSOFTMAX_COMPILE_KERNELS"
 
 
+def _inductor_compiles() -> bool:
+    """True while Inductor traces a graph it will compile (its fake mode is installed)."""
+    virtualized = sys.modules.get("torch._inductor.virtualized")
+    return virtualized is not None and not isinstance(virtualized.V.fake_mode, virtualized.NullHandler)
+
+
 def _backend_for(spec: SoftmaxSpec, backend: Optional[str]):
     """The backend that serves `spec` when it can run traced, else None. Selection runs with
     torch.compile's tracing modes off: availability probes (the interpreter check) run small
     real kernels, and their verdict is cached."""
     from torch.utils._python_dispatch import _disable_current_modes
 
+    if spec.device.type == "cpu" and _inductor_compiles():
+        # Inductor compiles a user kernel for its device, which needs a Triton driver: a CPU
+        # tensor's kernels run through the interpreter, which is none. The operator runs them.
+        return None
     with _disable_current_modes():
         chosen = dispatch.select(spec, backend)
     traceable = getattr(chosen, "traceable", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +36,9 @@ BAD = [
     (dict(scale=float("nan")), ValueError, "scale must be finite"),
     (dict(scale="0.5"), TypeError, "scale must be a float"),
     (dict(scale=True), TypeError, "scale must be a float"),
+    (dict(scale=np.True_), TypeError, "scale must be a float, got bool"),
+    (dict(softcap=torch.tensor(True)), TypeError, "softcap must be a float, got bool"),
+    (dict(softcap=np.float32("nan")), ValueError, "softcap must be finite"),
     (dict(sinks=torch.zeros(3, 1, 10)), ValueError, "sinks of shape \\[3, 1, 10\\]"),
     (dict(sinks=torch.zeros(4, 1, 1)), ValueError, "sinks of shape \\[4, 1, 1\\]"),
     (dict(sinks=torch.zeros(3, 1, 1, dtype=torch.int64)), TypeError, "sinks dtype"),
@@ -59,6 +63,27 @@ def test_bad_keywords_fail_with_autograd_and_repeatedly(gen):
     anysoftmax.softmax(y, -1, scale=0.5, backend="torch")
     with pytest.raises(ValueError, match="scale must be finite"):
         anysoftmax.softmax(y, -1, scale=float("inf"), backend="torch")
+
+
+# What F.scaled_dot_product_attention's `scale` takes besides a float: a Python int, NumPy
+# scalars (floating and integer) and a 0-dim tensor.
+NUMBERS = [2, np.float32(0.375), np.float64(-0.7), np.float16(1.5), np.int64(3), np.int32(-2),
+           torch.tensor(0.25, dtype=torch.float64)]
+
+
+@pytest.mark.parametrize("value", NUMBERS, ids=lambda v: f"{type(v).__name__}({v})")
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_scale_and_softcap_take_what_sdpa_takes(value, backend, gen):
+    x = _x(gen).requires_grad_()
+    as_float = float(value)
+    for fn in (anysoftmax.softmax, anysoftmax.log_softmax, anysoftmax.logsumexp):
+        for kw, same in ((dict(scale=value), dict(scale=as_float)),
+                         (dict(softcap=abs(value)), dict(softcap=abs(as_float))),
+                         (dict(scale=value, softcap=abs(value)), dict(scale=as_float, softcap=abs(as_float)))):
+            want = fn(x, -1, backend=backend, **same)
+            assert torch.equal(fn(x, -1, backend=backend, **kw), want), (fn.__name__, kw)
+            with torch.no_grad():
+                assert torch.equal(fn(x, -1, backend=backend, **kw), want), (fn.__name__, kw)
 
 
 def test_causal_needs_the_last_dim_of_two(gen):

@@ -197,6 +197,52 @@ def test_compile_fullgraph_matches_eager(backend, gen):
     torch.testing.assert_close(torch.autograd.grad(yc, (xg, sg), g), torch.autograd.grad(ye, (xe, se), g))
 
 
+TEMPERATURES = [(0.5, 3.0), (0.7, 4.5), (-1.3, 6.0)]
+# dynamic=True and torch's default (automatic dynamic) with the torch backend; dynamic=True
+# with the backends whose kernels torch.compile traces (`traceable`: the triton_op route).
+COMPILE_MODES = [("torch", True), ("torch", None)] + [
+    (b, True) for b in FUSED_BACKENDS if hasattr(anysoftmax.get_backend(b), "traceable")]
+
+
+@pytest.mark.parametrize("backend,dynamic", COMPILE_MODES, ids=[f"{b}-{'dynamic' if d else 'automatic'}"
+                                                                for b, d in COMPILE_MODES])
+def test_compiled_temperature_is_an_argument(backend, dynamic, gen):
+    """scale and softcap as arguments of a fullgraph-compiled function: each value's result and
+    gradient are right, and a new value does not recompile (with dynamic=True: one frame for
+    all; by default torch recompiles once to make a changed float dynamic, then never again)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    x = torch.randn(2, 3, 4, 8, generator=gen)
+    mask = torch.rand(2, 1, 4, 8, generator=gen) < 0.3
+    mask[..., 0] = False
+
+    def f(t, s, c, on=backend):
+        kw = dict(scale=s, softcap=c, mask=mask, backend=on)
+        return (anysoftmax.softmax(t, -1, **kw), anysoftmax.log_softmax(t, -1, **kw),
+                anysoftmax.logsumexp(t, -1, **kw))
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, fullgraph=True, backend=counter, dynamic=dynamic)
+    frames = []
+    for s, c in TEMPERATURES:
+        xc, xe = x.clone().requires_grad_(), x.double().requires_grad_()
+        got, want = cf(xc, s, c), f(xe, s, c, "torch")
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-6)
+        g = [torch.randn(a.shape, generator=gen).masked_fill(torch.isinf(a), 0.0) for a in got]
+        torch.testing.assert_close(torch.autograd.grad(got, xc, g)[0].double(),
+                                   torch.autograd.grad(want, xe, [t.double() for t in g])[0], rtol=1e-4, atol=1e-5)
+        frames.append(counter.frame_count)
+    assert frames[-1] == frames[1] and frames[1] <= 2, frames
+    if dynamic:
+        assert frames == [1] * len(TEMPERATURES), frames
+    # A temperature the graph holds as a symbol is checked when the graph runs.
+    for s, c, name in ((0.5, -1.0, "softcap"), (float("nan"), 2.0, "scale")):
+        with pytest.raises((RuntimeError, ValueError), match=f"{name} must be"):
+            cf(x, s, c)
+
+
 def test_compiled_backward_calls_the_backward_operator(gen):
     """A compiled graph's backward reaches the fused backward through its operator (which
     torch.compile routes to the Triton kernels on GPUs), never by running dispatch on the fake

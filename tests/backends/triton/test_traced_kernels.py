@@ -153,6 +153,28 @@ def test_attention_block_compiles_to_kernels_without_graph_breaks(gen):
     assert torch._dynamo.explain(model)(x).graph_break_count == 0
 
 
+def test_a_new_temperature_keeps_the_kernels_and_the_graph(gen):
+    """scale and softcap as arguments of the compiled function (torch's default mode): the
+    second value makes them symbols, applied before the kernels in torch ops (a float operator
+    argument would recompile per value); every later value reuses that graph, kernels in both
+    of its graphs, results and gradients right."""
+    x = torch.randn(3, 40, generator=gen) * 3
+    mask = torch.rand(3, 40, generator=gen) < 0.2
+    cap = Capture()
+    fn = compiled(lambda t, s, c: anysoftmax.softmax(t, -1, scale=s, softcap=c, mask=mask, backend="triton"), cap)
+    for s, c in ((0.5, 4.0), (0.7, 5.0), (1.3, 2.5)):
+        xg = x.clone().requires_grad_()
+        y = fn(xg, s, c)
+        y.backward(torch.ones_like(y) + x)
+        want = x.double().requires_grad_()
+        ref = anysoftmax.softmax(want, -1, scale=s, softcap=c, mask=mask, backend="torch")
+        ref.backward(torch.ones_like(ref) + x.double())
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(xg.grad.double(), want.grad, rtol=1e-4, atol=1e-5)
+    assert len(cap.graphs) == 4  # (forward and backward of the constant values, then of the symbols)
+    assert cap.kernels(2) == ["softmax_tile_kernel"] and cap.kernels(3) == ["softmax_bwd_kernel"]
+
+
 # ---- routing: what stays an opaque operator ------------------------------------------------
 
 def test_other_backends_keep_the_opaque_operator(gen):
@@ -161,6 +183,25 @@ def test_other_backends_keep_the_opaque_operator(gen):
     y = compiled(lambda t: anysoftmax.softmax(t, -1, backend="torch"), cap)(x)
     assert torch.ops.anysoftmax.softmax.default in cap.targets(0) and cap.kernels(0) == []
     assert compare(y, x, SoftmaxSpec.from_tensor(x, -1)).ok
+
+
+def test_inductor_on_cpu_tensors_keeps_the_opaque_operator(gen):
+    """Inductor compiles a user Triton kernel for its tensors' device, which needs a Triton
+    driver; the interpreter is none. So torch.compile's default backend on CPU tensors keeps
+    the operator (which runs the interpreted kernels): plain and fused, forward and backward."""
+    x = torch.randn(4, 37, generator=gen, dtype=torch.float64) * 2
+    mask = torch.rand(4, 37, generator=gen) < 0.2
+    g = torch.randn(4, 37, generator=gen, dtype=torch.float64)
+    for kw in (dict(), dict(scale=0.5, softcap=4.0, mask=mask)):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda t: anysoftmax.log_softmax(t, -1, backend="triton", **kw), fullgraph=True)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y = fn(xa)
+        ref = anysoftmax.log_softmax(xb, -1, backend="torch", **kw)
+        torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
+        gm = g.masked_fill(torch.isinf(ref), 0.0)
+        torch.testing.assert_close(torch.autograd.grad(y, xa, gm)[0], torch.autograd.grad(ref, xb, gm)[0],
+                                   rtol=1e-10, atol=1e-12)
 
 
 def test_switch_keeps_the_opaque_operator(monkeypatch, gen):

@@ -1,0 +1,62 @@
+"""`scale` and `softcap` that torch.compile traces as symbols.
+
+Dynamo turns a float argument that changes between calls into a symbol (automatic dynamic, or
+`dynamic=True`), so that a new value reuses the graph. A custom operator's float argument would
+specialise that symbol again (one graph per value: a recompile per temperature). So while a
+graph is traced, a fused call whose scale or softcap is a symbol applies those two steps in
+torch ops (the symbol stays an input of the graph) and hands the operator the scaled, capped
+logits in the accumulation dtype; a constant value stays a kernel argument, as in eager mode.
+
+A symbol has no value to check while tracing: the graph checks it when it runs (a clear
+RuntimeError naming the argument, as the operator would raise).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from ..core.reference import kept_values, scaled_and_capped
+from ..core.variant import MASK_BOOL, MASK_NONE, Variant, causal_name, keep_mask
+
+
+def _number(value):
+    # Dynamo traces a NumPy scalar as a 0-dim array, whose float() is a symbol.
+    return value if value is None or isinstance(value, (float, int, str, bytes, torch.Tensor)) else float(value)
+
+
+def _is_symbol(value) -> bool:
+    # A constant compares with 0 one way or the other while tracing; a symbol (no guard on
+    # its value) neither way. A NaN constant neither way either: the graph's check names it.
+    value = _number(value)
+    return type(value) in (float, int) and not (statically_known_true(value > 0) or statically_known_true(value <= 0))
+
+
+def traced_as_symbols(scale, softcap) -> bool:
+    """True while torch.compile traces a call whose scale or softcap is a symbol."""
+    return torch.compiler.is_compiling() and (_is_symbol(scale) or _is_symbol(softcap))
+
+
+def _check_in_graph(name: str, value, positive: bool) -> None:
+    t = torch.ones((), dtype=torch.float64) * value
+    ok = torch.isfinite(t) & (t > 0) if positive else torch.isfinite(t)
+    torch._assert_async(ok, f"softmax: {name} must be {'finite and > 0' if positive else 'finite'}")
+
+
+def scaled_logits(x: torch.Tensor, out_dtype: torch.dtype, scale, softcap, mask, causal) -> torch.Tensor:
+    """softcap * tanh(scale * x / softcap) in torch ops, in the accumulation dtype of
+    `out_dtype` (float64 for float64, else float32: the kernels' precision), with the values
+    checked in the graph. Positions a bool mask or causal excludes read 0: they are outside
+    the softmax, and a NaN there must not reach tanh's derivative."""
+    scale, softcap = _number(scale), _number(softcap)
+    if scale is not None:
+        _check_in_graph("scale", scale, positive=False)
+    if softcap is not None:
+        _check_in_graph("softcap", softcap, positive=True)
+    kind = MASK_BOOL if mask is not None and mask.dtype == torch.bool else MASK_NONE
+    keep = keep_mask(tuple(x.shape), Variant(mask_kind=kind, causal=causal_name(causal)), mask, x.device)
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    return scaled_and_capped(kept_values(x, keep).to(acc), scale, softcap)
+
+
+__all__ = ["scaled_logits", "traced_as_symbols"]
