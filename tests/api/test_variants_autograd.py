@@ -93,8 +93,13 @@ def test_gradients_equal_the_composition(backend, log, gen):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
-# The backends that take float32 fused requests (the Triton backends through the interpreter).
+# The backends that take float32 fused requests (the Triton backends through the interpreter),
+# and on CUDA tensors (marked gpu: skipped with the reason without a GPU).
 FUSED_BACKENDS = backends_that_run("cpu", torch.float32, fused=FUSED_PROBE)
+CUDA_FUSED = backends_that_run("cuda", torch.float32, fused=FUSED_PROBE) if torch.cuda.is_available() \
+    else ["torch", "triton"]
+FUSED_ON_DEVICES = [pytest.param(b, "cpu", id=b) for b in FUSED_BACKENDS] + [
+    pytest.param(b, "cuda", id=f"{b}-cuda", marks=pytest.mark.gpu) for b in CUDA_FUSED]
 EXCLUDED_LOGITS = [math.nan, math.inf, -math.inf]
 
 
@@ -108,9 +113,9 @@ def _poison_excluded(x, mask, causal):
     return torch.where(keep, x, fill.view(x.shape)), keep
 
 
-@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+@pytest.mark.parametrize("backend,device", FUSED_ON_DEVICES)
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
-def test_excluded_logits_never_reach_the_softcap_gradient(backend, op, gen):
+def test_excluded_logits_never_reach_the_softcap_gradient(backend, device, op, gen):
     """A NaN or infinite logit at a position the bool mask or causal excludes is outside the
     softmax: the gradient there is 0 and elsewhere that of the same call with finite values
     there, with softcap (whose derivative 1 - tanh^2 would be NaN at such a logit) as without."""
@@ -121,14 +126,15 @@ def test_excluded_logits_never_reach_the_softcap_gradient(backend, op, gen):
     for causal in (False, "bottom_right"):
         poisoned, keep = _poison_excluded(x, mask, causal)
         for kw in (dict(softcap=2.5), dict(softcap=2.5, scale=0.7), dict()):
-            got_x, want_x = poisoned.clone().requires_grad_(), x.double().requires_grad_()
-            y = fn(got_x, -1, mask=mask, causal=causal, backend=backend, **kw)
+            got_x, want_x = poisoned.to(device).requires_grad_(), x.double().requires_grad_()
+            y = fn(got_x, -1, mask=mask.to(device), causal=causal, backend=backend, **kw)
             ref = fn(want_x, -1, mask=mask, causal=causal, backend="torch", **kw)
             g = torch.randn(y.shape, generator=gen)
             if op == "log_softmax":
                 g = g.masked_fill(~keep, 0.0)  # (-inf constants there: numerical comparison ignores them)
-            got, = torch.autograd.grad(y, got_x, g, create_graph=True)
+            got, = torch.autograd.grad(y, got_x, g.to(device), create_graph=True)
             want, = torch.autograd.grad(ref, want_x, g.double())
+            got = got.cpu()
             assert torch.equal(got.detach()[~keep], torch.zeros_like(got[~keep])), (causal, kw)
             torch.testing.assert_close(got.detach().double(), want, rtol=1e-4, atol=1e-5)
             # second order: a NaN at an excluded logit must not leak into the double backward
@@ -198,15 +204,18 @@ def test_compile_fullgraph_matches_eager(backend, gen):
 
 
 TEMPERATURES = [(0.5, 3.0), (0.7, 4.5), (-1.3, 6.0)]
-# dynamic=True and torch's default (automatic dynamic) with the torch backend; dynamic=True
-# with the backends whose kernels torch.compile traces (`traceable`: the triton_op route).
-COMPILE_MODES = [("torch", True), ("torch", None)] + [
-    (b, True) for b in FUSED_BACKENDS if hasattr(anysoftmax.get_backend(b), "traceable")]
+# (backend, dynamic, device, compiler): dynamic=True and torch's default (automatic dynamic)
+# with the torch backend; dynamic=True with the backends whose kernels torch.compile traces
+# (`traceable`: the triton_op route); on a GPU, Inductor with the triton backend.
+COMPILE_MODES = [pytest.param("torch", True, "cpu", "aot_eager", id="torch-dynamic"),
+                 pytest.param("torch", None, "cpu", "aot_eager", id="torch-automatic")] + [
+    pytest.param(b, True, "cpu", "aot_eager", id=f"{b}-dynamic") for b in FUSED_BACKENDS
+    if hasattr(anysoftmax.get_backend(b), "traceable")] + [
+    pytest.param("triton", None, "cuda", "inductor", id="triton-cuda-inductor", marks=pytest.mark.gpu)]
 
 
-@pytest.mark.parametrize("backend,dynamic", COMPILE_MODES, ids=[f"{b}-{'dynamic' if d else 'automatic'}"
-                                                                for b, d in COMPILE_MODES])
-def test_compiled_temperature_is_an_argument(backend, dynamic, gen):
+@pytest.mark.parametrize("backend,dynamic,device,compiler", COMPILE_MODES)
+def test_compiled_temperature_is_an_argument(backend, dynamic, device, compiler, gen):
     """scale and softcap as arguments of a fullgraph-compiled function: each value's result and
     gradient are right, and a new value does not recompile (with dynamic=True: one frame for
     all; by default torch recompiles once to make a changed float dynamic, then never again)."""
@@ -215,23 +224,24 @@ def test_compiled_temperature_is_an_argument(backend, dynamic, gen):
     x = torch.randn(2, 3, 4, 8, generator=gen)
     mask = torch.rand(2, 1, 4, 8, generator=gen) < 0.3
     mask[..., 0] = False
+    x, on_device = x.to(device), mask.to(device)
 
-    def f(t, s, c, on=backend):
-        kw = dict(scale=s, softcap=c, mask=mask, backend=on)
+    def f(t, s, c, on=backend, m=on_device):
+        kw = dict(scale=s, softcap=c, mask=m, backend=on)
         return (anysoftmax.softmax(t, -1, **kw), anysoftmax.log_softmax(t, -1, **kw),
                 anysoftmax.logsumexp(t, -1, **kw))
 
     torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = CompileCounterWithBackend(compiler)
     cf = torch.compile(f, fullgraph=True, backend=counter, dynamic=dynamic)
     frames = []
     for s, c in TEMPERATURES:
-        xc, xe = x.clone().requires_grad_(), x.double().requires_grad_()
-        got, want = cf(xc, s, c), f(xe, s, c, "torch")
+        xc, xe = x.clone().requires_grad_(), x.cpu().double().requires_grad_()
+        got, want = cf(xc, s, c), f(xe, s, c, "torch", mask)
         for a, b in zip(got, want):
-            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-6)
-        g = [torch.randn(a.shape, generator=gen).masked_fill(torch.isinf(a), 0.0) for a in got]
-        torch.testing.assert_close(torch.autograd.grad(got, xc, g)[0].double(),
+            torch.testing.assert_close(a.cpu().double(), b, rtol=1e-5, atol=1e-6)
+        g = [torch.randn(a.shape, generator=gen).masked_fill(torch.isinf(a.cpu()), 0.0) for a in got]
+        torch.testing.assert_close(torch.autograd.grad(got, xc, [t.to(device) for t in g])[0].cpu().double(),
                                    torch.autograd.grad(want, xe, [t.double() for t in g])[0], rtol=1e-4, atol=1e-5)
         frames.append(counter.frame_count)
     assert frames[-1] == frames[1] and frames[1] <= 2, frames
