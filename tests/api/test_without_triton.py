@@ -47,7 +47,7 @@ print(json.dumps({b.name: b.reason for b in anysoftmax.list_backends()}))
     reasons = json.loads(res.stdout.splitlines()[-1])
     assert reasons["torch"] == ""
     assert "pip install 'anysoftmax[triton]'" in reasons["triton"], reasons["triton"]
-    assert "pip install 'anysoftmax[ascend]'" in reasons["triton_ascend"], reasons["triton_ascend"]
+    assert "triton-ascend==" in reasons["triton_ascend"] and "--no-deps" in reasons["triton_ascend"], reasons["triton_ascend"]
     assert "availability check failed" not in reasons["triton"] + reasons["triton_ascend"]
 
 

@@ -20,7 +20,7 @@ REQUEST_MEMOS = {
     "backends/triton/backend.py:_plans",
     "backends/cute/backend.py:_plans",
     "backends/wave/backend.py:_loaded",
-    "distributed/__init__.py:_memo",
+    "distributed/calls.py:memo",
 }
 # Caches that are not per request, and why.
 OTHER_CACHES = {
@@ -75,6 +75,9 @@ def _from_key_function(arg, assigned: dict) -> bool:
     """`arg` is a call of a key function, or a name (or `name.key`) assigned from one."""
     if isinstance(arg, ast.Call):
         return _called(arg) in KEY_FUNCTIONS
+    if isinstance(arg, ast.IfExp):  # `request_key(...) if eager else None`: no key, no lookup
+        return all(_from_key_function(b, assigned) or (isinstance(b, ast.Constant) and b.value is None)
+                   for b in (arg.body, arg.orelse))
     if isinstance(arg, ast.Attribute) and arg.attr == "key":
         arg = arg.value
     if isinstance(arg, ast.Name) and arg.id in assigned:
