@@ -28,9 +28,11 @@ def test_cooperative_plans_ask_for_a_cooperative_grid():
     assert plan.launch_options().get("launch_cooperative_grid") is True
 
 
-def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen):
+@pytest.mark.parametrize("forms", [{}, {"prefetch": True, "relaxed_depart": True}], ids=["plain", "forms"])
+def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen, forms):
     """A refusal ("too many blocks in cooperative launch") reruns the request as the two-launch
-    form, with the right answer, and later calls go straight there."""
+    form, with the right answer, and later calls go straight there; a plan with forms of the
+    cooperative launch (`tuning.yaml`: split_prefetch, ...) falls back alike."""
     if "triton" not in [b.name for b in anysoftmax.list_backends() if b.available]:
         pytest.skip("triton does not run here")
     from dataclasses import replace
@@ -39,7 +41,7 @@ def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen)
     with heuristics.override(max_tile_elems=64, long_rows="split"):
         plan = anysoftmax.get_backend("triton").plan(x, y, layout, spec)
     assert plan.split
-    plan = replace(plan, cooperative=True)  # as on a GPU
+    plan = replace(plan, cooperative=True, options={**plan.options, **forms})  # as on a GPU
     calls = {"coop": 0}
     kernel = plan.kernel()
     real_getitem = type(kernel).__getitem__
