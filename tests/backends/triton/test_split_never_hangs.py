@@ -66,9 +66,11 @@ def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen,
 
 
 @pytest.mark.gpu
-def test_split_finishes_while_another_stream_holds_the_sms(gen):
+@pytest.mark.parametrize("forms", [{}, dict(split_prefetch=True, split_relaxed_depart=True)], ids=["plain", "forms"])
+def test_split_finishes_while_another_stream_holds_the_sms(gen, forms):
     """A long kernel on another stream keeps every SM busy while the cooperative split is
-    launched: the split must still finish (bounded) with the right answer."""
+    launched: the split must still finish (bounded) with the right answer (also with the
+    forms of the cooperative launch that `tuning.yaml` can turn on)."""
     import triton
     import triton.language as tl
 
@@ -85,13 +87,15 @@ def test_split_finishes_while_another_stream_holds_the_sms(gen):
     buf = torch.ones(busy_programs, device="cuda")
     x = torch.randn(64, 1 << 20, device="cuda", generator=None) * 3
     _spin[(busy_programs,)](buf, 10)  # compile first
-    anysoftmax.softmax(x, -1)  # compile the split kernels
+    with heuristics.override(**forms):
+        anysoftmax.softmax(x, -1)  # compile the split kernels
     torch.cuda.synchronize()
 
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         _spin[(busy_programs,)](buf, 20_000_000)  # ~ a second of every SM
-    y = anysoftmax.softmax(x, -1)
+    with heuristics.override(**forms):
+        y = anysoftmax.softmax(x, -1)
     done = threading.Event()
 
     def wait():
