@@ -429,7 +429,8 @@ class BackwardTilePlan(KernelPlan):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, SINGLE=single,
                     BLOCK_M=self.block_m if single else 1, CHUNK=self.block_n,
                     CAUSAL_VEC=self.options.get("causal_vec", 0),
-                    G_POW2=next_power_of_2(self.chunks), PHASE=phase, **_split_forms(self.options, "prefetch", "relaxed_depart"),
+                    G_POW2=next_power_of_2(self.chunks), PHASE=phase,
+                    **_split_forms(self.options, "prefetch", "relaxed_depart"),
                     **self.fusion.constexprs(out_dtype, backward=True))
 
 
