@@ -31,9 +31,10 @@ def test_candidates_name_known_tuning_keys(probe):
     assert set(probe.DEFAULT_CANDIDATES) <= set(probe.CANDIDATES) | {"cute"}
 
 
-def test_probe_runs_through_the_interpreter(probe, tmp_path, capsys):
+def test_probe_runs_through_the_interpreter(probe, tmp_path, capsys, monkeypatch):
     if "triton" not in runnable_backends("cpu"):
         pytest.skip("triton does not run on CPU here: TRITON_INTERPRET is not set")
+    monkeypatch.setenv("ANYSOFTMAX_LAUNCHER", "triton")  # (what the probe sets; undone after the test)
     assert probe.main(["--device", "cpu", "--tiny", "--shapes", "2x300", "--dtypes", "float32",
                        "--candidates", "base,prefetch_small,two_launch,cute", "--jobs", "0", "--rep-ms", "1",
                        "--warmup-ms", "0", "--out", str(tmp_path)]) == 0
