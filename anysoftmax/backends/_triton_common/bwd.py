@@ -10,7 +10,10 @@ A work item is a tile of BLOCK_M rows x CHUNK columns. With one chunk per row (S
 row sum is taken on chip: one read of y and dy and one write of dx. Longer rows are cut into
 chunks whose partial sums meet in `stats`, exactly as in the forward split kernel: PHASE 0
 waits at a per-row barrier (cooperative, co-resident grid) keeping y and dy in registers;
-PHASE 1 / PHASE 2 are the two-launch form for the interpreter. y, dy, dx (and x) share one
+PHASE 1 / PHASE 2 are the two-launch form for the interpreter. PREFETCH and RELAXED_DEPART
+are the forward split kernel's forms of PHASE 0 (`rows.softmax_split_kernel`): the next item's
+y and dy loaded before the wait, kept in their dtype until used; a relaxed departure, the
+counters reset after the store. y, dy, dx (and x) share one
 row layout (the launcher makes them contiguous alike); a mask is read through its own strides.
 Causal rows read y and dy only over their kept prefix (the rest of dx is written as 0).
 """
@@ -19,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .fused import col_limit, kept_by_mask, pair, tanh, whole_vectors
-from .rows import _row_arrive, _row_depart, _row_offsets, _row_wait
+from .rows import _row_arrive, _row_depart, _row_leave, _row_offsets, _row_reset, _row_wait
 
 
 @triton.jit
@@ -31,42 +34,80 @@ def _partial(y, dy, LOG: tl.constexpr):
 
 
 @triton.jit
+def _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
+             BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, CAUSAL_VEC: tl.constexpr, MASK: tl.constexpr,
+             CAUSAL: tl.constexpr, VEC: tl.constexpr):
+    """Where work item `item` lies: (rows, chunk, cols, row_ok, mask: in the tensor, loads: the
+    elements read, live: the kept prefix, off: element offsets shared by y, dy, dx and x).
+    No pointer goes in: torch.compile follows a store's address back through helper calls
+    (`rows._chunk_at` says why that matters)."""
+    item64 = tl.cast(item, tl.int64)
+    rows = (item64 // n_chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    chunk = item64 % n_chunks
+    lanes = tl.arange(0, CHUNK)
+    if MASK == 1:
+        # (one register layout for y and the uint8 mask, as in the forward tile kernel)
+        lanes = tl.max_contiguous(lanes, VEC)
+    cols = chunk * CHUNK + lanes.to(tl.int64)
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    loads = mask
+    live = mask
+    if CAUSAL:
+        lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
+        live = row_ok[:, None] & (cols[None, :] < lim[:, None])
+        # (whole vectors of CAUSAL_VEC elements, as in the forward: the exact prefix is
+        # applied after the load)
+        loads = row_ok[:, None] & whole_vectors(cols[None, :], lim[:, None], n_cols,
+                                                CAUSAL_VEC if CAUSAL_VEC > 0 else VEC)
+    off = _row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
+    return rows, chunk, cols, row_ok, mask, loads, live, off
+
+
+@triton.jit
+def _item_loads(y_ptr, dy_ptr, item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
+                BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, CAUSAL_VEC: tl.constexpr, MASK: tl.constexpr,
+                CAUSAL: tl.constexpr, VEC: tl.constexpr):
+    """(y, dy) of work item `item` as stored (0 outside it, and everywhere past the last item):
+    the loads alone, so that they can be issued ahead of their use (PREFETCH)."""
+    _, _, _, _, _, loads, _, off = _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
+                                            BLOCK_M, CHUNK, CAUSAL_VEC, MASK, CAUSAL, VEC)
+    return tl.load(y_ptr + off, mask=loads, other=0.0), tl.load(dy_ptr + off, mask=loads, other=0.0)
+
+
+@triton.jit
 def softmax_bwd_kernel(
     y_ptr, dy_ptr, dx_ptr, x_ptr, m_ptr, p_ptr, ds_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, s0, s1, s2, sn, ms0, ms1, ms2, msn, ps0, ps1, ps2, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, SINGLE: tl.constexpr,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr, CAUSAL_VEC: tl.constexpr,
+    PREFETCH: tl.constexpr, RELAXED_DEPART: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, PRECISE: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
+    VEC: tl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+    # The forms of the cooperative launch (split rows, PHASE 0) only.
+    BARRIER: tl.constexpr = PHASE == 0 and not SINGLE
+    AHEAD: tl.constexpr = PREFETCH and BARRIER
+    LATE_DEPART: tl.constexpr = RELAXED_DEPART and BARRIER
     n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
     n_items = n_row_blocks * n_chunks
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
-        item64 = tl.cast(item, tl.int64)
-        rows = (item64 // n_chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
-        chunk = item64 % n_chunks
-        VEC: tl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
-        lanes = tl.arange(0, CHUNK)
-        if MASK == 1:
-            # (one register layout for y and the uint8 mask, as in the forward tile kernel)
-            lanes = tl.max_contiguous(lanes, VEC)
-        cols = chunk * CHUNK + lanes.to(tl.int64)
-        row_ok = rows < n_rows
-        mask = row_ok[:, None] & (cols < n_cols)[None, :]
-        loads = mask
-        if CAUSAL:
-            lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
-            live = row_ok[:, None] & (cols[None, :] < lim[:, None])
-            # (whole vectors of CAUSAL_VEC elements, as in the forward: the exact prefix is
-            # applied below)
-            loads = row_ok[:, None] & whole_vectors(cols[None, :], lim[:, None], n_cols,
-                                                    CAUSAL_VEC if CAUSAL_VEC > 0 else VEC)
+    nprog = tl.num_programs(0)
+    if AHEAD:
+        y_next, dy_next = _item_loads(y_ptr, dy_ptr, tl.program_id(0), n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF,
+                                      S1, S2, s0, s1, s2, sn, BLOCK_M, CHUNK, CAUSAL_VEC, MASK, CAUSAL, VEC)
+    for item in tl.range(tl.program_id(0), n_items, nprog):
+        rows, chunk, cols, row_ok, mask, loads, live, off = _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF,
+                                                                     S1, S2, s0, s1, s2, sn, BLOCK_M, CHUNK,
+                                                                     CAUSAL_VEC, MASK, CAUSAL, VEC)
+        if AHEAD:
+            y_raw, dy_raw = y_next, dy_next
         else:
-            live = mask
-        off = _row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
-        y = tl.load(y_ptr + off, mask=loads, other=0.0).to(acc_ty)
-        dy = tl.load(dy_ptr + off, mask=loads, other=0.0).to(acc_ty)
+            y_raw, dy_raw = _item_loads(y_ptr, dy_ptr, item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0,
+                                        s1, s2, sn, BLOCK_M, CHUNK, CAUSAL_VEC, MASK, CAUSAL, VEC)
+        y = y_raw.to(acc_ty)
+        dy = dy_raw.to(acc_ty)
         keep = live
         if MASK == 1:
             m_ptrs = m_ptr + _row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn
@@ -84,13 +125,21 @@ def softmax_bwd_kernel(
                 tl.store(stats + chunk, _partial(y, dy, LOG), mask=row_ok)
             if PHASE == 0:
                 # BLOCK_M is 1 on this path: the row's barrier, as in the forward split kernel.
-                row = (item64 // n_chunks) * BLOCK_M
-                _row_wait(count_ptr, row, _row_arrive(count_ptr, row), n_chunks)
+                row = (tl.cast(item, tl.int64) // n_chunks) * BLOCK_M
+                arrived = _row_arrive(count_ptr, row)
+                if AHEAD:
+                    # (after the arrival: its release would otherwise wait for these loads)
+                    y_next, dy_next = _item_loads(y_ptr, dy_ptr, item + nprog, n_rows, n_cols, n_chunks, SQ, Q_DIV,
+                                                  C_OFF, S1, S2, s0, s1, s2, sn, BLOCK_M, CHUNK, CAUSAL_VEC, MASK,
+                                                  CAUSAL, VEC)
+                _row_wait(count_ptr, row, arrived, n_chunks)
             g = tl.arange(0, G_POW2)
             part = tl.load(stats[:, None] + g[None, :], mask=row_ok[:, None] & (g < n_chunks)[None, :],
                            other=0.0, cache_modifier=".cg")
             total = tl.sum(part, axis=1)
-            if PHASE == 0:
+            if LATE_DEPART:
+                departed = _row_leave(count_ptr, row)
+            elif PHASE == 0:
                 _row_depart(count_ptr, row, n_chunks)
         if PHASE != 1:
             if LOG:
@@ -118,3 +167,5 @@ def softmax_bwd_kernel(
                 p_off = _row_offsets(rows, S1, S2, ps0, ps1, ps2)  # (ds is laid out as p_sink)
                 p = tl.load(p_ptr + p_off, mask=first, other=0.0).to(acc_ty)
                 tl.store(ds_ptr + p_off, (-p * total).to(ds_ptr.dtype.element_ty), mask=first)
+        if LATE_DEPART:
+            _row_reset(count_ptr, row, departed, n_chunks)

@@ -157,8 +157,15 @@ def _wide_cols(layout: RowLayout, block_n: int) -> bool:
 
 
 # Options that reach the kernel as constexprs, not as launch options: the elements per
-# causal-prefix load of the tile and backward kernels (0: 16 bytes' worth).
-PLAN_CONSTEXPR_OPTIONS = ("causal_vec",)
+# causal-prefix load of the tile and backward kernels (0: 16 bytes' worth); the forms of the
+# cooperative split kernels' PHASE 0 (`rows.softmax_split_kernel`; backward: the first two).
+PHASE0_FORMS = ("prefetch", "relaxed_depart", "hold_input")
+PLAN_CONSTEXPR_OPTIONS = ("causal_vec", *PHASE0_FORMS)
+
+
+def _split_forms(options: dict, *names: str) -> dict:
+    """The split kernels' PHASE 0 forms as constexprs (False unless the plan's options set them)."""
+    return {name.upper(): bool(options.get(name, False)) for name in names}
 
 
 @dataclass(frozen=True)
@@ -322,6 +329,7 @@ class SplitPlan(KernelPlan):
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
+                    **_split_forms(self.options, "prefetch", "relaxed_depart", "hold_input"),
                     STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
 
 
@@ -421,7 +429,9 @@ class BackwardTilePlan(KernelPlan):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, SINGLE=single,
                     BLOCK_M=self.block_m if single else 1, CHUNK=self.block_n,
                     CAUSAL_VEC=self.options.get("causal_vec", 0),
-                    G_POW2=next_power_of_2(self.chunks), PHASE=phase, **self.fusion.constexprs(out_dtype, backward=True))
+                    G_POW2=next_power_of_2(self.chunks), PHASE=phase,
+                    **_split_forms(self.options, "prefetch", "relaxed_depart"),
+                    **self.fusion.constexprs(out_dtype, backward=True))
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,25 @@ def _row_depart(count_ptr, row, n_chunks):
 
 
 @triton.jit
+def _row_leave(count_ptr, row):
+    """Leave the row's barrier without ordering anything around it (relaxed): nothing this
+    program does later waits for the count, which `_row_reset` checks once the chunk is stored.
+    An acquire or release here would also wait for a prefetched load still in flight. Safe:
+    a program leaves only after its wait saw every chunk arrive, so when the count reaches
+    n_chunks no program of the row still reads the arrival counter."""
+    return tl.atomic_add(count_ptr + 2 * row + 1, 1, sem="relaxed", scope="gpu") + 1
+
+
+@triton.jit
+def _row_reset(count_ptr, row, departed, n_chunks):
+    """The last program out of a row (`departed`, `_row_leave`'s count, equals n_chunks) zeroes
+    its counters for the next launch; release: after the count it read."""
+    if departed == n_chunks:
+        tl.atomic_xchg(count_ptr + 2 * row, 0, sem="release", scope="gpu")
+        tl.atomic_xchg(count_ptr + 2 * row + 1, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def softmax_split_kernel(
     x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
@@ -258,6 +277,7 @@ def softmax_split_kernel(
     scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
     CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
+    PREFETCH: tl.constexpr, RELAXED_DEPART: tl.constexpr, HOLD_INPUT: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
     STATES_ONLY: tl.constexpr,
@@ -273,6 +293,18 @@ def softmax_split_kernel(
     work into two launches (statistics, then normalisation re-reading the input) for the
     interpreter, where programs run one after another and a barrier would never open.
 
+    Forms of PHASE 0 (the plan's choice, `tuning.yaml`):
+    * PREFETCH: once its chunk has arrived, a program issues the load of its next work item's
+      chunk (item + programs: the same chunk of a later row) before it waits at this row's
+      barrier, so the wait, the normalisation and the store overlap the next load. The chunk
+      stays in x's dtype until it is used (converting it as it arrives would wait for the
+      load). Only a load is added before the wait: no program waits on anything new.
+    * RELAXED_DEPART: the program leaves the barrier with a relaxed count (`_row_leave`), and
+      the row's last program resets the counters after its store (`_row_reset`): the count
+      no longer holds up the normalisation, and no release waits for a prefetched load.
+    * HOLD_INPUT (16-bit x): the chunk is held across the barrier as loaded (half the
+      registers of its float32 exponentials) and exp is taken again after the wait.
+
     STATES_ONLY (launched as PHASE 1 alone, `lse_rows.py`): each chunk's own logsumexp (no
     sink) goes to stats[row * n_chunks + chunk]; the row's last chunk to arrive (its counter,
     left zero again) combines them with the sink into the row's lse at y_ptr + the row's y offset.
@@ -280,16 +312,29 @@ def softmax_split_kernel(
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
+    # The forms of PHASE 0 apply to the cooperative launch only.
+    AHEAD: tl.constexpr = PREFETCH and PHASE == 0
+    LATE_DEPART: tl.constexpr = RELAXED_DEPART and PHASE == 0
+    HOLD: tl.constexpr = HOLD_INPUT and PHASE == 0
     offs = tl.arange(0, CHUNK)
     if WIDE_COLS:
         offs = offs.to(tl.int64)
     n_items = n_rows * n_chunks
     nprog = tl.num_programs(0)
+    if AHEAD:
+        x_next = _chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
+                          xsn, SQ, Q_DIV, C_OFF, CAUSAL)
     for item in tl.range(tl.program_id(0), n_items, nprog):
         row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
-        z, keep = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
-                                ms0, ms1, ms2, msn, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                HAS_SCALE, HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
+        if AHEAD:
+            x_raw = x_next
+        else:
+            x_raw = _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2, xsn, SQ,
+                             Q_DIV, C_OFF, CAUSAL)
+        live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
+        m_ptrs = m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
+        z, keep = prologue(x_raw.to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP,
+                           MASK, ACC_FP64, PRECISE)
         stats_row = stats_ptr + row * (NSTAT * n_chunks)
         if STATES_ONLY:  # (launched as PHASE 1: nothing below runs)
             m_raw = tl.max(z, axis=0)
@@ -317,7 +362,10 @@ def softmax_split_kernel(
                 tl.store(stats_row + NSTAT * chunk + 2, tl.sum(keep.to(acc_ty), axis=0))
         if PHASE == 0:
             arrived = _row_arrive(count_ptr, row)
-        if PHASE == 0:
+            if AHEAD:
+                # After the arrival: its release would otherwise wait for this load.
+                x_next = _chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
+                                  xs2, xsn, SQ, Q_DIV, C_OFF, CAUSAL)
             _row_wait(count_ptr, row, arrived, n_chunks)
         if PHASE != 1:
             g = tl.arange(0, G_POW2)
@@ -334,8 +382,16 @@ def softmax_split_kernel(
                 empty = tl.sum(kept, axis=0) == 0
             elif CAUSAL:
                 empty = col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL) == 0
-            if PHASE == 0:
+            if LATE_DEPART:
+                departed = _row_leave(count_ptr, row)
+            elif PHASE == 0:
                 _row_depart(count_ptr, row, n_chunks)
+            if HOLD:
+                # z again from the chunk as loaded (the float32 copy was not kept across the wait)
+                z, _ = prologue(_widen_again(x_raw).to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
+                                HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
+                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+            elif PHASE == 0:
                 y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
             else:  # (no chunk statistics of its own in this phase: z stands in for them, unused)
                 y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
@@ -347,6 +403,21 @@ def softmax_split_kernel(
                 tl.store(p_ptr + _row_offsets(row, S1, S2, ps0, ps1, ps2),
                          sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty),
                          mask=(row * 0 + chunk) == 0)
+            if LATE_DEPART:
+                _row_reset(count_ptr, row, departed, n_chunks)
+
+
+@triton.jit
+def _widen_again(x):
+    """x (16-bit) as float32 once more after the barrier. bfloat16 is widened by shifting its
+    bits: the same value as `x.to(tl.float32)`, but not the same operation, so the compiler
+    cannot merge it with the conversion before the barrier and keep that float32 copy live
+    across the wait (which HOLD_INPUT exists to avoid). float16 has no such form: its second
+    conversion may be merged with the first."""
+    if x.dtype.is_bf16():
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit
@@ -362,15 +433,36 @@ def _chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
+    """The columns of work item `item`'s row that are read: the row (or its causal prefix),
+    none past the last item."""
+    return tl.where(tl.cast(item, tl.int64) < n_items, col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL), 0)
+
+
+@triton.jit
+def _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn):
+    """x at `cols` of `row` where `live`, -inf elsewhere, in x's dtype."""
+    return tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live, other=float("-inf"))
+
+
+@triton.jit
+def _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn,
+             SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
+    """Work item `item`'s chunk of x as stored, in x's dtype (-inf outside the row, past a
+    causal prefix and everywhere past the last item): the load alone, so that it can be issued
+    ahead of its use (PREFETCH) without waiting for it."""
+    row, _, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+    live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
+    return _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn)
+
+
+@triton.jit
 def _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn,
                   SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr,
                   HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                   ACC_FP64: tl.constexpr, PRECISE: tl.constexpr):
     """(z, keep) of work item `item`'s chunk after the prologue (all -inf past the last item)."""
-    item64 = tl.cast(item, tl.int64)
-    lim = tl.where(item64 < n_items, col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL), 0)
-    live = cols < lim
-    x = tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live,
-                other=float("-inf")).to(acc_ty)
+    live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
+    x = _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn).to(acc_ty)
     return prologue(x, live, m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn, scale_hi, scale_lo,
                     cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)

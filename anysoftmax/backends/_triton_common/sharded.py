@@ -35,7 +35,8 @@ import triton
 import triton.language as tl
 
 from .fused import exp_acc, finite_or_zero, merge_stats, prologue, tile_lse
-from .rows import _chunk_at, _chunk_logits, _normalise_chunk, _row_arrive, _row_depart, _row_offsets, _row_wait
+from .rows import (_chunk_at, _chunk_logits, _chunk_x, _normalise_chunk, _row_arrive, _row_depart, _row_offsets,
+                   _row_wait)
 
 LOW32 = tl.constexpr(0xFFFFFFFF)  # the float32 bits of a word
 
@@ -61,17 +62,6 @@ def _publish(peers_ptr, slot, lse, epoch, ranks, others, go):
     base = tl.load(peers_ptr + ranks, mask=others, other=0)
     dst = base.to(tl.pointer_type(tl.int64)) + slot
     tl.atomic_xchg(dst, word + tl.zeros_like(base), mask=others & go, sem="relaxed", scope="sys")
-
-
-@triton.jit
-def _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn):
-    """Work item `item`'s chunk of x as stored (-inf outside the row, everywhere past the last
-    item): the load alone, issued ahead of its use (PREFETCH), in x's dtype: a conversion here
-    would wait for the load before the program goes on to wait for its row (and hold twice the
-    registers for 16-bit x)."""
-    row, _, cols = _chunk_at(item, n_chunks, offs, CHUNK)
-    live = cols < tl.where(tl.cast(item, tl.int64) < n_items, n_cols, 0)
-    return tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live, other=float("-inf"))
 
 
 @triton.jit
@@ -116,7 +106,7 @@ def sharded_split_kernel(
     nprog = tl.num_programs(0)
     if PREFETCH:
         x_next = _chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
-                          xsn)
+                          xsn, 1, 1, 0, False)
     for item in tl.range(tl.program_id(0), n_items, nprog):
         row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
         stats_row = stats_ptr + row * (2 * n_chunks)
@@ -141,7 +131,7 @@ def sharded_split_kernel(
             arrived = _row_arrive(count_ptr, row)
             if PREFETCH:
                 x_next = _chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
-                                  xs2, xsn)
+                                  xs2, xsn, 1, 1, 0, False)
         if PHASE == 1:
             # The row's last chunk to arrive publishes it and leaves the counter at zero;
             # nothing waits here, so no co-residency is needed.

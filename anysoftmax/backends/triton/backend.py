@@ -20,7 +20,7 @@ from ...core.spec import SoftmaxSpec
 from ...core.variant import runtime_values
 from .._triton_common import interpreter, request, traced
 from ...core.layout import cdiv, next_power_of_2
-from .._triton_common.plan import Fusion, KernelPlan, make_plan, scalars
+from .._triton_common.plan import PHASE0_FORMS, Fusion, KernelPlan, make_plan, scalars
 from . import heuristics
 from .device import device_props
 from .occupancy import DeviceProps, KernelResources, programs_per_sm
@@ -111,6 +111,7 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
         # The driver guarantees co-residency of a cooperative grid (and refuses one that cannot
         # be): the row barrier can then never wait on a program that is not running.
         options["launch_cooperative_grid"] = True
+        options.update(tile.get("forms", {}))
     return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, options=options, cooperative=cooperative,
                      **common)
 
@@ -171,7 +172,8 @@ class TritonBackend:
         resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec, self._index(x))
         cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
         if not cooperative:
-            draft = replace(draft, options={k: v for k, v in draft.options.items() if k != "launch_cooperative_grid"})
+            draft = replace(draft, options={k: v for k, v in draft.options.items()
+                                            if k != "launch_cooperative_grid" and k not in PHASE0_FORMS})
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
             grid = min(n_items, (resident // draft.chunks) * draft.chunks)

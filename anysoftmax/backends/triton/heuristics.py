@@ -25,6 +25,12 @@ def by_bound(rows: list, value: int):
     return next((v for bound, v in rows if value <= bound), rows[-1][1])
 
 
+def by_elem_size(value, elem_bytes: int):
+    """A table value that may depend on the element size: the value itself, or by_bound of its
+    [element bytes bound, value] rows."""
+    return by_bound(value, elem_bytes) if isinstance(value, list) else value
+
+
 def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = None, backward: bool = False) -> dict:
     """The kernel for a request: column tiles for a reduction across contiguous rows (forward
     only), else the row kernels; the backward has two forms, whole rows or split rows."""
@@ -35,7 +41,7 @@ def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = Non
         t = table()
         padded = next_power_of_2(max(layout.n_cols, 1))
         if padded * elem_bytes > t["bwd_max_tile_bytes"] or padded > t["max_tile_elems"]:
-            return split_tile(layout, elem_bytes, sm_count, t["bwd_split_chunk_bytes"])
+            return split_tile(layout, elem_bytes, sm_count, backward=True)
     return choose_tile(layout, elem_bytes, sm_count)
 
 
@@ -54,20 +60,34 @@ def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = N
     return split_tile(layout, elem_bytes, sm_count)
 
 
-def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None,
-               chunk_bytes: int | None = None) -> dict:
-    """Rows cut into chunks held by different programs: `chunk_bytes` (default
-    `split_chunk_bytes`) each, halved (down to `split_min_chunk_elems`) while there are too few
-    chunks to fill `sm_count` SMs."""
+def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None, backward: bool = False) -> dict:
+    """Rows cut into chunks held by different programs: `split_chunk_bytes` each
+    (`bwd_split_chunk_bytes` backward), halved (down to `split_min_chunk_elems`) while there are
+    too few chunks to fill `sm_count` SMs; `forms`: the cooperative kernel's forms of its one
+    launch that the table turns on (`phase0_forms`)."""
     t = table()
-    chunk = min(max((chunk_bytes or t["split_chunk_bytes"]) // elem_bytes, 1), t["max_tile_elems"])
+    prefix = "bwd_split_" if backward else "split_"
+    chunk_bytes = by_elem_size(t[prefix + "chunk_bytes"], elem_bytes)
+    chunk = min(max(chunk_bytes // elem_bytes, 1), t["max_tile_elems"])
     if sm_count:
         wanted = t["split_items_per_sm"] * sm_count
         while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * -(-layout.n_cols // chunk) < wanted:
             chunk //= 2
-    warps = by_bound(t["split_warps_by_chunk"], chunk)
+    warps = by_bound(t[prefix + "warps_by_chunk"], chunk)
     return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps,
-                chunks=-(-layout.n_cols // chunk))
+                chunks=-(-layout.n_cols // chunk), forms=phase0_forms(elem_bytes, backward))
+
+
+def phase0_forms(elem_bytes: int, backward: bool = False) -> dict:
+    """The forms of the cooperative split kernels' one launch (`rows.softmax_split_kernel`) the
+    table turns on for x (backward: y) of `elem_bytes` bytes: {name: True}."""
+    t = table()
+    prefix = "bwd_split_" if backward else "split_"
+    forms = dict(prefetch=by_elem_size(t[prefix + "prefetch"], elem_bytes),
+                 relaxed_depart=by_elem_size(t[prefix + "relaxed_depart"], elem_bytes))
+    if not backward:
+        forms["hold_input"] = elem_bytes == 2 and bool(t["split_hold_input_16bit"])
+    return {name: True for name, on in forms.items() if on}
 
 
 def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = None) -> dict:

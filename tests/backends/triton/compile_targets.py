@@ -171,6 +171,9 @@ def hip_resources(compiled) -> dict:
 
 # --- the launches the `triton` backend plans --------------------------------------------------
 
+SPLIT_FORMS = dict(split_prefetch=True, split_relaxed_depart=True, split_hold_input_16bit=True, bwd_split_prefetch=True,
+                   bwd_split_relaxed_depart=True)
+
 # (case, shape, reduced dim, log, backward, tuning overrides, kind the backend should choose).
 # Shapes are those of the tuning table's notes: a row on chip, long rows (split; online when
 # the table says so), reductions over dim 0 in one tile and in cooperative chunks.
@@ -191,6 +194,10 @@ CASES = [
     ("fused_cols_split", (8192, 8192), 0, False, False, {}, "cols_split"),
     ("fused_bwd_tile", (2, 4, 128, 1024), 3, False, True, {}, "tile"),
     ("fused_bwd_split", (1, 2, 64, 65536), 3, False, True, {}, "split"),
+    # The cooperative split kernels' forms of their one launch (tuning.yaml), every one on.
+    ("split_forms", (128, 65536), 1, False, False, SPLIT_FORMS, "split"),
+    ("fused_split_forms", (1, 2, 64, 65536), 3, True, False, SPLIT_FORMS, "split"),
+    ("bwd_split_forms", (128, 65536), 1, False, True, SPLIT_FORMS, "split"),
 ]
 
 

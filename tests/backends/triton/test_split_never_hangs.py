@@ -28,9 +28,11 @@ def test_cooperative_plans_ask_for_a_cooperative_grid():
     assert plan.launch_options().get("launch_cooperative_grid") is True
 
 
-def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen):
+@pytest.mark.parametrize("forms", [{}, {"prefetch": True, "relaxed_depart": True}], ids=["plain", "forms"])
+def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen, forms):
     """A refusal ("too many blocks in cooperative launch") reruns the request as the two-launch
-    form, with the right answer, and later calls go straight there."""
+    form, with the right answer, and later calls go straight there; a plan with forms of the
+    cooperative launch (`tuning.yaml`: split_prefetch, ...) falls back alike."""
     if "triton" not in [b.name for b in anysoftmax.list_backends() if b.available]:
         pytest.skip("triton does not run here")
     from dataclasses import replace
@@ -39,7 +41,7 @@ def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen)
     with heuristics.override(max_tile_elems=64, long_rows="split"):
         plan = anysoftmax.get_backend("triton").plan(x, y, layout, spec)
     assert plan.split
-    plan = replace(plan, cooperative=True)  # as on a GPU
+    plan = replace(plan, cooperative=True, options={**plan.options, **forms})  # as on a GPU
     calls = {"coop": 0}
     kernel = plan.kernel()
     real_getitem = type(kernel).__getitem__
@@ -64,9 +66,11 @@ def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen)
 
 
 @pytest.mark.gpu
-def test_split_finishes_while_another_stream_holds_the_sms(gen):
+@pytest.mark.parametrize("forms", [{}, dict(split_prefetch=True, split_relaxed_depart=True)], ids=["plain", "forms"])
+def test_split_finishes_while_another_stream_holds_the_sms(gen, forms):
     """A long kernel on another stream keeps every SM busy while the cooperative split is
-    launched: the split must still finish (bounded) with the right answer."""
+    launched: the split must still finish (bounded) with the right answer (also with the
+    forms of the cooperative launch that `tuning.yaml` can turn on)."""
     import triton
     import triton.language as tl
 
@@ -83,13 +87,15 @@ def test_split_finishes_while_another_stream_holds_the_sms(gen):
     buf = torch.ones(busy_programs, device="cuda")
     x = torch.randn(64, 1 << 20, device="cuda", generator=None) * 3
     _spin[(busy_programs,)](buf, 10)  # compile first
-    anysoftmax.softmax(x, -1)  # compile the split kernels
+    with heuristics.override(**forms):
+        anysoftmax.softmax(x, -1)  # compile the split kernels
     torch.cuda.synchronize()
 
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         _spin[(busy_programs,)](buf, 20_000_000)  # ~ a second of every SM
-    y = anysoftmax.softmax(x, -1)
+    with heuristics.override(**forms):
+        y = anysoftmax.softmax(x, -1)
     done = threading.Event()
 
     def wait():
