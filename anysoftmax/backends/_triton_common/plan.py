@@ -150,8 +150,8 @@ def flat_rows(layout: RowLayout) -> bool:
     return layout.row_sizes[0] == 1 and layout.row_sizes[1] == 1
 
 
-def _wide_cols(layout: RowLayout, block_n: int) -> bool:
-    # Column offsets are int32 unless the row's extent in elements could overflow it.
+def wide_cols(layout: RowLayout, block_n: int) -> bool:
+    """Whether column offsets need 64 bits: the row's extent in elements could overflow int32."""
     extent = (layout.n_cols - 1) * max(abs(layout.in_col_stride), abs(layout.out_col_stride)) + block_n
     return extent > INT32_MAX
 
@@ -277,7 +277,7 @@ class TilePlan(KernelPlan):
         return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     BLOCK_M=self.block_m, BLOCK_N=self.block_n,
                     CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout),
                     STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
@@ -295,7 +295,7 @@ class OnlinePlan(KernelPlan):
         return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     BLOCK_N=self.block_n, STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
 
 
@@ -320,7 +320,7 @@ class SplitPlan(KernelPlan):
                     **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
                     STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
 
