@@ -16,7 +16,7 @@ from ...core.cache import OnceCache
 from ...core.layout import RowLayout, cdiv, new_output, next_power_of_2
 from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec
-from ...core.variant import runtime_values
+from ...core.variant import NO_OPERANDS, runtime_values
 from .._triton_common import interpreter, softmax_launchers, traced
 from .._triton_common.plan import Fusion, KernelPlan, make_plan, scalars
 from . import heuristics
@@ -201,19 +201,11 @@ class TritonBackend:
         """Softmax of `x` per `spec` as torch ops and `wrap_triton` launches: the body of the
         `anysoftmax::softmax_triton` operator, traced by torch.compile (fake tensors) and run
         by that operator in eager mode (real tensors)."""
-        x, y, layout, _ = softmax_launchers.forward_layout(x, spec)
-        traced.launch(self._traced_plan(x, y, layout, spec, False), (x, y, None, None, None), layout, spec.log,
-                      y.dtype)
-        return y
+        return self.traced_fused_forward(x, spec, NO_OPERANDS)[0]
 
     def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """`softmax_backward` per `spec` (y's dtype), traceable like `traced_forward`."""
-        y, grad = softmax_launchers.backward_operands(y, grad, spec.out_dtype)
-        dx = new_output(spec.shape, spec.out_dtype, y.device)
-        layout, _ = softmax_launchers.backward_layout(y, spec)
-        traced.launch(self._traced_plan(y, dx, layout, spec, True), (y, grad, dx, None, None, None, None), layout,
-                      spec.log, dx.dtype)
-        return dx
+        return self.traced_fused_backward(grad, y, None, spec, NO_OPERANDS, None)[0]
 
     def traced_fused_forward(self, x: torch.Tensor, spec: SoftmaxSpec, args) -> tuple:
         """The fused family, traceable like `traced_forward`: (y, p_sink or None). `args` are

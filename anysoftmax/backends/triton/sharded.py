@@ -148,15 +148,16 @@ def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: 
     def scratch(device):
         return torch.empty(n_stats, dtype=torch.float32, device=device), row_counters(device, layout.n_rows)
 
-    def bound(p: ShardedPlan, phases: tuple, options: dict, replan=None):
-        binding = Binding(kernel, p.grid, POINTERS, pointers, dict(ints, n_chunks=p.chunks),
-                          metas(p.chunk, p.chunks, phases, options), VALUE_NAMES, PLAIN_SCALARS, ("epoch", "slot_base"))
+    def bound(sp: ShardedPlan, phases: tuple, options: dict, replan=None):
+        binding = Binding(kernel, sp.grid, POINTERS, pointers, dict(ints, n_chunks=sp.chunks),
+                          metas(sp.chunk, sp.chunks, phases, options), VALUE_NAMES, PLAIN_SCALARS, ("epoch", "slot_base"))
         return bind_kernel(binding, scratch=scratch, replan=replan, device=device)
 
     compiled = device.type == "cuda" and not interpreter.interpreting()
     options = dict(num_warps=p.num_warps) if compiled else {}
     if p.phases == (0,) and compiled:
-        # The driver refused a cooperative grid (MPS limits, green contexts): the two-launch form.
+        # One cooperative launch; where the driver refuses it (MPS limits, green contexts), the
+        # two-launch form, which waits on nothing on this GPU.
         two = p._replace(grid=max(1, min(layout.n_rows * p.chunks, p.grid)), phases=(1, 2))
         launch = bound(p, (0,), dict(options, launch_cooperative_grid=True), lambda: bound(two, (1, 2), options))
     else:
