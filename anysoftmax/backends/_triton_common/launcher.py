@@ -25,7 +25,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable, NamedTuple
 
@@ -419,9 +419,6 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype,
                       plan.static_args(layout),
                       tuple({**plan.constexprs(layout, log, out_dtype, p), **opts} for p in plan.phases()),
                       VALUE_NAMES, PLAIN_SCALARS)
-    replan = None
-    if plan.cooperative:
-        options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
-        replan = functools.partial(bind, replace(plan, cooperative=False, options=options), layout, log, out_dtype)
+    replan = functools.partial(bind, plan.non_cooperative(), layout, log, out_dtype) if plan.cooperative else None
     return bind_kernel(binding, scratch=scratch_maker(plan, layout, out_dtype) if needs_scratch else None,
                        replan=replan, device=device, guard=guard)

@@ -75,8 +75,7 @@ def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materia
 def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool):
     """`f(x, operands) -> lse` (keepdim, accumulation dtype) for requests like `spec`, through
     `plan`'s row kernel in its STATES_ONLY form; x laid out as `layout` (`layouts`)."""
-    options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
-    plan = replace(plan, states_only=True, cooperative=False, options=options)
+    plan = replace(plan.non_cooperative(), states_only=True)
     # Constexprs from the softmax's output dtype: the same PRECISE (softcap's tanh) and
     # accumulation as the softmax; the store converts to the result's dtype.
     launch = bind(plan, layout, False, spec.out_dtype, spec.device)

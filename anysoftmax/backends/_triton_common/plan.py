@@ -15,7 +15,7 @@ BLOCK_M contiguous inner positions). Backward: "tile" (whole rows) and "split".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -188,6 +188,12 @@ class KernelPlan:
 
     def launch_options(self) -> dict:
         return {k: v for k, v in self.options.items() if k not in PLAN_CONSTEXPR_OPTIONS}
+
+    def non_cooperative(self) -> "KernelPlan":
+        """This plan without the cooperative grid: a split plan's two launches (statistics, then
+        normalisation), which wait on nothing."""
+        return replace(self, cooperative=False,
+                       options={k: v for k, v in self.options.items() if k != "launch_cooperative_grid"})
 
     def phases(self) -> tuple:
         """PHASE values of the launches: one fused launch (0), or statistics then

@@ -155,7 +155,7 @@ class TritonBackend:
         resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec, self._index(x))
         cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
         if not cooperative:
-            draft = replace(draft, options={k: v for k, v in draft.options.items() if k != "launch_cooperative_grid"})
+            draft = draft.non_cooperative()
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
             grid = min(n_items, (resident // draft.chunks) * draft.chunks)
