@@ -446,7 +446,6 @@ class BackwardSplitPlan(BackwardTilePlan):
 
 FORWARD_PLANS = {p.kind: p for p in (TilePlan, OnlinePlan, SplitPlan, ColsPlan, ColsSplitPlan)}
 BACKWARD_PLANS = {p.kind: p for p in (BackwardTilePlan, BackwardSplitPlan)}
-SPLIT_KINDS = tuple(k for k, p in FORWARD_PLANS.items() if p.split)
 
 
 def make_plan(kind: str, block_m: int, block_n: int, grid: int, backward: bool = False, **fields) -> KernelPlan:
