@@ -25,7 +25,6 @@ import torch  # noqa: E402
 
 import anysoftmax  # noqa: E402
 from anysoftmax import dispatch  # noqa: E402
-from anysoftmax.backends._triton_common import launcher  # noqa: E402
 from anysoftmax.core import request as core_request  # noqa: E402
 
 
@@ -45,27 +44,27 @@ def _noop(*args, **kwargs):
     return None
 
 
-def _launchers(fn, seen=None):
-    """(state dict, closure variables) of every `launcher.bind` launch function reachable from
-    `fn`'s closures."""
+def _engine_launchers(fn, seen=None):
+    """Every launch-engine launcher (`launcher.bind_kernel`: it has `prime`) reachable from `fn`
+    through closures and `state` dicts."""
     seen = set() if seen is None else seen
     if id(fn) in seen:
         return []
     seen.add(id(fn))
-    out = []
-    code = getattr(fn, "__code__", None)
-    cells = getattr(fn, "__closure__", None) or ()
-    if code is not None and "state" in code.co_freevars and code.co_name == "launch":
-        env = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
-        out.append((env["state"], env))
-    for cell in cells:
+    if hasattr(fn, "prime"):
+        return [fn]
+    found = []
+    state = getattr(fn, "state", None)
+    values = list(state.values()) if isinstance(state, dict) else []
+    for cell in getattr(fn, "__closure__", None) or ():
         try:
-            v = cell.cell_contents
+            values.append(cell.cell_contents)
         except ValueError:
             continue
+    for v in values:
         if callable(v):
-            out += _launchers(v, seen)
-    return out
+            found += _engine_launchers(v, seen)
+    return found
 
 
 class _Compiled:
@@ -75,39 +74,12 @@ class _Compiled:
     packed_metadata = ()
 
 
-def _install_noop(entry, grid: int = 1) -> int:
+def _install_noop(entry, args: tuple) -> int:
     # The fast path as a GPU process has it after the first launch, around the no-op.
-    found = _launchers(entry if not isinstance(entry, tuple) else entry[0])
-    for state, env in found:
-        if hasattr(launcher, "fast_state"):
-            state["fast"] = launcher.fast_state([_Compiled()], [()], grid, 0, lambda index: 0, env["static"])
-        else:  # (the launcher before `fast_state`: its own tuple form)
-            from triton import knobs
-            hooks = knobs.runtime
-            state["fast"] = (launcher._fast_calls([_Compiled()], [()]), hooks, lambda index: 0, 0,
-                             hooks.launch_enter_hook, hooks.launch_exit_hook)
+    found = _engine_launchers(entry)
+    for launch in found:
+        launch.prime([_Compiled()] * len(launch.binding.metas), args, stream_of=lambda index: 0)
     return len(found)
-
-
-class _NoopKernel:
-    """Stands in for `merge_kernel` where a launcher calls `kernel[grid](...)`: the JIT entry
-    itself is not measured, only the Python before it."""
-
-    def __getitem__(self, grid):
-        return _noop
-
-
-def _install_merge_noop(entry, grid: int) -> str:
-    # After the first launch: the bound merge launcher's fast path around the no-op, or (a
-    # launcher without one) `kernel[grid](...)` made a no-op.
-    state = getattr(entry, "state", None)
-    if state is not None and "fast" in state:
-        static = state["bound"][2]
-        state["fast"] = launcher.fast_state([_Compiled()], [()], grid, 0, lambda index: 0, static, values=())
-        return "fast path"
-    from anysoftmax.backends._triton_common import pieces
-    pieces.merge_kernel = _NoopKernel()
-    return "kernel[grid] no-op"
 
 
 def _key_fn():
@@ -125,26 +97,27 @@ def main() -> None:
     y = anysoftmax.softmax(x, -1, backend="triton")
     g = torch.randn_like(y)
     anysoftmax.softmax_backward(y, g, -1, backend="triton")
+    memo = dispatch._memo
     fwd_key = core_request.request_key(core_request.FWD, x, -1, None, "triton", False)
     bwd_key = core_request.request_key(core_request.BWD, y, -1, None, "triton", False, g)
-    for k in (fwd_key, bwd_key):
-        assert _install_noop(dispatch._memo._data[k]) >= 1, "no launcher state found to stub"
+    assert _install_noop(memo.get(fwd_key), (x, y, None, None, None)) == 1, "no forward launcher found to stub"
+    assert _install_noop(memo.get(bwd_key), (y, g, y, None, None, None, None)) == 1, "no backward launcher found"
     merges = {}
     for k in (2, 8):
         outs = [torch.randn(16, 32, 128, dtype=torch.bfloat16) for _ in range(k)]
         lses = [torch.randn(16, 32) for _ in range(k)]
-        anysoftmax.merge_states(outs, lses, backend="triton")
+        out = anysoftmax.merge_states(outs, lses, backend="triton")
         merge_key = core_request.request_key(core_request.MERGE, outs, lses, None, "triton", False, None, None, None)
-        merge_how = _install_merge_noop(dispatch._memo._data[merge_key], 1)
-        merges[k] = (outs, lses, dispatch._memo._data[merge_key])
+        assert _install_noop(memo.get(merge_key), (*outs, *lses, *out)) == 1, "no merge launcher found to stub"
+        merges[k] = (outs, lses, memo.get(merge_key))
     long = torch.randn(2, 65536)
     for t in (x, long):
-        anysoftmax.logsumexp(t, -1, backend="triton")
+        lse = anysoftmax.logsumexp(t, -1, keepdim=True, backend="triton")
         lse_key = core_request.request_key(core_request.LSE, t, -1, None, "triton", False, None,
                                            dispatch.FusedArgs(None, None, False, None, None))
-        assert _install_noop(dispatch._memo._data[lse_key]) >= 1, "no logsumexp launcher state found to stub"
+        assert _install_noop(memo.get(lse_key), (t, lse, None, None, None)) == 1, "no logsumexp launcher found"
     key = _key_fn()
-    lookup = dispatch._memo._data.get
+    lookup = memo.get
     rows = [
         ("anysoftmax.softmax (hit, no-op launch)", lambda: anysoftmax.softmax(x, -1, backend="triton")),
         ("anysoftmax.softmax_backward (hit, no-op)", lambda: anysoftmax.softmax_backward(y, g, -1, backend="triton")),
@@ -152,7 +125,7 @@ def main() -> None:
         ("  key alone (forward)", lambda: key(x)),
         ("  key alone (backward)", lambda: core_request.request_key(core_request.BWD, y, -1, None, "triton", False, g)),
         ("  key + memo lookup", lambda: lookup(key(x))),
-        ("  bound launcher alone (no-op launch)", lambda: dispatch._memo._data[fwd_key](x)),
+        ("  bound launcher alone (no-op launch)", lambda: memo.get(fwd_key)(x)),
         ("  torch.empty_like", lambda: torch.empty_like(x)),
         ("  torch.empty(shape, dtype=, device=)", lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
         *[row for k, (outs, lses, bound) in merges.items() for row in (
@@ -166,7 +139,7 @@ def main() -> None:
          lambda: anysoftmax.logsumexp(long, -1, backend="triton")),
         ("torch.softmax (CPU kernel, for scale)", lambda: torch.softmax(x, -1)),
     ]
-    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls; merge_states K x [16, 32, 128] bf16 ({merge_how})")
+    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls; merge_states K x [16, 32, 128] bf16")
     for name, f in rows:
         print(f"{name:44s} {per_call_us(f, n):7.2f} us/call")
 

@@ -94,8 +94,9 @@ def check(name, shape, dtype, fused) -> dict:
             got[which] = call(x, g, mask)
         torch.cuda.synchronize()
         states = bound_states()
-        used[which] = dict(launchers=len(states), native=sum(s["native"] is not None for s in states),
-                           reasons=sorted({s["native_reason"] for s in states if s["native"] is None}))
+        natives = [s["fast"] is not None and s["fast"].native is not None for s in states]
+        used[which] = dict(launchers=len(states), native=sum(natives),
+                           reasons=sorted({s["native_reason"] for s, n in zip(states, natives) if not n}))
     ref = reference(x, g, mask)
     row = dict(case=name, shape=list(shape), dtype=str(dtype).replace("torch.", ""), fused=fused,
                native_launchers=used["native"])
@@ -133,14 +134,14 @@ def timings(rounds: int = 5) -> dict:
                  lambda: anysoftmax.softmax(x, -1, scale=SCALE, mask=mask))
             # The plain forward's bound launcher: the launches alone.
             entry = dispatch._memo._data.get(core_request.request_key(core_request.FWD, x, -1, None, None, False))
-            launch, state = next(launch_states(entry), (None, None))
+            _, state = next(launch_states(entry), (None, None))
             if state is None or state["fast"] is None:
                 continue
             y0 = torch.empty_like(x)
             if which == "triton":
-                note("raw Triton launch, preallocated", raw_triton_launch(launch, state, (x, y0, None, None, None)))
-            elif state["native"] is not None:
-                fn = state["native"][0]
+                note("raw Triton launch, preallocated", raw_triton_launch(state, (x, y0, None, None, None)))
+            elif state["fast"].native is not None:
+                fn = state["fast"].native
                 note("raw native launch, preallocated", lambda: fn(x, y0, None, None, None))
     return {name: statistics.median(v) for name, v in seen.items()}
 

@@ -40,7 +40,7 @@ import triton.language as tl
 
 import anysoftmax
 from anysoftmax.backends._triton_common import native_launch
-from anysoftmax.backends._triton_common.pieces import MergePlan, merge_launcher
+from anysoftmax.backends._triton_common.merge_states import MergePlan, merge_launcher
 from anysoftmax.bench.pieces import MERGE_D, MERGE_HEADS, MERGE_K, MERGE_TOKENS, _copy_us, _graph_copy_us
 from anysoftmax.bench.pieces import merge_sets as bench_merge_sets
 from anysoftmax.core.compare import compare_merge
@@ -169,9 +169,9 @@ def probe_order(f):
     """Graph-timed: vLLM-layout merges with the rows in the operands' order (the kernel's: a
     tile's rows adjacent heads of one token, adjacent in the partials) against rows numbered
     head-major (a tile's rows one head's consecutive tokens: lse sectors shared in a tile)."""
-    from anysoftmax.backends._triton_common import pieces
+    from anysoftmax.backends._triton_common import merge_states as merge_module
 
-    operand_order = pieces._row_args
+    operand_order = merge_module._row_args
 
     def head_major(outputs, lses, out, lse_out, lead):
         l0 = lses[0]
@@ -187,12 +187,12 @@ def probe_order(f):
         sets = bench_merge_sets(tokens, MERGE_HEADS, d, k, torch.bfloat16, "cuda", graph_rotation_count(nbytes))
         row = dict(part="merge_order", K=k, D=d, tokens=tokens, copy_us=_graph_copy_us(nbytes, "cuda", len(sets)))
         for name, fn in (("head_major", head_major), ("token_major", operand_order)):
-            pieces._row_args = fn
+            merge_module._row_args = fn
             anysoftmax.refresh()
             ok = compare_merge(*anysoftmax.merge_states(*sets[0]), *sets[0], device="cuda").ok
             row[f"{name}_us"] = graph_time_ms(lambda s: anysoftmax.merge_states(*s), sets, "cuda") * 1e3
             row[f"{name}_ok"] = ok
-        pieces._row_args = operand_order
+        merge_module._row_args = operand_order
         anysoftmax.refresh()
         row = {k_: (round(v, 3) if isinstance(v, float) else v) for k_, v in row.items()}
         emit(f, row)

@@ -28,8 +28,8 @@ def per_call_us(f, n=5000):
 
 
 def launch_states(entry):
-    """(launch, state) of every `launcher.bind` launcher a memoised entry holds, found through
-    its closures (and tuples)."""
+    """(launch, state) of every launch-engine launcher (`launcher.bind_kernel`) a memoised entry
+    holds, found through its closures (and tuples)."""
     todo, seen = [entry], set()
     while todo:
         fn = todo.pop()
@@ -51,13 +51,13 @@ def launch_states(entry):
                 todo.append(v)
 
 
-def raw_triton_launch(launch, state, tensors):
-    """Triton's launcher alone, every argument assembled as the fast path calls it."""
-    calls, _, stream_of, index = state["fast"][:4]
-    env = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in launch.__closure__)))
-    ptrs = [t.data_ptr() for t in env["head_of"](tensors)]  # (scratch included)
-    stream = stream_of(index)
-    fn, before, after, _, rest = calls[0]
+def raw_triton_launch(state, tensors):
+    """Triton's launcher alone, every argument assembled as the fast path calls it (a plan
+    without scratch: `tensors` are all its arguments)."""
+    fast = state["fast"]
+    ptrs = fast.pick([0 if t is None else t.data_ptr() for t in tensors])
+    stream = fast.stream_of(fast.index)
+    fn, before, after, _, rest = fast.calls[0]
     return lambda: fn(*before, stream, *after, *ptrs, *rest)
 
 
@@ -71,8 +71,8 @@ def main():
     g = torch.randn_like(y)
     anysoftmax.softmax_backward(y, g, -1)
     key = core_request.request_key(core_request.FWD, x, -1, None, None, False)
-    entry = dispatch._memo._data.get(key)
-    lookup = dispatch._memo._data.get
+    entry = dispatch._memo.get(key)
+    lookup = dispatch._memo.get
     rows = [("anysoftmax forward", lambda: anysoftmax.softmax(x, -1)),
             ("anysoftmax backward", lambda: anysoftmax.softmax_backward(y, g, -1)),
             ("torch.softmax", lambda: torch.softmax(x, -1)),
@@ -90,11 +90,11 @@ def main():
             out = torch.empty_like(x)
             given = (x, out, None, None, None)
             rows.append(("  launcher's launch (ptrs, stream, hooks)", lambda: launch(given)))
-            rows.append(("  raw Triton launch (C extension)", raw_triton_launch(launch, state, given)))
-            if state["native"] is None:
+            rows.append(("  raw Triton launch (C extension)", raw_triton_launch(state, given)))
+            native = state["fast"].native
+            if native is None:
                 print(f"(native launcher: {state['native_reason']})")
             else:
-                native = state["native"][0]
                 rows.append(("  native launch (C++, preallocated)", lambda: native(*given)))
         else:
             print("(the forward's launcher has no fast path here: raw launch not timed)")

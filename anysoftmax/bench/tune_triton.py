@@ -71,15 +71,16 @@ KERNEL_CANDIDATE_KEYS = {"lse_kernel"}
 
 def lse_kernel_call(x, elems: int, per_sm: int, warps: int):
     """`lse_kernel` on x's rows (dim -1) with the given tile, grid and warps (the backend's
-    `lse_plan` with those choices; long rows' chunks combined by `launch_lse`)."""
-    from anysoftmax.backends._triton_common.pieces import launch_lse
+    `lse_plan` with those choices; long rows' chunks combined by its launcher)."""
+    from anysoftmax.backends._triton_common.logsumexp import launcher
     from anysoftmax.backends.triton.backend import lse_plan
     from anysoftmax.core.pieces import logsumexp_request
 
     spec, operands = logsumexp_request(x, -1)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    plan = lse_plan(*x.shape, x.element_size(), sms, elems=elems, programs_per_sm=per_sm, num_warps=warps)
-    return lambda t: launch_lse(t, spec, operands, plan)
+    run = launcher(x, spec, lambda rows, cols: lse_plan(rows, cols, x.element_size(), sms, elems=elems,
+                                                        programs_per_sm=per_sm, num_warps=warps))
+    return lambda t: run(t, operands)
 
 
 def bwd_candidates():

@@ -173,7 +173,7 @@ def config_errors(folder, data) -> list[str]:
 @contextlib.contextmanager
 def active_launch_hook(fast: tuple):
     """A no-op hook added to the launch-enter hook chain a bound launcher's fast path saw
-    (`launcher.fast_state`) for the block; yields False where this Triton's hook is no chain
+    (`launcher.FastPath`) for the block; yields False where this Triton's hook is no chain
     (nothing added: the caller's check does not apply)."""
     chain = fast[1].launch_enter_hook
     if not hasattr(chain, "add"):
@@ -188,3 +188,26 @@ def active_launch_hook(fast: tuple):
         yield True
     finally:
         chain.remove(hook)
+
+
+def bound_launchers(fn) -> list:
+    """The launch engine's launchers (`launcher.bind_kernel`: they have `prime`) a request's
+    launcher holds, found through its closures, lists and `state` dicts."""
+    found, todo, seen = [], [fn], set()
+    while todo:
+        f = todo.pop(0)
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if hasattr(f, "prime"):
+            found.append(f)
+            continue
+        if isinstance(f, (list, tuple)):
+            todo += list(f)
+            continue
+        state = getattr(f, "state", None)
+        todo += list(state.values()) if isinstance(state, dict) else []
+        for cell in getattr(f, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # (an empty cell)
+                todo.append(cell.cell_contents)
+    return found

@@ -1,13 +1,20 @@
-"""Launching a plan: the process-wide state the shared kernels need, and launchers bound once
-per request.
+"""The one launch engine: a Triton kernel bound by name to one request's operands (`Binding`,
+`bind_kernel`), and a `KernelPlan` bound through it (`bind`).
+
+Every shared kernel launches here: the softmax forward, backward and column kernels (`bind`),
+logsumexp (`lse_rows`, `logsumexp`), merge_states (`merge_states`) and the sharded kernel
+(`backends/triton/sharded.py`). A bound launcher's first launch goes through Triton's JIT entry
+point (it compiles); later ones through Triton's low-level launcher (`_fast_calls`), or the native
+launcher (`native_launch`, $ANYSOFTMAX_LAUNCHER), with only the tensors' addresses, the stream
+and the per-call values assembled per call.
 
 State kept here, and why:
-* row counters per (device, stream): the kernels that count arrivals per row (`KernelPlan.counted`)
-  leave them zeroed, so they are allocated once and reused (no memset launch per call);
 * one lock per kernel, held only around a launcher's first launch: Triton compiles a
   specialization on first launch without a lock of its own, so two threads launching a new
   shape at once would compile it twice. Later launches take no lock. Under the interpreter every
-  launch shares one lock (it patches `triton.language` globally while a kernel runs).
+  launch shares one lock (it patches `triton.language` globally while a kernel runs);
+* row counters per (device, stream): the kernels that count arrivals per row (`KernelPlan.counted`,
+  the sharded kernel) leave them zeroed, so they are allocated once and reused (no memset per call).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -35,6 +44,9 @@ MAX_COUNTER_STREAMS = 64
 _launch_locks: dict = {}
 _launch_locks_lock = threading.Lock()
 _interpreter_lock = threading.Lock()
+
+# Set ANYSOFTMAX_FAST_LAUNCH=0 to launch through Triton's JIT entry point on every call.
+FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
 
 
 def launch_lock(kernel) -> threading.Lock:
@@ -85,30 +97,61 @@ def device_guard(device: torch.device):
     return contextlib.nullcontext()
 
 
-def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
-    """A function `make(device) -> (stats, counts)`: the documented scratch of a launch, sized
-    once here. `stats` holds the partial statistics (`plan.stats_numel`), `counts` the reused
-    barrier counters. A plan that uses neither (whole-row backward: the kernel still takes both
-    pointers) gets one small placeholder pair per device, allocated once."""
-    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
-    n_stats = plan.stats_numel(layout)
-    counter_groups = plan.groups(layout) if plan.counted else 0
-    placeholders: dict = {}
-
-    def make(device) -> tuple:
-        if n_stats == 0 and counter_groups == 0:
-            pair = placeholders.get(device)
-            if pair is None:
-                pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
-                                               torch.zeros(2, dtype=torch.int32, device=device))
-            return pair
-        return torch.empty(max(n_stats, 1), dtype=acc, device=device), row_counters(device, counter_groups)
-
-    return make
+def _guard_for(device: torch.device | None, guard):
+    """The device guard a launch needs, or None: a process that sees a single GPU (or runs on
+    the CPU) never has another device current, so it skips the per-call check."""
+    if guard is not None or device is None:
+        return guard
+    if device.type == "cpu" or (device.type == "cuda" and torch.cuda.device_count() == 1):
+        return None
+    return device_guard
 
 
-# Set ANYSOFTMAX_FAST_LAUNCH=0 to launch through Triton's JIT entry point on every call.
-FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
+def interpreter_quiet():
+    """numpy's floating-point warnings off for an interpreted launch: the interpreter evaluates
+    the kernels with numpy, and the kernels compute lanes outside a row or masked out as
+    -inf - (-inf) (NaN) and log(0) (-inf) by design, then discard or select them; numpy would
+    warn "invalid value encountered in subtract" on every ordinary call. The results are what
+    the conformance suite checks."""
+    import numpy
+
+    return numpy.errstate(invalid="ignore", divide="ignore")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A kernel bound by name to one request: all a launch needs but the call's tensors and
+    per-call values. The kernel declares its runtime arguments as pointers, integers, floats
+    (the fast path passes them positionally only where its signature says so, by name)."""
+
+    kernel: Any
+    grid: int
+    pointer_names: tuple
+    # The call's arguments (tensors, None for an absent operand, then the scratch) -> the kernel's
+    # pointer arguments in `pointer_names` order, an absent operand stood in for by another.
+    pointers: Callable
+    ints: dict  # integer arguments by name (a per-call one's value here is only a placeholder)
+    metas: tuple  # one launch per entry (PHASEs): its constexprs and launch options
+    floats: tuple = ()  # names of the per-call float arguments
+    values: tuple = ()  # their values when a call gives none
+    per_call: tuple = ()  # integers given per call (the sharded kernel's epoch), adjacent in `ints`
+
+
+class FastPath(NamedTuple):
+    """What a bound launcher's later calls use (`bind_kernel`): Triton's low-level launches, the
+    launch hooks seen when it was set up, and how to read the stream and the pointers."""
+
+    calls: list  # (launch, before, after, constexpr tail, the arguments after the pointers joined)
+    hooks: Any  # Triton's runtime knobs, read per call
+    enter: Any  # the launch hooks seen then, and the lists saying they are inactive (`_hook_calls`)
+    leave: Any
+    enter_calls: list
+    leave_calls: list
+    stream_of: Callable  # device index -> the current raw stream
+    device: torch.device
+    index: int | None
+    pick: Callable  # the call's addresses (0 for None) -> the kernel's pointers
+    native: Callable | None  # the native launcher, where chosen and built
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,24 +207,7 @@ def _hook_calls(hook) -> list:
     return calls if isinstance(calls, list) else _ACTIVE_HOOK
 
 
-def fast_state(compiled_kernels: list, tails: list, grid: int, index, stream_of, static: tuple,
-               values: tuple = PLAIN_SCALARS) -> tuple:
-    """What a bound launcher's fast path holds after its first launch: the calls
-    (`_fast_calls`, each with its arguments after the pointers for the plain call's floats
-    joined once here), Triton's runtime knobs, the launch hooks seen then and the lists that
-    say whether they are inactive (`_hook_calls`), and `stream_of(index)` giving the current
-    raw stream. `values`: the floats after the integers (none for a kernel that takes none, such
-    as `merge_kernel`). benchmarks/hit_path_cpu.py builds one around a no-op launch."""
-    from triton import knobs
-
-    hooks = knobs.runtime
-    enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
-    calls = [(fn, before, after, tail, (*static, *values, *tail))
-             for fn, before, after, tail in _fast_calls(compiled_kernels, tails, grid)]
-    return calls, hooks, stream_of, index, enter, leave, _hook_calls(enter), _hook_calls(leave)
-
-
-def _constexpr_tails(kernel, n_positional: int, metas: list) -> list | None:
+def _constexpr_tails(kernel, n_positional: int, metas) -> list | None:
     # Triton's launcher takes every parameter in declaration order, constexprs included (it
     # skips them): ours come last, after the tensors and integers.
     names = getattr(kernel, "arg_names", None)
@@ -193,185 +219,206 @@ def _constexpr_tails(kernel, n_positional: int, metas: list) -> list | None:
     return [tuple(meta[n] for n in rest) for meta in metas]
 
 
-def _positional_order(kernel, pointers: tuple, static: dict) -> bool:
-    # The fast path passes (pointers, integers, floats) positionally: valid when the kernel's
-    # signature declares its runtime arguments in that order, checked by name once per bind.
-    return runtime_params(kernel) == (*pointers, *static, *VALUE_NAMES)
-
-
 _native_warned: set = set()
 
 
-def native_for(compiled: list, first, grid: int, pointers: dict, ints: dict, floats: dict, used: list) -> tuple:
-    """(launcher, reason): `native_launch.make`'s launcher of `compiled` (launched by Triton's
-    CUDA launcher from tensors on `first`'s device), or None and why not; a user who named
-    `native` is warned once per reason."""
+def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
+    """(launcher, reason): `native_launch.make`'s launcher of `compiled`, called with the call's
+    arguments as `launch` takes them (scratch included), then optionally the floats; or None
+    and why not (a user who named `native` is warned once per reason)."""
     try:
+        if b.per_call:
+            raise native_launch.NativeUnavailable("per-call integer arguments (native launches fix the integers)")
         if any(type(c.run).__name__ != "CudaLauncher" for c in compiled):
             raise native_launch.NativeUnavailable("the kernels are not launched by Triton's CUDA launcher")
         native_launch.module()
-        if not native_launch.follows_torch_stream(first):
+        if not native_launch.follows_torch_stream(args[0]):
             raise native_launch.NativeUnavailable("TVM-FFI does not see torch's current stream here")
-        return native_launch.make(compiled, grid, first.device.index or 0, pointers, ints, floats, used), None
+        floats = {name: (j, v) for j, (name, v) in enumerate(zip(b.floats, b.values))}
+        read = set(index)
+        return native_launch.make(compiled, b.grid, args[0].device.index or 0, dict(zip(b.pointer_names, index)),
+                                  b.ints, floats, [i in read for i in range(len(args))]), None
     except native_launch.NativeUnavailable as exc:
         reason = str(exc)
         if native_launch.EXPLICIT and reason not in _native_warned:
             _native_warned.add(reason)
             warnings.warn(f"ANYSOFTMAX_LAUNCHER=native: using Triton's launcher ({reason})", RuntimeWarning,
-                          stacklevel=3)
+                          stacklevel=4)
         return None, reason
 
 
-def native_state(plan: KernelPlan, compiled: list, tensors: tuple, named_static: dict) -> tuple:
-    """(launcher, reason): `native_for`'s launcher for a bound launcher whose first launch
-    compiled `compiled` from `tensors` (as `bind`'s launch takes them), and why there is none
-    (None when there is one).
+def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device | None = None, guard=None):
+    """A function `launch(args, values=b.values, per_call=())` launching `b.kernel` once per
+    entry of `b.metas` on `b.grid` programs, on the current stream: `args` the call's tensors
+    (None for an absent operand; `b.pointers` maps them), `values` the per-call floats,
+    `per_call` the per-call integers. `scratch(device)`: tensors appended to `args` per call.
 
-    Its arguments are the tensors as given (None where the request has no such operand), then
-    the scratch pair where the plan takes one, then optionally the floats; which argument each
-    pointer reads is worked out here through the plan's own substitutions (`plan.tensors`,
-    `plan.head`), so it reads what Triton's launcher would be given."""
-    n = len(tensors)
-    indices = plan.tensors(tuple(None if t is None else i for i, t in enumerate(tensors)))
-    if plan.split or plan.backward:
-        indices, n = plan.head(indices, n, n + 1), n + 2
-    read = set(indices)
-    floats = {name: (j, v) for j, (name, v) in enumerate(zip(VALUE_NAMES, PLAIN_SCALARS))}
-    return native_for(compiled, tensors[0], plan.grid, dict(zip(plan.pointer_names(), indices)), named_static,
-                      floats, [i in read for i in range(n)])
+    The first launch binds every argument by name (`kernel[grid](**named)`, compiling under the
+    kernel's lock); its compiled kernels are then launched through `_fast_calls` (or, with
+    $ANYSOFTMAX_LAUNCHER=native, through one C++ call) while no launch hook is active: a
+    profiler's hook needs Triton's own path, which builds its metadata. Interpreted, every launch
+    goes through the JIT entry under the one interpreter lock.
 
-
-def _cooperative_refused(exc: Exception) -> bool:
-    return "cooperative" in str(exc).lower()
-
-
-def interpreter_quiet():
-    """numpy's floating-point warnings off for an interpreted launch: the interpreter evaluates
-    the kernels with numpy, and the kernels compute lanes outside a row or masked out as
-    -inf - (-inf) (NaN) and log(0) (-inf) by design, then discard or select them; numpy would
-    warn "invalid value encountered in subtract" on every ordinary call. The results are what
-    the conformance suite checks."""
-    import numpy
-
-    return numpy.errstate(invalid="ignore", divide="ignore")
-
-
-def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype):
-    """A function `run(tensors, values=PLAIN_SCALARS)` launching `plan` on tensors laid out as
-    `layout`: `tensors` as `plan.tensors` lists them (forward: x, y, mask, sinks, p_sink;
-    backward: y, dy, dx, x, mask, p_sink, dsinks; None for an absent operand), `values` the
-    per-call floats (`plan.scalars`). Constexprs, options and integer arguments are worked out
-    once here; a call allocates the split scratch (if any) and launches. After the first
-    (compiling) launch, compiled kernels launch through `_fast_calls`, or with
-    the native launcher through one C++ call (`native_state`; $ANYSOFTMAX_LAUNCHER).
-
-    A cooperative plan is launched as a cooperative grid (the driver refuses one whose programs
-    cannot all be resident at once, instead of letting the row barrier spin forever: MPS SM
-    limits, green contexts); when refused, this launcher falls back to the plan's two-launch
-    form (statistics, then normalisation), which waits on nothing.
-
-    Arguments are bound by the kernel's parameter names (`KernelPlan.arguments`); the fast path
-    passes them positionally only after checking the signature's order by name."""
-    kernel = plan.kernel()
-    opts = plan.launch_options()
-    metas = [{**plan.constexprs(layout, log, out_dtype, p), **opts} for p in plan.phases()]
-    named_static = plan.static_args(layout)
-    pointer_names = plan.pointer_names()
-    static = tuple(named_static.values())
-    needs_scratch = plan.split or plan.backward
-    scratch = scratch_maker(plan, layout, out_dtype) if needs_scratch else None
-    grid = (plan.grid,)
+    `replan()`: for a cooperative grid, the launcher to use instead when the driver refuses one
+    (its programs cannot all be resident at once: MPS SM limits, green contexts), which waits
+    on nothing. `device` (with `guard`, default `device_guard` where several GPUs are visible):
+    made current around each launch. `launch.prime(compiled, args, stream_of=None)` does what a
+    first launch does after compiling (tests and benchmarks/hit_path_cpu.py give it stand-ins
+    for compiled kernels); `launch.state` holds what it set up, `launch.binding` is `b`."""
+    kernel, grid, metas, default = b.kernel, (b.grid,), b.metas, b.values
     lock = launch_lock(kernel)
     interpreted = lock is _interpreter_lock
     native = native_launch.LAUNCHER == "native"
-    state = {"compiled": False, "fast": None, "fallback": None, "native": None,
-             "native_reason": "not launched yet" if native else "ANYSOFTMAX_LAUNCHER is triton"}
-    as_kernel_takes = plan.tensors
+    ints = tuple(b.ints.values())
+    names = tuple(b.ints)
+    at = names.index(b.per_call[0]) if b.per_call else len(names)
+    if names[at:at + len(b.per_call)] != b.per_call:
+        raise ValueError(f"per-call integers {b.per_call} are not adjacent in {names}")
+    ints_before, ints_after = ints[:at], ints[at + len(b.per_call):]
+    n_positional = len(b.pointer_names) + len(ints) + len(b.floats)
+    positional = runtime_params(kernel) == (*b.pointer_names, *names, *b.floats)
+    no_fast = "no fast path (interpreted, ANYSOFTMAX_FAST_LAUNCH=0, or not Triton's launcher)"
+    # (an interpreted launch compiles nothing: no fast path follows it)
+    fast_possible = FAST_LAUNCH and positional
+    state = {"compiled": None, "fast": None, "fallback": None,
+             "native_reason": "ANYSOFTMAX_LAUNCHER is triton" if not native else
+             "not launched yet" if fast_possible and not interpreted else no_fast}
 
-    def head_of(tensors):
-        tensors = as_kernel_takes(tensors)
-        return plan.head(tensors, *scratch(tensors[0].device))
+    def named(args, values, per_call) -> dict:
+        out = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values))}
+        out.update(zip(b.per_call, per_call))
+        return out
 
-    if not needs_scratch:
-        head_of = as_kernel_takes  # noqa: F811  (the pointers are the tensors: one call less)
+    def primed(compiled: list, args: tuple, stream_of) -> None:
+        state["compiled"] = compiled  # (kept alive: the native launcher holds only raw functions)
+        tails = None
+        if fast_possible and all(c is not None and hasattr(c, "packed_metadata") for c in compiled):
+            tails = _constexpr_tails(kernel, n_positional, metas)
+        if tails is None:
+            state["native_reason"] = no_fast
+            return
+        from triton import knobs
 
-    def by_name(head, values) -> dict:
-        return {**dict(zip(pointer_names, head)), **named_static, **dict(zip(VALUE_NAMES, values))}
+        if stream_of is None:
+            from triton.runtime.driver import driver
 
-    def first_launch(tensors, head, values) -> None:
-        compiled = [kernel[grid](**by_name(head, values), **meta) for meta in metas]
-        state["compiled"] = True
-        if FAST_LAUNCH and not interpreted and _positional_order(kernel, pointer_names, named_static) \
-                and all(c is not None and hasattr(c, "packed_metadata") for c in compiled):
-            tails = _constexpr_tails(kernel, len(head) + len(static) + len(values), metas)
-            if tails is not None:
-                from triton.runtime.driver import driver
+            stream_of = driver.active.get_current_stream
+        index = b.pointers(tuple(None if a is None else i for i, a in enumerate(args)))
+        via = None
+        if native:
+            via, state["native_reason"] = _native(b, compiled, args, index)
+        hooks = knobs.runtime
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        # Each call with its arguments after the pointers joined once for the default floats.
+        calls = [(fn, before, after, tail, (*ints, *default, *tail))
+                 for fn, before, after, tail in _fast_calls(compiled, tails, b.grid)]
+        device = args[0].device
+        state["fast"] = FastPath(calls, hooks, enter, leave, _hook_calls(enter), _hook_calls(leave), stream_of,
+                                 device, device.index, itemgetter(*index), via)
 
-                state["fast"] = fast_state(compiled, tails, plan.grid, head[0].device.index,
-                                           driver.active.get_current_stream, static)
-                if native:
-                    fn, state["native_reason"] = native_state(plan, compiled, tensors, named_static)
-                    # (the compiled kernels kept alive: Triton unloads a kernel's module when its
-                    # CompiledKernel goes, and the native launcher holds only the raw function)
-                    state["native"] = None if fn is None else (fn, head[0].device, compiled)
-        if native and state["fast"] is None:
-            state["native_reason"] = "no fast path (interpreted, ANYSOFTMAX_FAST_LAUNCH=0, or not Triton's launcher)"
-
-    def native_call(tensors, values):
-        fn, device, _ = state["native"]
-        if needs_scratch:
-            tensors = (*tensors, *scratch(device))
-        return fn(*tensors) if values is PLAIN_SCALARS else fn(*tensors, *values)
-
-    def launch(tensors, values=PLAIN_SCALARS):
+    def launch(args, values=default, per_call=()):
         fast = state["fast"]
         if fast is not None:
-            calls, hooks, stream_of, index, enter, leave, enter_calls, leave_calls = fast
-            # (Launch hooks, e.g. profilers, need Triton's own path, which builds their metadata.)
+            calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, device, index, pick, via = fast
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
                     and not leave_calls:
-                if state["native"] is not None:  # (set only when the native launcher was chosen and built)
-                    return native_call(tensors, values)
+                if scratch is not None:
+                    args = (*args, *scratch(device))
+                if via is not None:  # (the native launcher, chosen and built)
+                    return via(*args) if values is default else via(*args, *values)
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.
-                ptrs = [t.data_ptr() for t in head_of(tensors)]
+                ptrs = pick([0 if a is None else a.data_ptr() for a in args])
                 stream = stream_of(index)
-                if values is PLAIN_SCALARS:
+                if values is default and not per_call:
                     for fn, before, after, _, rest in calls:
                         fn(*before, stream, *after, *ptrs, *rest)
                 else:
                     for fn, before, after, tail, _ in calls:
-                        fn(*before, stream, *after, *ptrs, *static, *values, *tail)
-                return
-        head = head_of(tensors)
-        if state["compiled"] and not interpreted:
-            args = by_name(head, values)
+                        fn(*before, stream, *after, *ptrs, *ints_before, *per_call, *ints_after, *values, *tail)
+                return None
+        if scratch is not None:
+            args = (*args, *scratch(args[0].device))
+        kw = named(args, values, per_call)
+        if state["compiled"] is not None and not interpreted:  # (no fast path, or a launch hook is active)
             for meta in metas:
-                kernel[grid](**args, **meta)
-            return
+                kernel[grid](**kw, **meta)
+            return None
         with lock:  # a first launch compiles: one thread at a time per kernel
             if interpreted:
                 with interpreter_quiet():
-                    first_launch(tensors, head, values)
-            else:
-                first_launch(tensors, head, values)
+                    for meta in metas:
+                        kernel[grid](**kw, **meta)
+                return None
+            primed([kernel[grid](**kw, **meta) for meta in metas], args, None)
+        return None
 
-    launch.state = state  # (tests and benchmarks/hit_path_cpu.py stand a recorder in for Triton's launcher)
-    if not plan.cooperative:
-        return launch
+    run = launch
+    if replan is not None:
+        def run(args, values=default, per_call=()):
+            fallback = state["fallback"]
+            if fallback is not None:
+                return fallback(args, values, per_call)
+            try:
+                return launch(args, values, per_call)
+            except RuntimeError as exc:
+                if "cooperative" not in str(exc).lower():
+                    raise
+            state["fallback"] = replan()
+            return state["fallback"](args, values, per_call)
 
-    def run(tensors, values=PLAIN_SCALARS) -> None:
-        fallback = state["fallback"]
-        if fallback is not None:
-            fallback(tensors, values)
-            return
-        try:
-            launch(tensors, values)
-        except RuntimeError as exc:
-            if not _cooperative_refused(exc):
-                raise
-            options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
-            state["fallback"] = bind(replace(plan, cooperative=False, options=options), layout, log, out_dtype)
-            state["fallback"](tensors, values)
+    guard = _guard_for(device, guard)
+    if guard is not None:
+        unguarded = run
 
+        def run(args, values=default, per_call=()):
+            with guard(device):
+                return unguarded(args, values, per_call)
+
+    def prime(compiled: list, args: tuple, stream_of=None) -> None:
+        primed(compiled, args if scratch is None else (*args, *scratch(args[0].device)), stream_of)
+
+    run.binding, run.state, run.prime = b, state, prime
     return run
+
+
+def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
+    """A function `make(device) -> (stats, counts)`: the documented scratch of a launch, sized
+    once here. `stats` holds the partial statistics (`plan.stats_numel`), `counts` the reused
+    barrier counters. A plan that uses neither (whole-row backward: the kernel still takes both
+    pointers) gets one small placeholder pair per device, allocated once."""
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    n_stats = plan.stats_numel(layout)
+    counter_groups = plan.groups(layout) if plan.counted else 0
+    placeholders: dict = {}
+
+    def make(device) -> tuple:
+        if n_stats == 0 and counter_groups == 0:
+            pair = placeholders.get(device)
+            if pair is None:
+                pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
+                                               torch.zeros(2, dtype=torch.int32, device=device))
+            return pair
+        return torch.empty(max(n_stats, 1), dtype=acc, device=device), row_counters(device, counter_groups)
+
+    return make
+
+
+def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype, device=None, guard=None):
+    """`bind_kernel`'s launcher of `plan` on tensors laid out as `layout`: `launch(tensors,
+    values=PLAIN_SCALARS)`, `tensors` as `plan.tensors` lists them (forward: x, y, mask, sinks,
+    p_sink; backward: y, dy, dx, x, mask, p_sink, dsinks; None for an absent operand), `values`
+    the per-call floats (`plan.scalars`). A split or backward plan's scratch is allocated per
+    call; a cooperative plan the driver refuses falls back to its two-launch form (statistics,
+    then normalisation)."""
+    n = 7 if plan.backward else 5
+    needs_scratch = plan.split or plan.backward
+    opts = plan.launch_options()
+    binding = Binding(plan.kernel(), plan.grid, plan.pointer_names(),
+                      (lambda a: plan.head(plan.tensors(a[:n]), *a[n:])) if needs_scratch else plan.tensors,
+                      plan.static_args(layout),
+                      tuple({**plan.constexprs(layout, log, out_dtype, p), **opts} for p in plan.phases()),
+                      VALUE_NAMES, PLAIN_SCALARS)
+    replan = functools.partial(bind, plan.non_cooperative(), layout, log, out_dtype) if plan.cooperative else None
+    return bind_kernel(binding, scratch=scratch_maker(plan, layout, out_dtype) if needs_scratch else None,
+                       replan=replan, device=device, guard=guard)

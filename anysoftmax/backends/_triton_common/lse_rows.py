@@ -14,7 +14,7 @@ bandwidth for softmax gives it that bandwidth without a second set of tiles to t
   (the reused, self-resetting row counters) combines the row's chunks and the sink into the
   result, in the same launch.
 * column plans (a reduction over a non-innermost dim read as transposed tiles) are not
-  served here: `row_plan_kind` says so and the caller keeps `pieces.lse_kernel` for them.
+  served here: `row_plan_kind` says so and the caller keeps `logsumexp.lse_kernel` for them.
 
 Special values (`core.pieces`): nothing kept is -inf (the sink's value with a sink), NaN
 anywhere NaN, +inf (without NaN) +inf; `fused.lse_sub` keeps the infinities out of exp's
@@ -27,22 +27,16 @@ from dataclasses import replace
 
 import torch
 
-from ...core.layout import RowLayout, contiguous_strides, mask_fastest, new_output, operand_strides
+from ...core.layout import RowLayout, contiguous_strides, mask_fastest, new_output, operand_strides, row_operand_strides
 from ...core.pieces import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .launcher import bind
 from .plan import PLAIN_SCALARS, KernelPlan, scalars
-from .request import _guard_for, _materialised_strides, mask_operand, sinks_operand
+from .softmax_launchers import mask_operand, materialised_strides, sinks_operand
 
 # Plan kinds whose kernels have the STATES_ONLY form.
 ROW_KINDS = ("tile", "online", "split")
-
-
-def _lse_out_strides(spec: SoftmaxSpec) -> tuple:
-    """The result's strides over x's shape: contiguous over the row shape, 0 in `dim`."""
-    rows = contiguous_strides(row_shape(spec.shape, spec.dim))
-    return tuple(0 if d == spec.dim else st for d, st in enumerate(rows))
 
 
 def layouts(x: torch.Tensor, spec: SoftmaxSpec):
@@ -51,11 +45,11 @@ def layouts(x: torch.Tensor, spec: SoftmaxSpec):
     entry) and never changes it; the launch layout reads x and the operands the same way but
     writes through the result's strides. x is copied (contiguous) only when its row dims do not
     fit three strided dims, the operands materialised only when theirs do not either (as
-    `request.forward_layout`)."""
+    `softmax_launchers.forward_layout`). The result is contiguous over the row shape."""
     shape, dim = spec.shape, spec.dim
-    y_like, out = contiguous_strides(shape), _lse_out_strides(spec)
+    y_like, out = contiguous_strides(shape), row_operand_strides(shape, dim)
     for materialise in (False, True):
-        ops = _materialised_strides(spec) if materialise else operand_strides(spec)
+        ops = materialised_strides(spec) if materialise else operand_strides(spec)
         for xx in ((x,) if materialise else (x, None)):
             xx = x.contiguous() if xx is None else xx
             st = tuple(xx.stride())
@@ -81,26 +75,18 @@ def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materia
 def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool):
     """`f(x, operands) -> lse` (keepdim, accumulation dtype) for requests like `spec`, through
     `plan`'s row kernel in its STATES_ONLY form; x laid out as `layout` (`layouts`)."""
-    options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
-    plan = replace(plan, states_only=True, cooperative=False, options=options)
+    plan = replace(plan.non_cooperative(), states_only=True)
     # Constexprs from the softmax's output dtype: the same PRECISE (softcap's tanh) and
     # accumulation as the softmax; the store converts to the result's dtype.
-    launch = bind(plan, layout, False, spec.out_dtype)
+    launch = bind(plan, layout, False, spec.out_dtype, spec.device)
     shape, acc, device = row_shape(spec.shape, spec.dim), spec.acc_dtype, spec.device
     plain_values = spec.variant.scale is None and spec.variant.softcap is None
-    guard = _guard_for(device, None)
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
-        mask = mask_operand(operands.mask, spec, materialise)
-        sinks = sinks_operand(operands.sinks, spec, materialise)
         out = new_output(shape, acc, device)
         # (PLAIN_SCALARS itself: the bound launcher's fast path passes it pre-joined)
-        values = PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap)
-        if guard is None:
-            launch((x, out, mask, sinks, None), values)
-        else:
-            with guard(device):  # (Triton launches on the current device)
-                launch((x, out, mask, sinks, None), values)
+        launch((x, out, mask_operand(operands.mask, spec, materialise), sinks_operand(operands.sinks, spec), None),
+               PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
         return out
 
     return run

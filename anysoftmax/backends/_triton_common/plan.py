@@ -15,7 +15,7 @@ BLOCK_M contiguous inner positions). Backward: "tile" (whole rows) and "split".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -150,8 +150,8 @@ def flat_rows(layout: RowLayout) -> bool:
     return layout.row_sizes[0] == 1 and layout.row_sizes[1] == 1
 
 
-def _wide_cols(layout: RowLayout, block_n: int) -> bool:
-    # Column offsets are int32 unless the row's extent in elements could overflow it.
+def wide_cols(layout: RowLayout, block_n: int) -> bool:
+    """Whether column offsets need 64 bits: the row's extent in elements could overflow int32."""
     extent = (layout.n_cols - 1) * max(abs(layout.in_col_stride), abs(layout.out_col_stride)) + block_n
     return extent > INT32_MAX
 
@@ -195,6 +195,12 @@ class KernelPlan:
 
     def launch_options(self) -> dict:
         return {k: v for k, v in self.options.items() if k not in PLAN_CONSTEXPR_OPTIONS}
+
+    def non_cooperative(self) -> "KernelPlan":
+        """This plan without the cooperative grid: a split plan's two launches (statistics, then
+        normalisation), which wait on nothing; the one-launch forms (`PHASE0_FORMS`) go with it."""
+        return replace(self, cooperative=False, options={k: v for k, v in self.options.items()
+                                                         if k != "launch_cooperative_grid" and k not in PHASE0_FORMS})
 
     def phases(self) -> tuple:
         """PHASE values of the launches: one fused launch (0), or statistics then
@@ -284,7 +290,7 @@ class TilePlan(KernelPlan):
         return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     BLOCK_M=self.block_m, BLOCK_N=self.block_n,
                     CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout),
                     STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
@@ -302,7 +308,7 @@ class OnlinePlan(KernelPlan):
         return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     BLOCK_N=self.block_n, STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
 
 
@@ -327,7 +333,7 @@ class SplitPlan(KernelPlan):
                     **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=_wide_cols(layout, self.block_n),
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
                     **_split_forms(self.options, "prefetch", "relaxed_depart", "hold_input"),
                     STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
@@ -450,7 +456,6 @@ class BackwardSplitPlan(BackwardTilePlan):
 
 FORWARD_PLANS = {p.kind: p for p in (TilePlan, OnlinePlan, SplitPlan, ColsPlan, ColsSplitPlan)}
 BACKWARD_PLANS = {p.kind: p for p in (BackwardTilePlan, BackwardSplitPlan)}
-SPLIT_KINDS = tuple(k for k, p in FORWARD_PLANS.items() if p.split)
 
 
 def make_plan(kind: str, block_m: int, block_n: int, grid: int, backward: bool = False, **fields) -> KernelPlan:

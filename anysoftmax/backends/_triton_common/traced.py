@@ -81,12 +81,7 @@ def traceable(kernel):
 
 def traced_plan(plan: KernelPlan) -> KernelPlan:
     """The form of `plan` a traced launch runs: never cooperative (see the module docstring)."""
-    if not plan.cooperative:
-        return plan
-    from dataclasses import replace
-
-    options = {k: v for k, v in plan.options.items() if k != "launch_cooperative_grid"}
-    return replace(plan, cooperative=False, options=options)
+    return plan.non_cooperative() if plan.cooperative else plan
 
 
 # Positions of the tensors a kernel writes, in the launcher's tuples (`KernelPlan.tensors`).

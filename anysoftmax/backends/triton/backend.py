@@ -8,22 +8,20 @@ tensors: that is how CI tests them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, new_output
+from ...core.layout import RowLayout, cdiv, new_output, next_power_of_2
 from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec
-from ...core.variant import runtime_values
-from .._triton_common import interpreter, request, traced
-from ...core.layout import cdiv, next_power_of_2
-from .._triton_common.plan import PHASE0_FORMS, Fusion, KernelPlan, make_plan, scalars
+from ...core.variant import NO_OPERANDS, runtime_values
+from .._triton_common import interpreter, softmax_launchers, traced
+from .._triton_common.plan import Fusion, KernelPlan, make_plan, scalars
 from . import heuristics
-from .device import device_props
-from .occupancy import DeviceProps, KernelResources, programs_per_sm
+from .device import compiled_programs_per_sm, device_props
+from .occupancy import DeviceProps
 
 # (kernel kind, constexprs, options, dtypes, device) -> resident programs per SM.
 _occupancy: OnceCache[int] = OnceCache(maxsize=512)
@@ -44,7 +42,7 @@ def _operand_stand_ins(spec: SoftmaxSpec, device) -> tuple:
 
 def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpec, index: int) -> int:
     """Compile the plan's kernel once (per shape class) and apply the occupancy model to it."""
-    from .._triton_common.launcher import launch_lock, scratch_maker
+    from .._triton_common.launcher import scratch_maker
 
     log = spec.log
     phase = plan.phases()[0]
@@ -64,27 +62,13 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
         stats, counts = scratch_maker(replace(plan, cooperative=False), layout, y.dtype)(x.device)
         given = (x, x, y, x, mask, p, p) if plan.backward else (x, y, mask, sinks, p)
         kernel, args, _ = plan.calls(plan.tensors(given), layout, log, y.dtype, stats, counts)[0]
-        with launch_lock(kernel):
-            compiled = kernel.warmup(*args, grid=(1,), **meta, **opts)
-        compiled._init_handles()
-        res = KernelResources(n_regs=compiled.n_regs, shared_mem=compiled.metadata.shared,
-                              num_warps=opts["num_warps"], n_sgprs=_sgprs(compiled))
-        return programs_per_sm(device_props(index), res)
+        return compiled_programs_per_sm(kernel, index, *args, **meta, **opts)
 
     return _occupancy.get(key, compile_and_measure)
 
 
 def _values(args) -> tuple:
     return scalars(*runtime_values(args.scale, args.softcap))
-
-
-def _sgprs(compiled) -> int:
-    """Scalar registers per wave of a kernel compiled for an AMD GPU (0 elsewhere): its
-    amdgcn assembly's `.sgpr_count` (they limit CDNA occupancy: `occupancy.programs_per_sm`)."""
-    asm = getattr(compiled, "asm", None)
-    text = asm.get("amdgcn", "") if isinstance(asm, dict) else ""
-    m = re.search(r"^\s*\.sgpr_count:\s*(\d+)", text, re.MULTILINE)
-    return int(m.group(1)) if m else 0
 
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:
@@ -172,8 +156,7 @@ class TritonBackend:
         resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec, self._index(x))
         cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
         if not cooperative:
-            draft = replace(draft, options={k: v for k, v in draft.options.items()
-                                            if k != "launch_cooperative_grid" and k not in PHASE0_FORMS})
+            draft = draft.non_cooperative()
         if cooperative:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
             grid = min(n_items, (resident // draft.chunks) * draft.chunks)
@@ -191,16 +174,17 @@ class TritonBackend:
         """`f(x) -> y` bound to this request (dispatch memoises it); for a fused spec
         `f(x, operands) -> (y, p_sink)`."""
         given = x
-        x, y, layout, materialise = request.forward_layout(x, spec)
-        return request.forward(self.plan(x, y, layout, spec), layout, spec, contiguous=x is not given,
+        x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
+        return softmax_launchers.forward(self.plan(x, y, layout, spec), layout, spec, contiguous=x is not given,
                                materialise=materialise)
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, dy and dx share one contiguous layout."""
         y = y.contiguous()
         dx = torch.empty_like(y)
-        layout, materialise = request.backward_layout(y, spec)
-        return request.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec, materialise=materialise)
+        layout, materialise = softmax_launchers.backward_layout(y, spec)
+        return softmax_launchers.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec,
+                                          materialise=materialise)
 
     def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` bound to this fused request."""
@@ -218,42 +202,35 @@ class TritonBackend:
         """Softmax of `x` per `spec` as torch ops and `wrap_triton` launches: the body of the
         `anysoftmax::softmax_triton` operator, traced by torch.compile (fake tensors) and run
         by that operator in eager mode (real tensors)."""
-        x, y, layout, _ = request.forward_layout(x, spec)
-        traced.launch(self._traced_plan(x, y, layout, spec, False), (x, y, None, None, None), layout, spec.log,
-                      y.dtype)
-        return y
+        return self.traced_fused_forward(x, spec, NO_OPERANDS)[0]
 
     def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """`softmax_backward` per `spec` (y's dtype), traceable like `traced_forward`."""
-        y, grad = request.backward_operands(y, grad, spec.out_dtype)
-        dx = new_output(spec.shape, spec.out_dtype, y.device)
-        layout, _ = request.backward_layout(y, spec)
-        traced.launch(self._traced_plan(y, dx, layout, spec, True), (y, grad, dx, None, None, None, None), layout,
-                      spec.log, dx.dtype)
-        return dx
+        return self.traced_fused_backward(grad, y, None, spec, NO_OPERANDS, None)[0]
 
     def traced_fused_forward(self, x: torch.Tensor, spec: SoftmaxSpec, args) -> tuple:
         """The fused family, traceable like `traced_forward`: (y, p_sink or None). `args` are
         the call's `dispatch.FusedArgs` (scale and softcap become the launch's float arguments)."""
-        x, y, layout, materialise = request.forward_layout(x, spec)
+        x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
         plan = self._traced_plan(x, y, layout, spec, False)
-        p = torch.empty(request.row_shape(spec), dtype=spec.acc_dtype, device=x.device) if plan.fusion.has_sink \
-            else None
-        tensors = (x, y, request.mask_operand(args.mask, spec, materialise),
-                   request.sinks_operand(args.sinks, spec, materialise), p)
+        has_sink = plan.fusion.has_sink
+        p = torch.empty(softmax_launchers.row_shape(spec), dtype=spec.acc_dtype, device=x.device) if has_sink else None
+        tensors = (x, y, softmax_launchers.mask_operand(args.mask, spec, materialise),
+                   softmax_launchers.sinks_operand(args.sinks, spec), p)
         traced.launch(plan, tensors, layout, spec.log, y.dtype, _values(args))
         return y, p
 
     def traced_fused_backward(self, grad, y, x, spec: SoftmaxSpec, args, p_sink) -> tuple:
         """Gradients of the fused family, traceable: (dx, ds_rows or None)."""
-        y, grad = request.backward_operands(y, grad, spec.out_dtype)
+        y, grad = softmax_launchers.backward_operands(y, grad, spec.out_dtype)
         dx = new_output(spec.shape, spec.out_dtype, y.device)
-        layout, materialise = request.backward_layout(y, spec)
+        layout, materialise = softmax_launchers.backward_layout(y, spec)
         plan = self._traced_plan(y, dx, layout, spec, True)
         f = plan.fusion
-        ds = torch.empty(request.row_shape(spec), dtype=spec.acc_dtype, device=y.device) if f.has_sink else None
+        ds = torch.empty(softmax_launchers.row_shape(spec), dtype=spec.acc_dtype, device=y.device) if f.has_sink \
+            else None
         tensors = (y, grad, dx, x.to(spec.out_dtype).contiguous() if f.has_cap else None,
-                   request.mask_operand(args.mask, spec, materialise),
+                   softmax_launchers.mask_operand(args.mask, spec, materialise),
                    p_sink.contiguous() if f.has_sink else None, ds)
         traced.launch(plan, tensors, layout, spec.log, dx.dtype, _values(args))
         return dx, ds
@@ -272,7 +249,7 @@ class TritonBackend:
         """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
         return self.backward_launcher(y, spec)(y, grad)
 
-    # ---- the pieces ops (core.pieces; kernels in _triton_common/pieces.py) ----
+    # ---- logsumexp and merge_states (core.pieces; kernels in _triton_common/logsumexp.py, merge_states.py) ----
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         return self.supports(spec)
@@ -289,17 +266,15 @@ class TritonBackend:
         the same tiles, warps and grid as the softmax of x, minus the output's store); a column
         plan (a reduction over a non-innermost dim) runs `lse_kernel`. Planned once here: the
         request key fixes x's and the operands' layouts."""
-        from .._triton_common import lse_rows
-        from .._triton_common.pieces import launch_lse, lse_layout
+        from .._triton_common import logsumexp, lse_rows
 
         xr, planning, layout, materialise = lse_rows.layouts(x, spec)
         run = lse_rows.launcher_for(self.plan(xr, xr, planning, spec), layout, spec, materialise)
         if run is not None:
             copy_x = xr is not x  # (this layout's rows fit no three strided dims: read a contiguous copy)
             return (lambda x_, ops: run(x_.contiguous(), ops)) if copy_x else run
-        layout = lse_layout(x, spec, operands)[1]
-        plan = lse_plan(layout.n_rows, layout.n_cols, x.element_size(), self._sms(x))
-        return lambda x_, ops: launch_lse(x_, spec, ops, plan)
+        sms, item = self._sms(x), x.element_size()
+        return logsumexp.launcher(x, spec, lambda n_rows, n_cols: lse_plan(n_rows, n_cols, item, sms))
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
         """logsumexp (keepdim, accumulation dtype), planned for this call (`logsumexp_launcher`)."""
@@ -307,16 +282,12 @@ class TritonBackend:
 
     def merge_states_launcher(self, outputs, lses, spec):
         """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
-        (`pieces.merge_launcher`: worked out on its first call, then launched through Triton's
-        low-level launcher): the device's SM count read once, each group's plan made once
-        (K > MAX_K merges in groups)."""
-        from functools import lru_cache
-
-        from .._triton_common.pieces import merge_launcher
+        (`merge_states.merge_launcher`: worked out on its first call, then launched through the
+        launch engine's fast path): the device's SM count read once (K > MAX_K merges in groups)."""
+        from .._triton_common.merge_states import merge_launcher
 
         sms, item = self._sms(outputs[0]), spec.dtype.itemsize
-        plan_for = lru_cache(maxsize=4)(lambda k, rows, d: merge_plan(k, rows, d, item, sms))
-        return merge_launcher(spec, plan_for)
+        return merge_launcher(spec, lambda k, rows, d: merge_plan(k, rows, d, item, sms))
 
     def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
         """(out, lse) through `merge_kernel`, planned for this call."""
@@ -339,7 +310,7 @@ def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: 
     one long row's sub-blocks; rows that leave fewer than two work items per SM are cut into
     chunks (the grid would idle otherwise); 8 programs per SM keep the loads in flight. The
     keywords override the choices (`anysoftmax.bench.tune_triton`'s lse sweep)."""
-    from .._triton_common.pieces import LsePlan
+    from .._triton_common.logsumexp import LsePlan
 
     if sms is None:  # the interpreter: small tiles, few programs, chunks exercised on long rows
         bn = min(next_power_of_2(n_cols), 64)
@@ -367,7 +338,7 @@ def merge_plan(k: int, n_rows: int, d: int, elem_bytes: int, sms: int | None):
     (NVIDIA H100, benchmarks/pieces_probe.py over the bench's 30 merge shapes: 0.88 of the
     same-bytes copy on average, where the best of 36-40 configurations per shape gives 0.90
     and 2048-element tiles of 4 warps on 8 programs per SM 0.77.)"""
-    from .._triton_common.pieces import MergePlan
+    from .._triton_common.merge_states import MergePlan
 
     if sms is None:
         return MergePlan(min(4, next_power_of_2(n_rows)), min(next_power_of_2(d), 32),

@@ -1,12 +1,13 @@
-"""Reading a GPU's properties for the occupancy model (CUDA and HIP)."""
+"""Reading a GPU's properties for the occupancy model (CUDA and HIP), and a compiled kernel's."""
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import torch
 
-from .occupancy import DeviceProps
+from .occupancy import DeviceProps, KernelResources, programs_per_sm
 
 # CDNA architectures (accumulation VGPRs usable as general-purpose ones).
 CDNA_ARCHS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
@@ -36,3 +37,26 @@ def device_props(index: int) -> DeviceProps:
         is_hip=hip,
         is_cdna=hip and is_cdna(arch),
     )
+
+
+def sgprs(compiled) -> int:
+    """Scalar registers per wave of a kernel compiled for an AMD GPU (0 elsewhere): its
+    amdgcn assembly's `.sgpr_count` (they limit CDNA occupancy: `occupancy.programs_per_sm`)."""
+    asm = getattr(compiled, "asm", None)
+    text = asm.get("amdgcn", "") if isinstance(asm, dict) else ""
+    m = re.search(r"^\s*\.sgpr_count:\s*(\d+)", text, re.MULTILINE)
+    return int(m.group(1)) if m else 0
+
+
+def compiled_programs_per_sm(kernel, index: int, *args, **kwargs) -> int:
+    """Programs per SM of GPU `index` that `kernel` compiled for these arguments holds (the
+    occupancy model applied to its registers and shared memory): compiled once with
+    `kernel.warmup` under its first-launch lock; `kwargs` name the constexprs and `num_warps`."""
+    from .._triton_common.launcher import launch_lock
+
+    with launch_lock(kernel):
+        compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+    compiled._init_handles()
+    res = KernelResources(n_regs=compiled.n_regs, shared_mem=compiled.metadata.shared,
+                          num_warps=kwargs["num_warps"], n_sgprs=sgprs(compiled))
+    return programs_per_sm(device_props(index), res)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 from ...config import Overrides, load_tuning
-from ...core.layout import ColumnView, RowLayout, cdiv, column_view, next_power_of_2
+from ...core.layout import ColumnView, RowLayout, column_view, next_power_of_2
 
 override = Overrides("triton")
 

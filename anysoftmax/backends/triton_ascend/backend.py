@@ -23,7 +23,7 @@ import torch
 
 from ...core.layout import RowLayout
 from ...core.spec import SoftmaxSpec
-from .._triton_common import interpreter, request
+from .._triton_common import interpreter, softmax_launchers
 from .._triton_common.launcher import bind
 from .._triton_common.plan import PLAIN_SCALARS, Fusion, KernelPlan, flat_rows
 from . import install, npu, planning, settings, ub_retry
@@ -62,7 +62,7 @@ def _stand_in_operands(spec: SoftmaxSpec, device) -> tuple:
     """(mask, sinks, p_sink) for a first compile: the variant's dtypes, zero-filled, of the
     shapes the request reads (compiling is what may overflow the unified buffer)."""
     v = spec.variant
-    rows = request.row_shape(spec)
+    rows = softmax_launchers.row_shape(spec)
     mask = None if v.mask is None else torch.zeros(spec.shape, dtype=torch.uint8 if v.mask_kind == "bool"
                                                    else v.mask.dtype, device=device)
     sinks = None if v.sinks is None else torch.zeros(rows, dtype=v.sinks.dtype, device=device)
@@ -135,7 +135,7 @@ class TritonAscendBackend:
         it). On an NPU the first plan is compiled here: a unified-buffer overflow halves the
         tile and retries (`ub_retry`), and the halvings are remembered per shape class."""
         given = x
-        x, y, layout, materialise = request.forward_layout(x, spec)
+        x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
         cls = ub_retry.shape_class(spec.in_dtype, spec.out_dtype, spec.log, layout.n_cols, flat_rows(layout),
                                    spec.variant.key())
         if compile_may_overflow(x.device):
@@ -149,15 +149,15 @@ class TritonAscendBackend:
             _halvings.put(cls, halvings)
         else:
             plan = self.plan(x, layout, spec, _halvings.get(cls))
-        return request.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard,
-                               materialise=materialise)
+        return softmax_launchers.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard,
+                                         materialise=materialise)
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""
         return self.launcher(x, spec)(x)
 
-    # ---- the pieces ops (core.pieces): the shared kernels (_triton_common/pieces.py) with the
-    # NPU's fixed grid and tiles bounded by the unified buffer ----
+    # ---- logsumexp and merge_states (core.pieces): the shared kernels (_triton_common/logsumexp.py,
+    # merge_states.py) with the NPU's fixed grid and tiles bounded by the unified buffer ----
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         return self.supports(spec)
@@ -183,22 +183,22 @@ class TritonAscendBackend:
         """logsumexp through `lse_kernel`: one row per step (a per-row bound over several rows
         lowers to unbounded loads on the NPU front end), sub-blocks sized by the UB budget for
         the input and three accumulator lanes (max, sum, NaN count)."""
-        from .._triton_common.pieces import LsePlan, launch_lse, lse_layout
+        from .._triton_common.logsumexp import LsePlan, launcher
 
         s, programs = self._programs(x)
-        parts = lse_layout(x, spec, operands)
-        n_rows, n_cols = parts[1].n_rows, parts[1].n_cols
         per_elem = x.element_size() + 3 * 4
-        bn = max(planning.min_block_n(s, x.element_size(), 4),
-                 min(planning.floor_pow2(planning.tile_budget(s) // per_elem), 1 << max(n_cols - 1, 0).bit_length()))
-        plan = LsePlan(1, bn, 1, planning.grid_size(programs, n_rows))
-        with npu.device_guard(x.device):
-            return launch_lse(x, spec, operands, plan, parts)
+
+        def plan_for(n_rows: int, n_cols: int) -> LsePlan:
+            bn = max(planning.min_block_n(s, x.element_size(), 4),
+                     min(planning.floor_pow2(planning.tile_budget(s) // per_elem), 1 << max(n_cols - 1, 0).bit_length()))
+            return LsePlan(1, bn, 1, planning.grid_size(programs, n_rows))
+
+        return launcher(x, spec, plan_for, guard=npu.device_guard)(x, operands)
 
     def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
         """merge_states through `merge_kernel`: one row per step, the head tiled by the UB
         budget (accumulator, one partial and the output per element)."""
-        from .._triton_common.pieces import MergePlan, launch_merge
+        from .._triton_common.merge_states import MergePlan, merge_launcher
 
         s, programs = self._programs(outputs[0])
         per_elem = 4 + 2 * spec.dtype.itemsize
@@ -206,5 +206,5 @@ class TritonAscendBackend:
         def plan_for(k, n_rows, d):
             bd = min(planning.floor_pow2(planning.tile_budget(s) // per_elem), 1 << max(d - 1, 0).bit_length())
             return MergePlan(1, max(bd, 1), planning.grid_size(programs, n_rows * -(-d // max(bd, 1))))
-        with npu.device_guard(outputs[0].device):
-            return launch_merge(outputs, lses, spec, plan_for, out, lse_out)
+
+        return merge_launcher(spec, plan_for, guard=npu.device_guard)(outputs, lses, out, lse_out)

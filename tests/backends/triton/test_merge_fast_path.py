@@ -1,4 +1,4 @@
-"""merge_states' bound launcher (`pieces.merge_launcher`): after its first launch it calls
+"""merge_states' bound launcher (`merge_states.merge_launcher`): after its first launch it calls
 Triton's low-level launcher positionally (grid, stream, function, packed metadata, the 18
 pointers, the 13 integers, the constexpr tail) and nothing else; a stand-in for that launcher
 runs the kernel from exactly those arguments, so results are checked against the float64
@@ -11,8 +11,7 @@ import torch
 
 import anysoftmax
 from anysoftmax import dispatch, dispatch_pieces
-from anysoftmax.backends._triton_common import pieces
-from anysoftmax.backends._triton_common.launcher import fast_state
+from anysoftmax.backends._triton_common import merge_states
 from anysoftmax.core.pieces import merge_formula
 from anysoftmax.core.request import MERGE, request_key
 from helpers import active_launch_hook
@@ -33,7 +32,7 @@ class _Launcher:
             return
         ptrs, ints, tail = a[9:27], a[27:40], a[40:]
         k, acc64, br, bd, wide = tail
-        pieces.merge_kernel[(a[0],)](*[self.tensors[p] for p in ptrs], *ints, K=k, ACC_FP64=acc64, BLOCK_R=br,
+        merge_states.merge_kernel[(a[0],)](*[self.tensors[p] for p in ptrs], *ints, K=k, ACC_FP64=acc64, BLOCK_R=br,
                                      BLOCK_D=bd, WIDE=wide)
 
 
@@ -58,16 +57,11 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
     launcher = _Launcher()
     allocated = []
 
-    def recording_output(shape, dtype, device):
-        t = torch.empty(shape, dtype=dtype, device=device)
-        allocated.append(t)
-        return t
-
     def recording_like(t, dtype):
-        return recording_output(t.shape, dtype, t.device)
+        allocated.append(torch.empty(t.shape, dtype=dtype, device=t.device))
+        return allocated[-1]
 
-    monkeypatch.setattr(pieces, "new_output", recording_output)
-    monkeypatch.setattr(pieces, "new_output_like", recording_like)
+    monkeypatch.setattr(merge_states, "new_output_like", recording_like)
     dtype = torch.bfloat16
 
     def outs():
@@ -79,20 +73,20 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
 
     outputs, lses = _operands(k, dtype)
     out, lse_out = outs()
-    _merge(outputs, lses, out, lse_out)  # binds (interpreted)
-    run = dispatch._memo._data[request_key(MERGE, outputs, lses, None, "triton", False, out, None, lse_out)]
-    how, grid, static, meta = run.state["bound"]
-    assert how == (False, False, False, False)  # one dtype each, shared strides: nothing copied
+    first = _merge(outputs, lses, out, lse_out)  # binds (interpreted)
+    run = dispatch._memo.get(request_key(MERGE, outputs, lses, None, "triton", False, out, None, lse_out))
+    assert run.state["how"] == (False, False, False, False)  # one dtype each, shared strides: nothing copied
+    launch = run.state["launch"]
     # Worked out by hand: n_rows, D, S1, partials (r0, r1, d), lses (r0, r1), out (r0, r1, d), lse_out;
     # the rows numbered in the operands' order ([batch, heads]), the lses read across their storage.
     y_st, z_st = ((8, 16), (1, 2)) if given else ((24, 8), (3, 1))
-    assert static == (6, 8, 3, 24, 8, 1, 1, 2, *y_st, 1, *z_st)
+    static = (6, 8, 3, 24, 8, 1, 1, 2, *y_st, 1, *z_st)
     tail = (k, False, 4, 8, False)  # K, ACC_FP64, BLOCK_R, BLOCK_D (the interpreter's merge plan), WIDE
-    assert tuple(meta.values()) == tail and grid == 2
+    grid = 2
     # The fast path as a GPU process has it after the first (compiling) launch.
     from types import SimpleNamespace
-    run.state["fast"] = fast_state([SimpleNamespace(run=launcher, function="fn", packed_metadata="packed")],
-                                   [tail], grid, 0, lambda index: 7, static, values=())
+    launch.prime([SimpleNamespace(run=launcher, function="fn", packed_metadata="packed")], (*outputs, *lses, *first),
+                 stream_of=lambda index: 7)
 
     for _ in range(2):  # new operands: only their addresses (and values) change
         outputs, lses = _operands(k, dtype)
@@ -119,7 +113,7 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
         torch.testing.assert_close(got_out.double(), ref_out, rtol=1e-2, atol=1e-2)  # (bf16 output)
         torch.testing.assert_close(got_lse.double(), ref_lse, rtol=1e-6, atol=1e-6)
 
-    with active_launch_hook(run.state["fast"]) as active:
+    with active_launch_hook(launch.state["fast"]) as active:
         if active:  # an active launch hook needs Triton's own path: the fast path stands aside
             launcher.seen.clear()
             launcher.tensors = None
@@ -136,8 +130,8 @@ def test_merge_offsets_widen_only_past_int32():
     # passes 2**31 - 1 (meta tensors: the strides alone, no memory).
     small = torch.empty_strided((4, 32, 64), (2048, 64, 1), device="meta")
     lse = torch.empty_strided((4, 32), (1, 4), device="meta")
-    assert not pieces._wide(small, lse, small, lse, rows=128)
+    assert not merge_states._wide(small, lse, small, lse, rows=128)
     far = torch.empty_strided((2, 32, 64), (2**31, 64, 1), device="meta")
-    assert pieces._wide(far, lse, small, lse, rows=128)
-    assert pieces._wide(small, torch.empty_strided((4, 32), (2**30, 1), device="meta"), small, lse, rows=128)
-    assert pieces._wide(small, lse, small, lse, rows=2**31)
+    assert merge_states._wide(far, lse, small, lse, rows=128)
+    assert merge_states._wide(small, torch.empty_strided((4, 32), (2**30, 1), device="meta"), small, lse, rows=128)
+    assert merge_states._wide(small, lse, small, lse, rows=2**31)

@@ -1,15 +1,15 @@
 """Kernels are launched with arguments bound by name: every plan kind names exactly the runtime
-parameters its kernel declares (no more, no fewer), and the launcher's positional fast path is
-only taken where the signature's order is the one `KernelPlan.arguments` gives."""
+parameters its kernel declares (no more, no fewer), in the order the launch engine's positional
+fast path passes them (pointers, integers, floats), and that fast path passes what Triton's
+launcher takes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from anysoftmax.backends._triton_common.launcher import _positional_order
-from anysoftmax.backends._triton_common.plan import Fusion, by_name, make_plan, runtime_params
-from anysoftmax.backends._triton_common.request import backward_layout, forward_layout
+from anysoftmax.backends._triton_common.plan import VALUE_NAMES, Fusion, by_name, make_plan, runtime_params
+from anysoftmax.backends._triton_common.softmax_launchers import backward_layout, forward_layout
 from anysoftmax.core.layout import allocate_rows
 from anysoftmax.core.spec import SoftmaxSpec
 from helpers import active_launch_hook
@@ -38,7 +38,7 @@ def test_plan_names_every_kernel_argument(kind, backward, dim, fused):
     head = tuple(torch.empty(1) for _ in plan.pointer_names())
     named = plan.arguments(head, layout)
     assert sorted(named) == sorted(runtime_params(kernel))
-    assert _positional_order(kernel, plan.pointer_names(), plan.static_args(layout))
+    assert runtime_params(kernel) == (*plan.pointer_names(), *plan.static_args(layout), *VALUE_NAMES)
     # Every value sits where the kernel's signature puts its name.
     args = by_name(kernel, named)
     assert all(args[i] is named[n] for i, n in enumerate(runtime_params(kernel)))
@@ -85,7 +85,7 @@ def test_fast_path_passes_what_triton_launch_takes(direct, backward):
     """After the first launch a bound launcher calls Triton's launcher positionally: grid,
     stream, function, launch flags, packed metadata, then the pointers (absent operands stood in
     for), the integers, the per-call floats and the constexpr tail, for plain and fused calls."""
-    from anysoftmax.backends._triton_common.launcher import bind, fast_state
+    from anysoftmax.backends._triton_common.launcher import bind
     from anysoftmax.backends._triton_common.plan import PLAIN_SCALARS
 
     x = torch.randn(2, 4, 8)
@@ -95,10 +95,14 @@ def test_fast_path_passes_what_triton_launch_takes(direct, backward):
     launch = bind(plan, layout, False, torch.float32)
     static = tuple(plan.static_args(layout).values())
     compiled = _compiled(direct)
-    launch.state["fast"] = fast_state([compiled], [("T1", "T2")], plan.grid, 0, lambda index: 7, static)
     ts = [torch.randn(2, 4, 8) for _ in range(3)]
     given = tuple(ts[:3]) + (None,) * 4 if backward else (ts[0], ts[1], None, None, None)
+    launch.prime([compiled], given, stream_of=lambda index: 7)
     ptrs = tuple(t.data_ptr() for t in plan.tensors(given))
+    # The constexprs, in the kernel's declaration order after its runtime arguments.
+    meta = plan.constexprs(layout, False, torch.float32)
+    kernel = plan.kernel()
+    tail = tuple(meta[n] for n in kernel.arg_names[len(runtime_params(kernel)):])
     flags = ("fn", "coop", "pdl", None, None, "packed", None, None, None) if direct else \
         ("fn", "packed", None, None, None)
     n_scratch = 2 if backward else 0  # (the backward kernel also takes its stats and counters)
@@ -107,8 +111,8 @@ def test_fast_path_passes_what_triton_launch_takes(direct, backward):
         launch(given, values)
         (got,) = compiled.run.seen
         head = (plan.grid, 1, 1, 7, *flags, *ptrs)
-        tail = (*static, *values, "T1", "T2")
-        assert got[:len(head)] == head and got[len(head) + n_scratch:] == tail and len(got) == len(head + tail) + n_scratch
+        rest = (*static, *values, *tail)
+        assert got[:len(head)] == head and got[len(head) + n_scratch:] == rest and len(got) == len(head + rest) + n_scratch
     with active_launch_hook(launch.state["fast"]) as active:
         if active:  # an active launch hook needs Triton's own path: the fast path stands aside
             compiled.run.seen.clear()

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from anysoftmax.backends._triton_common import launcher, native_launch
-from anysoftmax.backends._triton_common.launcher import bind, fast_state, native_state
+from anysoftmax.backends._triton_common.launcher import bind
 from anysoftmax.backends._triton_common.plan import PLAIN_SCALARS, VALUE_NAMES, Fusion, make_plan, runtime_params
-from anysoftmax.backends._triton_common.request import backward_layout, forward_layout
+from anysoftmax.backends._triton_common.softmax_launchers import backward_layout, forward_layout
 from anysoftmax.core.spec import SoftmaxSpec
 
 HERE = Path(__file__).resolve().parent
@@ -98,11 +98,13 @@ def test_failed_build_is_a_reason_and_triton_launches(fresh, monkeypatch):
     # A bound launcher asked for the native one keeps Triton's, says why, and warns when the
     # user named `native`.
     monkeypatch.setattr(native_launch, "EXPLICIT", True)
+    monkeypatch.setattr(native_launch, "LAUNCHER", "native")
     monkeypatch.setattr(launcher, "_native_warned", set())
     plan, layout, given, _ = _case("tile", False, False)
+    launch = bind(plan, layout, False, torch.float32)
     with pytest.warns(RuntimeWarning, match="building native_launch.cc failed"):
-        fn, why = native_state(plan, _stand_ins(plan, layout, given), given, plan.static_args(layout))
-    assert fn is None and why == reason
+        launch.prime(_stand_ins(plan, layout, given), given, stream_of=lambda index: 7)
+    assert launch.state["native_reason"] == reason and launch.state["fast"].native is None
 
 
 # --- the parameter list of a kernel compiled for sm_90 ---------------------------------------
@@ -227,23 +229,22 @@ def test_native_packs_what_triton_launch_is_given(kind, backward, fused, monkeyp
     plan, layout, given, values = _case(kind, backward, fused)
     scratch = (torch.empty(64), torch.zeros(16, dtype=torch.int32))  # (one pair for both paths)
     monkeypatch.setattr(launcher, "scratch_maker", lambda *a: (lambda device: scratch))
-    monkeypatch.setattr(native_launch, "LAUNCHER", "native")
-    launch = bind(plan, layout, False, torch.float32)
     compiled = _stand_ins(plan, layout, given)
     assert len(compiled) == (2 if kind == "split" else 1)  # (statistics, then normalisation)
-    static = plan.static_args(layout)
-    launch.state["fast"] = fast_state(compiled, [()] * len(compiled), plan.grid, 0, lambda index: 7,
-                                      tuple(static.values()))
-    launch(given, values)  # Triton's launcher, as the fast path calls it
+    monkeypatch.setattr(native_launch, "LAUNCHER", "triton")
+    triton_launch = bind(plan, layout, False, torch.float32)
+    triton_launch.prime(compiled, given, stream_of=lambda index: 7)
+    triton_launch(given, values)  # Triton's launcher, as the fast path calls it
     seen = [c.run.seen[0] for c in compiled]
 
     # The native launcher, packing without launching (CPU tensors: DLPack device 1).
+    monkeypatch.setattr(native_launch, "LAUNCHER", "native")
     monkeypatch.setattr(native_launch, "follows_torch_stream", lambda t: True)
     real_make = native_launch.make
     monkeypatch.setattr(native_launch, "make", lambda *a, **k: real_make(*a, **k, run=False, device_type=DL_CPU))
-    fn, reason = native_state(plan, compiled, given, static)
-    assert reason is None and fn is not None
-    launch.state["native"] = (fn, given[0].device, compiled)
+    launch = bind(plan, layout, False, torch.float32)
+    launch.prime(compiled, given, stream_of=lambda index: 7)
+    assert launch.state["native_reason"] is None, launch.state["native_reason"]
     names = runtime_params(plan.kernel())
     for vals in (values, PLAIN_SCALARS):
         packed = launch(given, vals)
@@ -314,34 +315,40 @@ def test_native_results_equal_triton_results(shape, dtype, monkeypatch):
 @needs_toolchain
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_native_merge_packs_each_partial_and_lse(k, monkeypatch):
-    from anysoftmax.backends._triton_common import pieces
+    from anysoftmax.backends._triton_common import merge_states
+    from anysoftmax.core.pieces import MergeSpec
 
     # The kernel's runtime parameters: the partials, the lses and the two outputs, then the integers.
-    names = runtime_params(pieces.merge_kernel)
-    pointers = [f"o{i}" for i in range(pieces.MAX_K)] + [f"l{i}" for i in range(pieces.MAX_K)] + ["out_ptr", "lse_ptr"]
+    names = runtime_params(merge_states.merge_kernel)
+    pointers = merge_states.POINTERS
     outputs = [torch.randn(5, 4, 16) for _ in range(k)]
     lses = [torch.randn(5, 4) for _ in range(k)]
     out, lse_out = torch.empty(5, 4, 16), torch.empty(5, 4)
     static = (20, 16, 4, 64, 16, 1, 4, 1, 64, 16, 1, 4, 1)  # (rows (5, 4) of 16 columns, contiguous)
-    assert pieces._row_args(outputs, lses, out, lse_out, 2) == static
-    assert names[:len(pointers)] == tuple(pointers) and len(names) == len(pointers) + len(static)
+    assert tuple(merge_states._row_args(outputs, lses, out, lse_out, 2).values()) == static
+    assert names[:len(pointers)] == pointers and len(names) == len(pointers) + len(static)
     ints = names[len(pointers):]
     sig = {n: "*fp32" for n in pointers}
     sig.update({n: "constexpr" if v == 1 else "i32" for n, v in zip(ints, static)})
     md = SimpleNamespace(name="merge_kernel", global_scratch_size=0, profile_scratch_size=0, num_ctas=1, shared=0,
                          num_warps=4, launch_cooperative_grid=False, launch_pdl=False)
-    compiled = SimpleNamespace(run=CudaLauncher(), function=0, src=SimpleNamespace(signature=sig), metadata=md)
+    compiled = SimpleNamespace(run=CudaLauncher(), function=0, packed_metadata=(4, 1, 0),
+                               src=SimpleNamespace(signature=sig), metadata=md)
     # Packing without launching, from CPU tensors (DLPack device 1).
     real_make = native_launch.make
     monkeypatch.setattr(native_launch, "make", lambda *a, **kw: real_make(*a, **kw, run=False, device_type=DL_CPU))
     monkeypatch.setattr(native_launch, "follows_torch_stream", lambda t: True)
-    fn, reason = pieces.native_merge(compiled, k, out, 3, static)
-    assert reason is None
-    (got,) = fn(*outputs, *lses, out, lse_out)
+    monkeypatch.setattr(native_launch, "LAUNCHER", "native")
+    run = merge_states.merge_launcher(MergeSpec.from_tensors(outputs, lses), lambda *a: merge_states.MergePlan(4, 16, 3))
+    run(outputs, lses, out, lse_out)  # (the first call binds: interpreted)
+    launch = run.state["launch"]
+    launch.prime([compiled], (*outputs, *lses, out, lse_out), stream_of=lambda index: 7)
+    assert launch.state["native_reason"] is None, launch.state["native_reason"]
+    (got,) = launch((*outputs, *lses, out, lse_out))
     params = native_launch.kernel_params(compiled)
     slots = dict(zip([n for n, _ in params], struct.unpack(f"<{len(params)}Q", bytes(got))))
     # Partial i and lse i where i < K; past K the first ones stand in (never read: K is a constexpr).
-    for i in range(pieces.MAX_K):
+    for i in range(merge_states.MAX_K):
         assert slots[f"o{i}"] == outputs[i if i < k else 0].data_ptr(), i
         assert slots[f"l{i}"] == lses[i if i < k else 0].data_ptr(), i
     assert slots["out_ptr"] == out.data_ptr() and slots["lse_ptr"] == lse_out.data_ptr()
@@ -370,7 +377,8 @@ def test_native_merge_equals_triton_merge(k, monkeypatch):
         launch = get_backend("triton").merge_states_launcher(outputs, lses, spec)
         for _ in range(3):  # (the first call compiles; the later ones are bound)
             got[which] = launch(outputs, lses, None, None)
-        assert (launch.state["native"] is not None) == (which == "native"), launch.state["native_reason"]
+        engine = launch.state["launch"]
+        assert (engine.state["fast"].native is not None) == (which == "native"), engine.state["native_reason"]
     torch.cuda.synchronize()
     for a, b in zip(got["triton"], got["native"]):
         assert torch.equal(a, b)

@@ -1,4 +1,5 @@
-"""The pieces kernels (`_triton_common/pieces.py`: lse_kernel, merge_kernel) compile ahead of
+"""The logsumexp and merge_states kernels (`_triton_common/logsumexp.py`: lse_kernel,
+`_triton_common/merge_states.py`: merge_kernel) compile ahead of
 time for Hopper (sm_90) and CDNA3 (gfx942) in the variants the backends launch, without
 spilling to local memory on sm_90, and rounding float64 to 16-bit outputs through float32 as
 the interpreter does. Nothing runs: results are checked through the interpreter
@@ -23,7 +24,8 @@ import json, re, sys
 import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
-from anysoftmax.backends._triton_common import pieces
+from anysoftmax.backends._triton_common.logsumexp import lse_kernel
+from anysoftmax.backends._triton_common.merge_states import merge_kernel
 
 def sig(fn, types, consts):
     return {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
@@ -39,20 +41,20 @@ everything = dict(plain, BLOCK_M=4, BLOCK_N=512, CHUNKS=4, HAS_SCALE=True, HAS_C
 additive = dict(plain, BLOCK_M=2, BLOCK_N=1024, MASK=2, ACC_FP64=True)
 for name, c, types in (("lse plain", plain, lse_types), ("lse everything", everything, lse_types),
                        ("lse additive fp64", additive, dict(lse_types, x_ptr="*fp64", o_ptr="*fp64", m_ptr="*fp64"))):
-    k = triton.compile(ASTSource(pieces.lse_kernel, sig(pieces.lse_kernel, types, c), c), target=target,
+    k = triton.compile(ASTSource(lse_kernel, sig(lse_kernel, types, c), c), target=target,
                        options=dict(num_warps=8))
     out.append(dict(kernel=name, spills="st.local" in k.asm.get("ptx", "")))
 m_types = {f"o{i}": "*bf16" for i in range(8)} | {f"l{i}": "*fp32" for i in range(8)} | dict(out_ptr="*bf16",
                                                                                            lse_ptr="*fp32")
 for K, wide in ((1, False), (2, False), (8, False), (2, True)):
     c = dict(K=K, ACC_FP64=False, BLOCK_R=8, BLOCK_D=256, WIDE=wide)
-    k = triton.compile(ASTSource(pieces.merge_kernel, sig(pieces.merge_kernel, m_types, c), c), target=target,
+    k = triton.compile(ASTSource(merge_kernel, sig(merge_kernel, m_types, c), c), target=target,
                        options=dict(num_warps=4))
     out.append(dict(kernel=f"merge K={K}{' WIDE' if wide else ''}", spills="st.local" in k.asm.get("ptx", "")))
 # float64 lses with bfloat16 outputs: a float64 accumulator rounded to the outputs' dtype.
 c = dict(K=2, ACC_FP64=True, BLOCK_R=8, BLOCK_D=256, WIDE=False)
 f64_types = m_types | {f"l{i}": "*fp64" for i in range(8)} | dict(lse_ptr="*fp64")
-k = triton.compile(ASTSource(pieces.merge_kernel, sig(pieces.merge_kernel, f64_types, c), c), target=target,
+k = triton.compile(ASTSource(merge_kernel, sig(merge_kernel, f64_types, c), c), target=target,
                    options=dict(num_warps=4))
 ptx = k.asm.get("ptx", "")
 out.append(dict(kernel="merge K=2 fp64 lses bf16 out", spills="st.local" in ptx,

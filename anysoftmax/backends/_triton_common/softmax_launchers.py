@@ -1,5 +1,6 @@
-"""Launchers bound to one request, shared by the `triton` and `triton_ascend` backends: the
-one `run` both use. A backend plans (its own rules); these functions only apply the plan.
+"""The softmax's launchers bound to one request, shared by the `triton` and `triton_ascend`
+backends: the one `run` both use. A backend plans (its own rules); these functions lay the
+operands out as the plan's kernels read them and launch through `launcher.bind`.
 
 Plain requests: `f(x) -> y` and `f(y, grad) -> dx`. Fused ones (`core.variant`):
 `f(x, operands) -> (y, p_sink)` and `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`.
@@ -10,21 +11,11 @@ from __future__ import annotations
 import torch
 
 from ...core.layout import (POISON_OUTPUTS, RowLayout, allocate_rows, contiguous_strides, mask_fastest, new_output,
-                            operand_strides)
+                            operand_strides, row_operand_strides)
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
-from .launcher import bind, device_guard
+from .launcher import bind
 from .plan import KernelPlan, scalars
-
-
-def _guard_for(device: torch.device, guard):
-    """The device guard a launch needs, or None: a process that sees a single GPU (or runs on
-    the CPU) never has another device current, so it skips the per-call check."""
-    if guard is not None:
-        return guard
-    if device.type == "cpu" or (device.type == "cuda" and torch.cuda.device_count() == 1):
-        return None
-    return device_guard
 
 
 def row_shape(spec: SoftmaxSpec) -> tuple:
@@ -43,7 +34,7 @@ def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
-def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool = True) -> torch.Tensor | None:
+def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec) -> torch.Tensor | None:
     """The sinks as the kernels read them: one value per row, contiguous over the input's row
     shape (`core.layout.operand_strides` says why; no copy when they already are)."""
     if sinks is None:
@@ -51,17 +42,13 @@ def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec, materialise: bo
     return sinks.expand(row_shape(spec)).contiguous()
 
 
-def _materialised_strides(spec: SoftmaxSpec) -> tuple:
-    # The operands copied to the input's shape (mask) and row shape (sinks), contiguous; the
-    # sinks' per-row output as `operand_strides` gives it.
+def materialised_strides(spec: SoftmaxSpec) -> tuple:
+    """`core.layout.operand_strides` of the operands copied to the input's shape (the mask,
+    contiguous) and row shape (the sinks and their per-row output)."""
     v = spec.variant
-    rows = row_shape(spec)
-    out = []
-    if v.mask is not None:
-        out.append(contiguous_strides(spec.shape))
+    out = [contiguous_strides(spec.shape)] if v.mask is not None else []
     if v.sinks is not None:
-        st = contiguous_strides(rows)
-        out += [tuple(0 if d == spec.dim else st[d] for d in range(len(spec.shape)))] * 2
+        out += [row_operand_strides(spec.shape, spec.dim)] * 2
     return tuple(out)
 
 
@@ -73,7 +60,7 @@ def forward_layout(x: torch.Tensor, spec: SoftmaxSpec):
         return x, y, layout, False
     x = x.contiguous()
     layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim,
-                                    _materialised_strides(spec))
+                                    materialised_strides(spec))
     return x, y, layout, True
 
 
@@ -84,7 +71,7 @@ def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool
     layout = RowLayout.from_strides(spec.shape, st, st, spec.dim, ops, mask_fastest(spec, st, st))
     if layout is not None:
         return layout, False
-    return RowLayout.from_strides(spec.shape, st, st, spec.dim, _materialised_strides(spec)), True
+    return RowLayout.from_strides(spec.shape, st, st, spec.dim, materialised_strides(spec)), True
 
 
 def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None,
@@ -93,17 +80,13 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
     allocates the outputs, makes `x` contiguous first when its rows needed that (`contiguous`:
     the one copy `core.layout.allocate_rows` makes) and launches `plan` on the device's current
     stream. `materialise`: the operands' broadcast views are copied (see `mask_operand`)."""
-    launch = bind(plan, layout, spec.log, spec.out_dtype)
+    launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    guard = _guard_for(device, guard)
-    # A contiguous input of the output's dtype: empty_like is the cheapest allocation (the
-    # memo key fixes strides and dtype, so this holds for every call of the request).
-    like_input = (not POISON_OUTPUTS and not contiguous and spec.in_dtype == dtype
-                  and spec.strides == contiguous_strides(shape))
 
     if spec.is_plain:
-        if like_input and guard is None:
-            # The common request, with nothing to decide per call.
+        # A contiguous input of the output's dtype: empty_like is the cheapest allocation (the
+        # memo key fixes strides and dtype, so this holds for every call of the request).
+        if not POISON_OUTPUTS and not contiguous and spec.in_dtype == dtype and spec.strides == contiguous_strides(shape):
             def run_like(x: torch.Tensor) -> torch.Tensor:
                 y = torch.empty_like(x)
                 launch((x, y, None, None, None))
@@ -114,12 +97,8 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
         def run(x: torch.Tensor) -> torch.Tensor:
             if contiguous:
                 x = x.contiguous()
-            y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
-            if guard is None:
-                launch((x, y, None, None, None))
-            else:
-                with guard(device):  # checked per call: the current device may change between calls
-                    launch((x, y, None, None, None))
+            y = new_output(shape, dtype, device)
+            launch((x, y, None, None, None))
             return y
 
         return run
@@ -132,13 +111,8 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
             x = x.contiguous()
         y = new_output(shape, dtype, device)
         p = torch.empty(p_shape, dtype=spec.acc_dtype, device=device) if has_sinks else None
-        tensors = (x, y, mask_operand(ops.mask, spec, materialise), sinks_operand(ops.sinks, spec, materialise), p)
-        values = scalars(ops.scale, ops.softcap)
-        if guard is None:
-            launch(tensors, values)
-        else:
-            with guard(device):
-                launch(tensors, values)
+        launch((x, y, mask_operand(ops.mask, spec, materialise), sinks_operand(ops.sinks, spec), p),
+               scalars(ops.scale, ops.softcap))
         return y, p
 
     return run_fused
@@ -148,20 +122,15 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None,
     """`f(y, grad) -> dx` (plain) or `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` (fused)
     for requests like `spec` (y contiguous, row layout `layout`); `grad` (and x, read with
     softcap) are converted to y's dtype and made contiguous when they are not already."""
-    launch = bind(plan, layout, spec.log, spec.out_dtype)
+    launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    guard = _guard_for(device, guard)
 
     if spec.is_plain:
         def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
             y, grad = backward_operands(y, grad, dtype)
             # (y is now contiguous in the output's dtype: empty_like is the cheapest allocation)
             dx = new_output(shape, dtype, device) if POISON_OUTPUTS else torch.empty_like(y)
-            if guard is None:
-                launch((y, grad, dx, None, None, None, None))
-            else:
-                with guard(device):
-                    launch((y, grad, dx, None, None, None, None))
+            launch((y, grad, dx, None, None, None, None))
             return dx
 
         return run
@@ -175,13 +144,7 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None,
         xs = x.to(dtype).contiguous() if f.has_cap else None  # (the forward's rounding of x)
         ds = torch.empty(p_shape, dtype=spec.acc_dtype, device=device) if f.has_sink else None
         p = p_sink.contiguous() if f.has_sink else None
-        tensors = (y, grad, dx, xs, mask_operand(ops.mask, spec, materialise), p, ds)
-        values = scalars(ops.scale, ops.softcap)
-        if guard is None:
-            launch(tensors, values)
-        else:
-            with guard(device):
-                launch(tensors, values)
+        launch((y, grad, dx, xs, mask_operand(ops.mask, spec, materialise), p, ds), scalars(ops.scale, ops.softcap))
         return dx, ds
 
     return run_fused
