@@ -132,7 +132,7 @@ def plan_info(inputs: tuple, direction: str) -> dict:
         from dataclasses import replace
 
         import anysoftmax
-        from anysoftmax.backends._triton_common import request
+        from anysoftmax.backends._triton_common import softmax_launchers as request
         from anysoftmax.backends._triton_common.launcher import scratch_maker
         from anysoftmax.core import SoftmaxSpec
 
