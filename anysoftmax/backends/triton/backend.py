@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import torch
 
+from ...core.backend import Backend
 from ...core.cache import OnceCache
 from ...core.layout import RowLayout, new_output
 from ...core.request import BWD, FWD, plan_key
@@ -115,7 +116,7 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
                      **common)
 
 
-class TritonBackend:
+class TritonBackend(Backend):
     name = "triton"
     devices = ("cuda",)  # CPU tensors only when chosen explicitly under the interpreter
     priority = 100
@@ -262,14 +263,6 @@ class TritonBackend:
         with traced.no_tracing():
             return self.plan(x, y, layout, spec, backward=backward)
 
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`)."""
-        return self.launcher(x, spec)(x)
-
-    def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
-        return self.backward_launcher(y, spec)(y, grad)
-
     # ---- the pieces ops (core.pieces; kernels in _triton_common/pieces.py) ----
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
@@ -299,10 +292,6 @@ class TritonBackend:
         plan = lse_plan(layout.n_rows, layout.n_cols, x.element_size(), self._sms(x))
         return lambda x_, ops: launch_lse(x_, spec, ops, plan)
 
-    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp (keepdim, accumulation dtype), planned for this call (`logsumexp_launcher`)."""
-        return self.logsumexp_launcher(x, spec, operands)(x, operands)
-
     def merge_states_launcher(self, outputs, lses, spec):
         """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
         (`pieces.merge_launcher`: worked out on its first call, then launched through Triton's
@@ -315,10 +304,6 @@ class TritonBackend:
         sms, item = self._sms(outputs[0]), spec.dtype.itemsize
         plan_for = lru_cache(maxsize=4)(lambda k, rows, d: merge_plan(k, rows, d, item, sms))
         return merge_launcher(spec, plan_for)
-
-    def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
-        """(out, lse) through `merge_kernel`, planned for this call."""
-        return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
     @staticmethod
     def sharded_softmax_launcher(x: torch.Tensor, dim: int, **kwargs):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax import dispatch, dispatch_pieces
+from anysoftmax import dispatch
 from anysoftmax.backends._triton_common import pieces
 from anysoftmax.backends._triton_common.launcher import fast_state
 from anysoftmax.core.pieces import merge_formula
@@ -41,7 +41,7 @@ def _merge(outputs, lses, out, lse_out):
     # The public op when the outputs are allocated; vLLM's in-place form (out=, lse_out=) otherwise.
     if out is None:
         return anysoftmax.merge_states(outputs, lses, backend="triton")
-    return dispatch_pieces.merge_states(outputs, lses, backend="triton", out=out, lse_out=lse_out)
+    return dispatch.merge_states(outputs, lses, backend="triton", out=out, lse_out=lse_out)
 
 
 def _operands(k, dtype):
@@ -80,7 +80,7 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
     outputs, lses = _operands(k, dtype)
     out, lse_out = outs()
     _merge(outputs, lses, out, lse_out)  # binds (interpreted)
-    run = dispatch._memo._data[request_key(MERGE, outputs, lses, None, "triton", False, out, None, lse_out)]
+    run = dispatch._memo.get(request_key(MERGE, outputs, lses, None, "triton", False, out, None, lse_out))
     how, grid, static, meta = run.state["bound"]
     assert how == (False, False, False, False)  # one dtype each, shared strides: nothing copied
     # Worked out by hand: n_rows, D, S1, partials (r0, r1, d), lses (r0, r1), out (r0, r1, d), lse_out;
