@@ -128,14 +128,14 @@ def load_tuning(backend: str) -> dict:
 
 # Overrides active anywhere right now: while zero (always, outside tests and sweeps),
 # `overrides_key()` is one read of this list.
-_active = [0]
+active_overrides = [0]
 _instances: list = []
 
 
 def overrides_key() -> tuple:
     """Every active tuning override as a hashable key: memoised plans and launchers derived
     from tuning tables include it, so a `with override(...)` block gets its own."""
-    if not _active[0]:
+    if not active_overrides[0]:
         return ()
     return tuple((o.table, o.key()) for o in _instances if o.active())
 
@@ -166,9 +166,9 @@ class Overrides:
             raise KeyError(f"unknown {self.table} tuning key(s) {sorted(unknown)}; known: {sorted(known)}")
         old = getattr(self._local, "values", None)
         self._local.values = {**(old or {}), **values}
-        _active[0] += 1
+        active_overrides[0] += 1
         try:
             yield
         finally:
-            _active[0] -= 1
+            active_overrides[0] -= 1
             self._local.values = old

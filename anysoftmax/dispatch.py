@@ -1,16 +1,18 @@
-"""From a request to a launcher: validation, backend selection and the one request memo.
+"""From a call to a launcher: the one request memo, validation and backend selection.
 
     api (public functions) ─┐
     ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
 
-Every call computes its key (`core.request.request_key`: direction, every operand's shape,
-strides, dtype, device and pointer alignment, the live fused keywords, dim, dtype, log, backend
-choice, registry generation, tuning overrides) and looks it up in one memo. A miss validates the
-call (`core.spec.SoftmaxSpec`), selects a backend (`core.registry.select`) and asks it for a
-launcher bound to the request; so a repeated request costs a key, a dict lookup and the launch
-itself: no validation, no selection and no environment read (`$ANYSOFTMAX_BACKEND` is read when
-a request is first seen; `refresh()` forgets the memo, e.g. after changing it). A fused request
-that normalises to the plain softmax (e.g. `empty_rows` without a mask) takes the plain path.
+Every call computes its request's key once (`core.request.request_key`: the op and direction,
+every operand's shape, strides, dtype, device and pointer alignment, the live fused keywords,
+dim, dtype, log, backend choice, registry generation, tuning overrides) and looks it up in one
+memo. A miss validates the call (`core.spec`, `core.pieces`), selects a backend
+(`core.registry.select`) and asks it for a launcher bound to the request (`core.backend.Backend`),
+memoised under the key: a repeated request costs the key, a dict lookup and the launch (no
+validation, no selection, no environment read: `$ANYSOFTMAX_BACKEND` is read when a request is
+first seen; `refresh()` forgets the memo). softmax and log_softmax forward and backward, the
+fused family (a request that normalises to the plain softmax, e.g. `empty_rows` without a mask,
+takes the plain path), logsumexp and merge_states.
 
 Backends come from `anysoftmax.plugins`, loaded on first use of the registry.
 """
@@ -25,16 +27,16 @@ import torch
 from . import plugins  # noqa: F401  (registers the backends' loader with the registry)
 from .core import registry
 from .core.cache import BoundedDict
-from .core.layout import new_output
-from .core.reference import backward_from_output, fused_backward
-from .core.request import BWD, FUSED_BWD, FUSED_FWD, FWD, Request, forward_key, request_key
+from .core.pieces import LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, merge_formula
+from .core.request import BWD, FUSED_BWD, FUSED_FWD, LSE, MERGE, forward_key, request_key
 from .core.spec import SoftmaxSpec, check_backward_args
-from .core.variant import Operands, runtime_values
+from .core.variant import NO_OPERANDS, Operands, runtime_values
 
 # request key -> entry: forward f(x) -> y; backward f(y, grad) -> dx; fused forward and
-# backward (launcher, plain), `plain` when the request normalised to the plain softmax.
+# backward (launcher, plain), `plain` when the request normalised to the plain softmax;
+# logsumexp f(x, operands) -> lse; merge_states f(outputs, lses, out, lse_out) -> (out, lse).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
-_lookup = _memo._data.get  # the hit path's one lookup
+_lookup = _memo.get  # the hit path's one lookup
 # The registry generation the memo was filled under.
 _state = {"generation": -1}
 # Memo hits (tests read it). That a hit validates nothing, selects nothing and reads no
@@ -50,10 +52,8 @@ def refresh() -> None:
 
 
 def _fresh() -> None:
-    # Load the backends (the first request of a process), then drop the memo if the registry
-    # changed since it was filled: memoised selections are stale. A miss computes its key
-    # again after this, so the key holds the generation its launcher was selected under.
-    registry.registered()
+    # On a miss: load the backends (the first request of a process), then drop the memo if the
+    # registry changed since it was filled (memoised selections are stale).
     if _state["generation"] != registry.generation():
         refresh()
 
@@ -64,7 +64,10 @@ def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, Softma
     When `dtype=` narrows, torch rounds the input to `dtype` first; that rounding is this one
     host-side copy, and backends only ever see inputs no wider than their output.
     """
-    spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
+    return _narrowed(x, SoftmaxSpec.from_tensor(x, dim, dtype, log=log))
+
+
+def _narrowed(x, spec: SoftmaxSpec) -> tuple[torch.Tensor, SoftmaxSpec]:
     if spec.needs_input_cast:
         x = x.to(spec.out_dtype)
         spec = replace(spec, in_dtype=x.dtype, strides=tuple(x.stride()))
@@ -77,18 +80,11 @@ def select(spec: SoftmaxSpec, backend: str | None, direction: str = "fwd"):
     return registry.select(spec, backend, direction)
 
 
-def _forward_launcher(chosen, x: torch.Tensor, spec: SoftmaxSpec):
-    make = getattr(chosen, "launcher", None)
-    if make is not None:
-        return make(x, spec)
-    run = chosen.run
-    return lambda t: run(t, spec)
-
-
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
     """Softmax (log_softmax) of `x` along `dim` without autograd: the operators' implementation
     and the eager inference path."""
-    hit = _lookup(forward_key(x, dim, dtype, backend, log))
+    key = forward_key(x, dim, dtype, backend, log)
+    hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
         return hit(x)
@@ -97,23 +93,10 @@ def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor
     chosen = select(spec, backend)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
-    request = Request.build(request_key(FWD, x, dim, dtype, backend, log), spec, FWD, backend, prepared)
-    launcher = _forward_launcher(chosen, prepared, spec)
-    if request.key is not None and prepared is x:  # (a narrowing dtype= converts x on every call)
-        _memo.put(request.key, launcher)
+    launcher = chosen.launcher(prepared, spec)
+    if key is not None and prepared is x:  # (a narrowing dtype= converts x on every call)
+        _memo.put(key, launcher)
     return launcher(prepared)
-
-
-def _backward_launcher(chosen, y: torch.Tensor, spec: SoftmaxSpec):
-    make = getattr(chosen, "backward_launcher", None)
-    if make is not None:
-        return make(y, spec)
-    run_backward = getattr(chosen, "run_backward", None)
-    if run_backward is not None:
-        return lambda y_, g: run_backward(y_, g, spec)
-    # Torch's formula, accumulated in fp32 (fp64 for fp64) like the forward.
-    dim = spec.dim if len(spec.shape) else 0
-    return lambda y_, g: backward_from_output(y_, g, dim, spec.log, spec.acc_dtype).to(y_.dtype)
 
 
 def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
@@ -121,7 +104,8 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
     """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, from the forward
     output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`
     (log: grad - exp(y) * sum(grad)), in y's dtype."""
-    hit = _lookup(request_key(BWD, y, dim, None, backend, log, grad))
+    key = request_key(BWD, y, dim, None, backend, log, grad)
+    hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
         return hit(y, grad)
@@ -130,11 +114,9 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
     chosen = select(spec, backend, "bwd")
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
-    spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
-    request = Request.build(request_key(BWD, y, dim, None, backend, log, grad), spec, BWD, backend, y, grad)
-    launcher = _backward_launcher(chosen, y, spec)
-    if request.key is not None:
-        _memo.put(request.key, launcher)
+    launcher = chosen.backward_launcher(y, replace(spec, in_dtype=y.dtype, out_dtype=y.dtype))
+    if key is not None:
+        _memo.put(key, launcher)
     return launcher(y, grad)
 
 
@@ -156,26 +138,11 @@ class FusedArgs(NamedTuple):
 
 def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor, SoftmaxSpec]:
     """Validate a fused request: (the input a backend receives, its spec with the variant)."""
-    spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())
-    if spec.needs_input_cast:
-        x = x.to(spec.out_dtype)
-        spec = replace(spec, in_dtype=x.dtype, strides=tuple(x.stride()))
-    return x, spec
+    return _narrowed(x, SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())[0])
 
 
-def _pair(result):
-    return result if isinstance(result, tuple) else (result, None)
-
-
-def _fused_launcher(chosen, x: torch.Tensor, spec: SoftmaxSpec):
-    make = getattr(chosen, "launcher", None)
-    if make is not None:
-        return make(x, spec)
-    run = chosen.run
-    return lambda t, ops: _pair(run(t, spec, ops))
-
-
-def _empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool):
+def empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y, p_sink or None) of a fused request with no elements: nothing to compute."""
     y = torch.empty(spec.shape, dtype=spec.out_dtype, device=device)
     p = torch.empty(tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape)), dtype=spec.acc_dtype,
                     device=device) if with_sinks else None
@@ -185,7 +152,8 @@ def _empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool):
 def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The fused family without autograd: (y, p_sink), p_sink being each row's sink share in
     the accumulation dtype (None without sinks; the backward's dsinks needs it)."""
-    hit = _lookup(request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a))
+    key = request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a)
+    hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
         launcher, plain = hit
@@ -195,31 +163,14 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
         prepared, spec = prepare_fused(x, dim, dtype, log, a)
         chosen = select(spec, backend)
         if spec.numel == 0:
-            return _empty_outputs(spec, x.device, a.sinks is not None)
-        request = Request.build(request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a), spec, FUSED_FWD,
-                                backend, prepared, a.mask, a.sinks)
-        plain = request.plain  # (a backend's plain launcher takes x alone)
-        launcher = _forward_launcher(chosen, prepared, spec) if plain else _fused_launcher(chosen, prepared, spec)
-        if request.key is not None and prepared is x:
-            _memo.put(request.key, (launcher, plain))
+            return empty_outputs(spec, x.device, a.sinks is not None)
+        launcher, plain = chosen.launcher(prepared, spec), spec.is_plain  # (a plain launcher takes x alone)
+        if key is not None and prepared is x:
+            _memo.put(key, (launcher, plain))
     if plain:  # (no scale or softcap: the key says they are absent)
         return launcher(prepared), None
     scale, softcap = runtime_values(a.scale, a.softcap)
     return launcher(prepared, Operands(a.mask, a.sinks, scale, softcap))
-
-
-def _fused_backward_launcher(chosen, y: torch.Tensor, spec: SoftmaxSpec):
-    make = getattr(chosen, "fused_backward_launcher", None)
-    if make is not None:
-        return make(y, spec)
-    v, dim, log, acc = spec.variant, spec.dim, spec.log, spec.acc_dtype
-
-    def run(grad, y_, x, ops: Operands, p_sink):
-        variant = replace(v, scale=None if v.scale is None else ops.scale,
-                          softcap=None if v.softcap is None else ops.softcap)
-        dx, ds, _ = fused_backward(grad, y_, x, variant, dim, log, ops.mask, p_sink, acc)
-        return dx.to(y_.dtype), ds
-    return run
 
 
 def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=None):
@@ -227,7 +178,8 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
     the accumulation dtype or None). `x` is the forward's input (read with softcap only), `p_sink` the
     forward's sink shares (with sinks only)."""
     saved = x if a.softcap is not None else None
-    hit = _lookup(request_key(FUSED_BWD, y, dim, None, backend, log, grad, a, saved, p_sink))
+    key = request_key(FUSED_BWD, y, dim, None, backend, log, grad, a, saved, p_sink)
+    hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
         launcher, plain = hit
@@ -244,17 +196,73 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
             dx = torch.empty(spec.shape, dtype=y.dtype, device=y.device)
             return dx, (torch.empty_like(p_sink) if p_sink is not None else None)
         spec = replace(spec, in_dtype=y.dtype, out_dtype=y.dtype)
-        request = Request.build(request_key(FUSED_BWD, y, dim, None, backend, log, grad, a, saved, p_sink), spec,
-                                FUSED_BWD, backend, y, grad, a.mask, a.sinks, saved, p_sink)
-        plain = request.plain  # (a backend's plain launcher takes (y, grad) alone)
-        launcher = _backward_launcher(chosen, y, spec) if plain else _fused_backward_launcher(chosen, y, spec)
-        if request.key is not None:
-            _memo.put(request.key, (launcher, plain))
+        plain = spec.is_plain  # (a plain launcher takes (y, grad) alone)
+        launcher = chosen.backward_launcher(y, spec) if plain else chosen.fused_backward_launcher(y, spec)
+        if key is not None:
+            _memo.put(key, (launcher, plain))
     if plain:
         return launcher(y, grad), None
     scale, cap = runtime_values(a.scale, a.softcap)
     return launcher(grad, y, x, Operands(a.mask, a.sinks, scale, cap), p_sink)
 
 
-__all__ = ["FusedArgs", "backward", "backward_fused", "forward", "forward_fused", "new_output", "prepare",
-           "prepare_fused", "refresh", "select", "stats"]
+# ---- softmax in pieces (core.pieces) ----------------------------------------------------------
+
+def _logsumexp_formula(spec: SoftmaxSpec):
+    # Zero-length rows are -inf (s with a sink), no rows an empty result: no kernel to launch.
+    def formula(x, ops: Operands):
+        v = spec.variant.with_values(ops.scale, ops.softcap)
+        return logsumexp_formula(x, v, spec.dim, ops.mask, ops.sinks, spec.acc_dtype)
+    return formula
+
+
+def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, softcap=None, sinks=None) -> torch.Tensor:
+    """logsumexp with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype, no autograd."""
+    key = request_key(LSE, x, dim, None, backend, False, None, FusedArgs(scale, mask, causal, softcap, sinks))
+    hit = _lookup(key)
+    if hit is not None:
+        stats["hits"] += 1
+    else:
+        _fresh()
+        spec, _ = logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+        if spec.needs_input_cast:
+            raise TypeError(f"logsumexp: x dtype {x.dtype} is not floating")
+        chosen = registry.select_op(LOGSUMEXP, spec, backend)
+        hit = _logsumexp_formula(spec) if spec.numel == 0 or x.dim() == 0 else \
+            chosen.logsumexp_launcher(x, spec, Operands(mask, sinks, 1.0, 1.0))
+        if key is not None:
+            _memo.put(key, hit)
+    if scale is None and softcap is None and mask is None and sinks is None:
+        return hit(x, NO_OPERANDS)
+    s, c = runtime_values(scale, softcap)
+    return hit(x, Operands(mask, sinks, s, c))
+
+
+def _merge_formula(spec: MergeSpec):
+    # Nothing to merge (no rows, or empty heads): the formula, no kernel to launch.
+    def formula(outputs, lses, out, lse_out):
+        o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+        return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
+    return formula
+
+
+def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` when given
+    (validated by the caller: shapes [..., D] / [...], any strides)."""
+    key = request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out)
+    hit = _lookup(key)
+    if hit is not None:
+        stats["hits"] += 1
+    else:
+        _fresh()
+        spec = MergeSpec.from_tensors(outputs, lses)
+        chosen = registry.select_op(MERGE_STATES, spec, backend)
+        hit = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
+            chosen.merge_states_launcher(outputs, lses, spec)
+        if key is not None:
+            _memo.put(key, hit)
+    return hit(outputs, lses, out, lse_out)
+
+
+__all__ = ["FusedArgs", "backward", "backward_fused", "empty_outputs", "forward", "forward_fused", "logsumexp",
+           "merge_states", "prepare", "prepare_fused", "refresh", "select", "stats"]

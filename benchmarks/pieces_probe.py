@@ -229,7 +229,7 @@ def probe_host(f, rounds=5):
     bound launcher, allocation, a TVM-FFI call with 1 and 18 CUDA tensors) to find its cost."""
     import statistics
 
-    from anysoftmax import dispatch_pieces
+    from anysoftmax import dispatch
     from anysoftmax.core.request import MERGE, request_key
     from anysoftmax.torchop.pieces import _plain_states
 
@@ -263,10 +263,10 @@ def probe_host(f, rounds=5):
                      "logsumexp 16x1024": lambda: anysoftmax.logsumexp(x, -1)}
             for k, (outs, lses) in sets.items():
                 anysoftmax.merge_states(outs, lses)  # (binds the request)
-                hit = dispatch_pieces._lookup(request_key(MERGE, outs, lses, None, None, False, None, None, None))
+                hit = dispatch._memo.get(request_key(MERGE, outs, lses, None, None, False, None, None, None))
                 out, lse = torch.empty_like(outs[0]), torch.empty(lses[0].shape, device="cuda")
                 calls.update({f"merge K={k} 1x32x128": lambda o=outs, l=lses: anysoftmax.merge_states(o, l),
-                              f"merge K={k}: dispatch": lambda o=outs, l=lses: dispatch_pieces.merge_states(o, l),
+                              f"merge K={k}: dispatch": lambda o=outs, l=lses: dispatch.merge_states(o, l),
                               f"merge K={k}: bound launcher": lambda o=outs, l=lses, h=hit: h(o, l, None, None),
                               f"merge K={k}: bound launcher, outputs given":
                                   lambda o=outs, l=lses, h=hit, y=out, z=lse: h(o, l, y, z)})

@@ -113,6 +113,50 @@ def test_layers_point_one_way():
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(set(bad)))
 
 
+# The modules whose private names no other module reads, and which read none of another's.
+PRIVATE_CHECKED = ("anysoftmax.dispatch", "anysoftmax.core", "anysoftmax.plugins")
+
+
+def private_reads(name: str) -> list[str]:
+    """`from m import _x` and `m._x` in module `name` that reach into another anysoftmax
+    module's private names (`m` a module it imported), and any read of a `._data` attribute."""
+    path = ROOT / (name.replace(".", "/") + ("/__init__.py" if (ROOT / name.replace(".", "/")).is_dir() else ".py"))
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    modules, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            if not mod.startswith("anysoftmax"):
+                continue
+            for alias in node.names:
+                full = f"{mod}.{alias.name}"
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append((mod, f"{node.lineno}: from {mod} import {alias.name}"))
+                modules[alias.asname or alias.name] = full if full in MODULES else mod
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("anysoftmax") and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = modules.get(node.value.id) if isinstance(node.value, ast.Name) else None
+            if owner in MODULES and owner != name:
+                found.append((owner, f"{node.lineno}: {ast.unparse(node)}"))
+            elif node.attr == "_data" and name != "anysoftmax.core.cache":
+                found.append(("anysoftmax.core.cache", f"{node.lineno}: {ast.unparse(node)}"))
+    return [f"{name}:{where}" for owner, where in found
+            if name.startswith(PRIVATE_CHECKED) or owner.startswith(PRIVATE_CHECKED)]
+
+
+def test_no_module_reads_another_modules_private_names():
+    """Dispatch, core and the plugin loader are reached through public names only (and reach
+    nothing else through private ones): `BoundedDict.get`, not `._data`."""
+    bad = [line for m in MODULES for line in private_reads(m)]
+    assert not bad, "private names read across modules:\n" + "\n".join(bad)
+
+
 def _fresh(code: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -186,7 +230,6 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     import torch
 
     from anysoftmax.core import registry
-    from anysoftmax.core.request import Request
     from anysoftmax.core.spec import SoftmaxSpec
 
     x = torch.randn(8, 33)
@@ -199,7 +242,7 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     g = torch.randn_like(y)
     for call in calls:
         call()  # first calls: validated, selected, memoised
-    seen = {"environment": [], "validated": 0, "selected": 0, "requests": 0}
+    seen = {"environment": [], "validated": 0, "selected": 0}
     environ = type(os.environ)
     real_getitem, real_iter = environ.__getitem__, environ.__iter__
 
@@ -223,7 +266,6 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     monkeypatch.setattr(SoftmaxSpec, "from_tensor", counted("validated", SoftmaxSpec.from_tensor))
     monkeypatch.setattr(SoftmaxSpec, "from_request", counted("validated", SoftmaxSpec.from_request))
     monkeypatch.setattr(registry, "select", counted("selected", registry.select))
-    monkeypatch.setattr(Request, "build", classmethod(counted("requests", Request.build.__func__)))
     assert os.getenv("ANYSOFTMAX_BACKEND", "") is not None and seen["environment"], "the probe must see reads"
     seen["environment"].clear()
     for _ in range(50):
@@ -233,5 +275,4 @@ def test_hit_path_does_no_validation_selection_or_env_read(monkeypatch):
     assert seen["environment"] == [], f"the hit path read the environment: {sorted(set(seen['environment']))}"
     assert seen["validated"] == 0, "the hit path validated a request again"
     assert seen["selected"] == 0, "the hit path selected a backend again"
-    assert seen["requests"] == 0, "the hit path built a Request (only a miss does)"
     assert dispatch.stats["hits"] - hits == 50 * len(calls)

@@ -40,22 +40,17 @@ def to_backend(name: str) -> tuple[str, str]:
 
 
 def anysoftmax_names(device: str) -> list[str]:
-    """`anysoftmax` (automatic choice) and `anysoftmax:<backend>` for every available backend
-    that supports a float32 request on `device`."""
+    """`anysoftmax` (automatic choice) and `anysoftmax:<backend>` for every backend the automatic
+    choice takes a float32 request on `device` from (`registry.runners`), by priority."""
     from dataclasses import replace
 
     import torch
 
-    import anysoftmax
-    from anysoftmax.core import SoftmaxSpec
+    from anysoftmax.core import SoftmaxSpec, registry
 
     # A request described without allocating on the device (the parent leaves the GPU to the workers).
     probe = replace(SoftmaxSpec.from_tensor(torch.empty(2, 2, device="meta"), 1), device=torch.device(device))
-    names = [OURS]
-    for status in anysoftmax.list_backends():
-        if status.available and anysoftmax.get_backend(status.name).supports(probe) is None:
-            names.append(f"{OURS}:{status.name}")
-    return names
+    return [OURS] + [f"{OURS}:{name}" for name in registry.runners(probe)]
 
 
 def default_providers(device: str) -> list[str]:

@@ -88,10 +88,10 @@ def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok",
 def _lse_backends(x) -> list[str]:
     """The backends that run logsumexp on `x` here (each timed as `anysoftmax:<name>`: the rows
     `anysoftmax select` writes the table's `lse` rules from)."""
-    from ..core.pieces import logsumexp_request
-    from ..core.registry import op_runners
+    from ..core.pieces import LOGSUMEXP, logsumexp_request
+    from ..core.registry import runners
 
-    return op_runners("logsumexp", logsumexp_request(x, -1)[0])
+    return runners(logsumexp_request(x, -1)[0], LOGSUMEXP)
 
 
 def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:

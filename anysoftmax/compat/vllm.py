@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import dispatch_pieces
+from .. import dispatch
 
 
 def _check(name: str, t, shape, device) -> None:
@@ -56,8 +56,8 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
             raise TypeError(f"merge_attn_states: output_lse must be float32, got {output_lse.dtype}")
     if output.dtype != prefix_output.dtype:
         raise TypeError(f"merge_attn_states: output is {output.dtype}, prefix_output {prefix_output.dtype}; one dtype")
-    dispatch_pieces.merge_states([prefix_output, suffix_output], [prefix_lse.t(), suffix_lse.t()], backend,
-                                 out=output, lse_out=None if output_lse is None else output_lse.t())
+    dispatch.merge_states([prefix_output, suffix_output], [prefix_lse.t(), suffix_lse.t()], backend,
+                          out=output, lse_out=None if output_lse is None else output_lse.t())
 
 
 __all__ = ["merge_attn_states"]

@@ -2,7 +2,8 @@
 
 from .compare import Comparison, compare, compare_backward
 from .reference import reference
-from .registry import (Backend, BackendStatus, BackendUnavailableError, UnsupportedRequestError,
+from .backend import Backend
+from .registry import (BackendStatus, BackendUnavailableError, UnsupportedRequestError,
                        get_backend, list_backends, register, select, unregister)
 from .spec import FLOAT_DTYPES, TOLERANCES, SoftmaxSpec, Tolerance, dtype_name, parse_dtype
 

@@ -55,9 +55,8 @@ class BoundedDict(Generic[V]):
     def __init__(self, maxsize: int = 1024):
         self.maxsize = maxsize
         self._data: dict = {}
-
-    def get(self, key: Hashable):
-        return self._data.get(key)
+        # The value of `key`, or None: the dict's own `get` (a hit path's lookup costs no Python call).
+        self.get: Callable[[Hashable], V | None] = self._data.get
 
     def put(self, key: Hashable, value: V) -> None:
         while len(self._data) >= self.maxsize:

@@ -44,8 +44,8 @@ from .spec import FLOAT_DTYPES, SoftmaxSpec, dtype_name
 from .variant import MASK_ADDITIVE, Variant, keep_mask
 from .reference import kept_values, prologue, prologue_chain
 
-LOGSUMEXP, MERGE_STATES = "logsumexp", "merge_states"
-OPS = ("softmax", LOGSUMEXP, MERGE_STATES)
+SOFTMAX, LOGSUMEXP, MERGE_STATES = "softmax", "logsumexp", "merge_states"
+OPS = (SOFTMAX, LOGSUMEXP, MERGE_STATES)
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:

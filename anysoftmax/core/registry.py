@@ -1,16 +1,16 @@
-"""Backend protocol, registration and selection.
+"""Registration and selection of backends (`core.backend.Backend`).
 
 Selection order (Liger-Kernel's rule: an explicit choice never falls back silently):
 
 1. ``backend="name"`` in the call: unknown, unavailable or unsupporting backends raise an error
    naming the backend and the reason.
 2. The environment variable ``ANYSOFTMAX_BACKEND``: treated exactly like an explicit choice.
-3. Automatic: the rule of the device's measured selection table (`core.selection`) that covers
-   the request, if its backend can run it; else the backends that serve the tensor's device
-   type, by priority (CUDA/ROCm -> ``triton``, Ascend ``npu`` -> ``triton_ascend``, anything ->
-   ``torch``); one that is unavailable or does not support the request is passed over with a
-   debug log line. `explain(spec)` says which one and why: `decide` makes the automatic choice
-   for `select`, `select_op` and `explain` alike.
+3. Automatic (`decide`): the rule of the device's measured selection table (`core.selection`)
+   that covers the request, if its backend can run it; else the backends that serve the
+   tensor's device type, by priority (CUDA/ROCm -> ``triton``, Ascend ``npu`` ->
+   ``triton_ascend``, anything -> ``torch``); one that is unavailable or does not support the
+   request is passed over with a debug log line. `select`, `select_op`, `explain`, `runners`
+   (what the benchmarks time) and `anysoftmax backends --explain` all decide there.
 """
 
 from __future__ import annotations
@@ -19,57 +19,19 @@ import difflib
 import logging
 import os
 import threading
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, replace
 
 import torch
 
+from . import selection
+from .backend import Backend, as_backend
 from .errors import BackendUnavailableError, UnsupportedRequestError
+from .pieces import LOGSUMEXP, MERGE_STATES, SOFTMAX
 from .spec import SoftmaxSpec
 
 log = logging.getLogger("anysoftmax")
 
 ENV_BACKEND = "ANYSOFTMAX_BACKEND"
-
-
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What every backend provides.
-
-    `devices` lists the torch device types it serves ("*" for any) and `priority` orders the
-    automatic choice among backends serving the same device (higher first).
-    `is_available()` and `supports(spec)` return None when fine, else a human-readable reason.
-    `run(x, spec)` returns a new tensor of `spec.shape` and `spec.out_dtype`; it is only called
-    after `supports(spec)` returned None and never for empty tensors.
-
-    Optional, for speed and features (see `anysoftmax.dispatch`):
-    `launcher(x, spec)` returns a function `f(x) -> y` bound to this request (same shape,
-    strides, dtype, device and 16-byte alignment), which dispatch memoises per request;
-    `backward_launcher(y, spec)` likewise `f(y, grad) -> dx` (else torch's formula is used);
-    `needs_interpreter()` says the backend runs here only through the Triton interpreter.
-
-    The fused family (`core.variant`: scale, mask, causal, softcap, sinks): a backend that
-    computes it declares `fused = True`; requests with a variant are never sent to one that
-    does not (its plain kernel would silently ignore the mask). For such a request `run` is
-    called as `run(x, spec, operands)` (`core.variant.Operands`: the mask and sinks tensors as
-    given, scale and softcap values) and returns y or (y, p_sink), p_sink being each row's sink
-    share in float32 (x's shape with size 1 in `dim`) when the call has sinks; `launcher(x,
-    spec)` returns `f(x, operands) -> (y, p_sink or None)`; `fused_backward_launcher(y, spec)`
-    returns `f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` (else the formula of
-    `core.reference.fused_backward` runs in torch).
-    """
-
-    name: str
-    devices: tuple[str, ...]
-    priority: int
-
-    def is_available(self) -> str | None: ...
-
-    def supports(self, spec: SoftmaxSpec) -> str | None: ...
-
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -100,38 +62,44 @@ class BackendTable(list):
 
 
 _lock = threading.Lock()
-_backends: dict[str, Backend] = {}
-# Bumped whenever the set of backends changes: memoised selections keyed by it go stale.
-_generation = [0]
+_given: dict[str, object] = {}  # name -> the object registered (what `registered()` returns)
+_backends: dict[str, Backend] = {}  # name -> that object as a `Backend` (what selection returns)
+# How many times the set of backends changed since it was loaded: memoised selections keyed by
+# it go stale. A one-element list: `core.request`'s key reads it in place on every call.
+current_generation = [0]
 
 
 def generation() -> int:
-    """A number that changes whenever a backend is registered or removed."""
-    return _generation[0]
+    """A number that changes whenever a backend is registered or removed (the backends are
+    loaded first)."""
+    _load_builtins()
+    return current_generation[0]
 
 
-def register(backend: Backend) -> Backend:
-    """Add a backend (replacing one of the same name) and return it."""
-    if not isinstance(backend, Backend):
-        raise TypeError(f"{backend!r} does not implement the Backend protocol")
+def register(backend):
+    """Add a backend (replacing one of the same name) and return it. An object written to the
+    duck-typed protocol (no `Backend` base) is wrapped once, here (`core.backend.as_backend`)."""
+    adapted = as_backend(backend)
     with _lock:
-        _backends[backend.name] = backend
-        _generation[0] += 1
+        _given[adapted.name] = backend
+        _backends[adapted.name] = adapted
+        current_generation[0] += 1
     return backend
 
 
 def unregister(name: str) -> None:
     """Remove a backend (used by tests that register a deliberately broken one)."""
     with _lock:
+        _given.pop(name, None)
         _backends.pop(name, None)
-        _generation[0] += 1
+        current_generation[0] += 1
 
 
-def registered() -> dict[str, Backend]:
-    """Name -> backend, in registration order."""
+def registered() -> dict:
+    """Name -> backend as registered, in registration order."""
     _load_builtins()
     with _lock:
-        return dict(_backends)
+        return dict(_given)
 
 
 def did_you_mean(name: str, known) -> str:
@@ -141,8 +109,9 @@ def did_you_mean(name: str, known) -> str:
     return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
-def get_backend(name: str) -> Backend:
-    """The backend called `name`; ValueError naming the known ones (and the closest) otherwise."""
+def get_backend(name: str):
+    """The backend called `name`, as registered; ValueError naming the known ones (and the
+    closest) otherwise."""
     backends = registered()
     if name not in backends:
         raise ValueError(f"unknown backend {name!r}{did_you_mean(name, backends)}; "
@@ -150,12 +119,29 @@ def get_backend(name: str) -> Backend:
     return backends[name]
 
 
+def _adapted() -> list[Backend]:
+    _load_builtins()
+    with _lock:
+        return list(_backends.values())
+
+
+def _protocol(backend) -> Backend:
+    # `backend` as a `Backend`: itself when it is one, else its adapter made at registration (a
+    # plugin object is read once), else adapted now (an object that was never registered).
+    if issubclass(type(backend), Backend):
+        return backend
+    with _lock:
+        if _given.get(backend.name) is backend:
+            return _backends[backend.name]
+    return as_backend(backend)
+
+
 def unavailable_reason(name: str) -> str | None:
     """Why the backend called `name` cannot run here (None when it can)."""
     return _availability(get_backend(name))
 
 
-def _availability(backend: Backend) -> str | None:
+def _availability(backend) -> str | None:
     try:
         return backend.is_available()
     except Exception as exc:  # an availability probe must never take the caller down
@@ -166,10 +152,10 @@ def list_backends() -> BackendTable:
     """Every registered backend with its availability on this machine and the reason if not (a
     list of `BackendStatus` that prints as a table)."""
     rows = BackendTable()
-    for b in registered().values():
+    for b in _adapted():
         reason = _availability(b)
         note = ""
-        if reason is None and getattr(b, "status_note", None) is not None:
+        if reason is None:
             try:
                 note = b.status_note() or ""
             except Exception as exc:  # a note must never take the listing down
@@ -178,18 +164,30 @@ def list_backends() -> BackendTable:
     return rows
 
 
-def fused_refusal(backend: Backend, spec: SoftmaxSpec) -> str | None:
+def fused_refusal(backend, spec: SoftmaxSpec) -> str | None:
     """Why `backend` cannot take a fused request (it does not declare `fused = True`), or None."""
-    if spec.is_plain or getattr(backend, "fused", False):
+    if spec.is_plain or _protocol(backend).fused:
         return None
     return (f"computes the plain softmax only (it does not declare the fused family, `fused = True`), "
             f"so it cannot apply {spec.variant.describe()}")
 
 
-def refusal(backend: Backend, spec: SoftmaxSpec) -> str | None:
+def refusal(backend, spec: SoftmaxSpec) -> str | None:
     """Why `backend` does not serve `spec` on an available device (the fused-family gate, then
     its own `supports`), or None."""
     return fused_refusal(backend, spec) or backend.supports(spec)
+
+
+def op_refusal(backend, op: str, spec) -> str | None:
+    """Why `backend` does not serve `op` ("softmax", "logsumexp" or "merge_states") for `spec`
+    (a SoftmaxSpec, a `core.pieces.MergeSpec` for merge_states), or None: no kernel for the
+    op, the fused-family gate, then its own `supports` / `supports_<op>`."""
+    b = _protocol(backend)
+    if op == LOGSUMEXP:
+        return b.logsumexp_refusal or fused_refusal(b, spec) or b.supports_logsumexp(spec)
+    if op == MERGE_STATES:
+        return b.merge_states_refusal or b.supports_merge_states(spec)
+    return refusal(b, spec)
 
 
 # A small request of each floating dtype: a device type is one a backend runs when its
@@ -197,13 +195,11 @@ def refusal(backend: Backend, spec: SoftmaxSpec) -> str | None:
 _PROBE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
-def device_refusal(backend: Backend, device_type: str) -> str | None:
+def device_refusal(backend, device_type: str) -> str | None:
     """Why `backend` runs no request on tensors of `device_type` here (its `supports` refuses a
     small request of every floating dtype on that device type), or None. Availability is
     `unavailable_reason`'s; a device type torch cannot name here (no extension for it) is not
     judged (None)."""
-    from dataclasses import replace
-
     try:
         device = torch.device(device_type)
     except RuntimeError:  # e.g. "npu" without torch_npu: nothing of that type can exist here
@@ -221,56 +217,70 @@ def device_refusal(backend: Backend, device_type: str) -> str | None:
     return reasons[0]
 
 
-def _check_explicit(backend: Backend, spec: SoftmaxSpec, source: str) -> Backend:
-    reason = _availability(backend)
-    if reason is not None:
-        raise BackendUnavailableError(f"backend {backend.name!r} ({source}) is not available: {reason}")
-    reason = refusal(backend, spec)
-    if reason is not None:
-        raise UnsupportedRequestError(
-            f"backend {backend.name!r} ({source}) does not support {spec.describe()}: {reason}")
-    return backend
-
-
-def _serves(backend: Backend, device_type: str) -> bool:
-    return "*" in backend.devices or device_type in backend.devices
-
-
 def _by_priority(device_type: str) -> list[Backend]:
     """The registered backends serving `device_type`, highest priority first."""
-    return sorted((b for b in registered().values() if _serves(b, device_type)), key=lambda b: -b.priority)
+    return sorted((b for b in _adapted() if "*" in b.devices or device_type in b.devices), key=lambda b: -b.priority)
 
 
-def select(spec: SoftmaxSpec, backend: str | None = None, direction: str = "fwd") -> Backend:
-    """Pick the backend for `spec`: explicit name, then $ANYSOFTMAX_BACKEND, then automatic
-    (`decide`: the device's selection table, then priority). `direction` ("fwd" or "bwd") picks
-    the table's rows for a forward or a backward request."""
+def _describe(op: str, spec) -> str:
+    return spec.describe().replace("softmax(", "logsumexp(", 1) if op == LOGSUMEXP else spec.describe()
+
+
+def _explicit(name: str, spec, op: str, source: str) -> Backend:
+    """The backend `name` when it runs `op` on `spec` here, else the error naming it and why."""
+    try:
+        chosen = _protocol(get_backend(name))
+    except ValueError as exc:
+        if source.startswith("from $"):
+            raise ValueError(f"${ENV_BACKEND}={name!r}: {exc}") from None
+        raise
+    reason = _availability(chosen)
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {name!r} ({source}) is not available: {reason}")
+    reason = op_refusal(chosen, op, spec)
+    if reason is not None:
+        raise UnsupportedRequestError(f"backend {name!r} ({source}) does not support {_describe(op, spec)}: {reason}")
+    return chosen
+
+
+def select(spec, backend: str | None = None, direction: str | None = "fwd", op: str = SOFTMAX) -> Backend:
+    """The backend for `op` on `spec`: explicit name, then $ANYSOFTMAX_BACKEND (both raising
+    with the reason), then automatic (`decide`: the device's selection table, whose rows
+    `direction` picks ("fwd", "bwd" or "lse"; None reads none), then priority)."""
     if backend is not None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
-        return _check_explicit(get_backend(backend), spec, "requested explicitly")
+        return _explicit(backend, spec, op, "requested explicitly")
     env = os.environ.get(ENV_BACKEND, "").strip()
     if env:
-        try:
-            chosen = get_backend(env)
-        except ValueError as exc:
-            raise ValueError(f"${ENV_BACKEND}={env!r}: {exc}") from None
-        return _check_explicit(chosen, spec, f"from ${ENV_BACKEND}")
-    chosen, why = decide(spec, direction)
+        return _explicit(env, spec, op, f"from ${ENV_BACKEND}")
+    chosen, why = decide(spec, direction, refuses=lambda b, s: op_refusal(b, op, s), what=_describe(op, spec))
     if chosen is None:
         raise UnsupportedRequestError(why)
     return chosen
 
 
-def decide(spec: SoftmaxSpec, direction: str | None = "fwd", device_name: str | None = None, refuses=refusal,
+def select_op(op: str, spec, backend: str | None = None) -> Backend:
+    """`select` for the pieces op `op` ("logsumexp": the selection table's `lse` rows, measured
+    by `anysoftmax.bench.pieces`; "merge_states": priority alone)."""
+    return select(spec, backend, "lse" if op == LOGSUMEXP else None, op)
+
+
+def runners(spec, op: str = SOFTMAX) -> list[str]:
+    """The backends the automatic choice takes `op` on `spec` from here, by priority: those that
+    serve its device type and run it (what the benchmarks time one by one)."""
+    return [b.name for b in _by_priority(spec.device.type)
+            if _availability(b) is None and op_refusal(b, op, spec) is None]
+
+
+def decide(spec, direction: str | None = "fwd", device_name: str | None = None, refuses=refusal,
            available=_availability, what: str | None = None) -> tuple[Backend | None, str]:
     """The automatic choice for `spec` and why: the backend the selection table's rule names
     (the table of `spec.device`, or of the device named `device_name`; `direction` "fwd", "bwd"
     or "lse" picks its rows, None reads no table) if it runs the request, else the first of the
     backends serving the device type, by priority, that runs it; (None, why none can) when none
-    can. `select`, `select_op` and `explain` all decide here, so they cannot disagree.
-    `available(backend)`: why it cannot run here; `refuses(backend, spec)`: why it does not run
-    the request (default: the softmax's `refusal`); `what`: the request as messages name it."""
+    can. `available(backend)`: why it cannot run here; `refuses(backend, spec)`: why it does not
+    run the request (default: the softmax's `refusal`); `what`: the request as messages name it."""
     candidates = _by_priority(spec.device.type)
     table_why = ""
     if direction is not None:
@@ -291,25 +301,19 @@ def decide(spec: SoftmaxSpec, direction: str | None = "fwd", device_name: str | 
                   + (f" ({table_why})" if table_why else ""))
 
 
-def _from_table(spec: SoftmaxSpec, candidates: list, direction: str, device_name: str | None,
-                refuses, available) -> tuple[Backend | None, str]:
+def _from_table(spec, candidates: list, direction: str, device_name: str | None, refuses,
+                available) -> tuple[Backend | None, str]:
     """The backend the device's selection table (or that of the device named `device_name`)
     names for `spec` if it can run it (`available`, `refuses`: see `decide`), and why (or why
     not); (None, reason) sends the choice on to the priority order."""
-    from .selection import lookup
-
     try:
-        rule, table = lookup(spec, direction, device_name)
+        rule, table = selection.lookup(spec, direction, device_name)
     except Exception as exc:  # a broken table must not take softmax down: priority decides
         log.warning("anysoftmax: selection table unusable for %s: %s", spec.device, exc)
         return None, f"selection table unusable: {exc}"
     if table is None:
-        from .selection import device_name as name_of
-
-        name = device_name or name_of(spec.device)
-        from .selection import table_names
-
-        tables = ", ".join(repr(n) for n in table_names()) or "none"
+        name = device_name or selection.device_name(spec.device)
+        tables = ", ".join(repr(n) for n in selection.table_names()) or "none"
         return None, (f"no selection table for {name!r} (tables: {tables})" if name else
                       f"no selection table ({spec.device} is not visible here; tables: {tables}, "
                       f"--gpu-name NAME or a unique part of it, e.g. H100, reads one)")
@@ -352,7 +356,7 @@ _loaders: list = []  # callables that register backends, run once on first use o
 
 def add_loader(load) -> None:
     """Run `load()` (which registers backends) before the registry is next read. `core` knows no
-    backend: `anysoftmax.dispatch` adds the loader of the built-in and entry-point backends."""
+    backend: `anysoftmax.plugins` adds the loader of the built-in and entry-point backends."""
     with _loader_lock:
         _loaders.append(load)
 
@@ -361,62 +365,9 @@ def _load_builtins() -> None:
     if not _loaders:
         return
     with _loader_lock:  # other threads wait until the backends are all registered
+        before = current_generation[0]
         while _loaders:
             _loaders.pop(0)()
-
-
-# ---- the pieces ops (core.pieces: logsumexp, merge_states) -----------------------------------
-
-def op_refusal(backend: Backend, op: str, spec) -> str | None:
-    """Why `backend` does not serve the pieces op `op` ("logsumexp" or "merge_states") for
-    `spec` (a SoftmaxSpec for logsumexp, a `core.pieces.MergeSpec` for merge_states), or None.
-    A backend declares an op by a method `run_<op>`; `supports_<op>(spec)` may refuse a request
-    and `<op>_refusal` (a string) says why it has no kernel for it."""
-    if getattr(backend, f"run_{op}", None) is None:
-        return getattr(backend, f"{op}_refusal", None) or f"no {op} kernel"
-    if op == "logsumexp":
-        reason = fused_refusal(backend, spec)
-        if reason is not None:
-            return reason
-    check = getattr(backend, f"supports_{op}", None)
-    return check(spec) if check is not None else None
-
-
-def op_runners(op: str, spec) -> list[str]:
-    """The backends that run the pieces op `op` on `spec` here, by priority (what a benchmark
-    times one by one)."""
-    candidates = _by_priority(spec.device.type)
-    return [b.name for b in candidates if _availability(b) is None and op_refusal(b, op, spec) is None]
-
-
-def select_op(op: str, spec, backend: str | None = None) -> Backend:
-    """The backend for the pieces op `op` on `spec`, chosen as `select` chooses for softmax
-    (explicit name, then $ANYSOFTMAX_BACKEND, both raising with the reason; then the backends
-    serving the device by priority). logsumexp reads the device's selection table first (its
-    `lse` rules, measured by `anysoftmax.bench.pieces`), as `select` does for softmax."""
-    if backend is not None or os.environ.get(ENV_BACKEND, "").strip():
-        source = "requested explicitly"
-        if backend is None:
-            backend, source = os.environ[ENV_BACKEND].strip(), f"from ${ENV_BACKEND}"
-        if not isinstance(backend, str):
-            raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
-        chosen = get_backend(backend)
-        reason = _availability(chosen)
-        if reason is not None:
-            raise BackendUnavailableError(f"backend {chosen.name!r} ({source}) is not available: {reason}")
-        reason = op_refusal(chosen, op, spec)
-        if reason is not None:
-            raise UnsupportedRequestError(f"backend {chosen.name!r} ({source}) does not support "
-                                          f"{_describe_op(op, spec)}: {reason}")
-        return chosen
-    chosen, why = decide(spec, "lse" if op == "logsumexp" else None, refuses=lambda b, s: op_refusal(b, op, s),
-                         what=_describe_op(op, spec))
-    if chosen is None:
-        raise UnsupportedRequestError(why)
-    return chosen
-
-
-def _describe_op(op: str, spec) -> str:
-    if op == "logsumexp":
-        return spec.describe().replace("softmax(", "logsumexp(", 1)
-    return spec.describe()
+        # Loading precedes the first selection, so no memoised choice can be stale: it leaves the
+        # generation as it was, and a key computed before it (a process's first call) holds.
+        current_generation[0] = before

@@ -1,9 +1,10 @@
-"""`Request`: one call as everything downstream depends on it, and its key, the only cache key.
+"""A request's key: the only cache key (dispatch's memo; backends derive their plans' from it).
 
-A launcher bound to a request (dispatch's memo) and a plan (each backend's memo) depend on:
+A launcher bound to a request and a backend's plan for it depend on:
 
-* the direction (forward, backward, fused forward, fused backward), `dim`, `dtype=`, `log`,
-  the backend choice, the registry generation and the active tuning overrides;
+* the direction (forward, backward, fused forward, fused backward, logsumexp, merge_states),
+  `dim`, `dtype=`, `log`, the backend choice, the registry generation and the active tuning
+  overrides;
 * every operand's shape, strides, dtype and device: the input (forward) or the output
   (backward), the gradient, the mask and the sinks (their broadcast pattern against the input
   follows from their shape and strides), the forward's input and sink shares a fused backward
@@ -17,15 +18,12 @@ A launcher bound to a request (dispatch's memo) and a plan (each backend's memo)
 * which fused keywords are live: present ones by presence (a new `scale` value is an argument,
   not a new request), `causal` and `empty_rows` by value.
 
-`request_key` computes the key straight from tensor metadata (the per-call cost of a cached
-call); `Request` holds it with the validated spec and is built only when the key misses.
-Backends derive their own memo from the request through `plan_key`: no other module builds a
-cache key by hand (tests/core/test_request.py checks the source).
+`request_key` computes the key straight from tensor metadata: its cost is a cached call's whole
+overhead besides the launch. Backends key their plans by `plan_key`; no other module builds a
+cache key by hand (tests/core/test_one_key.py checks the source).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -51,8 +49,8 @@ _tuple = tuple
 # The registry generation and the count of active tuning overrides, read in place on every
 # call (one-element lists the registry and config update on change): a function call each
 # would be most of a key's cost.
-_generation = registry._generation
-_overrides_active = config._active
+_generation = registry.current_generation
+_overrides_active = config.active_overrides
 
 
 def _process_state() -> tuple:
@@ -96,8 +94,8 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
         if type(grad) is not _Tensor:
             return None
         return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend,
-                log, _generation[0] if not _overrides_active[0] else _process_state(), grad.shape, grad.stride(), grad.dtype, grad.device,
-                grad.data_ptr() & _ALIGN_MASK)
+                log, _generation[0] if not _overrides_active[0] else _process_state(), grad.shape, grad.stride(),
+                grad.dtype, grad.device, grad.data_ptr() & _ALIGN_MASK)
     m, s = fused.mask, fused.sinks
     if (m is not None and type(m) is not _Tensor) or (s is not None and type(s) is not _Tensor) \
             or type(fused.causal) not in (bool, str) or type(fused.empty_rows) is not str \
@@ -105,8 +103,9 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
             or (p_sink is not None and type(p_sink) is not _Tensor):
         return None
     return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
-            _generation[0] if not _overrides_active[0] else _process_state(), _operand(grad), _operand(m), _operand(s), fused.scale is None,
-            fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved), _operand(p_sink))
+            _generation[0] if not _overrides_active[0] else _process_state(), _operand(grad), _operand(m),
+            _operand(s), fused.scale is None, fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved),
+            _operand(p_sink))
 
 
 def forward_key(x, dim, dtype, backend, log):
@@ -144,43 +143,5 @@ def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) ->
     return (spec.kernel_key(), direction, aligns, overrides_key(), extra)
 
 
-@dataclass(frozen=True)
-class Request:
-    """A validated call: its key (`request_key`), its spec and what the backends bind to.
-    Built once per new key, never on the hit path."""
-
-    key: tuple
-    spec: SoftmaxSpec
-    direction: str
-    backend: str | None
-    alignments: tuple[int, ...]  # of the operands a launcher binds, in `request_key`'s order
-
-    @property
-    def plain(self) -> bool:
-        """True when the call computes torch's softmax: no fused keyword is live after
-        normalisation (e.g. `empty_rows` without a mask or causal). It takes the plain path."""
-        return self.spec.is_plain
-
-    @property
-    def live(self) -> tuple[str, ...]:
-        """The fused keywords that change the result after normalisation."""
-        v = self.spec.variant
-        if self.plain:
-            return ()
-        names = [("scale", v.scale is not None), ("mask", v.mask is not None), ("causal", v.causal != "none"),
-                 ("softcap", v.softcap is not None), ("sinks", v.sinks is not None),
-                 ("empty_rows", v.has_empty_rows)]
-        return tuple(n for n, on in names if on)
-
-    def plan_key(self) -> tuple:
-        """The key every backend memo of this request derives from (`plan_key`)."""
-        return plan_key(self.spec, self.direction, *self.alignments)
-
-    @classmethod
-    def build(cls, key: tuple, spec: SoftmaxSpec, direction: str, backend: str | None, *operands) -> "Request":
-        """The request for `key` (a miss), `operands` being the tensors its launcher binds."""
-        return cls(key, spec, direction, backend, tuple(alignment(t) for t in operands))
-
-
-__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "Request", "SHARDED", "SHARDED_LSE",
+__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "SHARDED", "SHARDED_LSE",
            "alignment", "forward_key", "plan_key", "request_key"]

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -114,6 +114,11 @@ class Variant:
         `scale` and `softcap`, which are runtime arguments."""
         return (self.scale is not None, self.softcap is not None, self.mask_kind, self.mask, self.causal,
                 self.sinks, self.empty_rows if self.has_empty_rows else "zero")
+
+    def with_values(self, scale: float, softcap: float) -> "Variant":
+        """This variant with one call's `scale` and `softcap` values (absent steps stay absent)."""
+        return replace(self, scale=None if self.scale is None else scale,
+                       softcap=None if self.softcap is None else softcap)
 
     def values(self) -> tuple[float, float]:
         """(scale, softcap) as kernel arguments: 1.0 where absent (unused then)."""

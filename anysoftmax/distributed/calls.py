@@ -31,7 +31,7 @@ class Checked(NamedTuple):
 
 # request key -> Checked: a repeated request is not validated again.
 memo: BoundedDict = BoundedDict(maxsize=1024)
-_lookup = memo._data.get
+_lookup = memo.get
 
 
 def check(who: str, x, dim, dtype, log: bool, a: FusedArgs) -> Checked:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import dispatch_pieces
+from .. import dispatch
 from ..torchop.pieces import logsumexp
 from .collective import gather_states
 
@@ -30,7 +30,7 @@ def _local_lse(x: torch.Tensor, dim: int, *, scale, mask, softcap, backend, eage
     in `dim`. One `anysoftmax.logsumexp` call, on the chosen backend (`eager`: straight to
     dispatch, as `functions._local_softmax`)."""
     if eager:
-        return dispatch_pieces.logsumexp(x, dim, backend, scale=scale, mask=mask, softcap=softcap)
+        return dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, softcap=softcap)
     return logsumexp(x, dim, scale=scale, mask=mask, softcap=softcap, keepdim=True, backend=backend)
 
 

@@ -4,7 +4,7 @@ implementations (torch.compile keeps one graph), autograd (the backward is the f
 `core.pieces` in torch ops, so it differentiates again), forward mode (the jvp formulas of
 `core.pieces`, as softmax's Functions have theirs) and vmap rules.
 
-Eager inference calls `dispatch_pieces` directly (no dispatcher round trip); anything that may
+Eager inference calls `dispatch` directly (no dispatcher round trip); anything that may
 want a derivative, a torch.func transform or torch.compile goes through the operators.
 """
 
@@ -16,7 +16,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 from torch._C._functorch import is_functorch_wrapped_tensor, peek_interpreter_stack
 
-from .. import dispatch_pieces
+from .. import dispatch
 from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
                            merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, runtime_values
@@ -33,7 +33,7 @@ def logsumexp_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[
                  scale: Optional[float], softcap: Optional[float], causal: str,
                  backend: Optional[str] = None) -> torch.Tensor:
     """`anysoftmax.logsumexp` with keepdim as an operator (accumulation dtype)."""
-    out = dispatch_pieces.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
+    out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
                                     sinks=sinks)
     return out.contiguous().clone() if out.data_ptr() == x.data_ptr() else out.contiguous()
 
@@ -148,7 +148,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     if _plain_eager(x, mask, sinks):
-        out = dispatch_pieces.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
+        out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
                                         sinks=sinks)
     else:
         if not torch.compiler.is_compiling():  # (traced: the fake implementation validates)
@@ -171,7 +171,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
 def merge_states_op(outputs: list[torch.Tensor], lses: list[torch.Tensor],
                     backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`anysoftmax.merge_states` as an operator."""
-    out, lse = dispatch_pieces.merge_states(outputs, lses, backend)
+    out, lse = dispatch.merge_states(outputs, lses, backend)
     inputs = {t.data_ptr() for t in (*outputs, *lses) if t.numel()}
     out = out.clone() if out.numel() and out.data_ptr() in inputs else out.contiguous()
     lse = lse.clone() if lse.numel() and lse.data_ptr() in inputs else lse.contiguous()
@@ -255,7 +255,7 @@ def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Te
     out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
     -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: `anysoftmax.core.pieces`."""
     if _plain_states(outputs, lses):
-        return dispatch_pieces.merge_states(outputs, lses, backend)
+        return dispatch.merge_states(outputs, lses, backend)
     if torch.compiler.is_compiling():  # (the fake implementation validates)
         return merge_states_op(list(outputs), list(lses), backend)
     MergeSpec.from_tensors(outputs, lses)

@@ -153,7 +153,7 @@ def softmax_fused_triton(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: O
     a = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
     prepared, spec = dispatch.prepare_fused(x, dim, dtype, log, a)
     if spec.numel == 0:
-        y, p = dispatch._empty_outputs(spec, x.device, sinks is not None)
+        y, p = dispatch.empty_outputs(spec, x.device, sinks is not None)
         return y, (_empty_p(x) if p is None else p)
     chosen = _traced_backend(spec, backend, "softmax_fused_triton")
     y, p = chosen.traced_fused_forward(prepared, spec, a)

@@ -10,8 +10,8 @@ from pathlib import Path
 import anysoftmax
 
 PACKAGE = Path(anysoftmax.__file__).resolve().parent
-KEY_FUNCTIONS = {"request_key", "forward_key", "plan_key", "build"}  # (`Request.build(key, ...)` carries request_key's key;
-# `forward_key` is request_key's plain-forward form, tests/api/test_request_key.py checks they agree)
+KEY_FUNCTIONS = {"request_key", "forward_key", "plan_key"}  # (`forward_key` is request_key's plain-forward form,
+# tests/api/test_request_key.py checks they agree)
 MEMO_TYPES = {"BoundedDict", "OnceCache", "Halvings", "WeakKeyDictionary"}
 
 # Memos keyed through core.request: their every lookup and store must take such a key.
@@ -91,7 +91,7 @@ def test_request_memos_take_keys_from_core_request():
         if where not in REQUEST_MEMOS:
             continue
         aliases = {name}
-        for node in ast.walk(tree):  # `_lookup = _memo._data.get`
+        for node in ast.walk(tree):  # `_lookup = _memo.get`
             if isinstance(node, ast.Assign) and name in ast.unparse(node.value) and isinstance(node.targets[0], ast.Name):
                 aliases.add(node.targets[0].id)
         for fn in ast.walk(tree):
@@ -127,3 +127,42 @@ def test_no_alignment_or_kernel_key_read_outside_core_request():
                     and not code.strip().startswith(('"', "`")):
                 bad.append(f"{rel}:{i}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+def test_a_miss_computes_its_key_once(monkeypatch):
+    """Every op's call computes its request's key once, a miss too (validated, selected and bound
+    under the key the lookup used), and the next identical call is a hit."""
+    import torch
+
+    from anysoftmax import dispatch
+
+    x = torch.randn(3, 21)
+    y, g = torch.softmax(x, -1), torch.randn(3, 21)
+    mask = torch.rand(3, 21) < 0.3
+    a = dispatch.FusedArgs(scale=0.5, mask=mask, softcap=4.0)
+    p = torch.rand(3, 1)
+    calls = {
+        "forward": lambda: dispatch.forward(x, -1, None, "torch", False),
+        "backward": lambda: dispatch.backward(y, g, -1, False, "torch"),
+        "forward_fused": lambda: dispatch.forward_fused(x, -1, None, "torch", False, a),
+        "backward_fused": lambda: dispatch.backward_fused(g, y, x, -1, False, a, None, "torch"),
+        "logsumexp": lambda: dispatch.logsumexp(x, -1, "torch", scale=0.5, mask=mask),
+        "merge_states": lambda: dispatch.merge_states([x, y], [x[:, 0], y[:, 0]], "torch"),
+    }
+    dispatch.forward(x, 0, None, None, False)  # (the backends are loaded)
+    counted = [0]
+    for name in ("request_key", "forward_key"):
+        real = getattr(dispatch, name)
+
+        def counting(*args, _real=real, **kwargs):
+            counted[0] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(dispatch, name, counting)
+    for op, call in calls.items():
+        dispatch.refresh()
+        counted[0] = 0
+        hits = dispatch.stats["hits"]
+        call()
+        assert counted[0] == 1, f"{op}: a miss computed its key {counted[0]} times"
+        call()
+        assert counted[0] == 2 and dispatch.stats["hits"] == hits + 1, op

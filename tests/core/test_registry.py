@@ -106,8 +106,36 @@ def test_explain_and_select_decide_alike():
                 assert name == select(spec, direction=direction).name, (spec.describe(), direction, why)
                 seen.add(name)
             lse = registry.select_op("logsumexp", spec).name
-            assert lse in registry.op_runners("logsumexp", spec), spec.describe()
+            assert lse in registry.runners(spec, "logsumexp"), spec.describe()
         assert {"plain-only", "no-float64"} <= seen, seen  # the sample reaches both refusals
+    finally:
+        registry.unregister("plain-only")
+        registry.unregister("no-float64")
+
+
+def test_the_benchmark_times_what_the_automatic_choice_chooses_among():
+    """`anysoftmax bench`'s and `anysoftmax select`'s backend lists are the registry's: the
+    backends the automatic choice takes a request from (`registry.runners`, `decide`'s
+    candidates that run it), by priority; a backend that serves another device type (the
+    interpreter's `triton` on CPU tensors) is only ever an explicit choice there."""
+    from dataclasses import replace
+
+    from anysoftmax.bench.harness import OURS, anysoftmax_names
+
+    anysoftmax.register(_PlainOnly())
+    anysoftmax.register(_NoFloat64())
+    try:
+        for device in ("cpu", "cuda"):
+            probe = replace(SoftmaxSpec.from_tensor(torch.empty(2, 2, device="meta"), 1), device=torch.device(device))
+            names = anysoftmax_names(device)
+            assert names == [OURS] + [f"{OURS}:{n}" for n in registry.runners(probe)], names
+            assert names[1:3] == [f"{OURS}:plain-only", f"{OURS}:no-float64"], names  # priority order
+            for n in names[1:]:
+                devices = registry.get_backend(n.split(":", 1)[1]).devices
+                assert device in devices or "*" in devices, (device, names)
+            assert registry.runners(probe)[0] == select(probe).name
+            fused = probe.with_variant(replace(probe.variant, scale=0.5))
+            assert "plain-only" not in registry.runners(fused) and registry.runners(fused)[0] == select(fused).name
     finally:
         registry.unregister("plain-only")
         registry.unregister("no-float64")

@@ -241,7 +241,7 @@ def test_logsumexp_reads_the_lse_rules(tmp_path, table_dir, triton_runs_here, ca
     assert registry.select(spec).name == "triton"  # no fwd rule: priority
     assert registry.select_op("logsumexp", _spec((64, 128), dtype=torch.bfloat16)).name == "triton"  # no rule
     assert registry.select_op("logsumexp", spec, backend="triton").name == "triton"  # explicit wins
-    assert registry.op_runners("logsumexp", spec)[:1] == ["triton"] and "torch" in registry.op_runners("logsumexp", spec)
+    assert registry.runners(spec, "logsumexp")[:1] == ["triton"] and "torch" in registry.runners(spec, "logsumexp")
 
 
 def test_select_command_usage_errors(tmp_path, capsys):

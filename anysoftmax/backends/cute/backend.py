@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from ...core.backend import Backend
 from ...core.cache import OnceCache
 from ...core.layout import ColumnView, RowLayout, column_view, contiguous_strides
 from ...core.pieces import row_shape
@@ -130,7 +131,7 @@ def _device_and_dtypes(spec: SoftmaxSpec) -> str | None:
     return None
 
 
-class CuteBackend:
+class CuteBackend(Backend):
     name = "cute"
     devices = ("cuda",)
     priority = 90  # below triton (100): chosen automatically where the selection table says so
@@ -262,17 +263,3 @@ class CuteBackend:
         align = math.gcd(_pow2_alignment(x.data_ptr() // x.element_size()), _pow2_alignment(row_stride))
         key = self.plan(False, spec, n_cols, align, states=True)
         return launch.logsumexp(launch.bind(compiler.kernel(key), key), spec, n_rows, n_cols, row_stride)
-
-    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp (keepdim, float32), planned for this call (`logsumexp_launcher`)."""
-        return self.logsumexp_launcher(x, spec, operands)(x, operands)
-
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands=None):
-        """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`); a fused request
-        takes its `core.variant.Operands` and returns (y, None)."""
-        f = self.launcher(x, spec)
-        return f(x) if operands is None else f(x, operands)
-
-    def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
-        return self.backward_launcher(y, spec)(y, grad)

@@ -4,34 +4,25 @@ reference's own formula: what every other backend is checked against, computed i
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
+from ...core.backend import Backend
 from ...core.pieces import MergeSpec, logsumexp_formula, merge_formula
 from ...core.reference import fused_forward
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, Operands
 
 
-class TorchBackend:
+class TorchBackend(Backend):
     name = "torch"
     devices = ("*",)
     priority = 0
     fused = True
 
-    def is_available(self) -> str | None:
-        return None
-
-    def supports(self, spec: SoftmaxSpec) -> str | None:
-        return None
-
     def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
         """y for a plain spec; (y, p_sink) for a fused one (p_sink None without sinks)."""
         if not spec.is_plain:
-            v = spec.variant
-            v = replace(v, scale=None if v.scale is None else operands.scale,
-                        softcap=None if v.softcap is None else operands.softcap)
+            v = spec.variant.with_values(operands.scale, operands.softcap)
             y, p_sink = fused_forward(x, v, spec.dim, spec.log, operands.mask, operands.sinks, spec.acc_dtype)
             return y.to(spec.out_dtype), p_sink
         op = torch.log_softmax if spec.log else torch.softmax
@@ -48,9 +39,7 @@ class TorchBackend:
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS) -> torch.Tensor:
         """lse with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype."""
-        v = spec.variant
-        v = replace(v, scale=None if v.scale is None else operands.scale,
-                    softcap=None if v.softcap is None else operands.softcap)
+        v = spec.variant.with_values(operands.scale, operands.softcap)
         return logsumexp_formula(x, v, spec.dim, operands.mask, operands.sinks, spec.acc_dtype)
 
     def run_merge_states(self, outputs, lses, spec: MergeSpec, out=None, lse_out=None):

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import torch
 
+from ...core.backend import Backend
 from ...core.cache import OnceCache
 from ...core.layout import RowLayout, cdiv, new_output, next_power_of_2
 from ...core.request import BWD, FWD, plan_key
@@ -100,7 +101,7 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
                      **common)
 
 
-class TritonBackend:
+class TritonBackend(Backend):
     name = "triton"
     devices = ("cuda",)  # CPU tensors only when chosen explicitly under the interpreter
     priority = 100
@@ -241,14 +242,6 @@ class TritonBackend:
         with traced.no_tracing():
             return self.plan(x, y, layout, spec, backward=backward)
 
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Softmax of `x` per `spec` (unmemoised; dispatch uses `launcher`)."""
-        return self.launcher(x, spec)(x)
-
-    def run_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Gradient w.r.t. the input from the forward output `y` and the output gradient."""
-        return self.backward_launcher(y, spec)(y, grad)
-
     # ---- logsumexp and merge_states (core.pieces; kernels in _triton_common/logsumexp.py, merge_states.py) ----
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
@@ -276,10 +269,6 @@ class TritonBackend:
         sms, item = self._sms(x), x.element_size()
         return logsumexp.launcher(x, spec, lambda n_rows, n_cols: lse_plan(n_rows, n_cols, item, sms))
 
-    def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp (keepdim, accumulation dtype), planned for this call (`logsumexp_launcher`)."""
-        return self.logsumexp_launcher(x, spec, operands)(x, operands)
-
     def merge_states_launcher(self, outputs, lses, spec):
         """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
         (`merge_states.merge_launcher`: worked out on its first call, then launched through the
@@ -288,10 +277,6 @@ class TritonBackend:
 
         sms, item = self._sms(outputs[0]), spec.dtype.itemsize
         return merge_launcher(spec, lambda k, rows, d: merge_plan(k, rows, d, item, sms))
-
-    def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
-        """(out, lse) through `merge_kernel`, planned for this call."""
-        return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
     @staticmethod
     def sharded_softmax_launcher(x: torch.Tensor, dim: int, **kwargs):

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import torch
 
+from ...core.backend import Backend
 from ...core.layout import RowLayout
 from ...core.spec import SoftmaxSpec
 from .._triton_common import interpreter, softmax_launchers
@@ -70,7 +71,7 @@ def _stand_in_operands(spec: SoftmaxSpec, device) -> tuple:
     return mask, sinks, p
 
 
-class TritonAscendBackend:
+class TritonAscendBackend(Backend):
     name = "triton_ascend"
     devices = ("npu",)  # CPU (interpreter) and CUDA (cross-check) tensors only when chosen explicitly
     priority = 100
@@ -151,10 +152,6 @@ class TritonAscendBackend:
             plan = self.plan(x, layout, spec, _halvings.get(cls))
         return softmax_launchers.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard,
                                          materialise=materialise)
-
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Softmax of `x` per `spec`, launched on `x`'s device and its current stream."""
-        return self.launcher(x, spec)(x)
 
     # ---- logsumexp and merge_states (core.pieces): the shared kernels (_triton_common/logsumexp.py,
     # merge_states.py) with the NPU's fixed grid and tiles bounded by the unified buffer ----

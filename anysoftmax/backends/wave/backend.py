@@ -20,12 +20,13 @@ import struct
 
 import torch
 
+from ...core.backend import Backend
 from ...core.cache import BoundedDict, OnceCache
 from ...core.layout import new_output
 from ...core.registry import BackendUnavailableError
 from ...core.request import FWD, plan_key
 from ...core.spec import SoftmaxSpec, dtype_name
-from ...core.variant import NO_OPERANDS, Operands
+from ...core.variant import Operands
 from . import diskcache, fusion, limits, runtime
 from .env import compiler_missing, runtime_missing
 from .kernel import DTYPES, KernelKey
@@ -89,7 +90,7 @@ def f32_bits(value: float) -> int:
 _F32, _F32_BITS = struct.Struct("<f"), struct.Struct("<i")
 
 
-class WaveBackend:
+class WaveBackend(Backend):
     name = "wave"
     devices = ("cuda",)  # ROCm tensors are torch device type "cuda" too
     priority = 50  # below triton (100), above torch (0)
@@ -174,11 +175,6 @@ class WaveBackend:
             runtime.launch(loaded, rows, out, operands=operands, p_sink=p, values=values, with_row=f.needs_row)
             return from_rows(out, t, spec), (None if p is None else p.view(p_shape))
         return run_fused
-
-    def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
-        """y for a plain spec; (y, p_sink) for a fused one (unmemoised; dispatch uses `launcher`)."""
-        f = self.launcher(x, spec)
-        return f(x) if spec.is_plain else f(x, operands)
 
     def run_rows(self, rows: torch.Tensor, out: torch.Tensor, spec: SoftmaxSpec) -> str:
         """Write the plain result for contiguous (M, N) `rows` into contiguous `out`; returns how

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax import dispatch, dispatch_pieces
+from anysoftmax import dispatch
 from anysoftmax.backends._triton_common import merge_states
 from anysoftmax.core.pieces import merge_formula
 from anysoftmax.core.request import MERGE, request_key
@@ -40,7 +40,7 @@ def _merge(outputs, lses, out, lse_out):
     # The public op when the outputs are allocated; vLLM's in-place form (out=, lse_out=) otherwise.
     if out is None:
         return anysoftmax.merge_states(outputs, lses, backend="triton")
-    return dispatch_pieces.merge_states(outputs, lses, backend="triton", out=out, lse_out=lse_out)
+    return dispatch.merge_states(outputs, lses, backend="triton", out=out, lse_out=lse_out)
 
 
 def _operands(k, dtype):
