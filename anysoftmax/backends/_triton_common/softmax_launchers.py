@@ -23,15 +23,18 @@ def row_shape(spec: SoftmaxSpec) -> tuple:
     return tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape))
 
 
-def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool) -> torch.Tensor | None:
+def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool,
+                 as_bytes: bool = True) -> torch.Tensor | None:
     """The mask as the kernels read it: a bool mask as bytes (nonzero = excluded); with
     `materialise`, the broadcast view copied to the input's shape (only for operand layouts
-    too irregular for three row dims: `core.layout.allocate_rows`)."""
+    too irregular for three row dims: `core.layout.allocate_rows`). `as_bytes=False` keeps a
+    bool mask bool (the kernels load it as a byte either way): Inductor cannot lower a dtype
+    view of a bool graph input, so compiled graphs hand the kernels the bool tensor itself."""
     if mask is None:
         return None
     if materialise:
         mask = mask.expand(spec.shape).contiguous()
-    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    return mask.view(torch.uint8) if as_bytes and mask.dtype == torch.bool else mask
 
 
 def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec) -> torch.Tensor | None:

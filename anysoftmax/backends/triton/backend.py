@@ -216,7 +216,7 @@ class TritonBackend(Backend):
         plan = self._traced_plan(x, y, layout, spec, False)
         has_sink = plan.fusion.has_sink
         p = torch.empty(softmax_launchers.row_shape(spec), dtype=spec.acc_dtype, device=x.device) if has_sink else None
-        tensors = (x, y, softmax_launchers.mask_operand(args.mask, spec, materialise),
+        tensors = (x, y, softmax_launchers.mask_operand(args.mask, spec, materialise, as_bytes=False),
                    softmax_launchers.sinks_operand(args.sinks, spec), p)
         traced.launch(plan, tensors, layout, spec.log, y.dtype, _values(args))
         return y, p
@@ -231,7 +231,7 @@ class TritonBackend(Backend):
         ds = torch.empty(softmax_launchers.row_shape(spec), dtype=spec.acc_dtype, device=y.device) if f.has_sink \
             else None
         tensors = (y, grad, dx, x.to(spec.out_dtype).contiguous() if f.has_cap else None,
-                   softmax_launchers.mask_operand(args.mask, spec, materialise),
+                   softmax_launchers.mask_operand(args.mask, spec, materialise, as_bytes=False),
                    p_sink.contiguous() if f.has_sink else None, ds)
         traced.launch(plan, tensors, layout, spec.log, dx.dtype, _values(args))
         return dx, ds

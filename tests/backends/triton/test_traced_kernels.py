@@ -354,3 +354,22 @@ def test_gpu_plans_trace_on_fake_cuda_tensors():
     assert not any("anysoftmax" in t for t in bw_targets)
     assert [k["kernel"] for k in tile["forward"][0]] == ["softmax_tile_kernel"]
     assert [k["kernel"] for k in tile["backward"][0]] == ["softmax_bwd_kernel"]
+
+
+def test_a_bool_mask_reaches_the_traced_kernels_as_bool(gen):
+    """A broadcast bool mask through the compiled fused path: the graph hands the kernels the
+    bool tensor itself (Inductor cannot lower a dtype view of a bool graph input), results and
+    gradients against the float64 reference."""
+    x = torch.randn(2, 3, 4, 8, generator=gen, dtype=torch.float64)
+    mask = torch.rand(2, 1, 4, 8, generator=gen) < 0.3
+    g = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    cap = Capture()
+    a = x.clone().requires_grad_()
+    y = compiled(lambda t, m: anysoftmax.softmax(t, -1, mask=m, scale=0.5, backend="triton"), cap)(a, mask)
+    y.backward(g)
+    assert cap.kernels(0) == ["softmax_tile_kernel"] and cap.kernels(1) == ["softmax_bwd_kernel"]
+    b = x.clone().requires_grad_()
+    ref = torch.softmax((b * 0.5).masked_fill(mask, float("-inf")), -1).nan_to_num(0.0)
+    ref.backward(g)
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12)
