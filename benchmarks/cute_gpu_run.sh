@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cute backend's GPU session, on a CUDA host without network access. The CuTe DSL, QuACK
 # and their needs travel as unpacked cp312 wheels in two archives (a lent machine takes at
-# most 64 MiB a call): `dsl` holds the DSL's 190 MB compiler library (xz), `site` the rest
+# most 64 MiB a call): `dsl` holds the DSL's 190 MB compiler library (xz; the cu13 flavour,
+# nvidia-cutlass-dsl-libs-cu13 4.8.1, for the CUDA 13 driver and torch), `site` the rest
 # (and any wheel beside it: Liger).
 #   bash benchmarks/cute_gpu_run.sh dsl DIR     # unpack DIR/ir.so.xz into $SITE (first call)
 #   bash benchmarks/cute_gpu_run.sh site DIR    # unpack DIR/site.tar.xz into $SITE
@@ -20,7 +21,7 @@ export PYTHONPATH="$PWD:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:
 PY="${PY:-python3}"
 stage="${1:-tests}"
 shift || true
-IR="$SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.cpython-312-x86_64-linux-gnu.so"
+IR="$SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so"
 case "$stage" in
   dsl)
     mkdir -p "$(dirname "$IR")"
