@@ -28,7 +28,7 @@ import torch
 from . import ops
 from .grad_mode import plain_eager, refuse_forward_over_forward, transform_active, wants_autodiff
 from .traced_temperature import scaled_logits, traced_as_symbols
-from ..core.pieces import lse_dtype as acc_dtype, row_shape
+from ..core.pieces import lse_dtype as acc_dtype
 from ..core.reference import fused_backward, prologue_chain
 from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
 
@@ -49,8 +49,8 @@ class Args:
                  "_mask", "_sinks", "_variant")
 
     def __init__(self, shape, device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-        self.dim, self.dtype, self.log = dim % max(len(shape), 1), dtype, log
-        self.scale, self.softcap, self.causal, self.empty_rows, self.backend = scale, softcap, causal, empty_rows, backend
+        self.dim, self.dtype, self.log, self.scale, self.softcap = dim % max(len(shape), 1), dtype, log, scale, softcap
+        self.causal, self.empty_rows, self.backend = causal, empty_rows, backend
         self._shape, self._device, self._mask, self._sinks, self._variant = tuple(shape), device, mask, sinks, None
 
     @property

@@ -20,16 +20,17 @@ def plain_eager(*tensors, gradients: bool = True) -> bool:
     operator's fake implementation; a functorch-wrapped one its vmap rule), and, with
     `gradients`, none that needs a gradient. An argument that is no tensor counts as plain:
     dispatch's validation names it. One loop, and the functorch query only while a transform
-    runs (its wrappers live no longer than it): this is on every call's path."""
+    runs: this is on every call's path."""
     if _is_compiling() or _fwad._current_level >= 0:
         return False
+    # (grad mode once: under no_grad / inference_mode no tensor's requires_grad is read)
     grad = gradients and _grad_enabled()
     wrapped = peek_interpreter_stack() is not None
     for t in tensors:
-        if type(t) is not _Tensor and type(t) is not _Parameter:
-            if isinstance(t, _Tensor):
+        if type(t) is _Tensor or type(t) is _Parameter:
+            if (grad and t.requires_grad) or (wrapped and is_functorch_wrapped_tensor(t)):
                 return False
-        elif (grad and t.requires_grad) or (wrapped and is_functorch_wrapped_tensor(t)):
+        elif isinstance(t, _Tensor):
             return False
     return True
 

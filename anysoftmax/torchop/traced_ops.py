@@ -146,8 +146,10 @@ def _concrete(*tensors) -> bool:
 
 
 def _routed(spec: SoftmaxSpec, backend: Optional[str], traced_method: str) -> bool:
+    if spec.numel == 0:
+        return False
     chosen = _backend_for(spec, backend)
-    return spec.numel != 0 and chosen is not None and (spec.is_plain or hasattr(chosen, traced_method))
+    return chosen is not None and (spec.is_plain or hasattr(chosen, traced_method))
 
 
 def forward_target(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None, softcap=None, causal="none",

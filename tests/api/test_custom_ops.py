@@ -52,7 +52,7 @@ def test_opcheck_fused(backend, log, gen):
                                                                                    "sinks": sinks.detach()})
 
 
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@LOG
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
 @pytest.mark.parametrize("shape,dim", [((3, 7), 1), ((4, 5, 3), 0), ((2, 3, 16), 1)])
 def test_gradcheck_float64(backend, device, shape, dim, log, gen):
@@ -157,7 +157,7 @@ def _operators_run(fn) -> list:
 
 
 @pytest.mark.parametrize("fused", [{}, {"scale": 0.5, "softcap": 3.0}], ids=["plain", "fused"])
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@LOG
 def test_eager_autograd_skips_the_dispatcher(log, fused, gen):
     """Eager training on plain tensors calls dispatch directly, forward and backward (the
     operators' dispatcher round trip costs more than a small softmax); torch.func transforms go
