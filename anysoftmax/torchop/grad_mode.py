@@ -30,7 +30,7 @@ def plain_eager(*tensors, gradients: bool = True) -> bool:
         if type(t) is _Tensor or type(t) is _Parameter:
             if (grad and t.requires_grad) or (wrapped and is_functorch_wrapped_tensor(t)):
                 return False
-        elif isinstance(t, _Tensor):
+        elif t is not None and isinstance(t, _Tensor):
             return False
     return True
 
