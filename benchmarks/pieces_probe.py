@@ -231,7 +231,7 @@ def probe_host(f, rounds=5):
 
     from anysoftmax import dispatch
     from anysoftmax.core.request import MERGE, request_key
-    from anysoftmax.torchop.pieces import _plain_states
+    from anysoftmax.torchop.pieces import plain_states
 
     x = torch.randn(16, 1024, device="cuda")
     sets = {k: merge_sets(1, 128, k, 1)[0] for k in (2, 8)}
@@ -251,7 +251,7 @@ def probe_host(f, rounds=5):
     for k, (outs, lses) in sets.items():
         fixed[f"merge K={k}: request key"] = lambda o=outs, l=lses: request_key(MERGE, o, l, None, None, False, None,
                                                                                None, None)
-        fixed[f"merge K={k}: _plain_states"] = lambda o=outs, l=lses: _plain_states(o, l)
+        fixed[f"merge K={k}: plain_states"] = lambda o=outs, l=lses: plain_states(o, l)
     times: dict[str, list] = {}
     for _ in range(rounds):
         for name, call in fixed.items():

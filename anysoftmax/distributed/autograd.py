@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor, maybe_get_level
 
-from ..torchop.pieces import _plain_eager
+from ..torchop.grad_mode import plain_eager
 from . import ops
 from .collective import group_name
 from .functions import NO_DOUBLE_BACKWARD, logsumexp_backward, logsumexp_forward, softmax_backward, softmax_forward
@@ -43,7 +43,7 @@ def _plain(*tensors) -> bool:
     # A backward's tensors are plain ones: the formulas run on them. torch.func's wrappers,
     # dead ones too (a vjp called after its transform returned: they have no storage), go
     # through the operators, which unwrap them.
-    return _plain_eager(*tensors, gradients=False) and not any(
+    return plain_eager(*tensors, gradients=False) and not any(
         t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
 
 
@@ -73,7 +73,7 @@ def _backward(ctx, grad, formula, operator, tail: tuple):
 
 def _softmax_outputs(x, mask, sinks, c):
     # (y, the global lse (with sinks), the rows empty on every rank (with a bool mask))
-    if _plain_eager(x, mask, sinks, gradients=False):
+    if plain_eager(x, mask, sinks, gradients=False):
         y, st = softmax_forward(x, mask, sinks, c)
         return y, st.lse, st.empty
     return ops.softmax_op(x, mask, sinks, c.dim, None, c.log, c.scale, c.softcap, c.empty_rows, c.backend,
@@ -132,7 +132,7 @@ class FuncShardedSoftmax(torch.autograd.Function):
 
 def _logsumexp_outputs(x, mask, sinks, c):
     # (the global logsumexp, `rest`, the rows empty on every rank (with a bool mask))
-    if _plain_eager(x, mask, sinks, gradients=False):
+    if plain_eager(x, mask, sinks, gradients=False):
         out, st = logsumexp_forward(x, mask, sinks, c)
         return out, st.rest, st.empty
     return ops.logsumexp_op(x, mask, sinks, c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group))

@@ -13,7 +13,7 @@ from ..core.request import request_key
 from ..core.spec import SoftmaxSpec
 from ..core.variant import runtime_values
 from ..dispatch import FusedArgs
-from ..torchop.pieces import _plain_eager
+from ..torchop.grad_mode import plain_eager
 from .collective import group_rank_and_size
 from .functions import Call
 
@@ -59,7 +59,7 @@ def prepare(who, direction, x, dim, dtype, log, keepdim, group, scale, mask, cau
     a = FusedArgs(scale, mask, False, softcap, sinks, empty_rows)
     # Plain eager tensors and modes: the local calls go straight to dispatch, and the request
     # is memoised by its key (which reads pointers: torch.func's wrappers have none).
-    eager = _plain_eager(x, mask, sinks, gradients=False)
+    eager = plain_eager(x, mask, sinks, gradients=False)
     key = request_key(direction, x, dim, dtype, backend, log, None, a) if eager else None
     checked = _lookup(key) if key is not None else None
     if checked is None:

@@ -23,7 +23,7 @@ import torch
 from .. import dispatch
 from ..core.reference import empty_row_value, prologue_chain
 from ..torchop.api import log_softmax as _log_softmax, softmax as _softmax
-from ..torchop.pieces import _plain_eager
+from ..torchop.grad_mode import plain_eager
 from . import one_read
 from .collective import sum_rows
 from .states import exchange
@@ -49,7 +49,7 @@ class Call(NamedTuple):
     group: object
     rank: int
     world: int
-    eager: bool  # plain eager tensors and modes (`torchop.pieces._plain_eager`): local calls go straight to dispatch
+    eager: bool  # plain eager tensors and modes (`torchop.grad_mode.plain_eager`): local calls go straight to dispatch
 
 
 def _acc(t: torch.Tensor) -> torch.dtype:
@@ -147,7 +147,7 @@ def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True
     nothing kept but its sink s is s: the sink's gradient there is g."""
     acc = _acc(x)
     g = g.to(acc) if c.keepdim else g.to(acc).unsqueeze(c.dim)
-    c = c._replace(log=False, eager=_plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)
+    c = c._replace(log=False, eager=plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)
     dz = g * _shard_values(x.detach(), mask, c, rest, acc)
     ds = None
     if sinks is not None and needs[2]:

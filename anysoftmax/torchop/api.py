@@ -13,11 +13,9 @@ implicit dim with torch's deprecation warning, as `F.softmax` does.
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as _fwad
-from torch._C._functorch import is_functorch_wrapped_tensor
 
 from .. import dispatch
-from .grad_mode import wants_autodiff
+from .grad_mode import plain_eager
 
 
 def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
@@ -41,37 +39,14 @@ def _normalise(name: str, input, dim, dtype, stacklevel):
     return dim, dtype
 
 
-def _run_general(input, dim, dtype, backend, log: bool) -> torch.Tensor:
-    # Under torch.compile: the registered operator (autograd attached); when AOTAutograd traces
-    # it for a request the triton backend serves, its kernels enter the graph as user-defined
-    # Triton kernels (anysoftmax.traced_ops), else it stays opaque.
-    # In eager mode, whenever a derivative may be wanted (gradients, forward AD, torch.func):
-    # the operator's autograd.Function. Plain eager inference calls dispatch directly and saves
-    # the dispatcher's microseconds that small tensors would wait on.
-    # (The operators load torch._dynamo and with it Triton: imported on first need, so that
-    # `import anysoftmax` leaves the Triton interpreter choice open.)
-    if torch.compiler.is_compiling():
-        from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)
-        return autodiff.compiled_softmax(input, dim, dtype, backend, log)
-    if isinstance(input, torch.Tensor) and wants_autodiff(input):
-        from . import autodiff, registration  # noqa: F401
-        return autodiff.softmax(input, dim, dtype, backend, log)
-    return dispatch.forward(input, dim, dtype, backend, log)
+def _differentiable(input, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
+    # Whenever a derivative may be wanted (gradients, forward AD, torch.func), under
+    # torch.compile, or on tensor subclasses: the operators' autograd (`autodiff`). Loaded on
+    # first need: the operators load torch._dynamo and with it Triton, and `import anysoftmax`
+    # leaves the Triton interpreter choice open.
+    from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)
 
-
-def _run_fused(input, dim, dtype, backend, log: bool, a: dispatch.FusedArgs) -> torch.Tensor:
-    # The fused family: its own operators (they also return the rows' sink shares, which the
-    # sinks' gradient needs), otherwise routed like the plain ones.
-    if torch.compiler.is_compiling():
-        from . import fused_autodiff, registration  # noqa: F401
-        return fused_autodiff.compiled_fused(input, dim, dtype, backend, log, a.mask, a.sinks, a.scale, a.softcap,
-                                             a.causal, a.empty_rows)
-    operands = [t for t in (input, a.mask, a.sinks) if isinstance(t, torch.Tensor)]
-    if isinstance(input, torch.Tensor) and wants_autodiff(*operands):
-        from . import fused_autodiff, registration  # noqa: F401
-        return fused_autodiff.fused_softmax(input, dim, dtype, backend, log, a.mask, a.sinks, a.scale, a.softcap,
-                                            a.causal, a.empty_rows)
-    return dispatch.forward_fused(input, dim, dtype, backend, log, a)[0]
+    return autodiff.softmax(input, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
 
 
 def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,
@@ -90,17 +65,16 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
     """
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
+    # Eager inference goes straight to dispatch: the hot path (is_compiling first, inside
+    # plain_eager: under torch.compile it is a constant, and nothing after it is traced).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        # Eager inference goes straight to dispatch: the hot path, tested inline (a helper
-        # would be one more frame per call). (is_compiling first: under torch.compile it is a
-        # constant, and nothing after it is traced.)
-        if not torch.compiler.is_compiling() and type(input) is torch.Tensor and not input.requires_grad \
-                and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(input):
+        if plain_eager(input):
             return dispatch.forward(input, dim, dtype, backend, False)
-        return _run_general(input, dim, dtype, backend, False)
-    return _run_fused(input, dim, dtype, backend, False,
-                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))
+    elif plain_eager(input, mask, sinks):
+        return dispatch.forward_fused(input, dim, dtype, backend, False,
+                                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))[0]
+    return _differentiable(input, dim, dtype, False, mask, sinks, scale, softcap, causal, empty_rows, backend)
 
 
 def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,
@@ -112,17 +86,16 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
     NaN / -log N)."""
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("log_softmax", input, dim, dtype, _stacklevel)
+    # Eager inference goes straight to dispatch: the hot path (is_compiling first, inside
+    # plain_eager: under torch.compile it is a constant, and nothing after it is traced).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        # Eager inference goes straight to dispatch: the hot path, tested inline (a helper
-        # would be one more frame per call). (is_compiling first: under torch.compile it is a
-        # constant, and nothing after it is traced.)
-        if not torch.compiler.is_compiling() and type(input) is torch.Tensor and not input.requires_grad \
-                and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(input):
+        if plain_eager(input):
             return dispatch.forward(input, dim, dtype, backend, True)
-        return _run_general(input, dim, dtype, backend, True)
-    return _run_fused(input, dim, dtype, backend, True,
-                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))
+    elif plain_eager(input, mask, sinks):
+        return dispatch.forward_fused(input, dim, dtype, backend, True,
+                                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))[0]
+    return _differentiable(input, dim, dtype, True, mask, sinks, scale, softcap, causal, empty_rows, backend)
 
 
 def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,
@@ -130,16 +103,8 @@ def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool
     """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward
     output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in
     y's dtype."""
-    # Inline checks, as in `softmax` (a helper call costs ~1.5 us per call on small tensors):
-    # eager without autodiff goes straight to dispatch; otherwise the operator, which is
-    # traceable (fake implementation) and differentiable (double backward).
-    try:
-        plain = not torch.compiler.is_compiling() \
-            and not (torch.is_grad_enabled() and (y.requires_grad or grad.requires_grad)) \
-            and _fwad._current_level < 0 and not is_functorch_wrapped_tensor(y) and not is_functorch_wrapped_tensor(grad)
-    except (AttributeError, TypeError):  # not tensors: dispatch's validation names the argument
-        plain = True
-    if plain:
+    if plain_eager(y, grad):
         return dispatch.backward(y, grad, dim, log, backend)  # (positional: no keyword parsing)
-    from . import ops, registration  # noqa: F401  (registers the operators' autograd)
-    return ops.softmax_backward_op(grad, y, dim, log, backend)
+    from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)
+
+    return autodiff.softmax_backward(grad, y, dim, log, backend)

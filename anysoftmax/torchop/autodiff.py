@@ -1,224 +1,347 @@
-"""Derivatives of anysoftmax's operators in every autograd mode torch has.
+"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode torch has.
 
-* Reverse mode: softmax/log_softmax differentiate to the `softmax_backward` operator, and that
-  operator differentiates in turn (double backward, hessians) with torch's own formula.
-* Forward mode (`torch.autograd.forward_ad`, `torch.func.jvp`/`jacfwd`): the jvp rules below.
-* torch.func (grad, vjp, jacrev, jacfwd, hessian, vmap of them).
+* Reverse mode: `softmax` differentiates to the `softmax_backward` operator (the backend's
+  kernel, or `core.reference.fused_backward` in torch): dx, dsinks from the per-row sums, and
+  for a floating mask the gradient of the logits summed over its broadcast dims.
+* Higher orders: the backward differentiates through the same formula written in torch ops
+  (`_backward_formula`), by `torch.func.vjp` of it. The sink share p_s enters that formula with
+  its value from the forward and the derivative of its identity p_s = 1 - sum_j y_j, so second
+  derivatives w.r.t. the sinks flow through y.
+* Forward mode (`torch.autograd.forward_ad`, `torch.func.jvp`/`jacfwd`): the jvp of the forward
+  is written out (`output_tangent`); the backward's by reverse mode twice.
+* torch.func and vmap: the Functions set `generate_vmap_rule` over operators with vmap rules
+  (`batching`).
 
-Why two `torch.autograd.Function`s beside `register_autograd`: in torch 2.13 an operator's
-`register_autograd` builds an autograd.Function with neither `setup_context` (functorch's
-transforms refuse it) nor `jvp` (no forward mode), and `torch.library` has no forward-mode
-registration. So every formula is written once here, as a function; the Functions (eager
-autograd and torch.func) and the operators' registrations (what `torch.compile` traces; dynamo
-cannot trace a Function with a custom jvp) both call them. The Functions' forwards are the
-operators, so every path still runs the one backend implementation.
+Why autograd.Functions beside the operators' `register_autograd`: in torch 2.13 an operator's
+`register_autograd` builds a Function with neither `setup_context` (functorch's transforms
+refuse it) nor `jvp`, and `torch.library` has no forward-mode registration. So every formula
+is written once here; the Functions (eager autograd, torch.func) and the operators'
+registrations (what `torch.compile` traces; dynamo cannot trace a Function with a custom jvp)
+both call them. A Function's forward on plain eager tensors calls dispatch itself: the
+operator's dispatcher round trip costs more than a small softmax.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
-import torch.autograd.forward_ad as _fwad
-from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor
 
 from . import ops
-from .grad_mode import wants_autodiff
-from ..core.reference import backward_from_output
-
-_NARROW = (torch.float16, torch.bfloat16)
+from .grad_mode import plain_eager, refuse_forward_over_forward, transform_active, wants_autodiff
+from .traced_temperature import scaled_logits, traced_as_symbols
+from ..core.pieces import lse_dtype as acc_dtype
+from ..core.reference import fused_backward, prologue_chain
+from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
 
 
 @torch._dynamo.assume_constant_result
 def _functorch_active() -> bool:
-    # Is any torch.func transform running? Evaluated once while dynamo traces (it cannot trace
-    # the functorch query itself); dynamo guards compiled graphs on the functorch state anyway.
-    return torch._C._functorch.peek_interpreter_stack() is not None
+    # Evaluated once while dynamo traces (it cannot trace the functorch query itself); dynamo
+    # guards compiled graphs on the functorch state anyway.
+    return transform_active()
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    # The formulas' sums accumulate in float32 for 16-bit tensors, like the kernels.
-    return t.float() if t.dtype in _NARROW else t
+class Args:
+    """The non-tensor arguments of a call, normalised once (dim in range) and kept on the
+    autograd context; `variant` (the `core.variant.Variant` with its values, which the torch
+    formulas need) is built on first use only: the kernel paths never need it."""
 
+    __slots__ = ("dim", "dtype", "log", "scale", "softcap", "causal", "empty_rows", "backend", "_shape", "_device",
+                 "_mask", "_sinks", "_variant")
 
-def _rowsum(t: torch.Tensor, dim: int) -> torch.Tensor:
-    return t.sum(dim, keepdim=True)
+    def __init__(self, shape, device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
+        self.dim, self.dtype, self.log, self.scale, self.softcap = dim % max(len(shape), 1), dtype, log, scale, softcap
+        self.causal, self.empty_rows, self.backend = causal, empty_rows, backend
+        self._shape, self._device, self._mask, self._sinks, self._variant = tuple(shape), device, mask, sinks, None
+
+    @property
+    def variant(self) -> Variant:
+        if self._variant is None:
+            self._variant = build(self._shape, self._device, self.dim, scale=self.scale, mask=self._mask,
+                                  causal=self.causal, softcap=self.softcap, sinks=self._sinks,
+                                  empty_rows=self.empty_rows)[0]
+        return self._variant
+
+    def tail(self) -> tuple:
+        """(scale, softcap, causal, empty_rows, backend): the operators' last arguments."""
+        return self.scale, self.softcap, self.causal, self.empty_rows, self.backend
 
 
 # ---- the formulas ---------------------------------------------------------------------------
 
-def input_grad(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool,
-               backend: Optional[str]) -> torch.Tensor:
-    """Gradient w.r.t. softmax's input: the `softmax_backward` operator, differentiable
-    itself whenever that is needed."""
-    if not torch.compiler.is_compiling() and wants_autodiff(grad, y):
-        return _SoftmaxBackward.apply(grad, y, dim, log, backend)
-    return ops.softmax_backward_op(grad, y, dim, log, backend)
+def _sink_share_with_identity(p: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    # Value: the forward's p_s (exact); derivative: that of 1 - sum_j y_j, which p_s equals.
+    q = 1 - (y.exp() if log else y).sum(dim, keepdim=True)
+    return p.to(q.dtype) + (q - q.detach())
 
 
-def refuse_forward_over_forward() -> None:
-    # torch runs an autograd.Function's jvp with forward AD switched off, so an enclosing
-    # forward-mode transform sees its result as a constant: jacfwd(jacfwd(f)) would silently
-    # be zero (true of any autograd.Function in torch 2.13). Refuse it instead.
-    if sum(ci.key() == TransformType.Jvp for ci in get_interpreter_stack() or ()) > 1:
-        raise NotImplementedError(
-            "anysoftmax: forward-mode over forward-mode differentiation (e.g. jacfwd(jacfwd(f))) "
-            "is not supported: torch.autograd.Function jvps are not forward-differentiable; use "
-            "reverse mode for the inner derivative (jacfwd(jacrev(f)), torch.func.hessian)")
+def _backward_formula(grad, y, x, p, mask, a: Args):
+    """dx (with sinks: (dx, ds_rows)) in torch ops, differentiable in grad, y and x."""
+    acc = acc_dtype(y.dtype)
+    p_eff = None if p is None else _sink_share_with_identity(p, y.to(acc), a.dim, a.log)
+    dx, ds, _ = fused_backward(grad, y, x, a.variant, a.dim, a.log, mask, p_eff, acc)
+    return dx.to(y.dtype) if p is None else (dx.to(y.dtype), ds)
 
 
-def _formula(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    # softmax_backward in torch ops. jvp rules use it rather than the operator: an
-    # autograd.Function applied inside a jvp re-enters the same functorch level (unbounded
-    # recursion under nested transforms), while torch ops nest.
-    acc = torch.float64 if y.dtype == torch.float64 else torch.float32
-    return backward_from_output(y, grad, dim, log, acc).to(y.dtype)
+def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
+    """jvp of the forward: t_z = scale * (1 - tanh^2) * t_x (+ t_mask for a floating mask),
+    zero where excluded; softmax: y * (t_z - sum(y t_z) - p_s t_s); log: t_z - sum(p t_z) - p_s t_s;
+    excluded positions and empty rows: 0."""
+    acc = acc_dtype(y.dtype)
+    v, dim = a.variant, a.dim
+    keep = keep_mask(tuple(y.shape), v, mask, y.device)
+    tz = torch.zeros(y.shape, dtype=acc, device=y.device)
+    if tx is not None:
+        tz = tz + prologue_chain(tx.to(acc), x, v.scale, v.softcap, keep)
+    if tmask is not None and v.mask_kind == MASK_ADDITIVE:
+        tz = tz + tmask.to(acc)
+    if keep is not None:
+        tz = tz.masked_fill(~keep, 0.0)
+    yw = y.to(acc)
+    prob = torch.nan_to_num(yw.exp() if a.log else yw, nan=0.0)
+    inner = (prob * tz).sum(dim, keepdim=True)
+    if tsinks is not None and p is not None:
+        inner = inner + p.to(acc) * tsinks.to(acc)
+    ty = tz - inner if a.log else prob * (tz - inner)
+    if keep is not None:
+        empty = ~keep.any(dim, keepdim=True)
+        ty = ty.masked_fill(~keep | empty, 0.0)
+    return ty.to(y.dtype)
 
 
-def output_tangent(t: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    """jvp of softmax: y * (t - sum(y * t)), i.e. softmax_backward(t, y); of log_softmax:
-    t - sum(softmax * t)."""
-    t = t.to(y.dtype)
-    if not log:
-        return _formula(t, y, dim, False)
-    p, tw = _wide(y).exp(), _wide(t)
-    return (tw - _rowsum(p * tw, dim)).to(y.dtype)
+# ---- the two directions, through dispatch or the operators ------------------------------------
+
+def _forward_values(x, dim, dtype, log, mask, sinks, *tail):
+    if plain_eager(x, mask, sinks, gradients=False):
+        return ops.run_forward(x, dim, dtype, log, mask, sinks, *tail)
+    return ops.softmax_op(x, dim, dtype, log, mask, sinks, *tail)
 
 
-def backward_grads(gdx: torch.Tensor, grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool,
-                   backend: Optional[str], need_grad: bool = True, need_y: bool = True):
-    """vjp of `softmax_backward(grad, y)` for the incoming gradient `gdx` of its result:
-    (gradient w.r.t. grad, gradient w.r.t. y), None where not needed. torch's formulas:
-    softmax: (y * (gdx - sum(y * gdx)),  gdx * (grad - sum(y * grad)) - grad * sum(gdx * y));
-    log:     (gdx - sum(exp(y) * gdx),   -gdx * exp(y) * sum(grad))."""
-    d_grad = d_y = None
-    if need_grad and not log:  # the same operator, transposed arguments: reuse the kernel
-        d_grad = input_grad(gdx.to(y.dtype), y, dim, False, backend).to(grad.dtype)
-    if not (need_y or (need_grad and log)):
-        return d_grad, d_y
-    dw, yw, gw = _wide(gdx), _wide(y), _wide(grad)
-    if log:
-        p = yw.exp()
-        if need_grad:
-            d_grad = (dw - _rowsum(p * dw, dim)).to(grad.dtype)
-        if need_y:
-            d_y = (-dw * p * _rowsum(gw, dim)).to(y.dtype)
-    elif need_y:
-        d_y = (dw * (gw - _rowsum(yw * gw, dim)) - gw * _rowsum(dw * yw, dim)).to(y.dtype)
-    return d_grad, d_y
+def _backward_values(grad, y, dim, log, x, p, mask, sinks, *tail):
+    if plain_eager(grad, y, x, p, mask, sinks, gradients=False):
+        return ops.run_backward(grad, y, dim, log, x, p, mask, sinks, *tail)
+    return ops.softmax_backward_op(grad, y, dim, log, x, p, mask, sinks, *tail)
 
 
-def backward_tangent(t_grad: Optional[torch.Tensor], t_y: Optional[torch.Tensor], grad: torch.Tensor,
-                     y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    """jvp of `softmax_backward(grad, y)` for tangents of grad and/or y (None: zero)."""
-    out = None
-    if t_grad is not None:  # linear in grad
-        out = _formula(t_grad.to(y.dtype), y, dim, log)
-    if t_y is not None:
-        tw, yw, gw = _wide(t_y), _wide(y), _wide(grad)
-        if log:
-            part = -tw * yw.exp() * _rowsum(gw, dim)
-        else:
-            part = tw * (gw - _rowsum(yw * gw, dim)) - yw * _rowsum(gw * tw, dim)
-        out = part.to(y.dtype) if out is None else out + part.to(y.dtype)
-    return out
+def _call_backward(grad, y, x, p, mask, sinks, a: Args):
+    """(dx, ds_rows or None) through the backward, differentiable again when that is needed."""
+    args = (grad, y, a.dim, a.log, x, p, mask, sinks, *a.tail())
+    if not torch.compiler.is_compiling() and wants_autodiff(grad, y, x, mask, sinks):
+        out = _SoftmaxBackward.apply(*args)
+        return (out, None) if sinks is None else out
+    return _backward_values(*args)
+
+
+def _setup_forward(ctx, inputs, y, p) -> tuple:
+    x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
+    ctx.args = Args(x.shape, x.device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    ctx.x_dtype = x.dtype
+    saved = (y, p if sinks is not None else None, x if softcap is not None else None, mask, sinks)
+    ctx.save_for_backward(*saved)
+    return saved
+
+
+def _forward_grads(ctx, grad) -> tuple:
+    """The forward's input gradients (the operator's argument order) for y's gradient `grad`."""
+    y, p, x, mask, sinks = ctx.saved_tensors
+    # (an operator's call omits trailing arguments equal to their defaults: no gradient there)
+    a, needs = ctx.args, (*ctx.needs_input_grad, False, False, False, False, False)
+    d_x = d_mask = d_sinks = None
+    if needs[0] or needs[5]:
+        dx, ds = _call_backward(grad, y, x, p, mask, sinks, a)
+        d_x = dx.to(ctx.x_dtype) if needs[0] else None
+        d_sinks = ds.sum_to_size(sinks.shape).to(sinks.dtype) if needs[5] else None
+    if needs[4] and mask is not None and mask.dtype.is_floating_point:
+        v = a.variant
+        _, _, dz = fused_backward(grad, y, None, Variant(mask=v.mask, mask_kind=MASK_ADDITIVE, causal=v.causal,
+                                                         sinks=v.sinks), a.dim, a.log, mask, None,
+                                  acc_dtype(y.dtype), want_dz=True)
+        d_mask = dz.sum_to_size(mask.shape).to(mask.dtype)
+    return d_x, None, None, None, d_mask, d_sinks, None, None, None, None, None
+
+
+def _setup_backward(ctx, inputs) -> tuple:
+    grad, y, dim, log, x, p, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
+    ctx.args = Args(y.shape, y.device, dim, None, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    saved = (grad, y, x, mask, p if sinks is not None else None)
+    ctx.save_for_backward(*saved)
+    return saved
+
+
+def _formula_vjp(ctx):
+    """The backward's formula at (grad, y, x): (its value, its vjp, those primals, whether x
+    was given)."""
+    a = ctx.args
+    grad, y, x, mask, p = ctx.saved_tensors
+    primals = (grad, y, x if x is not None else torch.zeros_like(y))
+    out, vjp = torch.func.vjp(lambda g_, y_, x_: _backward_formula(g_, y_, x_, p, mask, a), *primals)
+    return out, vjp, primals, x is not None
+
+
+def _backward_grads(ctx, gdx, gds) -> tuple:
+    """The backward's input gradients (the operator's argument order): double backward."""
+    out, vjp, (_, y, _), has_x = _formula_vjp(ctx)
+    gdx = torch.zeros_like(y) if gdx is None else gdx
+    if isinstance(out, tuple):  # with sinks: ds_rows has a cotangent too
+        gdx = (gdx, torch.zeros_like(out[1]) if gds is None else gds)
+    d_grad, d_y, d_x = vjp(gdx)
+    return d_grad, d_y, None, None, (d_x if has_x else None), *(None,) * 8
 
 
 # ---- autograd.Functions: eager autograd, forward mode and torch.func -------------------------
 
 class _Softmax(torch.autograd.Function):
-    """softmax / log_softmax through the operator, with reverse, forward and vmap rules."""
-
-    generate_vmap_rule = True  # the operators have vmap rules (anysoftmax.batching)
-
-    @staticmethod
-    def forward(x, dim, dtype, backend, log):
-        return (ops.log_softmax_op if log else ops.softmax_op)(x, dim, dtype, backend)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, dim, _dtype, backend, log = inputs
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-        ctx.dim, ctx.backend, ctx.log, ctx.x_dtype = dim, backend, log, x.dtype
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return input_grad(grad, y, ctx.dim, ctx.log, ctx.backend).to(ctx.x_dtype), None, None, None, None
-
-    @staticmethod
-    def jvp(ctx, t, *_):
-        (y,) = ctx.saved_tensors
-        refuse_forward_over_forward()
-        return output_tangent(t, y, ctx.dim, ctx.log)
-
-
-class _SoftmaxBackward(torch.autograd.Function):
-    """`softmax_backward(grad, y)` through the operator, differentiable again in every mode."""
+    """The softmax operator's work, with reverse, forward and vmap rules. Outputs y (with
+    sinks: (y, p_sink), p_sink not differentiable)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(grad, y, dim, log, backend):
-        return ops.softmax_backward_op(grad, y, dim, log, backend)
+    def forward(x, dim, dtype, log, mask, sinks, *tail):
+        y, p = _forward_values(x, dim, dtype, log, mask, sinks, *tail)
+        return y if sinks is None else (y, p)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        grad, y, dim, log, backend = inputs
-        ctx.save_for_backward(grad, y)
-        ctx.save_for_forward(grad, y)
-        ctx.dim, ctx.log, ctx.backend = dim, log, backend
+        with_sinks = inputs[5] is not None
+        if with_sinks:
+            ctx.mark_non_differentiable(output[1])
+        ctx.save_for_forward(*_setup_forward(ctx, inputs, *(output if with_sinks else (output, None))))
 
     @staticmethod
-    def backward(ctx, gdx):
-        grad, y = ctx.saved_tensors
-        d_grad, d_y = backward_grads(gdx, grad, y, ctx.dim, ctx.log, ctx.backend,
-                                     ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return d_grad, d_y, None, None, None
+    def backward(ctx, grad, *_):
+        return _forward_grads(ctx, grad)
 
     @staticmethod
-    def jvp(ctx, t_grad, t_y, *_):
-        grad, y = ctx.saved_tensors
+    def jvp(ctx, tx, _dim, _dtype, _log, tmask, tsinks, *_):
         refuse_forward_over_forward()
-        return backward_tangent(t_grad, t_y, grad, y, ctx.dim, ctx.log)
+        y, p, x, mask, sinks = ctx.saved_tensors
+        ty = output_tangent(tx, tmask, tsinks, y, p, x, mask, ctx.args)
+        return ty if sinks is None else (ty, None)
 
 
-def softmax(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
-            log: bool) -> torch.Tensor:
-    """Differentiable softmax (log_softmax with `log`): what `anysoftmax.softmax` runs in eager
-    mode when `wants_autodiff(x)`."""
-    return _Softmax.apply(x, dim, dtype, backend, log)
+class _EagerSoftmax(torch.autograd.Function):
+    """`_Softmax` for eager autograd outside torch.func: `Function.apply` binds the arguments of
+    a setup_context-style forward through `inspect.signature` on every call (tens of
+    microseconds, more than a small softmax costs); a forward that takes ctx skips that."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _Softmax.forward(*inputs)
+        _Softmax.setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_Softmax.backward)
+    jvp = staticmethod(_Softmax.jvp)
 
 
-def compiled_softmax(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
-                     log: bool) -> torch.Tensor:
-    """What `anysoftmax.softmax` traces to under torch.compile: the operator (its autograd
-    registered; AOTAutograd replaces it by the backend's Triton kernels where `traced_ops` routes
-    it, else it stays opaque). Inside a torch.func transform, functorch cannot use an operator's registered
-    autograd and dynamo traces neither a custom jvp nor (correctly) a Function's forward under
-    torch.func in torch 2.13, so that call runs eagerly: one graph break, torch's results."""
+class _SoftmaxBackward(torch.autograd.Function):
+    """The backward operator's work, differentiable again (through `_backward_formula`) in
+    every mode. Outputs dx (with sinks: (dx, ds_rows))."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(grad, y, dim, log, x, p, mask, sinks, *tail):
+        dx, ds = _backward_values(grad, y, dim, log, x, p, mask, sinks, *tail)
+        return dx if sinks is None else (dx, ds)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_forward(*_setup_backward(ctx, inputs))
+
+    @staticmethod
+    def backward(ctx, gdx, gds=None):
+        return _backward_grads(ctx, gdx, gds)
+
+    @staticmethod
+    def jvp(ctx, t_grad, t_y, _dim, _log, t_x, *_):
+        refuse_forward_over_forward()
+        out, vjp, primals, _ = _formula_vjp(ctx)
+        tangents = tuple(torch.zeros_like(pr) if t is None else t for pr, t in zip(primals, (t_grad, t_y, t_x)))
+        # J t by reverse mode twice (the vjp is linear in its cotangent u, so the vjp of
+        # u -> J^T u is J t): forward mode cannot nest inside torch's forward AD here.
+        outs = out if isinstance(out, tuple) else (out,)
+        _, vjp_of_vjp = torch.func.vjp(lambda *u: vjp(u if isinstance(out, tuple) else u[0]),
+                                       *(torch.zeros_like(o) for o in outs))
+        result = vjp_of_vjp(tangents)
+        return result if isinstance(out, tuple) else result[0]
+
+
+# ---- entry points (`api`) ----------------------------------------------------------------------
+
+def op_arguments(scale, softcap, causal):
+    """(scale, softcap, causal) as the operators' schema takes them: floats or None (validated)
+    and the causal form's name."""
+    if scale is not None or softcap is not None:
+        s, c = runtime_values(scale, softcap)
+        scale, softcap = (None if scale is None else s), (None if softcap is None else c)
+    return scale, softcap, causal_name(causal)
+
+
+def softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend) -> torch.Tensor:
+    """Differentiable softmax (log_softmax with `log`), plain or fused: what `anysoftmax.softmax`
+    runs when its call may not go straight to dispatch."""
+    if torch.compiler.is_compiling():
+        return _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    scale, softcap, causal = op_arguments(scale, softcap, causal)
+    function = _Softmax if transform_active() else _EagerSoftmax
+    out = function.apply(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    return out if sinks is None else out[0]
+
+
+def _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
+    # Under torch.compile: the operator (its autograd registered; AOTAutograd replaces it by
+    # the backend's Triton kernels where `traced_ops` routes it, else it stays opaque). Inside
+    # a torch.func transform, functorch cannot use an operator's registered autograd and dynamo
+    # traces neither a custom jvp nor (correctly) a Function's forward under torch.func in
+    # torch 2.13, so that call runs eagerly: one graph break. A scale or softcap that Dynamo
+    # traces as a symbol is applied before the operator (`traced_temperature`).
     if _functorch_active():
-        return _eager_softmax(x, dim, dtype, backend, log)
-    return (ops.log_softmax_op if log else ops.softmax_op)(x, dim, dtype, backend)
+        return _eager_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    if traced_as_symbols(scale, softcap):
+        out_dtype = x.dtype if dtype is None else dtype
+        z = scaled_logits(x, out_dtype, scale, softcap, mask, causal)
+        y, _ = ops.softmax_op(z, dim, None, log, mask, sinks, None, None, causal_name(causal), empty_rows, backend)
+        return y.to(out_dtype)
+    scale, softcap, causal = op_arguments(scale, softcap, causal)
+    return ops.softmax_op(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)[0]
 
 
 @torch._dynamo.disable
-def _eager_softmax(x, dim, dtype, backend, log):
-    return _Softmax.apply(x, dim, dtype, backend, log)
+def _eager_softmax(*args):
+    return softmax(*args)
 
 
-# ---- what the operators' own registrations call (`anysoftmax.ops`) ---------------------------
+def softmax_backward(grad, y, dim, log, backend) -> torch.Tensor:
+    """Differentiable `softmax_backward` (plain): what `anysoftmax.softmax_backward` runs when
+    its call may not go straight to dispatch."""
+    args = (grad, y, dim, log, None, None, None, None, None, None, "none", "zero", backend)
+    if torch.compiler.is_compiling():
+        return ops.softmax_backward_op(*args)[0]
+    return _SoftmaxBackward.apply(*args)
 
-def op_forward_backward(ctx, grad, log: bool):
-    """Backward of the softmax/log_softmax operator (torch.compile, direct torch.ops calls)."""
-    (y,) = ctx.saved_tensors
-    return input_grad(grad, y, ctx.dim, log, ctx.backend).to(ctx.x_dtype), None, None, None
+
+# ---- the operators' own autograd (`registration`): torch.compile, direct torch.ops calls -------
+
+def setup_op_forward(ctx, inputs, output):
+    """setup_context of the `softmax` operator's registered autograd."""
+    _setup_forward(ctx, inputs, *output)
 
 
-def op_backward_backward(ctx, gdx):
-    """Backward of the softmax_backward operator: double backward."""
-    grad, y = ctx.saved_tensors
-    d_grad, d_y = backward_grads(gdx, grad, y, ctx.dim, ctx.log, ctx.backend,
-                                 ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-    return d_grad, d_y, None, None, None
+def op_forward_backward(ctx, grad, _grad_p):
+    """Backward of the `softmax` operator."""
+    return _forward_grads(ctx, grad)
+
+
+def setup_op_backward(ctx, inputs, output):
+    """setup_context of the `softmax_backward` operator's registered autograd."""
+    _setup_backward(ctx, inputs)
+
+
+def op_backward_backward(ctx, gdx, gds):
+    """Backward of the `softmax_backward` operator: double backward."""
+    return _backward_grads(ctx, gdx, gds)
+
+
+__all__ = ["op_backward_backward", "op_forward_backward", "setup_op_backward", "setup_op_forward",
+           "softmax", "softmax_backward"]

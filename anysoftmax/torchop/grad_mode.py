@@ -1,17 +1,59 @@
-"""Whether a call must be differentiable: checked on every eager call, so it imports nothing
-heavy (the operators and their autograd, which pull in torch._dynamo and Triton, are loaded
-only when a derivative is wanted; see `api.softmax`)."""
+"""Which path a call takes: checked on every eager call, so it imports nothing heavy (the
+operators and their autograd, which pull in torch._dynamo and Triton, are loaded only when a
+derivative is wanted; see `api.softmax`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.autograd.forward_ad as _fwad
-from torch._C._functorch import is_functorch_wrapped_tensor
+from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor, \
+    peek_interpreter_stack
+
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+_is_compiling, _grad_enabled = torch.compiler.is_compiling, torch.is_grad_enabled
 
 
-def wants_autodiff(*tensors: torch.Tensor) -> bool:
-    """True when a call on `tensors` must be differentiable: a tensor needs a gradient, a
-    torch.func transform wraps one, or a forward-AD level is open (dual tensors)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+def plain_eager(*tensors, gradients: bool = True) -> bool:
+    """Whether a call on `tensors` (None where absent) may run dispatch directly, skipping the
+    operators: eager (not compiling, no forward-AD level), every tensor a plain one (fake and
+    functional tensors, which AOTAutograd traces with while `is_compiling()` is False, need the
+    operator's fake implementation; a functorch-wrapped one its vmap rule), and, with
+    `gradients`, none that needs a gradient. An argument that is no tensor counts as plain:
+    dispatch's validation names it. One loop, and the functorch query only while a transform
+    runs: this is on every call's path."""
+    if _is_compiling() or _fwad._current_level >= 0:
+        return False
+    # (grad mode once: under no_grad / inference_mode no tensor's requires_grad is read)
+    grad = gradients and _grad_enabled()
+    wrapped = peek_interpreter_stack() is not None
+    for t in tensors:
+        if type(t) is _Tensor or type(t) is _Parameter:
+            if (grad and t.requires_grad) or (wrapped and is_functorch_wrapped_tensor(t)):
+                return False
+        elif t is not None and isinstance(t, _Tensor):
+            return False
+    return True
+
+
+def transform_active() -> bool:
+    """Whether a torch.func transform is running."""
+    return peek_interpreter_stack() is not None
+
+
+def wants_autodiff(*tensors) -> bool:
+    """True when a call on `tensors` (None where absent) must be differentiable: a tensor
+    needs a gradient, a torch.func transform wraps one, or a forward-AD level is open."""
+    if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return True
-    return _fwad._current_level >= 0 or any(is_functorch_wrapped_tensor(t) for t in tensors)
+    return _fwad._current_level >= 0 or any(t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def refuse_forward_over_forward() -> None:
+    """Raise under nested forward-mode transforms: torch runs an autograd.Function's jvp with
+    forward AD switched off, so an enclosing forward-mode transform would see its result as a
+    constant (jacfwd(jacfwd(f)) silently zero; true of any autograd.Function in torch 2.13)."""
+    if sum(ci.key() == TransformType.Jvp for ci in get_interpreter_stack() or ()) > 1:
+        raise NotImplementedError(
+            "anysoftmax: forward-mode over forward-mode differentiation (e.g. jacfwd(jacfwd(f))) "
+            "is not supported: torch.autograd.Function jvps are not forward-differentiable; use "
+            "reverse mode for the inner derivative (jacfwd(jacrev(f)), torch.func.hessian)")

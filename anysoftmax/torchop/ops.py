@@ -1,22 +1,25 @@
-"""anysoftmax as PyTorch operators: ``torch.ops.anysoftmax.softmax``, ``.log_softmax`` and
-``.softmax_backward`` (registered with `torch.library.custom_op`).
+"""anysoftmax's softmax as PyTorch operators (`torch.library.custom_op`), one per direction for
+softmax and log_softmax, plain and fused (a plain call is a fused one with nothing set):
+
+    torch.ops.anysoftmax.softmax(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None,
+                                 softcap=None, causal="none", empty_rows="zero", backend=None)
+        -> (y, p_sink)
+    torch.ops.anysoftmax.softmax_backward(grad, y, dim, log=False, x=None, p_sink=None, mask=None,
+                                          sinks=None, scale=None, softcap=None, causal="none",
+                                          empty_rows="zero", backend=None) -> (dx, ds)
+
+p_sink is each row's sink share in the accumulation dtype (float32; float64 for float64
+outputs), the one statistic the sinks' gradient needs; ds the per-row sink gradient; both
+[0]-shaped without sinks. The backward reads `x` with softcap only.
 
 Why operators: `torch.compile` cannot trace into a backend (registry lookups, Triton launches,
 IREE calls), and a graph break per softmax would split every attention block. As opaque
-operators with fake (meta) implementations the compiler sees only shapes and dtypes, keeps one
-graph, and calls the real implementation at run time; autograd is registered on the operator,
-so compiled and eager training share one backward (`softmax_backward`, itself an operator).
-
-Outputs are always fresh contiguous tensors (the fake implementations promise exactly that).
-
-The fused family (`core.variant`) has its own pair: ``anysoftmax::softmax_fused`` returns
-(y, p_sink) — p_sink being each row's sink share in the accumulation dtype (float32; float64
-for float64 outputs), the one statistic the sinks' gradient needs ([0]-shaped without sinks) — and ``anysoftmax::softmax_fused_backward`` returns
-(dx, per-row dsinks).
+operators with fake implementations the compiler sees only shapes and dtypes, keeps one graph,
+and calls the real implementation at run time. Outputs are always fresh contiguous tensors (the
+fake implementations promise exactly that).
 
 This module only defines the operators (a leaf: it imports dispatch and core). Their autograd,
-vmap rules and torch.compile routing are registered on top of it by `anysoftmax.registration`,
-which imports this module, `autodiff`, `batching` and (when a graph is traced) `traced_ops`.
+vmap rules and torch.compile routing are registered by `registration`.
 """
 
 from __future__ import annotations
@@ -26,118 +29,100 @@ from typing import Optional
 import torch
 
 from .. import dispatch
+from ..core.pieces import row_shape
 from ..core.spec import SoftmaxSpec, check_backward_args
 from ..dispatch import FusedArgs
 
 
-def _contiguous(y: torch.Tensor) -> torch.Tensor:
+def is_plain(mask, sinks, scale, softcap, causal: str, empty_rows: str) -> bool:
+    """True when no fused keyword is set: the call is torch's softmax (`dispatch.forward`)."""
+    return mask is None and sinks is None and scale is None and softcap is None and causal == "none" \
+        and empty_rows == "zero"
+
+
+def no_sinks(t: torch.Tensor) -> torch.Tensor:
+    """The operators' second output without sinks: empty, of one shape for every rank."""
+    return t.new_empty(0, dtype=torch.float32)
+
+
+def run_forward(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
+    """The forward operator's work without the operator: (y, p_sink or None) from dispatch."""
+    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
+        return dispatch.forward(x, dim, dtype, backend, log), None
+    return dispatch.forward_fused(x, dim, dtype, backend, log, FusedArgs(scale, mask, causal, softcap, sinks,
+                                                                         empty_rows))
+
+
+def run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, causal, empty_rows, backend):
+    """The backward operator's work without the operator: (dx, ds or None) from dispatch."""
+    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
+        return dispatch.backward(y, grad, dim, log, backend), None
+    return dispatch.backward_fused(grad, y, x, dim, log, FusedArgs(scale, mask, causal, softcap, sinks, empty_rows),
+                                   p_sink if sinks is not None else None, backend)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
     # Backends return row-major outputs already; this only guards the fake/real contract.
-    return y if y.is_contiguous() else y.contiguous()
+    return t if t.is_contiguous() else t.contiguous()
 
 
-def _forward_impl(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
-                  log: bool) -> torch.Tensor:
-    return _contiguous(dispatch.forward(x, dim, dtype, backend, log))
+def _second(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return no_sinks(like) if t is None else _contiguous(t)
 
 
-def _forward_fake(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype], backend: Optional[str],
-                  log: bool) -> torch.Tensor:
-    # The same validation as eager, at trace time: a bad dim or dtype fails while compiling.
-    spec = SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
-    return x.new_empty(spec.shape, dtype=spec.out_dtype)
+def forward_spec(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows) -> SoftmaxSpec:
+    """The forward request's spec (its variant included), validated as in eager mode."""
+    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
+        return SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
+    fused = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows).as_kwargs()
+    return SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=fused)[0]
+
+
+def backward_spec(grad, y, dim, log, mask, sinks, scale, softcap, causal, empty_rows) -> SoftmaxSpec:
+    """The backward request's spec (of y), validated as in eager mode."""
+    spec = check_backward_args(y, grad, dim, log)
+    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
+        return spec
+    fused = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows).as_kwargs()
+    return SoftmaxSpec.from_request(y, dim, log=log, fused=fused, op="softmax_backward", arg="y")[0]
+
+
+def sinks_rows(t: torch.Tensor, spec: SoftmaxSpec, sinks) -> torch.Tensor:
+    """An empty per-row statistic (p_sink, ds) for `spec`, or the placeholder without sinks."""
+    return t.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype) if sinks is not None else no_sinks(t)
 
 
 @torch.library.custom_op("anysoftmax::softmax", mutates_args=())
-def softmax_op(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None,
-               backend: Optional[str] = None) -> torch.Tensor:
-    """`anysoftmax.softmax` as an operator (same arguments)."""
-    return _forward_impl(x, dim, dtype, backend, log=False)
-
-
-@torch.library.custom_op("anysoftmax::log_softmax", mutates_args=())
-def log_softmax_op(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None,
-                   backend: Optional[str] = None) -> torch.Tensor:
-    """`anysoftmax.log_softmax` as an operator (same arguments)."""
-    return _forward_impl(x, dim, dtype, backend, log=True)
+def softmax_op(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, log: bool = False,
+               mask: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
+               scale: Optional[float] = None, softcap: Optional[float] = None, causal: str = "none",
+               empty_rows: str = "zero", backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`anysoftmax.softmax` (`log_softmax` with `log`) as an operator: (y, p_sink)."""
+    y, p = run_forward(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    return _contiguous(y), _second(p, x)
 
 
 @softmax_op.register_fake
-def _softmax_fake(x, dim, dtype=None, backend=None):
-    return _forward_fake(x, dim, dtype, backend, log=False)
-
-
-@log_softmax_op.register_fake
-def _log_softmax_fake(x, dim, dtype=None, backend=None):
-    return _forward_fake(x, dim, dtype, backend, log=True)
+def _softmax_fake(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None, softcap=None, causal="none",
+                  empty_rows="zero", backend=None):
+    spec = forward_spec(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows)
+    return x.new_empty(spec.shape, dtype=spec.out_dtype), sinks_rows(x, spec, sinks)
 
 
 @torch.library.custom_op("anysoftmax::softmax_backward", mutates_args=())
-def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool,
-                        backend: Optional[str] = None) -> torch.Tensor:
-    """Gradient w.r.t. the input of softmax (`log`: log_softmax) from its output `y` and the
-    output gradient `grad`, in `y`'s dtype (argument order of aten's _softmax_backward_data)."""
-    return _contiguous(dispatch.backward(y, grad, dim, log=log, backend=backend))
+def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool = False,
+                        x: Optional[torch.Tensor] = None, p_sink: Optional[torch.Tensor] = None,
+                        mask: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
+                        scale: Optional[float] = None, softcap: Optional[float] = None, causal: str = "none",
+                        empty_rows: str = "zero", backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of `softmax` from its output `y` and the output gradient `grad`: (dx in y's
+    dtype, ds)."""
+    dx, ds = run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    return _contiguous(dx), _second(ds, y)
 
 
 @softmax_backward_op.register_fake
-def _softmax_backward_fake(grad, y, dim, log, backend=None):
-    check_backward_args(y, grad, dim, log)
-    return y.new_empty(y.shape)
-
-
-
-# ---- the fused family -------------------------------------------------------------------------
-
-def _fused_args(mask, sinks, scale, softcap, causal, empty_rows) -> FusedArgs:
-    return FusedArgs(scale, mask, causal, softcap, sinks, empty_rows)
-
-
-def _no_sinks(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(0, dtype=torch.float32)
-
-
-def row_shape(shape, dim: int) -> tuple:
-    """x's shape with size 1 in `dim`: the shape of per-row statistics."""
-    return tuple(1 if d == dim else s for d, s in enumerate(shape))
-
-
-@torch.library.custom_op("anysoftmax::softmax_fused", mutates_args=())
-def softmax_fused_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], dim: int,
-                     dtype: Optional[torch.dtype], scale: Optional[float], softcap: Optional[float], causal: str,
-                     empty_rows: str, log: bool, backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused family (`anysoftmax.softmax` with its fused keywords) as an operator:
-    (y, p_sink), p_sink the rows' sink shares (float32; [0]-shaped without sinks)."""
-    y, p = dispatch.forward_fused(x, dim, dtype, backend, log, _fused_args(mask, sinks, scale, softcap, causal,
-                                                                        empty_rows))
-    return _contiguous(y), (_no_sinks(x) if p is None else _contiguous(p))
-
-
-@softmax_fused_op.register_fake
-def _softmax_fused_fake(x, mask, sinks, dim, dtype, scale, softcap, causal, empty_rows, log, backend=None):
-    spec, _ = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=_fused_args(mask, sinks, scale, softcap, causal,
-                                                                                  empty_rows).as_kwargs())
-    p = x.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype) if sinks is not None else _no_sinks(x)
-    return x.new_empty(spec.shape, dtype=spec.out_dtype), p
-
-
-@torch.library.custom_op("anysoftmax::softmax_fused_backward", mutates_args=())
-def softmax_fused_backward_op(grad: torch.Tensor, y: torch.Tensor, x: Optional[torch.Tensor],
-                              mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], p_sink: torch.Tensor,
-                              dim: int, scale: Optional[float], softcap: Optional[float], causal: str,
-                              empty_rows: str, log: bool, backend: Optional[str] = None
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of `softmax_fused` from its output: (dx in y's dtype, per-row dsinks in
-    float32, [0]-shaped without sinks). `x` is read with softcap only."""
-    dx, ds = dispatch.backward_fused(grad, y, x, dim, log, _fused_args(mask, sinks, scale, softcap, causal, empty_rows),
-                                     p_sink if sinks is not None else None, backend)
-    return _contiguous(dx), (_no_sinks(y) if ds is None else _contiguous(ds))
-
-
-@softmax_fused_backward_op.register_fake
-def _softmax_fused_backward_fake(grad, y, x, mask, sinks, p_sink, dim, scale, softcap, causal, empty_rows, log,
-                                 backend=None):
-    check_backward_args(y, grad, dim, log)
-    spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=_fused_args(mask, sinks, scale, softcap, causal,
-                                                                           empty_rows).as_kwargs())
-    ds = y.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype) if sinks is not None else _no_sinks(y)
-    return y.new_empty(y.shape), ds
+def _softmax_backward_fake(grad, y, dim, log=False, x=None, p_sink=None, mask=None, sinks=None, scale=None,
+                           softcap=None, causal="none", empty_rows="zero", backend=None):
+    spec = backward_spec(grad, y, dim, log, mask, sinks, scale, softcap, causal, empty_rows)
+    return y.new_empty(y.shape), sinks_rows(y, spec, sinks)

@@ -4,31 +4,13 @@
     with anysoftmax.use(backend="triton"):
         model(x).sum().backward()
 
-While on, aten's `_softmax`, `_log_softmax`, `_softmax_backward_data` and
-`_log_softmax_backward_data` are registered with `torch.library` for the dispatch keys of the
-devices the chosen backend(s) serve, so `torch.softmax`, `torch.log_softmax`,
-`F.softmax/log_softmax`, `Tensor.softmax`, `nn.Softmax/LogSoftmax`, attention's math path and
-their autograd backward (torch's own autograd formula calls the backward ops) all run through
-anysoftmax. Tensors on other devices never reach it. `disable()` / leaving the block removes
-the registrations and torch is exactly as before.
-
-Devices served: with `backend=None`, those of the available non-fallback backends (CUDA/ROCm
-with `triton`, Ascend with `triton_ascend`, ...); with a named backend, the device types it
-declares (pass `devices=` to choose, e.g. `("cpu",)` for a CPU test backend).
-
-A named backend is an explicit choice, as `backend=` is: `enable()` refuses one that is not
-available here (BackendUnavailableError) or runs no tensor of a device type named (ValueError),
-and a request it does not run raises UnsupportedRequestError naming it and the reason; torch's
-kernel never runs in its place. With no backend named, the automatic choice serves every
-request (the `torch` backend runs any).
-
-No recursion: while anysoftmax itself runs (in this thread), a softmax that reaches these
-registrations again — the `torch` fallback backend, or a backend that calls torch — is computed
-by torch's own decomposition of the op (`torch._decomp`), never by anysoftmax again.
-
-`calls` counts, per process: "forward" and "backward", the calls anysoftmax served;
-"reentrant", the softmax calls anysoftmax's backends made themselves while serving one (torch's
-decomposition computed them).
+While on, aten's `_softmax`, `_log_softmax` and their backward ops are registered with
+`torch.library` for the dispatch keys of the devices served, so every torch softmax and its
+autograd backward run through anysoftmax there; `disable()` removes the registrations. Which
+devices are served, a named backend's refusals and the warning are in docs/usage.md ("The
+override"). No recursion: a softmax that anysoftmax's own backends call while serving one (in
+this thread) is computed by torch's decomposition of the op (`torch._decomp`). `calls` counts
+"forward" and "backward" (served) and "reentrant" (decomposed).
 """
 
 from __future__ import annotations
@@ -44,7 +26,6 @@ from ..core import registry
 from ..core.errors import BackendUnavailableError
 
 DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1", "xpu": "XPU"}
-OPS = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data")
 # The warning torch gives when enable() replaces its kernels (TORCH_WARN_ONCE prefixes it with
 # "Warning only once for all operators, ...").
 OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel for the same operator"

@@ -13,17 +13,14 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.autograd.forward_ad as _fwad
-from torch._C._functorch import is_functorch_wrapped_tensor, peek_interpreter_stack
 
 from .. import dispatch
 from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
                            merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, runtime_values
-from .batching import _front
+from .batching import front
+from .grad_mode import plain_eager, refuse_forward_over_forward
 from .traced_temperature import scaled_logits, traced_as_symbols
-
-_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
 
 
 # ---- logsumexp --------------------------------------------------------------------------------
@@ -70,21 +67,13 @@ logsumexp_op.register_autograd(_lse_backward, setup_context=_lse_setup)
 @logsumexp_op.register_vmap
 def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backend=None):
     nd = x.dim() - (in_dims[0] is not None)
-    xb = _front(x, in_dims[0], info.batch_size, nd, True)
+    xb = front(x, in_dims[0], info.batch_size, nd, True)
     if nd == 0:  # a 0-dim sample: a row of one
         return logsumexp_op(xb.unsqueeze(1), None, None, 1, scale, softcap, causal, backend).squeeze(1), 0
     pdim = dim % nd + 1
-    m = _front(mask, in_dims[1], info.batch_size, nd, False)
-    s = _front(sinks, in_dims[2], info.batch_size, nd, False)
+    m = front(mask, in_dims[1], info.batch_size, nd, False)
+    s = front(sinks, in_dims[2], info.batch_size, nd, False)
     return logsumexp_op(xb, m, s, pdim, scale, softcap, causal, backend), 0
-
-
-def _refuse_forward_over_forward():
-    # (`autodiff` imported when a jvp runs: it imports torch._dynamo, which imports triton, and
-    # importing anysoftmax must leave the Triton interpreter choice open: `interpreter`.)
-    from .autodiff import refuse_forward_over_forward
-
-    refuse_forward_over_forward()
 
 
 def _lse_tangent(ctx, tx, tmask, tsinks):
@@ -117,25 +106,8 @@ class _Logsumexp(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tx, tmask, tsinks, *_):
-        _refuse_forward_over_forward()
+        refuse_forward_over_forward()
         return _lse_tangent(ctx, tx, tmask, tsinks)
-
-
-def _plain_eager(*tensors, gradients: bool = True) -> bool:
-    """Whether a call on `tensors` (None where absent) runs eagerly without autodiff: exact
-    tensors, no gradient wanted (`grad_mode.wants_autodiff`; not asked with `gradients` False,
-    for a caller that records none), no torch.func transform or forward-AD level, not
-    compiling. One loop: this is on every call's path. Tensors are asked whether torch.func
-    wrapped them only while a transform runs (its wrappers live no longer than it)."""
-    if torch.compiler.is_compiling() or _fwad._current_level >= 0:
-        return False
-    grad = gradients and torch.is_grad_enabled()
-    wrapped = peek_interpreter_stack() is not None
-    for t in tensors:
-        if t is not None and ((type(t) is not _Tensor and type(t) is not _Parameter) or (grad and t.requires_grad)
-                              or (wrapped and is_functorch_wrapped_tensor(t))):
-            return False
-    return True
 
 
 def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: torch.Tensor | None = None,
@@ -147,7 +119,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
     fused softmax). Semantics: `anysoftmax.core.pieces`."""
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
-    if _plain_eager(x, mask, sinks):
+    if plain_eager(x, mask, sinks):
         out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
                                         sinks=sinks)
     else:
@@ -225,7 +197,7 @@ class _MergeStates(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, _k, _backend, *tangents):
-        _refuse_forward_over_forward()
+        refuse_forward_over_forward()
         saved, k = ctx.saved_tensors, ctx.k
         outputs, lses, (out, lse) = saved[:k], saved[k:2 * k], saved[2 * k:]
         spec = MergeSpec.from_tensors(list(outputs), list(lses))
@@ -235,18 +207,17 @@ class _MergeStates(torch.autograd.Function):
 @merge_states_op.register_vmap
 def _merge_vmap(info, in_dims, outputs, lses, backend=None):
     o_dims, l_dims = in_dims[0], in_dims[1]
-    ob = [_front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(outputs, o_dims)]
-    lb = [_front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(lses, l_dims)]
+    ob = [front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(outputs, o_dims)]
+    lb = [front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(lses, l_dims)]
     return merge_states_op(ob, lb, backend), (0, 0)
 
 
-def _plain_states(outputs, lses) -> bool:
-    """Whether merge_states goes straight to dispatch: `_plain_eager` over the 2K tensors, or
-    arguments that are not lists (dispatch's validation names them; an element that is no
-    tensor fails `_plain_eager` and `MergeSpec.from_tensors` names it)."""
+def plain_states(outputs, lses) -> bool:
+    """Whether merge_states goes straight to dispatch: `grad_mode.plain_eager` over the 2K
+    tensors, or arguments that are not lists (dispatch's validation names them)."""
     if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
         return True
-    return _plain_eager(*outputs, *lses)
+    return plain_eager(*outputs, *lses)
 
 
 def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,7 +225,7 @@ def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Te
     `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
     out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
     -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: `anysoftmax.core.pieces`."""
-    if _plain_states(outputs, lses):
+    if plain_states(outputs, lses):
         return dispatch.merge_states(outputs, lses, backend)
     if torch.compiler.is_compiling():  # (the fake implementation validates)
         return merge_states_op(list(outputs), list(lses), backend)

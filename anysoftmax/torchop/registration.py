@@ -1,11 +1,11 @@
-"""Registration on top of the operator definitions (`anysoftmax.ops`, a leaf): their autograd
-(`autodiff`, `fused_autodiff`), vmap rules (`batching`) and the torch.compile routing that hands
-a traced request to the Triton kernels' `triton_op`s (`traced_ops`).
+"""Registration on top of the operator definitions (`ops`, a leaf): their autograd (`autodiff`),
+vmap rules (`batching`) and the torch.compile routing that hands a traced request to the Triton
+kernels' `triton_op`s (`traced_ops`).
 
-Imported by `anysoftmax.api` on the first call that needs a derivative or is compiled (the
-operators pull in torch._dynamo). The layering, one way:
+Imported by `api` on the first call that needs a derivative or is compiled (the operators pull
+in torch._dynamo). The layering, one way:
 
-    registration -> autodiff, fused_autodiff, batching -> ops -> dispatch
+    registration -> autodiff, batching -> ops -> dispatch
     registration -> traced_ops (on the first traced call) -> dispatch
 
 Routing (torch.compile): dynamo records the public operators, which carry autograd, vmap and
@@ -21,50 +21,17 @@ import threading
 
 import torch
 
-from . import autodiff, batching, fused_autodiff, ops
-
-# ---- autograd ---------------------------------------------------------------------------------
+from . import autodiff, batching, ops
 
 
-def _setup_forward(ctx, inputs, output):
-    x, dim, _dtype, backend = inputs
-    ctx.save_for_backward(output)
-    ctx.dim, ctx.backend, ctx.x_dtype = dim, backend, x.dtype
-
-
-def _setup_backward(ctx, inputs, output):
-    grad, y, dim, log, backend = inputs
-    ctx.save_for_backward(grad, y)
-    ctx.dim, ctx.log, ctx.backend = dim, log, backend
-
-
-def _softmax_grad(ctx, grad):
-    return autodiff.op_forward_backward(ctx, grad, False)
-
-
-def _log_softmax_grad(ctx, grad):
-    return autodiff.op_forward_backward(ctx, grad, True)
-
-
-def _register_plain(softmax, log_softmax, backward) -> None:
-    softmax.register_autograd(_softmax_grad, setup_context=_setup_forward)
-    log_softmax.register_autograd(_log_softmax_grad, setup_context=_setup_forward)
-    backward.register_autograd(autodiff.op_backward_backward, setup_context=_setup_backward)
-    softmax.register_vmap(batching.softmax_vmap)
-    log_softmax.register_vmap(batching.log_softmax_vmap)
+def _register(forward, backward) -> None:
+    forward.register_autograd(autodiff.op_forward_backward, setup_context=autodiff.setup_op_forward)
+    backward.register_autograd(autodiff.op_backward_backward, setup_context=autodiff.setup_op_backward)
+    forward.register_vmap(batching.softmax_vmap)
     backward.register_vmap(batching.softmax_backward_vmap)
 
 
-def _register_fused(fused, fused_backward) -> None:
-    fused.register_autograd(fused_autodiff.op_fused_backward, setup_context=fused_autodiff.setup_fused)
-    fused_backward.register_autograd(fused_autodiff.op_fused_backward_backward,
-                                     setup_context=fused_autodiff.setup_fused_backward)
-    fused.register_vmap(batching.softmax_fused_vmap)
-    fused_backward.register_vmap(batching.softmax_fused_backward_vmap)
-
-
-_register_plain(ops.softmax_op, ops.log_softmax_op, ops.softmax_backward_op)
-_register_fused(ops.softmax_fused_op, ops.softmax_fused_backward_op)
+_register(ops.softmax_op, ops.softmax_backward_op)
 
 
 # ---- torch.compile: routing to the triton_ops (anysoftmax.traced_ops) -------------------------
@@ -74,23 +41,16 @@ _traced = []
 
 
 def traced_ops():
-    """`anysoftmax.traced_ops`, imported (and its operators' autograd and vmap rules
-    registered, the same as the public operators') on first use: registering a triton_op
-    imports Triton, which waits until a graph is traced."""
+    """`traced_ops`, imported (and its operators' autograd and vmap rules registered, the same
+    as the public operators') on first use: registering a triton_op imports Triton, which
+    waits until a graph is traced."""
     with _traced_lock:
         if not _traced:
             from . import traced_ops as module
 
-            _register_plain(module.softmax_triton, module.log_softmax_triton, module.softmax_backward_triton)
-            _register_fused(module.softmax_fused_triton, module.softmax_fused_backward_triton)
+            _register(module.softmax_triton, module.softmax_backward_triton)
             _traced.append(module)
         return _traced[0]
-
-
-def _bound(args, kwargs, names, defaults):
-    values = dict(zip(names, args))
-    values.update(kwargs)
-    return [values.get(n, defaults.get(n)) for n in names]
 
 
 def _export_keeps_ops() -> bool:
@@ -102,35 +62,22 @@ def _export_keeps_ops() -> bool:
     return custom_triton_ops_decomposition_disabled()
 
 
-_SIGNATURES = {
-    "softmax": (("x", "dim", "dtype", "backend"), {"dtype": None, "backend": None}),
-    "log_softmax": (("x", "dim", "dtype", "backend"), {"dtype": None, "backend": None}),
-    "backward": (("grad", "y", "dim", "log", "backend"), {"backend": None}),
-    "fused": (("x", "mask", "sinks", "dim", "dtype", "scale", "softcap", "causal", "empty_rows", "log", "backend"),
-              {"backend": None}),
-    "fused_backward": (("grad", "y", "x", "mask", "sinks", "p", "dim", "scale", "softcap", "causal", "empty_rows",
-                        "log", "backend"), {"backend": None}),
-}
-
-
-def _routing_rule(kind: str):
+def _routing_rule(target_of):
     """A torch_dispatch rule for FunctionalTensorMode (AOTAutograd's tracing mode): run the
-    matching `triton_op` instead of the opaque operator when `traced_ops` says so; otherwise
-    trace the operator as it is. `triton_op`'s own decomposition is the model (and, like it,
-    nothing is decomposed for torch.export)."""
-    names, defaults = _SIGNATURES[kind]
+    matching `triton_op` (`target_of(traced_ops)` picks it for the call's arguments, or None)
+    instead of the opaque operator; otherwise trace the operator as it is. `triton_op`'s own
+    decomposition is the model (and, like it, nothing is decomposed for torch.export)."""
 
     def rule(mode, op, types, args, kwargs):
         target = None
         plain = all(issubclass(t, (torch._subclasses.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor))
                     or t is torch.Tensor for t in types)
         if plain and not _export_keeps_ops():
-            values = _bound(args, kwargs, names, defaults)
-            target = traced_ops().target(kind, values)
+            target = target_of(traced_ops())(*args, **kwargs)
         if target is None:
             return mode.__torch_dispatch__(op, types, args, kwargs)
         with mode:
-            return target(*values)
+            return target(*args, **kwargs)
 
     return rule
 
@@ -140,10 +87,8 @@ def _install_routing() -> None:
         from torch._subclasses.functional_tensor import FunctionalTensorMode
     except ImportError:  # pragma: no cover
         return
-    for op, kind in ((ops.softmax_op, "softmax"), (ops.log_softmax_op, "log_softmax"),
-                     (ops.softmax_backward_op, "backward"), (ops.softmax_fused_op, "fused"),
-                     (ops.softmax_fused_backward_op, "fused_backward")):
-        op.register_torch_dispatch(FunctionalTensorMode, _routing_rule(kind))
+    ops.softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule(lambda m: m.forward_target))
+    ops.softmax_backward_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule(lambda m: m.backward_target))
 
 
 _install_routing()

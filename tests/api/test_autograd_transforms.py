@@ -94,7 +94,7 @@ def test_softmax_backward_op_gradcheck(backend, log, gen):
     x = torch.randn(3, 6, generator=gen, dtype=torch.float64)
     y = ((torch.log_softmax if log else torch.softmax)(x, 1)).requires_grad_()
     g = torch.randn(3, 6, generator=gen, dtype=torch.float64).requires_grad_()
-    fn = lambda g_, y_: ops.softmax_backward_op(g_, y_, 1, log, backend)  # noqa: E731
+    fn = lambda g_, y_: ops.softmax_backward_op(g_, y_, 1, log, backend=backend)[0]  # noqa: E731
     assert torch.autograd.gradcheck(fn, (g, y), eps=1e-6, atol=1e-7)
     assert torch.autograd.gradgradcheck(fn, (g, y), eps=1e-6, atol=1e-6)
 
@@ -241,7 +241,7 @@ def test_vmap_of_zero_dim_samples(gen):
 @LOG
 def test_compiled_func_grad(log, gen):
     """torch.compile(grad(f)) and of vmap(grad(f)) with the torch backend: torch's results (the
-    softmax inside a torch.func transform runs eagerly: a graph break, see compiled_softmax)."""
+    softmax inside a torch.func transform runs eagerly: a graph break, see autodiff.softmax)."""
     torch._dynamo.reset()
     x, w = torch.randn(6, 9, generator=gen), torch.randn(6, 9, generator=gen)
     ours, theirs = pair("torch", log, -1)

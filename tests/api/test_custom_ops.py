@@ -1,40 +1,58 @@
 """anysoftmax as PyTorch operators: opcheck, gradcheck in float64, torch.compile(fullgraph=True)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import anysoftmax
 from anysoftmax.torchop import ops, registration  # noqa: F401  (the operators with their autograd and routing)
 from anysoftmax.core import SoftmaxSpec, compare
-from helpers import backend_devices, takes_float64
+from helpers import FUSED_PROBE, backend_devices, backends_that_run, takes_float64
 
 BACKEND_DEVICES = backend_devices()
-FORWARD_OPS = {"softmax": ops.softmax_op, "log_softmax": ops.log_softmax_op}
+LOG = pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 
 
-
-@pytest.mark.parametrize("op", list(FORWARD_OPS))
+@LOG
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
 @pytest.mark.parametrize("shape,dim", [((5, 33), 1), ((6, 4, 17), 0), ((7,), -1)])
-def test_opcheck_forward(backend, device, op, shape, dim, gen):
+def test_opcheck_forward(backend, device, log, shape, dim, gen):
     """Schema, fake implementation, autograd registration and AOT dispatch (dynamic shapes)."""
     x = torch.randn(shape, generator=gen).to(device).requires_grad_()
-    torch.library.opcheck(FORWARD_OPS[op], (x, dim), {"backend": backend})
+    torch.library.opcheck(ops.softmax_op, (x, dim), {"log": log, "backend": backend})
     if takes_float64(backend, device):  # dtype= widening, and a transposed input
-        torch.library.opcheck(FORWARD_OPS[op], (x.detach().transpose(0, -1), 0, torch.float64),
+        torch.library.opcheck(ops.softmax_op, (x.detach().transpose(0, -1), 0, torch.float64, log),
                               {"backend": backend})
 
 
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@LOG
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
 def test_opcheck_backward(backend, device, log, gen):
     x = torch.randn(6, 40, generator=gen).to(device)
     y = (torch.log_softmax if log else torch.softmax)(x, 1)
     g = torch.randn(6, 40, generator=gen).to(device)
-    torch.library.opcheck(ops.softmax_backward_op, (g, y, 1, log, backend))
+    torch.library.opcheck(ops.softmax_backward_op, (g, y, 1, log), {"backend": backend})
 
 
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@LOG
+@pytest.mark.parametrize("backend", backends_that_run("cpu", torch.float32, fused=FUSED_PROBE))
+def test_opcheck_fused(backend, log, gen):
+    """The same operators with every fused keyword set: a floating mask and sinks that need
+    gradients, scale, softcap, causal, empty rows."""
+    x = torch.randn(2, 3, 6, 9, generator=gen).requires_grad_()
+    mask = torch.randn(2, 1, 6, 9, generator=gen).requires_grad_()
+    sinks = torch.randn(3, 1, 1, generator=gen).requires_grad_()
+    fused = dict(mask=mask, sinks=sinks, scale=0.5, softcap=4.0, causal="bottom_right", empty_rows="uniform",
+                 backend=backend)
+    torch.library.opcheck(ops.softmax_op, (x, -1, None, log), fused)
+    y, p = ops.softmax_op(x.detach(), -1, None, log, **{**fused, "mask": mask.detach(), "sinks": sinks.detach()})
+    g = torch.randn(y.shape, generator=gen).masked_fill(~torch.isfinite(y), 0.0)
+    torch.library.opcheck(ops.softmax_backward_op, (g, y, -1, log, x.detach(), p), {**fused, "mask": mask.detach(),
+                                                                                   "sinks": sinks.detach()})
+
+
+@LOG
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
 @pytest.mark.parametrize("shape,dim", [((3, 7), 1), ((4, 5, 3), 0), ((2, 3, 16), 1)])
 def test_gradcheck_float64(backend, device, shape, dim, log, gen):
@@ -96,13 +114,89 @@ def test_compile_reports_bad_dim_while_tracing():
         fn(torch.randn(4, 5))
 
 
-def test_eager_inference_skips_the_dispatcher(monkeypatch):
-    """Plain inference calls the backend directly (small tensors pay no dispatcher cost); a
-    tensor that needs a gradient goes through the operator and its registered autograd."""
-    calls = []
-    monkeypatch.setattr(ops, "_forward_impl", lambda *a, **kw: calls.append(a) or torch.softmax(a[0], a[1]))
-    x = torch.randn(3, 4)
-    anysoftmax.softmax(x, 1, backend="torch")
+
+
+# ---- one operator family -------------------------------------------------------------------------
+
+TORCHOP = Path(anysoftmax.__file__).resolve().parent / "torchop"
+
+
+def test_one_operator_family(gen):
+    """One forward and one backward operator for softmax and log_softmax, plain and fused (the
+    plain call is the fused one with nothing set), one traced twin of each, logsumexp and
+    merge_states: six operators."""
+    registration.traced_ops()  # (the traced twins register on first use)
+    names = {name.partition("::")[2] for name in torch._C._dispatch_get_all_op_names()
+             if name.startswith("anysoftmax::") and not name.startswith("anysoftmax::sharded_")}
+    assert names == {"softmax", "softmax_backward", "softmax_triton", "softmax_backward_triton", "logsumexp",
+                     "merge_states"}, sorted(names)
+    x, g = torch.randn(5, 33, generator=gen), torch.randn(5, 33, generator=gen)
+    for log in (False, True):
+        y, p_sink = torch.ops.anysoftmax.softmax(x, 1, log=log, backend="torch")
+        assert p_sink.shape == (0,) and compare(y, x, SoftmaxSpec.from_tensor(x, 1, log=log)).ok
+        dx, ds = torch.ops.anysoftmax.softmax_backward(g, y, 1, log, backend="torch")
+        torch.testing.assert_close(dx, anysoftmax.softmax_backward(y, g, 1, log=log, backend="torch"))
+        assert ds.shape == (0,)
+
+
+def _operators_run(fn) -> list:
+    """The anysoftmax operators that run while `fn()` does (seen at torch's Python dispatch key)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "anysoftmax":
+                seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        fn()
+    return seen
+
+
+@pytest.mark.parametrize("fused", [{}, {"scale": 0.5, "softcap": 3.0}], ids=["plain", "fused"])
+@LOG
+def test_eager_autograd_skips_the_dispatcher(log, fused, gen):
+    """Eager training on plain tensors calls dispatch directly, forward and backward (the
+    operators' dispatcher round trip costs more than a small softmax); torch.func transforms go
+    through the operators (their vmap rules), and the results are the same."""
+    fn = anysoftmax.log_softmax if log else anysoftmax.softmax
+    x, g = torch.randn(4, 9, generator=gen, dtype=torch.float64), torch.randn(4, 9, generator=gen, dtype=torch.float64)
+
+    def train():
+        a = x.clone().requires_grad_()
+        fn(a, -1, backend="torch", **fused).backward(g)
+        return a.grad
+
+    assert _operators_run(train) == []
+    assert _operators_run(lambda: anysoftmax.softmax_backward(x, g.clone().requires_grad_(), -1, log=log,
+                                                              backend="torch")) == []
+    per_row = torch.func.grad(lambda t, w: (fn(t, -1, backend="torch", **fused) * w).sum())
+    assert _operators_run(lambda: torch.func.vmap(per_row)(x, g)) != []
+    torch.testing.assert_close(torch.func.vmap(per_row)(x, g), train())
+
+
+@pytest.mark.parametrize("fused", [{}, {"scale": 0.5, "softcap": 3.0}], ids=["plain", "fused"])
+def test_eager_training_binds_no_signature(monkeypatch, fused, gen):
+    """torch's `Function.apply` binds a setup_context-style forward's arguments through
+    `inspect.signature` on every call, which costs more than a small softmax: eager training
+    outside torch.func does without."""
+    import inspect
+
+    x = torch.randn(3, 8, generator=gen, requires_grad=True)
+    anysoftmax.softmax(x, -1, backend="torch", **fused).backward(torch.ones(3, 8))  # (first call: imports)
+    calls, signature = [], inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda *a, **kw: calls.append(a) or signature(*a, **kw))
+    anysoftmax.softmax(x, -1, backend="torch", **fused).backward(torch.ones(3, 8))
     assert calls == []
-    anysoftmax.softmax(x.requires_grad_(), 1, backend="torch")
-    assert len(calls) == 1
+
+
+def test_one_plain_eager_predicate():
+    """Whether a call may skip the operators (eager, plain tensors, no derivative wanted) is
+    asked in one place, `grad_mode.plain_eager`: the functorch and forward-AD queries it makes
+    appear nowhere else in the operator layer."""
+    queries = ("is_functorch_wrapped_tensor", "_current_level", "peek_interpreter_stack")
+    found = {p.name: [q for q in queries if q in p.read_text()] for p in TORCHOP.glob("*.py")}
+    assert {name: q for name, q in found.items() if q} == {"grad_mode.py": list(queries)}

@@ -25,8 +25,7 @@ from helpers.compile import WRAPPERS, Capture, compiled
 pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
                                 reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
 
-PUBLIC_OPS = {torch.ops.anysoftmax.softmax.default, torch.ops.anysoftmax.log_softmax.default,
-              torch.ops.anysoftmax.softmax_backward.default}
+PUBLIC_OPS = {torch.ops.anysoftmax.softmax.default, torch.ops.anysoftmax.softmax_backward.default}
 
 
 def plan_kind(x: torch.Tensor, dim: int, backward: bool = False) -> str:
@@ -104,7 +103,7 @@ def test_compiled_second_order(log, gen):
     g = torch.randn_like(x)
     w = torch.randn_like(x)
     cap = Capture()
-    fn = compiled(lambda g_, y_: ops.softmax_backward_op(g_, y_, 1, log, "triton"), cap)
+    fn = compiled(lambda g_, y_: ops.softmax_backward_op(g_, y_, 1, log, backend="triton")[0], cap)
     ga, ya = g.clone().requires_grad_(), y.clone().requires_grad_()
     dx = fn(ga, ya)
     dx.backward(w)
@@ -114,9 +113,8 @@ def test_compiled_second_order(log, gen):
         ref = torch.ops.aten._log_softmax_backward_data(gb, yb, 1, torch.float64)
     ref.backward(w)
     assert cap.kernels(0) == ["softmax_bwd_kernel"]
-    # softmax's d/dgrad term is the backward kernel again (autodiff.backward_grads); log_softmax's
-    # second-order terms are torch ops.
-    assert cap.kernels(1) == ([] if log else ["softmax_bwd_kernel"])
+    # the second-order terms are torch ops (autodiff's formula of the backward)
+    assert cap.kernels(1) == []
     torch.testing.assert_close(dx, ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(ga.grad, gb.grad, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(ya.grad, yb.grad, rtol=1e-10, atol=1e-12)
@@ -246,11 +244,10 @@ def test_triton_ops_run_eagerly(log, gen):
     registration.traced_ops()  # the triton_ops, with their autograd and vmap rules
 
     x = torch.randn(3, 70000, generator=gen)
-    op = torch.ops.anysoftmax.log_softmax_triton if log else torch.ops.anysoftmax.softmax_triton
-    y = op(x, -1, None, "triton")
+    y, _ = torch.ops.anysoftmax.softmax_triton(x, -1, log=log, backend="triton")
     assert compare(y, x, SoftmaxSpec.from_tensor(x, -1, log=log)).ok
     g = torch.randn_like(y)
-    dx = torch.ops.anysoftmax.softmax_backward_triton(g, y, -1, log, "triton")
+    dx, _ = torch.ops.anysoftmax.softmax_backward_triton(g, y, -1, log, backend="triton")
     torch.testing.assert_close(dx, anysoftmax.softmax_backward(y, g, -1, log=log, backend="torch"),
                                rtol=1e-5, atol=1e-6)
 
@@ -259,7 +256,7 @@ def test_triton_ops_opcheck(gen):
     registration.traced_ops()
 
     x = torch.randn(5, 33, generator=gen, dtype=torch.float64).requires_grad_()
-    torch.library.opcheck(torch.ops.anysoftmax.softmax_triton.default, (x, 1, None, "triton"),
+    torch.library.opcheck(torch.ops.anysoftmax.softmax_triton.default, (x, 1), {"backend": "triton"},
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -267,7 +264,7 @@ def test_triton_ops_refuse_other_backends(gen):
     registration.traced_ops()
 
     with pytest.raises(RuntimeError, match="served by another backend"):
-        torch.ops.anysoftmax.softmax_triton(torch.randn(3, 4, generator=gen), 1, None, "torch")
+        torch.ops.anysoftmax.softmax_triton(torch.randn(3, 4, generator=gen), 1, backend="torch")
 
 
 # ---- GPU plans, traced on this CPU-only machine ----------------------------------------------
@@ -316,8 +313,8 @@ with FakeTensorMode():
         plans[name] = anysoftmax.get_backend("triton").plan(xr, y, layout, spec)
 for name, x in cases.items():
     plan = plans[name]
-    fw = make_fx(dispatch_functionalize(lambda t: ops.softmax_op(t, -1, None, None)), tracing_mode="fake")(x)
-    bw = make_fx(dispatch_functionalize(lambda g, y: ops.softmax_backward_op(g, y, -1, False, None)),
+    fw = make_fx(dispatch_functionalize(lambda t: ops.softmax_op(t, -1)), tracing_mode="fake")(x)
+    bw = make_fx(dispatch_functionalize(lambda g, y: ops.softmax_backward_op(g, y, -1)),
                  tracing_mode="fake")(x, x)
     result[name] = dict(eager_plan=dict(kind=plan.kind, cooperative=plan.cooperative, options=plan.options),
                         forward=launches(fw), backward=launches(bw))
