@@ -69,7 +69,11 @@ raise SystemExit(code)
 """)
     assert res.returncode == 0, res.stderr
     assert "through the Triton interpreter" not in res.stdout + res.stderr, res.stdout + res.stderr
-    assert "runs here: torch\n" in res.stdout and "TRITON_INTERPRET: None" in res.stdout
+    assert "TRITON_INTERPRET: None" in res.stdout
+    # Third-party plugins (CI installs the README's example) may run here too; no Triton backend may.
+    (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("runs here: ")]
+    here = [entry.split(":")[0].strip() for entry in line.removeprefix("runs here: ").split(";")]
+    assert "torch" in here and not {"triton", "triton_ascend"} & set(here), line
 
 
 def test_explicit_triton_without_triton_raises_naming_the_extra():
