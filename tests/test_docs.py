@@ -89,7 +89,8 @@ def test_readme_use_snippets_run():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1))
     ns = dict(x=torch.randn(4, 8), model=model, batch=torch.randn(3, 8), d=24,
               scores=torch.randn(2, 3, 16, 24), pad=torch.rand(2, 1, 16, 24) < 0.2, sinks=torch.randn(3, 1, 1),
-              v=torch.randn(24, 64))
+              v=torch.randn(24, 64), logits=torch.randn(4, 300) * 3, t=torch.tensor([0.7, 1.0, 1.3, 0.0]),
+              seeds=torch.tensor([11, 12, 13, 14]), step=5)
     import importlib.util
 
     hf = importlib.util.find_spec("transformers") is not None  # (the hf extra; CI has it)
@@ -105,6 +106,14 @@ def test_readme_use_snippets_run():
     finally:
         torch.distributed.destroy_process_group()
     assert ns["p"].shape == ns["scores"].shape
+    # Sampling: each drawn id is in its row's kept set; the seeded draw repeats; greedy at t = 0.
+    ids, kept = ns["ids"], ns["kept"]
+    assert bool((kept.gather(-1, ids[:, None]) > 0).all()) and int(ids[3]) == int(ns["logits"][3].argmax())
+    again = anysoftmax.sampling.sample(ns["logits"], temperature=ns["t"], top_k=50, top_p=0.9, min_p=0.05,
+                                       seed=ns["seeds"], offset=ns["step"])
+    assert torch.equal(again, ids)
+    z = (ns["logits"].double() / ns["t"].double().clamp_min(1e-30)[:, None]).log_softmax(-1)
+    torch.testing.assert_close(ns["lp"][:3, 0].double(), z[:3].gather(-1, ids[:3, None])[:, 0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(ns["probs"], torch.softmax(ns["logits_shard"], -1))
     # Softmax in pieces: the merge of the split attention is the unsplit one (float64 reference).
     scores64 = ns["scores"].double()
