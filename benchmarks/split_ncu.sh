@@ -6,20 +6,35 @@
 # occupancy) against the theoretical, registers per thread, local memory (spills), the top
 # warp-stall reasons per issued instruction.
 #
-#   bash benchmarks/split_ncu.sh OUT [CANDIDATES] [SHAPE]
-#       CANDIDATES: default base,prefetch,prefetch_small,cute; SHAPE: default 512x262144
+#   bash benchmarks/split_ncu.sh OUT [CANDIDATES] [SHAPE] [DTYPES] [DIRECTIONS]
+#       CANDIDATES: default base,stages2,stages3 (the table's kernel and the pipelined loop with
+#       one and two chunks in flight; add cute to profile the cluster kernels); SHAPE: default
+#       512x262144; DTYPES: default float32,bfloat16; DIRECTIONS: default fwd,bwd. One pair:
+#   bash benchmarks/split_ncu.sh OUT base,stages2 512x262144 float32 fwd    (2 kernels, about a minute)
 #
 # Writes OUT/split_ncu.ncu-rep (the report), OUT/split_ncu_raw.csv (`--page raw`),
 # OUT/split_ncu_labels.json (what each launch was), OUT/split_ncu_summary.txt (printed too).
-# About 1-2 minutes on an H100 for the defaults (16 kernels, ~20 replay passes each).
+# About 1-2 minutes on an H100 for the defaults (12 kernels, ~20 replay passes each).
+# Exits 2 without a CUDA GPU, 3 without ncu, 4 when the profiled run fails.
 # --clock-control none: the GPU's own clocks (what these machines allowed before); the times
 # are then those of an unlocked GPU, comparable within one report.
 set -uo pipefail
-OUT=${1:?usage: bash benchmarks/split_ncu.sh OUT [CANDIDATES] [SHAPE]}
-CANDIDATES=${2:-base,prefetch,prefetch_small,cute}
+OUT=${1:?usage: bash benchmarks/split_ncu.sh OUT [CANDIDATES] [SHAPE] [DTYPES] [DIRECTIONS]}
+CANDIDATES=${2:-base,stages2,stages3}
 SHAPE=${3:-512x262144}
+DTYPES=${4:-float32,bfloat16}
+DIRECTIONS=${5:-fwd,bwd}
 PY=${PY:-python3}
 cd "$(dirname "$0")/.."
+"$PY" - <<'EOF' || exit 2
+import sys
+try:
+    import torch
+except ImportError as exc:
+    sys.exit(f"split_ncu: {sys.executable} cannot import torch ({exc}): set PY to the environment's python")
+if not torch.cuda.is_available():
+    sys.exit("split_ncu: no CUDA GPU visible (torch.cuda.is_available() is False): nothing to profile")
+EOF
 mkdir -p "$OUT"
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
 if [ -z "$NCU" ]; then
@@ -40,8 +55,13 @@ start=$(date +%s)
   --section MemoryWorkloadAnalysis --metrics "$METRICS" \
   --export "$OUT/split_ncu" --force-overwrite \
   "$PY" benchmarks/split_probe.py --ncu --out "$OUT" --candidates "$CANDIDATES" --shapes "$SHAPE" \
-  --dtypes float32,bfloat16 --directions fwd,bwd 2>&1 | grep -v '^==PROF== Profiling' | tail -20
+  --dtypes "$DTYPES" --directions "$DIRECTIONS" 2>&1 | grep -v '^==PROF== Profiling' | tail -20
+status=${PIPESTATUS[0]}
 echo "profiled in $(( $(date +%s) - start )) s"
+if [ "$status" -ne 0 ] || [ ! -s "$OUT/split_ncu.ncu-rep" ]; then
+  echo "the profiled run failed (ncu exit $status): no report to summarise" >&2
+  exit 4
+fi
 # (base units: ns and bytes; an ncu without --print-units prints its own, which the summary reads too)
 "$NCU" --import "$OUT/split_ncu.ncu-rep" --page raw --csv --print-units base > "$OUT/split_ncu_raw.csv" 2>/dev/null \
   || "$NCU" --import "$OUT/split_ncu.ncu-rep" --page raw --csv > "$OUT/split_ncu_raw.csv"

@@ -3,8 +3,11 @@ side by side on the GPU at hand, forward and backward, so that one run says whic
 
 A candidate is a named set of tuning overrides (`CANDIDATES`; `heuristics.override`, as
 `anysoftmax.bench.tune_triton` uses it): the forms of the cooperative launch (prefetch,
-relaxed departure, 16-bit chunks held as loaded; `rows.softmax_split_kernel`), chunk bytes,
-warps, chunks per SM. `cute` (the cluster kernels) joins where its backend runs. Each
+relaxed departure, 16-bit chunks held as loaded, the pipelined item loop in N stages;
+`rows.softmax_split_kernel`), chunk bytes, warps, chunks per SM. On a GPU each candidate's
+compiled kernel is reported (registers, shared memory, cp.async count; a stagesN candidate
+whose kernel this Triton did not pipeline is marked NOT PIPELINED). `cute` (the cluster
+kernels) joins where its backend runs. Each
 (candidate, shape, dtype, direction) is checked against the float64 reference
 (`anysoftmax.core.compare`, fresh random data, the seed printed) and timed with
 `triton.testing.do_bench` (median, input sets rotated so that L2 never holds them), beside the
@@ -41,6 +44,20 @@ SHAPES = ["2048x65536", "1024x131072", "512x262144", "128x151936", "128x128256",
           "16x151936", "8x131072", "4x262144", "1x262144", "1x128256"]
 
 _FORMS = dict(split_prefetch=True, split_relaxed_depart=True, bwd_split_prefetch=True, bwd_split_relaxed_depart=True)
+
+
+def _staged(stages: int, chunk_kib: int = 16, warps: int | None = None) -> dict:
+    """The pipelined item loop (split_stages): `stages` stages, forward chunks of `chunk_kib` KiB
+    (the backward's, which hold y and dy, half that), `warps` warps per program (None: the
+    table's by chunk width)."""
+    over = dict(split_stages=stages, bwd_split_stages=stages)
+    if chunk_kib != 16:
+        over.update(split_chunk_bytes=chunk_kib << 10, bwd_split_chunk_bytes=chunk_kib << 9)
+    if warps is not None:
+        over.update(split_warps_by_chunk=[[32768, warps]], bwd_split_warps_by_chunk=[[32768, warps]])
+    return over
+
+
 # name -> tuning overrides (forward keys act on the forward only, bwd_* on the backward only).
 CANDIDATES = {
     "base": {},  # the table as it stands
@@ -58,9 +75,21 @@ CANDIDATES = {
     "prefetch_wide": dict(_FORMS, split_items_per_sm=8, split_min_chunk_elems=1024),
     # not in the default list: the two-launch form, for reference
     "two_launch": dict(cooperative=False),
+    # The pipelined item loop (rows.softmax_split_kernel STAGES): the next items' chunks copied
+    # into shared memory while a program waits at its barrier. Two stages issue the next copy
+    # after the store and wait for it first thing in the next item (no overlap within a
+    # program): the control that prices the shared-memory path and the barrier's call alone.
+    "stages2": _staged(2),
+    "stages3": _staged(3),
+    "stages3_8w": _staged(3, warps=8),
+    "stages3_32k": _staged(3, 32, warps=4),
+    "stages3_32k_8w": _staged(3, 32, warps=8),
+    "stages4": _staged(4),
+    "stages4_8w": _staged(4, warps=8),
 }
-DEFAULT_CANDIDATES = ["base", "relaxed", "prefetch", "prefetch_acqrel", "prefetch_small", "prefetch_8w",
-                      "prefetch_hold", "prefetch_wide", "cute"]
+# (the register prefetch, candidates prefetch*, lost everywhere on the H200: still selectable)
+DEFAULT_CANDIDATES = ["base", "stages2", "stages3", "stages3_8w", "stages3_32k", "stages3_32k_8w", "stages4",
+                      "stages4_8w", "cute"]
 # --tiny (the CPU run): rows of a few hundred elements take the split kernels.
 TINY = dict(max_tile_elems=64, split_chunk_bytes=256, bwd_max_tile_bytes=64, bwd_split_chunk_bytes=256)
 # Forward: >= 0.95 of the same-bytes copy; backward: >= 0.92 (where that copy reaches >= 0.85 of
@@ -149,9 +178,11 @@ def plan_info(inputs: tuple, direction: str) -> dict:
             dx = y.new_empty(y.shape)
             plan = backend.plan(y, dx, layout, spec, backward=True)
             given = (y, inputs[1], dx, None, None, None, None)
+        stages = plan.options.get("stages", 1)
         info = dict(kind=plan.kind, chunk=plan.block_n, chunks=plan.chunks, grid=plan.grid,
                     cooperative=plan.cooperative, warps=plan.options.get("num_warps"),
-                    forms=sorted(k for k in ("prefetch", "relaxed_depart", "hold_input") if plan.options.get(k)))
+                    forms=sorted(k for k in ("prefetch", "relaxed_depart", "hold_input") if plan.options.get(k))
+                    + ([f"stages{stages}"] if stages > 1 else []))
     except Exception as exc:  # (the plan is reported when it can be; a failure here measures on)
         return dict(plan_error=f"{type(exc).__name__}: {str(exc)[:120]}")
     if t.device.type != "cuda":
@@ -162,6 +193,11 @@ def plan_info(inputs: tuple, direction: str) -> dict:
         compiled = kernel.warmup(*args, grid=(1,), **meta, **plan.launch_options())  # (compiled: the cache's)
         compiled._init_handles()
         info["regs"] = int(compiled.n_regs)
+        # shared memory per program, and the async copies of a pipelined loop (0 where this
+        # Triton did not pipeline it: the form then runs as the plain kernel plus its call)
+        info["shared"] = int(compiled.metadata.shared)
+        ptx = compiled.asm.get("ptx", "") if isinstance(getattr(compiled, "asm", None), dict) else ""
+        info["cp_async"] = ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global")
         spills = getattr(compiled, "n_spills", None)
         if spills is None and "cubin" in getattr(compiled, "asm", {}):
             from anysoftmax.backends.cute.cubin import resources
@@ -329,6 +365,9 @@ def measure(args, log) -> dict:
                                        same_as=seen[key]["candidate"], **info)
                             doc["rows"].append(row)
                             continue
+                        if any(f.startswith("stages") for f in info.get("forms", [])) and info.get("cp_async") == 0:
+                            log(f"{name} {shape} {_short(dname)} {direction}: NOT PIPELINED (no cp.async in the "
+                                f"compiled kernel; shared {info.get('shared')}, regs {info.get('regs')})")
                         ok, detail, err = check(backend, direction, sets[0], device)
                         row.update(info, ok=ok, detail=detail, max_abs_err=err)
                         if ok:
@@ -375,6 +414,7 @@ def cell_line(doc, shape, dname, direction) -> str:
 def _abbrev(name: str) -> str:
     """A candidate's column label (7 characters at most)."""
     short = name.replace("prefetch", "pf").replace("relaxed", "relax").replace("_small", "_sm").replace("two_launch", "2launch")
+    short = short.replace("stages", "st").replace("_32k", "L")
     return short[:7]
 
 
@@ -384,6 +424,25 @@ def _cell(r: dict) -> str:
     if not r.get("ok"):
         return "ERR" if r.get("error") else "WRONG"
     return f"{r['frac_same']:.2f}"
+
+
+def kernel_lines(doc) -> list[str]:
+    """Each triton candidate's compiled kernel per dtype and direction (its first shape): chunk,
+    warps, grid, registers, shared memory, cp.async count; a pipelined form (stagesN) whose
+    kernel holds no cp.async is marked NOT PIPELINED."""
+    out, seen = [], set()
+    for r in doc["rows"]:
+        key = (r["candidate"], r["dtype"], r["direction"])
+        if r["candidate"] in ("copy", "cute") or key in seen or "regs" not in r:
+            continue
+        seen.add(key)
+        staged = any(f.startswith("stages") for f in r.get("forms") or [])
+        flag = "  NOT PIPELINED" if staged and not r.get("cp_async") else ""
+        out.append(f"  {r['candidate']:16}{_short(r['dtype']):5}{r['direction']:4} {r['shape']}: "
+                   f"chunk {r.get('chunk')}, {r.get('warps')} warps, grid {r.get('grid')}, regs {r.get('regs')}, "
+                   f"spills {r.get('spills')}, "
+                   f"shared {r.get('shared')}, cp.async {r.get('cp_async')}{flag}")
+    return out
 
 
 def detail_lines(doc) -> list[str]:
@@ -399,7 +458,8 @@ def detail_lines(doc) -> list[str]:
             lines.append(f"{head}: {r['frac_large']:.3f} of 1GiB, {r['us']:.1f} us")
             continue
         plan = (f" | {r.get('chunk')} x {r.get('chunks')}, {r.get('warps')} warps, grid {r.get('grid')}, "
-                f"{'+'.join(r.get('forms') or []) or '-'} | regs {r.get('regs')}, spills {r.get('spills')}"
+                f"{'+'.join(r.get('forms') or []) or '-'} | regs {r.get('regs')}, spills {r.get('spills')}, "
+                f"shared {r.get('shared')}, cp.async {r.get('cp_async')}"
                 if "kind" in r else (f" | {r['plan_error']}" if "plan_error" in r else ""))
         same = f" (plan of {r['same_as']})" if r.get("same_as") else ""
         if r.get("ok"):
@@ -465,6 +525,9 @@ def summary_lines(doc, misses: bool = False) -> list[str]:
         out.append(f"  {c:16}" + " | ".join(parts))
     if misses:
         return missed_lines
+    kernels = kernel_lines(doc)
+    if kernels:
+        out += ["", "compiled kernels (registers per thread, shared memory per program in bytes):"] + kernels
     out.append("")
     out.append("choice per dtype and direction (best geometric mean among candidates never > 3% slower than base):")
     for dname in dict.fromkeys(d for _, d, _ in cells):
@@ -579,6 +642,10 @@ def ncu_summary(csv_path: str, labels_path: str | None) -> list[str]:
         theo = num(r, "sm__maximum_warps_per_active_cycle_pct")
         regs = num(r, "launch__registers_per_thread")
         grid = num(r, "launch__grid_size")
+        # (LaunchStats and Occupancy sections: dynamic shared memory and the blocks per SM each
+        # resource allows, where this ncu names them so)
+        smem = num(r, "launch__shared_mem_per_block_dynamic")
+        limits = {k: num(r, f"launch__occupancy_limit_{k}") for k in ("registers", "shared_mem", "warps")}
         local = {k: v for k, v in r.items() if ("local" in k or "spill" in k) and num(r, k)}
         stalls = sorted(((num(r, k) or 0.0, k[len(STALL):].replace("_per_issue_active.ratio", ""))
                          for k in r if k.startswith(STALL) and "not_selected" not in k and "_selected" not in k),
@@ -592,6 +659,9 @@ def ncu_summary(csv_path: str, labels_path: str | None) -> list[str]:
         line += f" (theoretical {theo:.1f}%)" if theo is not None else ""
         line += f", {regs:.0f} regs" if regs is not None else ""
         line += f", grid {grid:.0f}" if grid is not None else ""
+        line += f", shared {smem:.0f} B" if smem else ""
+        if any(v is not None for v in limits.values()):
+            line += " (blocks/SM by " + ", ".join(f"{k} {v:.0f}" for k, v in limits.items() if v is not None) + ")"
         line += ", local memory: " + (", ".join(f"{k}={v}" for k, v in local.items()) if local else "none")
         line += "; stalls/issue: " + ", ".join(f"{k} {v:.2f}" for v, k in stalls[:4])
         out.append(line)
@@ -635,6 +705,12 @@ def main(argv=None) -> int:
         return 0
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("split_probe: no CUDA GPU visible (torch.cuda.is_available() is False); "
+                             "`--device cpu --tiny` runs the same flow through the Triton interpreter")
     # Device times do not depend on the launcher; the native one would first build its extension.
     os.environ.setdefault("ANYSOFTMAX_LAUNCHER", "triton")
     sys.path.insert(0, str(ROOT))

@@ -71,3 +71,30 @@ def test_ncu_summary_reads_the_raw_csv(probe, tmp_path):
     assert lines[1].startswith("prefetch 512x262144 bf16 fwd: 210.5 us, DRAM 73.2% of peak (2550 GB/s)")
     assert "warps active 30.6%" in lines[1] and "96 regs" in lines[1] and "local memory: none" in lines[1]
     assert lines[1].endswith("stalls/issue: barrier 6.50, long_scoreboard 5.90, wait 1.00, membar 0.20")
+
+
+def test_kernel_lines_mark_a_stage_form_left_unpipelined(probe):
+    """A pipelined candidate (stagesN) whose compiled kernel holds no cp.async (a Triton that did
+    not pipeline the loop) is marked in the summary, beside its registers and shared memory."""
+    row = dict(shape="512x262144", dtype="float32", direction="fwd", chunk=4096, warps=4, grid=640, regs=95, spills=0)
+    doc = {"rows": [dict(row, candidate="copy"),
+                    dict(row, candidate="stages3", forms=["stages3"], shared=32784, cp_async=24),
+                    dict(row, candidate="stages4", forms=["stages4"], shared=16, cp_async=0),
+                    dict(row, candidate="base", forms=[], shared=16, cp_async=0)]}
+    lines = probe.kernel_lines(doc)
+    assert [line.split()[0] for line in lines] == ["stages3", "stages4", "base"]
+    assert "shared 32784, cp.async 24" in lines[0] and not lines[0].endswith("NOT PIPELINED")
+    assert lines[1].endswith("NOT PIPELINED") and not lines[2].endswith("NOT PIPELINED")
+
+
+@pytest.mark.parametrize("mode", [[], ["--ncu"]], ids=["measure", "ncu"])
+def test_without_a_gpu_it_stops_with_a_clear_message(probe, tmp_path, monkeypatch, mode):
+    """On a machine without a CUDA GPU (as seen by torch) the probe and its profiling mode exit
+    at once with a message naming the way to run the flow on the CPU, not a torch traceback."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as stop:
+        probe.main(["--out", str(tmp_path), "--candidates", "base,stages2", "--shapes", "2x300", *mode])
+    assert "no CUDA GPU" in str(stop.value.code) and "--device cpu" in str(stop.value.code)
+    assert not (tmp_path / "split_probe.json").exists()

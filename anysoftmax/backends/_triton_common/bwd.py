@@ -10,11 +10,13 @@ A work item is a tile of BLOCK_M rows x CHUNK columns. With one chunk per row (S
 row sum is taken on chip: one read of y and dy and one write of dx. Longer rows are cut into
 chunks whose partial sums meet in `stats`, exactly as in the forward split kernel: PHASE 0
 waits at a per-row barrier (cooperative, co-resident grid) keeping y and dy in registers;
-PHASE 1 / PHASE 2 are the two-launch form for the interpreter. PREFETCH and RELAXED_DEPART
-are the forward split kernel's forms of PHASE 0 (`rows.softmax_split_kernel`): the next item's
-y and dy loaded before the wait, kept in their dtype until used; a relaxed departure, the
-counters reset after the store. y, dy, dx (and x) share one
-row layout (the launcher makes them contiguous alike); a mask is read through its own strides.
+PHASE 1 / PHASE 2 are the two-launch form for the interpreter. PREFETCH, RELAXED_DEPART and
+STAGES are the forward split kernel's forms of PHASE 0 (`rows.softmax_split_kernel`): the next
+item's y and dy loaded before the wait, kept in their dtype until used; a relaxed departure,
+the counters reset after the store; the item loop software-pipelined (y and dy of the next
+items copied into shared memory), the wait and the reads it guards in a call
+(`rows._row_meet_sum`). y, dy, dx (and x) share one row layout (the launcher makes them
+contiguous alike); a mask is read through its own strides.
 Causal rows read y and dy only over their kept prefix (the rest of dx is written as 0).
 """
 
@@ -22,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .fused import col_limit, kept_by_mask, pair, tanh, whole_vectors
-from .rows import _row_arrive, _row_depart, _row_leave, _row_offsets, _row_reset, _row_wait
+from .rows import _row_arrive, _row_depart, _row_leave, _row_meet_sum, _row_offsets, _row_reset, _row_wait
 
 
 @triton.jit
@@ -76,12 +78,32 @@ def _item_loads(y_ptr, dy_ptr, item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF,
 
 
 @triton.jit
+def _item_loads_staged(y_ptr, dy_ptr, item, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
+                       CHUNK: tl.constexpr, CAUSAL_VEC: tl.constexpr, CAUSAL: tl.constexpr, VEC: tl.constexpr):
+    """`_item_loads` of a split row (BLOCK_M 1) for the pipelined loop (STAGES): the same
+    elements, the address and the mask built from scalars and the lanes alone, so that the
+    pipeliner carries only scalars from the loads to the item's later uses
+    (`rows._chunk_x_staged`). The causal bound is `fused.whole_vectors`' as one number."""
+    item64 = tl.cast(item, tl.int64)
+    row = item64 // n_chunks
+    start = (item64 % n_chunks) * CHUNK
+    bound = n_cols
+    if CAUSAL:
+        per_load: tl.constexpr = CAUSAL_VEC if CAUSAL_VEC > 0 else VEC
+        bound = tl.minimum(tl.cdiv(col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL), per_load) * per_load, n_cols)
+    lanes = tl.arange(0, CHUNK)[None, :]
+    off = (_row_offsets(row, S1, S2, s0, s1, s2) + start * sn) + lanes * sn
+    ok = lanes < bound - start
+    return tl.load(y_ptr + off, mask=ok, other=0.0), tl.load(dy_ptr + off, mask=ok, other=0.0)
+
+
+@triton.jit
 def softmax_bwd_kernel(
     y_ptr, dy_ptr, dx_ptr, x_ptr, m_ptr, p_ptr, ds_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, s0, s1, s2, sn, ms0, ms1, ms2, msn, ps0, ps1, ps2, SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, SINGLE: tl.constexpr,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr, CAUSAL_VEC: tl.constexpr,
-    PREFETCH: tl.constexpr, RELAXED_DEPART: tl.constexpr,
+    PREFETCH: tl.constexpr, RELAXED_DEPART: tl.constexpr, STAGES: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, PRECISE: tl.constexpr,
 ):
@@ -89,7 +111,8 @@ def softmax_bwd_kernel(
     VEC: tl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
     # The forms of the cooperative launch (split rows, PHASE 0) only.
     BARRIER: tl.constexpr = PHASE == 0 and not SINGLE
-    AHEAD: tl.constexpr = PREFETCH and BARRIER
+    PIPELINED: tl.constexpr = STAGES > 1 and BARRIER
+    AHEAD: tl.constexpr = PREFETCH and BARRIER and not PIPELINED
     LATE_DEPART: tl.constexpr = RELAXED_DEPART and BARRIER
     n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
     n_items = n_row_blocks * n_chunks
@@ -97,12 +120,21 @@ def softmax_bwd_kernel(
     if AHEAD:
         y_next, dy_next = _item_loads(y_ptr, dy_ptr, tl.program_id(0), n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF,
                                       S1, S2, s0, s1, s2, sn, BLOCK_M, CHUNK, CAUSAL_VEC, MASK, CAUSAL, VEC)
-    for item in tl.range(tl.program_id(0), n_items, nprog):
+    if PIPELINED:
+        # The item whose y and dy the loop loads, counted apart from `item` (`rows._chunk_x_staged`).
+        loaded = tl.program_id(0)
+    # (None: the loop as Triton plans it by default, which is how the other forms compile)
+    LOOP_STAGES: tl.constexpr = STAGES if PIPELINED else None
+    for item in tl.range(tl.program_id(0), n_items, nprog, num_stages=LOOP_STAGES):
         rows, chunk, cols, row_ok, mask, loads, live, off = _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF,
                                                                      S1, S2, s0, s1, s2, sn, BLOCK_M, CHUNK,
                                                                      CAUSAL_VEC, MASK, CAUSAL, VEC)
         if AHEAD:
             y_raw, dy_raw = y_next, dy_next
+        elif PIPELINED:
+            y_raw, dy_raw = _item_loads_staged(y_ptr, dy_ptr, loaded, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0,
+                                               s1, s2, sn, CHUNK, CAUSAL_VEC, CAUSAL, VEC)
+            loaded += nprog
         else:
             y_raw, dy_raw = _item_loads(y_ptr, dy_ptr, item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0,
                                         s1, s2, sn, BLOCK_M, CHUNK, CAUSAL_VEC, MASK, CAUSAL, VEC)
@@ -123,7 +155,16 @@ def softmax_bwd_kernel(
             stats = stats_ptr + rows * n_chunks
             if PHASE != 2:
                 tl.store(stats + chunk, _partial(y, dy, LOG), mask=row_ok)
-            if PHASE == 0:
+            if PIPELINED:
+                # BLOCK_M is 1 on this path, and the item's row exists (row_ok)
+                row = (tl.cast(item, tl.int64) // n_chunks) * BLOCK_M
+                row_sum = _row_meet_sum(count_ptr, row, n_chunks, stats_ptr + row * n_chunks, G_POW2)
+                total = tl.zeros([BLOCK_M], acc_ty) + row_sum
+                if LATE_DEPART:
+                    departed = _row_leave(count_ptr, row)
+                else:
+                    _row_depart(count_ptr, row, n_chunks)
+            elif PHASE == 0:
                 # BLOCK_M is 1 on this path: the row's barrier, as in the forward split kernel.
                 row = (tl.cast(item, tl.int64) // n_chunks) * BLOCK_M
                 arrived = _row_arrive(count_ptr, row)
@@ -133,14 +174,15 @@ def softmax_bwd_kernel(
                                                   C_OFF, S1, S2, s0, s1, s2, sn, BLOCK_M, CHUNK, CAUSAL_VEC, MASK,
                                                   CAUSAL, VEC)
                 _row_wait(count_ptr, row, arrived, n_chunks)
-            g = tl.arange(0, G_POW2)
-            part = tl.load(stats[:, None] + g[None, :], mask=row_ok[:, None] & (g < n_chunks)[None, :],
-                           other=0.0, cache_modifier=".cg")
-            total = tl.sum(part, axis=1)
-            if LATE_DEPART:
-                departed = _row_leave(count_ptr, row)
-            elif PHASE == 0:
-                _row_depart(count_ptr, row, n_chunks)
+            if not PIPELINED:
+                g = tl.arange(0, G_POW2)
+                part = tl.load(stats[:, None] + g[None, :], mask=row_ok[:, None] & (g < n_chunks)[None, :],
+                               other=0.0, cache_modifier=".cg")
+                total = tl.sum(part, axis=1)
+                if LATE_DEPART:
+                    departed = _row_leave(count_ptr, row)
+                elif PHASE == 0:
+                    _row_depart(count_ptr, row, n_chunks)
         if PHASE != 1:
             if LOG:
                 dx = dy - tl.exp(y) * total[:, None]

@@ -158,14 +158,16 @@ def wide_cols(layout: RowLayout, block_n: int) -> bool:
 
 # Options that reach the kernel as constexprs, not as launch options: the elements per
 # causal-prefix load of the tile and backward kernels (0: 16 bytes' worth); the forms of the
-# cooperative split kernels' PHASE 0 (`rows.softmax_split_kernel`; backward: the first two).
-PHASE0_FORMS = ("prefetch", "relaxed_depart", "hold_input")
+# cooperative split kernels' PHASE 0 (`rows.softmax_split_kernel`; backward: all but
+# hold_input): switches, and `stages`, the pipeline depth of the item loop (1: none).
+PHASE0_FORMS = ("prefetch", "relaxed_depart", "hold_input", "stages")
 PLAN_CONSTEXPR_OPTIONS = ("causal_vec", *PHASE0_FORMS)
 
 
 def _split_forms(options: dict, *names: str) -> dict:
-    """The split kernels' PHASE 0 forms as constexprs (False unless the plan's options set them)."""
-    return {name.upper(): bool(options.get(name, False)) for name in names}
+    """The split kernels' PHASE 0 forms as constexprs (False unless the plan's options set them),
+    and STAGES (1 unless they set it)."""
+    return dict({name.upper(): bool(options.get(name, False)) for name in names}, STAGES=int(options.get("stages", 1)))
 
 
 @dataclass(frozen=True)

@@ -270,6 +270,79 @@ def _row_reset(count_ptr, row, departed, n_chunks):
 
 
 @triton.jit
+def _row_wait_polled(count_ptr, row, n_chunks):
+    """Arrive at `row`'s barrier and wait until every chunk of the row has arrived, crossing no
+    value between threads through shared memory (`_row_meet` says why): the arrival's count
+    is not read back, every thread polls the counter itself (a volatile load); then one
+    thread's acquire, which reads the complete count, and the block's barrier (bar.sync)
+    order every thread's later reads after the other programs' statistics, as in `_row_wait`.
+    The acquire is an `or` of 0 (the count unchanged): Triton drops an unused add of 0."""
+    tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu")
+    seen = tl.load(count_ptr + 2 * row, volatile=True)
+    while seen < n_chunks:
+        seen = tl.load(count_ptr + 2 * row, volatile=True)
+    tl.atomic_or(count_ptr + 2 * row, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit(noinline=True)
+def _row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2: tl.constexpr, NSTAT: tl.constexpr,
+              HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
+    """The pipelined loop's barrier (`softmax_split_kernel` STAGES): arrive, wait for the row's
+    other chunks, read their statistics (NSTAT per chunk at `stats_row`) and merge them with
+    the sink as `fused.merge_stats` does: (m_sub, total, kept columns (NSTAT 3, else 0)).
+
+    Not inlined: Triton's software pipeliner refuses a loop that holds the wait's `while` and
+    issues a pipelined loop's loads for later items ahead of the current one; a call it steps
+    over, and the statistics' loads (written by other programs before they arrive) are not
+    visible to it, so none can move above the wait that makes it valid.
+
+    No shared memory in here: Triton before 3.9 gives a called function's shared memory offset
+    0, where the caller's pipelined buffers are (the next items' chunks, in flight during this
+    call; triton-lang/triton#11267), and returns no tensors from it. So the wait crosses no
+    value between threads (`_row_wait_polled`), and the statistics are reduced GROUP at a time,
+    a tensor one warp holds whole (every warp a copy), which Triton reduces with shuffles."""
+    _row_wait_polled(count_ptr, row, n_chunks)
+    GROUP: tl.constexpr = 32 if G_POW2 > 32 else G_POW2
+    m = float("-inf")
+    for base in tl.static_range(0, G_POW2, GROUP):
+        g = base + tl.arange(0, GROUP)
+        # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
+        m = tl.maximum(m, tl.max(tl.load(stats_row + NSTAT * g, mask=g < n_chunks, other=float("-inf"),
+                                         cache_modifier=".cg"), axis=0))
+    if HAS_SINK:
+        m = tl.maximum(m, sink)
+    m_sub = finite_or_zero(m)
+    total = m_sub * 0.0
+    kept = m_sub * 0.0
+    for base in tl.static_range(0, G_POW2, GROUP):
+        g = base + tl.arange(0, GROUP)
+        ms = tl.load(stats_row + NSTAT * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
+        ss = tl.load(stats_row + NSTAT * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
+        total += tl.sum(tl.where(g < n_chunks, ss * exp_acc(ms - m_sub, ACC_FP64), 0.0), axis=0)
+        if NSTAT == 3:
+            kept += tl.sum(tl.load(stats_row + NSTAT * g + 2, mask=g < n_chunks, other=0.0, cache_modifier=".cg"),
+                           axis=0)
+    if HAS_SINK:
+        total = total + exp_acc(sink - m_sub, ACC_FP64)
+    return m_sub, total, kept
+
+
+@triton.jit(noinline=True)
+def _row_meet_sum(count_ptr, row, n_chunks, stats_row, G_POW2: tl.constexpr):
+    """`_row_meet` of the backward's split rows: arrive, wait, and the sum of the row's
+    n_chunks partial sums at `stats_row` (for the reasons given there, not inlined and
+    without shared memory)."""
+    _row_wait_polled(count_ptr, row, n_chunks)
+    GROUP: tl.constexpr = 32 if G_POW2 > 32 else G_POW2
+    total = tl.load(stats_row) * 0.0
+    for base in tl.static_range(0, G_POW2, GROUP):
+        g = base + tl.arange(0, GROUP)
+        total += tl.sum(tl.load(stats_row + g, mask=g < n_chunks, other=0.0, cache_modifier=".cg"), axis=0)
+    return total
+
+
+@triton.jit
 def softmax_split_kernel(
     x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
@@ -277,7 +350,7 @@ def softmax_split_kernel(
     scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE_COLS: tl.constexpr,
     CHUNK: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
-    PREFETCH: tl.constexpr, RELAXED_DEPART: tl.constexpr, HOLD_INPUT: tl.constexpr,
+    PREFETCH: tl.constexpr, RELAXED_DEPART: tl.constexpr, HOLD_INPUT: tl.constexpr, STAGES: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
     STATES_ONLY: tl.constexpr,
@@ -304,6 +377,12 @@ def softmax_split_kernel(
       no longer holds up the normalisation, and no release waits for a prefetched load.
     * HOLD_INPUT (16-bit x): the chunk is held across the barrier as loaded (half the
       registers of its float32 exponentials) and exp is taken again after the wait.
+    * STAGES > 1: the item loop is software-pipelined by Triton into STAGES stages: the chunks
+      of the next STAGES - 1 items are copied into shared memory (cp.async on NVIDIA) while
+      this one waits, is normalised and stored, so registers hold one chunk as today. The
+      wait and every read it guards live in `_row_meet`, a call the pipeliner steps over
+      (no prefetched chunk comes from memory another program writes: x, the mask, the sink).
+      Replaces PREFETCH (`heuristics.phase0_forms` refuses both).
 
     STATES_ONLY (launched as PHASE 1 alone, `lse_rows.py`): each chunk's own logsumexp (no
     sink) goes to stats[row * n_chunks + chunk]; the row's last chunk to arrive (its counter,
@@ -313,7 +392,8 @@ def softmax_split_kernel(
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
     # The forms of PHASE 0 apply to the cooperative launch only.
-    AHEAD: tl.constexpr = PREFETCH and PHASE == 0
+    PIPELINED: tl.constexpr = STAGES > 1 and PHASE == 0
+    AHEAD: tl.constexpr = PREFETCH and PHASE == 0 and not PIPELINED
     LATE_DEPART: tl.constexpr = RELAXED_DEPART and PHASE == 0
     HOLD: tl.constexpr = HOLD_INPUT and PHASE == 0
     offs = tl.arange(0, CHUNK)
@@ -324,14 +404,25 @@ def softmax_split_kernel(
     if AHEAD:
         x_next = _chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
                           xsn, SQ, Q_DIV, C_OFF, CAUSAL)
-    for item in tl.range(tl.program_id(0), n_items, nprog):
+    if PIPELINED:
+        # The item whose chunk the loop loads, counted apart from `item` (`_chunk_x_staged`).
+        loaded = tl.program_id(0)
+    # (None: the loop as Triton plans it by default, which is how the other forms compile)
+    LOOP_STAGES: tl.constexpr = STAGES if PIPELINED else None
+    for item in tl.range(tl.program_id(0), n_items, nprog, num_stages=LOOP_STAGES):
         row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
         if AHEAD:
             x_raw = x_next
+        elif PIPELINED:
+            x_raw = _chunk_x_staged(x_ptr, loaded, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2, xsn,
+                                    SQ, Q_DIV, C_OFF, CAUSAL)
+            loaded += nprog
         else:
             x_raw = _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2, xsn, SQ,
                              Q_DIV, C_OFF, CAUSAL)
         live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
+        if PIPELINED:
+            x_raw = tl.where(live, x_raw, float("-inf"))
         m_ptrs = m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
         z, keep = prologue(x_raw.to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP,
                            MASK, ACC_FP64, PRECISE)
@@ -360,14 +451,29 @@ def softmax_split_kernel(
             tl.store(stats_row + NSTAT * chunk + 1, tl.sum(e, axis=0))
             if NSTAT == 3:
                 tl.store(stats_row + NSTAT * chunk + 2, tl.sum(keep.to(acc_ty), axis=0))
-        if PHASE == 0:
+        if PHASE == 0 and not PIPELINED:
             arrived = _row_arrive(count_ptr, row)
             if AHEAD:
                 # After the arrival: its release would otherwise wait for this load.
                 x_next = _chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
                                   xs2, xsn, SQ, Q_DIV, C_OFF, CAUSAL)
             _row_wait(count_ptr, row, arrived, n_chunks)
-        if PHASE != 1:
+        if PIPELINED:
+            sink = 0.0
+            if HAS_SINK:
+                sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+            m_sub, total, kept = _row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2, NSTAT, HAS_SINK,
+                                           ACC_FP64)
+            empty = False
+            if MASK == 1:
+                empty = kept == 0
+            elif CAUSAL:
+                empty = col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL) == 0
+            if LATE_DEPART:
+                departed = _row_leave(count_ptr, row)
+            else:
+                _row_depart(count_ptr, row, n_chunks)
+        elif PHASE != 1:
             g = tl.arange(0, G_POW2)
             # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
             ms = tl.load(stats_row + NSTAT * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
@@ -386,6 +492,7 @@ def softmax_split_kernel(
                 departed = _row_leave(count_ptr, row)
             elif PHASE == 0:
                 _row_depart(count_ptr, row, n_chunks)
+        if PHASE != 1:
             if HOLD:
                 # z again from the chunk as loaded (the float32 copy was not kept across the wait)
                 z, _ = prologue(_widen_again(x_raw).to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
@@ -454,6 +561,31 @@ def _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, 
     row, _, cols = _chunk_at(item, n_chunks, offs, CHUNK)
     live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
     return _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn)
+
+
+@triton.jit
+def _chunk_x_staged(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn,
+                    SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
+    """`_chunk_x` for the pipelined loop (STAGES): the same elements, 0 where `_chunk_x` gives
+    -inf (the caller applies -inf with its own mask). The pipeliner issues this load STAGES - 1
+    items ahead and carries every value it shares with the item's later uses across the
+    stages, live through the barrier's call: so the address and the mask are built from
+    scalars and `offs` alone (shared column indices or an -inf fill would carry a register per
+    element and stage), from an item count of the loop's own (`loaded`: sharing the row and
+    chunk arithmetic of `item` would carry its scalars, about 40 more registers per thread
+    at three stages on sm_90)."""
+    row, chunk, _ = _chunk_at(item, n_chunks, offs, CHUNK)
+    start = chunk * CHUNK
+    lim = _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
+    if CAUSAL:
+        # A causal prefix in whole 16-byte vectors (`fused.whole_vectors`; the caller cuts the
+        # exact prefix): a bound inside a vector loads 16-bit elements one by one, narrower
+        # than an async copy takes (4 bytes at least), and the load would not be pipelined.
+        per_load: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
+        lim = tl.minimum(tl.cdiv(lim, per_load) * per_load, n_cols)
+    span = lim - start
+    return tl.load(x_ptr + (_row_offsets(row, S1, S2, xs0, xs1, xs2) + start * xsn) + offs * xsn, mask=offs < span,
+                   other=0.0)
 
 
 @triton.jit

@@ -76,6 +76,27 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
     return t if type(t) is torch.Tensor else torch.empty(16, dtype=t.dtype, device=t.device)
 
 
+def _resident(draft: KernelPlan, props: DeviceProps, programs_per_sm) -> tuple[KernelPlan, int]:
+    """(plan, programs resident on the whole GPU): `draft`, or, where its pipelined item loop
+    (`stages`, shared memory per stage) does not fit, the same plan without it. It does not fit
+    when its kernel needs more shared memory than a program may have (Triton raises
+    OutOfResources when it loads it), or when its shared memory leaves fewer resident programs
+    than a row has chunks (the row would go to the two launches because of the form)."""
+    staged = draft.options.get("stages", 1) > 1
+    try:
+        resident = props.multiprocessor_count * programs_per_sm(draft)
+    except Exception as exc:
+        from triton.runtime.errors import OutOfResources  # (imported here: Triton compiled, so it is present)
+
+        if not (staged and isinstance(exc, OutOfResources)):
+            raise
+        resident = 0
+    if staged and resident < draft.chunks:
+        draft = replace(draft, options={k: v for k, v in draft.options.items() if k != "stages"})
+        resident = props.multiprocessor_count * programs_per_sm(draft)
+    return draft, resident
+
+
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False,
                fusion: Fusion = Fusion()) -> KernelPlan:
     """Kernel, tile, warps and cooperation for `layout` on a GPU with `props` (None:
@@ -97,6 +118,11 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
         # be): the row barrier can then never wait on a program that is not running.
         options["launch_cooperative_grid"] = True
         options.update(tile.get("forms", {}))
+        if props.is_hip:
+            # No pipelined item loop on AMD: Triton 3.6's AMD pipeliner stops compiling at the
+            # barrier's call ("pipeliner doesn't know how to predicate this op"), and later ones
+            # hold the next chunks in registers (no LDS), the prefetch form again.
+            options.pop("stages", None)
     return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, options=options, cooperative=cooperative,
                      **common)
 
@@ -154,7 +180,8 @@ class TritonBackend(Backend):
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).
             return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
-        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec, self._index(x))
+        draft, resident = _resident(draft, props, lambda plan: _programs_per_sm(plan, x, y, layout, spec,
+                                                                                self._index(x)))
         cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
         if not cooperative:
             draft = draft.non_cooperative()

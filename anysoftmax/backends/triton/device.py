@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import torch
 
-from .occupancy import DeviceProps, KernelResources, programs_per_sm
+from .occupancy import CUDA_RESERVED_SHARED, DeviceProps, KernelResources, programs_per_sm
 
 # CDNA architectures (accumulation VGPRs usable as general-purpose ones).
 CDNA_ARCHS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
@@ -36,6 +36,8 @@ def device_props(index: int) -> DeviceProps:
         max_threads_per_sm=p.get("max_threads_per_sm", tp.max_threads_per_multi_processor),
         is_hip=hip,
         is_cdna=hip and is_cdna(arch),
+        shared_mem_per_sm=getattr(tp, "shared_memory_per_multiprocessor", 0),
+        reserved_shared_per_program=CUDA_RESERVED_SHARED if not hip and tp.major >= 8 else 0,
     )
 
 

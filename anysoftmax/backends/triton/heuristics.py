@@ -80,14 +80,23 @@ def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = No
 
 def phase0_forms(elem_bytes: int, backward: bool = False) -> dict:
     """The forms of the cooperative split kernels' one launch (`rows.softmax_split_kernel`) the
-    table turns on for x (backward: y) of `elem_bytes` bytes: {name: True}."""
+    table turns on for x (backward: y) of `elem_bytes` bytes: {name: True}, and {"stages": n}
+    for a software-pipelined item loop (n > 1). ValueError when the table asks for both ways of
+    loading ahead (prefetch into registers, stages into shared memory)."""
     t = table()
     prefix = "bwd_split_" if backward else "split_"
     forms = dict(prefetch=by_elem_size(t[prefix + "prefetch"], elem_bytes),
                  relaxed_depart=by_elem_size(t[prefix + "relaxed_depart"], elem_bytes))
     if not backward:
         forms["hold_input"] = elem_bytes == 2 and bool(t["split_hold_input_16bit"])
-    return {name: True for name, on in forms.items() if on}
+    on = {name: True for name, value in forms.items() if value}
+    stages = int(by_elem_size(t[prefix + "stages"], elem_bytes))
+    if stages > 1:
+        if on.get("prefetch"):
+            raise ValueError(f"tuning: {prefix}prefetch and {prefix}stages = {stages} both load the next work item "
+                             f"ahead (registers, shared memory); set one")
+        on["stages"] = stages
+    return on
 
 
 def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = None) -> dict:

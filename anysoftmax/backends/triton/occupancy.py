@@ -8,7 +8,11 @@ HIP: the register file is counted per SIMD lane: `max_num_regs` is the count of 
 purpose VGPRs; on CDNA (gfx9: MI100/MI200/MI300) each lane also has as many accumulation VGPRs
 usable as general ones, so the budget doubles. Waves per CU are additionally capped by
 max threads per CU // wavefront size.
-Both: programs per SM are capped by shared memory (max_shared_mem // shared per program).
+Both: programs per SM are capped by shared memory: what the SM (CU) holds for all its
+programs // (shared per program + what the hardware reserves per program: 1 KiB on CUDA
+sm_80 and later, none on AMD). `max_shared_mem` is one program's limit (CUDA's opt-in
+maximum, 1 KiB below the SM's on Hopper): dividing it instead counts a program too many
+where shared memory binds (the pipelined split kernels, `rows.softmax_split_kernel` STAGES).
 
 Two additions to the seed's rules, both because the cooperative split kernels rely on every
 launched program being resident (an over-count there serialises the barrier's waiters):
@@ -36,6 +40,8 @@ class DeviceProps:
     max_threads_per_sm: int
     is_hip: bool = False
     is_cdna: bool = False
+    shared_mem_per_sm: int = 0  # bytes of shared memory (LDS) the SM (CU) holds; 0: max_shared_mem
+    reserved_shared_per_program: int = 0  # bytes the hardware reserves per resident program
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,13 @@ def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
         occ = dev.max_num_regs // (n_regs * dev.warp_size * k.num_warps)
         occ = min(occ, dev.max_threads_per_sm // (dev.warp_size * k.num_warps))
     if k.shared_mem > 0:
-        occ = min(occ, dev.max_shared_mem // k.shared_mem)
+        occ = min(occ, shared_programs(dev, k.shared_mem))
     return max(occ, 1)
+
+
+def shared_programs(dev: DeviceProps, shared_mem: int) -> int:
+    """Programs using `shared_mem` bytes of shared memory each that one SM (CU) holds."""
+    return (dev.shared_mem_per_sm or dev.max_shared_mem) // (shared_mem + dev.reserved_shared_per_program)
 
 
 def persistent_programs(dev: DeviceProps, k: KernelResources, n_work: int) -> int:
@@ -83,7 +94,13 @@ def persistent_programs(dev: DeviceProps, k: KernelResources, n_work: int) -> in
 
 # Property sets of GPUs used by the tests and by `configs/` (values as reported by Triton's
 # driver.active.utils.get_device_properties and torch.cuda.get_device_properties).
-H100_SXM = DeviceProps("NVIDIA H100 80GB HBM3", 132, 65536, 232448, 32, 2048)
-A100_SXM = DeviceProps("NVIDIA A100-SXM4-80GB", 108, 65536, 166912, 32, 2048)
-MI300X = DeviceProps("AMD Instinct MI300X (gfx942)", 304, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True)
-MI250X = DeviceProps("AMD Instinct MI250X (gfx90a, one GCD)", 110, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True)
+# CUDA's reserve per program: cudaDevAttrReservedSharedMemoryPerBlock on sm_80 and later.
+CUDA_RESERVED_SHARED = 1024
+H100_SXM = DeviceProps("NVIDIA H100 80GB HBM3", 132, 65536, 232448, 32, 2048, shared_mem_per_sm=233472,
+                       reserved_shared_per_program=CUDA_RESERVED_SHARED)
+A100_SXM = DeviceProps("NVIDIA A100-SXM4-80GB", 108, 65536, 166912, 32, 2048, shared_mem_per_sm=167936,
+                       reserved_shared_per_program=CUDA_RESERVED_SHARED)
+MI300X = DeviceProps("AMD Instinct MI300X (gfx942)", 304, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True,
+                     shared_mem_per_sm=65536)
+MI250X = DeviceProps("AMD Instinct MI250X (gfx90a, one GCD)", 110, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True,
+                     shared_mem_per_sm=65536)

@@ -137,7 +137,9 @@ def hardware_programs_per_sm(dev, res: dict, shared: int, num_warps: int) -> int
         occ = min(dev.max_num_regs // (regs_per_warp * num_warps),
                   dev.max_threads_per_sm // (dev.warp_size * num_warps), 32)
     if shared > 0:
-        occ = min(occ, dev.max_shared_mem // shared)
+        # what the SM (CU) holds for all its programs, less the hardware's reserve per program
+        # (CUDA sm_80+: 1 KiB each; cudaDevAttrReservedSharedMemoryPerBlock)
+        occ = min(occ, (dev.shared_mem_per_sm or dev.max_shared_mem) // (shared + dev.reserved_shared_per_program))
     return occ
 
 
@@ -169,10 +171,52 @@ def hip_resources(compiled) -> dict:
     return dict(info, n_regs=n_regs)
 
 
+def staged_loads(compiled) -> dict:
+    """What Triton's software pipeliner made of an NVIDIA kernel's loads (`rows.softmax_split_kernel`
+    STAGES): the tensors copied ahead into shared memory (`ttg.async_copy_global_to_local` in
+    the TTGIR: "dtype[shape]" each, in the kernel and in the functions it calls), the loads
+    through L2 (.cg: the split kernels' statistics, which other programs write before the
+    barrier) in the kernel and in called functions, the PTX's cp.async and ld.global.cg
+    instructions in the kernel's own body (`.entry`), and the shared memory its called functions
+    (`.func`s) touch (Triton before 3.9 places a callee's shared memory at offset 0, over the
+    caller's: triton-lang/triton#11267)."""
+    ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+    out = dict(async_copies=[], async_copies_in_calls=0, cg_loads=0, cg_loads_in_calls=0)
+    in_kernel = False
+    for line in ttgir.splitlines():
+        head = re.match(r"\s*tt\.func\s+(public|private)?", line)
+        if head:
+            in_kernel = head.group(1) != "private"
+            continue
+        if "ttg.async_copy_global_to_local" in line:
+            m = re.search(r":\s*tensor<([0-9x]+)x!tt\.ptr<(\w+)>", line)
+            if in_kernel:
+                out["async_copies"].append(f"{m.group(2)}[{m.group(1).replace('x', ',')}]" if m else line.strip()[:80])
+            else:
+                out["async_copies_in_calls"] += 1
+        if "tt.load" in line and re.search(r"cache_?[mM]odifier = cg", line):
+            out["cg_loads" if in_kernel else "cg_loads_in_calls"] += 1
+    entry = re.search(r"\.entry\s.*?(?=^\.(?:visible\s+)?\.?func\b|\Z)", ptx, re.S | re.M)
+    body = entry.group(0) if entry else ptx
+    out["cp_async"] = len(re.findall(r"\bcp\.async\.c[ag]\.shared\.global", body))
+    out["ptx_cg_loads"] = len(re.findall(r"\bld\.global\.cg\b", body))
+    calls = re.findall(r"^\.func\b.*?^}", ptx[entry.end():] if entry else "", re.S | re.M)
+    out["calls_shared"] = sum(len(re.findall(r"\.shared\b|global_smem", f)) for f in calls)
+    return out
+
+
 # --- the launches the `triton` backend plans --------------------------------------------------
 
 SPLIT_FORMS = dict(split_prefetch=True, split_relaxed_depart=True, split_hold_input_16bit=True, bwd_split_prefetch=True,
                    bwd_split_relaxed_depart=True)
+
+# The pipelined item loop (rows.softmax_split_kernel STAGES): three stages, alone and (fused)
+# with the forms it combines with (not prefetch, which it replaces), and two stages (one chunk
+# copied ahead, waited for at the top of the next item). AMD plans drop it (the backend's
+# draft_plan).
+STAGED_FORMS = dict(split_stages=3, bwd_split_stages=3, split_relaxed_depart=True, split_hold_input_16bit=True,
+                    bwd_split_relaxed_depart=True)
+STAGED_CASES = ("split_stages", "fused_split_stages", "bwd_split_stages", "split_stages2", "bwd_split_stages2")
 
 # (case, shape, reduced dim, log, backward, tuning overrides, kind the backend should choose).
 # Shapes are those of the tuning table's notes: a row on chip, long rows (split; online when
@@ -198,6 +242,11 @@ CASES = [
     ("split_forms", (128, 65536), 1, False, False, SPLIT_FORMS, "split"),
     ("fused_split_forms", (1, 2, 64, 65536), 3, True, False, SPLIT_FORMS, "split"),
     ("bwd_split_forms", (128, 65536), 1, False, True, SPLIT_FORMS, "split"),
+    ("split_stages", (128, 65536), 1, False, False, dict(split_stages=3, bwd_split_stages=3), "split"),
+    ("fused_split_stages", (1, 2, 64, 65536), 3, True, False, STAGED_FORMS, "split"),
+    ("bwd_split_stages", (128, 65536), 1, False, True, dict(split_stages=3, bwd_split_stages=3), "split"),
+    ("split_stages2", (128, 65536), 1, False, False, dict(split_stages=2), "split"),
+    ("bwd_split_stages2", (128, 65536), 1, False, True, dict(bwd_split_stages=2), "split"),
 ]
 
 
@@ -282,7 +331,8 @@ def compile_target(target: str, dtypes: dict) -> dict:
             for kernel, args, constexprs, opts in calls:
                 record = dict(where, kind=plan.kind, expected_kind=expected_kind, backward=backward, log=log,
                               shape=list(shape), dim=dim, kernel=kernel.__name__,
-                              phase=constexprs.get("PHASE"), block_m=plan.block_m, block_n=plan.block_n,
+                              phase=constexprs.get("PHASE"), stages=constexprs.get("STAGES", 1),
+                              block_m=plan.block_m, block_n=plan.block_n,
                               chunks=plan.chunks, cooperative=plan.cooperative, num_warps=opts["num_warps"],
                               device=dev.name, multiprocessor_count=dev.multiprocessor_count)
                 try:
@@ -294,6 +344,8 @@ def compile_target(target: str, dtypes: dict) -> dict:
                     warps = int(compiled.metadata.num_warps)
                     pps = occupancy.programs_per_sm(dev, occupancy.KernelResources(res["n_regs"], shared, warps,
                                                                                      res.get("sgprs") or 0))
+                    if TARGETS[target].backend == "cuda":
+                        record.update(staged_loads(compiled))
                     record.update(res, specialization=how, shared=shared, compiled_num_warps=warps,
                                   programs_per_sm=pps, resident_programs=pps * dev.multiprocessor_count,
                                   hardware_programs_per_sm=hardware_programs_per_sm(dev, res, shared, warps))

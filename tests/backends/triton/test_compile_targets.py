@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import triton.backends
-from compile_targets import BACKEND_OF, CASES, DEVICES, DTYPES, TARGETS
+from compile_targets import BACKEND_OF, CASES, DEVICES, DTYPES, STAGED_CASES, TARGETS
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "compile_targets.py"
@@ -134,3 +134,68 @@ def test_occupancy_model_never_overcounts_the_hardware(report, target):
             for k in _kernels(report, target)
             if k["hardware_programs_per_sm"] and k["programs_per_sm"] > k["hardware_programs_per_sm"]]
     assert not over, "occupancy model claims more resident programs than fit:\n" + "\n".join(over)
+
+
+TRITON_DTYPES = {"float32": "f32", "bfloat16": "bf16"}
+# The pipeline depth each staged case asks for (its direction's key).
+STAGES_OF = {case[0]: case[5].get("bwd_split_stages" if case[4] else "split_stages") for case in CASES
+             if case[0] in STAGED_CASES}
+
+
+def test_pipelined_split_copies_ahead_only_what_no_program_writes(report):
+    """sm_90, the split kernels' pipelined item loop (STAGES 2 and 3): Triton's pipeliner copies
+    the next items' chunks into shared memory with cp.async, and nothing else: every async copy
+    is a chunk of x (y and dy backward) or, fused, of the bool mask or the row's sink (inputs
+    no program writes), none is issued in the barrier's call, and every load of the chunks'
+    statistics (.cg: written by other programs before they arrive) stays in that call, after
+    the wait, as an ordinary load; the call touches no shared memory. The kernels without the
+    form are not pipelined at all."""
+    kernels = [k for k in _kernels(report, "sm_90") if k["kind"] == "split" and k["phase"] == 0]
+    staged = [k for k in kernels if k["case"] in STAGED_CASES]
+    assert {(k["case"], k["dtype"]) for k in staged} == {(c, d) for c in STAGED_CASES for d in DTYPES}
+    for k in staged:
+        name = _name(k)
+        assert k["stages"] == STAGES_OF[k["case"]] and k["cp_async"] > 0, \
+            f"{name}: not pipelined ({k['cp_async']} cp.async)"
+        chunk = f"[1,{k['block_n']}]" if k["backward"] else f"[{k['block_n']}]"
+        allowed = {TRITON_DTYPES[k["dtype"]] + chunk}
+        if k["case"].startswith("fused"):  # the bool mask's chunk and the row's sink (float32), inputs too
+            allowed |= {"i8" + chunk, "f32[1]"}
+        assert set(k["async_copies"]) <= allowed and k["async_copies"], f"{name}: copied ahead {k['async_copies']}"
+        assert k["async_copies_in_calls"] == 0, f"{name}: async copies inside the barrier's call"
+        # Triton before 3.9 puts a called function's shared memory at offset 0, over the buffers
+        # the copies in flight land in (triton-lang/triton#11267): the call must use none.
+        assert k["calls_shared"] == 0, f"{name}: the barrier's call touches shared memory"
+        assert k["cg_loads"] == 0 and k["ptx_cg_loads"] == 0, f"{name}: statistics read outside the barrier's call"
+        assert k["cg_loads_in_calls"] >= 1, f"{name}: no statistics read in the barrier's call"
+        # (STAGES - 1) chunks in flight per input: x, or y and dy
+        tensors = 2 if k["backward"] else 1
+        assert k["shared"] >= (k["stages"] - 1) * tensors * k["block_n"] * (4 if k["dtype"] == "float32" else 2), name
+    plain = [k for k in kernels if k["case"] not in STAGED_CASES]
+    assert plain and all(k["stages"] == 1 and k["cp_async"] == 0 and not k["async_copies"] for k in plain), \
+        [_name(k) for k in plain if k["cp_async"]]
+
+
+def test_pipelined_split_is_sized_by_its_shared_memory(report):
+    """The pipelined kernels' shared memory bounds their programs per SM in the occupancy model
+    as on the hardware (the SM's 228 KiB for all its programs, 1 KiB reserved per program), so
+    the cooperative grid (whole rows of programs, at most SMs x programs per SM) stays resident."""
+    staged = [k for k in _kernels(report, "sm_90") if k["case"] in STAGED_CASES and k["phase"] == 0]
+    assert staged
+    for k in staged:
+        by_shared = 233472 // (k["shared"] + 1024)
+        assert k["programs_per_sm"] <= by_shared, f"{_name(k)}: {k['programs_per_sm']} > {by_shared} by shared memory"
+        assert k["programs_per_sm"] == k["hardware_programs_per_sm"], _name(k)
+        assert k["programs_per_sm"] * SMS["sm_90"] >= k["chunks"], _name(k)
+
+
+def test_amd_plans_keep_the_loop_unpipelined(report):
+    """gfx942: the plans drop STAGES (the backend's draft_plan says why): the same kernel as
+    without the form, no LDS beyond the reductions'."""
+    kernels = _kernels(report, "gfx942")
+    staged = [k for k in kernels if k["case"] in STAGED_CASES]
+    assert staged and all(k["stages"] == 1 for k in staged)
+    plain = {(k["dtype"], k["phase"]): k for k in kernels if k["case"] == "split"}
+    for k in (k for k in staged if k["case"] == "split_stages"):
+        assert (k["n_regs"], k["shared"]) == (plain[k["dtype"], k["phase"]]["n_regs"],
+                                            plain[k["dtype"], k["phase"]]["shared"]), _name(k)

@@ -92,3 +92,20 @@ def test_at_least_one_program():
                                        ("gfx1100", False), ("gfx906", False), ("", False)])
 def test_is_cdna(arch, cdna):
     assert is_cdna(arch) is cdna
+
+
+def test_cuda_shared_memory_per_sm_and_per_program_reserve():
+    # An H100 SM holds 228 KiB of shared memory (233472 bytes) for all its programs, 1 KiB of
+    # which each resident program reserves for the system (sm_80 and later); 227 KiB
+    # (232448, `max_shared_mem`) is one program's limit. A pipelined split kernel with two
+    # 16 KiB stages (32784 bytes compiled for sm_90, few registers) fits 6, not 232448 // 32784 = 7:
+    # a cooperative grid sized by 7 is refused by the driver.
+    k = KernelResources(40, 32784, 4)
+    assert programs_per_sm(H100_SXM, k) == 233472 // (32784 + 1024) == 6
+    # One stage of 16 KiB: 13, where the per-program limit alone gives 14.
+    assert programs_per_sm(H100_SXM, KernelResources(16, 16400, 4)) == 13
+    # A100: 164 KiB per SM, 1 KiB reserved per program.
+    assert programs_per_sm(A100_SXM, KernelResources(40, 32784, 4)) == 167936 // (32784 + 1024) == 4
+    # MI300X: 64 KiB of LDS per CU, none reserved.
+    assert programs_per_sm(MI300X, KernelResources(40, 32784, 4)) == 1
+    assert programs_per_sm(MI300X, KernelResources(40, 16400, 4)) == 3

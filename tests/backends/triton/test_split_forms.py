@@ -1,5 +1,5 @@
 """The cooperative split kernels' forms of their one launch (`tuning.yaml`: split_prefetch,
-split_relaxed_depart, split_hold_input_16bit, bwd_split_prefetch, bwd_split_relaxed_depart).
+split_relaxed_depart, split_hold_input_16bit, split_stages and their bwd_split_* twins).
 
 The interpreter runs programs one after another, so a row barrier that has to wait never opens:
 here every cooperative launch (PHASE 0) is preceded by the two-launch form's statistics pass
@@ -7,6 +7,9 @@ here every cooperative launch (PHASE 0) is preceded by the two-launch form's sta
 "all arrived" (`opened_barriers`). PHASE 0 then runs its real code, forms included: each program
 prefetches its next item (the same chunk of a later row, past the last item for the last ones),
 leaves the barrier and, the last one out, resets the counters; rows end in uneven chunks. The
+interpreter ignores a loop's num_stages, so the pipelined form (STAGES) runs its own code (the
+loads built from scalars, the barrier and its reads in one call) without the pipelining, which
+tests/backends/triton/test_compile_targets.py checks in the code compiled for sm_90. The
 kit's checks compare the results with the float64 reference, every launch must leave the
 counters at zero, and no load may touch memory outside the tensors a launch was given.
 On a GPU (gpu-marked) the barrier really waits."""
@@ -34,7 +37,14 @@ FORMS = {
     "all": {**FORWARD_FORMS, **BACKWARD_FORMS},
     # PHASE 0 as the table ships it (no form on): the same opened barrier, for comparison
     "none": dict(split_prefetch=False),
+    "stages": dict(split_stages=3, bwd_split_stages=3),
+    "stages2": dict(split_stages=2, bwd_split_stages=2),
+    # the pipelined loop with every form it combines with (prefetch it replaces)
+    "stages_all": dict(split_stages=3, bwd_split_stages=2, split_relaxed_depart=True, split_hold_input_16bit=True,
+                       bwd_split_relaxed_depart=True),
 }
+# PHASE 0 constexprs of each form set (forward, backward), seen in the launches.
+FORM_FLAGS = ("PREFETCH", "RELAXED_DEPART", "HOLD_INPUT", "STAGES")
 # Rows of 300 in 32-element chunks (64 for 16-bit; the backward's: 64): ten chunks a row, the
 # last one uneven; three programs (`interpreter_programs`), so each walks several rows.
 SMALL_SPLIT = LONG_ROW_PATHS_BACKWARD["split"]
@@ -52,7 +62,8 @@ FORM_RUNS = [pytest.param("all", c, d, id=f"all-{c.name}-{str(d)[6:]}")
                           (SPLIT_CASES[3], torch.bfloat16)]] + [
     pytest.param(f, SPLIT_CASES[0], d, id=f"{f}-{SPLIT_CASES[0].name}-{str(d)[6:]}")
     for f, d in [("prefetch", torch.float32), ("relaxed_depart", torch.float32), ("hold_input", torch.bfloat16),
-                 ("none", torch.float32)]]
+                 ("none", torch.float32), ("stages", torch.float32), ("stages_all", torch.bfloat16)]] + [
+    pytest.param("stages_all", SPLIT_CASES[2], torch.float32, id=f"stages_all-{SPLIT_CASES[2].name}-float32")]
 SPLIT_VARIANT_CASES = [c for c in LONG_VARIANT_CASES if c.name in ("long-causal-mask-sinks", "long-softcap-additive",
                                                                    "long-uniform")]
 
@@ -106,7 +117,8 @@ def opened_barriers(monkeypatch):
     """Split plans made cooperative with the table's forms (as on a GPU), their PHASE 0 launches
     run through an opened barrier (module docstring). Yields a record: `launches` (PHASE 0
     launches run), `counters_left` (launches that left a counter non-zero), `outside` (addresses
-    read outside the launch's tensors; its first entry is the running launch's ranges)."""
+    read outside the launch's tensors; its first entry is the running launch's ranges), `forms`
+    (each PHASE 0 launch's form constexprs)."""
     from anysoftmax.backends.triton import backend as triton_backend
 
     real_draft = triton_backend.draft_plan
@@ -119,7 +131,7 @@ def opened_barriers(monkeypatch):
                        options={**plan.options, **heuristics.phase0_forms(elem_bytes, backward)})
 
     monkeypatch.setattr(triton_backend, "draft_plan", cooperative_draft)
-    record = {"launches": 0, "counters_left": [], "outside": [None]}
+    record = {"launches": 0, "counters_left": [], "outside": [None], "forms": []}
     split_kernels = ("softmax_split_kernel", "softmax_bwd_kernel")
     any_split = make_plan("split", 1, 1, 1).kernel()
     real_getitem = type(any_split).__getitem__
@@ -141,6 +153,7 @@ def opened_barriers(monkeypatch):
             finally:
                 record["outside"][0] = None
             record["launches"] += 1
+            record["forms"].append({k: kwargs[k] for k in FORM_FLAGS if k in kwargs})
             if bool(counts[:2 * n_rows].ne(0).any()):
                 record["counters_left"].append(counts[:2 * n_rows].tolist())
 
@@ -169,23 +182,30 @@ def test_cooperative_forms_forward_and_backward(opened_barriers, forms, case, dt
         if case.name in GRADIENT_CASES:
             check_backward(x, case.dim, backend="triton")
     _assert_clean(opened_barriers, 2)
+    if forms.startswith("stages"):
+        wanted = {FORMS[forms]["split_stages"]} | ({FORMS[forms]["bwd_split_stages"]} if case.name in GRADIENT_CASES
+                                                    else set())
+        assert {f["STAGES"] for f in opened_barriers["forms"]} == wanted, opened_barriers["forms"]
 
 
-FUSED_RUNS = [pytest.param(c, d, log, id=f"{c.name}-{str(d)[6:]}-{'log' if log else 'softmax'}")
-              for c, d, log in [(SPLIT_VARIANT_CASES[0], torch.bfloat16, False),
-                                (SPLIT_VARIANT_CASES[1], torch.float32, True),
-                                (SPLIT_VARIANT_CASES[2], torch.float32, False)]]
+FUSED_RUNS = [pytest.param(f, c, d, log, id=f"{f}-{c.name}-{str(d)[6:]}-{'log' if log else 'softmax'}")
+              for f, c, d, log in [("all", SPLIT_VARIANT_CASES[0], torch.bfloat16, False),
+                                   ("all", SPLIT_VARIANT_CASES[1], torch.float32, True),
+                                   ("all", SPLIT_VARIANT_CASES[2], torch.float32, False),
+                                   ("stages_all", SPLIT_VARIANT_CASES[0], torch.bfloat16, False)]]
 
 
-@pytest.mark.parametrize("case,dtype,log", FUSED_RUNS)
-def test_cooperative_forms_fused(opened_barriers, case, dtype, log, gen):
+@pytest.mark.parametrize("forms,case,dtype,log", FUSED_RUNS)
+def test_cooperative_forms_fused(opened_barriers, forms, case, dtype, log, gen):
     """The fused family (masks, causal prefixes, sinks, softcap, empty rows) through PHASE 0 with
-    every form on: the prefetched chunk is the causal prefix's, the mask read at use."""
+    every form on: the prefetched chunk is the causal prefix's (the pipelined one's in whole
+    vectors, cut after the load), the mask read at use, the kept count merged in the barrier's call."""
     _needs_triton_here()
     x = case.make(gen, dtype)
-    with heuristics.override(**SMALL_SPLIT, **FORMS["all"]):
+    with heuristics.override(**SMALL_SPLIT, **FORMS[forms]):
         skip_if_refused(check_variant(x, case.dim, case.kwargs(gen, x), backend="triton", log=log))
     _assert_clean(opened_barriers, 2)
+    assert {f["STAGES"] for f in opened_barriers["forms"]} >= {FORMS[forms].get("split_stages", 1)}
 
 
 def test_prefetch_past_the_last_item(opened_barriers, gen):
@@ -224,6 +244,54 @@ def test_forms_reach_the_cooperative_plans():
     assert "prefetch" not in fp32.launch_options() and fp32.launch_options()["launch_cooperative_grid"] is True
 
 
+def test_stages_reach_the_cooperative_plans_on_cuda():
+    """split_stages / bwd_split_stages become STAGES of PHASE 0 on CUDA GPUs only: the two-launch
+    form compiles with 1 (today's loop), AMD plans drop it (the backend's draft_plan says why),
+    and a table asking for the prefetch too is refused, naming both keys."""
+    from anysoftmax.backends.triton.backend import draft_plan
+    from anysoftmax.backends.triton.occupancy import H100_SXM, MI300X
+    from anysoftmax.core.layout import RowLayout
+
+    layout = RowLayout.from_strides((64, 1 << 18), (1 << 18, 1), (1 << 18, 1), 1)
+    assert draft_plan(layout, 4, H100_SXM).constexprs(layout, False, torch.float32)["STAGES"] == 1
+    with heuristics.override(split_stages=[[2, 2], [8, 3]], bwd_split_stages=4):
+        fp32, bf16 = draft_plan(layout, 4, H100_SXM), draft_plan(layout, 2, H100_SXM)
+        bwd = draft_plan(layout, 4, H100_SXM, backward=True)
+        amd = draft_plan(layout, 4, MI300X)
+    assert fp32.constexprs(layout, False, torch.float32)["STAGES"] == 3
+    assert bf16.constexprs(layout, False, torch.bfloat16)["STAGES"] == 2
+    assert bwd.constexprs(layout, False, torch.float32)["STAGES"] == 4
+    assert amd.cooperative and amd.constexprs(layout, False, torch.float32)["STAGES"] == 1
+    assert "stages" not in fp32.launch_options()
+    assert fp32.non_cooperative().constexprs(layout, False, torch.float32, 1)["STAGES"] == 1
+    with heuristics.override(split_stages=3, split_prefetch=True), \
+            pytest.raises(ValueError, match="split_prefetch and split_stages"):
+        draft_plan(layout, 4, H100_SXM)
+
+
+# The kit's quick checks of split rows in bfloat16: plain rows with special values and a dead
+# head (the last programs' next items lie past the last row), and the fused family's long
+# case forward and backward (mask, causal prefix, sinks, empty rows).
+KIT_PIPELINED = ("forward softmax long-specials bfloat16", "forward softmax long-dead-head bfloat16",
+                 "forward log_softmax long-specials bfloat16", "forward log_softmax long-dead-head bfloat16",
+                 "fused-backward softmax long-causal-mask-sinks bfloat16")
+
+
+def test_kit_through_the_two_stage_pipelined_split(opened_barriers, seed):
+    """The conformance kit's split-row checks with the two-stage pipelined loop forward and
+    backward (split_stages, bwd_split_stages 2): every PHASE 0 launch runs STAGES 2."""
+    from anysoftmax.testing.kit import conformance_checks, run_checks
+
+    _needs_triton_here()
+    checks = [c for c in conformance_checks("triton", device="cpu", quick=True) if c.name in KIT_PIPELINED]
+    assert len(checks) == len(KIT_PIPELINED)
+    with heuristics.override(**SMALL_SPLIT, split_stages=2, bwd_split_stages=2):
+        report = run_checks(checks, "triton", "cpu", seed)
+    assert report.ok and len(report.passed) == len(checks), report.text()
+    _assert_clean(opened_barriers, 2)
+    assert {f["STAGES"] for f in opened_barriers["forms"]} == {2}
+
+
 # ---- on a GPU: the barrier really waits ----------------------------------------------------
 
 GPU_SHAPES = [(3, 300), (64, 65536), (7, 262144), (2, 1 << 20)]
@@ -250,3 +318,5 @@ def test_gpu_cooperative_forms_fused(case, dtype, gen):
     kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.kwargs(gen, x).items()}
     with heuristics.override(**SMALL_SPLIT, **FORMS["all"]):
         skip_if_refused(check_variant(x, case.dim, kw, backend="triton", log=False))
+
+

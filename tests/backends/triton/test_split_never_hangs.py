@@ -28,7 +28,8 @@ def test_cooperative_plans_ask_for_a_cooperative_grid():
     assert plan.launch_options().get("launch_cooperative_grid") is True
 
 
-@pytest.mark.parametrize("forms", [{}, {"prefetch": True, "relaxed_depart": True}], ids=["plain", "forms"])
+@pytest.mark.parametrize("forms", [{}, {"prefetch": True, "relaxed_depart": True}, {"stages": 3}],
+                         ids=["plain", "forms", "stages"])
 def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen, forms):
     """A refusal ("too many blocks in cooperative launch") reruns the request as the two-launch
     form, with the right answer, and later calls go straight there; a plan with forms of the
@@ -65,8 +66,44 @@ def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen,
     assert calls["coop"] == 1, "the refused cooperative launch must be tried once, then not again"
 
 
+@pytest.mark.parametrize("stage_fit", ["too_large", "too_few"])
+def test_pipelined_plan_that_does_not_fit_drops_its_stages(monkeypatch, stage_fit):
+    """A pipelined split plan (split_stages) whose kernel needs more shared memory than a program
+    may have (Triton's OutOfResources when it is compiled), or whose shared memory leaves too few
+    resident programs for a row's chunks, is planned without its stages: the same cooperative
+    one-launch kernel, sized by its own occupancy, never a launch the driver refuses or a row
+    sent to the two launches because of the form."""
+    from triton.runtime.errors import OutOfResources
+
+    from anysoftmax.backends.triton import backend as triton_backend
+    from anysoftmax.backends.triton.occupancy import H100_SXM
+
+    sized = []
+
+    def programs_per_sm(plan, *args):
+        sized.append(plan.options.get("stages", 1))
+        if plan.options.get("stages", 1) > 1:
+            if stage_fit == "too_large":
+                raise OutOfResources(H100_SXM.max_shared_mem + 1024, H100_SXM.max_shared_mem, "shared memory")
+            return 1  # one program per SM: 132 < the row's 256 chunks
+        return 8
+
+    monkeypatch.setattr(triton_backend.interpreter, "interpreting", lambda: False)
+    monkeypatch.setattr(triton_backend, "device_props", lambda index: H100_SXM)
+    monkeypatch.setattr(triton_backend, "_programs_per_sm", programs_per_sm)
+    monkeypatch.setattr(triton_backend.TritonBackend, "_index", staticmethod(lambda x: 0))
+    x, y, layout, spec = as_backend_sees_it(torch.empty(4, 1 << 20), 1)
+    with heuristics.override(split_stages=3):
+        plan = triton_backend.TritonBackend()._make_plan(x, y, layout, spec, False)
+    assert sized == [3, 1]
+    assert plan.kind == "split" and plan.chunks == 256 and plan.cooperative
+    assert "stages" not in plan.options and plan.constexprs(layout, False, torch.float32)["STAGES"] == 1
+    assert plan.grid == min(4 * 256, (H100_SXM.multiprocessor_count * 8 // 256) * 256)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("forms", [{}, dict(split_prefetch=True, split_relaxed_depart=True)], ids=["plain", "forms"])
+@pytest.mark.parametrize("forms", [{}, dict(split_prefetch=True, split_relaxed_depart=True),
+                                   dict(split_stages=3, bwd_split_stages=3)], ids=["plain", "forms", "stages"])
 def test_split_finishes_while_another_stream_holds_the_sms(gen, forms):
     """A long kernel on another stream keeps every SM busy while the cooperative split is
     launched: the split must still finish (bounded) with the right answer (also with the
