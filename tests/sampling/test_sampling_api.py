@@ -235,7 +235,7 @@ BAD = [
     (dict(temperature=torch.ones(3, device="meta")), ValueError, "temperature"),
     (dict(return_logprobs=1), TypeError, "return_logprobs"),
     (dict(backend=3), TypeError, "backend"),
-    (dict(backend="triton"), UnsupportedRequestError, "no sampler"),
+    (dict(backend="wave"), UnsupportedRequestError, "no sampler"),
 ]
 
 
