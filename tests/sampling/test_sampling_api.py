@@ -279,3 +279,17 @@ def test_cpu_scalar_tensors_are_numbers_beside_other_devices():
     assert spec.temperature == 0.5 and spec.seed == 3
     with pytest.raises(ValueError, match="seed"):
         SamplingSpec.from_request("sample", x, seed=torch.ones(3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("name", ["wave", "cute", "triton_ascend"])
+def test_backends_without_a_sampler_say_why(name):
+    for call in (lambda: sampling.sample(torch.randn(2, 5), seed=1, backend=name),
+                 lambda: sampling.probs(torch.randn(2, 5), backend=name),
+                 lambda: sampling.logprobs(torch.randn(2, 5), torch.zeros(2, 1, dtype=torch.int64), backend=name)):
+        with pytest.raises(UnsupportedRequestError, match=f"backend '{name}' has no sampler: no sampler kernels \\("):
+            call()
+
+
+def test_an_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="probs: unknown backend 'tritn'.*did you mean 'triton'"):
+        sampling.probs(torch.randn(2, 5), backend="tritn")

@@ -191,3 +191,16 @@ def test_refusals_name_the_reason():
         triton_probs(torch.randn(2, 50, dtype=torch.float64))
     with pytest.raises(UnsupportedRequestError, match="top_n"):
         triton_logprobs(torch.randn(2, 300), torch.zeros(2, 1, dtype=torch.int64), top_n=200)
+
+
+@pytest.mark.gpu
+def test_backend_none_runs_the_triton_sampler_on_cuda(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    calls = []
+    real = triton_sampling.sample
+    monkeypatch.setattr(triton_sampling, "sample", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(4, 1000, device="cuda")
+    assert torch.equal(sampling.sample(x, top_k=5, seed=2), sampling.sample(x, top_k=5, seed=2, backend="torch"))
+    assert calls == [1]
+    assert sampling.sample(x.double(), seed=2).shape == (4,) and calls == [1]  # float64: the torch sampler
