@@ -313,6 +313,19 @@ def _with_seed(spec: SamplingSpec, seed: torch.Tensor) -> SamplingSpec:
     return replace(spec, seed=seed)
 
 
+def _select(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, outs: tuple,
+            with_seed: bool, extra: tuple = (), **shape) -> tuple:
+    """Run pass 1 and the select of `op` on the rows `x`, writing `outs` (out_i, out_f, out_f2,
+    ids; None where absent): (bound launchers, workspace, keyword tensors, floats, ints)."""
+    tensors, floats, ints = _keyword_call(spec, with_seed=with_seed)
+    bound = _launchers(op, spec, x, plan, tensors=(*extra, *tensors), **shape)
+    ws = torch.empty(bound.space.words, dtype=torch.int32, device=x.device)
+    bound.scan((x, ws, *outs, *tensors), floats, ints)
+    if bound.select is not None:
+        bound.select((x, ws, ws, *outs, *tensors), floats, ints)
+    return bound, ws, tensors, floats, ints
+
+
 def sample(spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
            plan: SamplingPlan | None = None):
     """int64 token ids of shape ``logits.shape[:-1]`` drawn as `spec` says (and their float32
@@ -321,29 +334,17 @@ def sample(spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = Fal
     ids = torch.empty(spec.rows, dtype=torch.int64, device=device)
     lp = torch.empty(spec.rows, dtype=torch.float32, device=device)
     if spec.rows:
-        x = _rows_view(logits, spec)
-        tensors, floats, ints = _keyword_call(spec, with_seed=True)
-        bound = _launchers("sample", spec, x, plan, tensors=tensors)
-        ws = torch.empty(bound.space.words, dtype=torch.int32, device=device)
-        bound.scan((x, ws, ids, lp, None, None, *tensors), floats, ints)
-        if bound.select is not None:
-            bound.select((x, ws, ws, ids, lp, None, None, *tensors), floats, ints)
+        _select("sample", spec, _rows_view(logits, spec), plan, (ids, lp, None, None), with_seed=True)
     ids = ids.reshape(spec.batch_shape)
     return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
 
 
 def probs(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None = None) -> torch.Tensor:
     """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
-    device = logits.device
-    y = torch.empty((spec.rows, spec.vocab), dtype=torch.float32, device=device)
+    y = torch.empty((spec.rows, spec.vocab), dtype=torch.float32, device=logits.device)
     if spec.rows:
         x = _rows_view(logits, spec)
-        tensors, floats, ints = _keyword_call(spec, with_seed=False)
-        bound = _launchers("probs", spec, x, plan, tensors=tensors)
-        ws = torch.empty(bound.space.words, dtype=torch.int32, device=device)
-        bound.scan((x, ws, None, None, None, None, *tensors), floats, ints)
-        if bound.select is not None:
-            bound.select((x, ws, ws, None, None, None, None, *tensors), floats, ints)
+        bound, ws, tensors, floats, ints = _select("probs", spec, x, plan, (None,) * 4, with_seed=False)
         bound.second((x, ws, y, tensors[0]), floats[:1], ints[-1:])
     return y.reshape(logits.shape)
 
@@ -358,16 +359,11 @@ def logprobs(spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n:
     values = torch.empty((spec.rows, top_n), dtype=torch.float32, device=device)
     top_ids = torch.empty((spec.rows, top_n), dtype=torch.int64, device=device)
     if spec.rows:
-        x = _rows_view(logits, spec)
         # (empty operands are stood in for: a kernel never gets a pointer to nothing)
         ids = ids.contiguous() if n_ids else None
         outs = (top_ids if top_n else None, out if n_ids else None, values if top_n else None, ids)
-        tensors, floats, ints = _keyword_call(spec, with_seed=False)
-        bound = _launchers("logprobs", spec, x, plan, top_n=top_n, n_ids=n_ids, tensors=(ids, *tensors))
-        ws = torch.empty(bound.space.words, dtype=torch.int32, device=device)
-        bound.scan((x, ws, *outs, *tensors), floats, ints)
-        if bound.select is not None:
-            bound.select((x, ws, ws, *outs, *tensors), floats, ints)
+        _select("logprobs", spec, _rows_view(logits, spec), plan, outs, with_seed=False, extra=(ids,), top_n=top_n,
+                n_ids=n_ids)
     return (out, values, top_ids) if top_n else out
 
 
@@ -377,14 +373,8 @@ PATHS = ("none", "race", "candidates", "general")  # (sampling_kernels.PATH_*)
 def row_paths(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None = None) -> list[str]:
     """Which path each row's select took for `probs` of `spec` (the same as `sample`'s): "race"
     (no filter), "candidates", "general" (the whole row re-read), "none" (greedy, invalid).
-    For tests and benchmarks: it runs the scan and the select."""
-    x = _rows_view(logits, spec)
-    tensors, floats, ints = _keyword_call(spec, with_seed=False)
-    bound = _launchers("probs", spec, x, plan, tensors=tensors)
-    ws = torch.empty(bound.space.words, dtype=torch.int32, device=logits.device)
-    bound.scan((x, ws, None, None, None, None, *tensors), floats, ints)
-    if bound.select is not None:
-        bound.select((x, ws, ws, None, None, None, None, *tensors), floats, ints)
+    For tests and benchmarks: it runs the scan and the select, then reads the result (a sync)."""
+    bound, ws, *_ = _select("probs", spec, _rows_view(logits, spec), plan, (None,) * 4, with_seed=False)
     words = ws[bound.space.res_off:].view(spec.rows, RESULT_WORDS)[:, 4].tolist()
     return [PATHS[w] for w in words]
 

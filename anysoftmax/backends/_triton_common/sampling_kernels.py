@@ -222,6 +222,17 @@ def _race_keys(z, ids, seed, stream, off_lo, off_hi):
     return tl.where(z > float("-inf"), z - tl.log(_exponential(r)), float("-inf"))
 
 
+@triton.jit
+def _race_step(best, best_id, best_z, keys, ids, z, ok):
+    """The race's running winner (key, id, z) after a tile of `keys` of tokens `ids` (lanes
+    where `ok`): the largest key, the lowest id among equal keys."""
+    tb = tl.max(keys)
+    ti = tl.min(tl.where((keys == tb) & ok, ids, BIG_ID))
+    tz = tl.max(tl.where((ids == ti) & ok, z, float("-inf")))
+    better = (tb > best) | ((tb == best) & (ti < best_id))
+    return tl.where(better, tb, best), tl.where(better, ti, best_id), tl.where(better, tz, best_z)
+
+
 # ---- pass 1: one chunk ----------------------------------------------------------------------------
 
 @triton.jit
@@ -332,13 +343,7 @@ def _chunk_race(x_row, lo, vocab, vocab_start, inv_t, seed, stream, off_lo, off_
         z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
         ids = vocab_start + cols
         keys = _race_keys(z, ids, seed, stream, off_lo, off_hi)
-        tb = tl.max(keys)
-        ti = tl.min(tl.where(keys == tb, ids, BIG_ID))
-        tz = tl.max(tl.where(ids == ti, z, float("-inf")))
-        better = (tb > best) | ((tb == best) & (ti < best_id))
-        best = tl.where(better, tb, best)
-        best_id = tl.where(better, ti, best_id)
-        best_z = tl.where(better, tz, best_z)
+        best, best_id, best_z = _race_step(best, best_id, best_z, keys, ids, z, cols < vocab)
     return best, best_id, best_z
 
 
@@ -450,13 +455,7 @@ def _race_compacted(scr_z, scr_i, n, seed, stream, off_lo, off_hi, TILE: tl.cons
         zq = tl.load(scr_z + q, mask=ok, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
         iq = tl.load(scr_i + q, mask=ok, other=BIG_ID, cache_modifier=".cg")
         keys = tl.where(ok, _race_keys(zq, iq, seed, stream, off_lo, off_hi), float("-inf"))
-        tb = tl.max(keys)
-        ti = tl.min(tl.where((keys == tb) & ok, iq, BIG_ID))
-        tz = tl.max(tl.where((iq == ti) & ok, zq, float("-inf")))
-        better = (tb > best) | ((tb == best) & (ti < best_id))
-        best = tl.where(better, tb, best)
-        best_id = tl.where(better, ti, best_id)
-        best_z = tl.where(better, tz, best_z)
+        best, best_id, best_z = _race_step(best, best_id, best_z, keys, iq, zq, ok)
     return best, best_id, best_z
 
 
@@ -541,13 +540,7 @@ def _row_race(x_row, inv_t, vocab, vocab_start, h, seed, stream, off_lo, off_hi,
         if tl.max(kept.to(tl.int32)) > 0:
             ids = vocab_start + cols
             keys = tl.where(kept, _race_keys(z, ids, seed, stream, off_lo, off_hi), float("-inf"))
-            tb = tl.max(keys)
-            ti = tl.min(tl.where((keys == tb) & kept, ids, BIG_ID))
-            tz = tl.max(tl.where(ids == ti, z, float("-inf")))
-            better = (tb > best) | ((tb == best) & (ti < best_id))
-            best = tl.where(better, tb, best)
-            best_id = tl.where(better, ti, best_id)
-            best_z = tl.where(better, tz, best_z)
+            best, best_id, best_z = _race_step(best, best_id, best_z, keys, ids, z, kept)
     return best, best_id, best_z
 
 
