@@ -293,3 +293,35 @@ def test_backends_without_a_sampler_say_why(name):
 def test_an_unknown_backend_is_named():
     with pytest.raises(ValueError, match="probs: unknown backend 'tritn'.*did you mean 'triton'"):
         sampling.probs(torch.randn(2, 5), backend="tritn")
+
+
+class _DuckSampler:
+    """A duck-typed backend plugin declaring a sampler (the `torch` sampler's functions)."""
+
+    name, devices, priority = "duck-sampler", ("cpu",), -1
+
+    def is_available(self):
+        return None
+
+    def supports(self, spec):
+        return None
+
+    def run(self, x, spec):
+        return torch.softmax(x, spec.dim)
+
+    def sampler(self):
+        from anysoftmax.sampling import torch_sampler
+
+        return torch_sampler
+
+
+def test_a_plugin_declares_a_sampler():
+    from anysoftmax.core import registry
+
+    registry.register(_DuckSampler())
+    try:
+        x = torch.randn(3, 40)
+        assert torch.equal(sampling.sample(x, top_k=4, seed=9, backend="duck-sampler"),
+                           sampling.sample(x, top_k=4, seed=9, backend="torch"))
+    finally:
+        registry.unregister("duck-sampler")
