@@ -8,6 +8,7 @@ on small vocabularies by small plans."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -204,3 +205,18 @@ def test_backend_none_runs_the_triton_sampler_on_cuda(monkeypatch):
     assert torch.equal(sampling.sample(x, top_k=5, seed=2), sampling.sample(x, top_k=5, seed=2, backend="torch"))
     assert calls == [1]
     assert sampling.sample(x.double(), seed=2).shape == (4,) and calls == [1]  # float64: the torch sampler
+
+
+def test_out_of_range_per_row_values_give_invalid_rows():
+    """On an accelerator the host never reads per-row values, so the kernels check them: a row
+    with an out-of-range value is invalid (NaN probabilities, id -1), the others unchanged.
+    (On the CPU the API rejects them first: the request is built past that check here.)"""
+    x = torch.randn(3, 200)
+    ok = SamplingSpec.from_request("sample", x, seed=4)
+    for name, bad in (("top_p", torch.tensor([0.5, 1.5, 0.9])), ("temperature", torch.tensor([1.0, -1.0, 0.5])),
+                      ("min_p", torch.tensor([0.0, 2.0, 0.1])), ("top_k", torch.tensor([3, -2, 0]))):
+        spec = dataclasses.replace(ok, **{name: bad})
+        ids = triton_sampling.sample(spec, x)
+        assert ids[1] == -1 and bool((ids[[0, 2]] >= 0).all()), (name, ids)
+        y = triton_sampling.probs(dataclasses.replace(spec, op="probs", seed=None), x)
+        assert bool(torch.isnan(y[1]).all()) and not bool(torch.isnan(y[[0, 2]]).any()), name
