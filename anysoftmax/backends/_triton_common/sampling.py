@@ -386,7 +386,8 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     """Pass 1 on this rank's shard of the vocabulary (`spec` describes the shard: its vocab is
     the shard's; tokens numbered from `vocab_start` of `vocab_total`): (workspace, its layout,
     the plan). Its first `Workspace.shard_words` words are what every rank all-gathers; then
-    `select_shards` runs the same select on every rank (the same ids everywhere)."""
+    `select_shards` runs the same select on every rank (the same ids everywhere). Every shard
+    must have the same size (and plan): their workspaces then line up word for word."""
     x = _rows_view(logits_shard, spec)
     plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
     tensors, floats, ints = _keyword_call(spec, with_seed=op == "sample")

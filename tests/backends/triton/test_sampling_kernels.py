@@ -220,3 +220,22 @@ def test_out_of_range_per_row_values_give_invalid_rows():
         assert ids[1] == -1 and bool((ids[[0, 2]] >= 0).all()), (name, ids)
         y = triton_sampling.probs(dataclasses.replace(spec, op="probs", seed=None), x)
         assert bool(torch.isnan(y[1]).all()) and not bool(torch.isnan(y[[0, 2]]).any()), name
+
+
+def test_a_vocabulary_in_equal_shards_draws_the_same_token(gen):
+    """`scan_shard` on each half of the vocabulary, the workspaces' shared prefixes stacked in
+    rank order, then `select_shards`: the unsharded draw (the keys are per global token); a row
+    whose top-k exceeds the candidates gets id -2 (it needs the whole row)."""
+    x = _logits(gen, 5, 600)
+    kw = dict(temperature=torch.tensor([1.0, 0.7, 0.0, 1.2, 1.0]), top_k=torch.tensor([0, 10, 0, 5, 40]),
+              top_p=torch.tensor([1.0, 0.9, 1.0, 0.8, 1.0]), seed=7, offset=2)
+    want = sampling.sample(x, **kw, backend="torch")
+    parts = []
+    for lo in (0, 300):
+        shard = x[:, lo:lo + 300].contiguous()
+        ws, space, _ = triton_sampling.scan_shard(SamplingSpec.from_request("sample", shard, **kw), shard, lo, 600,
+                                                  plan=SMALL)
+        parts.append(ws[:space.shard_words])
+    spec = SamplingSpec.from_request("sample", x[:, :300], **kw)
+    ids = triton_sampling.select_shards(spec, torch.stack(parts), 2, 600, SMALL)
+    assert ids[:4].tolist() == want[:4].tolist() and ids[4] == -2
