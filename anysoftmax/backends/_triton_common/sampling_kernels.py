@@ -483,14 +483,15 @@ def _row_z(x_row, start, inv_t, vocab, TILE: tl.constexpr):
 
 
 @triton.jit
-def _row_count(x_row, inv_t, vocab, lo, mid, hi, TILE: tl.constexpr):
-    """(count of finite z with key >= mid, count with lo < key < hi) over the row."""
+def _row_count(x_row, inv_t, vocab, floor, lo, mid, hi, TILE: tl.constexpr):
+    """Over the row's finite z with key >= floor: (count with key >= mid, count with
+    lo < key < hi)."""
     ge = tl.full((), 0, tl.int32)
     inside = tl.full((), 0, tl.int32)
     for start in range(0, vocab, TILE):
         cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
         k = _key(z)
-        fin = z > float("-inf")
+        fin = (z > float("-inf")) & (k >= floor)
         ge += tl.sum((fin & (k >= mid)).to(tl.int32))
         inside += tl.sum((fin & (k > lo) & (k < hi)).to(tl.int32))
     return ge, inside
@@ -505,16 +506,6 @@ def _row_mass(x_row, inv_t, vocab, m, floor, above, TILE: tl.constexpr):
         k = _key(z)
         s += tl.sum(tl.where((z > float("-inf")) & (k >= floor) & (k > above), tl.exp(z - m), 0.0))
     return s
-
-
-@triton.jit
-def _row_inside(x_row, inv_t, vocab, floor, lo, hi, TILE: tl.constexpr):
-    n = tl.full((), 0, tl.int32)
-    for start in range(0, vocab, TILE):
-        cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
-        k = _key(z)
-        n += tl.sum(((z > float("-inf")) & (k >= floor) & (k > lo) & (k < hi)).to(tl.int32))
-    return n
 
 
 @triton.jit
@@ -555,7 +546,7 @@ def _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE: tl.cons
         done = tl.full((), 0, tl.int32)
         while (hi - lo > 1) & (done == 0):
             mid = (lo + (hi - lo) // 2).to(tl.int32)
-            c, inside = _row_count(x_row, inv_t, vocab, lo.to(tl.int32), mid, hi.to(tl.int32), TILE)
+            c, inside = _row_count(x_row, inv_t, vocab, KEY_NONE, lo.to(tl.int32), mid, hi.to(tl.int32), TILE)
             if inside == 0:
                 done = done * 0 + 1
             elif c >= k_on:
@@ -571,7 +562,9 @@ def _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE: tl.cons
         hi = _key(m).to(tl.int64)
         done = tl.full((), 0, tl.int32)
         while (hi - lo > 1) & (done == 0):
-            if _row_inside(x_row, inv_t, vocab, h_k, lo.to(tl.int32), hi.to(tl.int32), TILE) == 0:
+            _, inside = _row_count(x_row, inv_t, vocab, h_k, lo.to(tl.int32), hi.to(tl.int32), hi.to(tl.int32),
+                                   TILE)
+            if inside == 0:
                 done = done * 0 + 1
             else:
                 mid = (lo + (hi - lo) // 2).to(tl.int32)

@@ -130,11 +130,13 @@ def test_greedy_rows_ties_at_the_kth_value_and_minus_inf():
 def test_each_path_of_the_select(gen):
     """The small plan sends rows to each path (the tests read which one ran) and every path
     agrees with the reference and draws the torch sampler's ids; fused and unfused launches."""
-    x = _logits(gen, 5, 500)
-    kw = dict(temperature=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.9]), top_k=torch.tensor([0, 0, 5, 60, 0]),
-              top_p=torch.tensor([1.0, 1.0, 1.0, 1.0, 0.5]))
+    x = _logits(gen, 6, 500)
+    # (row 5: a flat distribution, whose top-p cut lies far below the candidates the chunks keep)
+    kw = dict(temperature=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.9, 30.0]), top_k=torch.tensor([0, 0, 5, 60, 0, 0]),
+              top_p=torch.tensor([1.0, 1.0, 1.0, 1.0, 0.5, 0.9]))
     spec = SamplingSpec.from_request("probs", x, **kw)
-    assert triton_sampling.row_paths(spec, x, plan=SMALL) == ["race", "none", "candidates", "general", "candidates"]
+    assert triton_sampling.row_paths(spec, x, plan=SMALL) == ["race", "none", "candidates", "general", "candidates",
+                                                              "general"]
     want = sampling.sample(x, **kw, seed=3, offset=9, backend="torch")
     for plan in (SMALL, SMALL.__class__(**{**SMALL.__dict__, "fused": False})):
         _assert_probs(triton_sampling.probs(spec, x, plan=plan), x, spec)
