@@ -18,6 +18,10 @@ which a backend replaces where it has something faster or more:
   or bound (`logsumexp_launcher(x, spec, operands)`, `merge_states_launcher(outputs, lses,
   spec)`); `supports_<op>(spec)` may refuse a request; without a kernel the op is refused with
   `<op>_refusal`.
+* the sampler (`anysoftmax.sampling`) is declared by defining `sampler()`: an object with the
+  `torch` sampler's `probs(spec, logits)`, `sample(spec, logits, return_logprobs)` and
+  `logprobs(spec, logits, ids, top_n)` on validated requests (`sampling.spec.SamplingSpec`);
+  `supports_sampling(spec, top_n)` may refuse one; without it, `sampler_refusal` says why.
 
 The built-in backends subclass `Backend`. An object written to the duck-typed protocol (the
 README's `MyBackend`, no base class) is wrapped once, when registered, in `PluginBackend`: dispatch
@@ -58,6 +62,7 @@ class Backend(metaclass=_Protocol):
     # Why it has no kernel for logsumexp / merge_states; None once it defines one.
     logsumexp_refusal: str | None = "no logsumexp kernel"
     merge_states_refusal: str | None = "no merge_states kernel"
+    sampler_refusal: str | None = "no sampler kernels"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -66,6 +71,8 @@ class Backend(metaclass=_Protocol):
             cls.logsumexp_refusal = None
         if "merge_states_refusal" not in own and ("run_merge_states" in own or "merge_states_launcher" in own):
             cls.merge_states_refusal = None
+        if "sampler_refusal" not in own and "sampler" in own:
+            cls.sampler_refusal = None
 
     def is_available(self) -> str | None:
         """None when it can run here, else why not (a missing package, device or driver)."""
@@ -151,10 +158,20 @@ class Backend(metaclass=_Protocol):
         return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
 
+    def supports_sampling(self, spec, top_n: int = 0) -> str | None:
+        """None when its sampler runs `spec` (a `sampling.spec.SamplingSpec`; `top_n` of
+        `logprobs`), else why not."""
+        return self.sampler_refusal
+
+    def sampler(self):
+        """The object computing `anysoftmax.sampling`'s requests (see the module)."""
+        raise NotImplementedError(f"backend {self.name!r}: {self.sampler_refusal}")
+
+
 # The optional methods a duck-typed backend may define in place of the defaults.
 _OPTIONAL = ("status_note", "launcher", "backward_launcher", "fused_backward_launcher", "supports_logsumexp",
              "logsumexp_launcher", "run_logsumexp", "supports_merge_states", "merge_states_launcher",
-             "run_merge_states")
+             "run_merge_states", "supports_sampling", "sampler")
 
 
 class PluginBackend(Backend):
@@ -176,6 +193,8 @@ class PluginBackend(Backend):
             has_kernel = getattr(plugin, f"run_{op}", None) or getattr(plugin, f"{op}_launcher", None)
             setattr(self, f"{op}_refusal", None if has_kernel else getattr(plugin, f"{op}_refusal", None)
                     or f"no {op} kernel")
+        self.sampler_refusal = None if getattr(plugin, "sampler", None) is not None else \
+            getattr(plugin, "sampler_refusal", None) or "no sampler kernels"
 
 
 def as_backend(obj) -> Backend:

@@ -1,26 +1,68 @@
 """`anysoftmax.sampling.probs`, `sample` and `logprobs`: validate, pick the implementation, run.
 
-Semantics: `sampling.reference` and docs/sampling.md. `backend=None` or ``"torch"`` runs the
-`torch` sampler (reference quality, any device, no host synchronisation); the Triton kernels
-come through the registry later, so any other name is refused here with the reason.
+Semantics: `sampling.reference` and docs/sampling.md. ``"torch"`` runs the `torch` sampler
+(reference quality, any device, no host synchronisation); another name runs that backend's
+sampler (`Backend.sampler()`, found through the registry), or raises saying why it cannot;
+`backend=None` picks ``"triton"`` for CUDA/ROCm logits when it is available and takes the
+request, else ``"torch"``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core.errors import UnsupportedRequestError
+from ..core import registry
+from ..core.backend import as_backend
+from ..core.errors import BackendUnavailableError, UnsupportedRequestError
 from . import torch_sampler
 from .spec import SamplingSpec, check_ids, check_top_n
 
+AUTOMATIC = "triton"  # the backend `backend=None` tries first on accelerator logits
+_adapted: dict = {}  # (registry generation, name) -> the backend as a `Backend`
 
-def _implementation(op: str, backend):
+
+def _backend(name: str):
+    key = (registry.generation(), name)
+    found = _adapted.get(key)
+    if found is None:
+        found = as_backend(registry.get_backend(name))
+        if len(_adapted) > 64:
+            _adapted.clear()
+        _adapted[key] = found
+    return found
+
+
+def _check_backend_name(op: str, backend) -> None:
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"{op}: backend must be a backend name (str) or None, got {type(backend).__name__}")
-    if backend not in (None, "torch"):
-        raise UnsupportedRequestError(f"{op}: backend {backend!r} has no sampler; anysoftmax.sampling runs on "
-                                      f"backend=None or 'torch'")
-    return torch_sampler
+
+
+def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
+    """The sampler computing `spec`: the `torch` sampler or a backend's (see the module)."""
+    if backend == "torch":
+        return torch_sampler
+    if backend is None:
+        if spec.device.type != "cuda" or AUTOMATIC not in registry.registered():
+            return torch_sampler
+        chosen = _backend(AUTOMATIC)
+        if registry.unavailable_reason(AUTOMATIC) is not None or chosen.supports_sampling(spec, top_n) is not None:
+            return torch_sampler
+        return chosen.sampler()
+    try:
+        chosen = _backend(backend)
+    except ValueError as exc:
+        raise ValueError(f"{op}: {exc}") from None
+    if chosen.sampler_refusal is not None:
+        raise UnsupportedRequestError(f"{op}: backend {backend!r} has no sampler: {chosen.sampler_refusal} "
+                                      f"(backend='torch' runs any request)")
+    reason = registry.unavailable_reason(backend)
+    if reason is not None:
+        raise BackendUnavailableError(f"{op}: backend {backend!r} is not available here: {reason}")
+    reason = chosen.supports_sampling(spec, top_n)
+    if reason is not None:
+        raise UnsupportedRequestError(f"{op}: backend {backend!r} has no sampler for {spec.describe()}: {reason} "
+                                      f"(backend='torch' runs any request)")
+    return chosen.sampler()
 
 
 def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None,
@@ -30,10 +72,10 @@ def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min
     renormalised distribution), min_p; 0 outside the kept set. Keywords: a number or a tensor
     with one value per row; None switches a step off. Temperature 0 is greedy (probability 1
     on the argmax, the lowest index among ties)."""
-    impl = _implementation("probs", backend)
+    _check_backend_name("probs", backend)
     spec = SamplingSpec.from_request("probs", logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                      min_p=min_p)
-    return impl.probs(spec, logits)
+    return _implementation("probs", backend, spec).probs(spec, logits)
 
 
 def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=0,
@@ -47,12 +89,12 @@ def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, mi
     row's logits, the keywords): the same on every call and every backend. A per-row seed gives
     a request the same draw wherever it sits in the batch. Without a seed, torch's default
     generator for the device supplies one and advances. No host synchronisation."""
-    impl = _implementation("sample", backend)
+    _check_backend_name("sample", backend)
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"sample: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
     spec = SamplingSpec.from_request("sample", logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                      min_p=min_p, seed=seed, offset=offset)
-    return impl.sample(spec, logits, return_logprobs)
+    return _implementation("sample", backend, spec).sample(spec, logits, return_logprobs)
 
 
 def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n: int = 0,
@@ -61,11 +103,11 @@ def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n
     ``log_softmax(logits / temperature)``; with ``top_n > 0`` returns ``(logprobs, top_values,
     top_ids)``, the top-n log-probabilities of each row (the lower id first among ties).
     Temperature 0 gives the limit: ``-log n`` on the n tied maxima, -inf elsewhere."""
-    impl = _implementation("logprobs", backend)
+    _check_backend_name("logprobs", backend)
     spec = SamplingSpec.from_request("logprobs", logits, temperature=temperature)
     flat_ids = check_ids("logprobs", spec, ids)
     n = check_top_n("logprobs", spec, top_n)
-    out = impl.logprobs(spec, logits, flat_ids, n)
+    out = _implementation("logprobs", backend, spec, n).logprobs(spec, logits, flat_ids, n)
     if not n:
         return out.reshape(ids.shape)
     picked, values, top_ids = out

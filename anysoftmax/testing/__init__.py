@@ -12,15 +12,18 @@ per check to a suite. The cases are data (`anysoftmax.testing.cases`); `check_fo
 gate) are skips, never failures. `fuzz_backend(backend, calls=N, seed=S)` (or
 `check_backend(..., fuzz=N)`) drives random call sequences through every public entry
 (`anysoftmax.testing.fuzz`). `check_distributed` (`anysoftmax.testing.distributed`) checks
-`anysoftmax.distributed` on every rank of a process group.
+`anysoftmax.distributed` on every rank of a process group. `check_sampler`
+(`anysoftmax.testing.sampling`) checks a sampler against `anysoftmax.sampling`'s definition.
 """
 
 from .checks import check_backward, check_forward
 from .distributed import check_distributed
 from .kit import Check, KitReport, check_backend, conformance_checks, default_device, registered, run_checks
 from .poison import poisoned_allocations
+from .sampling import check_sampler
 
 __all__ = ["Check", "FuzzReport", "KitReport", "check_backend", "check_backward", "check_distributed", "check_forward",
+           "check_sampler",
            "conformance_checks", "default_device", "fuzz_backend", "poisoned_allocations", "registered", "run_checks"]
 
 

@@ -32,3 +32,13 @@ def test_merge_replaces_remeasured_rows_and_drops_stale_providers():
     assert [r["part"] for r in merged["runs"]] == ["earlier run", "rerun of a"]
     with pytest.raises(ValueError, match="cannot merge"):
         merge.merge(old, {**new, "direction": "bwd"}, "x")
+
+
+def test_the_sampling_benchmark_fails_cleanly_without_a_gpu(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from benchmarks import sampling_bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert sampling_bench.main(["--out", str(tmp_path), "--quick"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err and not list(tmp_path.iterdir())

@@ -235,7 +235,7 @@ BAD = [
     (dict(temperature=torch.ones(3, device="meta")), ValueError, "temperature"),
     (dict(return_logprobs=1), TypeError, "return_logprobs"),
     (dict(backend=3), TypeError, "backend"),
-    (dict(backend="triton"), UnsupportedRequestError, "no sampler"),
+    (dict(backend="wave"), UnsupportedRequestError, "no sampler"),
 ]
 
 
@@ -279,3 +279,49 @@ def test_cpu_scalar_tensors_are_numbers_beside_other_devices():
     assert spec.temperature == 0.5 and spec.seed == 3
     with pytest.raises(ValueError, match="seed"):
         SamplingSpec.from_request("sample", x, seed=torch.ones(3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("name", ["wave", "cute", "triton_ascend"])
+def test_backends_without_a_sampler_say_why(name):
+    for call in (lambda: sampling.sample(torch.randn(2, 5), seed=1, backend=name),
+                 lambda: sampling.probs(torch.randn(2, 5), backend=name),
+                 lambda: sampling.logprobs(torch.randn(2, 5), torch.zeros(2, 1, dtype=torch.int64), backend=name)):
+        with pytest.raises(UnsupportedRequestError, match=f"backend '{name}' has no sampler: no sampler kernels \\("):
+            call()
+
+
+def test_an_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="probs: unknown backend 'tritn'.*did you mean 'triton'"):
+        sampling.probs(torch.randn(2, 5), backend="tritn")
+
+
+class _DuckSampler:
+    """A duck-typed backend plugin declaring a sampler (the `torch` sampler's functions)."""
+
+    name, devices, priority = "duck-sampler", ("cpu",), -1
+
+    def is_available(self):
+        return None
+
+    def supports(self, spec):
+        return None
+
+    def run(self, x, spec):
+        return torch.softmax(x, spec.dim)
+
+    def sampler(self):
+        from anysoftmax.sampling import torch_sampler
+
+        return torch_sampler
+
+
+def test_a_plugin_declares_a_sampler():
+    from anysoftmax.core import registry
+
+    registry.register(_DuckSampler())
+    try:
+        x = torch.randn(3, 40)
+        assert torch.equal(sampling.sample(x, top_k=4, seed=9, backend="duck-sampler"),
+                           sampling.sample(x, top_k=4, seed=9, backend="torch"))
+    finally:
+        registry.unregister("duck-sampler")

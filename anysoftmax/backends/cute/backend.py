@@ -137,6 +137,7 @@ class CuteBackend(Backend):
     priority = 90  # below triton (100): chosen automatically where the selection table says so
     fused = True  # the fused family's elementwise prologue (scale, softcap); supports() refuses the rest
     merge_states_refusal = "no merge_states kernel (use backend='triton' or 'torch')"
+    sampler_refusal = "no sampler kernels (its kernels are the softmax's; use backend='triton' or 'torch')"
 
     @staticmethod
     def status_note() -> str:

@@ -277,6 +277,19 @@ class TritonBackend(Backend):
     def supports_merge_states(self, spec) -> str | None:
         return self.supports(spec)
 
+    # ---- the sampler (anysoftmax.sampling; kernels in _triton_common/sampling.py, sampling_kernels.py) ----
+
+    def supports_sampling(self, spec, top_n: int = 0) -> str | None:
+        from .._triton_common import sampling
+
+        return self.supports(spec) or sampling.supports(spec, top_n)
+
+    def sampler(self):
+        """The Triton sampler: `probs`, `sample`, `logprobs` on validated requests."""
+        from .._triton_common import sampling
+
+        return sampling
+
     def _sms(self, t: torch.Tensor) -> int | None:
         return None if interpreter.interpreting() else device_props(self._index(t)).multiprocessor_count
 

@@ -99,6 +99,10 @@ class WaveBackend(Backend):
     # per-row second output (the lse) is not built yet.
     logsumexp_refusal = "no logsumexp kernel (its kernel builder emits no per-row output yet; use 'triton' or 'torch')"
     merge_states_refusal = "no merge_states kernel (use backend='triton' or 'torch')"
+    # The sampler needs a per-row select (searches over candidates, a counter-based generator)
+    # that the kernel builder has no form for.
+    sampler_refusal = ("no sampler kernels (its kernel builder emits elementwise-per-row kernels only: no per-row "
+                       "select or random numbers; use backend='triton' or 'torch')")
 
     def is_available(self) -> str | None:
         reason = runtime_missing()

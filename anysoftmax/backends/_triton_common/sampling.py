@@ -1,0 +1,424 @@
+"""The sampler on Triton (CUDA and HIP): plans, launchers bound through the launch engine, and
+`probs`, `sample`, `logprobs` taking the validated request (`anysoftmax.sampling.spec`). The
+kernels and the algorithm: `sampling_kernels.py`; the semantics: docs/sampling.md.
+
+One launch for `sample` and `logprobs` (the scan, each row's select run by its last chunk to
+arrive: `SamplingPlan.fused`), two for `probs` (the same, then the pass that writes the row);
+without `fused`, the select is a launch of its own (`select_kernel`), the form a sharded
+vocabulary uses (`scan_shard`, `select_shards`). Nothing reads a device value on the host.
+
+Per-call values (the keywords given as numbers, the seed and offset as 32-bit words, which
+keywords come from tensors) are kernel arguments, never compiled in: a new temperature or seed
+launches the same kernel through the engine's fast path.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ...core.cache import OnceCache
+from ...core.layout import cdiv, next_power_of_2
+from ...sampling.spec import SamplingSpec
+from .launcher import Binding, bind_kernel, row_counters
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_CHUNK = 8192  # elements of a row one program holds (8 warps: 32 float32 registers a thread)
+MAX_SELECT_BLOCK = 4096  # candidates one select holds: chunks (to a power of two) x slots
+MIN_SLOTS, MAX_SLOTS = 32, 256
+STATE_WORDS, RESULT_WORDS = 16, 8  # (sampling_kernels.NS, NR)
+# Keyword flags (sampling_kernels.FL_*): bit 2i from a tensor, bit 2i + 1 one value per row.
+KEYWORD_BITS = {"temperature": 0, "top_k": 2, "top_p": 4, "min_p": 6, "seed": 8, "offset": 10}
+OPS = {"sample": 0, "probs": 1, "logprobs": 2}
+INT32_MAX = 2**31 - 1
+
+
+def _prev_power_of_2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How a request is cut: `chunk` elements of a row per work item (a power of two), `slots`
+    candidates per chunk (a power of two; top-k bounds and top-n up to `slots // 2` are served
+    from candidates, larger top-k bounds by the exact general path), `grid` persistent programs
+    of the scan and of `probs`' second pass, `fused` the select in the scan's launch, `tile`
+    the elements per step of the select's loops (the race, the general path, the ids)."""
+
+    chunk: int
+    slots: int
+    grid: int
+    num_warps: int = 8
+    select_warps: int = 8
+    fused: bool = True
+    tile: int = 1024
+
+    def chunks(self, vocab: int) -> int:
+        return cdiv(vocab, self.chunk)
+
+    def groups_pow2(self, vocab: int, shards: int = 1) -> int:
+        return next_power_of_2(self.chunks(vocab) * shards)
+
+    @property
+    def k_cap(self) -> int:
+        """The largest top-k bound (and top-n) the candidates serve."""
+        return self.slots // 2
+
+    @property
+    def kp(self) -> int:
+        return next_power_of_2(self.k_cap)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Word offsets (int32 words) of one launch's workspace: per (row, chunk) the state words
+    and the candidates' z bits and global ids, per row the select's scratch and its result.
+    The first `shard_words` words (states and candidates) are what a sharded vocabulary
+    all-gathers."""
+
+    state_off: int
+    cz_off: int
+    ci_off: int
+    scr_off: int
+    res_off: int
+    words: int
+
+    @property
+    def shard_words(self) -> int:
+        return self.scr_off
+
+    @classmethod
+    def of(cls, plan: SamplingPlan, rows: int, vocab: int, shards: int = 1) -> "Workspace":
+        items = rows * plan.chunks(vocab)
+        cz = items * STATE_WORDS
+        ci = cz + items * plan.slots
+        scr = ci + items * plan.slots
+        res = scr + rows * 2 * plan.groups_pow2(vocab, shards) * plan.slots
+        return cls(0, cz, ci, scr, res, res + rows * RESULT_WORDS)
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(index: int) -> int:
+    """Persistent programs for device `index`: two per multiprocessor (a program's chunk loads
+    overlap another's compute)."""
+    return 2 * torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None) -> SamplingPlan:
+    """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk
+    as keep the select's block at MAX_SELECT_BLOCK; a persistent grid of `programs` (default:
+    two per multiprocessor on a GPU, one per work item on the CPU)."""
+    chunk = min(MAX_CHUNK, max(16, next_power_of_2(vocab)))
+    groups = next_power_of_2(cdiv(vocab, chunk))
+    slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
+    items = max(1, rows * cdiv(vocab, chunk))
+    if programs is None:
+        programs = _programs(device.index if device.index is not None else torch.cuda.current_device()) \
+            if device.type == "cuda" else items
+    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)),
+                        num_warps=8 if chunk >= 4096 else 4)
+
+
+def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = None) -> str | None:
+    """Why these kernels do not take `spec` (a reason naming it), or None when they do."""
+    if spec.dtype not in SUPPORTED_DTYPES:
+        return f"the Triton sampler computes in float32: {spec.dtype} logits are not taken (the torch sampler is)"
+    if spec.vocab > INT32_MAX:
+        return f"a vocabulary of {spec.vocab} tokens exceeds the kernels' 32-bit token indices"
+    plan = plan or plan_for(spec.rows, spec.vocab, spec.device, programs=1)
+    if top_n > plan.k_cap:
+        return f"logprobs' top_n {top_n} exceeds the {plan.k_cap} candidates a chunk keeps"
+    return None
+
+
+# ---- per-call arguments ---------------------------------------------------------------------------
+
+def _word_pair(value: int) -> tuple[int, int]:
+    """A 64-bit value (signed int64 range) as two signed 32-bit words (low, high): kernel
+    integer arguments keep one 32-bit type whatever the value."""
+    lo, hi = value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF
+    return lo - (1 << 32) if lo >= 1 << 31 else lo, hi - (1 << 32) if hi >= 1 << 31 else hi
+
+
+def _keyword_tensors(spec: SamplingSpec, names: tuple[str, ...]) -> tuple[tuple, int]:
+    """(tensors, flags): each keyword of `names` as a contiguous float32 / int64 tensor or None
+    (a number), and the flag bits saying which are tensors and which hold one value per row."""
+    flags, out = 0, []
+    for name in names:
+        v = spec.seed if name == "seed" else getattr(spec, name)
+        if isinstance(v, torch.Tensor):
+            integer = name in ("top_k", "seed", "offset")
+            v = v.to(torch.int64 if integer else torch.float32).contiguous()
+            flags |= (1 | (2 if v.dim() else 0)) << KEYWORD_BITS[name]
+            out.append(v)
+        else:
+            out.append(None)
+    return tuple(out), flags
+
+
+def _seed_value(spec: SamplingSpec):
+    """The seed the kernels use: the request's, or one drawn on the device from torch's default
+    generator (advancing it, as `torch.multinomial` does; no host synchronisation)."""
+    if spec.seed is None:
+        return torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=spec.device)
+    return spec.seed
+
+
+def _call_values(spec: SamplingSpec, seed) -> tuple[tuple, tuple]:
+    """(floats, per-call integers) of `scan_kernel` / `select_kernel` for `spec`."""
+    def number(name, off):
+        v = getattr(spec, name)
+        return off if isinstance(v, torch.Tensor) else v
+    top_k = number("top_k", 0)
+    seed_words = (0, 0) if isinstance(seed, torch.Tensor) else _word_pair(seed)
+    off_words = (0, 0) if isinstance(spec.offset, torch.Tensor) else _word_pair(spec.offset)
+    floats = (float(number("temperature", 1.0)), float(number("top_p", 1.0)), float(number("min_p", 0.0)))
+    return floats, (min(int(top_k), INT32_MAX), *seed_words, *off_words)
+
+
+# ---- bound launchers -----------------------------------------------------------------------------
+
+SCAN_POINTERS = ("x_ptr", "ws_ptr", "out_i_ptr", "out_f_ptr", "out_f2_ptr", "ids_ptr", "t_ptr", "k_ptr", "p_ptr",
+                 "mp_ptr", "seed_ptr", "off_ptr", "count_ptr")
+SELECT_POINTERS = ("x_ptr", "gs_ptr", "ws_ptr", "out_i_ptr", "out_f_ptr", "out_f2_ptr", "ids_ptr", "t_ptr", "k_ptr",
+                   "p_ptr", "mp_ptr", "seed_ptr", "off_ptr")
+PER_CALL = ("top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags")
+FLOATS = ("temperature", "top_p", "min_p")
+DEFAULT_FLOATS = (1.0, 1.0, 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32, int64) one-element tensors standing in for absent pointer operands (never read)."""
+    return torch.zeros(1, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int64, device=device)
+
+
+def _filled(args: tuple, kinds: str, device: torch.device) -> tuple:
+    """`args` with None replaced by the stand-in of its kind ('f' float32, 'i' int64, '-' none)."""
+    f, i = _stand_ins(device)
+    return tuple(a if a is not None else (f if k == "f" else i) for a, k in zip(args, kinds))
+
+
+# (x, ws, out_i, out_f, out_f2, ids, t, k, p, mp, seed, off): the stand-in kind of each
+SCAN_KINDS = "--iffiffffii"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A request's launchers: `scan`, `select` (None when fused), `second` (probs' pass 2)."""
+
+    plan: SamplingPlan
+    space: Workspace
+    scan: object
+    select: object
+    second: object
+
+
+_bound = OnceCache(maxsize=128)
+
+
+def _static_ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, xs: int, top_n: int, n_ids: int,
+                 vocab_start: int, vocab_total: int) -> dict:
+    return dict(n_rows=spec.rows, vocab=spec.vocab, xs=xs, vocab_start=vocab_start, vocab_total=vocab_total,
+                n_chunks=plan.chunks(spec.vocab), state_off=space.state_off, cz_off=space.cz_off, ci_off=space.ci_off,
+                scr_off=space.scr_off, res_off=space.res_off, n_ids=n_ids, top_n=top_n)
+
+
+def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, n_ids: int, vocab_start: int,
+          vocab_total: int, fused: bool, device: torch.device) -> Bound:
+    from . import sampling_kernels as k
+
+    space = Workspace.of(plan, spec.rows, spec.vocab)
+    ints = _static_ints(spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total)
+    per_call = dict.fromkeys(PER_CALL, 0)
+    g_p2 = plan.groups_pow2(spec.vocab)
+    scan_meta = dict(OP=OPS[op], FUSED=fused, CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=g_p2, KP=plan.kp,
+                     TILE=plan.tile, num_warps=plan.num_warps)
+    items = spec.rows * plan.chunks(spec.vocab)
+    scan = bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
+                               lambda a: _filled(a, SCAN_KINDS + "-", device),
+                               {**ints, **per_call}, (scan_meta,), FLOATS, DEFAULT_FLOATS, PER_CALL),
+                       scratch=lambda dev: (row_counters(dev, spec.rows),), device=device)
+    select = None
+    if not fused:
+        select = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device)
+    second = None
+    if op == "probs":
+        pints = dict(n_rows=spec.rows, vocab=spec.vocab, xs=xs, ys=spec.vocab, n_chunks=plan.chunks(spec.vocab),
+                     res_off=space.res_off, flags=0)
+        second = bind_kernel(Binding(k.probs_kernel, max(1, min(plan.grid, items)), ("x_ptr", "ws_ptr", "y_ptr", "t_ptr"),
+                                     lambda a: _filled(a, "---f", device), pints,
+                                     (dict(CHUNK=plan.chunk, num_warps=plan.num_warps),), ("temperature",), (1.0,),
+                                     ("flags",)), device=device)
+    return Bound(plan, space, scan, select, second)
+
+
+def _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, shards, has_x, device,
+                     shard_stride: int = 0):
+    from . import sampling_kernels as k
+
+    ints = _static_ints(spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total)
+    ints = {**{n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks")},
+            "n_groups": plan.chunks(spec.vocab) * shards, "shard_stride": shard_stride,
+            **{n: ints[n] for n in ("state_off", "cz_off", "ci_off", "scr_off", "res_off", "n_ids", "top_n")},
+            **dict.fromkeys(PER_CALL, 0)}
+    meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards), KP=plan.kp,
+                TILE=plan.tile, num_warps=plan.select_warps)
+    grid = max(1, min(spec.rows, plan.grid))
+    return bind_kernel(Binding(k.select_kernel, grid, SELECT_POINTERS, lambda a: _filled(a, "f-" + SCAN_KINDS[1:], device),
+                               ints, (meta,), FLOATS, DEFAULT_FLOATS, PER_CALL), device=device)
+
+
+def _rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
+    """The logits as [rows, V] with unit stride along V (a copy only when they have none)."""
+    x = logits.detach().reshape(spec.rows, spec.vocab)
+    return x if x.stride(-1) == 1 or spec.vocab == 1 else x.contiguous()
+
+
+def _aligned(*tensors) -> tuple:
+    return tuple(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, top_n: int = 0,
+               n_ids: int = 0, tensors: tuple = (), vocab_start: int = 0, vocab_total: int | None = None,
+               fused: bool | None = None) -> Bound:
+    plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
+    fused = plan.fused if fused is None else fused
+    vocab_total = spec.vocab if vocab_total is None else vocab_total
+    key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
+           fused, _aligned(x, *tensors))
+    return _bound.get(key, lambda: _bind(op, spec, plan, x.stride(0), top_n, n_ids, vocab_start, vocab_total, fused,
+                                         x.device))
+
+
+# ---- the API's functions ------------------------------------------------------------------------------
+
+def _keyword_call(spec: SamplingSpec, with_seed: bool):
+    """(keyword tensors t, k, p, mp, seed, off, floats, per-call integers with the flags)."""
+    seed = _seed_value(spec) if with_seed else 0
+    spec_seeded = spec if not with_seed or spec.seed is not None else _with_seed(spec, seed)
+    names = ("temperature", "top_k", "top_p", "min_p", "seed", "offset") if with_seed else \
+        ("temperature", "top_k", "top_p", "min_p")
+    tensors, flags = _keyword_tensors(spec_seeded, names)
+    if not with_seed:
+        tensors = (*tensors, None, None)
+    floats, ints = _call_values(spec_seeded, spec_seeded.seed if with_seed else 0)
+    return tensors, floats, (*ints, flags)
+
+
+def _with_seed(spec: SamplingSpec, seed: torch.Tensor) -> SamplingSpec:
+    from dataclasses import replace
+    return replace(spec, seed=seed)
+
+
+def _select(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, outs: tuple,
+            with_seed: bool, extra: tuple = (), **shape) -> tuple:
+    """Run pass 1 and the select of `op` on the rows `x`, writing `outs` (out_i, out_f, out_f2,
+    ids; None where absent): (bound launchers, workspace, keyword tensors, floats, ints)."""
+    tensors, floats, ints = _keyword_call(spec, with_seed=with_seed)
+    bound = _launchers(op, spec, x, plan, tensors=(*extra, *tensors), **shape)
+    ws = torch.empty(bound.space.words, dtype=torch.int32, device=x.device)
+    bound.scan((x, ws, *outs, *tensors), floats, ints)
+    if bound.select is not None:
+        bound.select((x, ws, ws, *outs, *tensors), floats, ints)
+    return bound, ws, tensors, floats, ints
+
+
+def sample(spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
+           plan: SamplingPlan | None = None):
+    """int64 token ids of shape ``logits.shape[:-1]`` drawn as `spec` says (and their float32
+    log-probabilities under the distribution drawn from)."""
+    device = logits.device
+    ids = torch.empty(spec.rows, dtype=torch.int64, device=device)
+    lp = torch.empty(spec.rows, dtype=torch.float32, device=device)
+    if spec.rows:
+        _select("sample", spec, _rows_view(logits, spec), plan, (ids, lp, None, None), with_seed=True)
+    ids = ids.reshape(spec.batch_shape)
+    return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
+
+
+def probs(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None = None) -> torch.Tensor:
+    """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
+    y = torch.empty((spec.rows, spec.vocab), dtype=torch.float32, device=logits.device)
+    if spec.rows:
+        x = _rows_view(logits, spec)
+        bound, ws, tensors, floats, ints = _select("probs", spec, x, plan, (None,) * 4, with_seed=False)
+        bound.second((x, ws, y, tensors[0]), floats[:1], ints[-1:])
+    return y.reshape(logits.shape)
+
+
+def logprobs(spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
+             plan: SamplingPlan | None = None):
+    """float32 log-probabilities of `ids` ([rows, K], validated) under log_softmax(logits /
+    temperature), and with `top_n` the top-n values and ids (`torch_sampler.logprobs`' contract)."""
+    device = logits.device
+    n_ids = ids.shape[-1]
+    out = torch.empty((spec.rows, n_ids), dtype=torch.float32, device=device)
+    values = torch.empty((spec.rows, top_n), dtype=torch.float32, device=device)
+    top_ids = torch.empty((spec.rows, top_n), dtype=torch.int64, device=device)
+    if spec.rows:
+        # (empty operands are stood in for: a kernel never gets a pointer to nothing)
+        ids = ids.contiguous() if n_ids else None
+        outs = (top_ids if top_n else None, out if n_ids else None, values if top_n else None, ids)
+        _select("logprobs", spec, _rows_view(logits, spec), plan, outs, with_seed=False, extra=(ids,), top_n=top_n,
+                n_ids=n_ids)
+    return (out, values, top_ids) if top_n else out
+
+
+PATHS = ("none", "race", "candidates", "general")  # (sampling_kernels.PATH_*)
+
+
+def row_paths(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None = None) -> list[str]:
+    """Which path each row's select took for `probs` of `spec` (the same as `sample`'s): "race"
+    (no filter), "candidates", "general" (the whole row re-read), "none" (greedy, invalid).
+    For tests and benchmarks: it runs the scan and the select, then reads the result (a sync)."""
+    bound, ws, *_ = _select("probs", spec, _rows_view(logits, spec), plan, (None,) * 4, with_seed=False)
+    words = ws[bound.space.res_off:].view(spec.rows, RESULT_WORDS)[:, 4].tolist()
+    return [PATHS[w] for w in words]
+
+
+# ---- a vocabulary sharded across ranks ------------------------------------------------------------
+
+def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, *,
+               plan: SamplingPlan | None = None, op: str = "sample") -> tuple[torch.Tensor, Workspace, SamplingPlan]:
+    """Pass 1 on this rank's shard of the vocabulary (`spec` describes the shard: its vocab is
+    the shard's; tokens numbered from `vocab_start` of `vocab_total`): (workspace, its layout,
+    the plan). Its first `Workspace.shard_words` words are what every rank all-gathers; then
+    `select_shards` runs the same select on every rank (the same ids everywhere). Every shard
+    must have the same size (and plan): their workspaces then line up word for word."""
+    x = _rows_view(logits_shard, spec)
+    plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
+    tensors, floats, ints = _keyword_call(spec, with_seed=op == "sample")
+    bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total,
+                       fused=False)
+    ws = torch.empty(bound.space.words, dtype=torch.int32, device=logits_shard.device)
+    bound.scan((x, ws, None, None, None, None, *tensors), floats, ints)
+    return ws, bound.space, plan
+
+
+def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab_total: int, plan: SamplingPlan,
+                  return_logprobs: bool = False):
+    """`sample`'s ids from the shards' all-gathered states: `gathered` is [shards, shard_words]
+    int32 (each rank's `scan_shard` workspace prefix, in rank order), `spec` the shard's request
+    (the same `seed`: drawn on rank 0 and broadcast when None). Rows whose candidates cannot
+    decide (top-k above `plan.k_cap`, ties past a chunk's capacity, top-p / min-p cutting
+    below what the chunks kept) get id -2: they need the whole row."""
+    space = Workspace.of(plan, spec.rows, spec.vocab, shards)
+    device = gathered.device
+    tensors, floats, ints = _keyword_call(spec, with_seed=True)
+    launch = _bound.get(("select_shards", spec.rows, spec.vocab, shards, vocab_total, device, plan,
+                         _aligned(gathered, *tensors)),
+                        lambda: _select_launcher("sample", spec, plan, space, 0, 0, 0, 0, vocab_total, shards, False,
+                                                 device, shard_stride=gathered.stride(0)))
+    ws = torch.empty(space.words, dtype=torch.int32, device=device)
+    ids = torch.empty(spec.rows, dtype=torch.int64, device=device)
+    lp = torch.empty(spec.rows, dtype=torch.float32, device=device)
+    launch((None, gathered, ws, ids, lp, None, None, *tensors), floats, ints)
+    ids = ids.reshape(spec.batch_shape)
+    return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
+
+
+__all__ = ["PATHS", "SamplingPlan", "Workspace", "logprobs", "plan_for", "probs", "row_paths", "sample", "scan_shard",
+           "select_shards", "supports"]

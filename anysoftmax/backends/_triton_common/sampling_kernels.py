@@ -1,0 +1,921 @@
+"""The sampler's Triton kernels (`anysoftmax.sampling` on CUDA and HIP): one read of the logits
+for `sample` and `logprobs`, a second one for `probs`. Plans and launchers: `sampling.py`.
+
+**scan_kernel** (persistent over (row, chunk) work items; CHUNK elements of a row held in
+registers): z = logits * (1 / temperature) in float32 (the logits themselves on greedy rows);
+the chunk's max, sum of exp(z - max), first argmax, ties at the max, finite count; then by the
+row's mode (decided per row in the kernel, never on the host):
+
+* candidate rows (a top-k bound of at most K_CAP = C_SLOT / 2, `logprobs`' top-n, or top-p /
+  min-p without one): a threshold t found by bisection on the values in registers with
+  count(z >= t) >= the bound (top-k: min(k, finite), or C_SLOT / 2 for "as many as fit") and,
+  where the data allow, <= C_SLOT; every finite z >= t is written with its global index
+  (`_write_candidates`). A chunk that cannot get under C_SLOT (ties) writes the values above t
+  and the lowest-index ties at t, and says so (`total` > C_SLOT). The mass of what it did not
+  write (`R`) lets the select check that the candidates decide top-p;
+* plain draws (temperature only): the chunk's winner of the exponential race (rng.py's keys
+  z - log E over every token of the chunk) and its key;
+* greedy rows: nothing more (the argmax).
+
+With FUSED, the row's last chunk to arrive (a reused, self-resetting counter) runs the select
+for its row in the same launch; otherwise **select_kernel** does, one program per row.
+
+**The select** (`_select_sample`, `_select_logprobs`) merges the chunk states of a row (also
+chunks of several shards of a sharded vocabulary: states and candidates concatenated along the
+chunk axis, global indices), then on the candidates (a [G_P2, C_SLOT] block, never sorted):
+exact k-th key by bisection on the order-preserving integer keys of z (`_kth_key`); top-p's cut
+by bisection on the mass strictly above (`_mass_cut`); min-p's by one reduction; the kept set
+is then {key(z) >= h} for one key h. The draw compacts the kept set and runs the race over it
+with the same Philox noise as pass 1 and rng.py. Rows the candidates cannot decide (a top-k
+above K_CAP, ties past a chunk's capacity, top-p / min-p whose cut lies below what a chunk
+wrote) take `_general_cut`: bisection over the whole row read from memory (slow, exact).
+
+**probs_kernel** writes exp(z - lse of the kept set) where key(z) >= h, 0 elsewhere (one-hot on
+greedy rows, NaN on invalid ones).
+
+Numerics: float32 throughout; `tl.exp` as the softmax kernels use it (the chunk sums and the
+candidates' weights come from the same function, so top-p's comparison of masses is consistent);
+the race's E = -log1p(-u) from a series below u = 1/4 (no log of a number near 1, whose relative
+error the fast log does not bound) and -log(1 - u) above.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .fused import exp_acc  # noqa: F401  (importing fused installs the interpreter's once-per-launch patch)
+
+# Chunk state words (int32; floats stored as their bits), per (row, chunk).
+NS = tl.constexpr(16)
+F_MAX = tl.constexpr(0)  # chunk max of z
+F_SUM = tl.constexpr(1)  # sum of exp(z - chunk max)
+F_REST = tl.constexpr(2)  # the same sum over the finite z it did not write as candidates
+F_THR = tl.constexpr(3)  # candidate threshold t (-inf: every finite z written)
+F_BEST = tl.constexpr(4)  # plain race: best key
+F_BEST_Z = tl.constexpr(5)  # plain race: z of the winner
+I_WRITTEN = tl.constexpr(6)  # candidates written (<= C_SLOT)
+I_TOTAL = tl.constexpr(7)  # finite z >= t (> C_SLOT: some ties at t not written)
+I_ARGMAX = tl.constexpr(8)  # global index of the chunk's first max
+I_TIES = tl.constexpr(9)  # z equal to the chunk's max
+I_BEST_ID = tl.constexpr(10)  # plain race: global index of the winner
+I_BAD = tl.constexpr(11)  # a NaN or +inf z
+I_FINITE = tl.constexpr(12)  # finite z
+
+# Row result words (`res_off`): the kept set's key threshold, lse of the kept set, the id, the
+# status, the path the select took (PATH_*: what the tests check every one of).
+NR = tl.constexpr(8)
+ST_DRAWN = tl.constexpr(0)
+ST_GREEDY = tl.constexpr(1)
+ST_INVALID = tl.constexpr(2)
+ST_UNDECIDED = tl.constexpr(3)  # (a select without the logits: the row needs the general path)
+PATH_NONE = tl.constexpr(0)  # greedy, invalid
+PATH_RACE = tl.constexpr(1)  # no filter: the chunks' race winners
+PATH_CANDIDATES = tl.constexpr(2)
+PATH_GENERAL = tl.constexpr(3)
+
+# Keyword flags (a per-call integer): bit 2i = keyword i comes from its tensor, bit 2i+1 = one
+# value per row (else a 0-dim tensor); i = temperature, top_k, top_p, min_p, seed, offset.
+FL_T = tl.constexpr(0)
+FL_K = tl.constexpr(2)
+FL_P = tl.constexpr(4)
+FL_MP = tl.constexpr(6)
+FL_SEED = tl.constexpr(8)
+FL_OFF = tl.constexpr(10)
+
+OP_SAMPLE = tl.constexpr(0)
+OP_PROBS = tl.constexpr(1)
+OP_LOGPROBS = tl.constexpr(2)
+
+KEY_NONE = tl.constexpr(-2147483648)  # a key threshold that keeps every finite z
+KEY_NEG_INF = tl.constexpr(-2139095041)  # key(-inf): below every finite z's key
+BIG_ID = tl.constexpr(2147483647)
+NEG_INF_BITS = tl.constexpr(-8388608)  # 0xff800000
+NAN_BITS = tl.constexpr(2143289344)  # 0x7fc00000
+TWO_POW_M32 = tl.constexpr(2.3283064365386963e-10)
+U_MAX = tl.constexpr(0.99999994039535522)  # 1 - 2**-24: rng.py's clamp of float32 u
+# Race keys z - log E exceed z by at most -log(min E) = -log(2**-33) < 23: a key more than this
+# above every z left out cannot be beaten by it.
+RACE_MARGIN = tl.constexpr(23.0)
+
+
+# ---- small helpers ------------------------------------------------------------------------------
+
+@triton.jit
+def _key(z):
+    """The order-preserving int32 key of float32 z: key(a) < key(b) iff a < b (-0.0 as +0.0)."""
+    bits = z.to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return tl.where(z == 0.0, 0, key)
+
+
+@triton.jit
+def _ldf(ptr, mask):
+    return tl.load(ptr, mask=mask, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ldi(ptr, mask):
+    return tl.load(ptr, mask=mask, other=0, cache_modifier=".cg")
+
+
+@triton.jit
+def _stf(ptr, value):
+    tl.store(ptr, value.to(tl.float32).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _sum2(x):
+    return tl.sum(tl.sum(x, 1), 0)
+
+
+@triton.jit
+def _max2(x):
+    return tl.max(tl.max(x, 1), 0)
+
+
+@triton.jit
+def _min2(x):
+    return tl.min(tl.min(x, 1), 0)
+
+
+@triton.jit
+def _count2(mask):
+    return tl.sum(tl.sum(mask.to(tl.int32), 1), 0)
+
+
+@triton.jit
+def _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags, temperature, top_p, min_p):
+    """(inv_t, greedy, k, p, mp, bad) of `row`: 1 / temperature (1 on greedy rows), temperature
+    0, the top-k bound in effect (0: off), top_p, min_p, and whether a per-row value is out of
+    range (only possible for accelerator tensors, whose values the host does not read)."""
+    t = temperature
+    if ((flags >> FL_T) & 1) != 0:
+        t = tl.load(t_ptr + row * ((flags >> (FL_T + 1)) & 1))
+    k = top_k.to(tl.int64)
+    if ((flags >> FL_K) & 1) != 0:
+        k = tl.load(k_ptr + row * ((flags >> (FL_K + 1)) & 1))
+    p = top_p
+    if ((flags >> FL_P) & 1) != 0:
+        p = tl.load(p_ptr + row * ((flags >> (FL_P + 1)) & 1))
+    mp = min_p
+    if ((flags >> FL_MP) & 1) != 0:
+        mp = tl.load(mp_ptr + row * ((flags >> (FL_MP + 1)) & 1))
+    ok = (t >= 0.0) & (t < float("inf")) & (k >= 0) & (p > 0.0) & (p <= 1.0) & (mp >= 0.0) & (mp <= 1.0)
+    greedy = t == 0.0
+    # The correctly rounded reciprocal: z = x * (1/t) is within an ulp or so of x / t.
+    inv_t = tl.where(greedy | (ok == 0), 1.0, tl.math.div_rn(1.0, tl.where(t > 0.0, t, 1.0)))
+    k_on = tl.where((k > 0) & (k < vocab_total), k, 0).to(tl.int32)
+    return inv_t, greedy, k_on, p, mp, ok == 0
+
+
+@triton.jit
+def _temperature(row, t_ptr, flags, temperature):
+    """(inv_t, greedy, bad) of `row`: `_keywords` for the temperature alone."""
+    t = temperature
+    if ((flags >> FL_T) & 1) != 0:
+        t = tl.load(t_ptr + row * ((flags >> (FL_T + 1)) & 1))
+    ok = (t >= 0.0) & (t < float("inf"))
+    greedy = t == 0.0
+    inv_t = tl.where(greedy | (ok == 0), 1.0, tl.math.div_rn(1.0, tl.where(t > 0.0, t, 1.0)))
+    return inv_t, greedy, ok == 0
+
+
+@triton.jit
+def _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags):
+    """(seed as int64, stream, offset low word, offset high word) of `row` (rng.py)."""
+    seed = (seed_hi.to(tl.int64) << 32) | (seed_lo.to(tl.int64) & 0xFFFFFFFF)
+    per_row_seed = ((flags >> (FL_SEED + 1)) & 1) != 0
+    if ((flags >> FL_SEED) & 1) != 0:
+        seed = tl.load(seed_ptr + row * ((flags >> (FL_SEED + 1)) & 1))
+    lo = off_lo
+    hi = off_hi
+    if ((flags >> FL_OFF) & 1) != 0:
+        off = tl.load(off_ptr + row * ((flags >> (FL_OFF + 1)) & 1))
+        lo = (off & 0xFFFFFFFF).to(tl.int32)
+        hi = ((off >> 32) & 0xFFFFFFFF).to(tl.int32)
+    stream = tl.where(per_row_seed, 0, row)
+    return seed, stream, lo, hi
+
+
+@triton.jit
+def _exponential(r):
+    """rng.py's E = -log1p(-u), u = min((float32(r) + 1/2) * 2**-32, 1 - 2**-24), for uint32 r.
+    Below u = 1/4 from 2 atanh(u / (2 - u)) (a short odd series: the race's winners have tiny E,
+    which -log(1 - u) would lose to the rounding of 1 - u); above, -log(1 - u), where log's
+    argument is at most 3/4 (|log| >= 0.28: its absolute error is a small relative one)."""
+    u = tl.minimum((r.to(tl.float32) + 0.5) * TWO_POW_M32, U_MAX)
+    s = u / (2.0 - u)
+    s2 = s * s
+    series = 2.0 * s * (1.0 + s2 * (0.3333333333333333 + s2 * (0.2 + s2 * (0.14285714285714285
+                                                                           + s2 * 0.1111111111111111))))
+    return tl.where(u <= 0.25, series, -tl.log(1.0 - u))
+
+
+@triton.jit
+def _race_keys(z, ids, seed, stream, off_lo, off_hi):
+    """The race keys z - log E of tokens with global indices `ids` (int32), -inf where z is -inf."""
+    c0 = ids.to(tl.uint32, bitcast=True)
+    zero = c0 * 0
+    r, _, _, _ = tl.philox(seed, c0, zero + stream.to(tl.uint32, bitcast=True),
+                           zero + off_lo.to(tl.uint32, bitcast=True), zero + off_hi.to(tl.uint32, bitcast=True))
+    return tl.where(z > float("-inf"), z - tl.log(_exponential(r)), float("-inf"))
+
+
+@triton.jit
+def _race_step(best, best_id, best_z, keys, ids, z, ok):
+    """The race's running winner (key, id, z) after a tile of `keys` of tokens `ids` (lanes
+    where `ok`): the largest key, the lowest id among equal keys."""
+    tb = tl.max(keys)
+    ti = tl.min(tl.where((keys == tb) & ok, ids, BIG_ID))
+    tz = tl.max(tl.where((ids == ti) & ok, z, float("-inf")))
+    better = (tb > best) | ((tb == best) & (ti < best_id))
+    return tl.where(better, tb, best), tl.where(better, ti, best_id), tl.where(better, tz, best_z)
+
+
+# ---- pass 1: one chunk ----------------------------------------------------------------------------
+
+@triton.jit
+def _chunk_threshold(z, n_fin, m_c, need, CAP: tl.constexpr):
+    """(t, total): a threshold with total = count(z >= t, finite) >= min(need, n_fin), and
+    <= CAP unless ties at one value forbid it (then total > CAP and every z > t numbers fewer
+    than `need`). t = -inf when every finite z fits. Bisection on the values held in
+    registers: each step is one compare-and-count over the chunk."""
+    need = tl.minimum(need, n_fin)
+    t = tl.full((), float("-inf"), tl.float32)
+    total = n_fin
+    if n_fin > CAP:
+        lo = tl.min(tl.where(z > float("-inf"), z, float("inf")))
+        hi = m_c
+        c_hi = tl.sum((z >= hi).to(tl.int32))
+        t = lo
+        if c_hi >= need:  # the max's ties alone make the bound
+            t = hi
+            total = c_hi
+        else:
+            # count(z >= lo) = total >= need, count(z >= hi) < need
+            done = tl.full((), 0, tl.int32)
+            steps = tl.full((), 0, tl.int32)
+            while (done == 0) & (steps < 80):
+                mid = lo * 0.5 + hi * 0.5
+                if (mid <= lo) | (mid >= hi):
+                    done = done * 0 + 1  # adjacent floats: the ties at lo exceed CAP
+                else:
+                    c = tl.sum((z >= mid).to(tl.int32))
+                    if c < need:
+                        hi = mid
+                    elif c > CAP:
+                        lo = mid
+                        total = c
+                    else:
+                        t = mid
+                        total = c
+                        done = done * 0 + 2
+                steps += 1
+            if done != 2:
+                t = lo
+    return t, total
+
+
+@triton.jit
+def _write_candidates(x_row, lo, vocab, vocab_start, inv_t, t, total, cz_ptr, ci_ptr, CAP: tl.constexpr,
+                      CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Write (z, global index) of the chunk's finite z >= t (in index order); past CAP, the
+    z > t first, then the lowest-index ties at t. Returns how many were written. SUB elements
+    at a time, re-read from L1/L2 (the chunk was just loaded) and scaled as the chunk was (the
+    same z bit for bit): the chunk's own registers are free by then, and a scatter over all of
+    them at once would hold an address per element."""
+    n = total * 0
+    if total <= CAP:
+        for s0 in range(0, CHUNK, SUB):
+            cols = lo + s0 + tl.arange(0, SUB)
+            z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+            sel = (z > float("-inf")) & (z >= t)
+            pos = n + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(cz_ptr + pos, z.to(tl.int32, bitcast=True), mask=sel)
+            tl.store(ci_ptr + pos, vocab_start + cols, mask=sel)
+            n += tl.sum(sel.to(tl.int32))
+    else:
+        for s0 in range(0, CHUNK, SUB):
+            cols = lo + s0 + tl.arange(0, SUB)
+            z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+            sel = (z > float("-inf")) & (z > t)
+            pos = n + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(cz_ptr + pos, z.to(tl.int32, bitcast=True), mask=sel)
+            tl.store(ci_ptr + pos, vocab_start + cols, mask=sel)
+            n += tl.sum(sel.to(tl.int32))
+        for s0 in range(0, CHUNK, SUB):
+            cols = lo + s0 + tl.arange(0, SUB)
+            z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+            sel = z == t
+            pos = n + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(cz_ptr + pos, z.to(tl.int32, bitcast=True), mask=sel & (pos < CAP))
+            tl.store(ci_ptr + pos, vocab_start + cols, mask=sel & (pos < CAP))
+            n += tl.sum(sel.to(tl.int32))
+        n = n * 0 + CAP
+    return n
+
+
+@triton.jit
+def _chunk_argmax(x_row, lo, vocab, vocab_start, inv_t, m_c, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """The global index of the chunk's first z equal to its max m_c (BIG_ID if none), re-read
+    SUB elements at a time (an index per element held for the whole chunk would cost a register
+    per element, for what only greedy rows use)."""
+    first = tl.full((), BIG_ID, tl.int32)
+    for s0 in range(0, CHUNK, SUB):
+        cols = lo + s0 + tl.arange(0, SUB)
+        z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+        first = tl.minimum(first, tl.min(tl.where(z == m_c, vocab_start + cols, BIG_ID)))
+    return first
+
+
+@triton.jit
+def _chunk_race(x_row, lo, vocab, vocab_start, inv_t, seed, stream, off_lo, off_hi, CHUNK: tl.constexpr,
+                SUB: tl.constexpr):
+    """The race over the chunk's tokens (a plain draw): (best key, its global id, its z), the
+    lowest id among equal keys. SUB tokens at a time, re-read (from L2: the chunk was just
+    loaded), so the generator's state for a few tokens per thread is live, not for the chunk."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_id = tl.full((), BIG_ID, tl.int32)
+    best_z = tl.full((), float("-inf"), tl.float32)
+    for s0 in range(0, CHUNK, SUB):
+        cols = lo + s0 + tl.arange(0, SUB)
+        z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+        ids = vocab_start + cols
+        keys = _race_keys(z, ids, seed, stream, off_lo, off_hi)
+        best, best_id, best_z = _race_step(best, best_id, best_z, keys, ids, z, cols < vocab)
+    return best, best_id, best_z
+
+
+@triton.jit
+def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed, stream, off_lo, off_hi,
+                vocab, xs, vocab_start, n_chunks, state_off, cz_off, ci_off, top_n,
+                OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, SUB: tl.constexpr):
+    """Pass 1 on chunk `c` of `row`: its state words and candidates (see the module). The
+    statistics are reduced and stored first: afterwards only z stays live (registers bound how
+    many programs share a multiprocessor, and so how well loads overlap computation)."""
+    x_row = x_ptr + row.to(tl.int64) * xs
+    lo = c * CHUNK
+    cols = lo + tl.arange(0, CHUNK)
+    z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+    bad = tl.max(((z != z) | (z == float("inf"))).to(tl.int32))
+    m_c = tl.max(z)  # (a bad row's statistics are never used)
+    m_sub = tl.where(m_c > float("-inf"), tl.where(m_c < float("inf"), m_c, 0.0), 0.0)
+    n_fin = tl.sum((z > float("-inf")).to(tl.int32))
+    item = row.to(tl.int64) * n_chunks + c
+    st = ws_ptr + state_off + item * NS
+    _stf(st + F_MAX, m_c)
+    _stf(st + F_SUM, tl.sum(tl.exp(z - m_sub)))
+    tl.store(st + I_TIES, tl.where(m_c > float("-inf"), tl.sum((z == m_c).to(tl.int32)), 0))
+    tl.store(st + I_BAD, bad)
+    tl.store(st + I_FINITE, n_fin)
+    if OP != OP_LOGPROBS:
+        if greedy:
+            tl.store(st + I_ARGMAX, _chunk_argmax(x_row, lo, vocab, vocab_start, inv_t, m_c, CHUNK, SUB))
+    # The row's mode: how many candidates it needs (0: none).
+    filtered = (k_on > 0) | (p < 1.0) | (mp > 0.0)
+    if OP == OP_LOGPROBS:
+        need = top_n
+    else:
+        need = tl.where(greedy | (kw_bad != 0) | (bad != 0), 0,
+                        tl.where((k_on > 0) & (k_on <= C_SLOT // 2), k_on, tl.where(filtered, C_SLOT // 2, 0)))
+    t = tl.full((), float("-inf"), tl.float32)
+    total = n_fin * 0
+    written = n_fin * 0
+    rest = tl.full((), 0.0, tl.float32)
+    if need > 0:
+        t, total = _chunk_threshold(z, n_fin, m_c, need, C_SLOT)
+        if OP != OP_LOGPROBS:
+            if k_on == 0:  # (the select's check that top-p / min-p decide)
+                rest = tl.sum(tl.where((z > float("-inf")) & (z < t), tl.exp(z - m_sub), 0.0))
+        written = _write_candidates(x_row, lo, vocab, vocab_start, inv_t, t, total, ws_ptr + cz_off + item * C_SLOT,
+                                    ws_ptr + ci_off + item * C_SLOT, C_SLOT, CHUNK, SUB)
+    _stf(st + F_REST, rest)
+    _stf(st + F_THR, t)
+    tl.store(st + I_WRITTEN, written)
+    tl.store(st + I_TOTAL, total)
+    if OP == OP_SAMPLE:
+        if (need == 0) & (greedy == 0) & (filtered == 0) & (kw_bad == 0) & (bad == 0):
+            best, best_id, best_z = _chunk_race(x_row, lo, vocab, vocab_start, inv_t, seed, stream, off_lo, off_hi,
+                                                CHUNK, SUB)
+            _stf(st + F_BEST, best)
+            _stf(st + F_BEST_Z, best_z)
+            tl.store(st + I_BEST_ID, best_id)
+
+
+# ---- the select: searches over the candidates -------------------------------------------------------
+
+@triton.jit
+def _kth_key(kz, valid, k, lo, hi):
+    """The largest key T with count(valid & kz >= T) >= k, given int64 bounds with
+    count(>= lo) >= k > count(>= hi). Bisection on integer keys; it stops as soon as no key lies
+    strictly between the bounds (then T = lo, a key that is present)."""
+    done = tl.full((), 0, tl.int32)
+    while (hi - lo > 1) & (done == 0):
+        mid = (lo + (hi - lo) // 2).to(tl.int32)
+        if _count2(valid & (kz > lo.to(tl.int32)) & (kz < hi.to(tl.int32))) == 0:
+            done = done * 0 + 1
+        elif _count2(valid & (kz >= mid)) >= k:
+            lo = mid.to(tl.int64)
+        else:
+            hi = mid.to(tl.int64)
+    return lo.to(tl.int32)
+
+
+@triton.jit
+def _mass_cut(kz, w, valid, target, lo, hi):
+    """The smallest key h whose mass strictly above, sum(w over valid & kz > h - 1 ... ), is below
+    `target`: given int64 bounds with mass(kz > lo) >= target > mass(kz > hi), the first key
+    kept by top-p (keep i when the mass strictly more probable than i is < top_p). Stops when no
+    key lies strictly between the bounds (then h = hi)."""
+    done = tl.full((), 0, tl.int32)
+    while (hi - lo > 1) & (done == 0):
+        inside = _count2(valid & (kz > lo.to(tl.int32)) & (kz < hi.to(tl.int32)))
+        if inside == 0:
+            done = done * 0 + 1
+        else:
+            mid = (lo + (hi - lo) // 2).to(tl.int32)
+            if _sum2(tl.where(valid & (kz > mid), w, 0.0)) < target:
+                hi = mid.to(tl.int64)
+            else:
+                lo = mid.to(tl.int64)
+    return hi.to(tl.int32)
+
+
+@triton.jit
+def _race_compacted(scr_z, scr_i, n, seed, stream, off_lo, off_hi, TILE: tl.constexpr):
+    """(best key, its id, its z) of the race over the `n` (z, id) pairs at scr_z / scr_i; the
+    lowest id among equal keys."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_id = tl.full((), BIG_ID, tl.int32)
+    best_z = tl.full((), float("-inf"), tl.float32)
+    for t0 in range(0, n, TILE):
+        q = t0 + tl.arange(0, TILE)
+        ok = q < n
+        zq = tl.load(scr_z + q, mask=ok, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
+        iq = tl.load(scr_i + q, mask=ok, other=BIG_ID, cache_modifier=".cg")
+        keys = tl.where(ok, _race_keys(zq, iq, seed, stream, off_lo, off_hi), float("-inf"))
+        best, best_id, best_z = _race_step(best, best_id, best_z, keys, iq, zq, ok)
+    return best, best_id, best_z
+
+
+@triton.jit
+def _compact(cz, ci, sel, scr_z, scr_i):
+    """Write the selected entries of the [G, C] candidate block, chunk-major, to scr_z / scr_i
+    (the last step before they are read back by other threads of the program); returns how many."""
+    per_g = tl.sum(sel.to(tl.int32), 1)
+    base = tl.cumsum(per_g, 0) - per_g
+    pos = base[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
+    tl.debug_barrier()
+    tl.store(scr_z + pos, cz.to(tl.int32, bitcast=True), mask=sel)
+    tl.store(scr_i + pos, ci, mask=sel)
+    tl.debug_barrier()  # (every thread's stores visible to the reads that follow)
+    return tl.sum(per_g, 0)
+
+
+# ---- the general path: the whole row, read from memory ---------------------------------------------
+
+@triton.jit
+def _row_z(x_row, start, inv_t, vocab, TILE: tl.constexpr):
+    cols = start + tl.arange(0, TILE)
+    x = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+    return cols, x * inv_t
+
+
+@triton.jit
+def _row_count(x_row, inv_t, vocab, floor, lo, mid, hi, TILE: tl.constexpr):
+    """Over the row's finite z with key >= floor: (count with key >= mid, count with
+    lo < key < hi)."""
+    ge = tl.full((), 0, tl.int32)
+    inside = tl.full((), 0, tl.int32)
+    for start in range(0, vocab, TILE):
+        cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
+        k = _key(z)
+        fin = (z > float("-inf")) & (k >= floor)
+        ge += tl.sum((fin & (k >= mid)).to(tl.int32))
+        inside += tl.sum((fin & (k > lo) & (k < hi)).to(tl.int32))
+    return ge, inside
+
+
+@triton.jit
+def _row_mass(x_row, inv_t, vocab, m, floor, above, TILE: tl.constexpr):
+    """sum of exp(z - m) over finite z with key >= floor and key > above."""
+    s = tl.full((), 0.0, tl.float32)
+    for start in range(0, vocab, TILE):
+        cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
+        k = _key(z)
+        s += tl.sum(tl.where((z > float("-inf")) & (k >= floor) & (k > above), tl.exp(z - m), 0.0))
+    return s
+
+
+@triton.jit
+def _row_min_p_key(x_row, inv_t, vocab, m, mp, TILE: tl.constexpr):
+    """The smallest key of a finite z with exp(z - m) >= mp."""
+    h = tl.full((), BIG_ID, tl.int32)
+    for start in range(0, vocab, TILE):
+        cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
+        h = tl.minimum(h, tl.min(tl.where((z > float("-inf")) & (tl.exp(z - m) >= mp), _key(z), BIG_ID)))
+    return h
+
+
+@triton.jit
+def _row_race(x_row, inv_t, vocab, vocab_start, h, seed, stream, off_lo, off_hi, TILE: tl.constexpr):
+    """The race over the row's finite z with key >= h: (key, id, z). Tiles with nothing kept
+    skip the random numbers."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_id = tl.full((), BIG_ID, tl.int32)
+    best_z = tl.full((), float("-inf"), tl.float32)
+    for start in range(0, vocab, TILE):
+        cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
+        kept = (z > float("-inf")) & (_key(z) >= h)
+        if tl.max(kept.to(tl.int32)) > 0:
+            ids = vocab_start + cols
+            keys = tl.where(kept, _race_keys(z, ids, seed, stream, off_lo, off_hi), float("-inf"))
+            best, best_id, best_z = _race_step(best, best_id, best_z, keys, ids, z, kept)
+    return best, best_id, best_z
+
+
+@triton.jit
+def _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE: tl.constexpr):
+    """(h, mass of the kept set) of a row from the whole row: exact, several reads of it."""
+    h_k = tl.full((), KEY_NONE, tl.int32)
+    mass_k = mass
+    if (k_on > 0) & (n_fin > k_on):
+        lo = tl.full((), KEY_NEG_INF, tl.int64)
+        hi = _key(m).to(tl.int64) + 1
+        done = tl.full((), 0, tl.int32)
+        while (hi - lo > 1) & (done == 0):
+            mid = (lo + (hi - lo) // 2).to(tl.int32)
+            c, inside = _row_count(x_row, inv_t, vocab, KEY_NONE, lo.to(tl.int32), mid, hi.to(tl.int32), TILE)
+            if inside == 0:
+                done = done * 0 + 1
+            elif c >= k_on:
+                lo = mid.to(tl.int64)
+            else:
+                hi = mid.to(tl.int64)
+        h_k = lo.to(tl.int32)
+        mass_k = _row_mass(x_row, inv_t, vocab, m, h_k, KEY_NONE, TILE)
+    h_p = tl.full((), KEY_NONE, tl.int32)
+    if p < 1.0:
+        target = p * mass_k
+        lo = tl.maximum(h_k, KEY_NEG_INF).to(tl.int64) - 1
+        hi = _key(m).to(tl.int64)
+        done = tl.full((), 0, tl.int32)
+        while (hi - lo > 1) & (done == 0):
+            _, inside = _row_count(x_row, inv_t, vocab, h_k, lo.to(tl.int32), hi.to(tl.int32), hi.to(tl.int32),
+                                   TILE)
+            if inside == 0:
+                done = done * 0 + 1
+            else:
+                mid = (lo + (hi - lo) // 2).to(tl.int32)
+                if _row_mass(x_row, inv_t, vocab, m, h_k, mid, TILE) < target:
+                    hi = mid.to(tl.int64)
+                else:
+                    lo = mid.to(tl.int64)
+        h_p = hi.to(tl.int32)
+    h_m = tl.full((), KEY_NONE, tl.int32)
+    if mp > 0.0:
+        h_m = _row_min_p_key(x_row, inv_t, vocab, m, mp, TILE)
+    h = tl.maximum(tl.maximum(h_k, h_p), h_m)
+    return h, _row_mass(x_row, inv_t, vocab, m, h, KEY_NONE, TILE)
+
+
+# ---- the select of a row ----------------------------------------------------------------------------
+
+@triton.jit
+def _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2: tl.constexpr):
+    """Chunk-state addresses of `row` across shards ([G_P2] word offsets) and the row's max,
+    mass (of exp(z - max)) and bad flag."""
+    g = tl.arange(0, G_P2)
+    ok = g < n_groups
+    item = (row.to(tl.int64) * n_chunks + g % n_chunks)
+    base = (g // n_chunks).to(tl.int64) * shard_stride + item * NS + state_off
+    ms = _ldf(gs_ptr + base + F_MAX, ok)
+    m = tl.max(ms)
+    m_sub = tl.where((m > float("-inf")) & (m < float("inf")), m, 0.0)
+    ss = tl.where(ok, _ldf(gs_ptr + base + F_SUM, ok), 0.0)
+    mass = tl.sum(tl.where(ms > float("-inf"), ss * tl.exp(ms - m_sub), 0.0))
+    bad = tl.max(_ldi(gs_ptr + base + I_BAD, ok))
+    return g, ok, base, ms, m, mass, bad
+
+
+@triton.jit
+def _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT: tl.constexpr):
+    s = tl.arange(0, C_SLOT)
+    item = row.to(tl.int64) * n_chunks + g % n_chunks
+    return ((g // n_chunks).to(tl.int64) * shard_stride + item * C_SLOT)[:, None] + s[None, :]
+
+
+@triton.jit
+def _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_SLOT: tl.constexpr):
+    """The row's candidates' z as a [G_P2, C_SLOT] block, and which entries hold one."""
+    valid = ok[:, None] & (tl.arange(0, C_SLOT)[None, :] < written[:, None])
+    offs = _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT)
+    cz = tl.load(gs_ptr + cz_off + offs, mask=valid, other=NEG_INF_BITS, cache_modifier=".cg")
+    return cz.to(tl.float32, bitcast=True), valid
+
+
+@triton.jit
+def _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, valid, C_SLOT: tl.constexpr):
+    """The candidates' global ids, loaded where needed (not held through the searches: registers)."""
+    offs = _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT)
+    return tl.load(gs_ptr + ci_off + offs, mask=valid, other=BIG_ID, cache_modifier=".cg")
+
+
+@triton.jit
+def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
+                   vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off,
+                   scr_off, res_off, top_k, seed_lo, seed_hi, off_lo, off_hi, flags, temperature, top_p, min_p,
+                   OP: tl.constexpr, HAS_X: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr,
+                   TILE: tl.constexpr):
+    """`sample` / `probs` of one row from its chunk states: the id and its log-probability
+    (sample), and the row result (key threshold h, lse of the kept set, id, status) pass 2 reads."""
+    inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
+                                                   temperature, top_p, min_p)
+    g, ok, base, ms, m, mass, bad = _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2)
+    lse_row = m + tl.log(mass)
+    invalid = kw_bad | (bad != 0) | (m == float("-inf"))
+    filtered = (k_on > 0) | (p < 1.0) | (mp > 0.0)
+    status = tl.where(invalid, ST_INVALID, tl.where(greedy, ST_GREEDY, ST_DRAWN)).to(tl.int32)
+    h = tl.full((), KEY_NONE, tl.int32)
+    lse = lse_row
+    # (greedy rows: the first max, the lowest global index among the row's maxima)
+    out_id = tl.min(tl.where(ok & (ms == m), _ldi(gs_ptr + base + I_ARGMAX, ok), BIG_ID))
+    lp = tl.full((), 0.0, tl.float32)
+    path = tl.full((), PATH_NONE, tl.int32)
+    if status == ST_DRAWN:
+        path = tl.where(filtered, PATH_CANDIDATES, PATH_RACE).to(tl.int32)
+        if filtered == 0:
+            if OP == OP_SAMPLE:  # the chunks' race winners: the largest key, the lowest id among equal keys
+                bk = tl.where(ok, _ldf(gs_ptr + base + F_BEST, ok), float("-inf"))
+                bi = _ldi(gs_ptr + base + I_BEST_ID, ok)
+                best = tl.max(bk)
+                out_id = tl.min(tl.where(ok & (bk == best), bi, BIG_ID))
+                bz = tl.max(tl.where(ok & (bk == best) & (bi == out_id), _ldf(gs_ptr + base + F_BEST_Z, ok),
+                                     float("-inf")))
+                lp = bz - lse_row
+        else:
+            written = _ldi(gs_ptr + base + I_WRITTEN, ok)
+            total = _ldi(gs_ptr + base + I_TOTAL, ok)
+            n_fin = tl.sum(_ldi(gs_ptr + base + I_FINITE, ok))
+            thr = tl.where(ok, _ldf(gs_ptr + base + F_THR, ok), float("-inf"))
+            cz, valid = _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_SLOT)
+            kz = _key(cz)
+            w = tl.where(valid, tl.exp(cz - m), 0.0)
+            t_star = tl.max(thr)  # every finite z >= t_star of the row is a candidate
+            overflow = tl.max((total > C_SLOT).to(tl.int32)) != 0
+            complete = (t_star == float("-inf")) & (overflow == 0)
+            top_k_mode = (k_on > 0) & (k_on <= C_SLOT // 2)
+            decided = (overflow == 0) & (top_k_mode | complete | (k_on == 0))
+            # top-k: the exact k-th key over the candidates (they hold the row's top k, ties included)
+            h_k = tl.full((), KEY_NONE, tl.int32)
+            h_floor = tl.where(complete, KEY_NONE, _key(t_star))
+            mass_k = mass
+            if decided & (k_on > 0):
+                if (complete == 0) | (n_fin > k_on):
+                    h_k = _kth_key(kz, valid, k_on, tl.full((), KEY_NEG_INF, tl.int64), _key(m).to(tl.int64) + 1)
+                mass_k = _sum2(tl.where(kz >= h_k, w, 0.0))
+                h_floor = h_k
+            elif decided:  # no top-k: the row's mass, the candidates' from their weights (consistent sums)
+                rest = tl.sum(tl.where(ok, _ldf(gs_ptr + base + F_REST, ok) * tl.exp(ms - m), 0.0))
+                mass_k = _sum2(w) + rest
+            # top-p: the candidates with key >= h_floor have their exact mass above them; it decides
+            # when they already hold top_p of the mass (with a top-k or every z a candidate, always)
+            above_floor = valid & (kz >= h_floor)
+            p_decides = decided & (p < 1.0) & (_sum2(tl.where(above_floor, w, 0.0)) >= p * mass_k)
+            h_p = tl.full((), KEY_NONE, tl.int32)
+            if p_decides:
+                h_p = _mass_cut(kz, w, above_floor, p * mass_k, tl.maximum(h_floor, KEY_NEG_INF).to(tl.int64) - 1,
+                                _key(m).to(tl.int64))
+            # min-p decides when its cut lies above t_star (every z below it is dropped)
+            mp_decides = decided & (mp > 0.0) & ((t_star == float("-inf")) | (tl.exp(t_star - m) < mp))
+            h_m = tl.full((), KEY_NONE, tl.int32)
+            if mp > 0.0:
+                h_m = _min2(tl.where(valid & (w >= mp), kz, BIG_ID))
+            decided = decided & (top_k_mode | complete | p_decides | mp_decides)
+            decided = decided & ((p >= 1.0) | p_decides | mp_decides)
+            if decided:
+                h = tl.maximum(tl.maximum(h_k, h_p), h_m)
+                kept = valid & (kz >= h)
+                lse = m + tl.log(_sum2(tl.where(kept, w, 0.0)))
+                if OP == OP_SAMPLE:
+                    seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi,
+                                                        flags)
+                    scr_z = ws_ptr + scr_off + row.to(tl.int64) * (2 * G_P2 * C_SLOT)
+                    ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, kept, C_SLOT)
+                    n = _compact(cz, ci, kept, scr_z, scr_z + G_P2 * C_SLOT)
+                    _, out_id, bz = _race_compacted(scr_z, scr_z + G_P2 * C_SLOT, n, seed, stream, olo, ohi, TILE)
+                    lp = bz - lse
+            else:
+                path = path * 0 + PATH_GENERAL
+                if HAS_X:
+                    x_row = x_ptr + row.to(tl.int64) * xs
+                    h, kept_mass = _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE)
+                    lse = m + tl.log(kept_mass)
+                    if OP == OP_SAMPLE:
+                        seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi,
+                                                            flags)
+                        _, out_id, bz = _row_race(x_row, inv_t, vocab, vocab_start, h, seed, stream, olo, ohi, TILE)
+                        lp = bz - lse
+                else:
+                    status = status * 0 + ST_UNDECIDED
+    out_id = tl.where(status == ST_INVALID, -1, tl.where(status == ST_UNDECIDED, -2, out_id))
+    lp = tl.where((status == ST_INVALID) | (status == ST_UNDECIDED), float("nan"), lp)
+    lse = tl.where(status == ST_INVALID, float("nan"), lse)
+    res = ws_ptr + res_off + row.to(tl.int64) * NR
+    tl.store(res, h)
+    _stf(res + 1, lse)
+    tl.store(res + 2, out_id)
+    tl.store(res + 3, status)
+    tl.store(res + 4, path)
+    if OP == OP_SAMPLE:
+        tl.store(out_i_ptr + row, out_id.to(tl.int64))
+        tl.store(out_f_ptr + row, lp)
+
+
+@triton.jit
+def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr,
+                     vocab, xs, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off, scr_off,
+                     n_ids, top_n, flags, temperature,
+                     C_SLOT: tl.constexpr, G_P2: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr):
+    """`logprobs` of one row: log_softmax(z) at its ids, and the top-n values and ids (by
+    value, the lower id first among ties; the greedy limit on temperature-0 rows)."""
+    inv_t, greedy, kw_bad = _temperature(row, t_ptr, flags, temperature)
+    g, ok, base, ms, m, mass, bad = _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2)
+    lse_row = m + tl.log(mass)
+    invalid = kw_bad | (bad != 0) | (m == float("-inf"))
+    n_ties = tl.sum(tl.where(ok & (ms == m), _ldi(gs_ptr + base + I_TIES, ok), 0))
+    greedy_lp = -tl.log(n_ties.to(tl.float32))
+    x_row = x_ptr + row.to(tl.int64) * xs
+    row_ids = row.to(tl.int64) * n_ids
+    for j0 in range(0, n_ids, TILE):
+        j = j0 + tl.arange(0, TILE)
+        jok = j < n_ids
+        idv = tl.load(ids_ptr + row_ids + j, mask=jok, other=0)
+        inr = jok & (idv >= 0) & (idv < vocab)
+        z = tl.load(x_row + idv, mask=inr, other=0.0).to(tl.float32) * inv_t
+        lp = tl.where(greedy, tl.where(z == m, greedy_lp, float("-inf")), z - lse_row)
+        lp = tl.where(inr & (invalid == 0), lp, float("nan"))
+        tl.store(out_f_ptr + row_ids + j, lp, mask=jok)
+    if top_n > 0:
+        out_v = out_f2_ptr + row.to(tl.int64) * top_n
+        out_t = out_i_ptr + row.to(tl.int64) * top_n
+        r = tl.arange(0, KP)
+        if invalid:
+            tl.store(out_v + r, tl.full((KP,), float("nan"), tl.float32), mask=r < top_n)
+            tl.store(out_t + r, tl.full((KP,), -1, tl.int64), mask=r < top_n)
+        else:
+            written = _ldi(gs_ptr + base + I_WRITTEN, ok)
+            cz, valid = _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_SLOT)
+            kz = _key(cz)
+            n_fin = tl.sum(_ldi(gs_ptr + base + I_FINITE, ok))
+            # The finite entries of the top-n (greedy: the tied maxima); the rest are -inf values,
+            # listed by id (the lowest ids not among them).
+            n_sel = tl.minimum(top_n, tl.where(greedy, n_ties, n_fin))
+            t_key = _kth_key(kz, valid, n_sel, tl.full((), KEY_NEG_INF, tl.int64), _key(m).to(tl.int64) + 1)
+            n_gt = _count2(valid & (kz > t_key))
+            eq = valid & (kz == t_key)
+            ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, valid & (kz >= t_key), C_SLOT)
+            i_cut = tl.full((), BIG_ID, tl.int32)
+            if _count2(eq) > n_sel - n_gt:  # ties at the n-th value: the lowest ids among them
+                need = n_sel - n_gt
+                lo = tl.full((), -1, tl.int64)
+                hi = tl.full((), BIG_ID, tl.int64)
+                while hi - lo > 1:
+                    mid = (lo + (hi - lo) // 2).to(tl.int32)
+                    if _count2(eq & (ci <= mid)) >= need:
+                        hi = mid.to(tl.int64)
+                    else:
+                        lo = mid.to(tl.int64)
+                i_cut = hi.to(tl.int32)
+            sel = valid & ((kz > t_key) | (eq & (ci <= i_cut)))
+            scr_z = ws_ptr + scr_off + row.to(tl.int64) * (2 * G_P2 * C_SLOT)
+            scr_i = scr_z + G_P2 * C_SLOT
+            _compact(cz, ci, sel, scr_z, scr_i)
+            qok = r < n_sel
+            zq = tl.load(scr_z + r, mask=qok, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
+            iq = tl.load(scr_i + r, mask=qok, other=BIG_ID, cache_modifier=".cg")
+            kq = _key(zq)
+            before = (kq[None, :] > kq[:, None]) | ((kq[None, :] == kq[:, None]) & (iq[None, :] < iq[:, None]))
+            rank = tl.sum((qok[None, :] & before).to(tl.int32), 1)
+            vals = tl.where(greedy, greedy_lp, zq - lse_row)
+            tl.store(out_v + rank, vals, mask=qok)
+            tl.store(out_t + rank, iq.to(tl.int64), mask=qok)
+            if n_sel < top_n:
+                # slot r >= n_sel: the (r - n_sel)-th smallest id not among the n_sel listed
+                want = r - n_sel
+                cand = want
+                moved = tl.full((), 1, tl.int32)
+                while moved != 0:
+                    nxt = want + tl.sum((qok[None, :] & (iq[None, :] <= cand[:, None])).to(tl.int32), 1)
+                    moved = tl.max((nxt != cand).to(tl.int32))
+                    cand = nxt
+                fill = (r >= n_sel) & (r < top_n)
+                tl.store(out_v + r, tl.full((KP,), float("-inf"), tl.float32), mask=fill)
+                tl.store(out_t + r, cand.to(tl.int64), mask=fill)
+
+
+# ---- kernels ------------------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
+def scan_kernel(
+    x_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
+    count_ptr,
+    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, scr_off, res_off, n_ids,
+    top_n,
+    top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+    temperature, top_p, min_p,
+    OP: tl.constexpr, FUSED: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr,
+    KP: tl.constexpr, TILE: tl.constexpr,
+):
+    """Pass 1 over (row, chunk) work items, row-major; with FUSED the row's last chunk to
+    arrive runs its select (`count_ptr`: the reused row counters, left zero)."""
+    SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
+    n_items = n_rows * n_chunks
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        row = item // n_chunks
+        c = item % n_chunks
+        inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
+                                                       temperature, top_p, min_p)
+        seed = tl.full((), 0, tl.int64)
+        stream = row * 0
+        olo = row * 0
+        ohi = row * 0
+        if OP == OP_SAMPLE:
+            seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
+        _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed, stream, olo, ohi,
+                    vocab, xs, vocab_start, n_chunks, state_off, cz_off, ci_off, top_n, OP, CHUNK, C_SLOT, SUB)
+        if FUSED:
+            last = n_chunks == 1
+            if n_chunks > 1:
+                # release: this chunk's state; acquire: the others' (read through L2, `.cg`)
+                last = tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu") + 1 == n_chunks
+                if last:
+                    tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
+            if last:
+                if OP == OP_LOGPROBS:
+                    _select_logprobs(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr,
+                                     vocab, xs, vocab_total, n_chunks, n_chunks, 0, state_off, cz_off, ci_off,
+                                     scr_off, n_ids, top_n, flags, temperature, C_SLOT, G_P2, KP, TILE)
+                else:
+                    _select_sample(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
+                                   seed_ptr, off_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_chunks, 0,
+                                   state_off, cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo,
+                                   off_hi, flags, temperature, top_p, min_p, OP, True, C_SLOT, G_P2, TILE)
+
+
+@triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
+def select_kernel(
+    x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
+    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off,
+    scr_off, res_off, n_ids, top_n,
+    top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+    temperature, top_p, min_p,
+    OP: tl.constexpr, HAS_X: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, KP: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    """The select of every row, persistent over rows. `gs_ptr`: the chunk states and candidates
+    ([shards] blocks `shard_stride` words apart, `n_groups` = shards x n_chunks chunks per row);
+    `ws_ptr`: this launch's scratch and row results. Without the logits (HAS_X False: a sharded
+    vocabulary), rows the candidates cannot decide get status ST_UNDECIDED and id -2."""
+    for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(r, tl.int32)  # (the interpreter's loop gives Python ints)
+        if OP == OP_LOGPROBS:
+            _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr,
+                             vocab, xs, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off,
+                             scr_off, n_ids, top_n, flags, temperature, C_SLOT, G_P2, KP, TILE)
+        else:
+            _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr,
+                           off_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off,
+                           cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+                           temperature, top_p, min_p, OP, HAS_X, C_SLOT, G_P2, TILE)
+
+
+@triton.jit(do_not_specialize=["flags"])
+def probs_kernel(
+    x_ptr, ws_ptr, y_ptr, t_ptr,
+    n_rows, vocab, xs, ys, n_chunks, res_off,
+    flags,
+    temperature,
+    CHUNK: tl.constexpr,
+):
+    """Pass 2 of `probs`: y = exp(z - lse of the kept set) where key(z) >= h, else 0; one-hot on
+    greedy rows; NaN on invalid ones."""
+    n_items = n_rows * n_chunks
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
+        row = item // n_chunks
+        c = item % n_chunks
+        inv_t, _, _ = _temperature(row, t_ptr, flags, temperature)
+        res = ws_ptr + res_off + row.to(tl.int64) * NR
+        h = tl.load(res)
+        lse = tl.load(res + 1).to(tl.float32, bitcast=True)
+        gid = tl.load(res + 2)
+        status = tl.load(res + 3)
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        live = cols < vocab
+        z = tl.load(x_ptr + row.to(tl.int64) * xs + cols, mask=live, other=float("-inf")).to(tl.float32) * inv_t
+        kept = (z > float("-inf")) & (_key(z) >= h)
+        y = tl.where(kept, tl.exp(z - lse), 0.0)
+        y = tl.where(status == ST_GREEDY, tl.where(cols == gid, 1.0, 0.0), y)
+        y = tl.where((status == ST_INVALID) | (status == ST_UNDECIDED), float("nan"), y)
+        tl.store(y_ptr + row.to(tl.int64) * ys + cols, y, mask=live)

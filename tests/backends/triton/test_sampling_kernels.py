@@ -1,0 +1,243 @@
+"""The Triton sampler (`_triton_common/sampling.py`, `sampling_kernels.py`) through
+`anysoftmax.sampling(..., backend="triton")`: the kit's sampler section through the interpreter
+(its heavy statistical checks on a GPU), every keyword as a number and as a per-row tensor,
+greedy rows, ties at the k-th value, -inf logits, float32/bfloat16/float16, logprobs with
+top_n, the same seeded draws as the `torch` sampler, and each path of the select (the chunks'
+race, the candidates, the general path over the whole row; fused and as its own launch) forced
+on small vocabularies by small plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import pytest
+import torch
+
+import anysoftmax.sampling as sampling
+from anysoftmax.core.errors import UnsupportedRequestError
+from anysoftmax.backends._triton_common import sampling as triton_sampling
+from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
+from anysoftmax.sampling.spec import SamplingSpec
+from anysoftmax.testing.kit import run_checks
+from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL, check_sampler, sampler_checks
+from helpers import runnable_backends
+
+pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
+                                reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
+
+triton_sample = functools.partial(sampling.sample, backend="triton")
+triton_probs = functools.partial(sampling.probs, backend="triton")
+triton_logprobs = functools.partial(sampling.logprobs, backend="triton")
+
+# Checks of the kit that draw thousands of rows: minutes through the interpreter, run on a GPU.
+GPU_ONLY_KINDS = ("chi-square", "definition", "position", "advancing")
+GPU_ONLY_NAMES = ("determinism same seed and offset, same ids", "determinism another offset changes the draw",
+                  "determinism another seed changes the draw")
+# A plan that cuts rows of a few hundred tokens into several chunks with few candidate slots
+# (k_cap = 16), so the interpreter runs the multi-chunk merge and each path of the select.
+SMALL = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, tile=64)
+
+
+def _logits(gen, rows, vocab, dtype=torch.float32, scale=3.0):
+    return (torch.randn(rows, vocab, generator=gen) * scale).to(dtype)
+
+
+def _assert_probs(got, logits, spec):
+    ref = reference_distribution(logits, spec).probs.reshape(logits.shape)
+    assert got.dtype == torch.float32 and got.shape == logits.shape
+    nan = torch.isnan(ref)
+    assert torch.equal(torch.isnan(got), nan), "NaN rows differ"
+    assert torch.equal(got[~nan] > 0, ref[~nan] > 0), "kept sets differ"
+    err = (got.double() - ref).abs()[~nan]
+    assert bool((err <= PROB_ATOL + PROB_RTOL * ref[~nan]).all()), f"max error {float(err.max()):.3g}"
+
+
+def test_the_kit_sampler_section_through_the_interpreter(seed):
+    """Every kit check but those drawing thousands of rows (run on the GPU below)."""
+    checks = [c for c in sampler_checks(triton_sample, triton_probs, triton_logprobs)
+              if c.kind not in GPU_ONLY_KINDS and c.name not in GPU_ONLY_NAMES]
+    report = run_checks(checks, "triton", "cpu", seed)
+    assert not report.failed and not report.skipped, report.text()
+    assert len(report.passed) == len(checks) > 40
+
+
+@pytest.mark.gpu
+def test_the_whole_kit_sampler_section_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    assert check_sampler(triton_sample, triton_probs, triton_logprobs, device="cuda", name="triton").ok
+
+
+KEYWORDS = {"temperature": (0.7, lambda g, n: torch.rand(n, generator=g) + 0.3),
+            "top_k": (7, lambda g, n: torch.randint(0, 24, (n,), generator=g)),
+            "top_p": (0.8, lambda g, n: torch.rand(n, generator=g) * 0.9 + 0.1),
+            "min_p": (0.05, lambda g, n: torch.rand(n, generator=g) * 0.2)}
+
+
+@pytest.mark.parametrize("form", ["number", "per-row"])
+@pytest.mark.parametrize("name", list(KEYWORDS))
+def test_each_keyword_as_a_number_and_per_row(name, form, gen):
+    rows, vocab = 4, 300
+    x = _logits(gen, rows, vocab)
+    number, per_row = KEYWORDS[name]
+    kw = {name: number if form == "number" else per_row(gen, rows)}
+    for plan in (None, SMALL):
+        spec = SamplingSpec.from_request("probs", x, **kw)
+        _assert_probs(triton_sampling.probs(spec, x, plan=plan), x, spec)
+        seeded = SamplingSpec.from_request("sample", x, **kw, seed=11, offset=3)
+        ids, lp = triton_sampling.sample(seeded, x, True, plan=plan)
+        want, want_lp = sampling.sample(x, **kw, seed=11, offset=3, return_logprobs=True, backend="torch")
+        assert torch.equal(ids, want)
+        assert torch.allclose(lp, want_lp, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dtypes_and_batch_dims(dtype, gen):
+    x = _logits(gen, 6, 300, dtype).reshape(2, 3, 300)
+    kw = dict(temperature=torch.rand(2, 3, generator=gen) + 0.5, top_k=20, top_p=0.9, min_p=0.01)
+    _assert_probs(triton_probs(x, **kw), x, SamplingSpec.from_request("probs", x, **kw))
+    ids = triton_sample(x, **kw, seed=5)
+    assert ids.shape == (2, 3) and torch.equal(ids, sampling.sample(x, **kw, seed=5, backend="torch"))
+
+
+def test_greedy_rows_ties_at_the_kth_value_and_minus_inf():
+    """Greedy rows (the lowest index among tied maxima), top-k ties at the k-th value across
+    chunks (all kept), -inf logits never kept, and rows that are invalid (NaN, +inf, all -inf)."""
+    vocab = 400
+    x = torch.full((6, vocab), -5.0)
+    x[0, [10, 150, 390]] = 2.0  # greedy: three tied maxima in three chunks -> 10
+    x[1, [3, 200, 333, 399]] = 1.0  # top_k=2: the 2nd value ties four ways across chunks -> all four
+    x[1, 50] = 4.0
+    x[2, ::3] = -math.inf  # -inf logits
+    x[2, 7] = 3.0
+    x[3, 17] = math.nan
+    x[4, 9] = math.inf
+    x[5] = -math.inf
+    t = torch.tensor([0.0, 1.0, 0.8, 1.0, 1.0, 1.0])
+    k = torch.tensor([0, 2, 0, 0, 0, 0])
+    for plan in (None, SMALL):
+        spec = SamplingSpec.from_request("probs", x, temperature=t, top_k=k)
+        got = triton_sampling.probs(spec, x, plan=plan)
+        _assert_probs(got, x, spec)
+        assert got[0, 10] == 1 and int((got[1] > 0).sum()) == 5 and bool((got[2, ::3] == 0).all())
+        ids = triton_sampling.sample(SamplingSpec.from_request("sample", x, temperature=t, top_k=k, seed=1), x,
+                                     plan=plan)
+        assert ids[0] == 10 and ids[3:].tolist() == [-1, -1, -1] and int(ids[2]) % 3 != 0
+
+
+def test_each_path_of_the_select(gen):
+    """The small plan sends rows to each path (the tests read which one ran) and every path
+    agrees with the reference and draws the torch sampler's ids; fused and unfused launches."""
+    x = _logits(gen, 6, 500)
+    # (row 5: a flat distribution, whose top-p cut lies far below the candidates the chunks keep)
+    kw = dict(temperature=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.9, 30.0]), top_k=torch.tensor([0, 0, 5, 60, 0, 0]),
+              top_p=torch.tensor([1.0, 1.0, 1.0, 1.0, 0.5, 0.9]))
+    spec = SamplingSpec.from_request("probs", x, **kw)
+    assert triton_sampling.row_paths(spec, x, plan=SMALL) == ["race", "none", "candidates", "general", "candidates",
+                                                              "general"]
+    want = sampling.sample(x, **kw, seed=3, offset=9, backend="torch")
+    for plan in (SMALL, SMALL.__class__(**{**SMALL.__dict__, "fused": False})):
+        _assert_probs(triton_sampling.probs(spec, x, plan=plan), x, spec)
+        seeded = SamplingSpec.from_request("sample", x, **kw, seed=3, offset=9)
+        assert torch.equal(triton_sampling.sample(seeded, x, plan=plan), want)
+
+
+def test_candidates_overflowing_a_chunk_take_the_whole_row():
+    """More tied values than a chunk's candidate slots: the select must still find the exact
+    kept set (top-p over a flat row of ties keeps every tie)."""
+    x = torch.zeros(2, 300)
+    x[1, 5] = 1.0
+    for kw in (dict(top_p=0.3), dict(top_k=3), dict(min_p=0.5)):
+        spec = SamplingSpec.from_request("probs", x, **kw)
+        _assert_probs(triton_sampling.probs(spec, x, plan=SMALL), x, spec)
+
+
+@pytest.mark.parametrize("mode", ["int-seed", "per-row-seeds"])
+def test_the_same_seeded_draws_as_the_torch_sampler(mode, gen):
+    rows, vocab = 8, 1000
+    x = _logits(gen, rows, vocab, scale=1.0)
+    kw = dict(temperature=torch.rand(rows, generator=gen) + 0.5, top_k=torch.tensor([0, 50] * 4),
+              top_p=torch.tensor([1.0, 0.9, 0.95, 1.0] * 2), min_p=torch.tensor([0.0] * 4 + [0.05] * 4))
+    if mode == "int-seed":
+        kw.update(seed=2**63 + 12345, offset=2**40 + 1)
+    else:
+        kw.update(seed=torch.randint(-2**63, 2**63 - 1, (rows,), generator=gen),
+                  offset=torch.randint(0, 2**62, (rows,), generator=gen))
+    for step in range(2):
+        kw["offset"] = kw["offset"] + step
+        ids, lp = triton_sample(x, **kw, return_logprobs=True)
+        want, want_lp = sampling.sample(x, **kw, return_logprobs=True, backend="torch")
+        assert torch.equal(ids, want), (ids, want)
+        assert torch.allclose(lp, want_lp, atol=2e-5, rtol=1e-5)
+
+
+def test_logprobs_with_top_n(gen):
+    x = _logits(gen, 4, 600)
+    x[1, [7, 70, 300]] = 20.0  # exact ties in the top-n: the lower id first
+    t = torch.tensor([1.0, 1.0, 0.0, 0.6])
+    ids = torch.randint(0, 600, (4, 3), generator=gen)
+    ref = reference_logprobs(x, SamplingSpec.from_request("logprobs", x, temperature=t))
+    for plan in (None, SMALL):
+        spec = SamplingSpec.from_request("logprobs", x, temperature=t)
+        picked, values, top_ids = triton_sampling.logprobs(spec, x, ids, 12, plan=plan)
+        assert torch.allclose(picked.double(), ref.gather(-1, ids), atol=2e-5, rtol=1e-5, equal_nan=True)
+        want_v, want_i = sampling.logprobs(x, ids, temperature=t, top_n=12, backend="torch")[1:]
+        assert torch.equal(top_ids, want_i)
+        assert torch.allclose(values, want_v, atol=2e-5, rtol=1e-5)
+    assert top_ids[1, :3].tolist() == [7, 70, 300]
+
+
+def test_refusals_name_the_reason():
+    with pytest.raises(UnsupportedRequestError, match="float64"):
+        triton_probs(torch.randn(2, 50, dtype=torch.float64))
+    with pytest.raises(UnsupportedRequestError, match="top_n"):
+        triton_logprobs(torch.randn(2, 300), torch.zeros(2, 1, dtype=torch.int64), top_n=200)
+
+
+@pytest.mark.gpu
+def test_backend_none_runs_the_triton_sampler_on_cuda(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    calls = []
+    real = triton_sampling.sample
+    monkeypatch.setattr(triton_sampling, "sample", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(4, 1000, device="cuda")
+    assert torch.equal(sampling.sample(x, top_k=5, seed=2), sampling.sample(x, top_k=5, seed=2, backend="torch"))
+    assert calls == [1]
+    assert sampling.sample(x.double(), seed=2).shape == (4,) and calls == [1]  # float64: the torch sampler
+
+
+def test_out_of_range_per_row_values_give_invalid_rows():
+    """On an accelerator the host never reads per-row values, so the kernels check them: a row
+    with an out-of-range value is invalid (NaN probabilities, id -1), the others unchanged.
+    (On the CPU the API rejects them first: the request is built past that check here.)"""
+    x = torch.randn(3, 200)
+    ok = SamplingSpec.from_request("sample", x, seed=4)
+    for name, bad in (("top_p", torch.tensor([0.5, 1.5, 0.9])), ("temperature", torch.tensor([1.0, -1.0, 0.5])),
+                      ("min_p", torch.tensor([0.0, 2.0, 0.1])), ("top_k", torch.tensor([3, -2, 0]))):
+        spec = dataclasses.replace(ok, **{name: bad})
+        ids = triton_sampling.sample(spec, x)
+        assert ids[1] == -1 and bool((ids[[0, 2]] >= 0).all()), (name, ids)
+        y = triton_sampling.probs(dataclasses.replace(spec, op="probs", seed=None), x)
+        assert bool(torch.isnan(y[1]).all()) and not bool(torch.isnan(y[[0, 2]]).any()), name
+
+
+def test_a_vocabulary_in_equal_shards_draws_the_same_token(gen):
+    """`scan_shard` on each half of the vocabulary, the workspaces' shared prefixes stacked in
+    rank order, then `select_shards`: the unsharded draw (the keys are per global token); a row
+    whose top-k exceeds the candidates gets id -2 (it needs the whole row)."""
+    x = _logits(gen, 5, 600)
+    kw = dict(temperature=torch.tensor([1.0, 0.7, 0.0, 1.2, 1.0]), top_k=torch.tensor([0, 10, 0, 5, 40]),
+              top_p=torch.tensor([1.0, 0.9, 1.0, 0.8, 1.0]), seed=7, offset=2)
+    want = sampling.sample(x, **kw, backend="torch")
+    parts = []
+    for lo in (0, 300):
+        shard = x[:, lo:lo + 300].contiguous()
+        ws, space, _ = triton_sampling.scan_shard(SamplingSpec.from_request("sample", shard, **kw), shard, lo, 600,
+                                                  plan=SMALL)
+        parts.append(ws[:space.shard_words])
+    spec = SamplingSpec.from_request("sample", x[:, :300], **kw)
+    ids = triton_sampling.select_shards(spec, torch.stack(parts), 2, 600, SMALL)
+    assert ids[:4].tolist() == want[:4].tolist() and ids[4] == -2
