@@ -97,23 +97,11 @@ def _gradient_rounding(spec: SoftmaxSpec, expected: torch.Tensor) -> torch.Tenso
 def compare_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, spec: SoftmaxSpec,
                      device: str | torch.device = "cpu") -> Comparison:
     """Check an input gradient `dx` of softmax (log_softmax with `spec.log`) against the float64
-    gradient from the forward output `y` it was computed from and the output gradient `dy`.
-
-    `expected` = y * (dy - sum(y * dy)) (log: dy - exp(y) * sum(dy)) in float64 from the given
-    `y`. The bound is not relative to |dx|: dx is a difference of products that cancels where
-    dy_i ~ sum(y * dy), so a correct kernel's error there is far above rtol * |dx_i|. It is the
-    spec's (atol, rtol) applied to each element's sensitivity to a perturbation of the output
-    itself, |δy_j| <= rtol * y_j (the forward's allowed error, y rounded to its dtype, or a
-    backend that recomputes y in another precision):
+    gradient y * (dy - sum(y * dy)) (log: dy - exp(y) * sum(dy)) from the forward output `y` it
+    was computed from and the output gradient `dy`, evaluated on `device`. The bound is each
+    element's sensitivity to the forward's own allowed error (derived in docs/semantics.md):
         softmax:      |err_i| <= atol + rtol * y_i * (|dy_i| + 2 * sum_j y_j |dy_j|)
         log_softmax:  |err_i| <= atol + rtol * (|dy_i| + p_i * |sum_j dy_j| * (1 + |y_i|)),  p = exp(y)
-    (a perturbation rtol * y_j moves sum(y * dy) by rtol * sum |y_j dy_j|, and dx_i by that
-    times y_i plus rtol * y_i * |dy_i|; for log_softmax, y = log p carries rtol * |y|, so
-    exp(y) carries rtol * |y| relative). Both scales bound |dx_i| itself, so the rounding of
-    dx to its dtype and a float32 row sum are covered too. Row sums of |y * dy| rather than a
-    row-wide bound keep it strict: the error allowed at an element is proportional to y_i, so a
-    gradient a few roundings off at a large output still fails. `device` is where the float64
-    reference is evaluated. `max_rel_err` is the worst error over its bound (<= 1 passes).
     """
     early = check_form(dx, spec.shape, spec.in_dtype, "gradient ")
     if early is not None:

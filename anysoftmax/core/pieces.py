@@ -191,7 +191,7 @@ def _merge_weights(lses, lse, acc):
 
 
 def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dtype):
-    """(out, lse) of merge_states in torch ops, accumulated in `acc` (the module docstring's rules)."""
+    """(out, lse) of merge_states in torch ops, accumulated in `acc` (docs/semantics.md's rules)."""
     L = torch.stack([t.to(acc) for t in lses])  # [K, ...]
     m = L.amax(0) if L.numel() else L.sum(0)  # NaN propagates through amax
     ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
