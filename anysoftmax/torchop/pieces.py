@@ -67,7 +67,7 @@ logsumexp_op.register_autograd(_lse_backward, setup_context=_lse_setup)
 @logsumexp_op.register_vmap
 def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backend=None):
     nd = x.dim() - (in_dims[0] is not None)
-    xb = front(x, in_dims[0], info.batch_size, nd, True)
+    xb = front(x, in_dims[0], info.batch_size, nd)
     if nd == 0:  # a 0-dim sample: a row of one
         return logsumexp_op(xb.unsqueeze(1), None, None, 1, scale, softcap, causal, backend).squeeze(1), 0
     pdim = dim % nd + 1
@@ -207,8 +207,8 @@ class _MergeStates(torch.autograd.Function):
 @merge_states_op.register_vmap
 def _merge_vmap(info, in_dims, outputs, lses, backend=None):
     o_dims, l_dims = in_dims[0], in_dims[1]
-    ob = [front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(outputs, o_dims)]
-    lb = [front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(lses, l_dims)]
+    ob = [front(t, d, info.batch_size, t.dim() - (d is not None)) for t, d in zip(outputs, o_dims)]
+    lb = [front(t, d, info.batch_size, t.dim() - (d is not None)) for t, d in zip(lses, l_dims)]
     return merge_states_op(ob, lb, backend), (0, 0)
 
 
