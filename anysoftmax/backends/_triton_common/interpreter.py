@@ -58,13 +58,9 @@ def use_interpreter_if_no_device() -> str | None:
             f"({ENV}=1; set {ENV}=0 to keep it off)")
 
 
-def interpreted(kernel) -> bool:
-    """Whether `kernel` was defined for the interpreter."""
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
 def interpreting() -> bool:
     """True when Triton runs the kernels through its CPU interpreter."""
+    from .interpreted_launch import interpreted
     from .rows import softmax_tile_kernel
 
     return interpreted(softmax_tile_kernel)

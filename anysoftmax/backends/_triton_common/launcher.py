@@ -1,12 +1,8 @@
 """The one launch engine: a Triton kernel bound by name to one request's operands (`Binding`,
-`bind_kernel`), and a `KernelPlan` bound through it (`bind`). Every shared kernel launches here.
-
-A bound launcher's first launch goes through Triton's JIT entry point (it compiles, under the
-kernel's lock: Triton has none of its own, so two threads would compile a new shape twice); later
-ones through Triton's low-level launcher or the native one (`native_launch`), with only the
-tensors' addresses, the stream and the per-call values assembled per call. Under the interpreter
-every launch shares one lock (it patches `triton.language` globally while a kernel runs). The
-row counters of the counting kernels are kept per (device, stream): the kernels leave them zeroed.
+`bind_kernel`), and a `KernelPlan` bound through it (`bind`). Every shared kernel launches here:
+the first launch through Triton's JIT entry point (it compiles, under the kernel's lock: Triton
+has none, so two threads would compile a new shape twice), later ones through Triton's low-level
+launcher or the native one with only the addresses, the stream and the per-call values assembled.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ import torch
 
 from ...core.layout import RowLayout
 from . import native_launch
-from .interpreter import interpreted
+from .interpreted_launch import interpreted
 from .plan import PLAIN_SCALARS, VALUE_NAMES, KernelPlan, runtime_params
 
 # (device, stream) -> counters, least recently used first; bounded: a program that makes
@@ -43,8 +39,8 @@ FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
 
 
 def launch_lock(kernel) -> threading.Lock:
-    """The lock around a first launch (compile) of `kernel`; the one interpreter lock when
-    kernels are interpreted."""
+    """The lock around a first launch (compile) of `kernel`; under the interpreter one lock for
+    every launch (it patches `triton.language` globally while a kernel runs)."""
     if interpreted(kernel):
         return _interpreter_lock
     with _launch_locks_lock:
@@ -226,18 +222,15 @@ def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
 
 
 def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device | None = None, guard=None):
-    """A function `launch(args, values=b.values, per_call=())` launching `b.kernel` once per
-    entry of `b.metas` on `b.grid` programs, on the current stream: `args` the call's tensors
-    (None for an absent operand), `values` the per-call floats, `per_call` the per-call integers;
-    `scratch(device)`: tensors appended to `args` per call. Later launches take the fast path
-    (`_fast_calls`, or the native launcher) while no launch hook is active: a profiler's hook
-    needs Triton's own path.
-
-    `replan()`: for a cooperative grid, the launcher to use when the driver refuses one (MPS SM
-    limits, green contexts). `device` (with `guard`, default `device_guard` where several GPUs are
-    visible) is made current around each launch. `launch.prime(compiled, args, stream_of=None)`
-    does what a first launch does after compiling (tests give it stand-ins for compiled kernels);
-    `launch.state` holds what it set up, `launch.binding` is `b`."""
+    """`launch(args, values=b.values, per_call=())` launching `b.kernel` once per entry of `b.metas`
+    on the current stream: `args` the call's tensors (None where absent), `values` the per-call
+    floats, `per_call` the per-call integers; `scratch(device)`: tensors appended to `args`. Later
+    launches take the fast path while no launch hook is active (a profiler's needs Triton's path).
+    `replan()`: the launcher to use when the driver refuses a cooperative grid (MPS SM limits,
+    green contexts). `device` is made current around each launch by `guard` (default
+    `device_guard` where several GPUs are visible). `launch.prime(compiled, args, stream_of=None)`
+    does what a first launch does after compiling (tests give it stand-ins); `launch.state`
+    holds what it set up, `launch.binding` is `b`."""
     kernel, grid, metas, default = b.kernel, (b.grid,), b.metas, b.values
     lock = launch_lock(kernel)
     interpreting = lock is _interpreter_lock
@@ -255,11 +248,6 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
     state = {"compiled": None, "fast": None, "fallback": None,
              "native_reason": "ANYSOFTMAX_LAUNCHER is triton" if not native else
              "not launched yet" if fast_possible and not interpreting else no_fast}
-
-    def named(args, values, per_call) -> dict:
-        out = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values))}
-        out.update(zip(b.per_call, per_call))
-        return out
 
     def primed(compiled: list, args: tuple, stream_of) -> None:
         state["compiled"] = compiled  # (kept alive: the native launcher holds only raw functions)
@@ -311,7 +299,8 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                 return None
         if scratch is not None:
             args = (*args, *scratch(args[0].device))
-        kw = named(args, values, per_call)
+        kw = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values)),
+              **dict(zip(b.per_call, per_call))}
         if state["compiled"] is not None and not interpreting:  # (no fast path, or a launch hook is active)
             for meta in metas:
                 kernel[grid](**kw, **meta)

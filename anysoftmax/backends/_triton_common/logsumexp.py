@@ -1,12 +1,8 @@
-"""logsumexp's own kernel, shared by `triton` and `triton_ascend`: `lse_kernel` and its bound
-launcher; the backends size the tiles and the grid (`LsePlan`). The triton backend serves row
-plans from the softmax's row kernels instead (`lse_rows.py`) and this kernel the rest.
-
-`lse_kernel` is persistent over blocks of BLOCK_M rows, each row read once in BLOCK_N-wide
-sub-blocks with the fused prologue and a running max and rescaled sum per row. A row may be cut
-into CHUNKS pieces held by different programs (long rows, few rows: the grid would idle
-otherwise); each writes its own lse and the host reduces the few per row (`torch.logsumexp`).
-Special values as `core.pieces` states them (`fused.lse_sub`, `fused.close_lse`).
+"""logsumexp's own kernel, shared by `triton` (column plans; row plans: `lse_rows.py`) and
+`triton_ascend`: `lse_kernel` and its bound launcher, the tiles and grid the backend's (`LsePlan`).
+Persistent over blocks of BLOCK_M rows, each read once in BLOCK_N-wide sub-blocks (fused prologue,
+running max and rescaled sum). Long rows among few may be cut into CHUNKS pieces held by different
+programs, each writing its own lse, reduced on the host (`torch.logsumexp` over a few per row).
 """
 
 from __future__ import annotations

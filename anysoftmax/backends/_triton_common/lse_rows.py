@@ -1,13 +1,7 @@
-"""logsumexp from the softmax forward's row kernels: the softmax's own plan (kind, tiles, warps,
-grid) launched with STATES_ONLY, so the kernels close each row's statistics into
-``lse = m + log(s)`` and store that one float instead of the row (docs/speed.md: it reaches the
-softmax's bandwidth without tiles of its own to tune).
-
-Tile and online plans store the row's lse through the [..., 1, ...] result's row strides; split
-plans run their statistics pass alone, each chunk writing its lse to the scratch, and the row's
-last chunk to finish (the self-resetting row counters) combines them with the sink. Column plans
-have no such form: the caller keeps `logsumexp.lse_kernel` for them. Special values as
-`core.pieces` states them (`fused.lse_sub`).
+"""logsumexp from the softmax forward's row kernels (docs/speed.md): the softmax's own plan launched
+with STATES_ONLY, the kernels storing each row's ``lse = m + log(s)`` instead of the row (split
+plans: their statistics pass alone, the row's last chunk combining the chunks' lses and the sink).
+Column plans have no such form: the caller keeps `logsumexp.lse_kernel` for them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The shared kernels as torch.compile sees them: `launch` runs a plan as `launcher.bind` does,
-but with torch ops and `torch.library.wrap_triton(kernel)[grid](...)` only, so AOTAutograd records
-each launch as a user-defined Triton kernel node (the body of `torchop.traced_ops`' operators).
-
-It differs from the eager launcher in two ways. Split plans run their two-launch form: the
-cooperative grid is a launch option (`launch_cooperative_grid`) that torch's kernel tracing does
-not pass through (only `SPECIAL_CONFIG_NAMES` of torch/_higher_order_ops/triton_kernel_wrap.py),
-and without the driver's co-residency guarantee the row barrier could wait forever. Scratch is
-allocated per call with torch: under CUDA graphs no process-wide state (the eager path's reused
-row counters) is captured.
+"""The shared kernels as torch.compile sees them (docs/kernels.md): `launch` runs a plan with torch
+ops and `wrap_triton(kernel)[grid](...)` only, so each launch is a user-defined Triton kernel node.
+Split plans run their two-launch form: torch's kernel tracing passes only the launch options it
+knows (`SPECIAL_CONFIG_NAMES`, torch/_higher_order_ops/triton_kernel_wrap.py), not
+`launch_cooperative_grid`, and without co-residency the row barrier could wait forever. Scratch
+is allocated per call: no process-wide state (the reused row counters) enters a CUDA graph.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...core.layout import RowLayout
-from .interpreter import interpreted
+from .interpreted_launch import interpreted
 from .plan import PLAIN_SCALARS, KernelPlan
 
 

@@ -189,8 +189,7 @@ class TritonBackend(Backend):
 
     def traced_forward(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec` as torch ops and `wrap_triton` launches: the body of the
-        `anysoftmax::softmax_triton` operator, traced by torch.compile (fake tensors) and run
-        by that operator in eager mode (real tensors)."""
+        `anysoftmax::softmax_triton` operator (traced on fake tensors, run eagerly on real ones)."""
         return self.traced_fused_forward(x, spec, NO_OPERANDS)[0]
 
     def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
@@ -219,12 +218,11 @@ class TritonBackend(Backend):
         return t[2], t[6]
 
     def _traced_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
-        # Planning is plain Python on metadata (and, once per shape class, a real compile for
-        # the occupancy model): outside the tracing modes, so its stand-in tensors are real.
+        # Outside the tracing modes: the occupancy model's compile needs real stand-in tensors.
         with traced.no_tracing():
             return self.plan(x, y, layout, spec, backward=backward)
 
-    # ---- logsumexp and merge_states (core.pieces; kernels in _triton_common/logsumexp.py, merge_states.py) ----
+    # ---- logsumexp and merge_states (core.pieces) ----
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         return self.supports(spec)
@@ -249,8 +247,7 @@ class TritonBackend(Backend):
 
     def merge_states_launcher(self, outputs, lses, spec):
         """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
-        (`merge_states.merge_launcher`: worked out on its first call, then launched through the
-        launch engine's fast path): the device's SM count read once (K > MAX_K merges in groups)."""
+        (`merge_states.merge_launcher`), the device's SM count read once."""
         from .._triton_common.merge_states import merge_launcher
 
         sms, item = self._sms(outputs[0]), spec.dtype.itemsize
@@ -258,9 +255,8 @@ class TritonBackend(Backend):
 
     @staticmethod
     def sharded_softmax_launcher(x: torch.Tensor, dim: int, **kwargs):
-        """A launcher of this rank's shard of a softmax whose `dim` is sharded across GPUs, the
-        row states exchanged inside the kernel through a mailbox (`sharded.launcher`,
-        `anysoftmax.distributed.one_read`)."""
+        """The launcher of this rank's shard of a softmax whose `dim` is sharded across GPUs
+        (`sharded.launcher`, `anysoftmax.distributed.one_read`)."""
         from . import sharded
 
         return sharded.launcher(x, dim, **kwargs)
@@ -268,11 +264,10 @@ class TritonBackend(Backend):
 
 def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: int | None = None,
              programs_per_sm: int = 8, num_warps: int | None = None):
-    """Tiles and grid of `lse_kernel`. A tile of ~16 KB of input per step (`elems`: 4096 16-bit
-    or 2048 32-bit elements, 16 per thread of 8 warps, 16-byte loads) over BLOCK_M short rows or
-    one long row's sub-blocks; rows that leave fewer than two work items per SM are cut into
-    chunks (the grid would idle otherwise); 8 programs per SM keep the loads in flight. The
-    keywords override the choices (`anysoftmax.bench.tune_triton`'s lse sweep)."""
+    """Tiles and grid of `lse_kernel`: ~16 KB of input per step (`elems`: 16 elements a thread of
+    8 warps, 16-byte loads) over BLOCK_M short rows or a long row's sub-blocks; rows leaving
+    fewer than two work items per SM are cut into chunks; 8 programs per SM keep loads in
+    flight. The keywords override the choices (`anysoftmax.bench.tune_triton`'s lse sweep)."""
     from .._triton_common.logsumexp import LsePlan
 
     if sms is None:  # the interpreter: small tiles, few programs, chunks exercised on long rows
@@ -294,13 +289,9 @@ def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: 
 
 def merge_plan(k: int, n_rows: int, d: int, elem_bytes: int, sms: int | None):
     """Tiles and grid of `merge_kernel`: a whole head (D <= 256) per tile row, one warp per
-    program, each thread reading 32 bytes of every partial for K <= 4 and 8 bytes for more
-    (K loads in flight either way), and one program per tile (a persistent grid only past 256
-    programs per SM). Tiles shrink to one row while that leaves fewer than 4 programs per SM:
-    at decode sizes the merge is one memory round trip, spread over as many SMs as it can be.
-    (NVIDIA H100, benchmarks/pieces_probe.py over the bench's 30 merge shapes: 0.88 of the
-    same-bytes copy on average, where the best of 36-40 configurations per shape gives 0.90
-    and 2048-element tiles of 4 warps on 8 programs per SM 0.77.)"""
+    program, each thread reading 32 bytes of every partial for K <= 4 and 8 bytes for more,
+    one program per tile (persistent only past 256 programs per SM); tiles shrink towards one
+    row while that leaves fewer than 4 programs per SM (docs/speed.md)."""
     from .._triton_common.merge_states import MergePlan
 
     if sms is None:
