@@ -1,20 +1,7 @@
-"""Softmax over a dim that is not the innermost one, read in coalesced tiles.
-
-A tensor reduced over dim d is viewed as (outer, N, inner): N = size of d, `inner` = the
-contiguous elements after it (stride 1 in input and output). The row kernels would read each
-reduction "row" with stride `inner`, one element per memory sector; here a tile is
-BLOCK_N reduction steps x BLOCK_I adjacent inner positions, so every access covers BLOCK_I
-contiguous elements (256 bytes at BLOCK_I = 64 fp32) and the reduction runs down axis 0.
-No transpose copy is made.
-
-* `softmax_cols_kernel`: the whole reduction (N <= BLOCK_N) fits in one tile.
-* `softmax_cols_split_kernel`: N cut into CHUNK-step pieces held by different programs, with
-  per-position partial (max, sum) meeting in `stats`: the row split kernel's scheme
-  (`softmax.softmax_split_kernel`), transposed. PHASE 0 is cooperative (one launch, one read
-  and one write per element, co-resident grid); PHASE 1 / 2 are the two-launch form.
-
-Numerics are those of the row kernels (fp32 accumulation, exp2 with log2(e) folded in, -inf
-kept out of the rescale factors).
+"""Softmax over a dim that is not the innermost one, viewed as (outer, N, inner), read in tiles of
+BLOCK_N reduction steps x BLOCK_I adjacent inner positions (coalesced, no transpose copy) reduced
+down axis 0: the whole reduction in one tile (`softmax_cols_kernel`), or the row split kernel's
+scheme transposed (`softmax_cols_split_kernel`). Numerics are the row kernels'.
 """
 
 from __future__ import annotations
