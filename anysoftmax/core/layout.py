@@ -148,8 +148,6 @@ class ColumnView:
     in_red_stride: int
     out_outer_stride: int
     out_red_stride: int
-    # Fused operands: (outer, reduction, inner) strides of each (mask, sinks), () when plain.
-    op_strides: tuple[tuple[int, int, int], ...] = ()
 
 
 def column_view(layout: RowLayout) -> ColumnView | None:
@@ -160,9 +158,8 @@ def column_view(layout: RowLayout) -> ColumnView | None:
         return None
     if layout.in_col_stride == 1 or layout.out_col_stride == 1:
         return None
-    ops = tuple((r[1], c, r[2]) for r, c in zip(layout.op_row_strides, layout.op_col_strides))
     return ColumnView(s1, layout.n_cols, s2, layout.in_row_strides[1], layout.in_col_stride,
-                      layout.out_row_strides[1], layout.out_col_stride, ops)
+                      layout.out_row_strides[1], layout.out_col_stride)
 
 
 def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
