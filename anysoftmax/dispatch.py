@@ -4,7 +4,7 @@
     ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
 
 Every call computes its request's key once (`core.request`) and looks it up in one memo. A miss
-validates the call (`core.spec`, `core.pieces`), selects a backend (`core.registry.select`; the
+validates the call (`core.spec`, `core.lse_merge`), selects a backend (`core.registry.select`; the
 environment is read then) and memoises the launcher the backend binds to the request: a hit costs
 the key, a dict lookup and the launch. `refresh()` forgets the memo. docs/backends.md ("How a call
 flows") has the whole path.
@@ -20,8 +20,8 @@ import torch
 from . import plugins  # noqa: F401  (registers the backends' loader with the registry)
 from .core import registry
 from .core.cache import BoundedDict
-from .core.pieces import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, merge_formula,
-                          row_shape)
+from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request,
+                             merge_formula, row_shape)
 from .core.request import BWD, FUSED_BWD, FUSED_FWD, LSE, MERGE, forward_key, request_key
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
@@ -192,7 +192,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
     return launcher(grad, y, x, Operands(a.mask, a.sinks, scale, cap), p_sink)
 
 
-# ---- softmax in pieces (core.pieces) ----------------------------------------------------------
+# ---- softmax in pieces (core.lse_merge) ----------------------------------------------------------
 
 def _logsumexp_formula(spec: SoftmaxSpec):
     # Zero-length rows are -inf (s with a sink), no rows an empty result: no kernel to launch.

@@ -119,7 +119,7 @@ class Backend(metaclass=_Protocol):
         return self.logsumexp_launcher(x, spec, operands)(x, operands)
 
     def supports_merge_states(self, spec) -> str | None:
-        """None when its merge_states kernel runs `spec` (a `core.pieces.MergeSpec`), else why not."""
+        """None when its merge_states kernel runs `spec` (a `core.lse_merge.MergeSpec`), else why not."""
         return None
 
     def merge_states_launcher(self, outputs, lses, spec):

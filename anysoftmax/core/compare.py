@@ -249,7 +249,7 @@ def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor
                       f"mask gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x")
 
 
-# ---- the pieces ops (core.pieces) -------------------------------------------------------------
+# ---- the pieces ops (core.lse_merge) -------------------------------------------------------------
 
 def compare_values(got: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor, tol, what: str = "",
                    extra: torch.Tensor | None = None, scale_name: str = "scale") -> Comparison:
@@ -293,7 +293,7 @@ def compare_logsumexp(lse: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mas
     Bound: the accumulation dtype's (atol, rtol) relative to |lse| plus the row's largest |z|
     (lse = m + log(sum exp(z - m)): each z carries ~|z| eps of rounding from the prologue and
     the subtraction)."""
-    from .pieces import reference_logsumexp, row_shape
+    from .lse_merge import reference_logsumexp, row_shape
 
     expected = reference_logsumexp(x, spec, mask, sinks, device)
     if lse.dtype != spec.acc_dtype:
@@ -320,7 +320,7 @@ def compare_merge(out: torch.Tensor, lse: torch.Tensor, outputs, lses, device: s
     float64 (out, lse): e.g. the unsplit row's softmax and logsumexp). out's bound is relative to
     sum_i p_i |out_i| (cancellation between partials) times `roundings` (the partials' own
     rounding and the merged result's); lse's to |lse| plus the largest |lse_i|."""
-    from .pieces import reference_merge
+    from .lse_merge import reference_merge
 
     ref_out, ref_lse = reference_merge(outputs, lses, device) if expected is None else expected
     o64 = [t.detach().to(device).to(torch.float64) for t in outputs]

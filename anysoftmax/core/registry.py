@@ -18,7 +18,7 @@ import torch
 from . import selection
 from .backend import Backend, as_backend
 from .errors import BackendUnavailableError, UnsupportedRequestError
-from .pieces import LOGSUMEXP, MERGE_STATES, SOFTMAX
+from .lse_merge import LOGSUMEXP, MERGE_STATES, SOFTMAX
 from .spec import SoftmaxSpec
 
 log = logging.getLogger("anysoftmax")
@@ -172,7 +172,7 @@ def refusal(backend, spec: SoftmaxSpec) -> str | None:
 
 def op_refusal(backend, op: str, spec) -> str | None:
     """Why `backend` does not serve `op` ("softmax", "logsumexp" or "merge_states") for `spec`
-    (a SoftmaxSpec, a `core.pieces.MergeSpec` for merge_states), or None: no kernel for the
+    (a SoftmaxSpec, a `core.lse_merge.MergeSpec` for merge_states), or None: no kernel for the
     op, the fused-family gate, then its own `supports` / `supports_<op>`."""
     b = _protocol(backend)
     if op == LOGSUMEXP:
@@ -254,7 +254,7 @@ def select(spec, backend: str | None = None, direction: str | None = "fwd", op: 
 
 def select_op(op: str, spec, backend: str | None = None) -> Backend:
     """`select` for the pieces op `op` ("logsumexp": the selection table's `lse` rows, measured
-    by `anysoftmax.bench.pieces`; "merge_states": priority alone)."""
+    by `anysoftmax.bench.lse_merge`; "merge_states": priority alone)."""
     return select(spec, backend, "lse" if op == LOGSUMEXP else None, op)
 
 

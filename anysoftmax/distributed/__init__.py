@@ -19,7 +19,7 @@ from ..core.reference import row_shape
 from ..core.request import SHARDED, SHARDED_LSE
 from ..torchop.api import log_softmax as _local_log_softmax, softmax as _local_softmax
 from ..torchop.grad_mode import plain_eager
-from ..torchop.pieces import logsumexp as _local_logsumexp
+from ..torchop.lse_merge import logsumexp as _local_logsumexp
 from . import ops
 from .autograd import FuncShardedLogsumexp, FuncShardedSoftmax, ShardedLogsumexp, ShardedSoftmax
 from .calls import prepare, refuse_causal

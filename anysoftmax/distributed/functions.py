@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from .. import dispatch
-from ..core.pieces import lse_dtype
+from ..core.lse_merge import lse_dtype
 from ..core.reference import empty_row_value, prologue_chain
 from ..torchop.api import log_softmax as _log_softmax, softmax as _softmax
 from ..torchop.grad_mode import plain_eager

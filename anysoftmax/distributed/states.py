@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from .. import dispatch
-from ..torchop.pieces import logsumexp
+from ..torchop.lse_merge import logsumexp
 from .collective import gather_states
 
 # Row lengths travel as two floats (n >> 20, n & (2**20 - 1)): exact in float32 up to 2**44.

@@ -19,7 +19,7 @@ import torch
 from . import ops
 from .grad_mode import plain_eager, refuse_forward_over_forward, transform_active, wants_autodiff
 from .traced_temperature import scaled_logits, traced_as_symbols
-from ..core.pieces import lse_dtype as acc_dtype
+from ..core.lse_merge import lse_dtype as acc_dtype
 from ..core.reference import fused_backward, prologue_chain
 from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
 

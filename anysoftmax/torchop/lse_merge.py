@@ -1,8 +1,8 @@
-"""`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: `anysoftmax.core.pieces`),
+"""`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: `anysoftmax.core.lse_merge`),
 and their operators ``torch.ops.anysoftmax.logsumexp`` / ``.merge_states`` with fake
 implementations (torch.compile keeps one graph), autograd (the backward is the formula of
-`core.pieces` in torch ops, so it differentiates again), forward mode (the jvp formulas of
-`core.pieces`, as softmax's Functions have theirs) and vmap rules.
+`core.lse_merge` in torch ops, so it differentiates again), forward mode (the jvp formulas of
+`core.lse_merge`, as softmax's Functions have theirs) and vmap rules.
 
 Eager inference calls `dispatch` directly (no dispatcher round trip); anything that may
 want a derivative, a torch.func transform or torch.compile goes through the operators.
@@ -15,8 +15,8 @@ from typing import Optional
 import torch
 
 from .. import dispatch
-from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
-                           merge_backward_formula, merge_tangent, row_shape)
+from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
+                              merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, runtime_values
 from .batching import front
 from .grad_mode import plain_eager, refuse_forward_over_forward
@@ -77,7 +77,7 @@ def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backen
 
 
 def _lse_tangent(ctx, tx, tmask, tsinks):
-    # The jvp in torch ops (`core.pieces.logsumexp_tangent`): an autograd.Function applied inside
+    # The jvp in torch ops (`core.lse_merge.logsumexp_tangent`): an autograd.Function applied inside
     # a jvp would re-enter the same functorch level, while torch ops nest (hessian, jacrev(jacfwd)).
     x, mask, sinks, lse = ctx.saved_tensors
     variant, _ = build(tuple(x.shape), x.device, ctx.dim, mask=mask, sinks=sinks, **ctx.fused)
@@ -116,7 +116,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
     """log of the fused softmax's denominator along `dim` (sinks included): float32 for 16/32-bit
     inputs, float64 for float64; -inf for rows with nothing kept. The fused keywords as in
     `anysoftmax.softmax`; `keepdim` as in `torch.logsumexp`. Differentiable (the gradient is the
-    fused softmax). Semantics: `anysoftmax.core.pieces`."""
+    fused softmax). Semantics: `anysoftmax.core.lse_merge`."""
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     if plain_eager(x, mask, sinks):
@@ -224,7 +224,7 @@ def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Te
     """Merge K partial results (`outputs[i]` `[..., D]`, each normalised within its segment,
     `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
     out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
-    -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: `anysoftmax.core.pieces`."""
+    -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: `anysoftmax.core.lse_merge`."""
     if plain_states(outputs, lses):
         return dispatch.merge_states(outputs, lses, backend)
     if torch.compiler.is_compiling():  # (the fake implementation validates)

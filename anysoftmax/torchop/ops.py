@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from .. import dispatch
-from ..core.pieces import row_shape
+from ..core.lse_merge import row_shape
 from ..core.spec import SoftmaxSpec, check_backward_args
 from ..dispatch import FusedArgs
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .fused import close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, merge_stats, prologue, sink_share
-from .rows import _normalise_chunk, _row_arrive, _row_depart, _row_wait
+from .rows import normalise_chunk, row_arrive, row_depart, row_wait
 
 
 @triton.jit
@@ -111,7 +111,7 @@ def softmax_cols_split_kernel(
             if NSTAT == 3:
                 tl.store(stats + (NSTAT * chunk + 2) * BLOCK_I + i0, tl.sum(keep.to(acc_ty), axis=0))
         if PHASE == 0:
-            _row_wait(count_ptr, group, _row_arrive(count_ptr, group), n_chunks)
+            row_wait(count_ptr, group, row_arrive(count_ptr, group), n_chunks)
         if PHASE != 1:
             # .cg: through L2, never a stale L1 line of another SM's statistics.
             gm = (g < n_chunks)[:, None]
@@ -130,10 +130,10 @@ def softmax_cols_split_kernel(
             elif CAUSAL:
                 empty = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL) == 0
             if PHASE == 0:
-                _row_depart(count_ptr, group, n_chunks)
-                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+                row_depart(count_ptr, group, n_chunks)
+                y = normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
             else:  # (no chunk statistics of its own in this phase: z stands in for them, unused)
-                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+                y = normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
             if HAS_EMPTY:
                 y = tl.where(empty[None, :], empty_fill(y, n_red, LOG, EMPTY), y)
             tl.store(y_ptr + _tile_offsets(o, k, inner, yso, ysn, 1, WIDE), y.to(y_ptr.dtype.element_ty), mask=mask)

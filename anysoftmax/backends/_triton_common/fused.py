@@ -210,7 +210,7 @@ def sink_share(sink, m_sub, total, empty, ACC_FP64: tl.constexpr):
 
 # ---- logsumexp (`lse_rows.py`, `logsumexp.py`) ----
 # Softmax subtracts finite_or_zero(max): a row holding +inf becomes NaN, softmax's answer;
-# logsumexp's is +inf (`core.pieces`), so these subtract 0 for a max of either infinity.
+# logsumexp's is +inf (`core.lse_merge`), so these subtract 0 for a max of either infinity.
 
 
 @triton.jit

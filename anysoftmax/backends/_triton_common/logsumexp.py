@@ -14,13 +14,13 @@ import triton
 import triton.language as tl
 
 from ...core.layout import cdiv, new_output
-from ...core.pieces import row_shape
+from ...core.lse_merge import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .fused import close_lse, col_limit, exp_acc, lse_rescale, lse_sub, prologue
 from .launcher import Binding, bind_kernel
 from .plan import PLAIN_SCALARS, VALUE_NAMES, Fusion, scalars
-from .rows import _row_offsets
+from .rows import row_offsets
 from .softmax_launchers import logical_rows, mask_operand, sinks_operand
 
 
@@ -43,8 +43,8 @@ def lse_kernel(
         c = w % CHUNKS
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < n_rows
-        x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
-        m_off = _row_offsets(rows, S1, S2, ms0, ms1, ms2)
+        x_off = row_offsets(rows, S1, S2, xs0, xs1, xs2)
+        m_off = row_offsets(rows, S1, S2, ms0, ms1, ms2)
         lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
         lo = c * chunk_cols
         hi = tl.minimum(lim, lo + chunk_cols)
@@ -66,7 +66,7 @@ def lse_kernel(
             s = lse_rescale(s, m, m_new, ACC_FP64) + tl.sum(exp_acc(z - lse_sub(m_new)[:, None], ACC_FP64), axis=1)
             m = m_new
         if HAS_SINK:  # the sink joins chunk 0 of its row
-            sink = tl.load(s_ptr + _row_offsets(rows, S1, S2, ss0, ss1, ss2), mask=row_ok, other=0.0).to(acc_ty)
+            sink = tl.load(s_ptr + row_offsets(rows, S1, S2, ss0, ss1, ss2), mask=row_ok, other=0.0).to(acc_ty)
             sink = tl.where(c == 0, sink, float("-inf"))
             m_new = tl.maximum(m, sink)
             s = lse_rescale(s, m, m_new, ACC_FP64) + exp_acc(sink - lse_sub(m_new), ACC_FP64)

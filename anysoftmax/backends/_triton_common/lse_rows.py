@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from ...core.layout import RowLayout, contiguous_strides, mask_fastest, new_output, operand_strides, row_operand_strides
-from ...core.pieces import row_shape
+from ...core.lse_merge import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .launcher import bind

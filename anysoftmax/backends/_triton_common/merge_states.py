@@ -2,7 +2,7 @@
 partial results into one) and its bound launcher; the backends size the tiles and grid
 (`MergePlan`). Persistent over (BLOCK_R rows x BLOCK_D) tiles of the output, up to MAX_K partials
 unrolled (K a constexpr); more are merged MAX_K - 1 at a time into a float32/64 intermediate.
-Accumulation in fp32 (fp64 for fp64); special values as `core.pieces` states them.
+Accumulation in fp32 (fp64 for fp64); special values as `core.lse_merge` states them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...core.layout import new_output_like
-from ...core.pieces import MergeSpec
+from ...core.lse_merge import MergeSpec
 from .fused import exp_acc
 from .launcher import Binding, bind_kernel
 from .plan import INT32_MAX

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from .fused import exp_acc, finite_or_zero, merge_stats, prologue, tile_lse
-from .rows import (_chunk_at, _chunk_logits, _chunk_x, _normalise_chunk, _row_arrive, _row_depart, _row_offsets,
-                   _row_wait)
+from .rows import (chunk_at, chunk_logits, chunk_x, normalise_chunk, row_arrive, row_depart, row_offsets,
+                   row_wait)
 
 LOW32 = tl.constexpr(0xFFFFFFFF)  # the float32 bits of a word
 
@@ -84,33 +84,33 @@ def sharded_split_kernel(
     n_items = n_rows * n_chunks
     nprog = tl.num_programs(0)
     if PREFETCH:
-        x_next = _chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
-                          xsn, 1, 1, 0, False)
+        x_next = chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
+                         xsn, 1, 1, 0, False)
     for item in tl.range(tl.program_id(0), n_items, nprog):
-        row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+        row, chunk, cols = chunk_at(item, n_chunks, offs, CHUNK)
         stats_row = stats_ptr + row * (2 * n_chunks)
         slot_row = slot_base + row * world
         sink = 0.0
         if HAS_SINK:
-            sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+            sink = tl.load(s_ptr + row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
         if PHASE != 2:
             if PREFETCH:
-                m_ptrs = m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
+                m_ptrs = m_ptr + row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
                 z, _ = prologue(x_next.to(acc_ty), cols < n_cols, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
                                 HAS_SCALE, HAS_CAP, MASK, False, PRECISE)
             else:
-                z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
-                                     ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                     HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
+                z, _ = chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                    ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                    HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
             m_raw = tl.max(z, axis=0)
             m_chunk = finite_or_zero(m_raw)
             e = exp_acc(z - m_chunk, False)
             tl.store(stats_row + 2 * chunk, m_raw)
             tl.store(stats_row + 2 * chunk + 1, tl.sum(e, axis=0))
-            arrived = _row_arrive(count_ptr, row)
+            arrived = row_arrive(count_ptr, row)
             if PREFETCH:
-                x_next = _chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
-                                  xs2, xsn, 1, 1, 0, False)
+                x_next = chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
+                                 xs2, xsn, 1, 1, 0, False)
         if PHASE == 1:
             # The row's last chunk to arrive publishes it and leaves the counter at zero;
             # nothing waits here, so no co-residency is needed.
@@ -120,7 +120,7 @@ def sharded_split_kernel(
                 _publish(peers_ptr, slot_row + rank, row_lse, epoch, ranks, others, ranks >= 0)
         else:
             if PHASE == 0:
-                _row_wait(count_ptr, row, arrived, n_chunks)
+                row_wait(count_ptr, row, arrived, n_chunks)
             ms, ss, lse = _local_lse(stats_row, n_chunks, G_POW2)
             if PHASE == 0:
                 _publish(peers_ptr, slot_row + rank, lse, epoch, ranks, others, ranks * 0 + chunk == 0)
@@ -130,12 +130,12 @@ def sharded_split_kernel(
             if WRITE_LSE:
                 tl.store(lse_ptr + row, (m_sub + tl.log(total)).to(lse_ptr.dtype.element_ty), mask=chunk == 0)
             if PHASE == 0:
-                _row_depart(count_ptr, row, n_chunks)
-                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, False)
+                row_depart(count_ptr, row, n_chunks)
+                y = normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, False)
             else:  # (re-read: the chunk's own statistics are not kept between launches)
-                z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
-                                     ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                     HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
-                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, False)
-            tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
+                z, _ = chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                    ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                    HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
+                y = normalise_chunk(z, z, z, z, m_sub, total, LOG, False, False)
+            tl.store(y_ptr + row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)

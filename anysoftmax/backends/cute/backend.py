@@ -17,7 +17,7 @@ import torch
 from ...core.backend import Backend
 from ...core.cache import OnceCache
 from ...core.layout import ColumnView, RowLayout, column_view, contiguous_strides
-from ...core.pieces import row_shape
+from ...core.lse_merge import row_shape
 from ...core.request import BWD, FWD, LSE, plan_key
 from ...core.spec import SoftmaxSpec, dtype_name
 from ...core.variant import CAUSAL_NONE

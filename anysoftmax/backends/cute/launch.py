@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ...core.layout import POISON_OUTPUTS, new_output
-from ...core.pieces import row_shape
+from ...core.lse_merge import row_shape
 from .plan import DTYPE_BYTES, KernelKey
 
 

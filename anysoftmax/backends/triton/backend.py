@@ -222,7 +222,7 @@ class TritonBackend(Backend):
         with traced.no_tracing():
             return self.plan(x, y, layout, spec, backward=backward)
 
-    # ---- logsumexp and merge_states (core.pieces) ----
+    # ---- logsumexp and merge_states (core.lse_merge) ----
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         return self.supports(spec)

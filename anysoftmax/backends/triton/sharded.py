@@ -15,7 +15,7 @@ import torch
 
 from ...core.cache import OnceCache
 from ...core.layout import RowLayout, new_output, next_power_of_2
-from ...core.pieces import row_shape
+from ...core.lse_merge import row_shape
 from .._triton_common import interpreter
 from .._triton_common.launcher import Binding, bind_kernel, device_guard, row_counters
 from .._triton_common.plan import PLAIN_SCALARS, VALUE_NAMES, scalars, wide_cols

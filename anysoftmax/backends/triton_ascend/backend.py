@@ -152,7 +152,7 @@ class TritonAscendBackend(Backend):
         return softmax_launchers.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard,
                                          materialise=materialise)
 
-    # ---- logsumexp and merge_states (core.pieces): the shared kernels, on the NPU's grid and UB tiles
+    # ---- logsumexp and merge_states (core.lse_merge): the shared kernels, on the NPU's grid and UB tiles
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         return self.supports(spec)

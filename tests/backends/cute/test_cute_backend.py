@@ -17,7 +17,7 @@ from anysoftmax.backends.cute import CuteBackend, compiler, env, launch
 from anysoftmax.backends.cute.backend import lse_rows_of, request_layout
 from anysoftmax.core import SoftmaxSpec, compare, compare_backward
 from anysoftmax.core.compare import compare_logsumexp
-from anysoftmax.core.pieces import logsumexp_request, row_shape
+from anysoftmax.core.lse_merge import logsumexp_request, row_shape
 from anysoftmax.core.reference import fused_backward, prologue
 from anysoftmax.core.variant import Variant
 
@@ -311,7 +311,7 @@ def test_logsumexp_is_declared_to_the_registry(capable):
     """The registry sees the op (`run_logsumexp`): a served request passes, a refused one gets
     cute's reason, and merge_states stays a declared refusal."""
     from anysoftmax.core import registry
-    from anysoftmax.core.pieces import MergeSpec
+    from anysoftmax.core.lse_merge import MergeSpec
 
     assert registry.op_refusal(BACKEND, "logsumexp", _lse_spec((4, 65536), softcap=20.0)) is None
     assert "masks and causal" in registry.op_refusal(BACKEND, "logsumexp", _lse_spec((4, 64), causal=True))

@@ -250,7 +250,7 @@ def test_supports(monkeypatch):
 
 
 def test_merge_states_refuses_what_softmax_refuses(monkeypatch):
-    from anysoftmax.core.pieces import MergeSpec
+    from anysoftmax.core.lse_merge import MergeSpec
 
     monkeypatch.delenv(npu.ENV_ON_CUDA, raising=False)
     for device in ("cuda", "meta"):
