@@ -38,12 +38,9 @@ def compile_kernel(key: KernelKey, keep: bool = False):
     from .kernels import entries
 
     kernels = entries()
-    options = []
-    if key.tvm_ffi:
-        options.append("--enable-tvm-ffi")
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    else:
-        stream = cute.runtime.make_fake_stream()
+    options = ["--enable-tvm-ffi"] if key.tvm_ffi else []
+    fake_stream = cute.runtime.make_fake_stream
+    stream = fake_stream(use_tvm_ffi_env_stream=True) if key.tvm_ffi else fake_stream()
     if keep:  # the DSL writes them as files too, into $CUTE_DSL_DUMP_DIR (see env.import_dsl)
         options += ["--keep-ptx", "--keep-cubin"]
     if key.arch:
@@ -66,8 +63,7 @@ def compile_kernel(key: KernelKey, keep: bool = False):
         tensors = (tensors[0], _fake("float32", 1, 1))
     # Scale and softcap are run-time float32 arguments (a new value never recompiles).
     values = (cutlass.Float32(1.0), cutlass.Float32(1.0)) if key.fused or key.states else ()
-    args = (*tensors, *values, stream)
-    return cute.compile(entry, *args, *consts, options=" ".join(options))
+    return cute.compile(entry, *tensors, *values, stream, *consts, options=" ".join(options))
 
 
 def kernel(key: KernelKey):

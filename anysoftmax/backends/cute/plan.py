@@ -9,6 +9,7 @@ tiles (two passes), full tiles held in shared memory as far as `stage_bytes` all
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 from ...config import Overrides, load_tuning
 from ...core.layout import cdiv, next_power_of_2
@@ -141,15 +142,15 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     n_vec = n_cols // vec
     kind_bits = _kind_bits(backward, log, in_dtype, out_dtype, vec)
     max_vectors = _max_vectors(t, kind_bits, vec, "fused_elems_per_thread" if scaled or capped else "elems_per_thread")
-    flags = dict(scaled=scaled, capped=capped, states=states)
+    key = partial(KernelKey, backward, in_dtype, out_dtype, log, arch=arch, tvm_ffi=tvm_ffi, scaled=scaled,
+                  capped=capped, states=states)  # (cluster, threads, vec, vectors, two_pass)
     threads = t["threads"]
     clusters = sorted(t["clusters"])
     need = cdiv(n_vec, threads * max_vectors)  # CTAs that hold the row
     if need <= 1:
         # One CTA: as few threads as hold the row, then as few vectors as suffice.
         threads = min(threads, max(t["min_threads"], next_power_of_2(cdiv(n_vec, max_vectors))))
-        return KernelKey(backward, in_dtype, out_dtype, log, 1, threads, vec, cdiv(n_vec, threads), False, arch,
-                         tvm_ffi, **flags)
+        return key(1, threads, vec, cdiv(n_vec, threads), False)
     # Rows a cluster of `threads`-thread CTAs cannot hold take CTAs of `long_row_threads` (one
     # an SM: the same registers an SM as two of `threads`, in half the CTAs of a cluster).
     long_threads = max(threads, _entry(t, "long_row_threads", *kind_bits))
@@ -157,8 +158,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
         fitting = [c for c in clusters if c * width * max_vectors >= n_vec]
         if fitting:
             cluster = fitting[0]
-            return KernelKey(backward, in_dtype, out_dtype, log, cluster, width, vec, cdiv(n_vec, cluster * width),
-                             False, arch, tvm_ffi, **flags)
+            return key(cluster, width, vec, cdiv(n_vec, cluster * width), False)
     threads, cluster = long_threads, clusters[-1]
     if (scaled or capped) and not backward:
         # The second pass recomputes the prologue (tanh) on reloaded tiles: fewer elements a tile.
@@ -167,7 +167,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     # Tiles of equal size (`balance_tiles`): as few vectors a thread as that many tiles need, so
     # that the last tile is not a sliver that leaves most threads idle.
     vectors = cdiv(n_vec, tiles * cluster * threads) if t["balance_tiles"] else max_vectors
-    two = KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, True, arch, tvm_ffi, **flags)
+    two = key(cluster, threads, vec, vectors, True)
     if states:
         return two
     # Full tiles (all but the last, which stays in registers; fewer vectors never add a tile)

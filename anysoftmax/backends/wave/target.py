@@ -43,9 +43,7 @@ class Target:
 
     def compile_flags(self) -> list[str]:
         """iree-compile flags for this target."""
-        if self.device == "hip":
-            return [*_COMMON_FLAGS, "--iree-hal-target-device=hip", f"--iree-hip-target={self.chip}"]
-        return [*_COMMON_FLAGS, "--iree-hal-target-device=cuda", f"--iree-cuda-target={self.chip}"]
+        return [*_COMMON_FLAGS, f"--iree-hal-target-device={self.device}", f"--iree-{self.device}-target={self.chip}"]
 
 
 def parse_target(text: str) -> Target:
