@@ -21,7 +21,7 @@ from ..torchop.api import log_softmax as _local_log_softmax, softmax as _local_s
 from ..torchop.grad_mode import plain_eager
 from ..torchop.lse_merge import logsumexp as _local_logsumexp
 from . import ops
-from .autograd import FuncShardedLogsumexp, FuncShardedSoftmax, ShardedLogsumexp, ShardedSoftmax
+from .autograd import EagerShardedLogsumexp, EagerShardedSoftmax, ShardedLogsumexp, ShardedSoftmax
 from .calls import prepare, refuse_causal
 from .collective import group_name
 from .functions import logsumexp_forward, softmax_forward
@@ -42,10 +42,9 @@ def _softmax(who, log, x, dim, group, dtype, scale, mask, causal, softcap, sinks
         local = _local_log_softmax if log else _local_softmax
         return local(x, c.dim, scale=scale, mask=mask, softcap=softcap, empty_rows=c.empty_rows, backend=backend)
     if not c.eager:  # (torch.func, forward AD, tensor subclasses)
-        return FuncShardedSoftmax.apply(x, mask, sinks, c)[0]
+        return ShardedSoftmax.apply(x, mask, sinks, c)[0]
     # Without a gradient to record, no autograd.Function (its apply costs host time a small call waits on).
-    return softmax_forward(x, mask, sinks, c)[0] if plain_eager(x, mask, sinks) else \
-        ShardedSoftmax.apply(x, mask, sinks, c)
+    return (softmax_forward if plain_eager(x, mask, sinks) else EagerShardedSoftmax.apply)(x, mask, sinks, c)[0]
 
 
 def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None = None, scale: float | None = None,
@@ -85,6 +84,5 @@ def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = No
     if c.world == 1 and sinks is None:
         return _local_logsumexp(x, c.dim, scale=scale, mask=mask, softcap=softcap, keepdim=keepdim, backend=backend)
     if not c.eager:
-        return FuncShardedLogsumexp.apply(x, mask, sinks, c)[0]
-    return logsumexp_forward(x, mask, sinks, c)[0] if plain_eager(x, mask, sinks) else \
-        ShardedLogsumexp.apply(x, mask, sinks, c)
+        return ShardedLogsumexp.apply(x, mask, sinks, c)[0]
+    return (logsumexp_forward if plain_eager(x, mask, sinks) else EagerShardedLogsumexp.apply)(x, mask, sinks, c)[0]

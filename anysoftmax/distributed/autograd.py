@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor, maybe_get_level
 
-from ..torchop.grad_mode import plain_eager
+from ..torchop.grad_mode import eager_form, plain_eager
 from . import ops
 from .collective import group_name
 from .functions import NO_DOUBLE_BACKWARD, logsumexp_backward, logsumexp_forward, softmax_backward, softmax_forward
@@ -66,23 +66,10 @@ def _backward(ctx, grad, formula, operator, tail: tuple):
 
 
 def _functions(name: str, outputs, save, grad):
-    """The pair of Functions of one sharded op: apply(x, mask, sinks, call). `outputs(x, mask,
-    sinks, c)` gives (result, row states...), `save(ctx, x, mask, sinks, c, *outputs)` keeps
-    what `grad(ctx, g)` reads. Eager autograd's returns the result alone (ctx-style: a Function
-    with `setup_context` binds its arguments through `inspect` on every apply, some 30 us of
-    host time a small call waits on); torch.func's returns every output, the row states not
-    differentiable (a `setup_context` sees inputs and outputs only)."""
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, mask, sinks, c):
-            out = outputs(x, mask, sinks, c)
-            save(ctx, x, mask, sinks, c, *out)
-            return out[0]
-
-        @staticmethod
-        def backward(ctx, g):
-            return grad(ctx, g)
+    """The Functions of one sharded op, for eager autograd (`grad_mode.eager_form`) and for
+    torch.func: apply(x, mask, sinks, call) -> (result, row states...), the row states not
+    differentiable. `outputs(x, mask, sinks, c)` computes them, `save(ctx, x, mask, sinks, c,
+    *outputs)` keeps what `grad(ctx, g)` reads."""
 
     class Func(torch.autograd.Function):
         generate_vmap_rule = True
@@ -100,9 +87,8 @@ def _functions(name: str, outputs, save, grad):
         def backward(ctx, g, *_):
             return grad(ctx, g)
 
-    Eager.__name__ = Eager.__qualname__ = name
-    Func.__name__ = Func.__qualname__ = f"Func{name}"
-    return Eager, Func
+    Func.__name__ = Func.__qualname__ = name
+    return eager_form(Func), Func
 
 
 def _softmax_outputs(x, mask, sinks, c):
@@ -147,6 +133,6 @@ def _logsumexp_grad(ctx, g):
 
 
 # This rank's shard of the softmax / log_softmax; the global logsumexp per row on every rank.
-ShardedSoftmax, FuncShardedSoftmax = _functions("ShardedSoftmax", _softmax_outputs, _softmax_save, _softmax_grad)
-ShardedLogsumexp, FuncShardedLogsumexp = _functions("ShardedLogsumexp", _logsumexp_outputs, _logsumexp_save,
-                                                    _logsumexp_grad)
+EagerShardedSoftmax, ShardedSoftmax = _functions("ShardedSoftmax", _softmax_outputs, _softmax_save, _softmax_grad)
+EagerShardedLogsumexp, ShardedLogsumexp = _functions("ShardedLogsumexp", _logsumexp_outputs, _logsumexp_save,
+                                                     _logsumexp_grad)

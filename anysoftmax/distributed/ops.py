@@ -70,19 +70,15 @@ def _no_rows(x: _Tensor, dim: int) -> bool:
 def softmax_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], dim: int, dtype: Optional[torch.dtype],
                log: bool, scale: Optional[float], softcap: Optional[float], empty_rows: str, backend: Optional[str],
                group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """(this rank's shard of the softmax / log_softmax of a dim sharded across the group named
-    `group` (`collective.group_name`), the global lse (with sinks), the rows empty on every rank
-    (with a bool mask))."""
+    """(this rank's shard of the softmax / log_softmax over `dim`, sharded across the group named
+    `group` (`collective.group_name`); the global lse; the rows empty on every rank)."""
     x, c, checked = _prepare(_SOFTMAX[log], SHARDED, x, dim, dtype, log, False, group, scale, mask, softcap, sinks,
                              empty_rows, backend)
-    rows = row_shape(x.shape, c.dim)
-    if checked.no_rows:
-        y, lse, empty = x.new_empty(x.shape), x.new_empty(rows, dtype=checked.acc), x.new_empty(rows, dtype=torch.bool)
-    else:
-        y, st = softmax_forward(x, mask, sinks, c)
-        lse, empty = st.lse, st.empty
-    lse = lse if sinks is not None else x.new_empty(0, dtype=checked.acc)
-    empty = empty if _bool(mask) else x.new_empty(0, dtype=torch.bool)
+    if checked.no_rows:  # (nothing to compute: the fake's empty outputs; x is converted already)
+        return _softmax_fake(x, mask, sinks, dim, None, log, scale, softcap, empty_rows, backend, group)
+    y, st = softmax_forward(x, mask, sinks, c)
+    lse = st.lse if sinks is not None else x.new_empty(0, dtype=checked.acc)
+    empty = st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool)
     return _fresh(y, lse, empty, inputs=(x, mask, sinks))
 
 
@@ -166,20 +162,15 @@ softmax_backward_op.register_autograd(_refuse, setup_context=_no_context)
 def logsumexp_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], dim: int, scale: Optional[float],
                  softcap: Optional[float], keepdim: bool, backend: Optional[str],
                  group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """(the global logsumexp of a dim sharded across `group`, `rest` (the log of everything
-    outside this shard: with sinks or more than one rank), the rows empty on every rank (with
-    a bool mask))."""
+    """(the global logsumexp of a dim sharded across `group`; `rest`, the log of everything
+    outside this shard (with sinks or more than one rank); the rows empty on every rank)."""
     x, c, checked = _prepare(_LSE, SHARDED_LSE, x, dim, None, False, keepdim, group, scale, mask, softcap, sinks,
                              "zero", backend)
-    rows = row_shape(x.shape, c.dim)
-    if checked.no_rows:
-        out = x.new_empty(rows if keepdim else _without(x, c.dim), dtype=checked.acc)
-        rest, empty = x.new_empty(rows, dtype=checked.acc), x.new_empty(rows, dtype=torch.bool)
-    else:
-        out, st = logsumexp_forward(x, mask, sinks, c)
-        rest, empty = st.rest, st.empty
-    return _fresh(out, rest if _has_rest(sinks, c.world) else x.new_empty(0, dtype=checked.acc),
-                  empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
+    if checked.no_rows:  # (nothing to compute: the fake's empty outputs)
+        return _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group)
+    out, st = logsumexp_forward(x, mask, sinks, c)
+    return _fresh(out, st.rest if _has_rest(sinks, c.world) else x.new_empty(0, dtype=checked.acc),
+                  st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
 
 
 def _without(x: _Tensor, dim: int) -> tuple[int, ...]:

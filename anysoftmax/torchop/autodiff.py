@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .grad_mode import plain_eager, refuse_forward_over_forward, transform_active, wants_autodiff
+from .grad_mode import eager_form, plain_eager, refuse_forward_over_forward, transform_active, wants_autodiff
 from .traced_temperature import scaled_logits, traced_as_symbols
 from ..core.lse_merge import lse_dtype as acc_dtype
 from ..core.reference import fused_backward, prologue_chain
@@ -215,19 +215,7 @@ class _Softmax(torch.autograd.Function):
         return ty if sinks is None else (ty, None)
 
 
-class _EagerSoftmax(torch.autograd.Function):
-    """`_Softmax` for eager autograd outside torch.func: `Function.apply` binds the arguments of
-    a setup_context-style forward through `inspect.signature` on every call (tens of
-    microseconds, more than a small softmax costs); a forward that takes ctx skips that."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _Softmax.forward(*inputs)
-        _Softmax.setup_context(ctx, inputs, output)
-        return output
-
-    backward = staticmethod(_Softmax.backward)
-    jvp = staticmethod(_Softmax.jvp)
+_EagerSoftmax = eager_form(_Softmax)
 
 
 class _SoftmaxBackward(torch.autograd.Function):
