@@ -1,8 +1,6 @@
-"""Whether Triton kernels run compiled or through Triton's CPU interpreter.
-
-Triton decides when a kernel is *defined* (TRITON_INTERPRET=1 makes `@triton.jit` an interpreted
-function), process-wide: it is decided once, here, before the kernel modules are imported (the
-CLI, the matrix workers and the tests call `use_interpreter_if_no_device()`).
+"""Whether Triton kernels run compiled or through Triton's CPU interpreter: Triton decides when a
+kernel is defined (TRITON_INTERPRET=1), process-wide, so it is decided once, here, before the
+kernel modules are imported (the CLI, the matrix workers and the tests ask `use_interpreter_if_no_device()`).
 """
 
 from __future__ import annotations
@@ -22,13 +20,11 @@ def triton_missing(extra: str = TRITON_EXTRA) -> str | None:
     """Why the `triton` package cannot be imported here, naming what to install (`extra`), or
     None. Located without importing it: importing `triton` fixes the interpreter choice."""
     try:
-        found = importlib.util.find_spec("triton") is not None
-    except (ImportError, ValueError) as exc:  # a finder refused it, or a broken partial install
-        found, why = False, f" ({type(exc).__name__}: {exc})"
-    else:
+        if importlib.util.find_spec("triton") is not None:
+            return None
         why = ""
-    if found:
-        return None
+    except (ImportError, ValueError) as exc:  # a finder refused it, or a broken partial install
+        why = f" ({type(exc).__name__}: {exc})"
     return f"the `triton` package is not installed{why}: {extra}"
 
 
@@ -68,9 +64,7 @@ def interpreting() -> bool:
 
 def status_note() -> str:
     """A Triton backend's status line when the interpreter is what makes it usable here."""
-    if interpreting():
-        return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)"
-    return ""
+    return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)" if interpreting() else ""
 
 
 @functools.lru_cache(maxsize=None)

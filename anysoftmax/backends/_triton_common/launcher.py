@@ -49,10 +49,7 @@ def launch_lock(kernel) -> threading.Lock:
 
 def _raw_stream(device: torch.device) -> int:
     # The current stream's handle without building a torch.cuda.Stream object.
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return getter(device.index if device.index is not None else torch.cuda.current_device())
-    return torch.cuda.current_stream(device).cuda_stream
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
@@ -60,8 +57,7 @@ def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
     kernels leave them zero again, so they are zeroed once per (device, stream) and grown when
     needed (one buffer per stream: launches on different streams may overlap)."""
     n = max(2 * n_rows, 2)
-    stream = _raw_stream(device) if device.type == "cuda" else 0
-    key = (str(device), stream)
+    key = (str(device), _raw_stream(device) if device.type == "cuda" else 0)
     with _counters_lock:
         buf = _counters.get(key)
         if buf is None or buf.numel() < n:
@@ -90,14 +86,6 @@ def _guard_for(device: torch.device | None, guard):
     if device.type == "cpu" or (device.type == "cuda" and torch.cuda.device_count() == 1):
         return None
     return device_guard
-
-
-def interpreter_quiet():
-    """numpy's floating-point warnings off for an interpreted launch: the kernels compute masked
-    lanes as -inf - (-inf) and log(0) by design, then discard them."""
-    import numpy
-
-    return numpy.errstate(invalid="ignore", divide="ignore")
 
 
 @dataclass(frozen=True)
@@ -307,7 +295,10 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
             return None
         with lock:  # a first launch compiles: one thread at a time per kernel
             if interpreting:  # (compiles nothing: no fast path follows)
-                with interpreter_quiet():
+                import numpy
+
+                # The kernels compute masked lanes as -inf - (-inf) and log(0) by design, then discard them.
+                with numpy.errstate(invalid="ignore", divide="ignore"):
                     for meta in metas:
                         kernel[grid](**kw, **meta)
                 return None

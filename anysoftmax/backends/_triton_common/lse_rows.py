@@ -72,6 +72,3 @@ def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise
         return out
 
     return run
-
-
-__all__ = ["ROW_KINDS", "launcher", "launcher_for", "layouts"]

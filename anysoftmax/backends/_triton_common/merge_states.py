@@ -277,6 +277,3 @@ def _row_args(outputs, lses, out, lse_out, lead: int) -> dict:
     return dict(n_rows=math.prod(shape[:-1]), D=shape[-1], S1=shape[lead - 1] if lead else 1, os0=os0, os1=os1,
                 osd=outputs[0].stride(-1), ls0=ls0, ls1=ls1, ys0=y_st[0], ys1=y_st[1], ysd=out.stride(-1),
                 zs0=z_st[0], zs1=z_st[1])
-
-
-__all__ = ["MAX_K", "MergePlan", "merge_kernel", "merge_launcher"]

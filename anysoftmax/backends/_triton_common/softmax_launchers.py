@@ -26,10 +26,9 @@ def row_shape(spec: SoftmaxSpec) -> tuple:
 def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool,
                  as_bytes: bool = True) -> torch.Tensor | None:
     """The mask as the kernels read it: a bool mask as bytes (nonzero = excluded); with
-    `materialise`, the broadcast view copied to the input's shape (only for operand layouts
-    too irregular for three row dims: `core.layout.allocate_rows`). `as_bytes=False` keeps a
-    bool mask bool (the kernels load it as a byte either way): Inductor cannot lower a dtype
-    view of a bool graph input, so compiled graphs hand the kernels the bool tensor itself."""
+    `materialise`, the broadcast view copied to the input's shape. `as_bytes=False` keeps a bool
+    mask bool (the kernels load a byte either way): Inductor cannot lower a dtype view of a bool
+    graph input."""
     if mask is None:
         return None
     if materialise:
@@ -95,10 +94,9 @@ def logical_rows(shape: tuple, x_strides: tuple, dim: int, mask_strides, has_sin
 
 def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None,
             materialise: bool = False):
-    """`f(x) -> y` (plain) or `f(x, operands) -> (y, p_sink)` (fused) for requests like `spec`:
-    allocates the outputs, makes `x` contiguous first when its rows needed that (`contiguous`:
-    the one copy `core.layout.allocate_rows` makes) and launches `plan` on the device's current
-    stream. `materialise`: the operands' broadcast views are copied (see `mask_operand`)."""
+    """`f(x) -> y` (plain) or `f(x, operands) -> (y, p_sink)` (fused) for requests like `spec`,
+    launching `plan` on the current stream; `contiguous`: x is copied first (the one copy
+    `core.layout.allocate_rows` makes); `materialise`: the operands' broadcast views are copied."""
     launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
 
@@ -142,8 +140,7 @@ def forward_tensors(x, y, ops: Operands, spec: SoftmaxSpec, p_shape, materialise
 
 def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None, materialise: bool = False):
     """`f(y, grad) -> dx` (plain) or `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` (fused)
-    for requests like `spec` (y contiguous, row layout `layout`); `grad` (and x, read with
-    softcap) are converted to y's dtype and made contiguous when they are not already."""
+    for requests like `spec` (y contiguous, row layout `layout`)."""
     launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
 

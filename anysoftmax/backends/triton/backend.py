@@ -124,12 +124,11 @@ class TritonBackend(Backend):
         return None
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
-        if spec.device.type == "cuda":
+        if self.traceable(spec):
             return None
         if spec.device.type == "cpu":
-            return None if interpreter.interpreting() else (
-                "CPU tensors run only through the Triton interpreter: "
-                "set TRITON_INTERPRET=1 before importing anysoftmax")
+            return ("CPU tensors run only through the Triton interpreter: "
+                    "set TRITON_INTERPRET=1 before importing anysoftmax")
         return f"device type {spec.device.type!r} is not supported (cuda, or cpu with TRITON_INTERPRET=1)"
 
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
@@ -140,25 +139,21 @@ class TritonBackend(Backend):
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
-        props = None if interpreter.interpreting() else device_props(device_index(x.device))
+        index = None if interpreter.interpreting() else device_index(x.device)
+        props = None if index is None else device_props(index)
         draft = draft_plan(layout, x.element_size(), props, backward, Fusion.of(spec))
         n_items = draft.work_items(layout)
         if props is None:
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).
             return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
-        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec, device_index(x.device))
-        cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
-        if not cooperative:
-            draft = draft.non_cooperative()
-        if cooperative:
+        resident = props.multiprocessor_count * _programs_per_sm(draft, x, y, layout, spec, index)
+        if draft.cooperative and resident >= draft.chunks:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
-            grid = min(n_items, (resident // draft.chunks) * draft.chunks)
-        elif draft.kind in ("tile", "cols"):
-            grid = min(n_items, resident * heuristics.table()["tile_programs_per_slot"])
-        else:
-            grid = min(n_items, resident)
-        return replace(draft, grid=max(grid, 1), cooperative=cooperative)
+            return replace(draft, grid=max(min(n_items, (resident // draft.chunks) * draft.chunks), 1))
+        draft = draft.non_cooperative()  # (a row outgrows the GPU)
+        per_slot = heuristics.table()["tile_programs_per_slot"] if draft.kind in ("tile", "cols") else 1
+        return replace(draft, grid=max(min(n_items, resident * per_slot), 1))
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request (dispatch memoises it); for a fused spec
