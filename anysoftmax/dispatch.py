@@ -62,12 +62,6 @@ def _narrowed(x, spec: SoftmaxSpec) -> tuple[torch.Tensor, SoftmaxSpec]:
     return x, spec
 
 
-def select(spec: SoftmaxSpec, backend: str | None, direction: str = "fwd"):
-    """The backend for `spec` (explicit name, then $ANYSOFTMAX_BACKEND, then automatic: the
-    device's selection table for `direction`, then priority)."""
-    return registry.select(spec, backend, direction)
-
-
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
     """Softmax (log_softmax) of `x` along `dim` without autograd: the operators' implementation
     and the eager inference path."""
@@ -78,7 +72,7 @@ def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor
         return hit(x)
     _fresh()
     prepared, spec = prepare(x, dim, dtype, log)
-    chosen = select(spec, backend)
+    chosen = registry.select(spec, backend)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
     launcher = chosen.launcher(prepared, spec)
@@ -99,7 +93,7 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
         return hit(y, grad)
     _fresh()
     spec = check_backward_args(y, grad, dim, log)
-    chosen = select(spec, backend, "bwd")
+    chosen = registry.select(spec, backend, "bwd")
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
     launcher = chosen.backward_launcher(y, replace(spec, in_dtype=y.dtype, out_dtype=y.dtype))
@@ -147,7 +141,7 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
     else:
         _fresh()
         prepared, spec = prepare_fused(x, dim, dtype, log, a)
-        chosen = select(spec, backend)
+        chosen = registry.select(spec, backend)
         if spec.numel == 0:
             return empty_outputs(spec, x.device, a.sinks is not None)
         launcher, plain = chosen.launcher(prepared, spec), spec.is_plain  # (a plain launcher takes x alone)
@@ -177,7 +171,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
             raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
         if a.sinks is not None and p_sink is None:
             raise ValueError("softmax_backward: a sinks gradient needs the forward's per-row sink shares (p_sink)")
-        chosen = select(spec, backend, "bwd")
+        chosen = registry.select(spec, backend, "bwd")
         if spec.numel == 0:
             dx = torch.empty(spec.shape, dtype=y.dtype, device=y.device)
             return dx, (torch.empty_like(p_sink) if p_sink is not None else None)
@@ -251,4 +245,4 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[t
 
 
 __all__ = ["FusedArgs", "backward", "backward_fused", "empty_outputs", "forward", "forward_fused", "logsumexp",
-           "merge_states", "prepare", "prepare_fused", "refresh", "select", "stats"]
+           "merge_states", "prepare", "prepare_fused", "refresh", "stats"]

@@ -23,6 +23,7 @@ import torch
 from torch.library import triton_op
 
 from .. import dispatch
+from ..core import registry
 from ..core.spec import SoftmaxSpec
 from ..dispatch import FusedArgs
 from .ops import backward_spec, forward_spec, is_plain, no_sinks, sinks_rows
@@ -47,7 +48,7 @@ def _backend_for(spec: SoftmaxSpec, backend: Optional[str]):
         # tensor's kernels run through the interpreter, which is none. The operator runs them.
         return None
     with _disable_current_modes():
-        chosen = dispatch.select(spec, backend)
+        chosen = registry.select(spec, backend)
     traceable = getattr(chosen, "traceable", None)
     return chosen if traceable is not None and traceable(spec) else None
 
