@@ -16,7 +16,7 @@ from .core.registry import get_backend, list_backends, register, unregister
 from .core.spec import SoftmaxSpec
 from .dispatch import refresh
 from .torchop.override import disable, enable, enabled, use
-from .torchop.pieces import logsumexp, merge_states
+from .torchop.lse_merge import logsumexp, merge_states
 from . import nn
 
 __all__ = [

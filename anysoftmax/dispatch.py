@@ -3,18 +3,11 @@
     api (public functions) ─┐
     ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
 
-Every call computes its request's key once (`core.request.request_key`: the op and direction,
-every operand's shape, strides, dtype, device and pointer alignment, the live fused keywords,
-dim, dtype, log, backend choice, registry generation, tuning overrides) and looks it up in one
-memo. A miss validates the call (`core.spec`, `core.pieces`), selects a backend
-(`core.registry.select`) and asks it for a launcher bound to the request (`core.backend.Backend`),
-memoised under the key: a repeated request costs the key, a dict lookup and the launch (no
-validation, no selection, no environment read: `$ANYSOFTMAX_BACKEND` is read when a request is
-first seen; `refresh()` forgets the memo). softmax and log_softmax forward and backward, the
-fused family (a request that normalises to the plain softmax, e.g. `empty_rows` without a mask,
-takes the plain path), logsumexp and merge_states.
-
-Backends come from `anysoftmax.plugins`, loaded on first use of the registry.
+Every call computes its request's key once (`core.request`) and looks it up in one memo. A miss
+validates the call (`core.spec`, `core.lse_merge`), selects a backend (`core.registry.select`; the
+environment is read then) and memoises the launcher the backend binds to the request: a hit costs
+the key, a dict lookup and the launch. `refresh()` forgets the memo. docs/backends.md ("How a call
+flows") has the whole path.
 """
 
 from __future__ import annotations
@@ -27,21 +20,19 @@ import torch
 from . import plugins  # noqa: F401  (registers the backends' loader with the registry)
 from .core import registry
 from .core.cache import BoundedDict
-from .core.pieces import LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, merge_formula
+from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request,
+                             merge_formula, row_shape)
 from .core.request import BWD, FUSED_BWD, FUSED_FWD, LSE, MERGE, forward_key, request_key
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
-# request key -> entry: forward f(x) -> y; backward f(y, grad) -> dx; fused forward and
-# backward (launcher, plain), `plain` when the request normalised to the plain softmax;
-# logsumexp f(x, operands) -> lse; merge_states f(outputs, lses, out, lse_out) -> (out, lse).
+# request key -> forward f(x) -> y; backward f(y, grad) -> dx; fused forward and backward
+# (launcher, plain: the request normalised to the plain softmax); logsumexp f(x, operands) -> lse;
+# merge_states f(outputs, lses, out, lse_out) -> (out, lse).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
-# The registry generation the memo was filled under.
-_state = {"generation": -1}
-# Memo hits (tests read it). That a hit validates nothing, selects nothing and reads no
-# environment is measured by tests/test_layers.py, which watches the calls themselves.
-stats = {"hits": 0}
+_state = {"generation": -1}  # the registry generation the memo was filled under
+stats = {"hits": 0}  # (tests/test_layers.py checks that a hit validates, selects and reads nothing)
 
 
 def refresh() -> None:
@@ -59,11 +50,8 @@ def _fresh() -> None:
 
 
 def prepare(x, dim, dtype=None, log: bool = False) -> tuple[torch.Tensor, SoftmaxSpec]:
-    """Validate a request and return (the input a backend receives, its spec).
-
-    When `dtype=` narrows, torch rounds the input to `dtype` first; that rounding is this one
-    host-side copy, and backends only ever see inputs no wider than their output.
-    """
+    """Validate a request: (the input a backend receives, its spec). A narrowing `dtype=` rounds
+    the input first, as torch does (the one host-side copy): backends never see a wider input."""
     return _narrowed(x, SoftmaxSpec.from_tensor(x, dim, dtype, log=log))
 
 
@@ -72,12 +60,6 @@ def _narrowed(x, spec: SoftmaxSpec) -> tuple[torch.Tensor, SoftmaxSpec]:
         x = x.to(spec.out_dtype)
         spec = replace(spec, in_dtype=x.dtype, strides=tuple(x.stride()))
     return x, spec
-
-
-def select(spec: SoftmaxSpec, backend: str | None, direction: str = "fwd"):
-    """The backend for `spec` (explicit name, then $ANYSOFTMAX_BACKEND, then automatic: the
-    device's selection table for `direction`, then priority)."""
-    return registry.select(spec, backend, direction)
 
 
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
@@ -90,7 +72,7 @@ def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor
         return hit(x)
     _fresh()
     prepared, spec = prepare(x, dim, dtype, log)
-    chosen = select(spec, backend)
+    chosen = registry.select(spec, backend)
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
     launcher = chosen.launcher(prepared, spec)
@@ -111,7 +93,7 @@ def backward(y: torch.Tensor, grad: torch.Tensor, dim: int, log: bool = False,
         return hit(y, grad)
     _fresh()
     spec = check_backward_args(y, grad, dim, log)
-    chosen = select(spec, backend, "bwd")
+    chosen = registry.select(spec, backend, "bwd")
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=y.dtype, device=y.device)
     launcher = chosen.backward_launcher(y, replace(spec, in_dtype=y.dtype, out_dtype=y.dtype))
@@ -143,10 +125,8 @@ def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor,
 
 def empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(y, p_sink or None) of a fused request with no elements: nothing to compute."""
-    y = torch.empty(spec.shape, dtype=spec.out_dtype, device=device)
-    p = torch.empty(tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape)), dtype=spec.acc_dtype,
-                    device=device) if with_sinks else None
-    return y, p
+    p = torch.empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype, device=device) if with_sinks else None
+    return torch.empty(spec.shape, dtype=spec.out_dtype, device=device), p
 
 
 def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -161,7 +141,7 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
     else:
         _fresh()
         prepared, spec = prepare_fused(x, dim, dtype, log, a)
-        chosen = select(spec, backend)
+        chosen = registry.select(spec, backend)
         if spec.numel == 0:
             return empty_outputs(spec, x.device, a.sinks is not None)
         launcher, plain = chosen.launcher(prepared, spec), spec.is_plain  # (a plain launcher takes x alone)
@@ -191,7 +171,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
             raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
         if a.sinks is not None and p_sink is None:
             raise ValueError("softmax_backward: a sinks gradient needs the forward's per-row sink shares (p_sink)")
-        chosen = select(spec, backend, "bwd")
+        chosen = registry.select(spec, backend, "bwd")
         if spec.numel == 0:
             dx = torch.empty(spec.shape, dtype=y.dtype, device=y.device)
             return dx, (torch.empty_like(p_sink) if p_sink is not None else None)
@@ -206,7 +186,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
     return launcher(grad, y, x, Operands(a.mask, a.sinks, scale, cap), p_sink)
 
 
-# ---- softmax in pieces (core.pieces) ----------------------------------------------------------
+# ---- softmax in pieces (core.lse_merge) ----------------------------------------------------------
 
 def _logsumexp_formula(spec: SoftmaxSpec):
     # Zero-length rows are -inf (s with a sink), no rows an empty result: no kernel to launch.
@@ -265,4 +245,4 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[t
 
 
 __all__ = ["FusedArgs", "backward", "backward_fused", "empty_outputs", "forward", "forward_fused", "logsumexp",
-           "merge_states", "prepare", "prepare_fused", "refresh", "select", "stats"]
+           "merge_states", "prepare", "prepare_fused", "refresh", "stats"]

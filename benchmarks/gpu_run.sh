@@ -70,7 +70,7 @@ print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backe
     ;;
   pieces)
     "$PY" -m anysoftmax conformance triton --device cuda 2>&1 | tail -15 | tee "$OUT/conformance_triton.txt"
-    "$PY" -m anysoftmax.bench.pieces --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench_pieces.txt" | tail -40
+    "$PY" -m anysoftmax.bench.lse_merge --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench_pieces.txt" | tail -40
     ;;
   sharded)
     n="${1:-2}"

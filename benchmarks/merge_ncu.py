@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import anysoftmax
-from anysoftmax.bench.pieces import merge_sets
+from anysoftmax.bench.lse_merge import merge_sets
 
 SHAPES = [(2, 64, 1), (8, 64, 1024), (2, 256, 8192)]
 

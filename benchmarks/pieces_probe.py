@@ -41,10 +41,10 @@ import triton.language as tl
 import anysoftmax
 from anysoftmax.backends._triton_common import native_launch
 from anysoftmax.backends._triton_common.merge_states import MergePlan, merge_launcher
-from anysoftmax.bench.pieces import MERGE_D, MERGE_HEADS, MERGE_K, MERGE_TOKENS, _copy_us, _graph_copy_us
-from anysoftmax.bench.pieces import merge_sets as bench_merge_sets
+from anysoftmax.bench.lse_merge import MERGE_D, MERGE_HEADS, MERGE_K, MERGE_TOKENS, _copy_us, _graph_copy_us
+from anysoftmax.bench.lse_merge import merge_sets as bench_merge_sets
 from anysoftmax.core.compare import compare_merge
-from anysoftmax.core.pieces import MergeSpec
+from anysoftmax.core.lse_merge import MergeSpec
 from anysoftmax.perf import back_to_back_us, graph_rotation_count, graph_time_ms, rotation_count, time_ms, warm_up
 
 KW = dict(warmup_ms=5, rep_ms=25)
@@ -231,7 +231,7 @@ def probe_host(f, rounds=5):
 
     from anysoftmax import dispatch
     from anysoftmax.core.request import MERGE, request_key
-    from anysoftmax.torchop.pieces import plain_states
+    from anysoftmax.torchop.lse_merge import plain_states
 
     x = torch.randn(16, 1024, device="cuda")
     sets = {k: merge_sets(1, 128, k, 1)[0] for k in (2, 8)}

@@ -74,7 +74,7 @@ def lse_kernel_call(x, elems: int, per_sm: int, warps: int):
     `lse_plan` with those choices; long rows' chunks combined by its launcher)."""
     from anysoftmax.backends._triton_common.logsumexp import launcher
     from anysoftmax.backends.triton.backend import lse_plan
-    from anysoftmax.core.pieces import logsumexp_request
+    from anysoftmax.core.lse_merge import logsumexp_request
 
     spec, operands = logsumexp_request(x, -1)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     from anysoftmax.backends.triton import heuristics
     from anysoftmax.core import SoftmaxSpec, compare
     from anysoftmax.core.compare import compare_logsumexp
-    from anysoftmax.core.pieces import logsumexp_request
+    from anysoftmax.core.lse_merge import logsumexp_request
 
     from .report import gpu_dir_name
     from anysoftmax.perf import copy_bandwidth_gbps, rotation_count

@@ -9,7 +9,7 @@ vLLM's signature and layout (vllm/attention/ops/triton_merge_attn_states.py and 
 num_tokens]` (transposed against the outputs: read in place, never copied), results written
 into `output` (and `output_lse` when given), nothing returned. Natural-log LSEs.
 
-Where the answers differ from vLLM's kernels (`anysoftmax.core.pieces` states ours):
+Where the answers differ from vLLM's kernels (`anysoftmax.core.lse_merge` states ours):
 * a **+inf** LSE: vLLM's kernels read it as -inf (FlashAttention-2 marks an empty segment with
   +inf), so that part weighs 0. Here +inf is +inf: the merged LSE is +inf and the output NaN
   (as softmax and logsumexp of a row holding +inf give). Convert FA2's empty-segment marker

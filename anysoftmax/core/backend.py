@@ -1,31 +1,12 @@
-"""The backend protocol and its defaults: what dispatch calls on every backend.
+"""The backend protocol and its defaults: what dispatch calls on every backend (docs/plugins.md).
 
-A backend has a `name`, the torch device types it serves (`devices`, "*" for any) and a
-`priority` (the automatic choice's order, higher first); `is_available()` and `supports(spec)`
-answer None or a reason; `run(x, spec)` computes one call. Everything else has a default here,
-which a backend replaces where it has something faster or more:
-
-* `launcher(x, spec)`: `f(x) -> y` bound to one request (dispatch memoises it per request key,
-  so it must return a fresh output each call); for a fused spec `f(x, operands) -> (y, p_sink
-  or None)`. Default: `run` per call. (`run` defaults to the launcher: define either.)
-* `backward_launcher(y, spec)`: `f(y, grad) -> dx`. Default: `run_backward` when defined, else
-  torch's formula in the accumulation dtype. `fused_backward_launcher(y, spec)`: `f(grad, y, x,
-  operands, p_sink) -> (dx, ds_rows or None)`. Default: `core.reference.fused_backward`.
-* `fused = True` declares the fused family (`core.variant`): `run(x, spec, operands)` then
-  returns y, or (y, p_sink) with sinks. Without it, fused requests never reach the backend.
-* logsumexp and merge_states (`core.pieces`) are declared by defining their kernel, per call
-  (`run_logsumexp(x, spec, operands)`, `run_merge_states(outputs, lses, spec[, out, lse_out])`)
-  or bound (`logsumexp_launcher(x, spec, operands)`, `merge_states_launcher(outputs, lses,
-  spec)`); `supports_<op>(spec)` may refuse a request; without a kernel the op is refused with
-  `<op>_refusal`.
-* the sampler (`anysoftmax.sampling`) is declared by defining `sampler()`: an object with the
-  `torch` sampler's `probs(spec, logits)`, `sample(spec, logits, return_logprobs)` and
-  `logprobs(spec, logits, ids, top_n)` on validated requests (`sampling.spec.SamplingSpec`);
-  `supports_sampling(spec, top_n)` may refuse one; without it, `sampler_refusal` says why.
-
-The built-in backends subclass `Backend`. An object written to the duck-typed protocol (the
-README's `MyBackend`, no base class) is wrapped once, when registered, in `PluginBackend`: dispatch
-calls the same methods on every backend and never probes one per call.
+A backend has a `name`, the device types it serves, a `priority`, `is_available()`,
+`supports(spec)` and `run(x, spec)`; everything else has a default below, which a backend
+replaces where it has something faster (a `launcher` bound to a request, a backward kernel) or
+more (`fused = True`; logsumexp and merge_states, declared by defining their kernels; the
+sampler, by `sampler()`: docs/sampling.md). An
+object written to the duck-typed protocol (the README's `MyBackend`, no base class) is wrapped
+once, when registered, in `PluginBackend`: dispatch never probes a backend per call.
 """
 
 from __future__ import annotations
@@ -87,21 +68,24 @@ class Backend(metaclass=_Protocol):
         return ""
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
-        """One call, unmemoised: y for a plain spec, (y, p_sink or None) for a fused one."""
+        """One call, unmemoised: y for a plain spec, (y, p_sink or None) for a fused one (default:
+        through `launcher`; define either)."""
         if type(self).launcher is Backend.launcher:
             raise NotImplementedError(f"backend {self.name!r} defines neither run nor launcher")
         f = self.launcher(x, spec)
         return f(x) if spec.is_plain else f(x, operands)
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
-        """`f(x) -> y` bound to this request; for a fused spec `f(x, operands) -> (y, p_sink or None)`."""
+        """`f(x) -> y` bound to this request (memoised: a fresh output each call); for a fused spec
+        `f(x, operands) -> (y, p_sink or None)`. Default: `run` per call."""
         run = self.run
         if spec.is_plain:
             return lambda t: run(t, spec)
         return lambda t, ops: _pair(run(t, spec, ops))
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(y, grad) -> dx` (y's dtype) bound to this request."""
+        """`f(y, grad) -> dx` (y's dtype) bound to this request. Default: `run_backward` when
+        defined, else torch's formula in the accumulation dtype."""
         if type(self).run_backward is not Backend.run_backward:
             run_backward = self.run_backward
             return lambda y_, g: run_backward(y_, g, spec)
@@ -113,7 +97,8 @@ class Backend(metaclass=_Protocol):
         return self.backward_launcher(y, spec)(y, grad)
 
     def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request."""
+        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request.
+        Default: `core.reference.fused_backward` in the accumulation dtype."""
         v, dim, log, acc = spec.variant, spec.dim, spec.log, spec.acc_dtype
 
         def run(grad, y_, x, ops: Operands, p_sink):
@@ -138,7 +123,7 @@ class Backend(metaclass=_Protocol):
         return self.logsumexp_launcher(x, spec, operands)(x, operands)
 
     def supports_merge_states(self, spec) -> str | None:
-        """None when its merge_states kernel runs `spec` (a `core.pieces.MergeSpec`), else why not."""
+        """None when its merge_states kernel runs `spec` (a `core.lse_merge.MergeSpec`), else why not."""
         return None
 
     def merge_states_launcher(self, outputs, lses, spec):

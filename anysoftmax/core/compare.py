@@ -77,34 +77,13 @@ def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str |
     early = check_form(out, spec.shape, spec.out_dtype)
     if early is not None:
         return early
-    tol = spec.tolerance
     expected = reference(x, spec, device, mask, sinks).to(spec.out_dtype).to(torch.float64)
-    got = out.detach().to(device).to(torch.float64)
-    nan_e, nan_g = torch.isnan(expected), torch.isnan(got)
-    if not torch.equal(nan_e, nan_g):
-        where = tuple((nan_e != nan_g).nonzero()[0].tolist())
-        return Comparison(False, float("nan"), float("inf"),
-                          f"NaN mismatch at {list(where)}: got {got[where].item()}, expected {expected[where].item()}")
-    inf_e = torch.isinf(expected)
-    if not torch.equal(got[inf_e], expected[inf_e]) or torch.isinf(got[~inf_e]).any():
-        return Comparison(False, float("inf"), float("inf"), "infinities differ from the reference")
-    finite = ~(nan_e | inf_e)
-    diff = (got - expected).abs()[finite]
-    if diff.numel() == 0:
-        return Comparison(True, 0.0, 0.0)
-    bound = tol.atol + tol.rtol * expected.abs()[finite]
+    extra = None
     if not spec.is_plain:
         per_elem, per_row = _prologue_allowance(x, spec, mask, sinks, device)
-        amp = (per_elem + per_row).expand(expected.shape)[finite]
-        bound = bound + (amp if spec.log else amp * expected.abs()[finite])
-    ratio = diff / bound
-    max_abs, max_rel = diff.max().item(), ratio.max().item()
-    if max_rel <= 1.0:
-        return Comparison(True, max_abs, max_rel)
-    worst = ratio.argmax()
-    return Comparison(False, max_abs, max_rel,
-                      f"max |err| {max_abs:.3g} exceeds atol {tol.atol:g} + rtol {tol.rtol:g}*|ref| "
-                      f"(worst: got {got[finite][worst].item():.8g}, expected {expected[finite][worst].item():.8g})")
+        amp = (per_elem + per_row).expand(expected.shape)
+        extra = amp if spec.log else amp * expected.abs()
+    return compare_values(out, expected, expected.abs(), spec.tolerance, extra=extra, scale_name="|ref|")
 
 
 def _gradient_rounding(spec: SoftmaxSpec, expected: torch.Tensor) -> torch.Tensor | float:
@@ -118,23 +97,11 @@ def _gradient_rounding(spec: SoftmaxSpec, expected: torch.Tensor) -> torch.Tenso
 def compare_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, spec: SoftmaxSpec,
                      device: str | torch.device = "cpu") -> Comparison:
     """Check an input gradient `dx` of softmax (log_softmax with `spec.log`) against the float64
-    gradient from the forward output `y` it was computed from and the output gradient `dy`.
-
-    `expected` = y * (dy - sum(y * dy)) (log: dy - exp(y) * sum(dy)) in float64 from the given
-    `y`. The bound is not relative to |dx|: dx is a difference of products that cancels where
-    dy_i ~ sum(y * dy), so a correct kernel's error there is far above rtol * |dx_i|. It is the
-    spec's (atol, rtol) applied to each element's sensitivity to a perturbation of the output
-    itself, |δy_j| <= rtol * y_j (the forward's allowed error, y rounded to its dtype, or a
-    backend that recomputes y in another precision):
+    gradient y * (dy - sum(y * dy)) (log: dy - exp(y) * sum(dy)) from the forward output `y` it
+    was computed from and the output gradient `dy`, evaluated on `device`. The bound is each
+    element's sensitivity to the forward's own allowed error (derived in docs/semantics.md):
         softmax:      |err_i| <= atol + rtol * y_i * (|dy_i| + 2 * sum_j y_j |dy_j|)
         log_softmax:  |err_i| <= atol + rtol * (|dy_i| + p_i * |sum_j dy_j| * (1 + |y_i|)),  p = exp(y)
-    (a perturbation rtol * y_j moves sum(y * dy) by rtol * sum |y_j dy_j|, and dx_i by that
-    times y_i plus rtol * y_i * |dy_i|; for log_softmax, y = log p carries rtol * |y|, so
-    exp(y) carries rtol * |y| relative). Both scales bound |dx_i| itself, so the rounding of
-    dx to its dtype and a float32 row sum are covered too. Row sums of |y * dy| rather than a
-    row-wide bound keep it strict: the error allowed at an element is proportional to y_i, so a
-    gradient a few roundings off at a large output still fails. `device` is where the float64
-    reference is evaluated. `max_rel_err` is the worst error over its bound (<= 1 passes).
     """
     early = check_form(dx, spec.shape, spec.in_dtype, "gradient ")
     if early is not None:
@@ -282,12 +249,14 @@ def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor
                       f"mask gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x")
 
 
-# ---- the pieces ops (core.pieces) -------------------------------------------------------------
+# ---- the pieces ops (core.lse_merge) -------------------------------------------------------------
 
-def compare_values(got: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor, tol, what: str = "") -> Comparison:
+def compare_values(got: torch.Tensor, expected: torch.Tensor, scale: torch.Tensor, tol, what: str = "",
+                   extra: torch.Tensor | None = None, scale_name: str = "scale") -> Comparison:
     """`got` against the float64 `expected` (already rounded to got's dtype or not): NaN must
     match NaN and infinities exactly; finite values within tol.atol + tol.rtol * `scale`
-    (`scale` >= |expected|: the magnitude the result's roundings are relative to)."""
+    (`scale` >= |expected|: the magnitude the result's roundings are relative to), plus `extra`
+    when given (an absolute allowance of expected's shape)."""
     early = check_form(got, tuple(expected.shape), got.dtype, what)
     if early is not None:
         return early
@@ -306,13 +275,16 @@ def compare_values(got: torch.Tensor, expected: torch.Tensor, scale: torch.Tenso
     if diff.numel() == 0:
         return Comparison(True, 0.0, 0.0)
     bound = tol.atol + tol.rtol * scale.to(torch.float64).expand(e.shape)[finite]
+    if extra is not None:
+        bound = bound + extra[finite]
     ratio = diff / bound
-    if ratio.max().item() <= 1.0:
-        return Comparison(True, diff.max().item(), ratio.max().item())
+    max_abs, max_rel = diff.max().item(), ratio.max().item()
+    if max_rel <= 1.0:
+        return Comparison(True, max_abs, max_rel)
     worst = ratio.argmax()
-    return Comparison(False, diff.max().item(), ratio.max().item(),
-                      f"{what}max |err| {diff.max().item():.3g} over its bound (worst: got {g[finite][worst].item():.8g},"
-                      f" expected {e[finite][worst].item():.8g})")
+    return Comparison(False, max_abs, max_rel,
+                      f"{what}max |err| {max_abs:.3g} exceeds atol {tol.atol:g} + rtol {tol.rtol:g}*{scale_name} "
+                      f"(worst: got {g[finite][worst].item():.8g}, expected {e[finite][worst].item():.8g})")
 
 
 def compare_logsumexp(lse: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mask=None, sinks=None,
@@ -321,7 +293,7 @@ def compare_logsumexp(lse: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mas
     Bound: the accumulation dtype's (atol, rtol) relative to |lse| plus the row's largest |z|
     (lse = m + log(sum exp(z - m)): each z carries ~|z| eps of rounding from the prologue and
     the subtraction)."""
-    from .pieces import reference_logsumexp, row_shape
+    from .lse_merge import reference_logsumexp, row_shape
 
     expected = reference_logsumexp(x, spec, mask, sinks, device)
     if lse.dtype != spec.acc_dtype:
@@ -348,7 +320,7 @@ def compare_merge(out: torch.Tensor, lse: torch.Tensor, outputs, lses, device: s
     float64 (out, lse): e.g. the unsplit row's softmax and logsumexp). out's bound is relative to
     sum_i p_i |out_i| (cancellation between partials) times `roundings` (the partials' own
     rounding and the merged result's); lse's to |lse| plus the largest |lse_i|."""
-    from .pieces import reference_merge
+    from .lse_merge import reference_merge
 
     ref_out, ref_lse = reference_merge(outputs, lses, device) if expected is None else expected
     o64 = [t.detach().to(device).to(torch.float64) for t in outputs]

@@ -12,6 +12,7 @@ contiguous).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -19,13 +20,10 @@ import torch
 
 MAX_ROW_DIMS = 3
 
-# Debug mode: fill every output a kernel is about to write with NaN, so elements a kernel
-# forgets to write show up as NaN instead of stale memory that may happen to look right.
-# The test suite turns it on for every test.
+# Debug mode: every output a kernel is about to write is filled with NaN first, so an element
+# it forgets to write shows up. Read once at import (the hot path reads no environment); the
+# test suite sets it for every test.
 POISON_ENV = "ANYSOFTMAX_POISON_OUTPUTS"
-
-
-# Read once at import (the hot path reads no environment): the test suite sets it first.
 POISON_OUTPUTS = os.environ.get(POISON_ENV) == "1"
 
 
@@ -119,11 +117,8 @@ class RowLayout:
             inner = order.index(inner)
         pad = MAX_ROW_DIMS - len(rows)
         rows = [[1] + [0] * len(all_strides)] * pad + rows
-        n_rows = 1
-        for r in rows:
-            n_rows *= r[0]
         return cls(
-            n_rows=n_rows, n_cols=shape[dim],
+            n_rows=math.prod(r[0] for r in rows), n_cols=shape[dim],
             row_sizes=tuple(r[0] for r in rows),
             in_row_strides=tuple(r[1] for r in rows),
             out_row_strides=tuple(r[2] for r in rows),
@@ -137,10 +132,7 @@ class RowLayout:
     def inner_div(self) -> int:
         """Rows to divide a row number by before taking the innermost logical row dim's index
         modulo its size: the product of the row dims numbered faster than it."""
-        n = 1
-        for s in self.row_sizes[self.inner_pos + 1:]:
-            n *= s
-        return n
+        return math.prod(self.row_sizes[self.inner_pos + 1:])
 
 
 @dataclass(frozen=True)
@@ -156,8 +148,6 @@ class ColumnView:
     in_red_stride: int
     out_outer_stride: int
     out_red_stride: int
-    # Fused operands: (outer, reduction, inner) strides of each (mask, sinks), () when plain.
-    op_strides: tuple[tuple[int, int, int], ...] = ()
 
 
 def column_view(layout: RowLayout) -> ColumnView | None:
@@ -168,20 +158,15 @@ def column_view(layout: RowLayout) -> ColumnView | None:
         return None
     if layout.in_col_stride == 1 or layout.out_col_stride == 1:
         return None
-    ops = tuple((r[1], c, r[2]) for r, c in zip(layout.op_row_strides, layout.op_col_strides))
     return ColumnView(s1, layout.n_cols, s2, layout.in_row_strides[1], layout.in_col_stride,
-                      layout.out_row_strides[1], layout.out_col_stride, ops)
+                      layout.out_row_strides[1], layout.out_col_stride)
 
 
 def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
     """The strides the kernels read the fused operands with: the mask's broadcast view over
-    the input's shape (from `spec.variant`: read in place, never materialised), and with sinks
-    two per-row tensors laid out contiguously over the input's shape with size 1 in `dim`: the
-    sinks as the kernels read them and the sink shares they write. The sinks are copied to that
-    layout (one value per row: a few hundred KB for [8, 16, 4096, 4096] scores) because their
-    broadcast strides ([H, 1, 1]: 0 over batch and queries) would stop the input's row dims
-    from merging, and every row would pay integer divisions for its offsets: measured on an
-    H100, that took the tile kernel from 32 to 80 registers."""
+    the input's shape (read in place, never materialised), and with sinks two per-row tensors
+    contiguous over the input's shape with size 1 in `dim`: the sinks as the kernels read them
+    (copied to that layout: docs/kernels.md says why) and the sink shares they write."""
     v = getattr(spec, "variant", None)
     if v is None:
         return ()
@@ -209,15 +194,10 @@ def mask_fastest(spec, in_strides, out_strides) -> int | None:
 
 
 def allocate_rows(x, spec):
-    """Allocate the output (contiguous, `spec.out_dtype`) and describe input and output (and
-    the fused operands) as rows.
-
-    Returns (x, y, layout). `x` is returned unchanged unless its row dimensions cannot be
-    expressed in `MAX_ROW_DIMS` strided dimensions; then it is the one copy this library makes
-    (`x.contiguous()`), after which the input chains like the output. A broadcast operand's
-    own irregular strides could still need more: `layout` is None then (the caller copies the
-    operand, see `contiguous_operands`).
-    """
+    """(x, y, layout): the output (contiguous, `spec.out_dtype`) and input, output and fused
+    operands described as rows. `x` is unchanged unless its row dims need more than
+    `MAX_ROW_DIMS`: then it is the one copy this library makes (`x.contiguous()`). `layout` is
+    None when a broadcast operand's own strides still need more (the caller copies it)."""
     y = new_output(spec.shape, spec.out_dtype, x.device)
     ops = operand_strides(spec)
     layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops,

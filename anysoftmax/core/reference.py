@@ -35,7 +35,8 @@ def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "
     return y
 
 
-def _row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """`shape` with size 1 in `dim` (a per-row statistic with keepdim; () for a 0-dim input)."""
     return tuple(1 if d == dim else s for d, s in enumerate(shape))
 
 
@@ -104,7 +105,7 @@ def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: 
     m = z.detach().amax(dim, keepdim=True)
     s = None
     if sinks is not None:
-        s = sinks.to(dtype).expand(_row_shape(tuple(z.shape), dim))
+        s = sinks.to(dtype).expand(row_shape(tuple(z.shape), dim))
         m = torch.maximum(m, s.detach())
     # A row max of -inf (nothing but -inf) is replaced by 0 when subtracted: exp(-inf - 0) = 0,
     # so an all -inf row ends as 0/0 = NaN, as torch gives it (the kernels do the same).

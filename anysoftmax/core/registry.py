@@ -1,16 +1,8 @@
-"""Registration and selection of backends (`core.backend.Backend`).
-
-Selection order (Liger-Kernel's rule: an explicit choice never falls back silently):
-
-1. ``backend="name"`` in the call: unknown, unavailable or unsupporting backends raise an error
-   naming the backend and the reason.
-2. The environment variable ``ANYSOFTMAX_BACKEND``: treated exactly like an explicit choice.
-3. Automatic (`decide`): the rule of the device's measured selection table (`core.selection`)
-   that covers the request, if its backend can run it; else the backends that serve the
-   tensor's device type, by priority (CUDA/ROCm -> ``triton``, Ascend ``npu`` ->
-   ``triton_ascend``, anything -> ``torch``); one that is unavailable or does not support the
-   request is passed over with a debug log line. `select`, `select_op`, `explain`, `runners`
-   (what the benchmarks time) and `anysoftmax backends --explain` all decide there.
+"""Registration and selection of backends (`core.backend.Backend`); docs/backends.md ("How the
+automatic choice is made") states the order: ``backend=`` in the call, then $ANYSOFTMAX_BACKEND
+(both explicit: never a silent fallback), then automatic (`decide`: the device's measured
+selection table, `core.selection`, then priority). `select`, `select_op`, `explain`, `runners`
+and `anysoftmax backends --explain` all decide there.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ import torch
 from . import selection
 from .backend import Backend, as_backend
 from .errors import BackendUnavailableError, UnsupportedRequestError
-from .pieces import LOGSUMEXP, MERGE_STATES, SOFTMAX
+from .lse_merge import LOGSUMEXP, MERGE_STATES, SOFTMAX
 from .spec import SoftmaxSpec
 
 log = logging.getLogger("anysoftmax")
@@ -64,8 +56,8 @@ class BackendTable(list):
 _lock = threading.Lock()
 _given: dict[str, object] = {}  # name -> the object registered (what `registered()` returns)
 _backends: dict[str, Backend] = {}  # name -> that object as a `Backend` (what selection returns)
-# How many times the set of backends changed since it was loaded: memoised selections keyed by
-# it go stale. A one-element list: `core.request`'s key reads it in place on every call.
+# Changes to the set of backends since it was loaded (memoised selections keyed by it go stale);
+# a one-element list that `core.request`'s key reads in place.
 current_generation = [0]
 
 
@@ -180,7 +172,7 @@ def refusal(backend, spec: SoftmaxSpec) -> str | None:
 
 def op_refusal(backend, op: str, spec) -> str | None:
     """Why `backend` does not serve `op` ("softmax", "logsumexp" or "merge_states") for `spec`
-    (a SoftmaxSpec, a `core.pieces.MergeSpec` for merge_states), or None: no kernel for the
+    (a SoftmaxSpec, a `core.lse_merge.MergeSpec` for merge_states), or None: no kernel for the
     op, the fused-family gate, then its own `supports` / `supports_<op>`."""
     b = _protocol(backend)
     if op == LOGSUMEXP:
@@ -262,7 +254,7 @@ def select(spec, backend: str | None = None, direction: str | None = "fwd", op: 
 
 def select_op(op: str, spec, backend: str | None = None) -> Backend:
     """`select` for the pieces op `op` ("logsumexp": the selection table's `lse` rows, measured
-    by `anysoftmax.bench.pieces`; "merge_states": priority alone)."""
+    by `anysoftmax.bench.lse_merge`; "merge_states": priority alone)."""
     return select(spec, backend, "lse" if op == LOGSUMEXP else None, op)
 
 
@@ -275,12 +267,11 @@ def runners(spec, op: str = SOFTMAX) -> list[str]:
 
 def decide(spec, direction: str | None = "fwd", device_name: str | None = None, refuses=refusal,
            available=_availability, what: str | None = None) -> tuple[Backend | None, str]:
-    """The automatic choice for `spec` and why: the backend the selection table's rule names
-    (the table of `spec.device`, or of the device named `device_name`; `direction` "fwd", "bwd"
-    or "lse" picks its rows, None reads no table) if it runs the request, else the first of the
-    backends serving the device type, by priority, that runs it; (None, why none can) when none
-    can. `available(backend)`: why it cannot run here; `refuses(backend, spec)`: why it does not
-    run the request (default: the softmax's `refusal`); `what`: the request as messages name it."""
+    """(backend, why) of the automatic choice for `spec`: the selection table's rule (the table
+    of `spec.device` or of the device named `device_name`; `direction` "fwd", "bwd" or "lse"
+    picks its rows, None reads none) if its backend runs the request, else the first by priority
+    that does; (None, why none can). `available(b)` / `refuses(b, spec)` say why b cannot run
+    here / the request; `what` names the request in messages."""
     candidates = _by_priority(spec.device.type)
     table_why = ""
     if direction is not None:
@@ -335,11 +326,9 @@ def _assumed_available(backend: Backend) -> None:
 
 
 def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None = None) -> tuple[str, str]:
-    """(backend, why) of the automatic choice for `spec`, decided by `decide` as `select`
-    decides: the table rule that picked it, or the priority order and what it passed over;
-    ("", why) when no backend can run it. `device_name` answers for that device instead (its
-    selection table): one that is not the device here is judged by what the backends declare
-    (the fused family), their availability and limits there being unknowable here."""
+    """(backend name, why) of the automatic choice for `spec`, decided by `decide` as `select`
+    decides; ("", why) when none can run it. `device_name` answers for that device's table: one
+    that is not here is judged by what the backends declare (the fused family) alone."""
     from .selection import device_name as name_of
 
     if device_name is not None and device_name != name_of(spec.device):

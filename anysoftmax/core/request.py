@@ -1,26 +1,10 @@
 """A request's key: the only cache key (dispatch's memo; backends derive their plans' from it).
 
-A launcher bound to a request and a backend's plan for it depend on:
-
-* the direction (forward, backward, fused forward, fused backward, logsumexp, merge_states),
-  `dim`, `dtype=`, `log`, the backend choice, the registry generation and the active tuning
-  overrides;
-* every operand's shape, strides, dtype and device: the input (forward) or the output
-  (backward), the gradient, the mask and the sinks (their broadcast pattern against the input
-  follows from their shape and strides), the forward's input and sink shares a fused backward
-  reads;
-* every operand's pointer **alignment**. Kernel compilers specialise on it: Triton compiles a
-  pointer divisible by 16 bytes with vector loads (`ALIGN_BYTES`), CuTe picks its vector width
-  from the alignment of pointers and row strides, capped at 16 bytes (`backends/cute/plan.py`
-  `vector_width`), so the residue of an address modulo 16 decides both. Wave's IREE runtime
-  imports only 64-byte aligned buffers and checks that on every call (`backends/wave/runtime.py`),
-  so it needs nothing more in the key;
-* which fused keywords are live: present ones by presence (a new `scale` value is an argument,
-  not a new request), `causal` and `empty_rows` by value.
-
-`request_key` computes the key straight from tensor metadata: its cost is a cached call's whole
-overhead besides the launch. Backends key their plans by `plan_key`; no other module builds a
-cache key by hand (tests/core/test_one_key.py checks the source).
+The key holds the direction, `dim`, `dtype=`, `log`, the backend choice, the registry generation,
+the active tuning overrides, and every operand's shape, strides, dtype, device and pointer
+alignment (input or output, gradient, mask, sinks, the forward's input and sink shares), with
+the fused keywords by presence (`scale`, `softcap`: values are arguments) or value (`causal`,
+`empty_rows`). No other module builds a cache key by hand (tests/core/test_one_key.py).
 """
 
 from __future__ import annotations
@@ -32,30 +16,26 @@ from ..config import overrides_key
 from . import registry
 from .spec import SoftmaxSpec
 
-# Bytes of pointer divisibility the kernel compilers specialise on (see the module docstring).
+# Bytes of pointer divisibility the compilers specialise on: Triton vectorises a pointer divisible by
+# 16 bytes, CuTe's vector width follows the alignment of pointers and row strides capped at 16 bytes
+# (`backends/cute/plan.py`). Wave's runtime checks its 64-byte alignment on every call: nothing to key.
 ALIGN_BYTES = 16
 _ALIGN_MASK = ALIGN_BYTES - 1
 
 FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
-# The pieces ops (`core.pieces`): logsumexp keys as a fused forward, merge_states by its K
-# partials and K lses (see `request_key`).
-LSE, MERGE = "lse", "merge"
-# `anysoftmax.distributed`'s requests (its own memo): softmax / log_softmax, and logsumexp, of a
-# sharded dim.
-SHARDED, SHARDED_LSE = "sharded", "sharded_lse"
+LSE, MERGE = "lse", "merge"  # logsumexp keys as a fused forward; merge_states by its K partials and lses
+SHARDED, SHARDED_LSE = "sharded", "sharded_lse"  # anysoftmax.distributed's requests
 
 _Tensor = torch.Tensor
 _tuple = tuple
-# The registry generation and the count of active tuning overrides, read in place on every
-# call (one-element lists the registry and config update on change): a function call each
-# would be most of a key's cost.
+# The registry generation and the count of active tuning overrides, read in place (one-element
+# lists updated on change): a function call each would be most of a key's cost.
 _generation = registry.current_generation
 _overrides_active = config.active_overrides
 
 
 def _process_state() -> tuple:
-    # (registry generation, active tuning overrides) when some override is active: the rare
-    # path of `request_key`'s state part, which is the generation alone otherwise.
+    # The state part of a key while some tuning override is active (else the generation alone).
     return (_generation[0], overrides_key())
 
 

@@ -1,28 +1,14 @@
-"""`SoftmaxSpec`: the one statement of what every backend computes.
+"""`SoftmaxSpec`: the one statement of what every backend computes, torch's semantics
+(docs/semantics.md: dtypes, `dim`, special values), and the per-dtype `TOLERANCES`.
 
-Semantics (those of `torch.softmax` / `torch.log_softmax`):
-
-* Inputs are floating tensors (float16, bfloat16, float32, float64) of any rank and strides,
-  or integer/bool tensors together with a floating ``dtype=`` (converted first, as torch does);
-  anything else, complex included, is refused with `TypeError`.
-* `dim` is normalised into ``[0, ndim)`` (a 0-dim tensor accepts -1 and 0); out of range is
-  an `IndexError`, as in torch.
-* ``dtype=`` (torch's keyword) first converts the input to that dtype, then computes in it.
-  A widening conversion is exact, so kernels may fold it into their loads; a narrowing one
-  rounds the input, and the public API performs it once on the host (`needs_input_cast`).
-* Accumulation is in float32 for 16- and 32-bit outputs and in float64 for float64 outputs.
-* Special values follow from ``exp(x - max) / sum``, exactly as torch gives them: NaN anywhere
-  in a row makes the whole row NaN; a row of all -inf is NaN (``-inf - -inf``); a +inf makes the
-  row NaN (``inf - inf``); -inf entries beside finite ones give 0 (-inf for log_softmax).
-* A 0-dim tensor is a row of one element: 1 (0 for log) for finite values, NaN otherwise.
-* Empty tensors give empty results of the same shape.
-
-Tolerances (`Tolerance`, `TOLERANCES`) are stated per *output* dtype and are used by every test
-and by the matrix runner; `anysoftmax.core.compare` explains how they are applied.
+``dtype=`` converts the input first: a widening conversion is exact, so kernels may fold it into
+their loads; a narrowing one rounds, and the public API performs it once on the host
+(`needs_input_cast`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -106,11 +92,9 @@ class SoftmaxSpec:
         return self.variant is PLAIN or self.variant.is_plain
 
     def kernel_key(self) -> tuple:
-        """The one cache key of this request: everything a plan or a compiled kernel depends on
-        (shape, strides, dtypes, dim, log, device, and the variant's steps with its operands'
-        layouts and dtypes; not the values of `scale`/`softcap`, which are kernel arguments).
-        Backends key their memos on `core.request.plan_key`, which adds the direction, the
-        operands' alignments and the tuning overrides."""
+        """Everything a plan or a compiled kernel depends on (the variant's steps and operand
+        layouts included; not the values of `scale`/`softcap`, kernel arguments). Backends key
+        on `core.request.plan_key`, which adds direction, alignments and tuning overrides."""
         return (self.shape, self.strides, self.in_dtype, self.out_dtype, self.dim, self.log, self.device,
                 self.variant.key())
 
@@ -123,10 +107,7 @@ class SoftmaxSpec:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def n_cols(self) -> int:

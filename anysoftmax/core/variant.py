@@ -1,43 +1,12 @@
-"""The fused softmax family: what `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`
-mean, stated once. `SoftmaxSpec.variant` holds one `Variant`; every backend, the float64
-reference and the tests read the semantics from here.
-
-Order of the steps, per row of the reduced dim (`dim`):
-
-1. ``z = scale * x``                                   (scale: any finite number, not a bool; None = 1, skipped)
-2. ``z = softcap * tanh(z / softcap)``                  (Gemma2's logit cap; softcap > 0)
-3. mask and causal:
-   * a **bool** mask (broadcastable to x): True = **excluded** (as `Tensor.masked_fill`,
-     Megatron, torch_npu); excluded positions are outside the softmax;
-   * a **floating** mask is **added** to z (HF / SDPA additive masks; -inf entries behave as
-     torch does on z: they give 0, and a row of only -inf gives NaN);
-   * ``causal`` on the last two dims (queries, keys) with `dim` the last: "top_left" (or
-     True) keeps key j <= query i (SDPA's `is_causal`), "bottom_right" keeps j <= i + sk - sq
-     (FlashAttention, TransformerEngine);
-4. softmax over the kept z with the **sink** in the denominator: for a row with sink logit s
-   (a tensor broadcasting against x with size 1 in `dim`, e.g. `[H, 1, 1]` for scores
-   `[B, H, Sq, Sk]`): ``y_j = exp(z_j - m) / (exp(s - m) + sum_k exp(z_k - m))`` with
-   ``m = max(max_k z_k, s)``; rows sum to < 1. The sink is taken as given (not scaled or
-   capped: gpt-oss concatenates it after scaling). log_softmax: ``z_j - m - log(...)``.
-5. Rows that the bool mask and/or causal leave with no kept position ("empty rows") — decided
-   by the mask, never by values — are given by `empty_rows`:
-   ``"zero"`` (default; apex/Megatron on CUDA, SDPA's `_safe_softmax`): 0 (log: -inf);
-   ``"nan"`` (torch's ``masked_fill(-inf)`` then softmax): NaN (log: NaN);
-   ``"uniform"`` (the -10000 fill of Megatron and torch_npu): 1/N (log: -log N), N = row length.
-   A sink does not change this (the default gives 0, what the sink formula gives).
-
-Gradients: excluded positions and empty rows get 0 (whatever x holds there: NaN, inf), and
-an upstream gradient arriving at an excluded output (a constant: 0, or -inf for log_softmax) is ignored — torch's
-``masked_fill(-inf).log_softmax`` would still route it through the normaliser; softcap
-multiplies by 1 - (z/softcap)^2,
-scale by scale; the sinks get ``ds = -p_s * sum_j y_j dy_j`` per row (``p_s`` the sink's share
-of the row, ``1 - sum_j y_j``; log form: ``-p_s * sum_j dy_j``), summed over the rows sharing a
-sink; a floating mask gets the gradient of z, summed over its broadcast dims.
+"""The fused softmax family: `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`,
+validated (`build`) and described (`Variant`, held by `SoftmaxSpec.variant`). What the steps
+compute, in order (scale, softcap, mask and causal, the sink in the denominator, empty rows),
+and their gradients: docs/semantics.md ("The fused family").
 
 Tensors are operands, not part of a spec: a `Variant` holds their metadata (shape, strides
-after broadcasting to x, dtype), so it is hashable and `kernel_key()` can tell apart requests
-whose operands are laid out differently. `scale` and `softcap` values are kernel *arguments*
-(a new temperature never recompiles): `kernel_key()` keeps only whether they are present.
+after broadcasting to x, dtype), so it is hashable and `kernel_key()` tells apart requests whose
+operands are laid out differently. `scale` and `softcap` values are kernel *arguments* (a new
+temperature never recompiles): `kernel_key()` keeps only whether they are present.
 """
 
 from __future__ import annotations
@@ -256,9 +225,9 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
         if not sinks.dtype.is_floating_point:
             raise TypeError(f"softmax: sinks dtype {sinks.dtype} is not floating")
         sink_meta = OperandMeta.of(sinks, x_shape)
+    if kind != MASK_BOOL and form == CAUSAL_NONE:
+        empty_rows = "zero"  # no row can be empty
     variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, empty_rows)
-    if not variant.has_empty_rows and empty_rows != "zero":
-        variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, "zero")  # no row can be empty
     return variant, Operands(mask, sinks, *variant.values())
 
 
@@ -284,10 +253,7 @@ def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | Non
 def runtime_values(scale, softcap) -> tuple[float, float]:
     """(scale, softcap) as the kernel arguments of one call, validated on every call (a
     memoised request skips `build`, not these checks): 1.0 where absent. While torch.compile
-    traces, a float or int is passed on unchecked: it may be a symbol (Dynamo's for a value
-    that changes between calls), which no check can read; a constant is checked by the
-    operator's fake implementation while tracing, and every value by the operator when the
-    graph runs."""
+    traces, a float or int passes unchecked (it may be a symbol): the operator checks it."""
     if torch.compiler.is_compiling():
         return _traced_value("scale", scale), _traced_value("softcap", softcap)
     if scale is None:

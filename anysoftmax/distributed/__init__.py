@@ -5,36 +5,23 @@
     y = asd.softmax(x_shard, -1)               # this rank's shard of softmax(cat(shards), -1)
     lse = asd.logsumexp(x_shard, -1, group=tp_group)
 
-`x` is this rank's shard of a tensor split along `dim` across the group's ranks in rank order
-(shards of any sizes, empty ones too); every other dim is the same on every rank (the rows).
-The result is this rank's shard (logsumexp: every row's global value, on every rank). The fused
-keywords mean what they mean for `anysoftmax.softmax`, per element of the shard (`mask` is this
-rank's shard of the mask); `sinks` (the same on every rank) count once in the global
-denominator; `causal` is refused (a shard does not know its keys' global positions); `empty_rows`
-applies to rows a bool mask leaves empty on every rank, and "uniform" is 1/N with N the global
-row length.
-
-Forward: one all-gather of the row states (a float per row, and a kept flag per row with a bool
-mask), never the rows; on NVIDIA GPUs the softmax and log_softmax exchange those states inside
-one kernel instead, through symmetric memory, reading the shard once (`one_read`). Backward:
-one all-reduce of one float per row (none for logsumexp); no double backward (it raises).
-torch.func and torch.compile(fullgraph=True) go through the operators of `ops.py`. Every
-rank must call with the same dtype, rows and keywords, and backpropagate through its result;
-`TORCH_DISTRIBUTED_DEBUG=DETAIL` makes torch check that the ranks' collectives agree. Works with
-gloo (CPU tensors) and NCCL (one GPU per rank). A group of one rank without sinks runs the
-local op itself (its shard is the whole dim: no exchange, x read once). docs/semantics.md states
-the contract.
+`x` is this rank's shard, in rank order; every other dim (the rows), the dtype and the keywords
+are the same on every rank. The contract (fused keywords per shard, `causal` refused, the
+collectives, autograd, torch.func and torch.compile, the one-read kernel): docs/semantics.md
+("A dim sharded across ranks"). A group of one rank without sinks runs the local op itself.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..core.reference import row_shape
 from ..core.request import SHARDED, SHARDED_LSE
 from ..torchop.api import log_softmax as _local_log_softmax, softmax as _local_softmax
-from ..torchop.pieces import logsumexp as _local_logsumexp
+from ..torchop.grad_mode import plain_eager
+from ..torchop.lse_merge import logsumexp as _local_logsumexp
 from . import ops
-from .autograd import FuncShardedLogsumexp, FuncShardedSoftmax, ShardedLogsumexp, ShardedSoftmax
+from .autograd import EagerShardedLogsumexp, EagerShardedSoftmax, ShardedLogsumexp, ShardedSoftmax
 from .calls import prepare, refuse_causal
 from .collective import group_name
 from .functions import logsumexp_forward, softmax_forward
@@ -42,18 +29,11 @@ from .functions import logsumexp_forward, softmax_forward
 __all__ = ["log_softmax", "logsumexp", "softmax"]
 
 
-def _graph(x, mask, sinks) -> bool:
-    # Without a gradient to record, the forward runs without the autograd.Function (its apply
-    # costs host time a small call waits on).
-    return torch.is_grad_enabled() and (x.requires_grad or (mask is not None and mask.requires_grad)
-                                        or (sinks is not None and sinks.requires_grad))
-
-
 def _softmax(who, log, x, dim, group, dtype, scale, mask, causal, softcap, sinks, empty_rows, backend):
     if torch.compiler.is_compiling():  # the operator (dynamo cannot trace collectives); its fake validates
         refuse_causal(who, causal)
-        return ops.compiled_softmax(x, dim, dtype, log, scale, mask, softcap, sinks, empty_rows, backend,
-                                    group_name(group))
+        return ops.softmax_op(x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend,
+                              group_name(group))[0]
     x, c, checked = prepare(who, SHARDED, x, dim, dtype, log, False, group, scale, mask, causal, softcap, sinks,
                             empty_rows, backend)
     if checked.no_rows:  # no rows on any rank (they agree on the rows): nothing to exchange
@@ -62,8 +42,9 @@ def _softmax(who, log, x, dim, group, dtype, scale, mask, causal, softcap, sinks
         local = _local_log_softmax if log else _local_softmax
         return local(x, c.dim, scale=scale, mask=mask, softcap=softcap, empty_rows=c.empty_rows, backend=backend)
     if not c.eager:  # (torch.func, forward AD, tensor subclasses)
-        return FuncShardedSoftmax.apply(x, mask, sinks, c)[0]
-    return ShardedSoftmax.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else softmax_forward(x, mask, sinks, c)[0]
+        return ShardedSoftmax.apply(x, mask, sinks, c)[0]
+    # Without a gradient to record, no autograd.Function (its apply costs host time a small call waits on).
+    return (softmax_forward if plain_eager(x, mask, sinks) else EagerShardedSoftmax.apply)(x, mask, sinks, c)[0]
 
 
 def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None = None, scale: float | None = None,
@@ -94,16 +75,14 @@ def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = No
     who = "anysoftmax.distributed.logsumexp"
     if torch.compiler.is_compiling():
         refuse_causal(who, causal)
-        return ops.compiled_logsumexp(x, dim, scale, mask, softcap, sinks, keepdim, backend, group_name(group))
+        return ops.logsumexp_op(x, mask, sinks, dim, scale, softcap, keepdim, backend, group_name(group))[0]
     x, c, checked = prepare(who, SHARDED_LSE, x, dim, None, False, keepdim, group, scale, mask, causal, softcap, sinks,
                             "zero", backend)
     if checked.no_rows:
-        shape = tuple(1 if d == c.dim else s for d, s in enumerate(x.shape)) if keepdim else \
-            tuple(s for d, s in enumerate(x.shape) if d != c.dim)
+        shape = row_shape(x.shape, c.dim) if keepdim else tuple(s for d, s in enumerate(x.shape) if d != c.dim)
         return x.new_empty(shape, dtype=checked.acc)
     if c.world == 1 and sinks is None:
         return _local_logsumexp(x, c.dim, scale=scale, mask=mask, softcap=softcap, keepdim=keepdim, backend=backend)
     if not c.eager:
-        return FuncShardedLogsumexp.apply(x, mask, sinks, c)[0]
-    return ShardedLogsumexp.apply(x, mask, sinks, c) if _graph(x, mask, sinks) else \
-        logsumexp_forward(x, mask, sinks, c)[0]
+        return ShardedLogsumexp.apply(x, mask, sinks, c)[0]
+    return (logsumexp_forward if plain_eager(x, mask, sinks) else EagerShardedLogsumexp.apply)(x, mask, sinks, c)[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor, maybe_get_level
 
-from ..torchop.grad_mode import plain_eager
+from ..torchop.grad_mode import eager_form, plain_eager
 from . import ops
 from .collective import group_name
 from .functions import NO_DOUBLE_BACKWARD, logsumexp_backward, logsumexp_forward, softmax_backward, softmax_forward
@@ -47,10 +47,6 @@ def _plain(*tensors) -> bool:
         t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
 
 
-def _present(*tensors) -> tuple:
-    return tuple(t for t in tensors if t is not None)
-
-
 def _or_none(grad, wanted: bool):
     # An operator's placeholder (no such gradient), or an unwanted one: None for autograd.
     return grad if wanted and grad.numel() else None
@@ -69,7 +65,31 @@ def _backward(ctx, grad, formula, operator, tail: tuple):
     return dx if needs[0] else None, _or_none(dmask, needs[1]), _or_none(dsinks, needs[2]), None
 
 
-# ---- softmax, log_softmax ---------------------------------------------------------------------
+def _functions(name: str, outputs, save, grad):
+    """The Functions of one sharded op, for eager autograd (`grad_mode.eager_form`) and for
+    torch.func: apply(x, mask, sinks, call) -> (result, row states...), the row states not
+    differentiable. `outputs(x, mask, sinks, c)` computes them, `save(ctx, x, mask, sinks, c,
+    *outputs)` keeps what `grad(ctx, g)` reads."""
+
+    class Func(torch.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x, mask, sinks, c):
+            return outputs(x, mask, sinks, c)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.mark_non_differentiable(*(t for t in output[1:] if t is not None))
+            save(ctx, *inputs, *output)
+
+        @staticmethod
+        def backward(ctx, g, *_):
+            return grad(ctx, g)
+
+    Func.__name__ = Func.__qualname__ = name
+    return eager_form(Func), Func
+
 
 def _softmax_outputs(x, mask, sinks, c):
     # (y, the global lse (with sinks), the rows empty on every rank (with a bool mask))
@@ -91,47 +111,9 @@ def _softmax_grad(ctx, gy):
                      (c.dim, c.log, c.scale, c.softcap, group_name(c.group)))
 
 
-class ShardedSoftmax(torch.autograd.Function):
-    """Eager autograd: apply(x, mask, sinks, call) -> this rank's shard of the softmax /
-    log_softmax. (ctx-style: a Function with `setup_context` binds its arguments through
-    `inspect` on every apply, some 30 us of host time a small call waits on.)"""
-
-    @staticmethod
-    def forward(ctx, x, mask, sinks, c):
-        y, lse, empty = _softmax_outputs(x, mask, sinks, c)
-        _softmax_save(ctx, x, mask, sinks, c, y, lse, empty)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        return _softmax_grad(ctx, gy)
-
-
-class FuncShardedSoftmax(torch.autograd.Function):
-    """torch.func: apply(x, mask, sinks, call) -> (this rank's shard, the global lse (with
-    sinks), the rows empty on every rank (with a bool mask)); the row states are outputs (a
-    `setup_context` sees inputs and outputs only), not differentiable."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, mask, sinks, c):
-        return _softmax_outputs(x, mask, sinks, c)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.mark_non_differentiable(*_present(*output[1:]))
-        _softmax_save(ctx, *inputs, *output)
-
-    @staticmethod
-    def backward(ctx, gy, _lse, _empty):
-        return _softmax_grad(ctx, gy)
-
-
-# ---- logsumexp --------------------------------------------------------------------------------
-
 def _logsumexp_outputs(x, mask, sinks, c):
-    # (the global logsumexp, `rest`, the rows empty on every rank (with a bool mask))
+    # (the global logsumexp, `rest` (the log of everything outside this shard), the rows empty
+    # on every rank (with a bool mask))
     if plain_eager(x, mask, sinks, gradients=False):
         out, st = logsumexp_forward(x, mask, sinks, c)
         return out, st.rest, st.empty
@@ -150,36 +132,7 @@ def _logsumexp_grad(ctx, g):
                      (c.dim, c.scale, c.softcap, c.keepdim, c.backend, group_name(c.group)))
 
 
-class ShardedLogsumexp(torch.autograd.Function):
-    """Eager autograd: apply(x, mask, sinks, call) -> the global logsumexp per row on every
-    rank (-inf for rows a bool mask leaves empty on every rank, their sink with sinks)."""
-
-    @staticmethod
-    def forward(ctx, x, mask, sinks, c):
-        out, rest, empty = _logsumexp_outputs(x, mask, sinks, c)
-        _logsumexp_save(ctx, x, mask, sinks, c, out, rest, empty)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        return _logsumexp_grad(ctx, g)
-
-
-class FuncShardedLogsumexp(torch.autograd.Function):
-    """torch.func: apply(x, mask, sinks, call) -> (the global logsumexp, `rest` (the log of
-    everything outside this shard), the rows empty on every rank), as `FuncShardedSoftmax`."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, mask, sinks, c):
-        return _logsumexp_outputs(x, mask, sinks, c)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.mark_non_differentiable(*_present(*output[1:]))
-        _logsumexp_save(ctx, *inputs, *output)
-
-    @staticmethod
-    def backward(ctx, g, _rest, _empty):
-        return _logsumexp_grad(ctx, g)
+# This rank's shard of the softmax / log_softmax; the global logsumexp per row on every rank.
+EagerShardedSoftmax, ShardedSoftmax = _functions("ShardedSoftmax", _softmax_outputs, _softmax_save, _softmax_grad)
+EagerShardedLogsumexp, ShardedLogsumexp = _functions("ShardedLogsumexp", _logsumexp_outputs, _logsumexp_save,
+                                                     _logsumexp_grad)

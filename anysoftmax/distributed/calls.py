@@ -57,8 +57,8 @@ def prepare(who, direction, x, dim, dtype, log, keepdim, group, scale, mask, cau
     rank, world = group_rank_and_size(group, who)
     refuse_causal(who, causal)
     a = FusedArgs(scale, mask, False, softcap, sinks, empty_rows)
-    # Plain eager tensors and modes: the local calls go straight to dispatch, and the request
-    # is memoised by its key (which reads pointers: torch.func's wrappers have none).
+    # Plain eager: local calls go straight to dispatch, and the request is memoised by its key
+    # (which reads pointers: torch.func's wrappers have none).
     eager = plain_eager(x, mask, sinks, gradients=False)
     key = request_key(direction, x, dim, dtype, backend, log, None, a) if eager else None
     checked = _lookup(key) if key is not None else None

@@ -4,13 +4,8 @@ and backwards that the autograd Functions (`autograd.py`) and the operators (`op
 Forward: `states.exchange` (one gather of row states), then one local fused softmax whose sink
 is `rest`, the log of everything outside the shard. Backward: softmax and log_softmax sum one
 float per row across the ranks (Σ y·g, resp. Σ g); logsumexp needs no collective (its gradient
-is the global softmax, recomputed locally from the saved `rest`).
-
-Sinks are replicated on every rank: each rank's sink gradient is the full one (the row sums
-are global after the backward's all-reduce). A floating mask is this rank's operand: its
-gradient is what this rank's use of it contributes (a mask shared by all ranks, broadcast
-along `dim`, gets each rank's part; their sum is the whole). There is no second derivative
-(`NO_DOUBLE_BACKWARD`).
+is the global softmax, recomputed locally from the saved `rest`). Each rank's sinks gradient is
+the whole one (sinks are replicated); a floating mask's is this rank's part.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from typing import NamedTuple
 import torch
 
 from .. import dispatch
+from ..core.lse_merge import lse_dtype
 from ..core.reference import empty_row_value, prologue_chain
 from ..torchop.api import log_softmax as _log_softmax, softmax as _softmax
 from ..torchop.grad_mode import plain_eager
@@ -52,27 +48,17 @@ class Call(NamedTuple):
     eager: bool  # plain eager tensors and modes (`torchop.grad_mode.plain_eager`): local calls go straight to dispatch
 
 
-def _acc(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-def _local_softmax(x, c: Call, mask, sink, dtype) -> torch.Tensor:
+def _local_softmax(x, c: Call, mask, sink, dtype=None) -> torch.Tensor:
     """The shard's local fused softmax (log_softmax with `c.log`), recording no gradient:
     straight to dispatch when `c.eager` (what the public function would find), else through
-    the public function (torch.compile, torch.func, forward AD, tensor subclasses)."""
+    the public function (torch.compile, torch.func, forward AD, tensor subclasses). With `rest`
+    as its sink it is the global softmax's shard. Empty rows stay "zero" locally: a row empty
+    here may be kept on another rank (the caller applies the policy to rows empty everywhere)."""
     if c.eager:
         return dispatch.forward_fused(x, c.dim, dtype, c.backend, c.log,
                                       dispatch.FusedArgs(c.scale, mask, False, c.softcap, sink))[0]
     op = _log_softmax if c.log else _softmax
     return op(x, c.dim, dtype, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sink, backend=c.backend)
-
-
-def _shard_values(x, mask, c: Call, rest, dtype=None) -> torch.Tensor:
-    # With `rest` as its sink, the local fused softmax of the shard is the global softmax's
-    # shard. Empty rows stay "zero" locally: a row empty here may be kept on another rank;
-    # the policy applies to rows empty everywhere (done by the caller). One rank: `rest` is
-    # the sinks themselves (`states.exchange`).
-    return _local_softmax(x, c, mask, rest, dtype)
 
 
 def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call, mask) -> torch.Tensor:
@@ -95,7 +81,7 @@ def softmax_forward(x, mask, sinks, c: Call):
     st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
                   rank=c.rank, world=c.world, group=c.group, eager=c.eager, want_length=want_length,
                   want_lse=sinks is not None)
-    y = _shard_values(x, mask, c, st.rest)
+    y = _local_softmax(x, c, mask, st.rest)
     if st.empty is not None and c.empty_rows != "zero":
         if want_length:  # (a device tensor: torch.where, as masked_fill would read it on the host)
             n = st.length.to(torch.float64)
@@ -120,7 +106,7 @@ def softmax_backward(gy, y, x, mask, sinks, lse, empty, c: Call, needs=(True, Tr
     result `y` and the row states (`lse` with sinks, `empty` with a bool mask); `x` only with
     softcap. `needs`: which of the three are wanted (None where not, or where the operand is
     absent or a bool mask). The backward's one collective: one float per row."""
-    acc = _acc(y)
+    acc = lse_dtype(y.dtype)
     g, yy = gy.to(acc), y.to(acc)
     excluded = None
     if mask is not None and mask.dtype == torch.bool:
@@ -145,10 +131,10 @@ def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True
     sink (0 at excluded positions and in rows empty everywhere), in the accumulation dtype
     (`dtype=` widens inside the kernel's loads): dx is rounded once, not twice. A row with
     nothing kept but its sink s is s: the sink's gradient there is g."""
-    acc = _acc(x)
+    acc = lse_dtype(x.dtype)
     g = g.to(acc) if c.keepdim else g.to(acc).unsqueeze(c.dim)
     c = c._replace(log=False, eager=plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)
-    dz = g * _shard_values(x.detach(), mask, c, rest, acc)
+    dz = g * _local_softmax(x.detach(), c, mask, rest, acc)
     ds = None
     if sinks is not None and needs[2]:
         lse = out if c.keepdim else out.unsqueeze(c.dim)

@@ -1,14 +1,10 @@
 """The mailbox of the one-read sharded softmax (`one_read.py`): per rank an int64 buffer
 [2, capacity, world] that every rank of the group can write over NVLink (torch's symmetric
-memory), and the addresses of every rank's buffer as this rank maps them.
-
-A kernel writes a row's state into slot [epoch & 1, row, its rank] of each peer's buffer, one
-64-bit word tagged with the call's epoch (`backends/_triton_common/sharded.py`), and reads the
-peers' words from its own. Every call takes the next epoch, the same on every rank since the
-calls are collective. Mailboxes are made once per (group, device) by a collective
-(`rendezvous`), grown (a new collective, on the same call everywhere: the rows agree) when a
-call has more rows, and never freed while the process lives: a peer's kernel still in flight
-may write into an old one.
+memory), and the addresses of every rank's buffer as this rank maps them. A kernel writes a
+row's state, tagged with the call's epoch, into each peer's buffer and reads the peers' words
+from its own (docs/kernels.md). Mailboxes are made once per (group, device) by a collective,
+grown (a new collective, on the same call everywhere) when a call has more rows, and never
+freed while the process lives: a peer's kernel still in flight may write into an old one.
 """
 
 from __future__ import annotations
@@ -25,10 +21,9 @@ MAX_EPOCH = 2**31 - 1
 
 
 class Mailbox:
-    """This rank's mailbox `words` (int64 [2 * capacity * world]), `peers` (int64 [world]: the
-    address of every rank's `words` in this process, this rank's own included) and the epoch
-    of the last call. `keep` holds whatever keeps the mapping alive; `launchers` the backend's
-    launchers bound to this mailbox, by request key (`one_read.sharded_softmax`)."""
+    """This rank's mailbox `words` (int64 [2 * capacity * world]), `peers` (int64 [world]: every
+    rank's `words` address in this process), the epoch of the last call, `keep` (what keeps the
+    mapping alive) and `launchers` (the backend's, bound to this mailbox, by request key)."""
 
     __slots__ = ("words", "peers", "capacity", "world", "epoch", "keep", "launchers")
 
@@ -41,7 +36,6 @@ class Mailbox:
                              f"with {peers.numel()}")
         self.words, self.peers, self.capacity, self.world, self.keep = words, peers, capacity, world, keep
         self.epoch = 0
-        # core.request's key of a call -> the backend's launcher bound to this mailbox.
         self.launchers = BoundedDict(maxsize=256)
 
     def next_call(self) -> tuple[int, int]:

@@ -1,16 +1,9 @@
 """The sharded softmax in one read of the shard: the row states exchanged inside the kernel,
 through a mailbox of symmetric memory (`mailbox.py`), instead of a logsumexp kernel, an
-all-gather and a second kernel that reads the shard again (`states.exchange`).
-
-Taken on CUDA GPUs for 16/32-bit shards, plain or with scale, softcap, an additive mask and
-sinks, in plain eager mode (not while torch.compile or torch.func trace, nor while a CUDA
-graph is captured: the call's epoch is a launch argument, a replay would repeat it), on the
-`triton` backend (chosen by `backend=` or $ANYSOFTMAX_BACKEND, or the automatic choice: a
-backend either of them names is an explicit choice, as everywhere in anysoftmax). The
-decision depends only on what every rank shares (device type, dtype, keywords, backend,
-modes), never on a shard's length or strides, so the ranks of a group always take the same
-path. ANYSOFTMAX_SHARDED_ONE_READ=0
-turns it off (read once, at import).
+all-gather and a second kernel that reads the shard again (`states.exchange`). When it is taken
+(`refusal`): docs/semantics.md. The decision depends only on what every rank shares, never on a
+shard's length or strides, so the ranks of a group take the same path.
+ANYSOFTMAX_SHARDED_ONE_READ=0 turns it off (read once, at import).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The sharded functions as torch operators: ``torch.ops.anysoftmax.sharded_softmax`` (softmax
-and log_softmax), ``.sharded_logsumexp`` and their backwards, with fake implementations (so
-torch.compile keeps one graph: dynamo cannot trace the collectives, it calls the operator),
-autograd (what AOTAutograd differentiates; a backward operator refuses to be differentiated:
-`functions.refuse_double_backward`) and vmap rules (a batch dim is one more row dim: every rank
-batches alike, so the ranks still agree on the rows).
-
-torch.compile calls the forward operators directly; torch.func transforms reach them through
-the Functions of `autograd.py`, whose forwards and backwards call them for wrapped tensors. Each
-operator runs the formulas of `functions.py` on plain tensors, validated as the public
-functions validate, through the all-gather of the row states (never `one_read`, whose epochs
-are per eager call). An output an operator does not have (the lse without sinks, the empty rows
-without a bool mask, the gradient of a bool mask or of absent sinks) is an empty placeholder:
-operators return tensors only.
+and log_softmax), ``.sharded_logsumexp`` and their backwards, with fake implementations (dynamo
+cannot trace the collectives: torch.compile keeps one graph around the operator), autograd (a
+backward operator refuses to be differentiated) and vmap rules (a batch dim is one more row dim,
+which every rank batches alike). torch.compile calls the forward operators; torch.func reaches
+them through `autograd.py`'s Functions. Each runs `functions.py` on plain tensors through the
+all-gather of the row states (never `one_read`, whose epochs are per eager call). An output an
+operator does not have (the lse without sinks, the empty rows without a bool mask, a bool mask's
+or absent sinks' gradient) is an empty placeholder: operators return tensors only.
 """
 
 from __future__ import annotations
@@ -20,8 +15,10 @@ from typing import Optional
 
 import torch
 
+from ..core.reference import row_shape
 from ..core.request import SHARDED, SHARDED_LSE
 from ..dispatch import FusedArgs
+from ..torchop.batching import front
 from . import calls
 from .collective import group_of, group_rank_and_size
 from .functions import (NO_DOUBLE_BACKWARD, Call, logsumexp_backward, logsumexp_forward, softmax_backward,
@@ -34,10 +31,6 @@ _LSE = "anysoftmax.distributed.logsumexp"
 
 def _bool(mask) -> bool:
     return mask is not None and mask.dtype == torch.bool
-
-
-def _row_shape(x: _Tensor, dim: int) -> tuple[int, ...]:
-    return tuple(1 if d == dim else s for d, s in enumerate(x.shape))
 
 
 def _fresh(*outputs: _Tensor, inputs=()) -> tuple[_Tensor, ...]:
@@ -77,26 +70,22 @@ def _no_rows(x: _Tensor, dim: int) -> bool:
 def softmax_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], dim: int, dtype: Optional[torch.dtype],
                log: bool, scale: Optional[float], softcap: Optional[float], empty_rows: str, backend: Optional[str],
                group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """(this rank's shard of the softmax / log_softmax of a dim sharded across the group named
-    `group` (`collective.group_name`), the global lse (with sinks), the rows empty on every rank
-    (with a bool mask))."""
+    """(this rank's shard of the softmax / log_softmax over `dim`, sharded across the group named
+    `group` (`collective.group_name`); the global lse; the rows empty on every rank)."""
     x, c, checked = _prepare(_SOFTMAX[log], SHARDED, x, dim, dtype, log, False, group, scale, mask, softcap, sinks,
                              empty_rows, backend)
-    rows = _row_shape(x, c.dim)
-    if checked.no_rows:
-        y, lse, empty = x.new_empty(x.shape), x.new_empty(rows, dtype=checked.acc), x.new_empty(rows, dtype=torch.bool)
-    else:
-        y, st = softmax_forward(x, mask, sinks, c)
-        lse, empty = st.lse, st.empty
-    lse = lse if sinks is not None else x.new_empty(0, dtype=checked.acc)
-    empty = empty if _bool(mask) else x.new_empty(0, dtype=torch.bool)
+    if checked.no_rows:  # (nothing to compute: the fake's empty outputs; x is converted already)
+        return _softmax_fake(x, mask, sinks, dim, None, log, scale, softcap, empty_rows, backend, group)
+    y, st = softmax_forward(x, mask, sinks, c)
+    lse = st.lse if sinks is not None else x.new_empty(0, dtype=checked.acc)
+    empty = st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool)
     return _fresh(y, lse, empty, inputs=(x, mask, sinks))
 
 
 @softmax_op.register_fake
 def _softmax_fake(x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group):
     checked = calls.check(_SOFTMAX[log], x, dim, dtype, log, FusedArgs(scale, mask, False, softcap, sinks, empty_rows))
-    rows = _row_shape(x, checked.dim)
+    rows = row_shape(x.shape, checked.dim)
     return (x.new_empty(x.shape, dtype=checked.cast or x.dtype),
             x.new_empty(rows if sinks is not None else (0,), dtype=checked.acc),
             x.new_empty(rows if _bool(mask) else (0,), dtype=torch.bool))
@@ -173,20 +162,15 @@ softmax_backward_op.register_autograd(_refuse, setup_context=_no_context)
 def logsumexp_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], dim: int, scale: Optional[float],
                  softcap: Optional[float], keepdim: bool, backend: Optional[str],
                  group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """(the global logsumexp of a dim sharded across `group`, `rest` (the log of everything
-    outside this shard: with sinks or more than one rank), the rows empty on every rank (with
-    a bool mask))."""
+    """(the global logsumexp of a dim sharded across `group`; `rest`, the log of everything
+    outside this shard (with sinks or more than one rank); the rows empty on every rank)."""
     x, c, checked = _prepare(_LSE, SHARDED_LSE, x, dim, None, False, keepdim, group, scale, mask, softcap, sinks,
                              "zero", backend)
-    rows = _row_shape(x, c.dim)
-    if checked.no_rows:
-        out = x.new_empty(rows if keepdim else _without(x, c.dim), dtype=checked.acc)
-        rest, empty = x.new_empty(rows, dtype=checked.acc), x.new_empty(rows, dtype=torch.bool)
-    else:
-        out, st = logsumexp_forward(x, mask, sinks, c)
-        rest, empty = st.rest, st.empty
-    return _fresh(out, rest if _has_rest(sinks, c.world) else x.new_empty(0, dtype=checked.acc),
-                  empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
+    if checked.no_rows:  # (nothing to compute: the fake's empty outputs)
+        return _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group)
+    out, st = logsumexp_forward(x, mask, sinks, c)
+    return _fresh(out, st.rest if _has_rest(sinks, c.world) else x.new_empty(0, dtype=checked.acc),
+                  st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
 
 
 def _without(x: _Tensor, dim: int) -> tuple[int, ...]:
@@ -200,7 +184,7 @@ def _has_rest(sinks, world: int) -> bool:
 @logsumexp_op.register_fake
 def _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group):
     checked = calls.check(_LSE, x, dim, None, False, FusedArgs(scale, mask, False, softcap, sinks, "zero"))
-    rows = _row_shape(x, checked.dim)
+    rows = row_shape(x.shape, checked.dim)
     _, world = group_rank_and_size(group_of(group), _LSE)
     return (x.new_empty(rows if keepdim else _without(x, checked.dim), dtype=checked.acc),
             x.new_empty(rows if _has_rest(sinks, world) else (0,), dtype=checked.acc),
@@ -254,21 +238,10 @@ def _sample_dim(who: str, dim: int, ndim: int) -> int:
     return dim % ndim + 1
 
 
-def _front(t, bdim, n: int, ndim: int):
-    """`t` with its batch dim in front (an unbatched one broadcast over the batch) and size-1
-    dims after it up to the sample's rank `ndim`, so that right-aligned broadcasting against
-    the batched x still lines up (None stays None)."""
-    if t is None:
-        return None
-    t = t.expand(n, *t.shape) if bdim is None else t.movedim(bdim, 0)
-    missing = ndim - (t.dim() - 1)
-    return t[(slice(None),) + (None,) * missing] if missing > 0 else t
-
-
 def _rows_front(t, bdim, n: int, ndim: int, present: bool):
     # A row-state input (lse, rest, empty): batched like x where the operator has it, else a
     # placeholder, passed as it is.
-    return _front(t, bdim, n, ndim) if present else t
+    return front(t, bdim, n, ndim) if present else t
 
 
 def _grad_dims(mask, sinks) -> tuple:
@@ -280,7 +253,7 @@ def _grad_dims(mask, sinks) -> tuple:
 def _softmax_vmap(info, in_dims, x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group):
     n, (xd, md, sd) = info.batch_size, in_dims[:3]
     ndim = x.dim() - (xd is not None)
-    out = softmax_op(_front(x, xd, n, ndim), _front(mask, md, n, ndim), _front(sinks, sd, n, ndim),
+    out = softmax_op(front(x, xd, n, ndim), front(mask, md, n, ndim), front(sinks, sd, n, ndim),
                      _sample_dim(_SOFTMAX[log], dim, ndim), dtype, log, scale, softcap, empty_rows, backend, group)
     return out, (0, 0 if sinks is not None else None, 0 if _bool(mask) else None)
 
@@ -290,8 +263,8 @@ def _softmax_backward_vmap(info, in_dims, gy, y, x, mask, sinks, lse, empty, dim
     n, (gd, yd, xd, md, sd, ld, ed) = info.batch_size, in_dims[:7]
     ndim = y.dim() - (yd is not None)
     dx, dmask, dsinks = softmax_backward_op(
-        _front(gy, gd, n, ndim), _front(y, yd, n, ndim), _front(x, xd, n, ndim), _front(mask, md, n, ndim),
-        _front(sinks, sd, n, ndim), _rows_front(lse, ld, n, ndim, sinks is not None),
+        front(gy, gd, n, ndim), front(y, yd, n, ndim), front(x, xd, n, ndim), front(mask, md, n, ndim),
+        front(sinks, sd, n, ndim), _rows_front(lse, ld, n, ndim, sinks is not None),
         _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_SOFTMAX[log], dim, ndim), log, scale, softcap,
         group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)
@@ -302,7 +275,7 @@ def _logsumexp_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, keepdim,
     n, (xd, md, sd) = info.batch_size, in_dims[:3]
     ndim = x.dim() - (xd is not None)
     _, world = group_rank_and_size(group_of(group), _LSE)
-    out = logsumexp_op(_front(x, xd, n, ndim), _front(mask, md, n, ndim), _front(sinks, sd, n, ndim),
+    out = logsumexp_op(front(x, xd, n, ndim), front(mask, md, n, ndim), front(sinks, sd, n, ndim),
                        _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim, backend, group)
     return out, (0, 0 if _has_rest(sinks, world) else None, 0 if _bool(mask) else None)
 
@@ -313,25 +286,14 @@ def _logsumexp_backward_vmap(info, in_dims, g, x, mask, sinks, out, rest, empty,
     n, (gd, xd, md, sd, od, rd, ed) = info.batch_size, in_dims[:7]
     ndim = x.dim() - (xd is not None)
     _, world = group_rank_and_size(group_of(group), _LSE)
-    gb = g.expand(n, *g.shape) if gd is None else g.movedim(gd, 0)
-    ob = out.expand(n, *out.shape) if od is None else out.movedim(od, 0)
+    gb, ob = (front(t, d, n, t.dim() - (d is not None)) for t, d in ((g, gd), (out, od)))
     dx, dmask, dsinks = logsumexp_backward_op(
-        gb, _front(x, xd, n, ndim), _front(mask, md, n, ndim), _front(sinks, sd, n, ndim), ob,
+        gb, front(x, xd, n, ndim), front(mask, md, n, ndim), front(sinks, sd, n, ndim), ob,
         _rows_front(rest, rd, n, ndim, _has_rest(sinks, world)),
         _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
         backend, group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)
 
 
-def compiled_softmax(x, dim, dtype, log, scale, mask, softcap, sinks, empty_rows, backend, group) -> _Tensor:
-    """The public softmax / log_softmax while torch.compile traces (validated by the fake)."""
-    return softmax_op(x, mask, sinks, dim, dtype, log, scale, softcap, empty_rows, backend, group)[0]
-
-
-def compiled_logsumexp(x, dim, scale, mask, softcap, sinks, keepdim, backend, group) -> _Tensor:
-    """The public logsumexp while torch.compile traces (validated by the fake)."""
-    return logsumexp_op(x, mask, sinks, dim, scale, softcap, keepdim, backend, group)[0]
-
-
-__all__ = ["compiled_logsumexp", "compiled_softmax", "logsumexp_backward_op", "logsumexp_op", "softmax_backward_op",
+__all__ = ["logsumexp_backward_op", "logsumexp_op", "softmax_backward_op",
            "softmax_op"]

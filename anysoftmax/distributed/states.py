@@ -1,12 +1,9 @@
 """Row states of a softmax whose dim is sharded across ranks: each rank's log-sum-exp per row
-(and, when a bool mask can empty rows, whether it kept anything), gathered in one collective,
-then merged on every rank into the global log-denominator.
-
-The merge also gives `rest`: the log of everything outside this rank's shard (the other ranks'
-rows and the sinks). A local fused softmax with `rest` as its sink *is* this rank's shard of
-the global softmax — exp(z_j) / (exp(rest) + Σ_local exp(z_k)) — in one kernel pass.
-`rest` is a log-sum-exp of the other ranks' states, never exp(G) − exp(lse_local): no
-cancellation.
+(and with a bool mask whether it kept anything), gathered in one collective, merged on every
+rank into the global log-denominator and `rest`, the log of everything outside this rank's
+shard (the other ranks and the sinks). A local fused softmax with `rest` as its sink *is* this
+rank's shard of the global softmax. `rest` is a log-sum-exp of the other ranks' states, never
+exp(G) − exp(lse_local): no cancellation.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from .. import dispatch
-from ..torchop.pieces import logsumexp
+from ..torchop.lse_merge import logsumexp
 from .collective import gather_states
 
 # Row lengths travel as two floats (n >> 20, n & (2**20 - 1)): exact in float32 up to 2**44.
@@ -24,11 +21,8 @@ _SPLIT = 2**20
 
 
 def _local_lse(x: torch.Tensor, dim: int, *, scale, mask, softcap, backend, eager: bool) -> torch.Tensor:
-    """log Σ_j exp(z_j) over this shard's kept positions (no sinks: they count once, in the
-    global merge), z = softcap(scale · x) + additive mask, bool mask True = excluded; float32
-    for 16/32-bit x, float64 for float64; -inf for rows with nothing kept; x's shape with size 1
-    in `dim`. One `anysoftmax.logsumexp` call, on the chosen backend (`eager`: straight to
-    dispatch, as `functions._local_softmax`)."""
+    """This shard's logsumexp with keepdim, without the sinks (they count once, in the global
+    merge): one `anysoftmax.logsumexp` call (`eager`: straight to dispatch)."""
     if eager:
         return dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, softcap=softcap)
     return logsumexp(x, dim, scale=scale, mask=mask, softcap=softcap, keepdim=True, backend=backend)
@@ -59,12 +53,10 @@ def _others(lses: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 def exchange(x: torch.Tensor, dim: int, *, scale, mask, softcap, sinks, backend, rank: int, world: int,
              group, eager: bool, want_length: bool = False, want_lse: bool = True) -> RowStates:
-    """Compute this shard's row states, gather every rank's (the forward's one collective:
-    [world, rows (+ rows kept flags) (+ 2)] floats), merge them. `lse` only when `want_lse`.
-
-    Nothing here reads a value on the host: on a GPU the ranks' streams run ahead of Python,
-    and a sync between the collectives would serialise them. Records no gradient (its callers,
-    `functions.softmax_forward` and `logsumexp_forward`, run where none is wanted)."""
+    """This shard's row states, every rank's gathered (the forward's one collective: [world,
+    rows (+ rows kept flags) (+ 2)] floats) and merged; `lse` only when `want_lse`. Nothing
+    here reads a value on the host (a sync between the collectives would serialise the ranks'
+    streams), and nothing records a gradient."""
     local = _local_lse(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend, eager=eager)
     acc, rows, keep_shape = local.dtype, local.numel(), local.shape
     bool_mask = mask is not None and mask.dtype == torch.bool

@@ -20,7 +20,7 @@ class Cell:
     entry: str  # device entry name
     device: str  # device string of the entry ("cuda" = any visible GPU)
     backend: str
-    op: str  # softmax | log_softmax | logsumexp | merge_states (matrix.pieces_cells)
+    op: str  # softmax | log_softmax | logsumexp | merge_states (matrix.lse_merge_cells)
     direction: str  # forward | backward
     dtype: str  # canonical name, e.g. "bfloat16"
     shape: tuple[int, ...]

@@ -13,7 +13,7 @@ import torch
 from .. import perf
 from ..core.registry import BackendUnavailableError, UnsupportedRequestError
 from ..core.spec import SoftmaxSpec, parse_dtype
-from . import memory, pieces_cells, providers
+from . import memory, lse_merge_cells, providers
 from .cells import FAILED, PASSED, SKIPPED, Cell, Result
 from .conformance import check_cell, make_input, rounded_output
 from .devices import device_name
@@ -88,8 +88,8 @@ def _benchmark(cell: Cell, device: str, res: Result) -> None:
     if device not in _warm:
         perf.warm_up(device)
         _warm.add(device)
-    if cell.op in pieces_cells.PIECES_OPS:
-        inputs, fn, moved = pieces_cells.bench_inputs(cell, device)
+    if cell.op in lse_merge_cells.PIECES_OPS:
+        inputs, fn, moved = lse_merge_cells.bench_inputs(cell, device)
     else:
         inputs, fn, moved = (_bench_inputs if cell.variant.is_plain else fused_bench_inputs)(cell, device)
     res.ms = perf.time_ms(fn, inputs, device, warmup_ms=cell.warmup_ms, rep_ms=cell.rep_ms)
@@ -117,7 +117,7 @@ def run_cell(cell: Cell, device: str) -> Result:
         res.device_name = _names[device]
         # A variant that cannot apply to this shape and dim, or a cell too big for the device:
         # skipped with the reason, before anything is allocated.
-        refused = pieces_cells.refusal(cell) or (None if cell.op in pieces_cells.PIECES_OPS else applies(
+        refused = lse_merge_cells.refusal(cell) or (None if cell.op in lse_merge_cells.PIECES_OPS else applies(
             cell.variant, cell.shape, cell.dim)) or memory.refusal(cell, device)
         if refused is not None:
             res.status, res.reason = SKIPPED, refused
@@ -127,8 +127,8 @@ def run_cell(cell: Cell, device: str) -> Result:
             cmp = None
             res.note = providers.REFERENCE_NOTE
         else:
-            if cell.op in pieces_cells.PIECES_OPS:
-                cmp, spec = pieces_cells.check(cell, device)
+            if cell.op in lse_merge_cells.PIECES_OPS:
+                cmp, spec = lse_merge_cells.check(cell, device)
             else:
                 cmp, spec = (check_cell if cell.variant.is_plain else check_fused)(cell, device)
             res.max_abs_err, res.err_ratio = cmp.max_abs_err, cmp.max_rel_err

@@ -82,7 +82,7 @@ def _peer(name: str, op: str, dim: int, ndim: int, device: str):
     return peer, module
 
 
-def _ours(name: str) -> str | None:
+def backend_argument(name: str) -> str | None:
     """The `backend=` argument of anysoftmax provider `name` (None: the automatic choice). A
     named backend that cannot run here raises now, when the provider is built, like a peer
     whose package is missing (not at its first call)."""
@@ -99,7 +99,7 @@ def _rows(fn):
     return lambda *ts: fn(*(t.reshape(-1, t.shape[-1]) for t in ts)).view(ts[0].shape)
 
 
-def _compiled(fn):
+def fresh_compiled(fn):
     # A fresh dynamo state per cell: with dynamic=False every shape recompiles the same code
     # object, and past torch's recompile limit dynamo would silently run it eagerly.
     torch._dynamo.reset()
@@ -110,7 +110,7 @@ def forward(name: str, op: str, dim: int, ndim: int, device: str) -> Forward:
     """The forward function of provider `name` for `op` over `dim` of an `ndim`-d input on `device`."""
     log = op == "log_softmax"
     if not is_peer(name):
-        fn, backend = (api.log_softmax if log else api.softmax), _ours(name)
+        fn, backend = (api.log_softmax if log else api.softmax), backend_argument(name)
         return lambda x: fn(x, dim, backend=backend)
     peer, module = _peer(name, op, dim, ndim, device)
     torch_op = torch.log_softmax if log else torch.softmax
@@ -119,7 +119,7 @@ def forward(name: str, op: str, dim: int, ndim: int, device: str) -> Forward:
     if peer == "torch":
         return lambda x: torch_op(x, dim)
     if peer == "torch.compile":
-        return _compiled(lambda x: torch_op(x, dim))
+        return fresh_compiled(lambda x: torch_op(x, dim))
     if peer == "seed":
         from .seed_kernel import seed_softmax
         return _rows(seed_softmax)
@@ -132,7 +132,7 @@ def backward(name: str, op: str, dim: int, ndim: int, device: str) -> Backward:
     """The backward function (y, dy) -> dx of provider `name` for `op` over `dim`."""
     log = op == "log_softmax"
     if not is_peer(name):
-        backend = _ours(name)
+        backend = backend_argument(name)
         return lambda y, dy: api.softmax_backward(y, dy, dim, log=log, backend=backend)
     peer, module = _peer(name, op, dim, ndim, device)
     torch_bwd = torch._log_softmax_backward_data if log else torch._softmax_backward_data
@@ -141,7 +141,7 @@ def backward(name: str, op: str, dim: int, ndim: int, device: str) -> Backward:
     if peer == "torch":
         return lambda y, dy: torch_bwd(dy, y, dim, y.dtype)
     if peer == "torch.compile":
-        return _compiled(lambda y, dy: torch_bwd(dy, y, dim, y.dtype))
+        return fresh_compiled(lambda y, dy: torch_bwd(dy, y, dim, y.dtype))
     if peer == "seed":
         raise UnsupportedRequestError("peer:seed has no backward")
     if peer == "liger":
@@ -160,7 +160,7 @@ def fused_forward(name: str, op: str, dim: int, shape: tuple[int, ...], device: 
     inputs of `shape` on `device` (`peer:copy` has none: it is no softmax)."""
     log = op == "log_softmax"
     if not is_peer(name):
-        fn, backend = (api.log_softmax if log else api.softmax), _ours(name)
+        fn, backend = (api.log_softmax if log else api.softmax), backend_argument(name)
         return lambda x, mask, sinks: fn(x, dim, backend=backend, **call_kwargs(spec, Operands(mask, sinks)))
     peer, _ = _peer(name, op, dim, len(shape), device)
     if peer in _ROW_KERNELS:
@@ -169,5 +169,5 @@ def fused_forward(name: str, op: str, dim: int, shape: tuple[int, ...], device: 
     if peer == "torch":
         return composition(spec, dim, log, shape, device)
     if peer == "torch.compile":
-        return _compiled(composition(spec, dim, log, shape, device))
+        return fresh_compiled(composition(spec, dim, log, shape, device))
     raise UnsupportedRequestError(f"{name} is not a softmax: a fused cell times it on its own inputs")

@@ -35,7 +35,7 @@ from ..core.spec import DTYPE_NAMES, dtype_name, parse_dtype
 from .resources import check_labels, check_resources
 from .variants import PLAIN, VariantSpec, applies, check_variants
 
-# logsumexp and merge_states: forward, plain cells (`matrix.pieces_cells`; a merge_states
+# logsumexp and merge_states: forward, plain cells (`matrix.lse_merge_cells`; a merge_states
 # cell's shape is [K, ..., D]).
 OPS = ("softmax", "log_softmax", "logsumexp", "merge_states")
 DIRECTIONS = ("forward", "backward")

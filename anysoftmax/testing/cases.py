@@ -319,7 +319,7 @@ LONG_VARIANT_CASES: list[VariantCase] = [
 
 
 
-# ---- softmax in pieces (core.pieces): logsumexp, and merge(split(x)) -------------------------
+# ---- softmax in pieces (core.lse_merge): logsumexp, and merge(split(x)) -------------------------
 
 def _no_empty_rows(kwargs):
     """A variant case's keywords for logsumexp (which has no `empty_rows`: empty rows are -inf)."""

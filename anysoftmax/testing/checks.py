@@ -24,7 +24,7 @@ from .cases import CONTIGUOUS, INTO_OUT, STRIDED
 from .poison import poisoned_allocations
 
 
-def _api(log: bool):
+def api_function(log: bool):
     import anysoftmax
 
     return anysoftmax.log_softmax if log else anysoftmax.softmax
@@ -63,7 +63,7 @@ def _expect_refusal(call, backend: str, reason: str) -> str:
 
 
 @contextlib.contextmanager
-def _named(spec: SoftmaxSpec, what: str = ""):
+def named_failure(spec: SoftmaxSpec, what: str = ""):
     """A backend's exception, re-raised as a failure that names the request (shape, dim,
     dtypes, variant); the original stays chained to it."""
     try:
@@ -84,12 +84,12 @@ def check_forward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False,
     """softmax (log_softmax with `log`) of `x` with `backend`, plain or with the fused keywords
     `fused` (scale, mask, causal, softcap, sinks, empty_rows), against the float64 reference."""
     fused = fused or {}
-    fn = _api(log)
+    fn = api_function(log)
     spec, reason = declared_refusal(backend, x, dim, dtype, log, fused)
     if reason is not None:
         return _expect_refusal(lambda: fn(x, dim, dtype=dtype, backend=backend, **fused), backend, reason)
     before = x.clone()
-    with poisoned_allocations(), _named(spec):
+    with poisoned_allocations(), named_failure(spec):
         out = fn(x, dim, dtype=dtype, backend=backend, **fused)
     if not _same(x, before):
         raise AssertionError(f"{backend} modified its input")
@@ -111,7 +111,7 @@ def check_backward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False
     `compare_mask_gradient`). `seed` makes the upstream gradient. Inputs that cannot carry a
     gradient (integer dtypes, empty tensors) check the forward only."""
     fused = dict(fused or {})
-    fn = _api(log)
+    fn = api_function(log)
     spec, reason = declared_refusal(backend, x, dim, dtype, log, fused)
     if reason is not None:
         return _expect_refusal(lambda: fn(x, dim, dtype=dtype, backend=backend, **fused), backend, reason)
@@ -127,7 +127,7 @@ def check_backward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False
     if additive:
         fused["mask"] = mask.detach().clone().requires_grad_()
         wants.append(fused["mask"])
-    with poisoned_allocations(), _named(spec, "backward of "):
+    with poisoned_allocations(), named_failure(spec, "backward of "):
         y = fn(xg, dim, dtype=dtype, backend=backend, **fused)
         g = _upstream(y, seed + x.numel())
         grads = torch.autograd.grad(y, wants, g)
@@ -178,7 +178,7 @@ def _finite_abs(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t.abs(), torch.zeros_like(t))
 
 
-# ---- softmax in pieces (core.pieces) ----------------------------------------------------------
+# ---- softmax in pieces (core.lse_merge) ----------------------------------------------------------
 
 def pieces_refusal(backend: str, op: str, spec) -> str | None:
     """The backend's declared refusal of the pieces op `op` for `spec` (no `run_<op>` method,
@@ -194,7 +194,7 @@ def check_logsumexp(x: torch.Tensor, dim: int, *, backend: str, fused: dict | No
     (keepdim and not; input unmodified; output dtype float32/float64)."""
     import anysoftmax
     from ..core.compare import compare_logsumexp
-    from ..core.pieces import describe_logsumexp, logsumexp_request
+    from ..core.lse_merge import describe_logsumexp, logsumexp_request
 
     fused = fused or {}
     spec, _ = logsumexp_request(x, dim, **fused)
@@ -202,7 +202,7 @@ def check_logsumexp(x: torch.Tensor, dim: int, *, backend: str, fused: dict | No
     if reason is not None:
         return _expect_refusal(lambda: anysoftmax.logsumexp(x, dim, backend=backend, **fused), backend, reason)
     before = x.clone()
-    with poisoned_allocations(), _named(spec, "logsumexp: "):
+    with poisoned_allocations(), named_failure(spec, "logsumexp: "):
         out = anysoftmax.logsumexp(x, dim, keepdim=True, backend=backend, **fused)
         flat = anysoftmax.logsumexp(x, dim, backend=backend, **fused)
     if not _same(x, before):
@@ -281,10 +281,10 @@ def _merge_call(outs: list, lses: list, backend: str, layout: str):
 def check_logsumexp_backward(x: torch.Tensor, dim: int, *, backend: str, fused: dict | None = None,
                              seed: int = 7) -> str | None:
     """Gradients of `anysoftmax.logsumexp` (autograd; x's, and the sinks' when given) against
-    the float64 formula (`core.pieces.logsumexp_backward_formula`) from the lse the backend
+    the float64 formula (`core.lse_merge.logsumexp_backward_formula`) from the lse the backend
     gave; positions the mask or causal excludes get exactly 0."""
     import anysoftmax
-    from ..core.pieces import describe_logsumexp, logsumexp_backward_formula, logsumexp_request
+    from ..core.lse_merge import describe_logsumexp, logsumexp_backward_formula, logsumexp_request
     from ..core.reference import prologue
 
     fused = dict(fused or {})
@@ -300,7 +300,7 @@ def check_logsumexp_backward(x: torch.Tensor, dim: int, *, backend: str, fused: 
         fused["sinks"] = sinks.detach().clone().requires_grad_()
         wants.append(fused["sinks"])
     what = f"backward of {describe_logsumexp(spec)}"
-    with poisoned_allocations(), _named(spec, "backward of logsumexp: "):
+    with poisoned_allocations(), named_failure(spec, "backward of logsumexp: "):
         lse = anysoftmax.logsumexp(wants[0], dim, keepdim=True, backend=backend, **fused)
         g = _upstream(lse, seed + x.numel())
         grads = torch.autograd.grad(lse, wants, g)
@@ -338,7 +338,7 @@ def check_merge_split(x: torch.Tensor, bounds: list, *, backend: str, lse_dtype=
     partials (`_partials`: lses in `lse_dtype`), laid out as `layout` says (`cases.SplitCase`),
     merged by the backend. Rows with nothing (every logit -inf) must merge to 0 and -inf."""
     from ..core.compare import compare_merge
-    from ..core.pieces import MergeSpec
+    from ..core.lse_merge import MergeSpec
 
     outs, lses = _partials(x, bounds, backend, lse_dtype)
     spec = MergeSpec.from_tensors(outs, lses)
@@ -361,11 +361,11 @@ def check_merge_split(x: torch.Tensor, bounds: list, *, backend: str, lse_dtype=
 
 def check_merge_backward(x: torch.Tensor, bounds: list, *, backend: str, lse_dtype=None, seed: int = 7) -> str | None:
     """Gradients of merge(split(x)) through `anysoftmax.merge_states` (autograd) against the
-    float64 formula (`core.pieces.merge_backward_formula`) from the (out, lse) the backend
+    float64 formula (`core.lse_merge.merge_backward_formula`) from the (out, lse) the backend
     gave. A partial whose lse is -inf weighs 0: its output (NaN for a fully masked segment)
     is never read, and its gradients are exactly 0."""
     import anysoftmax
-    from ..core.pieces import MergeSpec, merge_backward_formula
+    from ..core.lse_merge import MergeSpec, merge_backward_formula
 
     outs, lses = _partials(x, bounds, backend, lse_dtype)
     spec = MergeSpec.from_tensors(outs, lses)
@@ -374,7 +374,7 @@ def check_merge_backward(x: torch.Tensor, bounds: list, *, backend: str, lse_dty
         return _expect_refusal(lambda: anysoftmax.merge_states(outs, lses, backend=backend), backend, reason)
     wants = [t.detach().clone().requires_grad_() for t in (*outs, *lses)]
     k = len(outs)
-    with poisoned_allocations(), _named(spec, "backward of "):
+    with poisoned_allocations(), named_failure(spec, "backward of "):
         out, lse = anysoftmax.merge_states(wants[:k], wants[k:], backend=backend)
         g_out, g_lse = _upstream(out, seed), _upstream(lse, seed + 1)
         grads = torch.autograd.grad((out, lse), wants, (g_out, g_lse))

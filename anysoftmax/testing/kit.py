@@ -154,13 +154,13 @@ def _check_repeat(x1, x2, dim, backend, log, dtype) -> str | None:
     """Two calls of one request (same layout, new data): both results right after both ran,
     in two different buffers."""
     from ..core.compare import compare
-    from .checks import _api, _named
+    from .checks import api_function, named_failure
 
     spec, reason = declared_refusal(backend, x1, dim, dtype, log)
     if reason is not None:
         return check_forward(x1, dim, backend=backend, log=log, dtype=dtype)
-    fn = _api(log)
-    with poisoned_allocations(), _named(spec):
+    fn = api_function(log)
+    with poisoned_allocations(), named_failure(spec):
         y1 = fn(x1, dim, dtype=dtype, backend=backend)
         y2 = fn(x2, dim, dtype=dtype, backend=backend)
     if y1.numel() and y1.untyped_storage().data_ptr() == y2.untyped_storage().data_ptr():

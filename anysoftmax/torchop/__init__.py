@@ -1,4 +1,4 @@
-"""anysoftmax as a torch operator: the public functions (`api`, `pieces`), the `torch.library`
+"""anysoftmax as a torch operator: the public functions (`api`, `lse_merge`), the `torch.library`
 operators (`ops`, `traced_ops`) with their autograd (`autodiff`), vmap rules (`batching`) and
 registration (`registration`), the test of which path a call takes (`grad_mode`), and the
 override of torch's own softmax (`override`).

@@ -40,10 +40,8 @@ def _normalise(name: str, input, dim, dtype, stacklevel):
 
 
 def _differentiable(input, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-    # Whenever a derivative may be wanted (gradients, forward AD, torch.func), under
-    # torch.compile, or on tensor subclasses: the operators' autograd (`autodiff`). Loaded on
-    # first need: the operators load torch._dynamo and with it Triton, and `import anysoftmax`
-    # leaves the Triton interpreter choice open.
+    # Derivatives, torch.compile, tensor subclasses: the operators' autograd, loaded on first need
+    # (they load torch._dynamo and Triton; `import anysoftmax` leaves the interpreter choice open).
     from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)
 
     return autodiff.softmax(input, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
@@ -65,8 +63,7 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
     """
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
-    # Eager inference goes straight to dispatch: the hot path (is_compiling first, inside
-    # plain_eager: under torch.compile it is a constant, and nothing after it is traced).
+    # Eager inference goes straight to dispatch: the hot path (plain_eager is constant under torch.compile).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
         if plain_eager(input):
@@ -86,8 +83,7 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
     NaN / -log N)."""
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("log_softmax", input, dim, dtype, _stacklevel)
-    # Eager inference goes straight to dispatch: the hot path (is_compiling first, inside
-    # plain_eager: under torch.compile it is a constant, and nothing after it is traced).
+    # Eager inference goes straight to dispatch (as in `softmax`).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
         if plain_eager(input):

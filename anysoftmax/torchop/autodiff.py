@@ -1,24 +1,15 @@
-"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode torch has.
-
-* Reverse mode: `softmax` differentiates to the `softmax_backward` operator (the backend's
-  kernel, or `core.reference.fused_backward` in torch): dx, dsinks from the per-row sums, and
-  for a floating mask the gradient of the logits summed over its broadcast dims.
-* Higher orders: the backward differentiates through the same formula written in torch ops
-  (`_backward_formula`), by `torch.func.vjp` of it. The sink share p_s enters that formula with
-  its value from the forward and the derivative of its identity p_s = 1 - sum_j y_j, so second
-  derivatives w.r.t. the sinks flow through y.
-* Forward mode (`torch.autograd.forward_ad`, `torch.func.jvp`/`jacfwd`): the jvp of the forward
-  is written out (`output_tangent`); the backward's by reverse mode twice.
-* torch.func and vmap: the Functions set `generate_vmap_rule` over operators with vmap rules
-  (`batching`).
+"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode torch has:
+reverse mode (the `softmax_backward` operator: the backend's kernel or
+`core.reference.fused_backward`), higher orders (`torch.func.vjp` of the backward's formula in
+torch ops, `_backward_formula`; the sink share enters it with the derivative of its identity
+p_s = 1 - sum_j y_j), forward mode (`output_tangent`; the backward's by reverse mode twice) and
+torch.func (`generate_vmap_rule` over operators with vmap rules, `batching`).
 
 Why autograd.Functions beside the operators' `register_autograd`: in torch 2.13 an operator's
-`register_autograd` builds a Function with neither `setup_context` (functorch's transforms
-refuse it) nor `jvp`, and `torch.library` has no forward-mode registration. So every formula
-is written once here; the Functions (eager autograd, torch.func) and the operators'
-registrations (what `torch.compile` traces; dynamo cannot trace a Function with a custom jvp)
-both call them. A Function's forward on plain eager tensors calls dispatch itself: the
-operator's dispatcher round trip costs more than a small softmax.
+registered autograd has neither `setup_context` (functorch refuses it) nor a jvp. So each formula
+is written once here, and both the Functions (eager autograd, torch.func) and the operators'
+registrations (what torch.compile traces) call it. A Function's forward on plain eager tensors
+calls dispatch itself: the operator's dispatcher round trip costs more than a small softmax.
 """
 
 from __future__ import annotations
@@ -26,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .grad_mode import plain_eager, refuse_forward_over_forward, transform_active, wants_autodiff
+from .grad_mode import eager_form, plain_eager, refuse_forward_over_forward, transform_active, wants_autodiff
 from .traced_temperature import scaled_logits, traced_as_symbols
-from ..core.pieces import lse_dtype as acc_dtype
+from ..core.lse_merge import lse_dtype as acc_dtype
 from ..core.reference import fused_backward, prologue_chain
 from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
 
@@ -131,8 +122,11 @@ def _call_backward(grad, y, x, p, mask, sinks, a: Args):
     return _backward_values(*args)
 
 
-def _setup_forward(ctx, inputs, y, p) -> tuple:
+def setup_op_forward(ctx, inputs, output) -> tuple:
+    """setup_context of the `softmax` operator's registered autograd and of `_Softmax`, for the
+    output (y, p_sink or None): returns the saved tensors."""
     x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
+    y, p = output
     ctx.args = Args(x.shape, x.device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     ctx.x_dtype = x.dtype
     saved = (y, p if sinks is not None else None, x if softcap is not None else None, mask, sinks)
@@ -140,8 +134,9 @@ def _setup_forward(ctx, inputs, y, p) -> tuple:
     return saved
 
 
-def _forward_grads(ctx, grad) -> tuple:
-    """The forward's input gradients (the operator's argument order) for y's gradient `grad`."""
+def op_forward_backward(ctx, grad, *_) -> tuple:
+    """Backward of the `softmax` operator (and `_Softmax`): the forward's input gradients (the
+    operator's argument order) for y's gradient `grad`."""
     y, p, x, mask, sinks = ctx.saved_tensors
     # (an operator's call omits trailing arguments equal to their defaults: no gradient there)
     a, needs = ctx.args, (*ctx.needs_input_grad, False, False, False, False, False)
@@ -159,7 +154,9 @@ def _forward_grads(ctx, grad) -> tuple:
     return d_x, None, None, None, d_mask, d_sinks, None, None, None, None, None
 
 
-def _setup_backward(ctx, inputs) -> tuple:
+def setup_op_backward(ctx, inputs, output=None) -> tuple:
+    """setup_context of the `softmax_backward` operator's registered autograd and of
+    `_SoftmaxBackward`: returns the saved tensors."""
     grad, y, dim, log, x, p, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
     ctx.args = Args(y.shape, y.device, dim, None, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     saved = (grad, y, x, mask, p if sinks is not None else None)
@@ -177,8 +174,9 @@ def _formula_vjp(ctx):
     return out, vjp, primals, x is not None
 
 
-def _backward_grads(ctx, gdx, gds) -> tuple:
-    """The backward's input gradients (the operator's argument order): double backward."""
+def op_backward_backward(ctx, gdx, gds=None) -> tuple:
+    """Backward of the `softmax_backward` operator (and `_SoftmaxBackward`): double backward,
+    the backward's input gradients in the operator's argument order."""
     out, vjp, (_, y, _), has_x = _formula_vjp(ctx)
     gdx = torch.zeros_like(y) if gdx is None else gdx
     if isinstance(out, tuple):  # with sinks: ds_rows has a cotangent too
@@ -205,11 +203,9 @@ class _Softmax(torch.autograd.Function):
         with_sinks = inputs[5] is not None
         if with_sinks:
             ctx.mark_non_differentiable(output[1])
-        ctx.save_for_forward(*_setup_forward(ctx, inputs, *(output if with_sinks else (output, None))))
+        ctx.save_for_forward(*setup_op_forward(ctx, inputs, output if with_sinks else (output, None)))
 
-    @staticmethod
-    def backward(ctx, grad, *_):
-        return _forward_grads(ctx, grad)
+    backward = staticmethod(op_forward_backward)
 
     @staticmethod
     def jvp(ctx, tx, _dim, _dtype, _log, tmask, tsinks, *_):
@@ -219,19 +215,7 @@ class _Softmax(torch.autograd.Function):
         return ty if sinks is None else (ty, None)
 
 
-class _EagerSoftmax(torch.autograd.Function):
-    """`_Softmax` for eager autograd outside torch.func: `Function.apply` binds the arguments of
-    a setup_context-style forward through `inspect.signature` on every call (tens of
-    microseconds, more than a small softmax costs); a forward that takes ctx skips that."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _Softmax.forward(*inputs)
-        _Softmax.setup_context(ctx, inputs, output)
-        return output
-
-    backward = staticmethod(_Softmax.backward)
-    jvp = staticmethod(_Softmax.jvp)
+_EagerSoftmax = eager_form(_Softmax)
 
 
 class _SoftmaxBackward(torch.autograd.Function):
@@ -247,11 +231,9 @@ class _SoftmaxBackward(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_forward(*_setup_backward(ctx, inputs))
+        ctx.save_for_forward(*setup_op_backward(ctx, inputs))
 
-    @staticmethod
-    def backward(ctx, gdx, gds=None):
-        return _backward_grads(ctx, gdx, gds)
+    backward = staticmethod(op_backward_backward)
 
     @staticmethod
     def jvp(ctx, t_grad, t_y, _dim, _log, t_x, *_):
@@ -319,28 +301,6 @@ def softmax_backward(grad, y, dim, log, backend) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return ops.softmax_backward_op(*args)[0]
     return _SoftmaxBackward.apply(*args)
-
-
-# ---- the operators' own autograd (`registration`): torch.compile, direct torch.ops calls -------
-
-def setup_op_forward(ctx, inputs, output):
-    """setup_context of the `softmax` operator's registered autograd."""
-    _setup_forward(ctx, inputs, *output)
-
-
-def op_forward_backward(ctx, grad, _grad_p):
-    """Backward of the `softmax` operator."""
-    return _forward_grads(ctx, grad)
-
-
-def setup_op_backward(ctx, inputs, output):
-    """setup_context of the `softmax_backward` operator's registered autograd."""
-    _setup_backward(ctx, inputs)
-
-
-def op_backward_backward(ctx, gdx, gds):
-    """Backward of the `softmax_backward` operator: double backward."""
-    return _backward_grads(ctx, gdx, gds)
 
 
 __all__ = ["op_backward_backward", "op_forward_backward", "setup_op_backward", "setup_op_forward",

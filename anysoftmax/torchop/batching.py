@@ -19,16 +19,19 @@ def _physical_dim(x: torch.Tensor, dim: int, dtype=None, log: bool = False) -> i
     return SoftmaxSpec.from_tensor(sample, dim, dtype, log=log).dim + 1
 
 
-def front(t: torch.Tensor | None, bdim, batch: int, sample_ndim: int, full: bool) -> torch.Tensor | None:
-    """`t` with its batch dim in front. `full`: t has the sample's rank (x, y, grad, p_sink): an
-    unbatched one is broadcast (stride 0). Otherwise t broadcasts against the sample (mask,
-    sinks): an unbatched one broadcasts as it is; a batched one gets size-1 dims after the batch
-    dim up to the sample's rank, so right-aligned broadcasting still lines up."""
+def front(t: torch.Tensor | None, bdim, batch: int, sample_ndim: int, full: bool = True) -> torch.Tensor | None:
+    """`t` with its batch dim in front (None stays None), then size-1 dims after it up to the
+    sample's rank, so that right-aligned broadcasting against the batched sample still lines up.
+    An unbatched `t` is broadcast over the batch (stride 0); with `full` False (an operand that
+    broadcasts against the sample: mask, sinks) it is passed as it is."""
     if t is None:
         return None
     if bdim is None:
-        return t.expand(batch, *t.shape) if full else t
-    t = t.movedim(bdim, 0)
+        if not full:
+            return t
+        t = t.expand(batch, *t.shape)
+    else:
+        t = t.movedim(bdim, 0)
     missing = sample_ndim - (t.dim() - 1)
     return t[(slice(None),) + (None,) * missing] if missing > 0 else t
 
@@ -54,7 +57,7 @@ def softmax_vmap(info, in_dims, x, dim, dtype=None, log=False, mask=None, sinks=
         return ops.softmax_op(x, dim, dtype, log, mask, sinks, *tail), (None, None)
     n = info.batch_size
     sample_ndim = x.dim() - (xd is not None)
-    xb = front(x, xd, n, sample_ndim, True)
+    xb = front(x, xd, n, sample_ndim)
     mb, sb = front(mask, md, n, sample_ndim, False), front(sinks, sd, n, sample_ndim, False)
     scalar = sample_ndim == 0
     if scalar:
@@ -72,9 +75,9 @@ def softmax_backward_vmap(info, in_dims, grad, y, dim, log=False, x=None, p_sink
     n = info.batch_size
     ref, ref_d = (y, yd) if yd is not None else (grad, gd)
     sample_ndim = ref.dim() - (ref_d is not None)
-    gb, yb, xb = (front(t, d, n, sample_ndim, True) for t, d in ((grad, gd), (y, yd), (x, xd)))
+    gb, yb, xb = (front(t, d, n, sample_ndim) for t, d in ((grad, gd), (y, yd), (x, xd)))
     has_sinks = sinks is not None
-    pb = front(p_sink, pd, n, sample_ndim, True) if has_sinks else None
+    pb = front(p_sink, pd, n, sample_ndim) if has_sinks else None
     mb, sb = front(mask, md, n, sample_ndim, False), front(sinks, sd, n, sample_ndim, False)
     scalar = sample_ndim == 0
     if scalar:

@@ -1,6 +1,6 @@
-"""Which path a call takes: checked on every eager call, so it imports nothing heavy (the
-operators and their autograd, which pull in torch._dynamo and Triton, are loaded only when a
-derivative is wanted; see `api.softmax`)."""
+"""Which path a call takes, and the eager form of an autograd.Function: checked on every eager
+call, so it imports nothing heavy (the operators and their autograd, which pull in torch._dynamo
+and Triton, are loaded only when a derivative is wanted; see `api.softmax`)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,26 @@ def wants_autodiff(*tensors) -> bool:
     if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return True
     return _fwad._current_level >= 0 or any(t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def eager_form(function: type) -> type:
+    """`function` (an autograd.Function with `setup_context`) for eager autograd outside
+    torch.func: `Function.apply` binds a setup_context-style forward's arguments through
+    `inspect.signature` on every call (tens of microseconds, more than a small softmax costs);
+    a forward that takes ctx skips that."""
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = function.forward(*inputs)
+            function.setup_context(ctx, inputs, output)
+            return output
+
+        backward = staticmethod(function.backward)
+        jvp = staticmethod(function.jvp)
+
+    Eager.__name__ = Eager.__qualname__ = f"Eager{function.__name__}"
+    return Eager
 
 
 def refuse_forward_over_forward() -> None:

@@ -1,25 +1,10 @@
-"""anysoftmax's softmax as PyTorch operators (`torch.library.custom_op`), one per direction for
-softmax and log_softmax, plain and fused (a plain call is a fused one with nothing set):
-
-    torch.ops.anysoftmax.softmax(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None,
-                                 softcap=None, causal="none", empty_rows="zero", backend=None)
-        -> (y, p_sink)
-    torch.ops.anysoftmax.softmax_backward(grad, y, dim, log=False, x=None, p_sink=None, mask=None,
-                                          sinks=None, scale=None, softcap=None, causal="none",
-                                          empty_rows="zero", backend=None) -> (dx, ds)
-
-p_sink is each row's sink share in the accumulation dtype (float32; float64 for float64
-outputs), the one statistic the sinks' gradient needs; ds the per-row sink gradient; both
-[0]-shaped without sinks. The backward reads `x` with softcap only.
-
-Why operators: `torch.compile` cannot trace into a backend (registry lookups, Triton launches,
-IREE calls), and a graph break per softmax would split every attention block. As opaque
-operators with fake implementations the compiler sees only shapes and dtypes, keeps one graph,
-and calls the real implementation at run time. Outputs are always fresh contiguous tensors (the
-fake implementations promise exactly that).
-
-This module only defines the operators (a leaf: it imports dispatch and core). Their autograd,
-vmap rules and torch.compile routing are registered by `registration`.
+"""anysoftmax's softmax as PyTorch operators (`torch.library.custom_op`): ``anysoftmax::softmax``
+-> (y, p_sink) and ``::softmax_backward`` -> (dx, ds), one per direction for softmax and
+log_softmax, plain and fused (a plain call is a fused one with nothing set); the schemas are the
+functions' signatures below (docs/kernels.md). p_sink and ds are [0]-shaped without sinks.
+Operators because torch.compile cannot trace into a backend: with fake implementations it sees
+shapes and dtypes only and keeps one graph. Outputs are fresh contiguous tensors. A leaf (it
+imports dispatch and core): `registration` adds autograd, vmap rules and torch.compile routing.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ from typing import Optional
 import torch
 
 from .. import dispatch
-from ..core.pieces import row_shape
+from ..core.lse_merge import row_shape
 from ..core.spec import SoftmaxSpec, check_backward_args
 from ..dispatch import FusedArgs
 

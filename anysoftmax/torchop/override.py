@@ -5,12 +5,9 @@
         model(x).sum().backward()
 
 While on, aten's `_softmax`, `_log_softmax` and their backward ops are registered with
-`torch.library` for the dispatch keys of the devices served, so every torch softmax and its
-autograd backward run through anysoftmax there; `disable()` removes the registrations. Which
-devices are served, a named backend's refusals and the warning are in docs/usage.md ("The
-override"). No recursion: a softmax that anysoftmax's own backends call while serving one (in
-this thread) is computed by torch's decomposition of the op (`torch._decomp`). `calls` counts
-"forward" and "backward" (served) and "reentrant" (decomposed).
+`torch.library` for the dispatch keys of the devices served (docs/usage.md, "The override").
+A softmax that anysoftmax's own backends call while serving one (in this thread) is computed by
+torch's decomposition of the op: no recursion.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel for the sam
 _state_lock = threading.Lock()
 _active: dict = {}  # "lib", "backend", "devices", "depth" while enabled
 _inside = threading.local()  # set while anysoftmax serves a call in this thread
-calls = {"forward": 0, "backward": 0, "reentrant": 0}  # see the module doc (tests read them)
+calls = {"forward": 0, "backward": 0, "reentrant": 0}  # served, served, decomposed (tests read them)
 
 
 def _decomposed(name: str):
@@ -107,9 +104,8 @@ def device_present(device_type: str) -> bool:
 
 
 def _warn_if_nothing_served(backend: str | None, devices: tuple[str, ...], stacklevel: int) -> None:
-    """A warning when the override would route no device present here: on a CPU-only machine
-    `enable()` (automatic backends) serves CUDA/NPU tensors only, and torch's softmax runs
-    unchanged, which would otherwise look like success."""
+    # An override that routes no device present here (automatic backends on a CPU-only machine)
+    # would look like success while torch's softmax runs unchanged.
     if any(device_present(d) for d in devices):
         return
     served = ", ".join(devices) if devices else "no device (no accelerator backend is available)"
@@ -142,9 +138,8 @@ def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, 
     with _state_lock:
         _disable_locked()
         lib = torch.library.Library("aten", "IMPL")
-        # Replacing torch's kernels is what enable() is for: torch's "Overriding a previously
-        # registered kernel" warning would read as an error to every user. That one warning is
-        # silenced, here only; any other still shows.
+        # Replacing torch's kernels is what enable() is for: torch's warning about it (which would
+        # read as an error) is silenced, here only.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=OVERRIDE_WARNING, category=UserWarning)
             for device in devices:
@@ -158,8 +153,7 @@ def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, 
 
 
 def _check_runs(chosen, devices: tuple[str, ...]) -> None:
-    """Refuse, before anything is registered, a named backend that cannot serve the devices:
-    every call of the model would fail later, far from the cause."""
+    # Refused before anything is registered: every call of the model would fail later, far from the cause.
     call = f"anysoftmax.enable/use(backend={chosen.name!r}, devices={devices!r})"
     reason = registry.unavailable_reason(chosen.name)
     if reason is not None:

@@ -1,18 +1,8 @@
 """Registration on top of the operator definitions (`ops`, a leaf): their autograd (`autodiff`),
-vmap rules (`batching`) and the torch.compile routing that hands a traced request to the Triton
-kernels' `triton_op`s (`traced_ops`).
-
-Imported by `api` on the first call that needs a derivative or is compiled (the operators pull
-in torch._dynamo). The layering, one way:
-
-    registration -> autodiff, batching -> ops -> dispatch
-    registration -> traced_ops (on the first traced call) -> dispatch
-
-Routing (torch.compile): dynamo records the public operators, which carry autograd, vmap and
-fake implementations. While AOTAutograd traces that graph under FunctionalTensorMode, a
-torch_dispatch rule registered here asks `traced_ops` whether the selected backend runs traced
-Triton kernels for the request and, if so, traces the matching `*_triton` operator instead
-(`traced_ops` says when and why). Nothing here runs on the eager path.
+vmap rules (`batching`) and the torch.compile routing to the Triton kernels' `triton_op`s
+(`traced_ops`, imported on the first traced call). Imported by `api` on the first call that
+needs a derivative or is compiled (the operators pull in torch._dynamo); nothing here runs on
+the eager path.
 """
 
 from __future__ import annotations

@@ -1,38 +1,15 @@
-"""anysoftmax's Triton kernels inside torch.compile graphs: `torch.library.triton_op`s, and the
-rule that routes the public operators to them while a graph is traced.
+"""anysoftmax's Triton kernels inside torch.compile graphs: the `torch.library.triton_op`s
+``anysoftmax::softmax_triton`` and ``::softmax_backward_triton`` (the arguments of `ops`'
+operators), whose bodies launch the backend's kernels through `wrap_triton` so that Inductor
+compiles them as user-defined Triton kernels, and the targets of the rule (`registration`) that
+routes the public operators to them while AOTAutograd traces under `FunctionalTensorMode`.
 
-    torch.ops.anysoftmax.softmax_triton(...)           (the arguments of `ops.softmax_op`)
-    torch.ops.anysoftmax.softmax_backward_triton(...)  (the arguments of `ops.softmax_backward_op`)
-
-Each is a `triton_op` whose body (the backend's `traced_forward` / `traced_backward`, with fused
-keywords `traced_fused_forward` / `traced_fused_backward`) is torch ops plus
-`wrap_triton(kernel)[grid](...)`: AOTAutograd decomposes it into
-`triton_kernel_wrapper_functional` nodes and Inductor compiles those as user-defined Triton
-kernels (scheduled and CUDA-graphed with the rest of the graph, instead of an opaque call into
-Python).
-
-Routing. Dynamo still records the public operators (`anysoftmax::softmax`,
-`::softmax_backward`, `ops`): they carry autograd (reverse, double backward), vmap rules and
-the fake implementations, and the dynamo graph and its guards stay what they were. The decision
-is taken one level lower, when AOTAutograd traces that graph under `FunctionalTensorMode`
-(torch.compile, also for the backward graph the registered autograd produces): a
-torch_dispatch rule registered for that mode on each public operator (`registration`) — the
-same mechanism by which `triton_op` itself decomposes — selects the backend for the (fake)
-request exactly as eager dispatch would, and calls the matching `*_triton` operator when
-
-  (a) a graph is being traced (the rule only exists under FunctionalTensorMode, and not for
-      torch.export, which keeps custom ops whole: `custom_triton_ops_decomposition_disabled`),
-  (b) the selected backend says `traceable(spec)`: the `triton` backend, for CUDA/HIP tensors
-      (and CPU tensors under the Triton interpreter, how CI traces the kernels, except when
-      Inductor compiles the graph: it needs a Triton driver for the tensors' device, and the
-      interpreter is none), and
-  (c) shapes and strides are concrete ints (a dynamic-shape graph keeps the opaque operator: a
-      plan is chosen per shape), the tensor is not empty, and $ANYSOFTMAX_COMPILE_KERNELS is
-      not "0" (read at trace time: set it to keep the opaque operators, e.g. to compare).
-
-Otherwise the public operator stays in the graph (opaque; other backends, CPU). Selection or
-planning errors are not raised here: the operator then runs, and fails, at run time as before.
-Nothing here runs on the eager path (eager calls never enter FunctionalTensorMode).
+A request is routed when the backend selected for it exactly as eager dispatch selects says
+`traceable(spec)` (the `triton` backend; CPU tensors through the interpreter except when
+Inductor compiles), its shapes and strides are concrete ints, it is not empty, and
+$ANYSOFTMAX_COMPILE_KERNELS is not "0" (read at trace time); otherwise the opaque operator stays
+in the graph, and selection or planning errors surface when it runs. docs/kernels.md
+("torch.compile") tells the whole story.
 """
 
 from __future__ import annotations
@@ -46,6 +23,7 @@ import torch
 from torch.library import triton_op
 
 from .. import dispatch
+from ..core import registry
 from ..core.spec import SoftmaxSpec
 from ..dispatch import FusedArgs
 from .ops import backward_spec, forward_spec, is_plain, no_sinks, sinks_rows
@@ -70,7 +48,7 @@ def _backend_for(spec: SoftmaxSpec, backend: Optional[str]):
         # tensor's kernels run through the interpreter, which is none. The operator runs them.
         return None
     with _disable_current_modes():
-        chosen = dispatch.select(spec, backend)
+        chosen = registry.select(spec, backend)
     traceable = getattr(chosen, "traceable", None)
     return chosen if traceable is not None and traceable(spec) else None
 

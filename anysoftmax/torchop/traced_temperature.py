@@ -1,14 +1,8 @@
-"""`scale` and `softcap` that torch.compile traces as symbols.
-
-Dynamo turns a float argument that changes between calls into a symbol (automatic dynamic, or
-`dynamic=True`), so that a new value reuses the graph. A custom operator's float argument would
-specialise that symbol again (one graph per value: a recompile per temperature). So while a
-graph is traced, a fused call whose scale or softcap is a symbol applies those two steps in
-torch ops (the symbol stays an input of the graph) and hands the operator the scaled, capped
-logits in the accumulation dtype; a constant value stays a kernel argument, as in eager mode.
-
-A symbol has no value to check while tracing: the graph checks it when it runs (a clear
-RuntimeError naming the argument, as the operator would raise).
+"""`scale` and `softcap` that torch.compile traces as symbols (a float argument whose value
+changes between calls, or `dynamic=True`): a custom operator's float argument would specialise
+the symbol again (a recompile per temperature), so such a call applies the two steps in torch
+ops, checked in the graph when it runs, and hands the operator the scaled, capped logits in the
+accumulation dtype; a constant stays a kernel argument.
 """
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def test_repeated_pieces_are_memo_hits_and_alignment_is_in_their_key(backend, ge
     (no new entry, the hit counter moves), a request that differs only in an operand's
     alignment or strides is a new entry, and every result matches the float64 reference."""
     from anysoftmax.core.compare import compare_logsumexp
-    from anysoftmax.core.pieces import logsumexp_request, merge_formula
+    from anysoftmax.core.lse_merge import logsumexp_request, merge_formula
 
     x = torch.randn(SHAPE, generator=gen)
     mask = torch.rand(SHAPE, generator=gen) < 0.3

@@ -51,7 +51,7 @@ def test_logsumexp_of_a_row_with_nothing_kept_but_its_sink_is_the_sink(one_rank,
     """`anysoftmax.logsumexp`'s rule, sharded: a row a bool mask leaves empty on every rank
     gives its sink s (not -inf), and the sink's gradient there is the row's gradient (d s/d s)."""
     import anysoftmax.distributed as asd
-    from anysoftmax.core.pieces import logsumexp_formula
+    from anysoftmax.core.lse_merge import logsumexp_formula
     from anysoftmax.core.spec import SoftmaxSpec
 
     x = torch.randn(4, 3, 10, generator=gen, requires_grad=True)

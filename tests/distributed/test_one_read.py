@@ -115,8 +115,8 @@ def _run_ranks(world: int, cases, tmp_path) -> list[dict]:
 
 def _reference(case, call: int):
     """(softmax or log_softmax of the whole rows, their lse), the float64 reference of the fused
-    family (`core.reference.fused_forward`, `core.pieces.logsumexp_formula`)."""
-    from anysoftmax.core.pieces import logsumexp_formula
+    family (`core.reference.fused_forward`, `core.lse_merge.logsumexp_formula`)."""
+    from anysoftmax.core.lse_merge import logsumexp_formula
     from anysoftmax.core.reference import fused_forward
     from anysoftmax.core.variant import build
 

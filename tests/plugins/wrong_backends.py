@@ -145,7 +145,7 @@ class LseOff(Right):
     name = "lse_off"
 
     def run_logsumexp(self, x, spec, operands):
-        from anysoftmax.core.pieces import logsumexp_formula
+        from anysoftmax.core.lse_merge import logsumexp_formula
 
         lse = logsumexp_formula(x, spec.variant, spec.dim, operands.mask, operands.sinks, spec.acc_dtype)
         return lse + 3e-5 * (1 + lse.abs())

@@ -15,7 +15,7 @@ STAGES are the forward split kernel's forms of PHASE 0 (`rows.softmax_split_kern
 item's y and dy loaded before the wait, kept in their dtype until used; a relaxed departure,
 the counters reset after the store; the item loop software-pipelined (y and dy of the next
 items copied into shared memory), the wait and the reads it guards in a call
-(`rows._row_meet_sum`). y, dy, dx (and x) share one row layout (the launcher makes them
+(`rows.row_meet_sum`). y, dy, dx (and x) share one row layout (the launcher makes them
 contiguous alike); a mask is read through its own strides.
 Causal rows read y and dy only over their kept prefix (the rest of dx is written as 0).
 """
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .fused import col_limit, kept_by_mask, pair, tanh, whole_vectors
-from .rows import _row_arrive, _row_depart, _row_leave, _row_meet_sum, _row_offsets, _row_reset, _row_wait
+from .rows import row_arrive, row_depart, row_leave, row_meet_sum, row_offsets, row_reset, row_wait
 
 
 @triton.jit
@@ -42,7 +42,7 @@ def _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s
     """Where work item `item` lies: (rows, chunk, cols, row_ok, mask: in the tensor, loads: the
     elements read, live: the kept prefix, off: element offsets shared by y, dy, dx and x).
     No pointer goes in: torch.compile follows a store's address back through helper calls
-    (`rows._chunk_at` says why that matters)."""
+    (`rows.chunk_at` says why that matters)."""
     item64 = tl.cast(item, tl.int64)
     rows = (item64 // n_chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
     chunk = item64 % n_chunks
@@ -62,7 +62,7 @@ def _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s
         # applied after the load)
         loads = row_ok[:, None] & whole_vectors(cols[None, :], lim[:, None], n_cols,
                                                 CAUSAL_VEC if CAUSAL_VEC > 0 else VEC)
-    off = _row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
+    off = row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
     return rows, chunk, cols, row_ok, mask, loads, live, off
 
 
@@ -92,7 +92,7 @@ def _item_loads_staged(y_ptr, dy_ptr, item, n_cols, n_chunks, SQ, Q_DIV, C_OFF, 
         per_load: tl.constexpr = CAUSAL_VEC if CAUSAL_VEC > 0 else VEC
         bound = tl.minimum(tl.cdiv(col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL), per_load) * per_load, n_cols)
     lanes = tl.arange(0, CHUNK)[None, :]
-    off = (_row_offsets(row, S1, S2, s0, s1, s2) + start * sn) + lanes * sn
+    off = (row_offsets(row, S1, S2, s0, s1, s2) + start * sn) + lanes * sn
     ok = lanes < bound - start
     return tl.load(y_ptr + off, mask=ok, other=0.0), tl.load(dy_ptr + off, mask=ok, other=0.0)
 
@@ -142,7 +142,7 @@ def softmax_bwd_kernel(
         dy = dy_raw.to(acc_ty)
         keep = live
         if MASK == 1:
-            m_ptrs = m_ptr + _row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn
+            m_ptrs = m_ptr + row_offsets(rows, S1, S2, ms0, ms1, ms2)[:, None] + cols[None, :] * msn
             keep = kept_by_mask(m_ptrs, live)
         if MASK == 1 or CAUSAL:
             # Excluded outputs are constants: their gradient goes nowhere (an empty row's
@@ -158,31 +158,31 @@ def softmax_bwd_kernel(
             if PIPELINED:
                 # BLOCK_M is 1 on this path, and the item's row exists (row_ok)
                 row = (tl.cast(item, tl.int64) // n_chunks) * BLOCK_M
-                row_sum = _row_meet_sum(count_ptr, row, n_chunks, stats_ptr + row * n_chunks, G_POW2)
+                row_sum = row_meet_sum(count_ptr, row, n_chunks, stats_ptr + row * n_chunks, G_POW2)
                 total = tl.zeros([BLOCK_M], acc_ty) + row_sum
                 if LATE_DEPART:
-                    departed = _row_leave(count_ptr, row)
+                    departed = row_leave(count_ptr, row)
                 else:
-                    _row_depart(count_ptr, row, n_chunks)
+                    row_depart(count_ptr, row, n_chunks)
             elif PHASE == 0:
                 # BLOCK_M is 1 on this path: the row's barrier, as in the forward split kernel.
                 row = (tl.cast(item, tl.int64) // n_chunks) * BLOCK_M
-                arrived = _row_arrive(count_ptr, row)
+                arrived = row_arrive(count_ptr, row)
                 if AHEAD:
                     # (after the arrival: its release would otherwise wait for these loads)
                     y_next, dy_next = _item_loads(y_ptr, dy_ptr, item + nprog, n_rows, n_cols, n_chunks, SQ, Q_DIV,
                                                   C_OFF, S1, S2, s0, s1, s2, sn, BLOCK_M, CHUNK, CAUSAL_VEC, MASK,
                                                   CAUSAL, VEC)
-                _row_wait(count_ptr, row, arrived, n_chunks)
+                row_wait(count_ptr, row, arrived, n_chunks)
             if not PIPELINED:
                 g = tl.arange(0, G_POW2)
                 part = tl.load(stats[:, None] + g[None, :], mask=row_ok[:, None] & (g < n_chunks)[None, :],
                                other=0.0, cache_modifier=".cg")
                 total = tl.sum(part, axis=1)
                 if LATE_DEPART:
-                    departed = _row_leave(count_ptr, row)
+                    departed = row_leave(count_ptr, row)
                 elif PHASE == 0:
-                    _row_depart(count_ptr, row, n_chunks)
+                    row_depart(count_ptr, row, n_chunks)
         if PHASE != 1:
             if LOG:
                 dx = dy - tl.exp(y) * total[:, None]
@@ -206,8 +206,8 @@ def softmax_bwd_kernel(
             if HAS_SINK:
                 # ds = -p_s * sum(y dy) (log: -p_s * sum(dy)); p_s is 0 in an empty row.
                 first = row_ok & ((rows * 0 + chunk) == 0)
-                p_off = _row_offsets(rows, S1, S2, ps0, ps1, ps2)  # (ds is laid out as p_sink)
+                p_off = row_offsets(rows, S1, S2, ps0, ps1, ps2)  # (ds is laid out as p_sink)
                 p = tl.load(p_ptr + p_off, mask=first, other=0.0).to(acc_ty)
                 tl.store(ds_ptr + p_off, (-p * total).to(ds_ptr.dtype.element_ty), mask=first)
         if LATE_DEPART:
-            _row_reset(count_ptr, row, departed, n_chunks)
+            row_reset(count_ptr, row, departed, n_chunks)

@@ -1,20 +1,7 @@
-"""Softmax over a dim that is not the innermost one, read in coalesced tiles.
-
-A tensor reduced over dim d is viewed as (outer, N, inner): N = size of d, `inner` = the
-contiguous elements after it (stride 1 in input and output). The row kernels would read each
-reduction "row" with stride `inner`, one element per memory sector; here a tile is
-BLOCK_N reduction steps x BLOCK_I adjacent inner positions, so every access covers BLOCK_I
-contiguous elements (256 bytes at BLOCK_I = 64 fp32) and the reduction runs down axis 0.
-No transpose copy is made.
-
-* `softmax_cols_kernel`: the whole reduction (N <= BLOCK_N) fits in one tile.
-* `softmax_cols_split_kernel`: N cut into CHUNK-step pieces held by different programs, with
-  per-position partial (max, sum) meeting in `stats`: the row split kernel's scheme
-  (`softmax.softmax_split_kernel`), transposed. PHASE 0 is cooperative (one launch, one read
-  and one write per element, co-resident grid); PHASE 1 / 2 are the two-launch form.
-
-Numerics are those of the row kernels (fp32 accumulation, exp2 with log2(e) folded in, -inf
-kept out of the rescale factors).
+"""Softmax over a dim that is not the innermost one, viewed as (outer, N, inner), read in tiles of
+BLOCK_N reduction steps x BLOCK_I adjacent inner positions (coalesced, no transpose copy) reduced
+down axis 0: the whole reduction in one tile (`softmax_cols_kernel`), or the row split kernel's
+scheme transposed (`softmax_cols_split_kernel`). Numerics are the row kernels'.
 """
 
 from __future__ import annotations
@@ -23,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .fused import close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, merge_stats, prologue, sink_share
-from .rows import _normalise_chunk, _row_arrive, _row_depart, _row_wait
+from .rows import normalise_chunk, row_arrive, row_depart, row_wait
 
 
 @triton.jit
@@ -124,7 +111,7 @@ def softmax_cols_split_kernel(
             if NSTAT == 3:
                 tl.store(stats + (NSTAT * chunk + 2) * BLOCK_I + i0, tl.sum(keep.to(acc_ty), axis=0))
         if PHASE == 0:
-            _row_wait(count_ptr, group, _row_arrive(count_ptr, group), n_chunks)
+            row_wait(count_ptr, group, row_arrive(count_ptr, group), n_chunks)
         if PHASE != 1:
             # .cg: through L2, never a stale L1 line of another SM's statistics.
             gm = (g < n_chunks)[:, None]
@@ -143,10 +130,10 @@ def softmax_cols_split_kernel(
             elif CAUSAL:
                 empty = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL) == 0
             if PHASE == 0:
-                _row_depart(count_ptr, group, n_chunks)
-                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+                row_depart(count_ptr, group, n_chunks)
+                y = normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
             else:  # (no chunk statistics of its own in this phase: z stands in for them, unused)
-                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+                y = normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
             if HAS_EMPTY:
                 y = tl.where(empty[None, :], empty_fill(y, n_red, LOG, EMPTY), y)
             tl.store(y_ptr + _tile_offsets(o, k, inner, yso, ysn, 1, WIDE), y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -1,11 +1,7 @@
-"""Triton's interpreter, patching `triton.language` once per launch.
-
-The interpreter replaces the language's builtins with its numpy versions when a launch starts
-(and restores them when it ends), and, as Triton ships it, again on *every* call of a
-`@triton.jit` helper inside the launch: a scan of `triton.language`, `tl.tensor` and `tl.math`
-that finds them replaced already and changes nothing. With the kernels' small helpers called
-per program, that scan was half of an interpreted launch's time. `patch_each_launch_once`
-(called by `fused.py` when the kernels are defined for the interpreter) skips the repeats.
+"""Triton's interpreter: which kernels it runs (`interpreted`), and patching `triton.language`
+once per launch: as Triton ships it, it patches the language's builtins again on every call of a
+`@triton.jit` helper inside a launch (a scan that finds them patched already), half of an
+interpreted launch's time. `patch_each_launch_once` (called by `fused.py`) skips that.
 """
 
 from __future__ import annotations
@@ -16,13 +12,16 @@ import threading
 import weakref
 
 
+def interpreted(kernel) -> bool:
+    """Whether `kernel` was defined for the interpreter."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
 class OncePerLaunch:
-    """Triton's interpreter patching `triton.language` once per launch (`patch_each_launch_once`):
-    `patch_lang(fn)` stands for the interpreter's `_patch_lang` (`real`), `call` for
-    `GridExecutor.__call__` (`real_call`). Inside a launch (this thread's), a device function's
+    """`patch_lang(fn)` stands for the interpreter's `_patch_lang` (`real`), `call` for
+    `GridExecutor.__call__` (`real_call`). Inside this thread's launch, a device function's
     patch is skipped when the launch already patched every language module its globals hold
-    (`langs_of`); the launch's own patch, and any other, go to `real`, and all of them are
-    undone when the launch ends."""
+    (`langs_of`); other patches go to `real`, all undone when the launch ends."""
 
     def __init__(self, real, real_call, scope_type, langs_of):
         self.real, self.real_call, self.scope_type, self.langs_of = real, real_call, scope_type, langs_of
@@ -65,10 +64,9 @@ class OncePerLaunch:
 
 @functools.lru_cache(maxsize=None)
 def patch_each_launch_once() -> OncePerLaunch | None:
-    """Make Triton's interpreter patch `triton.language` once per launch instead of once per
-    call of a `@triton.jit` helper (module docstring; a logsumexp test: 65 s, 30 s with it);
-    the installed `OncePerLaunch`, or None where the interpreter lacks the internals it
-    replaces (then it is left as it is)."""
+    """Make Triton's interpreter patch `triton.language` once per launch (a logsumexp test: 65 s,
+    30 s with it): the installed `OncePerLaunch`, or None where the interpreter lacks the
+    internals it replaces."""
     try:
         from triton.runtime import interpreter as ti
 

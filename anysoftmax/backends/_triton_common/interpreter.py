@@ -1,10 +1,6 @@
-"""Whether Triton kernels run compiled or through Triton's CPU interpreter.
-
-Triton decides when a kernel is *defined* (decorated): with TRITON_INTERPRET=1 in the
-environment, `@triton.jit` makes an interpreted function. The decision is process-wide, so it
-is taken once, here, before anything imports the kernel modules (`rows.py`, `cols.py`,
-`bwd.py`, imported lazily by the plans): the CLI, the matrix workers and the tests call
-`use_interpreter_if_no_device()` instead of each deciding for themselves.
+"""Whether Triton kernels run compiled or through Triton's CPU interpreter: Triton decides when a
+kernel is defined (TRITON_INTERPRET=1), process-wide, so it is decided once, here, before the
+kernel modules are imported (the CLI, the matrix workers and the tests ask `use_interpreter_if_no_device()`).
 """
 
 from __future__ import annotations
@@ -24,13 +20,11 @@ def triton_missing(extra: str = TRITON_EXTRA) -> str | None:
     """Why the `triton` package cannot be imported here, naming what to install (`extra`), or
     None. Located without importing it: importing `triton` fixes the interpreter choice."""
     try:
-        found = importlib.util.find_spec("triton") is not None
-    except (ImportError, ValueError) as exc:  # a finder refused it, or a broken partial install
-        found, why = False, f" ({type(exc).__name__}: {exc})"
-    else:
+        if importlib.util.find_spec("triton") is not None:
+            return None
         why = ""
-    if found:
-        return None
+    except (ImportError, ValueError) as exc:  # a finder refused it, or a broken partial install
+        why = f" ({type(exc).__name__}: {exc})"
     return f"the `triton` package is not installed{why}: {extra}"
 
 
@@ -40,18 +34,13 @@ def kernels_imported() -> bool:
     return "triton" in sys.modules or any(f"{__package__}.{m}" in sys.modules for m in KERNEL_MODULES)
 
 
-def has_triton_device() -> bool:
-    """A device the Triton kernels compile for is visible: a CUDA/ROCm GPU, or an Ascend NPU
-    stack (detected by `torch_npu` being installed, never by importing it: without CANN that
-    import breaks)."""
+def needs_interpreter() -> bool:
+    """True when the Triton kernels can run here only through the interpreter: no CUDA/ROCm GPU
+    and no Ascend NPU stack (found by `torch_npu` being installed, never by importing it:
+    without CANN that import breaks)."""
     import torch
 
-    return torch.cuda.is_available() or importlib.util.find_spec("torch_npu") is not None
-
-
-def needs_interpreter() -> bool:
-    """True when the Triton kernels can run here only through the interpreter."""
-    return not has_triton_device()
+    return not torch.cuda.is_available() and importlib.util.find_spec("torch_npu") is None
 
 
 def use_interpreter_if_no_device() -> str | None:
@@ -67,27 +56,22 @@ def use_interpreter_if_no_device() -> str | None:
 
 def interpreting() -> bool:
     """True when Triton runs the kernels through its CPU interpreter."""
+    from .interpreted_launch import interpreted
     from .rows import softmax_tile_kernel
 
-    return type(softmax_tile_kernel).__name__ == "InterpretedFunction"
+    return interpreted(softmax_tile_kernel)
 
 
 def status_note() -> str:
     """A Triton backend's status line when the interpreter is what makes it usable here."""
-    if interpreting():
-        return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)"
-    return ""
+    return "via the interpreter on CPU (TRITON_INTERPRET=1; slow, for testing)" if interpreting() else ""
 
 
 @functools.lru_cache(maxsize=None)
 def interpreter_problem() -> str | None:
-    """Why this machine's Triton interpreter cannot run the kernels, or None when it can.
-
-    Probed once by running the tile kernel on a tiny CPU tensor: some Triton/numpy pairs break
-    the interpreter's loops over program ids (Triton 3.6 with numpy >= 2.4: "only 0-dimensional
-    arrays can be converted to Python scalars"), and that must read as "unavailable, because",
-    not as a wrong or crashing backend.
-    """
+    """Why this machine's Triton interpreter cannot run the kernels, or None: probed once on a
+    tiny CPU tensor, since some Triton/numpy pairs break the interpreter (Triton 3.6 with numpy
+    >= 2.4), which must read as "unavailable, because", not as a wrong or crashing backend."""
     import torch
     import triton
 

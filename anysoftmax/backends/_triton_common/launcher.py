@@ -1,20 +1,8 @@
 """The one launch engine: a Triton kernel bound by name to one request's operands (`Binding`,
-`bind_kernel`), and a `KernelPlan` bound through it (`bind`).
-
-Every shared kernel launches here: the softmax forward, backward and column kernels (`bind`),
-logsumexp (`lse_rows`, `logsumexp`), merge_states (`merge_states`) and the sharded kernel
-(`backends/triton/sharded.py`). A bound launcher's first launch goes through Triton's JIT entry
-point (it compiles); later ones through Triton's low-level launcher (`_fast_calls`), or the native
-launcher (`native_launch`, $ANYSOFTMAX_LAUNCHER), with only the tensors' addresses, the stream
-and the per-call values assembled per call.
-
-State kept here, and why:
-* one lock per kernel, held only around a launcher's first launch: Triton compiles a
-  specialization on first launch without a lock of its own, so two threads launching a new
-  shape at once would compile it twice. Later launches take no lock. Under the interpreter every
-  launch shares one lock (it patches `triton.language` globally while a kernel runs);
-* row counters per (device, stream): the kernels that count arrivals per row (`KernelPlan.counted`,
-  the sharded kernel) leave them zeroed, so they are allocated once and reused (no memset per call).
+`bind_kernel`), and a `KernelPlan` bound through it (`bind`). Every shared kernel launches here:
+the first launch through Triton's JIT entry point (it compiles, under the kernel's lock: Triton
+has none, so two threads would compile a new shape twice), later ones through Triton's low-level
+launcher or the native one with only the addresses, the stream and the per-call values assembled.
 """
 
 from __future__ import annotations
@@ -33,6 +21,7 @@ import torch
 
 from ...core.layout import RowLayout
 from . import native_launch
+from .interpreted_launch import interpreted
 from .plan import PLAIN_SCALARS, VALUE_NAMES, KernelPlan, runtime_params
 
 # (device, stream) -> counters, least recently used first; bounded: a program that makes
@@ -50,9 +39,9 @@ FAST_LAUNCH = os.environ.get("ANYSOFTMAX_FAST_LAUNCH", "1") != "0"
 
 
 def launch_lock(kernel) -> threading.Lock:
-    """The lock around a first launch (compile) of `kernel`; the one interpreter lock when
-    kernels are interpreted."""
-    if type(kernel).__name__ == "InterpretedFunction":
+    """The lock around a first launch (compile) of `kernel`; under the interpreter one lock for
+    every launch (it patches `triton.language` globally while a kernel runs)."""
+    if interpreted(kernel):
         return _interpreter_lock
     with _launch_locks_lock:
         return _launch_locks.setdefault(kernel, threading.Lock())
@@ -60,22 +49,15 @@ def launch_lock(kernel) -> threading.Lock:
 
 def _raw_stream(device: torch.device) -> int:
     # The current stream's handle without building a torch.cuda.Stream object.
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return getter(device.index if device.index is not None else torch.cuda.current_device())
-    return torch.cuda.current_stream(device).cuda_stream
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
-    """Zeroed (arrived, departed) int32 counters for `n_rows` rows, reused across launches.
-
-    The kernels that use them leave them zero again (the last program of a row resets
-    them), so they are allocated and zeroed once per (device, stream) and grown when needed. One
-    buffer per stream, because launches on different streams may overlap.
-    """
+    """Zeroed (arrived, departed) int32 counters for `n_rows` rows, reused across launches: the
+    kernels leave them zero again, so they are zeroed once per (device, stream) and grown when
+    needed (one buffer per stream: launches on different streams may overlap)."""
     n = max(2 * n_rows, 2)
-    stream = _raw_stream(device) if device.type == "cuda" else 0
-    key = (str(device), stream)
+    key = (str(device), _raw_stream(device) if device.type == "cuda" else 0)
     with _counters_lock:
         buf = _counters.get(key)
         if buf is None or buf.numel() < n:
@@ -98,8 +80,7 @@ def device_guard(device: torch.device):
 
 
 def _guard_for(device: torch.device | None, guard):
-    """The device guard a launch needs, or None: a process that sees a single GPU (or runs on
-    the CPU) never has another device current, so it skips the per-call check."""
+    # None where no other device can be current (the CPU, a single visible GPU): no per-call check.
     if guard is not None or device is None:
         return guard
     if device.type == "cpu" or (device.type == "cuda" and torch.cuda.device_count() == 1):
@@ -107,22 +88,11 @@ def _guard_for(device: torch.device | None, guard):
     return device_guard
 
 
-def interpreter_quiet():
-    """numpy's floating-point warnings off for an interpreted launch: the interpreter evaluates
-    the kernels with numpy, and the kernels compute lanes outside a row or masked out as
-    -inf - (-inf) (NaN) and log(0) (-inf) by design, then discard or select them; numpy would
-    warn "invalid value encountered in subtract" on every ordinary call. The results are what
-    the conformance suite checks."""
-    import numpy
-
-    return numpy.errstate(invalid="ignore", divide="ignore")
-
-
 @dataclass(frozen=True)
 class Binding:
     """A kernel bound by name to one request: all a launch needs but the call's tensors and
-    per-call values. The kernel declares its runtime arguments as pointers, integers, floats
-    (the fast path passes them positionally only where its signature says so, by name)."""
+    per-call values (the fast path passes arguments positionally only where the kernel's
+    signature lists them in this order: pointers, integers, floats)."""
 
     kernel: Any
     grid: int
@@ -138,12 +108,11 @@ class Binding:
 
 
 class FastPath(NamedTuple):
-    """What a bound launcher's later calls use (`bind_kernel`): Triton's low-level launches, the
-    launch hooks seen when it was set up, and how to read the stream and the pointers."""
+    """What a bound launcher's later calls use (`bind_kernel`)."""
 
     calls: list  # (launch, before, after, constexpr tail, the arguments after the pointers joined)
     hooks: Any  # Triton's runtime knobs, read per call
-    enter: Any  # the launch hooks seen then, and the lists saying they are inactive (`_hook_calls`)
+    enter: Any  # the launch hooks seen when set up, and the lists saying they are inactive (`_hook_calls`)
     leave: Any
     enter_calls: list
     leave_calls: list
@@ -157,10 +126,8 @@ class FastPath(NamedTuple):
 @functools.lru_cache(maxsize=None)
 def _forwards_varargs(launcher_type) -> bool:
     """Whether a CUDA launcher's `__call__(gridX, gridY, gridZ, stream, function, *args)` hands
-    its arguments to the extension as `launch(grids, stream, function, cooperative, pdl, global
-    scratch, profile scratch, *args)`: the layout `_fast_calls` calls the extension with (Triton
-    3.2-3.6). Later launchers take named metadata and the kernel's arguments as one tuple: they
-    are called through `__call__` itself."""
+    its arguments to its extension's `launch` in the order `_fast_calls` calls it with (Triton
+    3.2-3.6; later launchers take named metadata and are called through `__call__`)."""
     import inspect
 
     params = list(inspect.signature(launcher_type.__call__).parameters.values())[1:]
@@ -170,19 +137,16 @@ def _forwards_varargs(launcher_type) -> bool:
 
 def _fast_calls(compiled_kernels: list, tails: list, grid: int) -> list:
     """[(launch, before, after, constexpr tail)] launching compiled kernels through Triton's
-    low-level launcher as `launch(*before, stream, *after, *pointers, *integers, *floats, *tail)`,
-    everything but the stream and the tensors bound here: what `kernel[grid](...)` does after
-    its first call, minus the argument binding, specialization key, cache lookup and
-    launch-metadata work that cost tens of microseconds of Python per call. Valid for one
-    request: same integer arguments and the same 16-byte alignment of every pointer (the memo
-    key guarantees both)."""
+    low-level launcher as `launch(*before, stream, *after, *pointers, *integers, *floats, *tail)`:
+    what `kernel[grid](...)` does after its first call, minus the argument binding, key and cache
+    lookup (tens of microseconds of Python). Valid for one request: the same integers and 16-byte
+    alignment of every pointer (the memo key guarantees both)."""
     calls = []
     for k, tail in zip(compiled_kernels, tails):
         run = k.run
         direct = getattr(run, "launch", None)
         # Triton's CUDA launcher's own __call__ only allocates scratch (none here), then calls
-        # its extension function with this argument order: called directly, no Python frame
-        # between the launcher and the extension.
+        # its extension function with this argument order: called directly.
         if type(run).__name__ == "CudaLauncher" and direct is not None and _forwards_varargs(type(run)) and \
                 not getattr(run, "global_scratch_size", 1) and not getattr(run, "profile_scratch_size", 1) \
                 and getattr(run, "num_ctas", 1) == 1:
@@ -198,9 +162,8 @@ _ACTIVE_HOOK = [True]
 
 
 def _hook_calls(hook) -> list:
-    """The list a launch hook is checked by on every call, empty while it is inactive: [] for
-    no hook, a Triton HookChain's own `calls` (added to and removed from in place), a non-empty
-    list for any other hook."""
+    # The list a launch hook is checked by per call, empty while inactive: a HookChain's own
+    # `calls` (changed in place), [] for no hook, a non-empty list for any other hook.
     if hook is None:
         return []
     calls = getattr(hook, "calls", None)
@@ -223,9 +186,8 @@ _native_warned: set = set()
 
 
 def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
-    """(launcher, reason): `native_launch.make`'s launcher of `compiled`, called with the call's
-    arguments as `launch` takes them (scratch included), then optionally the floats; or None
-    and why not (a user who named `native` is warned once per reason)."""
+    """(launcher, reason): `native_launch.make`'s launcher of `compiled`, or None and why not (a
+    user who named `native` is warned once per reason)."""
     try:
         if b.per_call:
             raise native_launch.NativeUnavailable("per-call integer arguments (native launches fix the integers)")
@@ -248,26 +210,18 @@ def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
 
 
 def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device | None = None, guard=None):
-    """A function `launch(args, values=b.values, per_call=())` launching `b.kernel` once per
-    entry of `b.metas` on `b.grid` programs, on the current stream: `args` the call's tensors
-    (None for an absent operand; `b.pointers` maps them), `values` the per-call floats,
-    `per_call` the per-call integers. `scratch(device)`: tensors appended to `args` per call.
-
-    The first launch binds every argument by name (`kernel[grid](**named)`, compiling under the
-    kernel's lock); its compiled kernels are then launched through `_fast_calls` (or, with
-    $ANYSOFTMAX_LAUNCHER=native, through one C++ call) while no launch hook is active: a
-    profiler's hook needs Triton's own path, which builds its metadata. Interpreted, every launch
-    goes through the JIT entry under the one interpreter lock.
-
-    `replan()`: for a cooperative grid, the launcher to use instead when the driver refuses one
-    (its programs cannot all be resident at once: MPS SM limits, green contexts), which waits
-    on nothing. `device` (with `guard`, default `device_guard` where several GPUs are visible):
-    made current around each launch. `launch.prime(compiled, args, stream_of=None)` does what a
-    first launch does after compiling (tests and benchmarks/hit_path_cpu.py give it stand-ins
-    for compiled kernels); `launch.state` holds what it set up, `launch.binding` is `b`."""
+    """`launch(args, values=b.values, per_call=())` launching `b.kernel` once per entry of `b.metas`
+    on the current stream: `args` the call's tensors (None where absent), `values` the per-call
+    floats, `per_call` the per-call integers; `scratch(device)`: tensors appended to `args`. Later
+    launches take the fast path while no launch hook is active (a profiler's needs Triton's path).
+    `replan()`: the launcher to use when the driver refuses a cooperative grid (MPS SM limits,
+    green contexts). `device` is made current around each launch by `guard` (default
+    `device_guard` where several GPUs are visible). `launch.prime(compiled, args, stream_of=None)`
+    does what a first launch does after compiling (tests give it stand-ins); `launch.state`
+    holds what it set up, `launch.binding` is `b`."""
     kernel, grid, metas, default = b.kernel, (b.grid,), b.metas, b.values
     lock = launch_lock(kernel)
-    interpreted = lock is _interpreter_lock
+    interpreting = lock is _interpreter_lock
     native = native_launch.LAUNCHER == "native"
     ints = tuple(b.ints.values())
     names = tuple(b.ints)
@@ -278,16 +232,10 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
     n_positional = len(b.pointer_names) + len(ints) + len(b.floats)
     positional = runtime_params(kernel) == (*b.pointer_names, *names, *b.floats)
     no_fast = "no fast path (interpreted, ANYSOFTMAX_FAST_LAUNCH=0, or not Triton's launcher)"
-    # (an interpreted launch compiles nothing: no fast path follows it)
     fast_possible = FAST_LAUNCH and positional
     state = {"compiled": None, "fast": None, "fallback": None,
              "native_reason": "ANYSOFTMAX_LAUNCHER is triton" if not native else
-             "not launched yet" if fast_possible and not interpreted else no_fast}
-
-    def named(args, values, per_call) -> dict:
-        out = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values))}
-        out.update(zip(b.per_call, per_call))
-        return out
+             "not launched yet" if fast_possible and not interpreting else no_fast}
 
     def primed(compiled: list, args: tuple, stream_of) -> None:
         state["compiled"] = compiled  # (kept alive: the native launcher holds only raw functions)
@@ -324,7 +272,7 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                     and not leave_calls:
                 if scratch is not None:
                     args = (*args, *scratch(device))
-                if via is not None:  # (the native launcher, chosen and built)
+                if via is not None:
                     return via(*args) if values is default else via(*args, *values)
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.
@@ -339,14 +287,18 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                 return None
         if scratch is not None:
             args = (*args, *scratch(args[0].device))
-        kw = named(args, values, per_call)
-        if state["compiled"] is not None and not interpreted:  # (no fast path, or a launch hook is active)
+        kw = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values)),
+              **dict(zip(b.per_call, per_call))}
+        if state["compiled"] is not None and not interpreting:  # (no fast path, or a launch hook is active)
             for meta in metas:
                 kernel[grid](**kw, **meta)
             return None
         with lock:  # a first launch compiles: one thread at a time per kernel
-            if interpreted:
-                with interpreter_quiet():
+            if interpreting:  # (compiles nothing: no fast path follows)
+                import numpy
+
+                # The kernels compute masked lanes as -inf - (-inf) and log(0) by design, then discard them.
+                with numpy.errstate(invalid="ignore", divide="ignore"):
                     for meta in metas:
                         kernel[grid](**kw, **meta)
                 return None
@@ -383,10 +335,9 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
 
 
 def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
-    """A function `make(device) -> (stats, counts)`: the documented scratch of a launch, sized
-    once here. `stats` holds the partial statistics (`plan.stats_numel`), `counts` the reused
-    barrier counters. A plan that uses neither (whole-row backward: the kernel still takes both
-    pointers) gets one small placeholder pair per device, allocated once."""
+    """`make(device) -> (stats, counts)`: a launch's partial statistics (`plan.stats_numel`) and
+    row counters; a plan using neither (whole-row backward: the kernel still takes both pointers)
+    gets one small placeholder pair per device."""
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     n_stats = plan.stats_numel(layout)
     counter_groups = plan.groups(layout) if plan.counted else 0
@@ -406,11 +357,9 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
 
 def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype, device=None, guard=None):
     """`bind_kernel`'s launcher of `plan` on tensors laid out as `layout`: `launch(tensors,
-    values=PLAIN_SCALARS)`, `tensors` as `plan.tensors` lists them (forward: x, y, mask, sinks,
-    p_sink; backward: y, dy, dx, x, mask, p_sink, dsinks; None for an absent operand), `values`
-    the per-call floats (`plan.scalars`). A split or backward plan's scratch is allocated per
-    call; a cooperative plan the driver refuses falls back to its two-launch form (statistics,
-    then normalisation)."""
+    values=PLAIN_SCALARS)`, `tensors` as `plan.tensors` takes them (None for an absent operand),
+    `values` the per-call floats (`plan.scalars`). A cooperative plan the driver refuses falls
+    back to its two-launch form."""
     n = 7 if plan.backward else 5
     needs_scratch = plan.split or plan.backward
     opts = plan.launch_options()

@@ -1,11 +1,8 @@
 """merge_states as a Triton kernel shared by `triton` and `triton_ascend`: `merge_kernel` (K
-partial results into one) and its bound launcher. The backends size the tiles and the grid
-(`MergePlan`); everything else is here.
-
-`merge_kernel` is persistent over (BLOCK_R rows x BLOCK_D) tiles of the output, up to MAX_K
-partials unrolled (K a constexpr); more partials are merged MAX_K - 1 at a time into a
-float32/64 intermediate. Numerics: accumulation in fp32 (fp64 for fp64); -inf partials weigh
-exactly 0, a NaN partial lse makes the row NaN, and +inf weights inf/inf (NaN, by design).
+partial results into one) and its bound launcher; the backends size the tiles and grid
+(`MergePlan`). Persistent over (BLOCK_R rows x BLOCK_D) tiles of the output, up to MAX_K partials
+unrolled (K a constexpr); more are merged MAX_K - 1 at a time into a float32/64 intermediate.
+Accumulation in fp32 (fp64 for fp64); special values as `core.lse_merge` states them.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...core.layout import new_output_like
-from ...core.pieces import MergeSpec
+from ...core.lse_merge import MergeSpec
 from .fused import exp_acc
 from .launcher import Binding, bind_kernel
 from .plan import INT32_MAX
@@ -46,9 +43,8 @@ def _add_part(lse, o, m_sub, s, acc, ACC_FP64: tl.constexpr):
 
 @triton.jit
 def _as_element_of(v, ptr):
-    """v converted to the element type of `ptr`, a float64 value to a narrower type through
-    float32: the interpreter's float64 -> bfloat16 cast gives NaN, and the compiled kernel
-    (which could cast in one step) takes the same two roundings, so both are one code path."""
+    """v converted to the element type of `ptr`, float64 to a narrower type through float32 (the
+    interpreter's float64 -> bfloat16 cast gives NaN; the compiled kernel takes the same path)."""
     ty = ptr.dtype.element_ty
     if v.dtype == tl.float64:
         if ty != tl.float64:
@@ -65,12 +61,10 @@ def merge_kernel(
     """out = sum_i exp(l_i - lse) o_i, lse = log sum_i exp(l_i): rows r = (r // S1, r % S1)
     through (stride0, stride1) per tensor kind (partials, their lses, out, lse out).
 
-    Every partial and lse of a tile is loaded before the first is used: the tile costs one
-    memory round trip (at decode sizes that round trip is most of the merge's time; loads
-    issued after the lses' maximum would wait for it: two). Offsets are 32-bit unless an
-    operand spans 2**31 elements (`WIDE`): the merge does little arithmetic per byte, and 64-bit
-    row division and addressing was most of its instructions (NVIDIA H100, K = 8, head size 64:
-    issue-bound beside the copy)."""
+    Every partial and lse of a tile is loaded before the first is used (one memory round trip
+    per tile). Offsets are 32-bit unless an operand spans 2**31 elements (`WIDE`): the merge is
+    issue-bound at decode sizes, and 64-bit row arithmetic was most of its instructions
+    (docs/speed.md)."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     n_dt = tl.cdiv(D, BLOCK_D)
     n_tiles = tl.cdiv(n_rows, BLOCK_R) * n_dt
@@ -160,11 +154,10 @@ class MergePlan:
 
 
 def merge_launcher(spec: MergeSpec, plan_for, guard=None):
-    """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one merge request (dispatch
-    memoises it per request key, which fixes every operand's shape, strides, dtype and
-    alignment, `out` and `lse_out` included); `plan_for(k, n_rows, d) -> MergePlan`, `guard`
-    the device guard (`launcher.bind_kernel`). More than MAX_K partials are merged MAX_K at a
-    time into an intermediate of the accumulation dtype, each group through its own launcher."""
+    """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one merge request (its key fixes
+    every operand's shape, strides, dtype and alignment); `plan_for(k, n_rows, d) -> MergePlan`,
+    `guard` the device guard (`launcher.bind_kernel`). More than MAX_K partials are merged in
+    groups, each through its own launcher."""
     acc, k, steps = spec.acc_dtype, spec.k, []
     while k > MAX_K:
         steps.append(_group_launcher(MAX_K, acc, acc, spec, plan_for, guard))
@@ -183,27 +176,19 @@ def merge_launcher(spec: MergeSpec, plan_for, guard=None):
     return run
 
 
-def _prepared(outputs, lses, how: tuple, acc: torch.dtype) -> tuple:
-    """The partials and lses as the kernel reads them: of one dtype (`acc` where they mix) and
-    sharing one row layout each (contiguous copies where they do not)."""
-    cast_o, copy_o, cast_l, copy_l = how
-    if cast_o:
-        outputs = [t.to(acc) for t in outputs]
-    if copy_o:
-        outputs = [t.contiguous() for t in outputs]
-    if cast_l:
-        lses = [t.to(acc) for t in lses]
-    if copy_l:
-        lses = [t.contiguous() for t in lses]
-    return outputs, lses
+def _prepared(ts: list, cast: bool, copy: bool, acc: torch.dtype) -> list:
+    # The partials (or lses) as the kernel reads them: of one dtype (`acc` where they mix) and
+    # sharing one row layout (contiguous copies where they do not).
+    if cast:
+        ts = [t.to(acc) for t in ts]
+    return [t.contiguous() for t in ts] if copy else ts
 
 
 def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, guard):
     """`f(outputs, lses, out, lse_out) -> (out, lse)` of k <= MAX_K partials into `out_dtype` /
-    `lse_dtype` (allocated when not given). The first call works out, from its own tensors
-    (the request key fixes their layouts and dtypes), which inputs are converted or copied, the
-    plan, integer arguments and constexprs, and binds `merge_kernel`; `f.state["launch"]` is
-    that bound launcher."""
+    `lse_dtype` (allocated when not given). The first call works out from its own tensors which
+    inputs are converted or copied, the plan and the arguments, and binds `merge_kernel`
+    (`f.state["launch"]`)."""
     lead, acc, pad = len(spec.shape) - 1, spec.acc_dtype, MAX_K - k
     state = {"launch": None, "how": None, "prepare": False}
 
@@ -211,11 +196,11 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
         return (*a[:k], *a[:1] * pad, *a[k:2 * k], *a[k:k + 1] * pad, a[2 * k], a[2 * k + 1])
 
     def bind_first(outputs, lses, out, lse_out):
-        how = (len({t.dtype for t in outputs}) > 1, False, len({t.dtype for t in lses}) > 1, False)
-        outputs, lses = _prepared(outputs, lses, how, acc)
-        copies = (False, _shared_strides(outputs, lead) is None, False, _shared_strides(lses, lead) is None)
-        outputs, lses = _prepared(outputs, lses, copies, acc)
-        state["how"] = (how[0], copies[1], how[2], copies[3])
+        cast_o, cast_l = len({t.dtype for t in outputs}) > 1, len({t.dtype for t in lses}) > 1
+        outputs, lses = _prepared(outputs, cast_o, False, acc), _prepared(lses, cast_l, False, acc)
+        copy_o, copy_l = _shared_strides(outputs, lead) is None, _shared_strides(lses, lead) is None
+        outputs, lses = _prepared(outputs, False, copy_o, acc), _prepared(lses, False, copy_l, acc)
+        state["how"] = (cast_o, copy_o, cast_l, copy_l)
         state["prepare"] = any(state["how"])
         out = new_output_like(outputs[0], out_dtype) if out is None else out
         lse_out = new_output_like(lses[0], lse_dtype) if lse_out is None else lse_out
@@ -235,7 +220,8 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
             outputs, lses, out, lse_out = bind_first(outputs, lses, out, lse_out)
             launch = state["launch"]
         elif state["prepare"]:
-            outputs, lses = _prepared(outputs, lses, state["how"], acc)
+            how = state["how"]
+            outputs, lses = _prepared(outputs, how[0], how[1], acc), _prepared(lses, how[2], how[3], acc)
         if out is None:
             out = new_output_like(outputs[0], out_dtype)
         if lse_out is None:
@@ -272,8 +258,8 @@ def _shared_strides(ts, lead):
 
 
 def _wide(*tensors, rows: int) -> bool:
-    """Whether merge_kernel needs 64-bit offsets: a tensor's furthest element (every partial
-    shares the first's strides, every lse the first lse's) or the row count pass 2**31 - 1."""
+    """Whether merge_kernel needs 64-bit offsets: a tensor's furthest element (the partials
+    share the first's strides, the lses the first lse's) or the row count pass 2**31 - 1."""
     reach = max(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n) for t in tensors)
     return max(reach, rows) > INT32_MAX
 
@@ -281,10 +267,8 @@ def _wide(*tensors, rows: int) -> bool:
 def _row_args(outputs, lses, out, lse_out, lead: int) -> dict:
     """`merge_kernel`'s integer arguments by name for operands whose row dims collapse into two
     strides. Rows are numbered in the operands' own order (vLLM's [heads, tokens] lses
-    included): a tile's rows are then adjacent in the partials, and with lses read a float per
-    row (sectors shared through L2) that beat numbering one head's tokens together at every
-    shape measured (NVIDIA H100, CUDA graphs: K = 2, 8192 x 32 x 256 0.99 of copy against 0.95;
-    K = 8, 1024 x 32 x 64 0.79 against 0.76; `benchmarks/pieces_probe.py --parts order`)."""
+    included): a tile's rows are adjacent in the partials, which beat head-major numbering at
+    every shape measured (docs/speed.md)."""
     y_st, z_st = _two_row_dims(out, lead), _two_row_dims(lse_out, lead)
     if y_st is None or z_st is None:
         raise ValueError("merge_states: the output tensors' row dims do not collapse into two strides")
@@ -293,6 +277,3 @@ def _row_args(outputs, lses, out, lse_out, lead: int) -> dict:
     return dict(n_rows=math.prod(shape[:-1]), D=shape[-1], S1=shape[lead - 1] if lead else 1, os0=os0, os1=os1,
                 osd=outputs[0].stride(-1), ls0=ls0, ls1=ls1, ys0=y_st[0], ys1=y_st[1], ysd=out.stride(-1),
                 zs0=z_st[0], zs1=z_st[1])
-
-
-__all__ = ["MAX_K", "MergePlan", "merge_kernel", "merge_launcher"]

@@ -1,21 +1,9 @@
-"""The native launcher: Triton-compiled CUDA kernels launched from C++ (`native_launch.cc`),
-called through TVM-FFI with the torch tensors themselves.
-
-A repeated request's launch through Triton's launcher costs microseconds of Python and
-argument parsing (`data_ptr()` per tensor, the stream, the extension's tuple parsing). Here one
-FFI call takes the tensors as DLPack views, reads torch's current stream from TVM-FFI's
-environment and launches every kernel of the plan. The output is allocated in Python
-(`torch.empty_like`): allocating through TVM-FFI's environment allocator costs more than it
-saves (NVIDIA H100 host: 10.6 us for a launch that allocates, against 6.2 for the launch and 2.5
-for `torch.empty_like`).
-
-`$ANYSOFTMAX_LAUNCHER` chooses: `triton` (Triton's launcher), `native`, or `auto` (the default:
-the one `benchmarks/native_launch_bench.py` measured faster, `AUTO`). The extension is compiled once
-per machine into `config.cache_dir("native")` with the machine's C++ compiler (TVM-FFI's
-headers and library; cuda.h from the Triton wheel); when apache-tvm-ffi, the compiler or the
-build is missing, or a kernel needs what
-this launcher does not do (scratch buffers, clusters), Triton's launcher is used and the reason
-is kept (`unavailable()`, the bound launcher's `state["native_reason"]`).
+"""The native launcher: Triton-compiled CUDA kernels launched by one C++ call (`native_launch.cc`,
+through TVM-FFI, the torch tensors as DLPack views, torch's current stream; docs/speed.md).
+`$ANYSOFTMAX_LAUNCHER`: `triton`, `native` or `auto` (`AUTO`). Compiled once per machine into
+`config.cache_dir("native")`; where apache-tvm-ffi, the compiler or the build is missing, or a
+kernel needs what it does not do (scratch, clusters), Triton's launcher is used and the reason
+kept (`unavailable()`, the bound launcher's `state["native_reason"]`).
 """
 
 from __future__ import annotations
@@ -35,8 +23,7 @@ from ... import config
 
 ENV_LAUNCHER = "ANYSOFTMAX_LAUNCHER"
 LAUNCHERS = ("triton", "native", "auto")
-# What `auto` means: the launcher measured faster on an NVIDIA H100 host (native_launch_bench.py,
-# launch alone with preallocated tensors: 6.2 us native, 7.6 us Triton's; 6.5 / 7.4 in a second run).
+# What `auto` means: the launcher measured faster on an NVIDIA H100 host (docs/speed.md).
 AUTO = "native"
 
 # DLPack's device type of CUDA tensors (kDLCUDA).
@@ -112,8 +99,8 @@ def _cuda_include() -> Path:
 
 
 def build_command(source: Path, output: Path) -> list[str]:
-    """The compiler command building `source` into the shared library `output` against
-    TVM-FFI's headers and library (`$CXX`, else c++ / g++ / clang++ on PATH)."""
+    """The command building `source` into the shared library `output` against TVM-FFI (`$CXX`,
+    else c++ / g++ / clang++ on PATH)."""
     try:
         import tvm_ffi  # noqa: F401
         from tvm_ffi import libinfo
@@ -155,16 +142,15 @@ def _load():
 
 
 def kernel_params(compiled) -> list[tuple[str, str]]:
-    """(name, Triton type) of every parameter the compiled kernel's binary takes, in order, as
-    Triton's CUDA launcher passes them: the signature's entries that are not "constexpr"
-    (constexprs, and integers the JIT specialised to a constant, such as those equal to 1,
-    are compiled in), then the scratch pointers Triton appends (`SCRATCH`)."""
+    """(name, Triton type) of every parameter the compiled kernel's binary takes, in order: the
+    signature's entries that are not "constexpr" (constexprs and integers specialised to a
+    constant, such as 1, are compiled in), then the scratch pointers Triton appends."""
     return [(n, t) for n, t in compiled.src.signature.items() if t != "constexpr"] + list(SCRATCH)
 
 
 def refusal(compiled) -> str | None:
-    """Why `compiled` must keep Triton's launcher, or None: what Triton's launcher does for it
-    beyond a plain launch (scratch buffers, clusters, tensor descriptors, instrumentation)."""
+    """Why `compiled` must keep Triton's launcher (scratch, clusters, tensor descriptors,
+    instrumentation), or None."""
     md = compiled.metadata
     if md.global_scratch_size or md.profile_scratch_size:
         return f"{md.name} needs global/profile scratch"
@@ -186,9 +172,8 @@ def _bits(fmt: str, value) -> int:
 
 def describe(params: list, pointers: dict, ints: dict, floats: dict) -> list[tuple[int, int, int]]:
     """(kind, index, bits) of each parameter (`kernel_params`), found by name: `pointers` name
-    -> tensor argument index, `ints` name -> value (packed here as its type), `floats` name ->
-    (float argument index, value when none is passed). NativeUnavailable for a parameter
-    found nowhere or of a type not handled."""
+    -> tensor argument index, `ints` name -> value, `floats` name -> (float argument index,
+    default value). NativeUnavailable for a parameter found nowhere or of a type not handled."""
     out = []
     for name, ty in params:
         if (name, ty) in SCRATCH:
@@ -208,10 +193,9 @@ def describe(params: list, pointers: dict, ints: dict, floats: dict) -> list[tup
 
 def make(compiled_kernels: list, grid: int, device: int, pointers: dict, ints: dict, floats: dict,
          used: list, run: bool = True, device_type: int = DL_CUDA):
-    """The native launcher of one bound request: launches `compiled_kernels` one after the
-    other on `grid` programs. Called as `f(*tensors)` or `f(*tensors, *floats)` (see
-    `native_launch.cc`); `used[i]`: tensor argument i is read by some parameter. `run=False` packs the
-    parameters without launching and returns them (the kernels need no GPU: tests).
+    """The native launcher of one bound request, launching `compiled_kernels` one after the other
+    on `grid` programs: `f(*tensors)` or `f(*tensors, *floats)`; `used[i]`: tensor argument i is
+    read. `run=False` returns the packed parameters without launching (tests, no GPU).
     NativeUnavailable when the extension or a kernel cannot be used."""
     mod = module()
     spec = []
@@ -232,8 +216,8 @@ _stream_checked: dict = {}
 
 
 def follows_torch_stream(tensor) -> bool:
-    """True when, inside a call with `tensor`, the extension sees torch's current stream of
-    its device (checked once per device type, on a stream that is not the default one)."""
+    """True when the extension sees torch's current stream of `tensor`'s device (checked once per
+    device type, on a stream that is not the default one)."""
     import torch
 
     dev = tensor.device

@@ -44,7 +44,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _row_offsets(rows, S1, S2, st0, st1, st2):
+def row_offsets(rows, S1, S2, st0, st1, st2):
     """Element offsets of `rows` (int64) through three (size, stride) row dimensions."""
     i2 = rows % S2
     rest = rows // S2
@@ -96,11 +96,11 @@ def softmax_tile_kernel(
             s_off = rows * ss2
             p_off = rows * ps2
         else:
-            x_off = _row_offsets(rows, S1, S2, xs0, xs1, xs2)
-            y_off = _row_offsets(rows, S1, S2, ys0, ys1, ys2)
-            m_off = _row_offsets(rows, S1, S2, ms0, ms1, ms2)
-            s_off = _row_offsets(rows, S1, S2, ss0, ss1, ss2)
-            p_off = _row_offsets(rows, S1, S2, ps0, ps1, ps2)
+            x_off = row_offsets(rows, S1, S2, xs0, xs1, xs2)
+            y_off = row_offsets(rows, S1, S2, ys0, ys1, ys2)
+            m_off = row_offsets(rows, S1, S2, ms0, ms1, ms2)
+            s_off = row_offsets(rows, S1, S2, ss0, ss1, ss2)
+            p_off = row_offsets(rows, S1, S2, ps0, ps1, ps2)
         row_ok = rows < n_rows
         mask = row_ok[:, None] & (cols < n_cols)[None, :]
         lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
@@ -149,9 +149,9 @@ def softmax_online_kernel(
         cols0 = cols0.to(tl.int64)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row64 = tl.cast(row, tl.int64)
-        x_row = x_ptr + _row_offsets(row64, S1, S2, xs0, xs1, xs2)
-        y_row = y_ptr + _row_offsets(row64, S1, S2, ys0, ys1, ys2)
-        m_row = m_ptr + _row_offsets(row64, S1, S2, ms0, ms1, ms2)
+        x_row = x_ptr + row_offsets(row64, S1, S2, xs0, xs1, xs2)
+        y_row = y_ptr + row_offsets(row64, S1, S2, ys0, ys1, ys2)
+        m_row = m_ptr + row_offsets(row64, S1, S2, ms0, ms1, ms2)
         lim = col_limit(row64, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
         # Pass 1: per-lane running max m and sum s of exp(z - m), over the columns read.
         m = tl.full([BLOCK_N], float("-inf"), acc_ty)
@@ -178,7 +178,7 @@ def softmax_online_kernel(
             # this form to a copy clamped by the bound (tests/ascend_frontend), a scalar load to
             # an element access and a constant-true mask to an unclamped copy.
             one = tl.arange(0, 1)
-            sink = tl.max(tl.load(s_ptr + _row_offsets(row64, S1, S2, ss0, ss1, ss2) + one, mask=row64 + one < n_rows,
+            sink = tl.max(tl.load(s_ptr + row_offsets(row64, S1, S2, ss0, ss1, ss2) + one, mask=row64 + one < n_rows,
                                   other=0.0).to(acc_ty), axis=0)
         if STATES_ONLY:
             tl.store(y_row, lanes_lse(m, s, sink, HAS_SINK, ACC_FP64).to(y_ptr.dtype.element_ty))
@@ -188,7 +188,7 @@ def softmax_online_kernel(
             if HAS_EMPTY:
                 empty = tl.sum(kept, axis=0) == 0
             if HAS_SINK:
-                tl.store(p_ptr + _row_offsets(row64, S1, S2, ps0, ps1, ps2),
+                tl.store(p_ptr + row_offsets(row64, S1, S2, ps0, ps1, ps2),
                          sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty))
             # log_softmax subtracts m and log(sum) separately: folding them into one shift would
             # round m + log(sum) at the magnitude of m and lose the small outputs' precision.
@@ -212,7 +212,7 @@ def softmax_online_kernel(
 
 
 @triton.jit
-def _normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG: tl.constexpr, REUSE_EXP: tl.constexpr,
+def normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG: tl.constexpr, REUSE_EXP: tl.constexpr,
                      ACC_FP64: tl.constexpr):
     """A chunk's output from the row statistics (m_sub, total). With REUSE_EXP the chunk's own
     exp(x - m_chunk) `e` is rescaled instead of taking a second exp per element (the
@@ -228,20 +228,20 @@ def _normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG: tl.constexpr, REUS
 
 
 @triton.jit
-def _row_arrive(count_ptr, row):
+def row_arrive(count_ptr, row):
     """Announce this program's chunk of `row`; returns how many chunks have arrived."""
     return tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu") + 1
 
 
 @triton.jit
-def _row_wait(count_ptr, row, arrived, n_chunks):
+def row_wait(count_ptr, row, arrived, n_chunks):
     """Spin until every chunk of `row` has arrived (the statistics they wrote are visible)."""
     while arrived < n_chunks:
         arrived = tl.atomic_add(count_ptr + 2 * row, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
-def _row_depart(count_ptr, row, n_chunks):
+def row_depart(count_ptr, row, n_chunks):
     """Leave the row's barrier; the last program out resets both counters to zero, so the
     counter buffer is reused by the next launch on this stream without a memset kernel."""
     departed = tl.atomic_add(count_ptr + 2 * row + 1, 1, sem="acq_rel", scope="gpu") + 1
@@ -251,9 +251,9 @@ def _row_depart(count_ptr, row, n_chunks):
 
 
 @triton.jit
-def _row_leave(count_ptr, row):
+def row_leave(count_ptr, row):
     """Leave the row's barrier without ordering anything around it (relaxed): nothing this
-    program does later waits for the count, which `_row_reset` checks once the chunk is stored.
+    program does later waits for the count, which `row_reset` checks once the chunk is stored.
     An acquire or release here would also wait for a prefetched load still in flight. Safe:
     a program leaves only after its wait saw every chunk arrive, so when the count reaches
     n_chunks no program of the row still reads the arrival counter."""
@@ -261,8 +261,8 @@ def _row_leave(count_ptr, row):
 
 
 @triton.jit
-def _row_reset(count_ptr, row, departed, n_chunks):
-    """The last program out of a row (`departed`, `_row_leave`'s count, equals n_chunks) zeroes
+def row_reset(count_ptr, row, departed, n_chunks):
+    """The last program out of a row (`departed`, `row_leave`'s count, equals n_chunks) zeroes
     its counters for the next launch; release: after the count it read."""
     if departed == n_chunks:
         tl.atomic_xchg(count_ptr + 2 * row, 0, sem="release", scope="gpu")
@@ -272,10 +272,10 @@ def _row_reset(count_ptr, row, departed, n_chunks):
 @triton.jit
 def _row_wait_polled(count_ptr, row, n_chunks):
     """Arrive at `row`'s barrier and wait until every chunk of the row has arrived, crossing no
-    value between threads through shared memory (`_row_meet` says why): the arrival's count
+    value between threads through shared memory (`row_meet` says why): the arrival's count
     is not read back, every thread polls the counter itself (a volatile load); then one
     thread's acquire, which reads the complete count, and the block's barrier (bar.sync)
-    order every thread's later reads after the other programs' statistics, as in `_row_wait`.
+    order every thread's later reads after the other programs' statistics, as in `row_wait`.
     The acquire is an `or` of 0 (the count unchanged): Triton drops an unused add of 0."""
     tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu")
     seen = tl.load(count_ptr + 2 * row, volatile=True)
@@ -286,7 +286,7 @@ def _row_wait_polled(count_ptr, row, n_chunks):
 
 
 @triton.jit(noinline=True)
-def _row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2: tl.constexpr, NSTAT: tl.constexpr,
+def row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2: tl.constexpr, NSTAT: tl.constexpr,
               HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
     """The pipelined loop's barrier (`softmax_split_kernel` STAGES): arrive, wait for the row's
     other chunks, read their statistics (NSTAT per chunk at `stats_row`) and merge them with
@@ -329,8 +329,8 @@ def _row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2: tl.constexpr, N
 
 
 @triton.jit(noinline=True)
-def _row_meet_sum(count_ptr, row, n_chunks, stats_row, G_POW2: tl.constexpr):
-    """`_row_meet` of the backward's split rows: arrive, wait, and the sum of the row's
+def row_meet_sum(count_ptr, row, n_chunks, stats_row, G_POW2: tl.constexpr):
+    """`row_meet` of the backward's split rows: arrive, wait, and the sum of the row's
     n_chunks partial sums at `stats_row` (for the reasons given there, not inlined and
     without shared memory)."""
     _row_wait_polled(count_ptr, row, n_chunks)
@@ -372,15 +372,15 @@ def softmax_split_kernel(
       barrier, so the wait, the normalisation and the store overlap the next load. The chunk
       stays in x's dtype until it is used (converting it as it arrives would wait for the
       load). Only a load is added before the wait: no program waits on anything new.
-    * RELAXED_DEPART: the program leaves the barrier with a relaxed count (`_row_leave`), and
-      the row's last program resets the counters after its store (`_row_reset`): the count
+    * RELAXED_DEPART: the program leaves the barrier with a relaxed count (`row_leave`), and
+      the row's last program resets the counters after its store (`row_reset`): the count
       no longer holds up the normalisation, and no release waits for a prefetched load.
     * HOLD_INPUT (16-bit x): the chunk is held across the barrier as loaded (half the
       registers of its float32 exponentials) and exp is taken again after the wait.
     * STAGES > 1: the item loop is software-pipelined by Triton into STAGES stages: the chunks
       of the next STAGES - 1 items are copied into shared memory (cp.async on NVIDIA) while
       this one waits, is normalised and stored, so registers hold one chunk as today. The
-      wait and every read it guards live in `_row_meet`, a call the pipeliner steps over
+      wait and every read it guards live in `row_meet`, a call the pipeliner steps over
       (no prefetched chunk comes from memory another program writes: x, the mask, the sink).
       Replaces PREFETCH (`heuristics.phase0_forms` refuses both).
 
@@ -402,7 +402,7 @@ def softmax_split_kernel(
     n_items = n_rows * n_chunks
     nprog = tl.num_programs(0)
     if AHEAD:
-        x_next = _chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
+        x_next = chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
                           xsn, SQ, Q_DIV, C_OFF, CAUSAL)
     if PIPELINED:
         # The item whose chunk the loop loads, counted apart from `item` (`_chunk_x_staged`).
@@ -410,7 +410,7 @@ def softmax_split_kernel(
     # (None: the loop as Triton plans it by default, which is how the other forms compile)
     LOOP_STAGES: tl.constexpr = STAGES if PIPELINED else None
     for item in tl.range(tl.program_id(0), n_items, nprog, num_stages=LOOP_STAGES):
-        row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+        row, chunk, cols = chunk_at(item, n_chunks, offs, CHUNK)
         if AHEAD:
             x_raw = x_next
         elif PIPELINED:
@@ -418,12 +418,12 @@ def softmax_split_kernel(
                                     SQ, Q_DIV, C_OFF, CAUSAL)
             loaded += nprog
         else:
-            x_raw = _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2, xsn, SQ,
+            x_raw = chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2, xsn, SQ,
                              Q_DIV, C_OFF, CAUSAL)
         live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
         if PIPELINED:
             x_raw = tl.where(live, x_raw, float("-inf"))
-        m_ptrs = m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
+        m_ptrs = m_ptr + row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
         z, keep = prologue(x_raw.to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP,
                            MASK, ACC_FP64, PRECISE)
         stats_row = stats_ptr + row * (NSTAT * n_chunks)
@@ -433,15 +433,15 @@ def softmax_split_kernel(
             tl.store(stats_ptr + item, close_lse(m_raw, s_chunk))
             # The row's last chunk to arrive combines the row's chunk lses: nothing waits, so
             # no co-residency is needed; its acquire (and .cg, as PHASE 0) sees the others' stores.
-            if _row_arrive(count_ptr, row) == n_chunks:
+            if row_arrive(count_ptr, row) == n_chunks:
                 tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
                 g = tl.arange(0, G_POW2)
                 ls = tl.load(stats_ptr + row * n_chunks + g, mask=g < n_chunks, other=float("-inf"),
                              cache_modifier=".cg")
                 sink = 0.0
                 if HAS_SINK:
-                    sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
-                tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2),
+                    sink = tl.load(s_ptr + row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+                tl.store(y_ptr + row_offsets(row, S1, S2, ys0, ys1, ys2),
                          tile_lse(ls, sink, 0, HAS_SINK, ACC_FP64).to(y_ptr.dtype.element_ty))
         elif PHASE != 2:
             m_raw = tl.max(z, axis=0)
@@ -452,17 +452,17 @@ def softmax_split_kernel(
             if NSTAT == 3:
                 tl.store(stats_row + NSTAT * chunk + 2, tl.sum(keep.to(acc_ty), axis=0))
         if PHASE == 0 and not PIPELINED:
-            arrived = _row_arrive(count_ptr, row)
+            arrived = row_arrive(count_ptr, row)
             if AHEAD:
                 # After the arrival: its release would otherwise wait for this load.
-                x_next = _chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
+                x_next = chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
                                   xs2, xsn, SQ, Q_DIV, C_OFF, CAUSAL)
-            _row_wait(count_ptr, row, arrived, n_chunks)
+            row_wait(count_ptr, row, arrived, n_chunks)
         if PIPELINED:
             sink = 0.0
             if HAS_SINK:
-                sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
-            m_sub, total, kept = _row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2, NSTAT, HAS_SINK,
+                sink = tl.load(s_ptr + row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+            m_sub, total, kept = row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2, NSTAT, HAS_SINK,
                                            ACC_FP64)
             empty = False
             if MASK == 1:
@@ -470,9 +470,9 @@ def softmax_split_kernel(
             elif CAUSAL:
                 empty = col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL) == 0
             if LATE_DEPART:
-                departed = _row_leave(count_ptr, row)
+                departed = row_leave(count_ptr, row)
             else:
-                _row_depart(count_ptr, row, n_chunks)
+                row_depart(count_ptr, row, n_chunks)
         elif PHASE != 1:
             g = tl.arange(0, G_POW2)
             # .cg: read through L2, never a stale L1 line written by another SM before the barrier.
@@ -480,7 +480,7 @@ def softmax_split_kernel(
             ss = tl.load(stats_row + NSTAT * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
             sink = 0.0
             if HAS_SINK:
-                sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+                sink = tl.load(s_ptr + row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
             m_sub, total = merge_stats(ms, ss, g < n_chunks, sink, HAS_SINK, ACC_FP64)
             empty = False
             if MASK == 1:
@@ -489,29 +489,29 @@ def softmax_split_kernel(
             elif CAUSAL:
                 empty = col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL) == 0
             if LATE_DEPART:
-                departed = _row_leave(count_ptr, row)
+                departed = row_leave(count_ptr, row)
             elif PHASE == 0:
-                _row_depart(count_ptr, row, n_chunks)
+                row_depart(count_ptr, row, n_chunks)
         if PHASE != 1:
             if HOLD:
                 # z again from the chunk as loaded (the float32 copy was not kept across the wait)
                 z, _ = prologue(_widen_again(x_raw).to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
                                 HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
-                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+                y = normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
             elif PHASE == 0:
-                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
+                y = normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, ACC_FP64)
             else:  # (no chunk statistics of its own in this phase: z stands in for them, unused)
-                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
+                y = normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
             if HAS_EMPTY:
                 y = tl.where(empty, empty_fill(y, n_cols, LOG, EMPTY), y)
-            tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
+            tl.store(y_ptr + row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
             if HAS_SINK:
-                tl.store(p_ptr + _row_offsets(row, S1, S2, ps0, ps1, ps2),
+                tl.store(p_ptr + row_offsets(row, S1, S2, ps0, ps1, ps2),
                          sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty),
                          mask=(row * 0 + chunk) == 0)
             if LATE_DEPART:
-                _row_reset(count_ptr, row, departed, n_chunks)
+                row_reset(count_ptr, row, departed, n_chunks)
 
 
 @triton.jit
@@ -528,7 +528,7 @@ def _widen_again(x):
 
 
 @triton.jit
-def _chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
+def chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
     """(row, chunk index, columns) of work item `item`. Kept apart from the load: torch.compile's
     analysis of which arguments a kernel writes follows a store's address back through helper
     calls, and an address computed inside a call that also takes `x_ptr` marks `x` as written
@@ -549,16 +549,16 @@ def _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL: tl.conste
 @triton.jit
 def _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn):
     """x at `cols` of `row` where `live`, -inf elsewhere, in x's dtype."""
-    return tl.load(x_ptr + _row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live, other=float("-inf"))
+    return tl.load(x_ptr + row_offsets(row, S1, S2, xs0, xs1, xs2) + cols * xsn, mask=live, other=float("-inf"))
 
 
 @triton.jit
-def _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn,
+def chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn,
              SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
     """Work item `item`'s chunk of x as stored, in x's dtype (-inf outside the row, past a
     causal prefix and everywhere past the last item): the load alone, so that it can be issued
     ahead of its use (PREFETCH) without waiting for it."""
-    row, _, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+    row, _, cols = chunk_at(item, n_chunks, offs, CHUNK)
     live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
     return _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn)
 
@@ -566,7 +566,7 @@ def _chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, 
 @triton.jit
 def _chunk_x_staged(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn,
                     SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
-    """`_chunk_x` for the pipelined loop (STAGES): the same elements, 0 where `_chunk_x` gives
+    """`chunk_x` for the pipelined loop (STAGES): the same elements, 0 where `chunk_x` gives
     -inf (the caller applies -inf with its own mask). The pipeliner issues this load STAGES - 1
     items ahead and carries every value it shares with the item's later uses across the
     stages, live through the barrier's call: so the address and the mask are built from
@@ -574,7 +574,7 @@ def _chunk_x_staged(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.cons
     element and stage), from an item count of the loop's own (`loaded`: sharing the row and
     chunk arithmetic of `item` would carry its scalars, about 40 more registers per thread
     at three stages on sm_90)."""
-    row, chunk, _ = _chunk_at(item, n_chunks, offs, CHUNK)
+    row, chunk, _ = chunk_at(item, n_chunks, offs, CHUNK)
     start = chunk * CHUNK
     lim = _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
     if CAUSAL:
@@ -584,17 +584,17 @@ def _chunk_x_staged(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.cons
         per_load: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
         lim = tl.minimum(tl.cdiv(lim, per_load) * per_load, n_cols)
     span = lim - start
-    return tl.load(x_ptr + (_row_offsets(row, S1, S2, xs0, xs1, xs2) + start * xsn) + offs * xsn, mask=offs < span,
+    return tl.load(x_ptr + (row_offsets(row, S1, S2, xs0, xs1, xs2) + start * xsn) + offs * xsn, mask=offs < span,
                    other=0.0)
 
 
 @triton.jit
-def _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn,
+def chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn,
                   SQ, Q_DIV, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr,
                   HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                   ACC_FP64: tl.constexpr, PRECISE: tl.constexpr):
     """(z, keep) of work item `item`'s chunk after the prologue (all -inf past the last item)."""
     live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
     x = _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn).to(acc_ty)
-    return prologue(x, live, m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn, scale_hi, scale_lo,
+    return prologue(x, live, m_ptr + row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn, scale_hi, scale_lo,
                     cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)

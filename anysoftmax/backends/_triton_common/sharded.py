@@ -1,32 +1,12 @@
-"""A row sharded across GPUs, normalised with one read of each shard: the split kernel's row
-barrier (`rows.softmax_split_kernel`) extended to the pieces of the row other ranks hold.
-
-Each rank holds its shard of every row, cut into `n_chunks` local chunks. A program computes
-its chunk's (max, sum) as the split kernel does; once the row's local chunks are merged, the
-rank's log-sum-exp of the row is *published*: written into every other rank's mailbox (a
-symmetric-memory buffer the peers map over NVLink) as one 64-bit word,
-
-    word = epoch << 32 | float32 bits of this rank's lse of the row
-
-so a word carries its own validity: no flag to order it against, no reset between calls. A
-reader spins on its own mailbox until every peer's word of the row carries this call's epoch,
-folds the peers' lses (and the sinks) into one `rest`, and normalises its chunk with `rest` as
-the row's sink: exp(z_j) / (exp(rest) + sum_local exp(z_k)) is the global softmax's shard.
-
-PHASE 0 (one cooperative launch): the chunk stays in registers across the exchange, so the
-shard is read once from memory. Every program of the launch must be resident (the grid is
-sized to the GPU, the row's local chunks in flight together, rows in ascending order per
-program): then no wait can depend on a program that never runs, on this GPU or a peer's,
-since every rank publishes a row before it waits on it. PHASE 1 / PHASE 2 (two launches: the
-local chunks' statistics, the last to arrive publishing the row; then wait and normalise,
-re-reading x) for a shard row that outgrows the GPU, and for the interpreter's rows of several
-chunks (its programs run one after another: a row of one chunk has no local barrier, so PHASE
-0 runs there). The protocol is the same, so ranks may take different phases.
-
-Mailbox layout (`anysoftmax.distributed.mailbox`): int64 [2, capacity, world]; the call's
-epoch picks the half (epoch & 1, `slot_base`): a rank can be at most one call ahead of
-another (to finish a call it needs every peer's words of that call), so a word of the next
-call never overwrites one that is still to be read.
+"""A row sharded across GPUs, normalised with one read of each shard (docs/kernels.md): the
+split kernel's row barrier extended to the row's pieces on other ranks. A rank publishes its lse
+of a row into every peer's mailbox (`anysoftmax.distributed.mailbox`) as one word, `epoch << 32 |
+float32 bits`, valid by itself; a reader spins until every peer's word of the row carries this
+call's epoch and normalises its chunk with the peers' lses and the sink as the row's sink. The
+epoch's parity picks the mailbox half: a rank is at most one call ahead of another, so a word of
+the next call never overwrites one still to be read. PHASE 0 (one cooperative launch, rows in
+ascending order per program) keeps the chunk in registers across the exchange; PHASE 1 / 2 (the
+last chunk publishing; then wait and normalise, re-reading x) serve rows that outgrow the GPU.
 """
 
 from __future__ import annotations
@@ -35,8 +15,8 @@ import triton
 import triton.language as tl
 
 from .fused import exp_acc, finite_or_zero, merge_stats, prologue, tile_lse
-from .rows import (_chunk_at, _chunk_logits, _chunk_x, _normalise_chunk, _row_arrive, _row_depart, _row_offsets,
-                   _row_wait)
+from .rows import (chunk_at, chunk_logits, chunk_x, normalise_chunk, row_arrive, row_depart, row_offsets,
+                   row_wait)
 
 LOW32 = tl.constexpr(0xFFFFFFFF)  # the float32 bits of a word
 
@@ -55,8 +35,8 @@ def _local_lse(stats_row, n_chunks, G_POW2: tl.constexpr):
 @triton.jit
 def _publish(peers_ptr, slot, lse, epoch, ranks, others, go):
     """Write this rank's `lse` of a row, tagged with `epoch`, into slot `slot` of every other
-    rank's mailbox (where `go`, one flag per rank): one relaxed system-scope exchange per peer, single-copy
-    atomic, so a reader sees either the old word or the whole new one."""
+    rank's mailbox (where `go`): one relaxed system-scope exchange per peer, single-copy atomic,
+    so a reader sees either the old word or the whole new one."""
     bits = lse.to(tl.int32, bitcast=True).to(tl.int64) & LOW32
     word = (tl.cast(epoch, tl.int64) << 32) | bits
     base = tl.load(peers_ptr + ranks, mask=others, other=0)
@@ -91,11 +71,10 @@ def sharded_split_kernel(
 ):
     """This rank's shard of a row-sharded softmax (module docstring), accumulated in float32 (the
     words carry float32 lses: float64 shards keep the all-gather path). Rows are numbered in
-    logical order on every rank (the mailbox slot of row r is the same everywhere); MASK is 0
-    or 2 (additive: a bool mask's empty rows need every rank's kept count); WRITE_LSE stores
-    the row's global lse at lse_ptr + row (the sinks' gradient reads it). PREFETCH (PHASE 0):
-    a program issues its next chunk's load before it waits on this one's row, so the load is in
-    flight while the states cross NVLink (it holds two chunks then)."""
+    logical order on every rank (row r's mailbox slot is the same everywhere); MASK is 0 or 2 (a
+    bool mask's empty rows would need every rank's kept count); WRITE_LSE stores the row's global
+    lse at lse_ptr + row (the sinks' gradient reads it). PREFETCH (PHASE 0): the next chunk's
+    load is issued before waiting on this one's row, in flight while the states cross NVLink."""
     acc_ty = tl.float32
     offs = tl.arange(0, CHUNK)
     if WIDE_COLS:
@@ -105,33 +84,33 @@ def sharded_split_kernel(
     n_items = n_rows * n_chunks
     nprog = tl.num_programs(0)
     if PREFETCH:
-        x_next = _chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
-                          xsn, 1, 1, 0, False)
+        x_next = chunk_x(x_ptr, tl.program_id(0), n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1, xs2,
+                         xsn, 1, 1, 0, False)
     for item in tl.range(tl.program_id(0), n_items, nprog):
-        row, chunk, cols = _chunk_at(item, n_chunks, offs, CHUNK)
+        row, chunk, cols = chunk_at(item, n_chunks, offs, CHUNK)
         stats_row = stats_ptr + row * (2 * n_chunks)
         slot_row = slot_base + row * world
         sink = 0.0
         if HAS_SINK:
-            sink = tl.load(s_ptr + _row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
+            sink = tl.load(s_ptr + row_offsets(row, S1, S2, ss0, ss1, ss2)).to(acc_ty)
         if PHASE != 2:
             if PREFETCH:
-                m_ptrs = m_ptr + _row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
+                m_ptrs = m_ptr + row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
                 z, _ = prologue(x_next.to(acc_ty), cols < n_cols, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
                                 HAS_SCALE, HAS_CAP, MASK, False, PRECISE)
             else:
-                z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
-                                     ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                     HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
+                z, _ = chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                    ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                    HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
             m_raw = tl.max(z, axis=0)
             m_chunk = finite_or_zero(m_raw)
             e = exp_acc(z - m_chunk, False)
             tl.store(stats_row + 2 * chunk, m_raw)
             tl.store(stats_row + 2 * chunk + 1, tl.sum(e, axis=0))
-            arrived = _row_arrive(count_ptr, row)
+            arrived = row_arrive(count_ptr, row)
             if PREFETCH:
-                x_next = _chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
-                                  xs2, xsn, 1, 1, 0, False)
+                x_next = chunk_x(x_ptr, item + nprog, n_items, n_cols, n_chunks, offs, CHUNK, S1, S2, xs0, xs1,
+                                 xs2, xsn, 1, 1, 0, False)
         if PHASE == 1:
             # The row's last chunk to arrive publishes it and leaves the counter at zero;
             # nothing waits here, so no co-residency is needed.
@@ -141,7 +120,7 @@ def sharded_split_kernel(
                 _publish(peers_ptr, slot_row + rank, row_lse, epoch, ranks, others, ranks >= 0)
         else:
             if PHASE == 0:
-                _row_wait(count_ptr, row, arrived, n_chunks)
+                row_wait(count_ptr, row, arrived, n_chunks)
             ms, ss, lse = _local_lse(stats_row, n_chunks, G_POW2)
             if PHASE == 0:
                 _publish(peers_ptr, slot_row + rank, lse, epoch, ranks, others, ranks * 0 + chunk == 0)
@@ -151,12 +130,12 @@ def sharded_split_kernel(
             if WRITE_LSE:
                 tl.store(lse_ptr + row, (m_sub + tl.log(total)).to(lse_ptr.dtype.element_ty), mask=chunk == 0)
             if PHASE == 0:
-                _row_depart(count_ptr, row, n_chunks)
-                y = _normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, False)
+                row_depart(count_ptr, row, n_chunks)
+                y = normalise_chunk(z, e, m_raw, m_chunk, m_sub, total, LOG, True, False)
             else:  # (re-read: the chunk's own statistics are not kept between launches)
-                z, _ = _chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
-                                     ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
-                                     HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
-                y = _normalise_chunk(z, z, z, z, m_sub, total, LOG, False, False)
-            tl.store(y_ptr + _row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
+                z, _ = chunk_logits(x_ptr, m_ptr, item, n_items, n_cols, row, cols, S1, S2, xs0, xs1, xs2, xsn,
+                                    ms0, ms1, ms2, msn, 1, 1, 0, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty,
+                                    HAS_SCALE, HAS_CAP, MASK, False, False, PRECISE)
+                y = normalise_chunk(z, z, z, z, m_sub, total, LOG, False, False)
+            tl.store(y_ptr + row_offsets(row, S1, S2, ys0, ys1, ys2) + cols * ysn,
                      y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)

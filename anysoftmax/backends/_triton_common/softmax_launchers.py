@@ -1,6 +1,6 @@
 """The softmax's launchers bound to one request, shared by the `triton` and `triton_ascend`
-backends: the one `run` both use. A backend plans (its own rules); these functions lay the
-operands out as the plan's kernels read them and launch through `launcher.bind`.
+backends: they lay the operands out as a plan's kernels read them and launch through
+`launcher.bind` (the traced path, `traced.launch`, takes the same tensors).
 
 Plain requests: `f(x) -> y` and `f(y, grad) -> dx`. Fused ones (`core.variant`):
 `f(x, operands) -> (y, p_sink)` and `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`.
@@ -26,10 +26,9 @@ def row_shape(spec: SoftmaxSpec) -> tuple:
 def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool,
                  as_bytes: bool = True) -> torch.Tensor | None:
     """The mask as the kernels read it: a bool mask as bytes (nonzero = excluded); with
-    `materialise`, the broadcast view copied to the input's shape (only for operand layouts
-    too irregular for three row dims: `core.layout.allocate_rows`). `as_bytes=False` keeps a
-    bool mask bool (the kernels load it as a byte either way): Inductor cannot lower a dtype
-    view of a bool graph input, so compiled graphs hand the kernels the bool tensor itself."""
+    `materialise`, the broadcast view copied to the input's shape. `as_bytes=False` keeps a bool
+    mask bool (the kernels load a byte either way): Inductor cannot lower a dtype view of a bool
+    graph input."""
     if mask is None:
         return None
     if materialise:
@@ -77,12 +76,27 @@ def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool
     return RowLayout.from_strides(spec.shape, st, st, spec.dim, materialised_strides(spec)), True
 
 
+def logical_rows(shape: tuple, x_strides: tuple, dim: int, mask_strides, has_sink: bool) -> tuple[bool, RowLayout]:
+    """(copy, layout): x's rows in logical order read through x's and the mask's strides (None:
+    no mask), the sinks one value per row, the output contiguous; `copy`: x and the mask are read
+    as contiguous copies instead, their strides leaving more row dims than the kernels take."""
+    ops = [] if mask_strides is None else [mask_strides]
+    if has_sink:
+        ops.append(row_operand_strides(shape, dim))
+    out = contiguous_strides(shape)
+    layout = RowLayout.from_strides(shape, x_strides, out, dim, tuple(ops))
+    if layout is not None:
+        return False, layout
+    if mask_strides is not None:
+        ops[0] = out
+    return True, RowLayout.from_strides(shape, out, out, dim, tuple(ops))
+
+
 def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None,
             materialise: bool = False):
-    """`f(x) -> y` (plain) or `f(x, operands) -> (y, p_sink)` (fused) for requests like `spec`:
-    allocates the outputs, makes `x` contiguous first when its rows needed that (`contiguous`:
-    the one copy `core.layout.allocate_rows` makes) and launches `plan` on the device's current
-    stream. `materialise`: the operands' broadcast views are copied (see `mask_operand`)."""
+    """`f(x) -> y` (plain) or `f(x, operands) -> (y, p_sink)` (fused) for requests like `spec`,
+    launching `plan` on the current stream; `contiguous`: x is copied first (the one copy
+    `core.layout.allocate_rows` makes); `materialise`: the operands' broadcast views are copied."""
     launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
 
@@ -106,25 +120,27 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
 
         return run
 
-    has_sinks = plan.fusion.has_sink
-    p_shape = row_shape(spec)
+    p_shape = row_shape(spec) if plan.fusion.has_sink else None
 
     def run_fused(x: torch.Tensor, ops: Operands):
-        if contiguous:
-            x = x.contiguous()
-        y = new_output(shape, dtype, device)
-        p = torch.empty(p_shape, dtype=spec.acc_dtype, device=device) if has_sinks else None
-        launch((x, y, mask_operand(ops.mask, spec, materialise), sinks_operand(ops.sinks, spec), p),
-               scalars(ops.scale, ops.softcap))
-        return y, p
+        t = forward_tensors(x.contiguous() if contiguous else x, new_output(shape, dtype, device), ops, spec, p_shape,
+                            materialise)
+        launch(t, scalars(ops.scale, ops.softcap))
+        return t[1], t[4]
 
     return run_fused
 
 
+def forward_tensors(x, y, ops: Operands, spec: SoftmaxSpec, p_shape, materialise: bool, as_bytes: bool = True):
+    """(x, y, mask, sinks, p_sink) as a fused forward launch takes them; p_sink allocated here
+    (`p_shape`: `row_shape(spec)` with sinks, else None)."""
+    p = None if p_shape is None else torch.empty(p_shape, dtype=spec.acc_dtype, device=x.device)
+    return x, y, mask_operand(ops.mask, spec, materialise, as_bytes), sinks_operand(ops.sinks, spec), p
+
+
 def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None, materialise: bool = False):
     """`f(y, grad) -> dx` (plain) or `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` (fused)
-    for requests like `spec` (y contiguous, row layout `layout`); `grad` (and x, read with
-    softcap) are converted to y's dtype and made contiguous when they are not already."""
+    for requests like `spec` (y contiguous, row layout `layout`)."""
     launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
 
@@ -138,19 +154,28 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None,
 
         return run
 
-    f = plan.fusion
-    p_shape = row_shape(spec)
+    has_cap, ds_shape = plan.fusion.has_cap, row_shape(spec) if plan.fusion.has_sink else None
 
     def run_fused(grad: torch.Tensor, y: torch.Tensor, x, ops: Operands, p_sink):
-        y, grad = backward_operands(y, grad, dtype)
-        dx = new_output(shape, dtype, device)
-        xs = x.to(dtype).contiguous() if f.has_cap else None  # (the forward's rounding of x)
-        ds = torch.empty(p_shape, dtype=spec.acc_dtype, device=device) if f.has_sink else None
-        p = p_sink.contiguous() if f.has_sink else None
-        launch((y, grad, dx, xs, mask_operand(ops.mask, spec, materialise), p, ds), scalars(ops.scale, ops.softcap))
-        return dx, ds
+        t = backward_tensors(grad, y, x, ops, p_sink, spec, has_cap, ds_shape, materialise)
+        launch(t, scalars(ops.scale, ops.softcap))
+        return t[2], t[6]
 
     return run_fused
+
+
+def backward_tensors(grad, y, x, ops: Operands, p_sink, spec: SoftmaxSpec, has_cap: bool, ds_shape,
+                     materialise: bool, as_bytes: bool = True) -> tuple:
+    """(y, grad, dx, x, mask, p_sink, ds_rows) as a fused backward launch takes them: y and grad
+    as `backward_operands` makes them, x (read with softcap) in y's dtype, dx and ds_rows
+    allocated here (`ds_shape`: `row_shape(spec)` with sinks, else None)."""
+    dtype = spec.out_dtype
+    y, grad = backward_operands(y, grad, dtype)
+    dx = new_output(spec.shape, dtype, y.device)
+    xs = x.to(dtype).contiguous() if has_cap else None  # (the forward's rounding of x)
+    ds = None if ds_shape is None else torch.empty(ds_shape, dtype=spec.acc_dtype, device=y.device)
+    p = None if ds_shape is None else p_sink.contiguous()
+    return y, grad, dx, xs, mask_operand(ops.mask, spec, materialise, as_bytes), p, ds
 
 
 def backward_operands(y: torch.Tensor, grad: torch.Tensor, dtype: torch.dtype) -> tuple:

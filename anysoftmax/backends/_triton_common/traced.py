@@ -1,64 +1,35 @@
-"""The shared kernels as torch.compile sees them: launches through `torch.library.wrap_triton`.
-
-`launch` runs a plan the way the eager launcher does (`launcher.bind`), but written with torch
-ops and `wrap_triton(kernel)[grid](...)` only, so that AOTAutograd records every launch as a
-`triton_kernel_wrapper_functional` node and Inductor compiles it as a user-defined Triton kernel
-(fusing nothing into it, but scheduling, allocating and CUDA-graphing it with the rest). It is
-the body of the `anysoftmax::*_triton` operators (`anysoftmax.torchop.traced_ops`); in eager mode the same
-body launches through Triton's ordinary JIT entry point (slower than `launcher.bind`'s raw
-launcher: the eager path never comes here).
-
-Differences from the eager launcher, and why:
-* Split plans run their two-launch form (PHASE 1: per-chunk statistics, PHASE 2: normalise),
-  never the cooperative grid. The cooperative form needs `launch_cooperative_grid=True`, a
-  launch option rather than a kernel parameter, and torch's user-kernel tracing passes through
-  only the options it knows (num_warps, num_stages, num_ctas, ...: `SPECIAL_CONFIG_NAMES` in
-  torch/_higher_order_ops/triton_kernel_wrap.py, folded into an autotuning `Config`); anything
-  else is taken for a kernel argument. Without the driver's co-residency guarantee the row
-  barrier could spin on programs that never run, so the traced path uses the form that waits on
-  nothing (the same fallback the eager launcher takes when the driver refuses a cooperative grid).
-* Scratch is allocated per call with torch (`torch.empty`): partial statistics are written
-  before they are read within the call, and the barrier counters are never touched outside
-  PHASE 0 (a placeholder of two int32s is passed). Under CUDA graphs these are graph-pool
-  buffers with a fixed address per replay; no process-wide state (the eager path's reused,
-  self-resetting counters, `launcher.row_counters`) is captured into a graph.
+"""The shared kernels as torch.compile sees them (docs/kernels.md): `launch` runs a plan with torch
+ops and `wrap_triton(kernel)[grid](...)` only, so each launch is a user-defined Triton kernel node.
+Split plans run their two-launch form: torch's kernel tracing passes only the launch options it
+knows (`SPECIAL_CONFIG_NAMES`, torch/_higher_order_ops/triton_kernel_wrap.py), not
+`launch_cooperative_grid`, and without co-residency the row barrier could wait forever. Scratch
+is allocated per call: no process-wide state (the reused row counters) enters a CUDA graph.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ...core.layout import RowLayout
+from .interpreted_launch import interpreted
 from .plan import PLAIN_SCALARS, KernelPlan
 
 
 def no_tracing():
     """A context where tensors are real again (torch.compile's fake/functional modes off):
     planning compiles a kernel once per shape class with small real tensors."""
-    try:
-        from torch.utils._python_dispatch import _disable_current_modes
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return contextlib.nullcontext()
+    from torch.utils._python_dispatch import _disable_current_modes
+
     return _disable_current_modes()
 
 
 _twins: dict = {}
 
 
-def interpreted(kernel) -> bool:
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
 def traceable(kernel):
-    """`kernel` as `wrap_triton` accepts it. A compiled kernel (`JITFunction`) as is.
-
-    Under the interpreter (CPU tests), `@triton.jit` made an `InterpretedFunction`, which
-    `wrap_triton` passes through untraced: calling it on fake tensors fails. Its twin here is a
-    `JITFunction` of the same source (so torch traces and side-tables it like a GPU kernel) whose
-    launches run through the interpreter, so a compiled graph's user-kernel nodes execute on CPU.
-    """
+    """`kernel` as `wrap_triton` accepts it: a compiled kernel as is; an interpreted one (which
+    `wrap_triton` passes through untraced) as a `JITFunction` twin of the same source whose
+    launches run through the interpreter, so a compiled graph's kernel nodes execute on CPU."""
     if not interpreted(kernel):
         return kernel
     twin = _twins.get(kernel)
@@ -80,7 +51,7 @@ def traceable(kernel):
 
 
 def traced_plan(plan: KernelPlan) -> KernelPlan:
-    """The form of `plan` a traced launch runs: never cooperative (see the module docstring)."""
+    """The form of `plan` a traced launch runs: never cooperative (module docstring)."""
     return plan.non_cooperative() if plan.cooperative else plan
 
 

@@ -1,57 +1,40 @@
-"""The CuTe DSL column kernels: softmax / log_softmax over a dim that is not the innermost one.
+"""The CuTe DSL column kernels: softmax / log_softmax over a strided dim followed by contiguous
+positions, seen as (outer, n, inner) (`core.layout.ColumnView`; docs/cute.md).
 
-A request is seen as (outer, n, inner) with the reduced dim `n` strided and the `inner`
-positions contiguous (`core.layout.ColumnView`). A column is one (outer, inner) position; the
-kernels own a *strip* of `lanes * vec` adjacent columns (a strip row is 32-128 contiguous bytes:
-whole sectors) for all `n` of them, split over a thread-block cluster:
+A cluster owns a strip of `lanes * vec` adjacent columns (a strip row is 32-128 contiguous bytes)
+over all `n` reduced positions, in registers from the loads to the stores. Thread t of CTA r
+holds column vector t % lanes; its vector k is at reduced index
+r * (threads // lanes) * vectors + k * (threads // lanes) + t // lanes. Each column's maximum,
+then its sum of exp(x - max) (maxima first: no rescaling), are reduced thread -> the lanes
+sharing the column (shuffles) -> the CTA (a shared row per warp) -> the cluster (the CTA's
+partial of each column stored into every peer by `st.async`, one word a peer and column).
 
-    thread t of CTA r: column vector c = t % lanes, strip row slot q = t // lanes;
-    its vector k is at reduced index r * (threads // lanes) * vectors + k * (threads // lanes) + q
-
-so the `lanes` threads of a strip row read one contiguous segment and a warp reads
-32 // lanes of them per instruction. The strip stays in registers from the loads to the
-stores (one read, one write: the point of the cluster, which holds up to 16 CTAs' registers).
-
-Every thread holds `vec` columns, so the statistics are `vec` per thread and `lanes * vec` per
-strip: a column's maximum and then its sum of exp(x - max) are reduced in two steps (maxima
-first, so that no partial sums have to be rescaled: fmax and add, no exp per combine):
-thread -> lanes of the warp that share the column (butterfly shuffles over distances >= lanes)
--> the CTA (a shared-memory row per warp, the block barrier) -> the cluster: the CTA's partial
-of each column is stored into a row of every peer's shared memory (`st.async`, counted on the
-peer's mbarrier, as in the row kernels) and each thread combines the cluster's rows for its
-own columns. (Sending
-every warp's partials to every peer instead moved as many bytes between the CTAs as the kernel
-reads from memory: 0.36 of copy at dim 0 of 8192^2 fp32 on an H100.)
-
-Numerics as the row kernels (`kernels.py`): exp2((x - M) * log2(e)), float32 accumulation; a
-column with a NaN gets a NaN sum and NaN everywhere, a column of -inf (or with +inf) forms
--inf - -inf (inf - inf) = NaN, as torch does. Padding (vectors past the column's end) reads as
--inf: exp(-inf - M) = 0 adds nothing.
+Numerics as the row kernels: float32 accumulation; a column with a NaN is NaN, a column of -inf
+(or with +inf) forms NaN, as torch does. Padding reads as -inf and adds nothing.
 """
 
 from types import SimpleNamespace
 
 
 def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
-    """The column kernels' host entry points, built on the row kernels' helpers and constants
-    (`shared`, from `kernels.py`, which calls this: no import back into it)."""
+    """The column kernels' entry points, built on the row kernels' helpers (`shared`, from `kernels.py`)."""
     import cutlass
     from cutlass import Float32, Int32, const_expr
 
+    CInt, CBool = cutlass.Constexpr[int], cutlass.Constexpr[bool]  # compile-time arguments
+
     _opaque, _after, _runtime_zero = shared.opaque, shared.after, shared.runtime_zero
     _combine, _lanes_reduce = shared.combine, shared.lanes_reduce
-    _send, _wait_phase0, _expect_bytes = shared.send, shared.wait_phase0, shared.expect_bytes
+    _send, _wait_phase0, _expect_bytes, _launch = shared.send, shared.wait_phase0, shared.expect_bytes, shared.launch
     LOG2_E, WARP = shared.log2_e, shared.warp
 
     def _identity(is_max: bool) -> Float32:
         return -Float32.inf if is_max else Float32(0.0)
 
     @cute.jit
-    def _rows_reduce(vals: cute.Tensor, buf: cute.Tensor, col: Int32, is_max: cutlass.Constexpr[bool],
-                     lanes: cutlass.Constexpr[int]):
-        """vals[e] = combination of column col + e over the rows of `buf`, split over the lanes
-        that hold the same columns (each reads every `WARP // lanes`-th row, then shuffles):
-        loading every row in every lane would keep them all in registers at once."""
+    def _rows_reduce(vals: cute.Tensor, buf: cute.Tensor, col: Int32, is_max: CBool, lanes: CInt):
+        """vals[e] = column col + e of `buf` combined over its rows, split over the lanes holding the
+        column (each reads every `WARP // lanes`-th row, then shuffles: not every row in registers)."""
         sharing = WARP // lanes
         rows = cute.size(buf, mode=[0])
         g = cute.arch.lane_idx() // lanes
@@ -64,14 +47,11 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
             vals[e] = _lanes_reduce(acc, is_max, lanes)
 
     @cute.jit
-    def _columns_reduce(vals: cute.Tensor, slots: SimpleNamespace, is_max: cutlass.Constexpr[bool],
-                        first: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
-                        warps: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
-        """Replace each of this thread's `vec` column values (`vals`) by its column's max (sum)
-        over the cluster. `slots` (`_slots`): this CTA's buffers, used once (a second reduction
-        takes others: no barrier between reading one and peers writing the next). `first`: the
-        kernel's first cluster reduction (it waits for the peers to have started, paired with
-        the relaxed arrive at the kernel's top)."""
+    def _columns_reduce(vals: cute.Tensor, slots: SimpleNamespace, is_max: CBool, first: CBool, cluster: CInt,
+                        warps: CInt, lanes: CInt):
+        """Each of this thread's `vec` column values (`vals`) := its column's max (sum) over the
+        cluster. `slots`: buffers used once (no barrier before peers write the next reduction's);
+        `first`: the kernel's first cluster reduction, which waits for the peers to have started."""
         vec = cute.size(vals)
         width = lanes * vec
         lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
@@ -86,9 +66,8 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
         if const_expr(cluster == 1):
             _rows_reduce(vals, slots.warps, col, is_max, lanes)
         else:
-            # The CTA's partial of column tidx % width, sent by the threads of that column to
-            # peers tidx // width, + groups, ...: one word a peer and column, not a slot per
-            # warp (the cluster's shared-memory traffic would rival the kernel's own).
+            # The CTA's partial of column tidx % width goes to peers tidx // width, + groups, ...:
+            # one word a peer and column (a slot per warp rivalled the kernel's own traffic).
             groups = warps * WARP // width
             column = tidx % width
             acc = _identity(is_max)
@@ -102,28 +81,24 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
                 peer = tidx // width + i * groups
                 if peer < cluster:
                     _send(addr, slots.mbar.toint(), peer, acc)
-            # Every peer's row has arrived (st.async counted on this CTA's mbarrier); `after` (0)
-            # keeps the reads of the rows below the wait.
             after = _wait_phase0(slots.mbar.toint())
             _rows_reduce(vals, slots.ctas, col + after, is_max, lanes)
 
     def _vectors(t: cute.Tensor, outer: Int32, n: Int32, vec: int) -> cute.Tensor:
-        """Reduced index `n` of outer index `outer` of the (outer, n, inner) tensor `t`, as
-        (vec, inner // vec) vectors."""
+        """t[outer, n] of the (outer, n, inner) tensor `t` as (vec, inner // vec) vectors."""
         return cute.zipped_divide(t[outer, n, None], (vec,))
 
     def _slots(smem, cluster: int, warps: int, width: int) -> SimpleNamespace:
-        """One reduction's shared buffers: a row of partials per warp of this CTA, one per CTA of
-        the cluster (the peers write theirs into it) and the mbarrier that counts their bytes
-        (set up by `_expect_bytes`, clusters only)."""
+        """One reduction's shared buffers: a row of partials per warp, one per CTA of the cluster
+        (written by the peers) and the mbarrier counting their bytes."""
         return SimpleNamespace(
             warps=smem.allocate_tensor(Float32, cute.make_layout((warps, width), stride=(width, 1)), byte_alignment=16),
             ctas=smem.allocate_tensor(Float32, cute.make_layout((cluster, width), stride=(width, 1)), byte_alignment=16),
             mbar=smem.allocate_array(cutlass.Int64, num_elems=1), bytes=cluster * width * 4)
 
     @cute.jit
-    def _load(t: cute.Tensor, frag: cute.Tensor, outer: Int32, n0: Int32, step: Int32, jv: Int32,
-              ok: cutlass.Boolean, fill):
+    def _load(t: cute.Tensor, frag: cute.Tensor, outer: Int32, n0: Int32, step: Int32, jv: Int32, ok: cutlass.Boolean,
+              fill):
         """Vectors (n0 + k * step, jv) of `t[outer]` into frag[:, k]; `fill` where out of range."""
         frag.fill(fill)
         n_red = cute.size(t, mode=[1])
@@ -133,8 +108,7 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
                 cute.autovec_copy(_vectors(t, outer, n, cute.size(frag, mode=[0]))[None, jv], frag[None, k])
 
     @cute.jit
-    def _store(frag: cute.Tensor, t: cute.Tensor, outer: Int32, n0: Int32, step: Int32, jv: Int32,
-               ok: cutlass.Boolean):
+    def _store(frag: cute.Tensor, t: cute.Tensor, outer: Int32, n0: Int32, step: Int32, jv: Int32, ok: cutlass.Boolean):
         n_red = cute.size(t, mode=[1])
         for k in cutlass.range_constexpr(cute.size(frag, mode=[1])):
             n = n0 + k * step
@@ -142,8 +116,7 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
                 cute.autovec_copy(frag[None, k], _vectors(t, outer, n, cute.size(frag, mode=[0]))[None, jv])
 
     @cute.jit
-    def _place(t: cute.Tensor, cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int],
-               vec: cutlass.Constexpr[int], vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
+    def _place(t: cute.Tensor, cluster: CInt, threads: CInt, vec: CInt, vectors: CInt, lanes: CInt):
         """(outer, first reduced index, step, column vector, in range) of this thread."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -156,9 +129,8 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
         return strip // strips, n0, step, jv, jv < inner_vec
 
     @cute.kernel
-    def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, log: cutlass.Constexpr[bool], cluster: cutlass.Constexpr[int],
-                        threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int], vectors: cutlass.Constexpr[int],
-                        lanes: cutlass.Constexpr[int]):
+    def _forward_kernel(mX: cute.Tensor, mY: cute.Tensor, log: CBool, cluster: CInt, threads: CInt, vec: CInt,
+                        vectors: CInt, lanes: CInt):
         warps = threads // WARP
         smem = cutlass.memory.SmemAllocator()
         slots_max = _slots(smem, cluster, warps, lanes * vec)
@@ -215,9 +187,8 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
         _store(fy, mY, outer, n0, step, jv, ok)
 
     @cute.kernel
-    def _backward_kernel(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, log: cutlass.Constexpr[bool],
-                         cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
-                         vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
+    def _backward_kernel(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, log: CBool, cluster: CInt, threads: CInt,
+                         vec: CInt, vectors: CInt, lanes: CInt):
         """softmax: dx = y * (g - sum(y * g)); log_softmax: dx = g - exp(y) * sum(g), per column."""
         warps = threads // WARP
         smem = cutlass.memory.SmemAllocator()
@@ -256,25 +227,20 @@ def define(cute, shared: SimpleNamespace) -> SimpleNamespace:
                     fd[e, k] = mD.element_type(y * (g - total[e]))
         _store(fd, mD, outer, n0, step, jv, ok)
 
-    def _grid(t: cute.Tensor, cluster: int, vec: int, lanes: int):
+    def _ctas(t: cute.Tensor, cluster: int, vec: int, lanes: int):
         """One cluster per (outer, strip): outer * strips * cluster CTAs."""
-        strips = (t.shape[2] // vec + lanes - 1) // lanes
-        return [t.shape[0] * strips * cluster, 1, 1]
+        return t.shape[0] * ((t.shape[2] // vec + lanes - 1) // lanes) * cluster
 
     @cute.jit
-    def forward_entry(mX: cute.Tensor, mY: cute.Tensor, stream, log: cutlass.Constexpr[bool],
-                      cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
-                      vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
-        _forward_kernel(mX, mY, log, cluster, threads, vec, vectors, lanes).launch(
-            grid=_grid(mX, cluster, vec, lanes), block=[threads, 1, 1],
-            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+    def forward_entry(mX: cute.Tensor, mY: cute.Tensor, stream, log: CBool, cluster: CInt, threads: CInt, vec: CInt,
+                      vectors: CInt, lanes: CInt):
+        _launch(_forward_kernel(mX, mY, log, cluster, threads, vec, vectors, lanes), _ctas(mX, cluster, vec, lanes),
+                cluster, threads, stream)
 
     @cute.jit
-    def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: cutlass.Constexpr[bool],
-                       cluster: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], vec: cutlass.Constexpr[int],
-                       vectors: cutlass.Constexpr[int], lanes: cutlass.Constexpr[int]):
-        _backward_kernel(mY, mG, mD, log, cluster, threads, vec, vectors, lanes).launch(
-            grid=_grid(mY, cluster, vec, lanes), block=[threads, 1, 1],
-            cluster=[cluster, 1, 1] if const_expr(cluster > 1) else None, stream=stream)
+    def backward_entry(mY: cute.Tensor, mG: cute.Tensor, mD: cute.Tensor, stream, log: CBool, cluster: CInt,
+                       threads: CInt, vec: CInt, vectors: CInt, lanes: CInt):
+        _launch(_backward_kernel(mY, mG, mD, log, cluster, threads, vec, vectors, lanes),
+                _ctas(mY, cluster, vec, lanes), cluster, threads, stream)
 
     return SimpleNamespace(forward_entry=forward_entry, backward_entry=backward_entry)

@@ -1,12 +1,10 @@
-"""Compiling a `KernelKey` with `cute.compile`: on a GPU machine for its GPU, on any other
-machine for $CUTE_DSL_ARCH (sm_90a by default), which is how CI checks every kernel kind.
+"""Compiling a `KernelKey` with `cute.compile`, for this machine's GPU or, without one, for
+$CUTE_DSL_ARCH (sm_90a by default: how CI checks every kernel kind).
 
-Rows, row length and row strides are symbolic (run-time) arguments: one compiled kernel serves
-every tensor of its shape class. What the compiler may assume about them is stated in the fake
-tensors: the row length and the row strides are multiples of `vec`, the pointers aligned to a
-vector (so every vector load is one 16-byte instruction); likewise the inner extent and the
-outer and reduced strides of a column kernel's (outer, n, inner) tensors. TVM-FFI checks these assumptions at
-each call and raises on a tensor that breaks them; the planner never hands it one.
+Row counts, lengths and strides are run-time arguments: one kernel serves a shape class. The
+fake tensors state what the compiler may assume: the last extent and the other strides are
+multiples of `vec` and the pointers aligned to a vector (each vector load one 16-byte
+instruction). TVM-FFI checks these at each call; the planner never hands it a tensor that breaks them.
 """
 
 from __future__ import annotations
@@ -20,10 +18,8 @@ _CUTLASS_DTYPES = {"float32": "Float32", "float16": "Float16", "bfloat16": "BFlo
 
 
 def _fake(dtype: str, vec: int, rank: int):
-    """A tensor description with every extent and stride symbolic but the last (contiguous):
-    (rows, n) for the row kernels (rank 2), (outer, n, inner) for the column kernels (rank 3),
-    (rows,) for a logsumexp kernel's result (rank 1, vec 1).
-    The last extent and the other strides are multiples of `vec`, the pointer aligned to a vector."""
+    """A symbolic tensor of `rank`, its last stride 1: (rows, n) for the row kernels, (outer, n, inner)
+    for the column kernels, (rows,) for a logsumexp's result (vec 1)."""
     cute = import_dsl()
     import cutlass
 
@@ -34,21 +30,17 @@ def _fake(dtype: str, vec: int, rank: int):
 
 
 def compile_kernel(key: KernelKey, keep: bool = False):
-    """The compiled entry point of `key` (not cached; see `kernel`). With `keep` its PTX and
-    cubin stay available on the result (`__ptx__`, `__cubin__`) for inspection."""
+    """The compiled entry point of `key` (not cached: `kernel`); with `keep`, its PTX and cubin on
+    the result (`__ptx__`, `__cubin__`)."""
     cute = import_dsl()
     import cutlass
 
     from .kernels import entries
 
     kernels = entries()
-
-    options = []
-    if key.tvm_ffi:
-        options.append("--enable-tvm-ffi")
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    else:
-        stream = cute.runtime.make_fake_stream()
+    options = ["--enable-tvm-ffi"] if key.tvm_ffi else []
+    fake_stream = cute.runtime.make_fake_stream
+    stream = fake_stream(use_tvm_ffi_env_stream=True) if key.tvm_ffi else fake_stream()
     if keep:  # the DSL writes them as files too, into $CUTE_DSL_DUMP_DIR (see env.import_dsl)
         options += ["--keep-ptx", "--keep-cubin"]
     if key.arch:
@@ -69,11 +61,9 @@ def compile_kernel(key: KernelKey, keep: bool = False):
     tensors = tuple(_fake(d, key.vec, 3 if key.lanes else 2) for d in key.operand_dtypes)
     if key.states:  # the lse: a vector of one float32 a row
         tensors = (tensors[0], _fake("float32", 1, 1))
-    # A fused kernel's scale and softcap are run-time float32 arguments (a new value never
-    # recompiles); a logsumexp kernel takes them always (1.0 where it has no such step).
+    # Scale and softcap are run-time float32 arguments (a new value never recompiles).
     values = (cutlass.Float32(1.0), cutlass.Float32(1.0)) if key.fused or key.states else ()
-    args = (*tensors, *values, stream)
-    return cute.compile(entry, *args, *consts, options=" ".join(options))
+    return cute.compile(entry, *tensors, *values, stream, *consts, options=" ".join(options))
 
 
 def kernel(key: KernelKey):

@@ -1,8 +1,6 @@
-"""What a compiled kernel uses, read from its cubin (an ELF file) without a GPU or CUDA tools:
-registers per thread and stack frame (spills go there), from the `.nv.info` attributes.
-
-`.nv.info` holds (format, attribute, value) records; the two read here are EIATTR_REGCOUNT
-(0x2f) and EIATTR_FRAME_SIZE (0x11), each an (ELF symbol index, value) pair of 32-bit words.
+"""Registers per thread and stack frame (where spills go) of a compiled kernel, read from its
+cubin's `.nv.info` records without a GPU or CUDA tools: EIATTR_REGCOUNT (0x2f) and
+EIATTR_FRAME_SIZE (0x11), each an (ELF symbol index, value) pair of 32-bit words.
 """
 
 from __future__ import annotations

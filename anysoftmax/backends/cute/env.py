@@ -1,9 +1,7 @@
-"""The CuTe DSL toolchain and the GPU on this machine: what is installed, what the GPU is, and
-how to import the DSL so that it compiles for that GPU (or for sm_90a where there is none).
-
-Compiling needs `nvidia-cutlass-dsl` only (no GPU: CI compiles every kernel on CPU machines);
-running needs an NVIDIA GPU of compute capability 9.0 or newer (thread-block clusters and
-distributed shared memory). `apache-tvm-ffi` gives the fast per-call path (`launch`).
+"""The CuTe DSL toolchain and the GPU here: what is installed, what the GPU is, and how to import
+the DSL so that it compiles for that GPU, or for sm_90a where there is none (CI compiles every
+kernel on CPU machines). Running needs an NVIDIA GPU of compute capability 9.0+ (clusters,
+distributed shared memory); `apache-tvm-ffi` gives the fast per-call path (`launch`).
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ...config import install_hint
-from ...core.errors import BackendUnavailableError
 
 ARCH_ENV = "CUTE_DSL_ARCH"
 DUMP_ENV = "CUTE_DSL_DUMP_DIR"
@@ -26,7 +23,7 @@ MIN_CAPABILITY = (9, 0)
 
 
 def _importable(module: str) -> bool:
-    """True when `module` can be found without importing it (a half-installed parent is missing)."""
+    """True when `module` can be found without importing it."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -34,8 +31,8 @@ def _importable(module: str) -> bool:
 
 
 def dsl_missing(check_import: bool = True) -> str | None:
-    """None when the CuTe DSL is installed (and, with `check_import`, imports), else what is
-    missing and how to install it. Without `check_import` nothing is imported (cheap)."""
+    """None when the CuTe DSL is installed (and, with `check_import`, imports), else what is missing
+    and how to install it."""
     if not _importable("cutlass"):
         return f"nvidia-cutlass-dsl is not installed ({install_hint('cute')})"
     if not check_import:
@@ -57,7 +54,6 @@ class Gpu:
 
     name: str
     capability: tuple[int, int]
-    multiprocessor_count: int
 
     @property
     def arch(self) -> str:
@@ -72,7 +68,7 @@ def gpu(index: int) -> Gpu:
     import torch
 
     p = torch.cuda.get_device_properties(index)
-    return Gpu(p.name, (p.major, p.minor), p.multi_processor_count)
+    return Gpu(p.name, (p.major, p.minor))
 
 
 def device_missing() -> str | None:
@@ -117,17 +113,14 @@ def _import_problem() -> str | None:
 
 
 def import_dsl(arch: str | None = None):
-    """Import `cutlass.cute` (once) and return it. Without a GPU the DSL cannot detect the
-    architecture, so $CUTE_DSL_ARCH is set to `arch` (default sm_90a) before the import unless
-    the user set it: compiling then works on any machine. $CUTE_DSL_DUMP_DIR likewise defaults
-    to a scratch folder."""
+    """Import `cutlass.cute` (once) and return it, $CUTE_DSL_ARCH set first unless the user set it
+    (`arch`, else this GPU's or sm_90a: without a GPU the DSL cannot detect one)."""
     with _import_lock:
         if "cute" in _imported:
             return _imported["cute"]
         if ARCH_ENV not in os.environ:
             os.environ[ARCH_ENV] = arch or _detected_arch()
-        # Kept PTX/cubin files (compile_kernel(keep=True), the CI compile test) go to a scratch
-        # folder rather than the working directory, the DSL's default; the user's choice wins.
+        # Kept PTX/cubin files (compile_kernel(keep=True)) go to a scratch folder, not the working directory.
         if DUMP_ENV not in os.environ:  # (the DSL needs the folder to exist)
             os.environ[DUMP_ENV] = os.path.join(tempfile.gettempdir(), f"anysoftmax-cute-{os.getpid()}")
             os.makedirs(os.environ[DUMP_ENV], exist_ok=True)
@@ -151,9 +144,3 @@ def compile_arch() -> str:
     """The architecture kernels are compiled for in this process ($CUTE_DSL_ARCH once imported)."""
     import_dsl()
     return os.environ.get(ARCH_ENV, DEFAULT_ARCH)
-
-
-def require(reason: str | None) -> None:
-    """Raise `BackendUnavailableError(reason)` when `reason` is not None."""
-    if reason is not None:
-        raise BackendUnavailableError(reason)

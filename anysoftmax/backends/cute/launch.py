@@ -1,17 +1,11 @@
-"""Calling a compiled kernel on torch tensors, once per request: the per-call path.
+"""Calling a compiled kernel on torch tensors, bound once per request: the per-call path.
 
-Two calling conventions, chosen when the kernel is compiled (`KernelKey.tvm_ffi`):
-
-* TVM-FFI (`--enable-tvm-ffi`, needs apache-tvm-ffi): torch tensors go straight to the
-  compiled function, which reads their pointers, shapes and strides itself (checking them
-  against the compiled assumptions) and launches on torch's current stream. A few
-  microseconds a call.
-* DLPack (fallback): each call wraps its tensors with `cute.runtime.from_dlpack` and passes
-  torch's current stream explicitly; tens of microseconds a call.
-
-The row kernels take (rows, n) tensors with unit column stride (`rows_view`), the column
-kernels (outer, n, inner) tensors with unit inner stride (`_columns`): views of a request's
-tensors, never copies.
+The calling convention is chosen at compile time (`KernelKey.tvm_ffi`): TVM-FFI takes torch
+tensors as they are (it reads and checks their pointers, shapes and strides and launches on
+torch's current stream: a few microseconds a call); the DLPack fallback wraps each tensor with
+`cute.runtime.from_dlpack` and passes the stream (tens of microseconds). Kernels see views of the
+request's tensors, never copies: (rows, n) with unit column stride (`rows_view`), or
+(outer, n, inner) with unit inner stride (`_columns`).
 """
 
 from __future__ import annotations
@@ -21,13 +15,12 @@ from typing import Callable
 import torch
 
 from ...core.layout import POISON_OUTPUTS, new_output
-from ...core.pieces import row_shape
+from ...core.lse_merge import row_shape
 from .plan import DTYPE_BYTES, KernelKey
 
 
 def rows_view(t: torch.Tensor, n_rows: int, n_cols: int, row_stride: int) -> torch.Tensor:
-    """`t` as (n_rows, n_cols) with strides (row_stride, 1): `view` for a contiguous tensor,
-    else `as_strided` over its storage (its rows must be equally spaced; the backend checks)."""
+    """`t` as (n_rows, n_cols) with strides (row_stride, 1) (rows equally spaced: the backend checks)."""
     if t.is_contiguous() and row_stride == n_cols:
         return t.view(n_rows, n_cols)
     return t.as_strided((n_rows, n_cols), (row_stride, 1), t.storage_offset())
@@ -62,8 +55,7 @@ def bind(fn, key: KernelKey) -> Callable:
 
 
 def guarded(call: Callable, device: torch.device) -> Callable:
-    """`call` run with `device` current, or `call` itself when no other device can be current
-    (a process that sees one GPU): then calls skip the per-call check."""
+    """`call` run with `device` current; `call` itself where the process sees one GPU."""
     if torch.cuda.device_count() <= 1:
         return call
 
@@ -75,11 +67,9 @@ def guarded(call: Callable, device: torch.device) -> Callable:
 
 
 def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int, fused: bool = False) -> Callable:
-    """`f(x) -> y` for requests like `spec` (dim last, unit column stride); with `fused` (a
-    kernel with the scale/softcap prologue) `f(x, operands) -> (y, None)`, the operands' values
-    passed to the kernel (`core.variant.Operands`). A 2-D input goes to the kernel as it is and a
-    contiguous one of the output's dtype gets its output from `empty_like`: each view or
-    allocation saved is about a microsecond of host time a call."""
+    """`f(x) -> y` for requests like `spec` read as rows; with `fused` (the scale/softcap prologue)
+    `f(x, operands) -> (y, None)`. A 2-D input needs no view and a contiguous one of the output's
+    dtype gets `empty_like`: each view or allocation saved is about a microsecond a call."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
     call = guarded(call, device)
     flat = len(shape) == 2 and spec.strides[1] == 1 and shape == (n_rows, n_cols)
@@ -95,10 +85,7 @@ def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int, f
 
 def logsumexp(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int) -> Callable:
     """`f(x, operands) -> lse` (keepdim, float32) for logsumexp requests like `spec` read as rows
-    (`backend.lse_rows_of`: row r's result is element r of the result). The kernel takes the
-    operands' scale and softcap (1.0 where absent); a sink is folded in after it,
-    lse = logaddexp(lse, s): one elementwise pass over the rows' floats, the sinks broadcast
-    as they are given (-inf rows become s, as `core.pieces` states)."""
+    (`backend.lse_rows_of`); a sink is folded in after the kernel, lse = logaddexp(lse, s)."""
     shape, device = row_shape(spec.shape, spec.dim), spec.device
     call = guarded(call, device)
     sinks = spec.variant.sinks is not None
@@ -120,16 +107,14 @@ def _aligned(t: torch.Tensor, align_bytes: int) -> torch.Tensor:
 
 
 def backward_operands(y: torch.Tensor, grad: torch.Tensor, dtype: torch.dtype, align_bytes: int):
-    """y and grad contiguous and aligned to `align_bytes` (the compiled vector width; copied
-    when not), grad in y's dtype (converted when it is not)."""
+    """y and grad contiguous and aligned to `align_bytes` (the compiled vector), grad in y's dtype."""
     return _aligned(y, align_bytes), _aligned(grad if grad.dtype == dtype else grad.to(dtype), align_bytes)
 
 
 def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int, fused: bool = False,
              reads_x: bool = False) -> Callable:
-    """`f(y, grad) -> dx` for requests like `spec` (operands as `backward_operands`); with
-    `fused` (a kernel with the prologue's derivative) `f(grad, y, x, operands, p_sink) -> (dx,
-    None)`, x (the forward's input, converted to y's dtype) read with a softcap only (`reads_x`)."""
+    """`f(y, grad) -> dx` for requests like `spec`; with `fused` (the prologue's derivative)
+    `f(grad, y, x, operands, p_sink) -> (dx, None)`, x (in y's dtype) read only with `reads_x`."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
     call = guarded(call, device)
     flat = shape == (n_rows, n_cols)

@@ -1,23 +1,17 @@
-"""Plans of the `cute` backend: a pure function of the request, the alignment of its tensors
-and the tuning table (`tuning.yaml`); no GPU, no DSL import. A plan is the compiled kernel's
-key: everything that changes the compiled code is in it, the row count and length are not
-(they are run-time arguments).
-
-Arithmetic of a plan (the default table): a thread holds `vectors` vectors of `vec` elements
-(16 bytes): fp32 softmax 64 elements = 16 vectors of 4 floats in ~88 registers; a CTA of 256
-threads then holds 16384 elements, and a cluster of `cluster` CTAs `cluster` times that. The
-planner takes the smallest cluster that holds the row (then as few vectors per thread as
-suffice), then CTAs of `long_row_threads` (512: one an SM, the same registers); a row longer
-than that is streamed in equal tiles (two passes), the first pass's full tiles held in shared
-memory for the second, as many as `stage_bytes` an SM allow (shared by the CTAs an SM holds).
+"""Plans of the `cute` backend: a pure function of the request, its tensors' alignment and the
+tuning table (`tuning.yaml`, which says where each number comes from); no GPU, no DSL import. A
+plan is the compiled kernel's key: everything that changes the compiled code, not the row count
+or length (run-time arguments). The planner takes the smallest cluster that holds the row, then
+as few vectors a thread as suffice; then CTAs of `long_row_threads`; longer rows stream in equal
+tiles (two passes), full tiles held in shared memory as far as `stage_bytes` allows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
-from ...config import load_tuning
-from ...config import Overrides
+from ...config import Overrides, load_tuning
 from ...core.layout import cdiv, next_power_of_2
 
 TABLE = "cute"
@@ -43,18 +37,11 @@ class KernelKey:
     two_pass: bool
     arch: str  # compile target, e.g. sm_90a
     tvm_ffi: bool  # compiled for the TVM-FFI calling convention (else DLPack tensors)
-    # Column kernels (`column_kernels.py`, a reduction over a strided dim): vectors across one
-    # strip row; 0 for the row kernels.
-    lanes: int = 0
-    # The fused prologue (row kernels): z = scale * x, then softcap * tanh(z / softcap); the
-    # values are run-time arguments, these flags say which steps the kernel has.
-    scaled: bool = False
+    lanes: int = 0  # column kernels: vectors across one strip row; 0 for the row kernels
+    scaled: bool = False  # the fused prologue's steps (their values are run-time arguments)
     capped: bool = False
-    # Two-pass row kernels: full tiles (the first `staged`) a CTA keeps in shared memory between
-    # the passes, so that the second pass reads them there instead of from L2 or memory.
-    staged: int = 0
-    # logsumexp (`kernels.states_entry`): the forward's first pass alone, one float32 a row out.
-    states: bool = False
+    staged: int = 0  # two-pass row kernels: full tiles a CTA keeps in shared memory between the passes
+    states: bool = False  # logsumexp (`kernels.states_entry`): one float32 a row out
 
     @property
     def fused(self) -> bool:
@@ -82,8 +69,7 @@ class KernelKey:
     @property
     def operand_dtypes(self) -> tuple[str, ...]:
         """The kernel's tensors' dtypes in argument order: (x, y) forward, (x, lse) logsumexp,
-        (y, dy, dx) backward, (y, dy, dx, x) a fused backward (x converted to y's dtype; read with
-        a softcap only)."""
+        (y, dy, dx) backward, (y, dy, dx, x) a fused backward (x in y's dtype)."""
         if self.states:
             return self.in_dtype, "float32"
         if not self.backward:
@@ -118,8 +104,7 @@ def table() -> dict:
 
 
 def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
-    """Elements per vector: 16 bytes, halved until it divides the row length and the
-    alignment (in elements) of every pointer and row stride, down to one element."""
+    """Elements per vector: 16 bytes, halved until it divides the row length and the alignment."""
     vec = VECTOR_BYTES // elem_bytes
     while vec > 1 and (n_cols % vec or align_elems % vec):
         vec //= 2
@@ -127,9 +112,8 @@ def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
 
 
 def _kind_bits(backward: bool, log: bool, in_dtype: str, out_dtype: str, vec: int) -> tuple[str, int]:
-    """The tuning table's (kind, bits) entry for a kernel: odd vectors of 16-bit values do not
-    pack two to a register and count as 32-bit ones, and so does a float32 output (a widening
-    dtype= too), which computes and keeps float32."""
+    """The tuning table's (kind, bits) entry for a kernel: 16-bit values count as 32-bit ones in odd
+    vectors (they do not pack two to a register) or with a float32 output (kept as float32)."""
     kind = "backward" if backward else "log_softmax" if log else "softmax"
     bits = 16 if DTYPE_BYTES[in_dtype] == DTYPE_BYTES[out_dtype] == 2 and vec % 2 == 0 else 32
     return kind, bits
@@ -142,34 +126,31 @@ def _entry(t: dict, name: str, kind: str, bits: int) -> int:
 
 
 def _max_vectors(t: dict, kind_bits: tuple[str, int], vec: int, entry: str = "elems_per_thread") -> int:
-    """Vectors one thread holds (per tensor): the table's elements for what the kernel keeps
-    from the loads to the stores (see tuning.yaml)."""
+    """Vectors one thread holds (per tensor), from the table's `entry`."""
     return max(1, int(_entry(t, entry, *kind_bits) * t["elems_scale"]) // vec)
 
 
 def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
               arch: str, tvm_ffi: bool, tuning: dict | None = None, scaled: bool = False,
               capped: bool = False, states: bool = False) -> KernelKey:
-    """The kernel for rows of `n_cols` elements whose tensors are aligned to `align_elems`
-    elements (pointers and row strides), with the fused prologue's steps `scaled` / `capped`.
-    `states`: the logsumexp kernel of the softmax forward's plan (the same CTAs, vectors and
-    passes; no tiles held in shared memory: it reads every tile once). Pure: the same arguments
-    give the same plan."""
+    """The kernel for rows of `n_cols` elements aligned to `align_elems` (pointers and row strides),
+    with the prologue's steps `scaled` / `capped`; `states`: the logsumexp kernel of the forward's
+    plan (no tiles held: it reads every tile once)."""
     t = table() if tuning is None else tuning
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_cols, align_elems, elem_bytes)
     n_vec = n_cols // vec
     kind_bits = _kind_bits(backward, log, in_dtype, out_dtype, vec)
     max_vectors = _max_vectors(t, kind_bits, vec, "fused_elems_per_thread" if scaled or capped else "elems_per_thread")
-    flags = dict(scaled=scaled, capped=capped, states=states)
+    key = partial(KernelKey, backward, in_dtype, out_dtype, log, arch=arch, tvm_ffi=tvm_ffi, scaled=scaled,
+                  capped=capped, states=states)  # (cluster, threads, vec, vectors, two_pass)
     threads = t["threads"]
     clusters = sorted(t["clusters"])
     need = cdiv(n_vec, threads * max_vectors)  # CTAs that hold the row
     if need <= 1:
         # One CTA: as few threads as hold the row, then as few vectors as suffice.
         threads = min(threads, max(t["min_threads"], next_power_of_2(cdiv(n_vec, max_vectors))))
-        return KernelKey(backward, in_dtype, out_dtype, log, 1, threads, vec, cdiv(n_vec, threads), False, arch,
-                         tvm_ffi, **flags)
+        return key(1, threads, vec, cdiv(n_vec, threads), False)
     # Rows a cluster of `threads`-thread CTAs cannot hold take CTAs of `long_row_threads` (one
     # an SM: the same registers an SM as two of `threads`, in half the CTAs of a cluster).
     long_threads = max(threads, _entry(t, "long_row_threads", *kind_bits))
@@ -177,8 +158,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
         fitting = [c for c in clusters if c * width * max_vectors >= n_vec]
         if fitting:
             cluster = fitting[0]
-            return KernelKey(backward, in_dtype, out_dtype, log, cluster, width, vec, cdiv(n_vec, cluster * width),
-                             False, arch, tvm_ffi, **flags)
+            return key(cluster, width, vec, cdiv(n_vec, cluster * width), False)
     threads, cluster = long_threads, clusters[-1]
     if (scaled or capped) and not backward:
         # The second pass recomputes the prologue (tanh) on reloaded tiles: fewer elements a tile.
@@ -187,7 +167,7 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
     # Tiles of equal size (`balance_tiles`): as few vectors a thread as that many tiles need, so
     # that the last tile is not a sliver that leaves most threads idle.
     vectors = cdiv(n_vec, tiles * cluster * threads) if t["balance_tiles"] else max_vectors
-    two = KernelKey(backward, in_dtype, out_dtype, log, cluster, threads, vec, vectors, True, arch, tvm_ffi, **flags)
+    two = key(cluster, threads, vec, vectors, True)
     if states:
         return two
     # Full tiles (all but the last, which stays in registers; fewer vectors never add a tile)
@@ -197,21 +177,17 @@ def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: 
 
 
 def stage_budget(t: dict, threads: int) -> int:
-    """Shared memory a CTA may fill with held tiles: `stage_bytes` (an SM's) shared by the CTAs
-    of `threads` an SM holds by the registers' premise (two of 256, one of 512), so that holding
-    tiles never costs a CTA of occupancy."""
+    """Shared memory a CTA may fill with held tiles: `stage_bytes` (an SM's) over the CTAs an SM
+    holds (two of 256 threads, one of 512), so that held tiles never cost occupancy."""
     return t["stage_bytes"] // max(1, 512 // threads)
 
 
 def make_column_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_red: int, n_inner: int,
                      align_elems: int, arch: str, tvm_ffi: bool, tuning: dict | None = None) -> KernelKey | str:
-    """The column kernel for a reduction over `n_red` strided positions of `n_inner` contiguous
-    columns (tensors aligned to `align_elems` elements: pointers, inner and reduced strides), or
-    why there is none: columns longer than the largest cluster holds (one pass only: a second
-    pass would read the strip again from memory, which the triton column kernels already do).
-
-    Strips as wide as the table's `column_strip_bytes` allow (whole 128-byte lines first), no
-    wider than the columns there are; narrower strips put more rows in a cluster."""
+    """The column kernel for `n_red` strided positions of `n_inner` contiguous columns aligned to
+    `align_elems`, or why there is none: a column longer than the largest cluster holds (one pass
+    only; a second would read the strip again, as the triton column kernels do). Strips are the
+    widest of `column_strip_bytes` that holds the column, no wider than the columns."""
     t = table() if tuning is None else tuning
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_inner, align_elems, elem_bytes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...core.backend import Backend
-from ...core.pieces import MergeSpec, logsumexp_formula, merge_formula
+from ...core.lse_merge import MergeSpec, logsumexp_formula, merge_formula
 from ...core.reference import fused_forward
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, Operands
@@ -35,7 +35,7 @@ class TorchBackend(Backend):
             return op(x, spec.dim)
         return op(x, spec.dim, dtype=spec.out_dtype)
 
-    # ---- the pieces ops (core.pieces): the formulas in the accumulation dtype ----
+    # ---- the pieces ops (core.lse_merge): the formulas in the accumulation dtype ----
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS) -> torch.Tensor:
         """lse with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype."""

@@ -1,9 +1,7 @@
-"""The `triton` backend: the shared persistent kernels on CUDA and ROCm GPUs.
-
-It plans (request + device properties + `tuning.yaml` -> kernel, tile, grid) and hands the plan
-to the shared launchers (`backends/_triton_common`). With TRITON_INTERPRET=1 set before the
-kernels are first imported, the same kernels run through the Triton interpreter on CPU
-tensors: that is how CI tests them.
+"""The `triton` backend: the shared persistent kernels on CUDA and ROCm GPUs (and, with
+TRITON_INTERPRET=1 set before the kernels are imported, on CPU tensors through the interpreter:
+how CI tests them). It plans (request + device properties + `tuning.yaml` -> kernel, tile, grid)
+and hands the plan to the shared launchers (`backends/_triton_common`).
 """
 
 from __future__ import annotations
@@ -14,14 +12,14 @@ import torch
 
 from ...core.backend import Backend
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, cdiv, new_output, next_power_of_2
+from ...core.layout import RowLayout, cdiv, next_power_of_2
 from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, runtime_values
 from .._triton_common import interpreter, softmax_launchers, traced
 from .._triton_common.plan import Fusion, KernelPlan, make_plan, scalars
 from . import heuristics
-from .device import compiled_programs_per_sm, device_props
+from .device import compiled_programs_per_sm, device_index, device_props
 from .occupancy import DeviceProps
 
 # (kernel kind, constexprs, options, dtypes, device) -> resident programs per SM.
@@ -42,7 +40,7 @@ def _operand_stand_ins(spec: SoftmaxSpec, device) -> tuple:
 
 
 def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpec, index: int) -> int:
-    """Compile the plan's kernel once (per shape class) and apply the occupancy model to it."""
+    """The occupancy model applied to the plan's kernel, compiled once per shape class."""
     from .._triton_common.launcher import scratch_maker
 
     log = spec.log
@@ -55,9 +53,8 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
 
     def compile_and_measure() -> int:
         nonlocal x, y
-        # Planning a traced call (torch.compile) sees fake tensors: compile with small real
-        # stand-ins of the same dtypes (the specialization depends on dtypes, the integer
-        # arguments and 16-byte alignment, which fresh allocations have).
+        # Fake tensors (a traced call) get small real stand-ins of the same dtypes: the
+        # specialization depends on dtypes, integers and 16-byte alignment, not on sizes.
         x, y = _stand_in(x), _stand_in(y)
         mask, sinks, p = _operand_stand_ins(spec, x.device)
         stats, counts = scratch_maker(replace(plan, cooperative=False), layout, y.dtype)(x.device)
@@ -99,9 +96,8 @@ def _resident(draft: KernelPlan, props: DeviceProps, programs_per_sm) -> tuple[K
 
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False,
                fusion: Fusion = Fusion()) -> KernelPlan:
-    """Kernel, tile, warps and cooperation for `layout` on a GPU with `props` (None:
-    the interpreter, never cooperative); the grid, which needs the compiled kernel's
-    occupancy, is left at 1."""
+    """Kernel, tile, warps and cooperation for `layout` on a GPU with `props` (None: the
+    interpreter, never cooperative); the grid (it needs the compiled kernel's occupancy) is 1."""
     tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward)
     common = dict(chunks=tile["chunks"], backward=backward, fusion=fusion)
     if props is None:
@@ -147,22 +143,18 @@ class TritonBackend(Backend):
         if missing is not None:
             return missing
         if interpreter.interpreting():
-            problem = interpreter.interpreter_problem()
-            if problem is not None:
-                return problem
-            return None
+            return interpreter.interpreter_problem()
         if not torch.cuda.is_available():
             return ("no CUDA or ROCm GPU visible (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set "
                     "(TRITON_INTERPRET=1 before importing anysoftmax runs CPU tensors through the interpreter)")
         return None
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
-        if spec.device.type == "cuda":
+        if self.traceable(spec):
             return None
         if spec.device.type == "cpu":
-            return None if interpreter.interpreting() else (
-                "CPU tensors run only through the Triton interpreter: "
-                "set TRITON_INTERPRET=1 before importing anysoftmax")
+            return ("CPU tensors run only through the Triton interpreter: "
+                    "set TRITON_INTERPRET=1 before importing anysoftmax")
         return f"device type {spec.device.type!r} is not supported (cuda, or cpu with TRITON_INTERPRET=1)"
 
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
@@ -173,30 +165,21 @@ class TritonBackend(Backend):
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
-        props = None if interpreter.interpreting() else device_props(self._index(x))
+        index = None if interpreter.interpreting() else device_index(x.device)
+        props = None if index is None else device_props(index)
         draft = draft_plan(layout, x.element_size(), props, backward, Fusion.of(spec))
         n_items = draft.work_items(layout)
         if props is None:
             # Programs run one after another here: few of them, each looping over several
             # work items, and never the cooperative split (its barrier would never open).
             return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
-        draft, resident = _resident(draft, props, lambda plan: _programs_per_sm(plan, x, y, layout, spec,
-                                                                                self._index(x)))
-        cooperative = draft.cooperative and resident >= draft.chunks  # else a row outgrows the GPU
-        if not cooperative:
-            draft = draft.non_cooperative()
-        if cooperative:
+        draft, resident = _resident(draft, props, lambda plan: _programs_per_sm(plan, x, y, layout, spec, index))
+        if draft.cooperative and resident >= draft.chunks:
             # Every chunk of a row must be in flight together: whole rows per wave of programs.
-            grid = min(n_items, (resident // draft.chunks) * draft.chunks)
-        elif draft.kind in ("tile", "cols"):
-            grid = min(n_items, resident * heuristics.table()["tile_programs_per_slot"])
-        else:
-            grid = min(n_items, resident)
-        return replace(draft, grid=max(grid, 1), cooperative=cooperative)
-
-    @staticmethod
-    def _index(x: torch.Tensor) -> int:
-        return x.device.index if x.device.index is not None else torch.cuda.current_device()
+            return replace(draft, grid=max(min(n_items, (resident // draft.chunks) * draft.chunks), 1))
+        draft = draft.non_cooperative()  # (a row outgrows the GPU)
+        per_slot = heuristics.table()["tile_programs_per_slot"] if draft.kind in ("tile", "cols") else 1
+        return replace(draft, grid=max(min(n_items, resident * per_slot), 1))
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request (dispatch memoises it); for a fused spec
@@ -209,9 +192,8 @@ class TritonBackend(Backend):
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, dy and dx share one contiguous layout."""
         y = y.contiguous()
-        dx = torch.empty_like(y)
         layout, materialise = softmax_launchers.backward_layout(y, spec)
-        return softmax_launchers.backward(self.plan(y, dx, layout, spec, backward=True), layout, spec,
+        return softmax_launchers.backward(self.plan(y, y, layout, spec, backward=True), layout, spec,
                                           materialise=materialise)
 
     def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
@@ -228,8 +210,7 @@ class TritonBackend(Backend):
 
     def traced_forward(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
         """Softmax of `x` per `spec` as torch ops and `wrap_triton` launches: the body of the
-        `anysoftmax::softmax_triton` operator, traced by torch.compile (fake tensors) and run
-        by that operator in eager mode (real tensors)."""
+        `anysoftmax::softmax_triton` operator (traced on fake tensors, run eagerly on real ones)."""
         return self.traced_fused_forward(x, spec, NO_OPERANDS)[0]
 
     def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
@@ -241,35 +222,28 @@ class TritonBackend(Backend):
         the call's `dispatch.FusedArgs` (scale and softcap become the launch's float arguments)."""
         x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
         plan = self._traced_plan(x, y, layout, spec, False)
-        has_sink = plan.fusion.has_sink
-        p = torch.empty(softmax_launchers.row_shape(spec), dtype=spec.acc_dtype, device=x.device) if has_sink else None
-        tensors = (x, y, softmax_launchers.mask_operand(args.mask, spec, materialise, as_bytes=False),
-                   softmax_launchers.sinks_operand(args.sinks, spec), p)
-        traced.launch(plan, tensors, layout, spec.log, y.dtype, _values(args))
-        return y, p
+        p_shape = softmax_launchers.row_shape(spec) if plan.fusion.has_sink else None
+        t = softmax_launchers.forward_tensors(x, y, args, spec, p_shape, materialise, as_bytes=False)
+        traced.launch(plan, t, layout, spec.log, y.dtype, _values(args))
+        return t[1], t[4]
 
     def traced_fused_backward(self, grad, y, x, spec: SoftmaxSpec, args, p_sink) -> tuple:
         """Gradients of the fused family, traceable: (dx, ds_rows or None)."""
-        y, grad = softmax_launchers.backward_operands(y, grad, spec.out_dtype)
-        dx = new_output(spec.shape, spec.out_dtype, y.device)
+        y = y.contiguous()
         layout, materialise = softmax_launchers.backward_layout(y, spec)
-        plan = self._traced_plan(y, dx, layout, spec, True)
-        f = plan.fusion
-        ds = torch.empty(softmax_launchers.row_shape(spec), dtype=spec.acc_dtype, device=y.device) if f.has_sink \
-            else None
-        tensors = (y, grad, dx, x.to(spec.out_dtype).contiguous() if f.has_cap else None,
-                   softmax_launchers.mask_operand(args.mask, spec, materialise, as_bytes=False),
-                   p_sink.contiguous() if f.has_sink else None, ds)
-        traced.launch(plan, tensors, layout, spec.log, dx.dtype, _values(args))
-        return dx, ds
+        plan = self._traced_plan(y, y, layout, spec, True)
+        ds_shape = softmax_launchers.row_shape(spec) if plan.fusion.has_sink else None
+        t = softmax_launchers.backward_tensors(grad, y, x, args, p_sink, spec, plan.fusion.has_cap, ds_shape,
+                                               materialise, as_bytes=False)
+        traced.launch(plan, t, layout, spec.log, spec.out_dtype, _values(args))
+        return t[2], t[6]
 
     def _traced_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
-        # Planning is plain Python on metadata (and, once per shape class, a real compile for
-        # the occupancy model): outside the tracing modes, so its stand-in tensors are real.
+        # Outside the tracing modes: the occupancy model's compile needs real stand-in tensors.
         with traced.no_tracing():
             return self.plan(x, y, layout, spec, backward=backward)
 
-    # ---- logsumexp and merge_states (core.pieces; kernels in _triton_common/logsumexp.py, merge_states.py) ----
+    # ---- logsumexp and merge_states (core.lse_merge) ----
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         return self.supports(spec)
@@ -291,28 +265,23 @@ class TritonBackend(Backend):
         return sampling
 
     def _sms(self, t: torch.Tensor) -> int | None:
-        return None if interpreter.interpreting() else device_props(self._index(t)).multiprocessor_count
+        return None if interpreter.interpreting() else device_props(device_index(t.device)).multiprocessor_count
 
     def logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands):
-        """`f(x, operands) -> lse` bound to one request (dispatch memoises it). A row plan runs
-        the softmax forward's own plan and row kernels in their STATES_ONLY form (`lse_rows`:
-        the same tiles, warps and grid as the softmax of x, minus the output's store); a column
-        plan (a reduction over a non-innermost dim) runs `lse_kernel`. Planned once here: the
-        request key fixes x's and the operands' layouts."""
+        """`f(x, operands) -> lse` bound to one request: a row plan runs the softmax forward's own
+        plan in its STATES_ONLY form (`lse_rows`), a column plan `lse_kernel`."""
         from .._triton_common import logsumexp, lse_rows
 
         xr, planning, layout, materialise = lse_rows.layouts(x, spec)
-        run = lse_rows.launcher_for(self.plan(xr, xr, planning, spec), layout, spec, materialise)
+        run = lse_rows.launcher_for(self.plan(xr, xr, planning, spec), layout, spec, materialise, xr is not x)
         if run is not None:
-            copy_x = xr is not x  # (this layout's rows fit no three strided dims: read a contiguous copy)
-            return (lambda x_, ops: run(x_.contiguous(), ops)) if copy_x else run
+            return run
         sms, item = self._sms(x), x.element_size()
         return logsumexp.launcher(x, spec, lambda n_rows, n_cols: lse_plan(n_rows, n_cols, item, sms))
 
     def merge_states_launcher(self, outputs, lses, spec):
         """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
-        (`merge_states.merge_launcher`: worked out on its first call, then launched through the
-        launch engine's fast path): the device's SM count read once (K > MAX_K merges in groups)."""
+        (`merge_states.merge_launcher`), the device's SM count read once."""
         from .._triton_common.merge_states import merge_launcher
 
         sms, item = self._sms(outputs[0]), spec.dtype.itemsize
@@ -320,9 +289,8 @@ class TritonBackend(Backend):
 
     @staticmethod
     def sharded_softmax_launcher(x: torch.Tensor, dim: int, **kwargs):
-        """A launcher of this rank's shard of a softmax whose `dim` is sharded across GPUs, the
-        row states exchanged inside the kernel through a mailbox (`sharded.launcher`,
-        `anysoftmax.distributed.one_read`)."""
+        """The launcher of this rank's shard of a softmax whose `dim` is sharded across GPUs
+        (`sharded.launcher`, `anysoftmax.distributed.one_read`)."""
         from . import sharded
 
         return sharded.launcher(x, dim, **kwargs)
@@ -330,11 +298,10 @@ class TritonBackend(Backend):
 
 def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: int | None = None,
              programs_per_sm: int = 8, num_warps: int | None = None):
-    """Tiles and grid of `lse_kernel`. A tile of ~16 KB of input per step (`elems`: 4096 16-bit
-    or 2048 32-bit elements, 16 per thread of 8 warps, 16-byte loads) over BLOCK_M short rows or
-    one long row's sub-blocks; rows that leave fewer than two work items per SM are cut into
-    chunks (the grid would idle otherwise); 8 programs per SM keep the loads in flight. The
-    keywords override the choices (`anysoftmax.bench.tune_triton`'s lse sweep)."""
+    """Tiles and grid of `lse_kernel`: ~16 KB of input per step (`elems`: 16 elements a thread of
+    8 warps, 16-byte loads) over BLOCK_M short rows or a long row's sub-blocks; rows leaving
+    fewer than two work items per SM are cut into chunks; 8 programs per SM keep loads in
+    flight. The keywords override the choices (`anysoftmax.bench.tune_triton`'s lse sweep)."""
     from .._triton_common.logsumexp import LsePlan
 
     if sms is None:  # the interpreter: small tiles, few programs, chunks exercised on long rows
@@ -356,13 +323,9 @@ def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: 
 
 def merge_plan(k: int, n_rows: int, d: int, elem_bytes: int, sms: int | None):
     """Tiles and grid of `merge_kernel`: a whole head (D <= 256) per tile row, one warp per
-    program, each thread reading 32 bytes of every partial for K <= 4 and 8 bytes for more
-    (K loads in flight either way), and one program per tile (a persistent grid only past 256
-    programs per SM). Tiles shrink to one row while that leaves fewer than 4 programs per SM:
-    at decode sizes the merge is one memory round trip, spread over as many SMs as it can be.
-    (NVIDIA H100, benchmarks/pieces_probe.py over the bench's 30 merge shapes: 0.88 of the
-    same-bytes copy on average, where the best of 36-40 configurations per shape gives 0.90
-    and 2048-element tiles of 4 warps on 8 programs per SM 0.77.)"""
+    program, each thread reading 32 bytes of every partial for K <= 4 and 8 bytes for more,
+    one program per tile (persistent only past 256 programs per SM); tiles shrink towards one
+    row while that leaves fewer than 4 programs per SM (docs/speed.md)."""
     from .._triton_common.merge_states import MergePlan
 
     if sms is None:

@@ -41,6 +41,11 @@ def device_props(index: int) -> DeviceProps:
     )
 
 
+def device_index(device: torch.device) -> int:
+    """The index of a CUDA/ROCm `device` (the current one where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def sgprs(compiled) -> int:
     """Scalar registers per wave of a kernel compiled for an AMD GPU (0 elsewhere): its
     amdgcn assembly's `.sgpr_count` (they limit CDNA occupancy: `occupancy.programs_per_sm`)."""

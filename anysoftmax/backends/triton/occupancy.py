@@ -1,26 +1,11 @@
-"""Occupancy model: how many persistent programs to launch. Pure functions, no device access.
-
-This is the rule of Triton's fused-softmax tutorial (the project's seed), kept as data in and
-a number out so it can be unit-tested with the properties of GPUs we do not have.
-
-CUDA: programs per SM = registers per SM // (registers per thread * warp size * warps).
-HIP: the register file is counted per SIMD lane: `max_num_regs` is the count of general
-purpose VGPRs; on CDNA (gfx9: MI100/MI200/MI300) each lane also has as many accumulation VGPRs
-usable as general ones, so the budget doubles. Waves per CU are additionally capped by
-max threads per CU // wavefront size.
-Both: programs per SM are capped by shared memory: what the SM (CU) holds for all its
-programs // (shared per program + what the hardware reserves per program: 1 KiB on CUDA
-sm_80 and later, none on AMD). `max_shared_mem` is one program's limit (CUDA's opt-in
-maximum, 1 KiB below the SM's on Hopper): dividing it instead counts a program too many
-where shared memory binds (the pipelined split kernels, `rows.softmax_split_kernel` STAGES).
-
-Two additions to the seed's rules, both because the cooperative split kernels rely on every
-launched program being resident (an over-count there serialises the barrier's waiters):
-* CUDA caps by max threads per SM // (warp size * warps) as well;
-* registers are allocated in granules (CUDA: 256 per warp = 8 per thread; CDNA: 8 VGPRs), so
-  the per-thread count is rounded up first. Found by compiling the kernels for sm_90
-  (tests/backends/triton/test_compile_targets.py): the bf16 column-split kernel uses 84 registers, which the
-  unrounded rule counts as 3 programs of 8 warps per H100 SM; the SM holds 2 (84 -> 88).
+"""Occupancy model: how many persistent programs to launch (pure functions, unit-tested with the
+properties of GPUs we do not have; docs/kernels.md). Triton's fused-softmax tutorial's rule:
+CUDA: registers per SM // (registers per thread * warp size * warps); HIP: the VGPR budget per
+SIMD lane (doubled on CDNA, whose accumulation VGPRs serve as general ones), waves per CU capped
+by max threads // wavefront size; both capped by shared memory: what the SM holds // (a
+program's shared memory + the 1 KiB CUDA reserves per program on sm_80 and later). Because the cooperative split
+kernels need every launched program resident, CUDA is also capped by max threads per SM, and
+registers are rounded up to their allocation granule first.
 """
 
 from __future__ import annotations
@@ -54,7 +39,9 @@ class KernelResources:
     n_sgprs: int = 0  # CDNA scalar registers per wave, when known (0: not counted)
 
 
-REGISTER_GRANULE = 8  # registers per thread allocated at a time (CUDA and CDNA alike)
+# Registers per thread allocated at a time (CUDA: 256 a warp; CDNA: 8 VGPRs). sm_90's bf16
+# column-split kernel uses 84: unrounded, 3 programs of 8 warps an H100 SM; it holds 2 (88).
+REGISTER_GRANULE = 8
 # CDNA's scalar registers (SGPRs) per SIMD, and how a wave's count is rounded (granule, plus
 # the registers the hardware reserves: VCC, flat scratch, XNACK, trap). Fitted to the gfx942
 # compiler's own occupancy (waves per SIMD) for the kernels of tests/backends/triton/test_compile_targets.py:

@@ -1,15 +1,10 @@
 """The `triton` backend's one-read sharded softmax: plan and launch of
 `_triton_common/sharded.sharded_split_kernel` for `anysoftmax.distributed`.
 
-The plan is the split kernel's (`heuristics.split_tile`: chunks of `split_chunk_bytes`, halved
-while too few to fill the GPU, never wider than the row), one cooperative launch when every
-local chunk of a row fits on the GPU at once, else the two-launch form. Each rank plans its
-own shard: the mailbox protocol is per row, so ranks with different shard lengths may take
-different chunkings and phases.
-
-A request is planned once (`launcher`, memoised by the caller under the request's key for its
-mailbox) and bound to the kernel through the launch engine (`_triton_common.launcher`), the
-call's epoch and mailbox half passed as per-call integers the kernel does not specialise on.
+The plan is the split kernel's (`heuristics.split_tile`), one cooperative launch when every local
+chunk of a row fits on the GPU at once, else the two-launch form. Each rank plans its own shard
+(the mailbox protocol is per row, so ranks may take different chunkings and phases). A request is
+bound through the launch engine once; the call's epoch and mailbox half are per-call integers.
 """
 
 from __future__ import annotations
@@ -19,12 +14,14 @@ from typing import NamedTuple
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import RowLayout, contiguous_strides, new_output, next_power_of_2, row_operand_strides
+from ...core.layout import RowLayout, new_output, next_power_of_2
+from ...core.lse_merge import row_shape
 from .._triton_common import interpreter
 from .._triton_common.launcher import Binding, bind_kernel, device_guard, row_counters
 from .._triton_common.plan import PLAIN_SCALARS, VALUE_NAMES, scalars, wide_cols
+from .._triton_common.softmax_launchers import logical_rows
 from . import heuristics
-from .device import compiled_programs_per_sm, device_props
+from .device import compiled_programs_per_sm, device_index, device_props
 
 POINTERS = ("x_ptr", "y_ptr", "m_ptr", "s_ptr", "lse_ptr", "stats_ptr", "count_ptr", "words_ptr", "peers_ptr")
 
@@ -43,33 +40,11 @@ class ShardedPlan(NamedTuple):
 _occupancy: OnceCache[int] = OnceCache(maxsize=256)
 
 
-def _kernel():
-    from .._triton_common.sharded import sharded_split_kernel
-    return sharded_split_kernel
-
-
-def _layout(x, y_strides, dim, mask, has_sink) -> tuple:
-    """(copy x, copy mask, layout): rows in logical order (the mailbox slot of a row is its
-    logical index on every rank); x or the mask are to be copied (contiguous) only when their
-    strides leave more row dims than the kernels take."""
-    shape = tuple(x.shape)
-    ops = [] if mask is None else [tuple(mask.stride())]
-    if has_sink:
-        ops.append(row_operand_strides(shape, dim))
-    layout = RowLayout.from_strides(shape, tuple(x.stride()), y_strides, dim, tuple(ops))
-    if layout is not None:
-        return False, False, layout
-    xs = contiguous_strides(shape)
-    if mask is not None:
-        ops[0] = contiguous_strides(shape)
-    return True, mask is not None, RowLayout.from_strides(shape, xs, y_strides, dim, tuple(ops))
-
-
 def plan(layout: RowLayout, elem_bytes: int, device: torch.device, resident_of) -> ShardedPlan:
     """The chunking and grid of one shard (`resident_of(chunk, chunks, warps)`: programs the
     GPU holds at once; not asked under the interpreter)."""
     interpreted = device.type != "cuda" or interpreter.interpreting()
-    sms = None if interpreted else device_props(_index(device)).multiprocessor_count
+    sms = None if interpreted else device_props(device_index(device)).multiprocessor_count
     tile = heuristics.split_tile(layout, elem_bytes, sms)
     chunk = min(tile["block_n"], next_power_of_2(max(layout.n_cols, 1)))
     chunks = max(1, -(-layout.n_cols // chunk))
@@ -87,10 +62,6 @@ def plan(layout: RowLayout, elem_bytes: int, device: torch.device, resident_of) 
     return ShardedPlan(chunk, chunks, max(1, min(items, resident)), warps, (1, 2))
 
 
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: bool, mask, has_sink: bool,
              want_lse: bool, rank: int, world: int, words: torch.Tensor, peers: torch.Tensor):
     """The launcher of one request, bound to one mailbox: `f(x, mask, sinks, scale, softcap, epoch,
@@ -99,11 +70,12 @@ def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: 
     `want_lse`). `words`: this rank's mailbox (int64), `peers`: every rank's `words` address
     (int64 [world]); `mask`: additive, broadcastable to x; sinks broadcastable to x's rows;
     16/32-bit x. The caller memoises it under the request's key (`core.request`)."""
-    kernel = _kernel()
+    from .._triton_common.sharded import sharded_split_kernel as kernel
+
     device, dtype, shape = x.device, x.dtype, tuple(x.shape)
-    keep = tuple(1 if d == dim else s for d, s in enumerate(shape))
+    keep = row_shape(shape, dim)
     mask = None if mask is None else mask.expand(shape)
-    copy_x, copy_mask, layout = _layout(x, contiguous_strides(shape), dim, mask, has_sink)
+    copy, layout = logical_rows(shape, tuple(x.stride()), dim, None if mask is None else tuple(mask.stride()), has_sink)
     flags = dict(LOG=log, W_POW2=next_power_of_2(world), HAS_SCALE=has_scale, HAS_CAP=has_cap,
                  MASK=0 if mask is None else 2, HAS_SINK=has_sink, WRITE_LSE=want_lse, PRECISE=x.dtype.itemsize > 2)
     (ms0, ms1, ms2), msn = (layout.op_row_strides[0], layout.op_col_strides[0]) if mask is not None else \
@@ -129,13 +101,13 @@ def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: 
 
     def resident_of(chunk: int, chunks: int, warps: int) -> int:
         meta = metas(chunk, chunks, (0,), {})[0]
-        key = (tuple(sorted(meta.items())), warps, x.dtype, None if mask is None else mask.dtype, _index(x.device))
+        index = device_index(x.device)
+        key = (tuple(sorted(meta.items())), warps, x.dtype, None if mask is None else mask.dtype, index)
 
         def measure() -> int:
             stats = torch.empty(2 * layout.n_rows * chunks, dtype=torch.float32, device=x.device)
             args = pointers((x, x, mask, None, x, words, peers, stats, row_counters(x.device, layout.n_rows)))
             named = {**dict(zip(POINTERS, args)), **ints, "n_chunks": chunks, **dict(zip(VALUE_NAMES, PLAIN_SCALARS))}
-            index = _index(x.device)
             return device_props(index).multiprocessor_count * compiled_programs_per_sm(kernel, index, **named,
                                                                                        num_warps=warps, **meta)
 
@@ -165,10 +137,8 @@ def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: 
 
     def run(x, mask, sinks, scale, softcap, epoch: int, slot_base: int):
         if mask is not None:
-            mask = mask.expand(shape)
-            if copy_mask:
-                mask = mask.contiguous()
-        if copy_x:
+            mask = mask.expand(shape).contiguous() if copy else mask.expand(shape)
+        if copy:
             x = x.contiguous()
         y = new_output(shape, dtype, device)
         s = None if sinks is None else sinks.detach().to(torch.float32).expand(keep).contiguous()

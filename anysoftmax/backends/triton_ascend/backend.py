@@ -1,18 +1,10 @@
-"""The `triton_ascend` backend: the shared persistent kernels on Ascend NPUs (triton-ascend).
+"""The `triton_ascend` backend: the shared Triton kernels (backends/_triton_common) on Ascend NPUs
+through triton-ascend, with what the NPU forces: a fixed grid (`settings`), tiles sized by the
+unified buffer (`planning`), the `multibuffer` launch option, the NPU host glue (`npu`); docs/ascend.md.
 
-Same kernels as the `triton` backend (backends/_triton_common); what differs is what the
-NPU forces: a fixed grid (settings.py), tiles sized by the unified buffer (planning.py), the
-`multibuffer` launch option, and the NPU host glue (npu.py).
-
-Where it runs:
-* `npu` tensors, when triton-ascend, CANN and torch_npu are installed (automatic choice);
-* `cpu` tensors through the Triton interpreter (TRITON_INTERPRET=1), explicit choice only:
-  this is how CI checks this backend's plans against the reference;
-* `cuda` tensors only with $ANYSOFTMAX_ASCEND_ON_CUDA=1, explicit choice only: the same
-  kernels with the NPU's grid and tiles, cross-checked on an NVIDIA/AMD GPU.
-
-float64 is refused on every device: the NPU's vector unit has no fp64 exp or max (Atlas
-A2/A3), and the interpreter and CUDA runs are meant to compute exactly what the NPU would.
+It serves `npu` tensors (automatic choice); `cpu` tensors through the Triton interpreter and `cuda`
+tensors with $ANYSOFTMAX_ASCEND_ON_CUDA=1, explicit choice only (how CI and GPUs check its plans).
+float64 is refused everywhere: the NPU's vector unit has no fp64 exp or max (Atlas A2/A3).
 """
 
 from __future__ import annotations
@@ -39,9 +31,8 @@ _FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp
 def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, programs: int, on_npu: bool) -> KernelPlan:
     """The plan for rows of `layout` under settings `s` on `programs` programs (pure: the
     front-end test compiles exactly these)."""
-    # Causal rows read a prefix of their own length: several rows per step would need a
-    # per-row bound, which triton-ascend's front end lowers to an unbounded load of the full
-    # tile (checked by tests/ascend_frontend); one row per step keeps the load bounded.
+    # Causal rows read a prefix of their own length: a per-row bound over several rows lowers to
+    # an unbounded load of the full tile in triton-ascend's front end; one row a step stays bounded.
     several_rows = flat_rows(layout) and spec.variant.causal == "none"
     plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
                               spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, several_rows,
@@ -49,9 +40,37 @@ def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, program
     # causal_vec 1: a causal prefix is loaded under its exact bound (`fused.whole_vectors`):
     # the NPU copies by DMA under a bound, and whole-vector masks would lower to unbounded loads.
     plan = replace(plan, fusion=Fusion.of(spec), options={"causal_vec": 1})
-    # `multibuffer` is a triton-ascend compile option; stock Triton (interpreter, CUDA)
-    # rejects unknown options, so it is passed on an NPU only.
+    # `multibuffer` is a triton-ascend option, which stock Triton (interpreter, CUDA) rejects.
     return replace(plan, options={**plan.options, "multibuffer": s.multibuffer}) if on_npu else plan
+
+
+def _refusal(device: torch.device, dtypes) -> str | None:
+    """Why the backend does not run `dtypes` on `device` (see the module doc), or None."""
+    if torch.float64 in dtypes:
+        return _FP64_REASON
+    kind = device.type
+    if kind == "npu":
+        return npu.missing_reason()
+    if kind == "cpu":
+        return None if interpreter.interpreting() else (
+            "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax")
+    if kind == "cuda":
+        return None if npu.crosscheck_on_cuda() else (
+            f"CUDA tensors run on triton_ascend only as a cross-check of the NPU launch "
+            f"(set ${npu.ENV_ON_CUDA}=1); use backend='triton' for CUDA")
+    return f"device type {kind!r} is not supported (npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)"
+
+
+def _programs(t: torch.Tensor, halvings: int = 0) -> tuple[settings.Settings, int]:
+    """The settings in force (the UB budget halved `halvings` times) and the programs to launch on
+    `t`'s device (its live vector-core count where the grid asks for it)."""
+    s = settings.current()
+    if halvings:
+        s = replace(s, ub_bytes=s.ub_bytes >> halvings)
+    live = None
+    if t.device.type == "npu" and s.grid == settings.VECTOR_CORES:
+        live = npu.vector_cores(npu.device_index(t.device))
+    return s, planning.resolve_programs(s, live)
 
 
 def compile_may_overflow(device: torch.device) -> bool:
@@ -107,33 +126,13 @@ class TritonAscendBackend(Backend):
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
         """None for fp16/bf16/fp32 on the devices above, else the reason."""
-        if torch.float64 in (spec.in_dtype, spec.out_dtype):
-            return _FP64_REASON
-        kind = spec.device.type
-        if kind == "npu":
-            return npu.missing_reason()
-        if kind == "cpu":
-            return None if interpreter.interpreting() else (
-                "CPU tensors run only through the Triton interpreter: "
-                "set TRITON_INTERPRET=1 before importing anysoftmax")
-        if kind == "cuda":
-            return None if npu.crosscheck_on_cuda() else (
-                f"CUDA tensors run on triton_ascend only as a cross-check of the NPU launch "
-                f"(set ${npu.ENV_ON_CUDA}=1); use backend='triton' for CUDA")
-        return (f"device type {kind!r} is not supported "
-                f"(npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)")
+        return _refusal(spec.device, (spec.in_dtype, spec.out_dtype))
 
     def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec, halvings: int = 0) -> KernelPlan:
         """Kernel, tile, grid and launch options for rows of `layout` (x on its device), with the
         unified-buffer budget halved `halvings` times (after a compile-time overflow)."""
-        s = settings.current()
-        if halvings:
-            s = replace(s, ub_bytes=s.ub_bytes >> halvings)
-        on_npu = x.device.type == "npu"
-        live_cores = None
-        if on_npu and s.grid == settings.VECTOR_CORES:
-            live_cores = npu.vector_cores(npu.device_index(x.device))
-        return plan_for(layout, spec, s, planning.resolve_programs(s, live_cores), on_npu)
+        s, programs = _programs(x, halvings)
+        return plan_for(layout, spec, s, programs, x.device.type == "npu")
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request, on the device's current stream (dispatch memoises
@@ -157,36 +156,20 @@ class TritonAscendBackend(Backend):
         return softmax_launchers.forward(plan, layout, spec, contiguous=x is not given, guard=npu.device_guard,
                                          materialise=materialise)
 
-    # ---- logsumexp and merge_states (core.pieces): the shared kernels (_triton_common/logsumexp.py,
-    # merge_states.py) with the NPU's fixed grid and tiles bounded by the unified buffer ----
+    # ---- logsumexp and merge_states (core.lse_merge): the shared kernels, on the NPU's grid and UB tiles
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         return self.supports(spec)
 
     def supports_merge_states(self, spec) -> str | None:
-        if torch.float64 in (spec.dtype, *spec.lse_dtypes):
-            return _FP64_REASON
-        kind = spec.device.type
-        if kind == "cpu" and not interpreter.interpreting():
-            return "CPU tensors run only through the Triton interpreter: set TRITON_INTERPRET=1 before importing anysoftmax"
-        if kind == "cuda" and not npu.crosscheck_on_cuda():
-            return f"CUDA tensors run on triton_ascend only as a cross-check (set ${npu.ENV_ON_CUDA}=1)"
-        return npu.missing_reason() if kind == "npu" else None
-
-    def _programs(self, t: torch.Tensor) -> tuple[settings.Settings, int]:
-        s = settings.current()
-        live = None
-        if t.device.type == "npu" and s.grid == settings.VECTOR_CORES:
-            live = npu.vector_cores(npu.device_index(t.device))
-        return s, planning.resolve_programs(s, live)
+        return _refusal(spec.device, (spec.dtype, *spec.lse_dtypes))
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp through `lse_kernel`: one row per step (a per-row bound over several rows
-        lowers to unbounded loads on the NPU front end), sub-blocks sized by the UB budget for
-        the input and three accumulator lanes (max, sum, NaN count)."""
+        """logsumexp through `lse_kernel`: one row a step (bounded loads on the NPU), sub-blocks sized
+        by the UB budget for the input and three accumulator lanes (max, sum, NaN count)."""
         from .._triton_common.logsumexp import LsePlan, launcher
 
-        s, programs = self._programs(x)
+        s, programs = _programs(x)
         per_elem = x.element_size() + 3 * 4
 
         def plan_for(n_rows: int, n_cols: int) -> LsePlan:
@@ -197,11 +180,11 @@ class TritonAscendBackend(Backend):
         return launcher(x, spec, plan_for, guard=npu.device_guard)(x, operands)
 
     def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
-        """merge_states through `merge_kernel`: one row per step, the head tiled by the UB
-        budget (accumulator, one partial and the output per element)."""
+        """merge_states through `merge_kernel`: one row a step, the head tiled by the UB budget
+        (accumulator, one partial and the output per element)."""
         from .._triton_common.merge_states import MergePlan, merge_launcher
 
-        s, programs = self._programs(outputs[0])
+        s, programs = _programs(outputs[0])
         per_elem = 4 + 2 * spec.dtype.itemsize
 
         def plan_for(k, n_rows, d):

@@ -1,10 +1,6 @@
-"""Which installed distribution provides the `triton` package, and what to do when it is not
-triton-ascend. Pure functions of the distribution list, so the check is tested anywhere.
-
-triton-ascend installs its files as the top-level `triton` package, like stock Triton: both
-can be installed at once and the one installed last silently overwrites the other's files
-(`pip install 'anysoftmax[triton]'`, or a CUDA build of torch, pulls stock Triton in). `importlib.metadata`
-still records every distribution that put files under `triton/`.
+"""Which installed distribution provides the `triton` package, and the fix when it is not triton-ascend
+alone: both install as `triton` and the last one installed overwrites the other's files, but
+`importlib.metadata` records every owner. Pure functions of the distribution list, tested anywhere.
 """
 
 from __future__ import annotations
@@ -37,10 +33,8 @@ def triton_owners() -> list[str]:
 
 
 def owner_problem(owners: list[str], versions: Mapping[str, str]) -> str | None:
-    """None when triton-ascend alone provides `triton`, else what is wrong and the exact fix.
-
-    `owners`: `triton_owners()`; `versions`: distribution name -> installed version.
-    """
+    """None when triton-ascend alone provides `triton` (`owners`: `triton_owners()`), else what is
+    wrong and the exact fix; `versions`: distribution name -> installed version."""
     owners = sorted({_norm(o) for o in owners})
     if owners == [DIST]:
         return None

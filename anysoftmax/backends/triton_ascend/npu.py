@@ -1,13 +1,8 @@
-"""Host glue for Ascend NPUs: finding triton-ascend, CANN and torch_npu, the device, its cores.
-
-torch_npu is imported lazily, only once triton-ascend and CANN were found: installed without
-CANN it cannot be imported (and its `torch.backends` entry point breaks `import torch`
-itself unless TORCH_DEVICE_BACKEND_AUTOLOAD=0), so nothing here touches it on a CI machine.
-
-Streams: triton-ascend launches on `torch.npu.current_stream(device).npu_stream` of the
-driver's current device (its NPUDriver.get_current_stream), the stream the seed passed
-explicitly. `device_guard` makes the tensor's device the current one for the launch, so the
-kernel runs on that device's current stream, ordered with the caller's torch_npu work.
+"""Host glue for Ascend NPUs: finding triton-ascend, CANN and torch_npu, the device and its cores.
+torch_npu is imported only once triton-ascend and CANN were found: without CANN it cannot be
+imported (and its `torch.backends` entry point breaks `import torch` unless
+TORCH_DEVICE_BACKEND_AUTOLOAD=0). triton-ascend launches on the current NPU's current stream, so
+`device_guard` makes the tensor's device current for a launch.
 """
 
 from __future__ import annotations
@@ -22,9 +17,7 @@ import torch
 
 from . import install
 
-
 ENV_ON_CUDA = "ANYSOFTMAX_ASCEND_ON_CUDA"
-INSTALL_HINT = install.INSTALL_ORDER
 
 
 def crosscheck_on_cuda() -> bool:
@@ -52,8 +45,6 @@ def missing_reason() -> str | None:
     """Why Ascend NPUs cannot be used here, or None when triton-ascend, CANN, torch_npu and an
     NPU are all present (checked once per process)."""
     missing = []
-    # Which distribution owns the `triton` files (stock Triton installed after triton-ascend
-    # overwrites it silently), and the exact commands that repair it.
     problem = install.triton_problem()
     if problem is None and not _triton_is_ascend():
         problem = f"the `triton` package has no Ascend backend (triton/backends/ascend); reinstall: {install.FIX}"
@@ -66,11 +57,11 @@ def missing_reason() -> str | None:
     if importlib.util.find_spec("torch_npu") is None:
         missing.append("torch_npu is not installed")
     if missing:
-        return "; ".join(missing) + f"; {INSTALL_HINT}"
+        return "; ".join(missing) + f"; {install.INSTALL_ORDER}"
     try:
         import_torch_npu()
     except Exception as exc:  # a broken CANN/torch_npu install raises many kinds of errors
-        return f"import torch_npu failed: {type(exc).__name__}: {exc}; {INSTALL_HINT}"
+        return f"import torch_npu failed: {type(exc).__name__}: {exc}; {install.INSTALL_ORDER}"
     if not torch.npu.is_available():
         return "torch_npu is installed but no NPU is visible (torch.npu.is_available() is False)"
     note = install.version_note(install.installed_versions([install.DIST, "torch-npu"]))
@@ -103,8 +94,7 @@ def vector_cores(index: int) -> int:
 
 
 def device_guard(device: torch.device):
-    """Context making `device` current for a launch: NPUs here, CUDA (the cross-check) and CPU
-    as every kernel launch does (`_triton_common.launcher.device_guard`)."""
+    """Context making `device` current for a launch (CUDA and CPU: `_triton_common.launcher.device_guard`)."""
     if device.type == "npu":
         import_torch_npu()
         return torch.npu.device(device)

@@ -1,23 +1,11 @@
-"""Grid and tile arithmetic of the `triton_ascend` backend. Pure functions: numbers in, numbers
-out, no device access, so the NPU's rules are unit-tested on any machine.
-
-The NPU rules (triton-ascend's programming guide, shared/notes/ascend.md):
-
-* Grid: a fixed number of programs (one per core is Ascend's guidance; the seed used 32),
-  each walking rows in a loop. The runtime's block count is 16-bit: never more than 65535
-  programs; never more programs than work items, so none is launched idle.
-* Tile: everything a program works on at once lives in the vector core's unified buffer
-  (UB, 192 KB on Atlas A2), halved when multibuffer overlaps the next tile's DMA with this
-  tile's compute. One tile element costs its input and output bytes plus the fp32 copies the
-  kernel keeps live (`acc_copies`). A row whose whole padded length fits takes the one-tile
-  kernel, several rows per step; a longer row is walked in column sub-blocks with an online
-  max/sum, so every N runs.
-* Alignment: vector instructions take 32-byte blocks and the UB pads a tile's last axis to
-  them, so a tile is never narrower than one vector of its narrowest dtype.
+"""Grid and tile arithmetic of the `triton_ascend` backend, pure (tested on any machine). The NPU's
+rules (docs/ascend.md): a fixed number of persistent programs, at most 65535 and never more than
+the work items; a tile (input, output and the fp32 copies the kernel keeps live, `acc_copies`) in
+the vector core's unified buffer, halved by multibuffer, else the online sub-block kernel; a tile
+never narrower than one 32-byte vector of its narrowest dtype (the UB pads the last axis to it).
 """
 
 from __future__ import annotations
-
 
 from ...core.layout import cdiv, next_power_of_2
 from .._triton_common.plan import KernelPlan, OnlinePlan, TilePlan
@@ -84,16 +72,11 @@ def operand_bytes(spec) -> int:
 
 def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes: int, acc_bytes: int,
               s: Settings, flat_rows: bool = True, extra_bytes: int = 0) -> KernelPlan:
-    """Kernel, tile and grid for `n_rows` rows of `n_cols` elements (launch options left empty).
-    `extra_bytes`: UB bytes per element that a fused request's operands add (`operand_bytes`).
-
-    `flat_rows`: the rows form one (size, stride) dimension (`_triton_common.plan.flat_rows`).
-    When they do not, the tile kernel takes one row per step: its several-row form addresses
-    rows by div/mod, which triton-ascend lowers to unbounded loads of the whole tile width
-    (reading past the tensor); one row per step lowers to one bounded, strided load.
-
-    ValueError when the UB budget cannot hold even the narrowest sub-block.
-    """
+    """Kernel, tile and grid for `n_rows` rows of `n_cols` elements (no launch options); `extra_bytes`:
+    what a fused request's operands add per element (`operand_bytes`). Rows that are not one (size,
+    stride) dim (`flat_rows` False) take one row a step: the several-row form's div/mod addressing
+    lowers to unbounded loads in triton-ascend. ValueError when the UB cannot hold the narrowest
+    sub-block."""
     budget = tile_budget(s)
     narrowest = min_block_n(s, in_bytes, out_bytes)
     block_n = max(next_power_of_2(n_cols), narrowest)

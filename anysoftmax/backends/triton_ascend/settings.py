@@ -1,11 +1,8 @@
-"""Settings of the `triton_ascend` backend: the tuning table, device profiles, environment.
-
-Values come from `tuning.yaml` beside this file; a device profile of
-`profiles.yaml` beside it (named by `profile:` or $ANYSOFTMAX_ASCEND_PROFILE) replaces its
-`grid` and `ub_bytes`; `override(...)` (tests) replaces any value for a `with` block; the
-environment variables $ANYSOFTMAX_ASCEND_GRID and $ANYSOFTMAX_ASCEND_UB_BYTES win over all.
-Every value is checked when read, and an error names the setting, where its value came from
-and what is allowed, before anything is launched.
+"""Settings of the `triton_ascend` backend. Precedence, lowest first: `tuning.yaml` beside this file,
+the device profile of `profiles.yaml` (`profile:` or $ANYSOFTMAX_ASCEND_PROFILE: its `grid` and
+`ub_bytes`), `override(...)` (tests, for a `with` block), then $ANYSOFTMAX_ASCEND_GRID and
+$ANYSOFTMAX_ASCEND_UB_BYTES. Every value is checked when read; an error names the setting, where
+its value came from and what is allowed.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-
 
 from ...config import Overrides, backend_data_path, is_int, load_tuning, read_yaml_mapping
 

@@ -1,14 +1,8 @@
-"""Unified-buffer overflow at compile time: halve the tile and retry, remembering per shape
-class how many halvings compiled.
-
-The planner's UB estimate (`planning`, `acc_copies` in the tuning table) is an upper bound
-counted from the kernel source, but the NPU compiler (bishengir-compile) decides the real
-buffer use; when it needs more it fails with "ub overflow, requires N bits while 1572864 bits
-available" (the first launch compiles). Instead of failing the request, the backend plans
-again with half the budget (the tile halves: fewer rows per step, then narrower sub-blocks)
-until the compiler accepts it, and keeps that count for every later request of the same shape
-class, so the failing compile is paid once per class and process. Pure logic: the compile is
-a callable, so the retry is tested on a CPU with an injected failure.
+"""Unified-buffer overflow at compile time: the NPU compiler (bishengir-compile) decides the real
+buffer use, and fails with "ub overflow, requires N bits while 1572864 bits available" where the
+planner's estimate was short. The backend then plans again with half the budget until the compiler
+accepts it, and keeps the count per shape class for the process. Pure logic (the compile is a
+callable): tested on a CPU with an injected failure.
 """
 
 from __future__ import annotations
@@ -18,7 +12,6 @@ import threading
 from collections.abc import Callable
 
 from ...core.layout import next_power_of_2
-
 from .._triton_common.plan import KernelPlan
 
 OVERFLOW = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available")
@@ -29,8 +22,8 @@ class UBOverflowError(RuntimeError):
 
 
 def overflow_in(exc: BaseException) -> tuple[int, int] | None:
-    """(required, available) bits when `exc` is the compiler's UB overflow, else None (the
-    message may sit in the exception text or, for subprocess errors, in its stderr)."""
+    """(required, available) bits when `exc` (its text, or a subprocess error's stderr) is the
+    compiler's UB overflow, else None."""
     texts = [str(exc)]
     stderr = getattr(exc, "stderr", None)
     if stderr:
@@ -64,17 +57,12 @@ class Halvings:
         with self._lock:
             self._known[key] = max(halvings, self._known.get(key, 0))
 
-    def clear(self) -> None:
-        with self._lock:
-            self._known.clear()
-
 
 def fit_plan(plan_at: Callable[[int], KernelPlan], attempt: Callable[[KernelPlan], None],
              start: int = 0) -> tuple[KernelPlan, int]:
-    """The first plan, from `start` halvings of the budget on, that `attempt` (compile and
-    launch) accepts; returns it and its halving count. Only UB overflows are retried; a
-    halving that leaves the plan unchanged is skipped without compiling again. Raises
-    `UBOverflowError` when the budget is too small for even the narrowest tile."""
+    """The first plan from `start` halvings of the budget on that `attempt` (compile and launch)
+    accepts, and its halving count. Only UB overflows are retried, and an unchanged plan is not
+    compiled again; `UBOverflowError` when not even the narrowest tile fits."""
     halvings, failed, last = start, None, None
     while True:
         try:

@@ -1,16 +1,11 @@
-"""The `wave` backend: Wave (tkw) kernels compiled by IREE, run with iree.runtime.
+"""The `wave` backend: Wave (tkw) kernels compiled by IREE, run with iree.runtime (docs/wave.md):
+AMD GPUs (`device="hip"`), and NVIDIA only as an opt-in validation path (ANYSOFTMAX_WAVE_ON_CUDA=1).
 
-AMD GPUs run it normally (`device="hip"`, target read from the GPU). On NVIDIA it is an opt-in
-validation path (ANYSOFTMAX_WAVE_ON_CUDA=1), never an automatic choice otherwise.
-
-The kernel reads dense 2-D (rows, N) buffers, so x is made rows-contiguous:
-``x.movedim(dim, -1).contiguous()`` (a copy unless `dim` is last and `x` contiguous) and the
-contiguous (rows, N) result is moved back to `dim` (a second copy when `dim` is not last).
-The fused family (`fused = True`): scale and softcap go to the kernel as values, a mask and
-sinks as flat views of their own storage (no copy; read through their broadcast strides),
-the sink shares come back as a third output. The backward is dispatch's torch formula
-(`core.reference.fused_backward`, and torch's for the plain softmax): no Wave backward kernel.
-Kernels come from memory, then the disk cache, then the compiler (`diskcache`, `compiler`).
+The kernel reads dense (rows, N) buffers: x is made rows-contiguous (a copy unless `dim` is last
+and x contiguous) and the result moved back to `dim`. Of the fused family, scale and softcap go to
+the kernel as values, a mask and sinks as flat views of their own storage (no copy), the sink
+shares come back as a third output. The backward is dispatch's torch formula. Kernels come from
+memory, then the disk cache, then the compiler (`diskcache`, `compiler`).
 """
 
 from __future__ import annotations
@@ -34,9 +29,7 @@ from .target import Target, detect_target
 
 # KernelKey -> .vmfb bytes (from disk or freshly compiled).
 _vmfbs: OnceCache[bytes] = OnceCache(maxsize=512)
-# core.request.plan_key -> loaded kernel: a repeated request skips target detection and lookups.
-# (The loaded kernel depends on neither alignment nor direction: IREE checks the 64-byte
-# alignment it needs on every call, and Wave has forward kernels only.)
+# core.request.plan_key -> loaded kernel (forward only; IREE checks the alignment it needs per call).
 _loaded: BoundedDict = BoundedDict(maxsize=1024)
 
 
@@ -46,8 +39,8 @@ def kernel_key(spec: SoftmaxSpec, target: Target) -> KernelKey:
 
 
 def vmfb_for(key: KernelKey, spec: SoftmaxSpec | None = None) -> bytes:
-    """The .vmfb of `key`: from the disk cache, else compiled now and stored there. `spec`
-    (the request) only words the error when neither is possible."""
+    """The .vmfb of `key`: from the disk cache, else compiled now and stored there (`spec` words the
+    error when neither is possible)."""
 
     def build() -> bytes:
         data = diskcache.load(key)
@@ -71,7 +64,7 @@ def vmfb_for(key: KernelKey, spec: SoftmaxSpec | None = None) -> bytes:
 
 def flat(t: torch.Tensor) -> torch.Tensor:
     """A mask or sinks operand as the kernel takes it: a 1-D view of its storage from its first
-    element to its last (a bool mask as its bytes), no copy; the kernel adds the offsets."""
+    element to its last (a bool mask as bytes); the kernel adds the offsets."""
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
     span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
@@ -79,8 +72,8 @@ def flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def f32_bits(value: float) -> int:
-    """`value` rounded to float32, as the int32 with its bits (how the kernel takes scale and
-    softcap: `kernel._signature`); beyond float32's range it is +-inf, as a float32 product would be."""
+    """`value` rounded to float32 (+-inf beyond its range), as the int32 of its bits: how the kernel
+    takes scale and softcap (`kernel._signature`)."""
     try:
         return _F32_BITS.unpack(_F32.pack(value))[0]
     except OverflowError:
@@ -95,8 +88,6 @@ class WaveBackend(Backend):
     devices = ("cuda",)  # ROCm tensors are torch device type "cuda" too
     priority = 50  # below triton (100), above torch (0)
     fused = True  # every step of core.variant is compiled into the kernel (fusion.Fusion)
-    # The pieces ops (core.pieces): the kernel builder emits one output per row element; a
-    # per-row second output (the lse) is not built yet.
     logsumexp_refusal = "no logsumexp kernel (its kernel builder emits no per-row output yet; use 'triton' or 'torch')"
     merge_states_refusal = "no merge_states kernel (use backend='triton' or 'torch')"
     # The sampler needs a per-row select (searches over candidates, a counter-based generator)
@@ -157,8 +148,7 @@ class WaveBackend(Backend):
         return hit
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
-        """`f(x) -> y` bound to this request (dispatch memoises it); for a fused spec
-        `f(x, operands) -> (y, p_sink or None)`."""
+        """`f(x) -> y` bound to this request; for a fused spec `f(x, operands) -> (y, p_sink or None)`."""
         loaded, f = self._kernel(spec, x.device)
         if spec.is_plain:
             def run(t: torch.Tensor) -> torch.Tensor:
@@ -181,16 +171,14 @@ class WaveBackend(Backend):
         return run_fused
 
     def run_rows(self, rows: torch.Tensor, out: torch.Tensor, spec: SoftmaxSpec) -> str:
-        """Write the plain result for contiguous (M, N) `rows` into contiguous `out`; returns how
-        the result arrived ('in-place', 'copied' or 'host', see `runtime.launch`)."""
+        """The plain result of contiguous (M, N) `rows` into `out`; returns how it arrived (`runtime.launch`)."""
         loaded, _ = self._kernel(spec, rows.device)
         return runtime.launch(loaded, rows, out)
 
 
 def as_rows(x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-    """`x` as a contiguous (rows, N) tensor, N being the reduced dim: the one copy this backend
-    makes (none when `dim` is last and `x` contiguous), since Wave reads dense 2-D buffers.
-    (The common case is a view alone: each torch call costs microseconds of the call.)"""
+    """`x` as a contiguous (rows, N) tensor, N the reduced dim: a view when `dim` is last and `x`
+    contiguous (the common case: each torch call costs microseconds), else a copy."""
     if x.dim() == 0:
         return x.reshape(1, 1)
     if spec.dim == x.dim() - 1 and x.is_contiguous():

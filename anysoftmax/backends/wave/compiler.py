@@ -1,17 +1,13 @@
-"""Compiling one kernel to an IREE module (.vmfb bytes): Wave -> MLIR -> (CUDA rewrite) -> iree-compile.
-
-Wave's own `wave_compile` can also produce the .vmfb, but only for HIP; going through its
-MLIR text for both targets keeps one path, and the CUDA rewrite slots in between.
-The entry point is Wave's asynchronous one, `kernel.ENTRY_POINT(buffers..., scalars...,
-wait_fence, signal_fence) -> outputs` (`iree_launch_async=True`): it returns once the work is
-queued, so the caller decides how to wait (`runtime`).
-Needs wave-lang and iree-base-compiler (the `wave` extra); imported lazily.
+"""Compiling one kernel to IREE module bytes (.vmfb): Wave -> MLIR -> (CUDA rewrite) -> iree-compile,
+one path for both targets (Wave's `wave_compile` makes a .vmfb for HIP only). The entry point is
+Wave's asynchronous one (`kernel.ENTRY_POINT`): it returns once the work is queued (`runtime`).
+Needs wave-lang and iree-base-compiler (the `wave` extra), imported lazily.
 """
 
 from __future__ import annotations
 
 from .cuda_mlir import to_cuda
-from .env import compiler_missing, import_wave, require
+from .env import import_wave
 from .kernel import KernelKey, build_kernel
 
 
@@ -37,7 +33,6 @@ def target_mlir(key: KernelKey) -> str:
 
 def compile_vmfb(key: KernelKey) -> bytes:
     """Compile `key` to .vmfb bytes. Raises BackendUnavailableError when the compiler is missing."""
-    require(compiler_missing())
     import_wave()
     from iree.compiler import compile_str
 

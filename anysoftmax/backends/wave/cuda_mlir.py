@@ -1,15 +1,8 @@
-"""Rewriting Wave's MLIR (written for AMD GPUs) so that IREE's CUDA backend compiles it.
-
-Two constructs stand in the way, as seen with wave-lang 3.9.1 / IREE 3.9:
-
-1. Wave emits cross-lane reductions as `gpu.shuffle xor %v, %off, %w : vector<1xf32>`. The
-   NVVM lowering only handles scalar shuffles, so each becomes extract -> scalar shuffle ->
-   broadcast (the same value, one lane at a time: no change in what is computed).
-2. Block reductions synchronise the waves with `amdgpu.lds_barrier`, an AMD-only op; on CUDA
-   it is the workgroup barrier `gpu.barrier` (bar.sync), which also orders shared memory.
-
-Anything else AMD-specific left in the text is an error here rather than an obscure failure
-inside iree-compile. Pure text processing; no Wave or IREE import.
+"""Rewriting Wave's MLIR (written for AMD GPUs) for IREE's CUDA backend (wave-lang 3.9.1, IREE 3.9):
+vector cross-lane shuffles (`gpu.shuffle xor ... : vector<1xf32>`, which the NVVM lowering does not
+take) become extract -> scalar shuffle -> broadcast, and `amdgpu.lds_barrier` becomes the workgroup
+barrier `gpu.barrier`. Any other AMD-specific op is an error here rather than inside iree-compile.
+Pure text processing.
 """
 
 from __future__ import annotations

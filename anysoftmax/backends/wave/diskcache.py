@@ -1,15 +1,10 @@
-"""The on-disk cache of compiled kernels (.vmfb files).
-
-Layout: ``<cache dir>/<toolchain>-k<kernel digest>/<target>/<kernel name>.vmfb``, e.g.
-``~/.cache/anysoftmax/wave/wave3.9.1-iree3.9.0-k1a2b3c4d5e6/cuda-sm_80/softmax_n781_float32-float32.vmfb``
-or, for a member of the fused family, ``..._scale-maskbool-causal-r5f0c2a19d3e7.vmfb``: the
-name carries the variant's steps and a digest of the kernel key (`KernelKey.request`, i.e.
-`SoftmaxSpec.kernel_key()` of the canonical request: operand layouts and dtypes, causal
-form, empty-row policy), so two layouts never share a file. M is dynamic, so every row
-count shares one. The kernel digest hashes the sources that decide the compiled code, so
-editing them never serves a stale kernel. A process with only iree-base-runtime finds files
-compiled elsewhere as long as the folder is copied over whole (`python -m
-anysoftmax.backends.wave.aot` fills it). The root is `env.cache_dir()`.
+"""The on-disk cache of compiled kernels (.vmfb files), under `env.cache_dir()`:
+``<toolchain>-k<kernel digest>/<target>/<kernel name>.vmfb``, e.g.
+``wave3.9.1-iree3.9.0-k1a2b3c4d5e6/cuda-sm_80/softmax_n781_float32-float32.vmfb``. The kernel digest
+hashes the sources that decide the compiled code (an edit never serves a stale kernel); a fused
+kernel's name carries its steps and a digest of its key (operand layouts and dtypes included); M is
+dynamic, so every row count shares a file. A runtime-only process finds kernels compiled elsewhere
+when the folder is copied over whole (`python -m anysoftmax.backends.wave.aot` fills it).
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ def kernel_digest() -> str:
 
 
 def kernel_name(key: KernelKey) -> str:
-    """File-name stem: 'log_softmax_n781_float16-float32' for the plain softmax, with the
-    variant's steps and a digest of the whole key appended otherwise."""
+    """'log_softmax_n781_float16-float32'; a fused kernel's steps and key digest appended."""
     op = "log_softmax" if key.log else "softmax"
     stem = f"{op}_n{key.n}_{key.in_dtype}-{key.out_dtype}"
     if key.spec.is_plain:

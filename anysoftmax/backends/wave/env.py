@@ -1,9 +1,7 @@
-"""The Wave toolchain on this machine: which packages are installed, their versions, where
-compiled kernels are cached, and how to import Wave so that it never writes to ~/.wave.
-
-Compiling needs `wave-lang` (which brings `iree-base-compiler`); running needs only
-`iree-base-runtime`, so a machine can run kernels compiled elsewhere. The `wave` extra pins the
-three versions known to work together: Wave's MLIR only compiles with the IREE it pins.
+"""The Wave toolchain here: installed packages, their versions, the kernel cache's location, and
+importing Wave so that it never writes to ~/.wave. Compiling needs `wave-lang` (which brings
+`iree-base-compiler`); running only `iree-base-runtime`, so kernels compiled elsewhere run here.
+The `wave` extra pins the three versions known to work together.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ PINS = {"wave-lang": "3.9.1", "iree-base-compiler": "3.9.0", "iree-base-runtime"
 
 
 def cache_dir() -> Path:
-    """Root of the Wave kernel cache (not created here): ``$ANYSOFTMAX_CACHE_DIR/wave`` if set,
-    else ``$XDG_CACHE_HOME/anysoftmax/wave`` (``~/.cache/anysoftmax/wave``); never Wave's ~/.wave."""
+    """Root of the Wave kernel cache (`config.cache_dir`; not created here), never Wave's ~/.wave."""
     return config.cache_dir("wave")
 
 
@@ -40,7 +37,7 @@ def installed_version(dist: str) -> str | None:
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package missing or half-installed
+    except (ImportError, ValueError):  # a parent package half-installed
         return False
 
 
@@ -60,19 +57,10 @@ def compiler_missing() -> str | None:
     return None
 
 
-def require(reason: str | None) -> None:
-    """Raise `BackendUnavailableError(reason)` when `reason` is not None."""
-    if reason is not None:
-        raise BackendUnavailableError(reason)
-
-
 @lru_cache(maxsize=None)
 def toolchain_tag() -> str:
-    """'wave3.9.1-iree3.9.0': the versions a compiled kernel depends on (part of the cache key).
-
-    A process with only the runtime cannot ask wave-lang for its version; it assumes the pinned
-    one, so kernels compiled with the `wave` extra are found by runtime-only processes.
-    """
+    """'wave3.9.1-iree3.9.0': the versions a compiled kernel depends on (part of the cache key); a
+    runtime-only process assumes the pinned wave-lang, so it finds kernels compiled with the extra."""
     wave = installed_version("wave-lang") or PINS["wave-lang"]
     iree = (installed_version("iree-base-compiler") or installed_version("iree-base-runtime")
             or PINS["iree-base-compiler"])
@@ -83,12 +71,11 @@ _import_lock = threading.Lock()
 
 
 def import_wave() -> None:
-    """Import wave_lang with its kernel cache off (compiled kernels go to anysoftmax's cache).
-
-    Wave reads WAVE_CACHE_ON / WAVE_CACHE_DIR when it is first imported and otherwise writes
-    to ~/.wave; the module flag is also cleared in case wave_lang was imported before us.
-    """
-    require(compiler_missing())
+    """Import wave_lang with its own kernel cache (~/.wave) off, the module flag cleared too in case
+    it was imported before; BackendUnavailableError without the compiler."""
+    reason = compiler_missing()
+    if reason is not None:
+        raise BackendUnavailableError(reason)
     with _import_lock:
         os.environ["WAVE_CACHE_ON"] = "0"
         if "WAVE_CACHE_DIR" not in os.environ:

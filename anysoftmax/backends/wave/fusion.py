@@ -1,20 +1,12 @@
-"""What the Wave kernel compiles for one request of the fused family: the request in the form
-the kernel reads it (`canonical`), and the index arithmetic of its operands (`Fusion`).
-
-The kernel reads x as contiguous rows: x moved so that the reduced dim is last, then viewed as
-(rows, N) with one workgroup per row. A mask or a sink is not copied to that layout: it is read
-in place through its broadcast strides (0 on broadcast dims). Row r (row-major over the other
-dims, the reduced dim removed) sits at index (i_0, ..., i_{k-1}) of those dims, and an operand
-element at
+"""What the Wave kernel compiles for a request of the fused family: the request as the kernel reads
+it (`canonical`: x's reduced dim last, one workgroup per row) and its operands' index arithmetic
+(`Fusion`). A mask or a sink is read in place through its broadcast strides; row r, at index
+(i_0, ..., i_{k-1}) of the row dims, reads an operand element at
 
     offset(r, j) = sum_t ((r // P_t) % d_t) * s_t + j * s_N          (P_t = d_{t+1} * ... * d_{k-1})
 
-`row_terms` groups the dims so this costs few divisions: dims of size 1 and stride-0 dims drop
-out, and neighbours laid out contiguously in the operand merge into one term. The outermost
-dim needs no modulo, so its size is never compiled in: M stays dynamic (one kernel for every
-batch size) except for causal rows of a 2-D input, whose query count is that dim.
-
-Pure arithmetic on `SoftmaxSpec`s: no Wave import, testable anywhere.
+with few divisions (`row_terms`). The outermost dim needs no modulo, so M stays dynamic except for
+causal rows of a 2-D input. Pure arithmetic on `SoftmaxSpec`s: no Wave import.
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ OPERAND_DTYPES = ("float32", "float16", "bfloat16")  # floating masks and sinks 
 
 
 def _rows_last(spec: SoftmaxSpec, strides: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(shape, strides) with the reduced dim moved last; a 0- or 1-dim input gets one leading
-    row dim of size 1, so every canonical spec has at least one row dim."""
+    """(shape, strides) with the reduced dim moved last, and at least one (leading) row dim."""
     shape = list(spec.shape) or [1]
     strides = list(strides) or [0]
     dim = spec.dim if spec.shape else 0
@@ -55,10 +46,9 @@ def _meta(meta: OperandMeta | None, spec: SoftmaxSpec) -> OperandMeta | None:
 
 
 def canonical(spec: SoftmaxSpec) -> SoftmaxSpec:
-    """`spec` as the kernel computes it: rows contiguous with the reduced dim last, the device
-    left out (the target says where), the outermost row dim `DYNAMIC` unless the kernel needs
-    it, operand strides permuted alike, scale and softcap values dropped (runtime arguments).
-    Its `kernel_key()` is the Wave kernel's identity."""
+    """`spec` as the kernel computes it, whose `kernel_key()` is the kernel's identity: rows
+    contiguous with the reduced dim last, no device, the outermost row dim `DYNAMIC` unless the
+    kernel needs it, operand strides permuted alike, scale and softcap values dropped."""
     shape, _ = _rows_last(spec, spec.strides)
     v = spec.variant
     if spec.is_plain:
@@ -83,11 +73,9 @@ class Term:
 
 
 def row_terms(row_shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[Term, ...]:
-    """The offset terms of an operand with `strides` over rows of `row_shape` (outermost
-    first, its size possibly `DYNAMIC`), outermost term first: size-1 dims and stride-0 groups
-    dropped, a dim merged into its inner neighbour's term when the operand lays them out
-    contiguously (stride == inner stride * inner size). The outermost term has no modulo:
-    a row index never reaches past the outermost dim."""
+    """The offset terms of an operand with `strides` over rows of `row_shape` (its outermost size
+    possibly `DYNAMIC`), outermost first: size-1 dims and stride-0 groups dropped, a dim merged into
+    its inner neighbour's term where laid out contiguously; the outermost term has no modulo."""
     terms: list[list] = []  # [period, size, stride], innermost first
     period = 1
     for size, stride in zip(reversed(row_shape), reversed(strides)):
@@ -113,11 +101,10 @@ ONE_VALUE = (Term(ROW_LIMIT, None, 1),)
 
 @dataclass(frozen=True)
 class Fusion:
-    """The fused steps one Wave kernel compiles (from a canonical spec). `mask_terms` /
-    `sink_terms` locate an operand's element per row (`mask_col` is the mask's stride along the
-    row: 0 = one value per row, read like a sink); causal keeps column j of the row with query
-    index q = row % `causal_sq` when j <= q + `causal_offset`; `empty` is how empty rows are
-    found: 'count' (kept columns counted: a bool mask), 'causal' (q + offset < 0), or 'none'."""
+    """The fused steps one Wave kernel compiles (from a canonical spec). `mask_terms` / `sink_terms`
+    locate an operand's element per row (`mask_col`: the mask's stride along the row, 0 = one value
+    a row); causal keeps column j of query q = row % `causal_sq` when j <= q + `causal_offset`;
+    `empty` finds empty rows: 'count' (a bool mask's kept columns), 'causal' (q + offset < 0), 'none'."""
 
     scale: bool = False
     softcap: bool = False

@@ -1,10 +1,6 @@
-"""Finding libamdhip64.so for IREE's `hip` driver.
-
-IREE's HIP driver dlopens libamdhip64.so by name, i.e. from the system library path, not
-from the ROCm build torch ships with; on a machine whose ROCm is not on that path, device
-creation fails. anysoftmax finds the library itself and passes it with the HIP driver flag
-`--hip_dylib_path` (the flag name is in IREE 3.9's runtime: `iree.runtime.flags.parse_flags`),
-searching $ROCM_PATH/lib, /opt/rocm/lib, then torch's own lib folder (ROCm wheels bundle it).
+"""Finding libamdhip64.so for IREE's `hip` driver, which dlopens it from the system library path
+rather than torch's ROCm build: searched in $ROCM_PATH/lib, /opt/rocm/lib, then torch's lib folder,
+and passed with IREE's `--hip_dylib_path` flag (docs/wave.md).
 """
 
 from __future__ import annotations
@@ -30,9 +26,7 @@ def search_dirs(env: Mapping[str, str], torch_lib: str | None) -> list[Path]:
 
 
 def find_hip_dylib(dirs: Sequence[Path]) -> Path:
-    """The first `libamdhip64.so` (or a versioned `libamdhip64.so.N`) in `dirs`.
-
-    FileNotFoundError naming every folder searched when there is none."""
+    """The first `libamdhip64.so` (or `libamdhip64.so.N`) in `dirs`; FileNotFoundError naming them."""
     for d in dirs:
         exact = d / LIB
         if exact.is_file():

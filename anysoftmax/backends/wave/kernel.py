@@ -1,32 +1,18 @@
-"""The Wave (tkw) softmax kernel: the seed's body, generalised to the fused family.
+"""The Wave (tkw) softmax kernel: Wave's `test_fused_softmax` (read -> max -> subtract -> exp -> sum
+-> divide -> write, one row per wave) generalised:
 
-The seed (Wave's `test_fused_softmax`) holds one row per wave, `vector_shapes={M: 1, N: N}`, and
-computes read -> max -> broadcast -> subtract -> exp -> sum -> broadcast -> divide -> write.
-It needs N to be a multiple of the wave size and a whole row in one wave's registers. Here:
+* any N: a row split over `waves` waves of one workgroup, `per_wave` columns each (a multiple of the
+  wave size); loads and stores past N are masked and padded lanes are -inf before the max. The
+  `block=True` reductions shuffle within a wave, then exchange once through shared memory;
+* any M: a dynamic symbol (one workgroup a row, grid y; at most `MAX_ROWS_PER_LAUNCH` rows a launch,
+  a fused kernel told the launch's first row, `ROW0`);
+* fp16 / bf16 / fp32 in and out, fp32 accumulation; log_softmax as (x - max) - log2(sum) * ln 2;
+* the fused family (`fusion.Fusion`): scale and softcap as run-time values; a mask read in place at
+  an index expression of the row (`fusion.row_terms`), bool (a select) or added; causal from the
+  row index; a sink joining the max and the denominator, its share a third output; empty rows
+  given their policy's value by a final select.
 
-* **Any N.** A row is split over `waves` waves of one workgroup, each holding `per_wave`
-  columns (a multiple of the wave size, so Wave's cross-lane reduction applies); the padded
-  tail is masked: loads and stores past N are predicated off by Wave's bounds, and the padded
-  lanes are set to -inf before the max, so they add exp(-inf) = 0 to the sum. The reductions
-  are `block=True`: a butterfly of shuffles inside each wave, then one shared-memory exchange
-  between the waves.
-* **Any M.** M is a dynamic symbol: one compiled kernel serves every row count (one workgroup
-  per row, grid y = M; the runtime launches at most `MAX_ROWS_PER_LAUNCH` rows at a time and
-  tells a fused kernel the launch's first row, `ROW0`).
-* **fp16 / bf16 / fp32** inputs and outputs, accumulated in fp32 (cast after the read, cast
-  back before the write); `dtype=` widening is a different output type.
-* **log_softmax**: (x - max) - log(sum). tkw has no natural log, so ln(s) = log2(s) * ln(2).
-* **The fused family** (`core.variant`, located by `fusion.Fusion`): scale and softcap are
-  runtime f32 arguments (a new temperature never recompiles) applied before the reduction;
-  a mask is a second Memory read in place through its broadcast strides (the element offset
-  of row r is an index expression in r = ROW0 + workgroup id, `fusion.row_terms`), a bool mask
-  excluding with a select, a floating one added; causal keeps column j <= q + offset with q
-  from the row index (as Wave's attention templates derive it from `tkw.self_index`); a sink
-  is one value per row read the same way, joining the row max and the denominator, its share
-  written to a third output; empty rows (no kept column, decided by the mask: counted, or
-  from the causal index) get their policy's value with a final select.
-
-`plan_row` is pure arithmetic (tested without Wave); `build_kernel` imports wave_lang lazily.
+`plan_row` is pure arithmetic; `build_kernel` imports wave_lang lazily.
 """
 
 # No `from __future__ import annotations` here: Wave evaluates the kernel's type hints
@@ -196,11 +182,9 @@ def build_kernel(key: KernelKey):
         col = tkw.broadcast(tkw.self_index(N, tkl.i32), target_shape=[M, N])
         sq, off = f.causal_sq, f.causal_offset
         if f.causal_sq:
-            # Kept: inside the row and at or before the row's last key, j <= q + offset. Wave
-            # 3.9.1 emits index arithmetic with overflow<nsw, nuw> (codegen/emitter.py), so an
-            # index that goes negative is poison (seen on the H100: bottom_right rows with
-            # q < -offset came out empty, and so did the rest): the offset moves to the side
-            # where it is positive, j + (-offset) <= q.
+            # Kept: j <= q + offset. Wave 3.9.1 emits index arithmetic with overflow<nsw, nuw>, so a
+            # negative index is poison (bottom_right rows came out empty on the H100): a negative
+            # offset moves to the other side, j + (-offset) <= q.
             r = tkw.broadcast(tkw.self_index(M, tkl.i32), target_shape=[M, N])
             if off >= 0:
                 live = tkw.apply_expr([r, col], lambda i, j: (j < N) & (j <= (i + ROW0) % sq + off))
@@ -270,9 +254,8 @@ def build_kernel(key: KernelKey):
 
 
 def _signature(tkw, tkl, constraints, body, f: Fusion, in_t, out_t, types, M, N, MASK_LEN, SINK_LEN, GLOBAL):
-    """The @tkw.wave function for `f`'s arguments. Wave traces a function through torch.fx,
-    which reads the parameters from the code object (no *args) and their types from the
-    annotations: each combination of optional operands needs its own `def`, generated here."""
+    """The @tkw.wave function for `f`'s arguments, generated: Wave traces it through torch.fx, which
+    reads the parameters from the code object (no *args) and their types from the annotations."""
     x_t, y_t = tkl.Memory[M, N, GLOBAL, in_t], tkl.Memory[M, N, GLOBAL, out_t]
     hints = {"x": x_t, "y": y_t}
     if f.mask != "none":
@@ -283,10 +266,8 @@ def _signature(tkw, tkl, constraints, body, f: Fusion, in_t, out_t, types, M, N,
     if f.sink_dtype:
         hints["sinks"] = tkl.Memory[SINK_LEN, GLOBAL, types[f.sink_dtype]]
         hints["p_sink"] = tkl.Memory[M, GLOBAL, tkl.f32]
-    # Scale and softcap arrive as the bits of a float32 in an i32: IREE's Python runtime pushes
-    # floats as f64, and its VM does not convert f64 to an f32 argument (list.c converts
-    # between integer widths only; the f32 reads 0), nor are f64 arguments kept (iree-compile
-    # demotes them to f32). The kernel bitcasts them back.
+    # Scale and softcap arrive as a float32's bits in an i32: IREE's Python runtime pushes floats as
+    # f64, which its VM does not convert to an f32 argument (it reads 0) and iree-compile demotes.
     if f.scale:
         hints["scale"] = tkl.i32
     if f.softcap:
@@ -297,8 +278,7 @@ def _signature(tkw, tkl, constraints, body, f: Fusion, in_t, out_t, types, M, N,
     call = ", ".join(f"{k}={k if k in names else None}"
                      for k in ("x", "mask", "sinks", "y", "p_sink", "scale", "softcap", "row0"))
     source = f"def softmax({', '.join(names)}):\n    _body({call})\n"
-    # Wave records source locations (inspect.getsourcelines): register the generated text
-    # with linecache under a name of its own, as dataclasses do for their generated methods.
+    # Wave reads source locations (inspect.getsourcelines): the generated text goes to linecache.
     filename = f"<anysoftmax-wave-kernel {'-'.join(names)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace = {"_body": body}
@@ -309,8 +289,7 @@ def _signature(tkw, tkl, constraints, body, f: Fusion, in_t, out_t, types, M, N,
 
 
 def argument_names(f: Fusion) -> tuple[str, ...]:
-    """The kernel's arguments in order, as `build_kernel` declares them (the runtime pushes
-    its buffers and values in this order)."""
+    """The kernel's arguments in order (the runtime pushes its buffers and values in this order)."""
     names = ["x"] + (["mask"] if f.mask != "none" else []) + (["sinks"] if f.sink_dtype else []) + ["y"]
     names += ["p_sink"] if f.sink_dtype else []
     names += (["scale"] if f.scale else []) + (["softcap"] if f.softcap else []) + (["row0"] if f.needs_row else [])

@@ -1,28 +1,14 @@
-"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone.
+"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone (docs/wave.md).
 
-Each torch GPU gets one IREE HAL device (driver "hip" on AMD, "cuda" on NVIDIA, found by the
-GPU's UUID); each (kernel, device) pair one loaded module. The entry point is Wave's
-asynchronous one (`kernel.ENTRY_POINT`): buffers and scalars, then a wait fence and a signal
-fence; it returns as soon as the dispatch is queued.
-
-How a call is ordered against torch's stream (`ANYSOFTMAX_WAVE_TRANSFER`):
-
-* ``dlpack`` (default): the torch buffers themselves are imported through DLPack, no copy.
-  IREE 3.9 can neither run on torch's CUDA stream nor exchange CUDA events with it (the CUDA
-  HAL's `import_timepoint` / `export_timepoint` return UNIMPLEMENTED at the 3.9.0 revision,
-  event_semaphore.c; Wave's own runtime falls back to synchronising for CUDA,
-  `_CudaSemaphoreInterop` in wave_lang/runtime/device.py), so the order is kept on the host:
-  torch's stream is synchronised before the call (x written, y allocated), the call waits on
-  an empty fence and signals the device's timeline semaphore, and the host waits for that
-  value before returning (IREE's writes done; `wait` polls briefly before it blocks). The outputs are imported as the kernel's tied
-  results: IREE writes into y (and p_sink) in place; checked once per loaded kernel, and a
-  kernel whose results came back elsewhere has them copied on every call.
-* ``host``: copies through host memory (inputs up, results down). About 100 times slower;
-  the fallback that needs nothing but IREE's buffer copies.
-
-Rows are launched at most `MAX_ROWS_PER_LAUNCH` at a time (grid y is one workgroup per row),
-in chunks whose starts stay 64-byte aligned; a fused kernel gets each chunk's first row.
-The driver "local-sync" with CPU tensors exists for the runtime's own tests (a stand-in module).
+Each torch GPU gets one IREE HAL device (driver "hip" or "cuda", matched by the GPU's UUID), each
+(kernel, device) one loaded module; the entry point is Wave's asynchronous one (`kernel.ENTRY_POINT`).
+`ANYSOFTMAX_WAVE_TRANSFER` picks how a call meets torch: ``dlpack`` (default) imports the torch
+buffers themselves; IREE 3.9 can neither run on torch's CUDA stream nor exchange events with it, so
+torch's stream is synchronised first, the call signals the device's timeline semaphore, and the host
+waits for it (`wait`); IREE writes the outputs in place (checked once per kernel; else copied each
+call). ``host`` copies through host memory, about 100 times slower. Rows go at most
+`MAX_ROWS_PER_LAUNCH` a launch, chunk starts 64-byte aligned. The driver "local-sync" with CPU
+tensors serves the runtime's own tests.
 """
 
 from __future__ import annotations
@@ -42,9 +28,8 @@ from . import hiplib
 from .kernel import ENTRY_POINT, MAX_ROWS_PER_LAUNCH
 
 ENV_TRANSFER = "ANYSOFTMAX_WAVE_TRANSFER"
-# How long a call polls its fence before it blocks on it, in seconds ($ANYSOFTMAX_WAVE_SPIN_US,
-# microseconds; 0 blocks at once). IREE signals the fence from its completion thread; a thread
-# blocked on it is woken some microseconds later, which a small kernel's call can do without.
+# How long a call polls its fence before blocking on it ($ANYSOFTMAX_WAVE_SPIN_US; 0 blocks at once):
+# a thread blocked on IREE's fence wakes some microseconds late, which a small kernel feels.
 SPIN_S = float(os.environ.get("ANYSOFTMAX_WAVE_SPIN_US", "200")) * 1e-6
 TRANSFERS = ("dlpack", "host")
 # Byte alignment IREE requires of an imported buffer (buffer_heap.c: "must be aligned to 64").
@@ -74,8 +59,8 @@ class _Device:
 
 @dataclass
 class LoadedKernel:
-    """A .vmfb loaded on one device, ready to launch. `in_place` is None until the first
-    DLPack call has shown whether IREE writes the outputs where they were passed."""
+    """A .vmfb loaded on one device; `in_place`: whether IREE writes the outputs where they were
+    passed (None until the first DLPack call)."""
 
     device: _Device
     context: object  # iree.runtime.VmContext
@@ -98,8 +83,7 @@ def _create_device(driver_name: str, torch_device: torch.device) -> _Device:
         raise RuntimeError(f"IREE's {driver_name!r} driver sees no device")
     info = infos[0]
     if torch_device.type == "cuda":
-        # Match torch's device to IREE's by UUID (IREE's path is 'GPU-<uuid>'); fall back to
-        # the ordinal when the UUIDs are not reported.
+        # Matched by UUID (IREE's path is 'GPU-<uuid>'), else by ordinal.
         index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         by_uuid = {str(i.get("path", "")).removeprefix("GPU-"): i for i in infos}
@@ -194,8 +178,7 @@ def _sync_torch(t: torch.Tensor) -> None:
 
 
 def wait(semaphore, value: int) -> None:
-    """Return once `semaphore` has reached `value`: polled for up to `SPIN_S`, then blocked on.
-    A failed semaphore raises (from `query` or `wait`)."""
+    """Return once `semaphore` has reached `value`: polled for up to `SPIN_S`, then blocked on."""
     if SPIN_S > 0:
         deadline = time.perf_counter() + SPIN_S
         while semaphore.query() < value:
@@ -207,9 +190,8 @@ def wait(semaphore, value: int) -> None:
 
 
 def invoke(kernel: LoadedKernel, inputs: list, outputs: list[torch.Tensor], values: list) -> list:
-    """One call of the async entry point on buffer views `inputs` + `outputs` (in the kernel's
-    argument order) and int32 `values` (floats travel as their bits: `backend.f32_bits`):
-    queued, then waited for on the device's timeline. Returns the result views (one per output)."""
+    """One call of the async entry point on buffer views `inputs` + `outputs` and int32 `values`
+    (in the kernel's argument order), waited for on the device's timeline; the result views."""
     import iree.runtime as rt
 
     dev = kernel.device
@@ -256,9 +238,8 @@ def _call_host(kernel: LoadedKernel, inputs: list[torch.Tensor], outputs: list[t
 
 @lru_cache(maxsize=256)
 def rows_per_launch(row_bytes: tuple[int, ...]) -> int:
-    """Rows per launch: at most `MAX_ROWS_PER_LAUNCH`, and a multiple of the row count that
-    keeps every chunk's start on the `ALIGNMENT` IREE requires of imported buffers, for rows
-    of each of `row_bytes` bytes."""
+    """Rows per launch: at most `MAX_ROWS_PER_LAUNCH`, a multiple of what keeps every chunk's start
+    `ALIGNMENT`-aligned for rows of each of `row_bytes` bytes."""
     step = 1
     for size in row_bytes:
         step = math.lcm(step, ALIGNMENT // math.gcd(ALIGNMENT, size))
@@ -274,13 +255,9 @@ def _aligned(t: torch.Tensor, transfer: str) -> torch.Tensor:
 def launch(kernel: LoadedKernel, x: torch.Tensor, y: torch.Tensor, *, operands: tuple = (),
            p_sink: torch.Tensor | None = None, values: tuple = (), with_row: bool = False,
            transfer: str | None = None) -> str:
-    """Run the kernel on contiguous 2-D `x` (M, N), writing contiguous 2-D `y` (M, N) and, for
-    a kernel with sinks, contiguous 1-D `p_sink` (M). `operands` are the flat mask / sinks
-    buffers, passed whole to every chunk; `values` the scale / softcap floats; `with_row`
-    appends each chunk's first row (fused kernels index their operands with it).
-
-    Returns how the result reached `y`: 'in-place', 'copied' (dlpack) or 'host'.
-    """
+    """Run the kernel on contiguous (M, N) `x` into contiguous `y` (and `p_sink` (M) with sinks);
+    `operands`: the flat mask / sinks buffers, whole to every chunk; `values`: the scale / softcap
+    bits; `with_row`: each chunk's first row appended. Returns 'in-place', 'copied' or 'host'."""
     transfer = transfer or transfer_mode()
     call = _call_dlpack if transfer == "dlpack" else _call_host
     outs = [y] + ([p_sink] if p_sink is not None else [])

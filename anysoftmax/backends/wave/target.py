@@ -1,10 +1,7 @@
 """Where a Wave kernel runs: the compile target (chip, wave size, IREE flags) and its detection.
-
-AMD is the normal case: `device="hip"`, the chip read from the GPU (gfx942, gfx90a, ...).
-NVIDIA is an explicit opt-in validation path (``ANYSOFTMAX_WAVE_ON_CUDA=1``): Wave's MLIR is
-rewritten for CUDA (`cuda_mlir`) and compiled for sm_80, the newest CUDA target IREE 3.9
-accepts (sm_90 gives "missing GPU target"); the driver JIT-compiles that PTX on Hopper.
-Pure Python apart from `detect_target`, which asks torch about the GPU.
+AMD: `device="hip"`, the chip read from the GPU. NVIDIA, opt-in (``ANYSOFTMAX_WAVE_ON_CUDA=1``):
+rewritten for CUDA (`cuda_mlir`) and compiled for sm_80, the newest CUDA target IREE 3.9 accepts;
+the driver JIT-compiles that PTX on Hopper.
 """
 
 from __future__ import annotations
@@ -46,9 +43,7 @@ class Target:
 
     def compile_flags(self) -> list[str]:
         """iree-compile flags for this target."""
-        if self.device == "hip":
-            return [*_COMMON_FLAGS, "--iree-hal-target-device=hip", f"--iree-hip-target={self.chip}"]
-        return [*_COMMON_FLAGS, "--iree-hal-target-device=cuda", f"--iree-cuda-target={self.chip}"]
+        return [*_COMMON_FLAGS, f"--iree-hal-target-device={self.device}", f"--iree-{self.device}-target={self.chip}"]
 
 
 def parse_target(text: str) -> Target:

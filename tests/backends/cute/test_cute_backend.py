@@ -14,10 +14,10 @@ import torch
 
 import anysoftmax
 from anysoftmax.backends.cute import CuteBackend, compiler, env, launch
-from anysoftmax.backends.cute.backend import lse_rows_of, rows_of
+from anysoftmax.backends.cute.backend import lse_rows_of, request_layout
 from anysoftmax.core import SoftmaxSpec, compare, compare_backward
 from anysoftmax.core.compare import compare_logsumexp
-from anysoftmax.core.pieces import logsumexp_request, row_shape
+from anysoftmax.core.lse_merge import logsumexp_request, row_shape
 from anysoftmax.core.reference import fused_backward, prologue
 from anysoftmax.core.variant import Variant
 
@@ -107,10 +107,10 @@ def test_refuses_fused_columns(capable):
 
 
 def test_rows_of():
-    assert rows_of(_spec((6, 10)), (10, 1)) == (6, 10, 10)
-    assert rows_of(_spec((2, 3, 10)), (30, 10, 1)) == (6, 10, 10)
-    assert rows_of(_spec((6, 10)), (0, 1)) == (6, 10, 0)
-    assert rows_of(_spec((10, 1), dim=0), (1, 1)) == (1, 10, 10)
+    assert request_layout(_spec((6, 10)), (10, 1)) == (6, 10, 10)
+    assert request_layout(_spec((2, 3, 10)), (30, 10, 1)) == (6, 10, 10)
+    assert request_layout(_spec((6, 10)), (0, 1)) == (6, 10, 0)
+    assert request_layout(_spec((10, 1), dim=0), (1, 1)) == (1, 10, 10)
 
 
 # ---------------------------------------------------------------- the per-call path
@@ -311,7 +311,7 @@ def test_logsumexp_is_declared_to_the_registry(capable):
     """The registry sees the op (`run_logsumexp`): a served request passes, a refused one gets
     cute's reason, and merge_states stays a declared refusal."""
     from anysoftmax.core import registry
-    from anysoftmax.core.pieces import MergeSpec
+    from anysoftmax.core.lse_merge import MergeSpec
 
     assert registry.op_refusal(BACKEND, "logsumexp", _lse_spec((4, 65536), softcap=20.0)) is None
     assert "masks and causal" in registry.op_refusal(BACKEND, "logsumexp", _lse_spec((4, 64), causal=True))

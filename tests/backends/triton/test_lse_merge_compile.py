@@ -3,7 +3,7 @@
 time for Hopper (sm_90) and CDNA3 (gfx942) in the variants the backends launch, without
 spilling to local memory on sm_90, and rounding float64 to 16-bit outputs through float32 as
 the interpreter does. Nothing runs: results are checked through the interpreter
-(tests/api/test_pieces.py) and the kit; this proves the real compiler accepts the kernels.
+(tests/api/test_lse_merge.py) and the kit; this proves the real compiler accepts the kernels.
 Compiled in a subprocess: this suite sets TRITON_INTERPRET=1."""
 
 from __future__ import annotations
@@ -78,5 +78,5 @@ def test_pieces_kernels_compile(target, backend):
                                               "merge K=2 fp64 lses bf16 out"]
     assert not [r for r in results if r["spills"]], results
     # The compiled kernel rounds float64 to a 16-bit output through float32, as the interpreter
-    # does (one code path: tests/api/test_pieces.py checks the values through the interpreter).
+    # does (one code path: tests/api/test_lse_merge.py checks the values through the interpreter).
     assert results[-1]["f64_to_16bit"] == [], results[-1]

@@ -12,7 +12,7 @@ import torch
 import anysoftmax
 from anysoftmax import dispatch
 from anysoftmax.backends._triton_common import merge_states
-from anysoftmax.core.pieces import merge_formula
+from anysoftmax.core.lse_merge import merge_formula
 from anysoftmax.core.request import MERGE, request_key
 from helpers import active_launch_hook
 

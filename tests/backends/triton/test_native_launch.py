@@ -316,7 +316,7 @@ def test_native_results_equal_triton_results(shape, dtype, monkeypatch):
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_native_merge_packs_each_partial_and_lse(k, monkeypatch):
     from anysoftmax.backends._triton_common import merge_states
-    from anysoftmax.core.pieces import MergeSpec
+    from anysoftmax.core.lse_merge import MergeSpec
 
     # The kernel's runtime parameters: the partials, the lses and the two outputs, then the integers.
     names = runtime_params(merge_states.merge_kernel)
@@ -367,7 +367,7 @@ def test_native_merge_equals_triton_merge(k, monkeypatch):
     outputs = [torch.randn(3, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(k)]
     lses = [torch.randn(3, 32, device="cuda") * 4 for _ in range(k)]
     lses[0][1] = float("-inf")  # (an empty segment in one row)
-    from anysoftmax.core.pieces import MergeSpec
+    from anysoftmax.core.lse_merge import MergeSpec
     from anysoftmax.core.registry import get_backend
 
     spec = MergeSpec.from_tensors(outputs, lses)

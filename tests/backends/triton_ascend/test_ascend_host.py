@@ -249,6 +249,15 @@ def test_supports(monkeypatch):
         assert "TRITON_INTERPRET=1" in cpu
 
 
+def test_merge_states_refuses_what_softmax_refuses(monkeypatch):
+    from anysoftmax.core.lse_merge import MergeSpec
+
+    monkeypatch.delenv(npu.ENV_ON_CUDA, raising=False)
+    for device in ("cuda", "meta"):
+        merge = MergeSpec(2, (3, 8), torch.float32, (torch.float32,) * 2, torch.device(device))
+        assert BACKEND.supports_merge_states(merge) == BACKEND.supports(spec_on(device)), device
+
+
 def test_device_guard_on_cpu_is_a_no_op():
     with npu.device_guard(torch.device("cpu")):
         pass

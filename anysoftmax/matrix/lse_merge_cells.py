@@ -1,4 +1,4 @@
-"""Matrix cells of the pieces ops (`ops: [logsumexp, merge_states]`, `core.pieces`).
+"""Matrix cells of the pieces ops (`ops: [logsumexp, merge_states]`, `core.lse_merge`).
 
 * `logsumexp`: the cell's shape and dim as for softmax; the result (float32/float64, a peer's
   in its own dtype) against the float64 reference. Bytes moved: the input plus one float per row.
@@ -19,7 +19,7 @@ import math
 import torch
 
 from ..core.compare import Comparison, compare_logsumexp, compare_merge, compare_values
-from ..core.pieces import LOGSUMEXP, MERGE_STATES, logsumexp_request, reference_logsumexp
+from ..core.lse_merge import LOGSUMEXP, MERGE_STATES, logsumexp_request, reference_logsumexp
 from ..core.spec import TOLERANCES, SoftmaxSpec, parse_dtype
 from .cells import Cell
 
@@ -31,7 +31,7 @@ def refusal(cell: Cell) -> str | None:
     if cell.op not in PIECES_OPS:
         return None
     if cell.direction != "forward":
-        return f"{cell.op}: forward cells only (its autograd is checked by tests/api/test_pieces.py)"
+        return f"{cell.op}: forward cells only (its autograd is checked by tests/api/test_lse_merge.py)"
     if not cell.variant.is_plain:
         return f"{cell.op}: plain cells only (the fused keywords are checked by the conformance kit)"
     if cell.op == MERGE_STATES and len(cell.shape) < 2:
@@ -59,7 +59,7 @@ def provider(cell: Cell, device: str):
 
     name, dim = cell.backend, cell.dim
     if not providers.is_peer(name):
-        backend = providers._ours(name)
+        backend = providers.backend_argument(name)
         if cell.op == LOGSUMEXP:
             return lambda x: anysoftmax.logsumexp(x, dim, backend=backend)
         return lambda t: anysoftmax.merge_states(*t, backend=backend)
@@ -70,7 +70,7 @@ def provider(cell: Cell, device: str):
     if peer == "torch":
         return fn
     if peer == "torch.compile":
-        return providers._compiled(fn)
+        return providers.fresh_compiled(fn)
     from ..core.errors import UnsupportedRequestError
     raise UnsupportedRequestError(f"{name} has no {cell.op}")
 

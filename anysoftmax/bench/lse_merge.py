@@ -2,9 +2,9 @@
 eager, torch.compile and the same-bytes copy, each result checked against the float64
 reference before it is timed.
 
-    python -m anysoftmax.bench.pieces                  # the H100 run: ~5 minutes
-    python -m anysoftmax.bench.pieces --quick          # a few shapes
-    python -m anysoftmax.bench.pieces --device cpu     # tiny shapes through the interpreter (the path only)
+    python -m anysoftmax.bench.lse_merge                  # the H100 run: ~5 minutes
+    python -m anysoftmax.bench.lse_merge --quick          # a few shapes
+    python -m anysoftmax.bench.lse_merge --device cpu     # tiny shapes through the interpreter (the path only)
 
 * logsumexp over rows [M, N] (the softmax grid's shapes, bf16 and fp32): `anysoftmax` (the
   automatic choice), `anysoftmax:<backend>` for every backend that runs it here (what
@@ -66,15 +66,6 @@ def _copy_gbps(device) -> float:
     return round(copy_bandwidth_gbps(device), 1)
 
 
-def _compiled(fn):
-    # A fresh dynamo state per shape: past torch's recompile limit (8) dynamo would silently
-    # run the function eagerly (as `matrix.providers._compiled`).
-    import torch
-
-    torch._dynamo.reset()
-    return torch.compile(fn, dynamic=False)
-
-
 def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok", graph=(None, None)):
     gbps = nbytes / (us * 1e-6) / 1e9 if us else 0.0
     graph_us, copy_graph_us = graph
@@ -88,7 +79,7 @@ def _row(provider, what, us, nbytes, copy_us, host_us=None, err="", status="ok",
 def _lse_backends(x) -> list[str]:
     """The backends that run logsumexp on `x` here (each timed as `anysoftmax:<name>`: the rows
     `anysoftmax select` writes the table's `lse` rules from)."""
-    from ..core.pieces import LOGSUMEXP, logsumexp_request
+    from ..core.lse_merge import LOGSUMEXP, logsumexp_request
     from ..core.registry import runners
 
     return runners(logsumexp_request(x, -1)[0], LOGSUMEXP)
@@ -99,7 +90,8 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
 
     import anysoftmax
     from ..core.compare import compare_logsumexp
-    from ..core.pieces import logsumexp_request
+    from ..core.lse_merge import logsumexp_request
+    from ..matrix.providers import fresh_compiled
 
     time_ms, b2b, rotation_count, kw, calls = _timing(device)
     rows = []
@@ -118,7 +110,7 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
                 providers.append(("anysoftmax" if backend is None else f"anysoftmax:{backend}", fn, check))
             providers.append(("torch", lambda t: torch.logsumexp(t, -1), None))
             if compiled:
-                providers.append(("torch.compile", _compiled(lambda t: torch.logsumexp(t, -1)), None))
+                providers.append(("torch.compile", fresh_compiled(lambda t: torch.logsumexp(t, -1)), None))
             for name, fn, check in providers:
                 try:
                     us = time_ms(fn, xs, device, **kw) * 1e3
@@ -167,7 +159,8 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
     import anysoftmax
     from ..compat.vllm import merge_attn_states
     from ..core.compare import compare_merge
-    from ..matrix.pieces_cells import torch_merge
+    from ..matrix.lse_merge_cells import torch_merge
+    from ..matrix.providers import fresh_compiled
     from ..perf import graph_rotation_count, graph_time_ms
 
     time_ms, b2b, rotation_count, kw, calls = _timing(device)
@@ -198,7 +191,7 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
                         dst, s[0][0], s[1][0].t(), s[0][1], s[1][1].t(), dst_lse), check_v))
                 providers.append(("torch", lambda s: torch_merge(*s), None))
                 if compiled:
-                    formula_c = _compiled(torch_merge)
+                    formula_c = fresh_compiled(torch_merge)
                     providers.append(("torch.compile", lambda s: formula_c(*s), None))
                 for name, fn, chk in providers:
                     try:
@@ -250,7 +243,7 @@ def plot(rows: list[dict], path: Path, x: str, panels: list[tuple]) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.pieces", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m anysoftmax.bench.lse_merge", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--quick", action="store_true")

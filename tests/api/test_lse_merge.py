@@ -1,5 +1,5 @@
 """anysoftmax.logsumexp and anysoftmax.merge_states: values against the float64 reference on
-fresh random data, the special values core.pieces states, errors, autograd, vmap, compile."""
+fresh random data, the special values core.lse_merge states, errors, autograd, vmap, compile."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import anysoftmax
 from anysoftmax.core.compare import compare_logsumexp, compare_merge
 from anysoftmax.core.errors import UnsupportedRequestError
-from anysoftmax.core.pieces import logsumexp_request, reference_logsumexp
+from anysoftmax.core.lse_merge import logsumexp_request, reference_logsumexp
 from anysoftmax.core.spec import TOLERANCES
 from helpers import takes_float64
 
@@ -294,7 +294,7 @@ def test_the_registry_chooses_per_op(monkeypatch):
     """CPU tensors: the automatic choice is torch (triton serves cuda); an explicit or
     $ANYSOFTMAX_BACKEND choice is honoured or refused naming the backend and the reason."""
     from anysoftmax.core import registry
-    from anysoftmax.core.pieces import MergeSpec, logsumexp_request
+    from anysoftmax.core.lse_merge import MergeSpec, logsumexp_request
 
     x = torch.randn(3, 4)
     spec, _ = logsumexp_request(x, 1)
@@ -314,7 +314,7 @@ def test_the_registry_chooses_per_op(monkeypatch):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_opcheck(backend, gen):
     """The operators' schema, fake implementations and autograd registration (torch.library.opcheck)."""
-    from anysoftmax.torchop.pieces import logsumexp_op, merge_states_op
+    from anysoftmax.torchop.lse_merge import logsumexp_op, merge_states_op
 
     x = torch.randn(3, 4, 10, generator=gen, dtype=torch.float64, requires_grad=True)
     mask = torch.randn(10, generator=gen, dtype=torch.float64)
@@ -446,7 +446,7 @@ def _transform_setup(backend):
 def _lse_pair(backend, x, dim, **fused):
     """(anysoftmax.logsumexp of (x, mask, sinks), the float64 formula of the same request), both
     functions of the three tensors (mask and sinks as given in `fused`, None when absent)."""
-    from anysoftmax.core.pieces import logsumexp_formula
+    from anysoftmax.core.lse_merge import logsumexp_formula
 
     spec, _ = logsumexp_request(x, dim, **fused)
     kw = {k: v for k, v in fused.items() if k not in ("mask", "sinks")}
@@ -549,7 +549,7 @@ def test_logsumexp_second_order_transforms(backend, gen):
 
 def _merge_pair(backend, k):
     """(anysoftmax.merge_states, the float64 formula) as functions of the 2k tensors."""
-    from anysoftmax.core.pieces import merge_formula
+    from anysoftmax.core.lse_merge import merge_formula
 
     def ours(*t):
         return anysoftmax.merge_states(list(t[:k]), list(t[k:]), backend=backend)

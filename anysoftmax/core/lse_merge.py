@@ -1,36 +1,10 @@
-"""Softmax in pieces: the row state `logsumexp` and the merge of partial results, stated once.
+"""Softmax in pieces: the row state `logsumexp` and `merge_states`, the merge of partial results.
 
-**logsumexp** (`anysoftmax.logsumexp(x, dim, *, scale, mask, causal, softcap, sinks, keepdim)`):
-the log of the fused softmax's denominator, ``lse = log(exp(s) + sum_{j kept} exp(z_j))`` with
-``z`` the fused input (`core.variant` steps 1-3) and ``s`` the row's sink when given, so that
-``softmax(x, ...)_j = exp(z_j - lse)``. Computed and returned in the accumulation dtype (float32
-for 16- and 32-bit inputs, float64 for float64). Special values as `torch.logsumexp` gives them:
-a row with nothing kept and no sink is -inf (a bool mask or causal leaving it empty, an additive
--inf mask, all -inf logits, a zero-length row); a row with nothing kept but a sink is ``s``;
-NaN anywhere gives NaN; +inf (and no NaN) gives +inf. A 0-dim input is its own logsumexp.
-Gradient: ``d lse / d z_j = exp(z_j - lse)`` (the fused softmax), chained through softcap and
-scale; an additive mask gets it summed over its broadcast dims; a sink gets ``exp(s - lse)``.
-Rows at -inf get a zero gradient (no NaN). Forward mode: the same derivatives applied to the
-tangents of x, an additive mask and the sinks (0 for rows at -inf).
-
-**merge_states** (`anysoftmax.merge_states(outputs, lses) -> (out, lse)`): K partial results,
-each normalised within its segment, with their segments' log-sum-exps:
-``lse = log(sum_i exp(lse_i))`` (float32; float64 when every lse is float64) and
-``out = sum_i exp(lse_i - lse) * out_i`` in the outputs' dtype (accumulated in float32/float64;
-a float64 accumulation reaches 16-bit outputs through float32).
-Special values, chosen to agree with `logsumexp` and softmax of the unsplit row, so that
-``merge(split(x)) == (softmax(x), logsumexp(x))`` holds for every x:
-* a partial with ``lse_i = -inf`` (an empty or fully masked segment) weighs 0 and its output is
-  not read (a NaN there does not leak); every partial -inf gives ``out = 0``, ``lse = -inf``;
-* a NaN ``lse_i`` gives NaN in that row's ``out`` and ``lse`` (softmax and logsumexp of a row
-  holding NaN are NaN); a NaN in an ``out_i`` of positive weight gives NaN in that element;
-* a ``+inf`` ``lse_i`` (a segment holding a +inf logit) gives ``lse = +inf`` and ``out = NaN``
-  for that row: the partials' relative weights are undefined, as softmax of a row holding
-  +inf is NaN (inf - inf) while its logsumexp is +inf.
-Gradients: ``d out_i = p_i g``, ``d lse_i = p_i (<g, out_i - out> + g_lse)`` with
-``p_i = exp(lse_i - lse)`` (0 for -inf partials and rows); forward mode:
-``t_lse = sum_i p_i t_lse_i``, ``t_out = sum_i p_i (t_out_i + t_lse_i (out_i - out))``. A
-partial of weight 0 is read by no derivative either (0, never 0 * NaN).
+Their semantics, special values and derivatives are docs/semantics.md's ("Softmax in pieces"):
+logsumexp is the log of the fused softmax's denominator (sinks included) in the accumulation
+dtype; merge_states combines K partials with their lses so that
+``merge(split(x)) == (softmax(x), logsumexp(x))``. Here: their validation, and their formulas in
+torch ops (the float64 reference; in the accumulation dtype, the `torch` backend and the autograd).
 """
 
 from __future__ import annotations
@@ -42,7 +16,7 @@ import torch
 
 from .spec import FLOAT_DTYPES, SoftmaxSpec, dtype_name
 from .variant import MASK_ADDITIVE, Variant, keep_mask
-from .reference import kept_values, prologue, prologue_chain
+from .reference import kept_values, prologue, prologue_chain, row_shape
 
 SOFTMAX, LOGSUMEXP, MERGE_STATES = "softmax", "logsumexp", "merge_states"
 OPS = (SOFTMAX, LOGSUMEXP, MERGE_STATES)
@@ -51,11 +25,6 @@ OPS = (SOFTMAX, LOGSUMEXP, MERGE_STATES)
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of a log-sum-exp: float64 for float64, float32 otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
-    """`shape` with size 1 in `dim` (logsumexp with keepdim; () for a 0-dim input)."""
-    return tuple(1 if d == dim else s for d, s in enumerate(shape))
 
 
 def logsumexp_request(x, dim, *, scale=None, mask=None, causal=False, softcap=None, sinks=None):
@@ -222,7 +191,7 @@ def _merge_weights(lses, lse, acc):
 
 
 def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dtype):
-    """(out, lse) of merge_states in torch ops, accumulated in `acc` (the module docstring's rules)."""
+    """(out, lse) of merge_states in torch ops, accumulated in `acc` (docs/semantics.md's rules)."""
     L = torch.stack([t.to(acc) for t in lses])  # [K, ...]
     m = L.amax(0) if L.numel() else L.sum(0)  # NaN propagates through amax
     ms = torch.where(torch.isfinite(m), m, torch.zeros_like(m))

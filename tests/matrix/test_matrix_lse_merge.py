@@ -1,8 +1,8 @@
-"""The pieces ops in the matrix (`ops: [logsumexp, merge_states]`, `matrix.pieces_cells`):
+"""The pieces ops in the matrix (`ops: [logsumexp, merge_states]`, `matrix.lse_merge_cells`):
 checked against the float64 reference, timed, skipped with the reason where they do not apply."""
 
 from anysoftmax.matrix import FAILED, PASSED, SKIPPED, load_config, run_matrix
-from anysoftmax.matrix import pieces_cells
+from anysoftmax.matrix import lse_merge_cells
 from helpers import write_matrix
 
 BENCH = {"warmup_ms": 1, "rep_ms": 3, "cpu": True}
@@ -13,7 +13,7 @@ def _run(tmp_path, **data):
     return run_matrix(load_config(write_matrix(tmp_path, data, "pieces.yaml")))
 
 
-def test_pieces_cells_pass_and_are_timed(tmp_path):
+def test_lse_merge_cells_pass_and_are_timed(tmp_path):
     run = _run(tmp_path, backends=["torch", "triton", "peer:torch", "peer:copy"],
                ops=["logsumexp", "merge_states"], dtypes=["float32", "bfloat16"],
                shapes=[[3, 2, 40], {"shape": [4, 33], "dims": [0, 1]}], directions=["forward", "backward"],
@@ -29,7 +29,7 @@ def test_pieces_cells_pass_and_are_timed(tmp_path):
 
 
 def test_a_wrong_logsumexp_fails(tmp_path, monkeypatch):
-    provider = pieces_cells.provider
-    monkeypatch.setattr(pieces_cells, "provider", lambda cell, device: (lambda x: provider(cell, device)(x) + 1e-3))
+    provider = lse_merge_cells.provider
+    monkeypatch.setattr(lse_merge_cells, "provider", lambda cell, device: (lambda x: provider(cell, device)(x) + 1e-3))
     run = _run(tmp_path, backends=["torch"], ops=["logsumexp"], shapes=[[5, 30]])
     assert {r.status for r in run.results} == {FAILED}

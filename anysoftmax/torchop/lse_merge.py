@@ -1,11 +1,8 @@
-"""`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: `anysoftmax.core.pieces`),
-and their operators ``torch.ops.anysoftmax.logsumexp`` / ``.merge_states`` with fake
-implementations (torch.compile keeps one graph), autograd (the backward is the formula of
-`core.pieces` in torch ops, so it differentiates again), forward mode (the jvp formulas of
-`core.pieces`, as softmax's Functions have theirs) and vmap rules.
-
-Eager inference calls `dispatch` directly (no dispatcher round trip); anything that may
-want a derivative, a torch.func transform or torch.compile goes through the operators.
+"""`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: docs/semantics.md), and their
+operators ``torch.ops.anysoftmax.logsumexp`` / ``.merge_states`` with fake implementations,
+autograd and forward mode (the formulas of `core.lse_merge` in torch ops: they differentiate again)
+and vmap rules. Eager inference calls `dispatch` directly; anything that may want a derivative,
+a torch.func transform or torch.compile goes through the operators.
 """
 
 from __future__ import annotations
@@ -15,8 +12,8 @@ from typing import Optional
 import torch
 
 from .. import dispatch
-from ..core.pieces import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
-                           merge_backward_formula, merge_tangent, row_shape)
+from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
+                              merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, runtime_values
 from .batching import front
 from .grad_mode import plain_eager, refuse_forward_over_forward
@@ -30,8 +27,7 @@ def logsumexp_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[
                  scale: Optional[float], softcap: Optional[float], causal: str,
                  backend: Optional[str] = None) -> torch.Tensor:
     """`anysoftmax.logsumexp` with keepdim as an operator (accumulation dtype)."""
-    out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
-                                    sinks=sinks)
+    out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
     return out.contiguous().clone() if out.data_ptr() == x.data_ptr() else out.contiguous()
 
 
@@ -48,16 +44,12 @@ def _lse_setup(ctx, inputs, output):
     ctx.fused = dict(scale=scale, softcap=softcap, causal=causal)
 
 
-def _sum_to(t: torch.Tensor, shape) -> torch.Tensor:
-    return t.sum_to_size(shape) if tuple(t.shape) != tuple(shape) else t
-
-
 def _lse_backward(ctx, g):
     x, mask, sinks, lse = ctx.saved_tensors
     variant, _ = build(tuple(x.shape), x.device, ctx.dim, mask=mask, sinks=sinks, **ctx.fused)
     dx, dmask, ds = logsumexp_backward_formula(g, lse, x, variant, ctx.dim, mask, sinks, lse_dtype(x.dtype))
-    d_mask = None if (dmask is None or not ctx.needs_input_grad[1]) else _sum_to(dmask, mask.shape).to(mask.dtype)
-    d_sinks = None if (ds is None or not ctx.needs_input_grad[2]) else _sum_to(ds, sinks.shape).to(sinks.dtype)
+    d_mask = None if (dmask is None or not ctx.needs_input_grad[1]) else dmask.sum_to_size(mask.shape).to(mask.dtype)
+    d_sinks = None if (ds is None or not ctx.needs_input_grad[2]) else ds.sum_to_size(sinks.shape).to(sinks.dtype)
     return dx.to(x.dtype), d_mask, d_sinks, None, None, None, None, None
 
 
@@ -67,22 +59,13 @@ logsumexp_op.register_autograd(_lse_backward, setup_context=_lse_setup)
 @logsumexp_op.register_vmap
 def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backend=None):
     nd = x.dim() - (in_dims[0] is not None)
-    xb = front(x, in_dims[0], info.batch_size, nd, True)
+    xb = front(x, in_dims[0], info.batch_size, nd)
     if nd == 0:  # a 0-dim sample: a row of one
         return logsumexp_op(xb.unsqueeze(1), None, None, 1, scale, softcap, causal, backend).squeeze(1), 0
     pdim = dim % nd + 1
     m = front(mask, in_dims[1], info.batch_size, nd, False)
     s = front(sinks, in_dims[2], info.batch_size, nd, False)
     return logsumexp_op(xb, m, s, pdim, scale, softcap, causal, backend), 0
-
-
-def _lse_tangent(ctx, tx, tmask, tsinks):
-    # The jvp in torch ops (`core.pieces.logsumexp_tangent`): an autograd.Function applied inside
-    # a jvp would re-enter the same functorch level, while torch ops nest (hessian, jacrev(jacfwd)).
-    x, mask, sinks, lse = ctx.saved_tensors
-    variant, _ = build(tuple(x.shape), x.device, ctx.dim, mask=mask, sinks=sinks, **ctx.fused)
-    tmask = tmask if mask is not None and mask.dtype.is_floating_point else None
-    return logsumexp_tangent(tx, tmask, tsinks, lse, x, variant, ctx.dim, mask, sinks, lse_dtype(x.dtype))
 
 
 class _Logsumexp(torch.autograd.Function):
@@ -106,8 +89,13 @@ class _Logsumexp(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tx, tmask, tsinks, *_):
+        # In torch ops (`core.lse_merge.logsumexp_tangent`): an autograd.Function applied inside a jvp
+        # would re-enter the same functorch level, while torch ops nest (hessian, jacrev(jacfwd)).
         refuse_forward_over_forward()
-        return _lse_tangent(ctx, tx, tmask, tsinks)
+        x, mask, sinks, lse = ctx.saved_tensors
+        variant, _ = build(tuple(x.shape), x.device, ctx.dim, mask=mask, sinks=sinks, **ctx.fused)
+        tmask = tmask if mask is not None and mask.dtype.is_floating_point else None
+        return logsumexp_tangent(tx, tmask, tsinks, lse, x, variant, ctx.dim, mask, sinks, lse_dtype(x.dtype))
 
 
 def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: torch.Tensor | None = None,
@@ -116,12 +104,11 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
     """log of the fused softmax's denominator along `dim` (sinks included): float32 for 16/32-bit
     inputs, float64 for float64; -inf for rows with nothing kept. The fused keywords as in
     `anysoftmax.softmax`; `keepdim` as in `torch.logsumexp`. Differentiable (the gradient is the
-    fused softmax). Semantics: `anysoftmax.core.pieces`."""
+    fused softmax). Semantics: docs/semantics.md."""
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     if plain_eager(x, mask, sinks):
-        out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap,
-                                        sinks=sinks)
+        out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
     else:
         if not torch.compiler.is_compiling():  # (traced: the fake implementation validates)
             logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
@@ -162,13 +149,16 @@ def _merge_setup(ctx, inputs, output):
     ctx.save_for_backward(*outputs, *lses, *output)
 
 
+def _merge_saved(ctx) -> tuple:
+    # (outputs, lses, out, lse, the accumulation dtype)
+    saved, k = ctx.saved_tensors, ctx.k
+    outputs, lses = saved[:k], saved[k:2 * k]
+    return outputs, lses, *saved[2 * k:], MergeSpec.from_tensors(list(outputs), list(lses)).acc_dtype
+
+
 def _merge_backward(ctx, g_out, g_lse):
-    saved = ctx.saved_tensors
-    k = ctx.k
-    outputs, lses, (out, lse) = saved[:k], saved[k:2 * k], saved[2 * k:]
-    spec = MergeSpec.from_tensors(list(outputs), list(lses))
-    d_outs, d_lses = merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, spec.acc_dtype)
-    return d_outs, d_lses, None
+    outputs, lses, out, lse, acc = _merge_saved(ctx)
+    return *merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, acc), None
 
 
 merge_states_op.register_autograd(_merge_backward, setup_context=_merge_setup)
@@ -198,34 +188,25 @@ class _MergeStates(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, _k, _backend, *tangents):
         refuse_forward_over_forward()
-        saved, k = ctx.saved_tensors, ctx.k
-        outputs, lses, (out, lse) = saved[:k], saved[k:2 * k], saved[2 * k:]
-        spec = MergeSpec.from_tensors(list(outputs), list(lses))
-        return merge_tangent(tangents[:k], tangents[k:], outputs, lses, out, lse, spec.acc_dtype)
+        outputs, lses, out, lse, acc = _merge_saved(ctx)
+        return merge_tangent(tangents[:len(outputs)], tangents[len(outputs):], outputs, lses, out, lse, acc)
 
 
 @merge_states_op.register_vmap
 def _merge_vmap(info, in_dims, outputs, lses, backend=None):
     o_dims, l_dims = in_dims[0], in_dims[1]
-    ob = [front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(outputs, o_dims)]
-    lb = [front(t, d, info.batch_size, t.dim() - (d is not None), True) for t, d in zip(lses, l_dims)]
+    ob = [front(t, d, info.batch_size, t.dim() - (d is not None)) for t, d in zip(outputs, o_dims)]
+    lb = [front(t, d, info.batch_size, t.dim() - (d is not None)) for t, d in zip(lses, l_dims)]
     return merge_states_op(ob, lb, backend), (0, 0)
-
-
-def plain_states(outputs, lses) -> bool:
-    """Whether merge_states goes straight to dispatch: `grad_mode.plain_eager` over the 2K
-    tensors, or arguments that are not lists (dispatch's validation names them)."""
-    if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
-        return True
-    return plain_eager(*outputs, *lses)
 
 
 def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge K partial results (`outputs[i]` `[..., D]`, each normalised within its segment,
     `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
     out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
-    -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: `anysoftmax.core.pieces`."""
-    if plain_states(outputs, lses):
+    -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: docs/semantics.md."""
+    # Plain eager tensors go straight to dispatch, and so do arguments that are not lists (its validation names them).
+    if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)) or plain_eager(*outputs, *lses):
         return dispatch.merge_states(outputs, lses, backend)
     if torch.compiler.is_compiling():  # (the fake implementation validates)
         return merge_states_op(list(outputs), list(lses), backend)
