@@ -36,6 +36,9 @@ OTHER_CACHES = {
                                                    "class, shared by every request of the class",
     "backends/triton/sharded.py:_occupancy": "compiled sharded kernel per specialisation (constexprs, warps, dtypes, "
                                              "device): many requests share one",
+    "backends/_triton_common/sampling.py:_bound": "bound sampler launch per sampling request (op, rows, vocabulary, "
+                                                  "dtype, row stride, device, plan, alignment): a SamplingSpec, which "
+                                                  "core.request's softmax keys do not describe; never keyword values",
     "distributed/mailbox.py:_boxes": "per process group and device: the symmetric-memory mailbox (its launchers are "
                                      "keyed by core.request's key, one_read.sharded_softmax)",
 }
