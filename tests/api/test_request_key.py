@@ -260,3 +260,25 @@ def test_merge_on_two_devices_is_refused_on_every_call():
         with pytest.raises(ValueError, match=r"lses\[1\] is on meta"):
             anysoftmax.merge_states(outs, lses, backend="torch")
 
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_plain_logsumexp_keys_in_the_plain_form(backend, monkeypatch, gen):
+    """A logsumexp without fused keywords is memoised under the plain form of its key (the
+    softmax's: no keyword is read on a hit, no `FusedArgs` is built) and stays correct; a call
+    with fused keywords keeps its own entry."""
+    from anysoftmax.core.compare import compare_logsumexp
+    from anysoftmax.core.pieces import logsumexp_request
+    from anysoftmax.core.request import LSE
+
+    x = torch.randn(SHAPE, generator=gen)
+    dispatch.refresh()
+    out = anysoftmax.logsumexp(x, -1, backend=backend)
+    assert dispatch._memo.get(request_key(LSE, x, -1, None, backend)) is not None
+    built = []
+    monkeypatch.setattr(dispatch, "FusedArgs", lambda *a: built.append(a) or dispatch.FusedArgs(*a))
+    for _ in range(2):
+        out = anysoftmax.logsumexp(x, -1, keepdim=True, backend=backend)
+        assert compare_logsumexp(out, x, logsumexp_request(x, -1)[0]).ok
+    assert built == []
+    monkeypatch.undo()
+    assert _new_entries(lambda: anysoftmax.logsumexp(x, -1, scale=0.5, backend=backend)) == 1
