@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import dispatch
-from .grad_mode import plain_eager
+from .grad_mode import plain_eager, plain_eager_one
 
 
 def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
@@ -69,7 +69,7 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
     # plain_eager: under torch.compile it is a constant, and nothing after it is traced).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        if plain_eager(input):
+        if plain_eager_one(input):
             return dispatch.forward(input, dim, dtype, backend, False)
     elif plain_eager(input, mask, sinks):
         return dispatch.forward_fused(input, dim, dtype, backend, False,
@@ -90,7 +90,7 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
     # plain_eager: under torch.compile it is a constant, and nothing after it is traced).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        if plain_eager(input):
+        if plain_eager_one(input):
             return dispatch.forward(input, dim, dtype, backend, True)
     elif plain_eager(input, mask, sinks):
         return dispatch.forward_fused(input, dim, dtype, backend, True,
