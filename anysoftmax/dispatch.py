@@ -198,7 +198,11 @@ def _logsumexp_formula(spec: SoftmaxSpec):
 
 def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, softcap=None, sinks=None) -> torch.Tensor:
     """logsumexp with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype, no autograd."""
-    key = request_key(LSE, x, dim, None, backend, False, None, FusedArgs(scale, mask, causal, softcap, sinks))
+    # A call without fused keywords keys as a plain forward (no keywords to read): its hit path
+    # costs what the softmax's does.
+    plain = scale is None and mask is None and causal is False and softcap is None and sinks is None
+    key = request_key(LSE, x, dim, None, backend) if plain else \
+        request_key(LSE, x, dim, None, backend, False, None, FusedArgs(scale, mask, causal, softcap, sinks))
     hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
@@ -212,7 +216,7 @@ def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, soft
             chosen.logsumexp_launcher(x, spec, Operands(mask, sinks, 1.0, 1.0))
         if key is not None:
             _memo.put(key, hit)
-    if scale is None and softcap is None and mask is None and sinks is None:
+    if plain or (scale is None and softcap is None and mask is None and sinks is None):
         return hit(x, NO_OPERANDS)
     s, c = runtime_values(scale, softcap)
     return hit(x, Operands(mask, sinks, s, c))

@@ -12,6 +12,7 @@ contiguous).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -32,6 +33,16 @@ def new_output(shape, dtype, device):
     if POISON_OUTPUTS:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def output_maker(shape, dtype, device):
+    """`make() -> a new output of shape, dtype and device` (contiguous; `new_output`'s poisoning),
+    for small outputs such as per-row statistics: it keeps one as a template, and `empty_like`
+    of that costs half of `torch.empty` with a shape, dtype and device."""
+    template = new_output(shape, dtype, device)
+    if POISON_OUTPUTS:
+        return functools.partial(torch.full_like, template, float("nan"))
+    return functools.partial(torch.empty_like, template)
 
 
 def new_output_like(t: torch.Tensor, dtype):

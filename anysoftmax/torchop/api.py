@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import dispatch
-from .grad_mode import plain_eager
+from .grad_mode import plain_eager, plain_eager_one
 
 
 def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
@@ -66,7 +66,7 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
     # Eager inference goes straight to dispatch: the hot path (plain_eager is constant under torch.compile).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        if plain_eager(input):
+        if plain_eager_one(input):
             return dispatch.forward(input, dim, dtype, backend, False)
     elif plain_eager(input, mask, sinks):
         return dispatch.forward_fused(input, dim, dtype, backend, False,
@@ -86,7 +86,7 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
     # Eager inference goes straight to dispatch (as in `softmax`).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
             and empty_rows == "zero":
-        if plain_eager(input):
+        if plain_eager_one(input):
             return dispatch.forward(input, dim, dtype, backend, True)
     elif plain_eager(input, mask, sinks):
         return dispatch.forward_fused(input, dim, dtype, backend, True,

@@ -35,6 +35,16 @@ def plain_eager(*tensors, gradients: bool = True) -> bool:
     return True
 
 
+def plain_eager_one(t) -> bool:
+    """`plain_eager(t)` for one operand, without the varargs loop: the plain softmax's check."""
+    if _is_compiling() or _fwad._current_level >= 0:
+        return False
+    if type(t) is not _Tensor:
+        return plain_eager(t)
+    return not ((_grad_enabled() and t.requires_grad) or
+                (peek_interpreter_stack() is not None and is_functorch_wrapped_tensor(t)))
+
+
 def transform_active() -> bool:
     """Whether a torch.func transform is running."""
     return peek_interpreter_stack() is not None

@@ -200,3 +200,42 @@ def test_one_plain_eager_predicate():
     queries = ("is_functorch_wrapped_tensor", "_current_level", "peek_interpreter_stack")
     found = {p.name: [q for q in queries if q in p.read_text()] for p in TORCHOP.glob("*.py")}
     assert {name: q for name, q in found.items() if q} == {"grad_mode.py": list(queries)}
+
+
+def test_plain_eager_forms_agree():
+    """`plain_eager_one` (the plain softmax's check) answers as `plain_eager` itself for plain
+    tensors, ones needing a gradient (with grad mode on and off), Parameters, subclasses,
+    non-tensors, under forward AD and under vmap."""
+    import torch.autograd.forward_ad as fwAD
+
+    from anysoftmax.torchop.grad_mode import plain_eager, plain_eager_one
+
+    class Sub(torch.Tensor):
+        pass
+
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    cases = [x, w, torch.nn.Parameter(torch.randn(3)), x.as_subclass(Sub), 1.0, None]
+
+    def agree():
+        for t in cases:
+            assert plain_eager_one(t) == plain_eager(t), t
+
+    seen = []
+    agree()
+    seen.append(plain_eager_one(x))
+    with torch.no_grad():
+        agree()
+        seen.append(plain_eager_one(w))
+    with fwAD.dual_level():
+        agree()
+        seen.append(plain_eager_one(x))
+
+    def under_vmap(v):
+        cases.append(v)
+        agree()
+        seen.append(plain_eager_one(v))
+        cases.pop()
+        return v
+
+    torch.func.vmap(under_vmap)(torch.randn(2, 3))
+    assert seen == [True, True, False, False]

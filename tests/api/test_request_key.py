@@ -224,3 +224,61 @@ def test_repeated_pieces_are_memo_hits_and_alignment_is_in_their_key(backend, ge
     strided = [torch.randn(d, 6, generator=gen).t() for _ in range(3)]
     assert _new_entries(lambda: merge(strided, lses)) == 1
     assert _new_entries(lambda: merge(outs[:2], lses[:2])) == 1  # K is in the key
+
+
+def test_merge_key_tells_every_operand_apart():
+    """`request_key(MERGE, ...)` of K partials and K lses: a change to any one tensor's shape,
+    strides, dtype or alignment, to K, or to the optional outputs is a new key; new tensors of
+    the same layouts and alignments give the same key."""
+    outs = [torch.randn(5, 2, 16) for _ in range(3)]
+    lses = [torch.randn(5, 2) for _ in range(3)]
+
+    def key(o, l_, out=None, lse_out=None):
+        return request_key("merge", o, l_, None, "triton", False, out, None, lse_out)
+
+    base = key(outs, lses)
+    assert key([t.clone() for t in outs], [t.clone() for t in lses]) == base
+    changes = {"shape": lambda t: torch.randn(t.shape[0] + 1, *t.shape[1:]),
+               "strides": lambda t: torch.randn(t.shape[::-1]).permute(*range(t.dim() - 1, -1, -1)),
+               "dtype": lambda t: t.double(), "alignment": _misaligned}
+    for name, change in changes.items():
+        for i in range(3):
+            assert key([*outs[:i], change(outs[i]), *outs[i + 1:]], lses) != base, (name, "outputs", i)
+            assert key(outs, [*lses[:i], change(lses[i]), *lses[i + 1:]]) != base, (name, "lses", i)
+    assert key(outs[:2], lses[:2]) != base and key(outs[:2], [*lses, lses[0]]) != key(outs, lses[:2] + lses[:2])
+    assert key(outs, lses, out=torch.empty(5, 2, 16)) != base and key(outs, lses, lse_out=torch.empty(5, 2)) != base
+    # (not a list of tensors: no key, the call is validated every time)
+    assert key(outs, [*lses[:2], 1.0]) is None and key(outs[0], lses) is None
+
+
+def test_merge_on_two_devices_is_refused_on_every_call():
+    """A partial on another device than the rest is never memoised: each call raises the
+    validation's error naming it."""
+    outs = [torch.randn(4, 8) for _ in range(2)]
+    lses = [torch.randn(4), torch.randn(4, device="meta")]
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"lses\[1\] is on meta"):
+            anysoftmax.merge_states(outs, lses, backend="torch")
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_plain_logsumexp_keys_in_the_plain_form(backend, monkeypatch, gen):
+    """A logsumexp without fused keywords is memoised under the plain form of its key (the
+    softmax's: no keyword is read on a hit, no `FusedArgs` is built) and stays correct; a call
+    with fused keywords keeps its own entry."""
+    from anysoftmax.core.compare import compare_logsumexp
+    from anysoftmax.core.lse_merge import logsumexp_request
+    from anysoftmax.core.request import LSE
+
+    x = torch.randn(SHAPE, generator=gen)
+    dispatch.refresh()
+    out = anysoftmax.logsumexp(x, -1, backend=backend)
+    assert dispatch._memo.get(request_key(LSE, x, -1, None, backend)) is not None
+    built = []
+    monkeypatch.setattr(dispatch, "FusedArgs", lambda *a: built.append(a) or dispatch.FusedArgs(*a))
+    for _ in range(2):
+        out = anysoftmax.logsumexp(x, -1, keepdim=True, backend=backend)
+        assert compare_logsumexp(out, x, logsumexp_request(x, -1)[0]).ok
+    assert built == []
+    monkeypatch.undo()
+    assert _new_entries(lambda: anysoftmax.logsumexp(x, -1, scale=0.5, backend=backend)) == 1

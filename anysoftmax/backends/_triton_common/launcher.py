@@ -119,7 +119,8 @@ class FastPath(NamedTuple):
     stream_of: Callable  # device index -> the current raw stream
     device: torch.device
     index: int | None
-    pick: Callable  # the call's addresses (0 for None) -> the kernel's pointers
+    live: Callable  # the call's arguments -> its tensors the kernel reads (the request fixes which are None)
+    order: Callable  # their addresses -> the kernel's pointers
     native: Callable | None  # the native launcher, where chosen and built
 
 
@@ -183,6 +184,7 @@ def _constexpr_tails(kernel, n_positional: int, metas) -> list | None:
 
 
 _native_warned: set = set()
+_address = torch.Tensor.data_ptr
 
 
 def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
@@ -261,13 +263,15 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
         calls = [(fn, before, after, tail, (*ints, *default, *tail))
                  for fn, before, after, tail in _fast_calls(compiled, tails, b.grid)]
         device = args[0].device
+        read = sorted(set(index))
+        live = itemgetter(*read) if len(read) > 1 else (lambda a, i=read[0]: (a[i],))
         state["fast"] = FastPath(calls, hooks, enter, leave, _hook_calls(enter), _hook_calls(leave), stream_of,
-                                 device, device.index, itemgetter(*index), via)
+                                 device, device.index, live, itemgetter(*map(read.index, index)), via)
 
     def launch(args, values=default, per_call=()):
         fast = state["fast"]
         if fast is not None:
-            calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, device, index, pick, via = fast
+            calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, device, index, live, order, via = fast
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
                     and not leave_calls:
                 if scratch is not None:
@@ -275,8 +279,8 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                 if via is not None:
                     return via(*args) if values is default else via(*args, *values)
                 # Raw addresses: the request was validated (tensors on this device), so the
-                # launcher's per-pointer driver query is skipped.
-                ptrs = pick([0 if a is None else a.data_ptr() for a in args])
+                # launcher's per-pointer driver query is skipped. Read in one C loop (`map`).
+                ptrs = order(tuple(map(_address, live(args))))
                 stream = stream_of(index)
                 if values is default and not per_call:
                     for fn, before, after, _, rest in calls:

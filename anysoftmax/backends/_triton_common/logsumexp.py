@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core.layout import cdiv, new_output
+from ...core.layout import cdiv, output_maker
 from ...core.lse_merge import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
@@ -115,13 +115,13 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
     launch = bind_kernel(Binding(lse_kernel, max(1, plan.grid), ("x_ptr", "o_ptr", "m_ptr", "s_ptr"),
                                  lambda a: (a[0], a[1], a[0] if a[2] is None else a[2], a[1] if a[3] is None else a[3]),
                                  ints, (meta,), VALUE_NAMES, PLAIN_SCALARS), device=spec.device, guard=guard)
-    shape, acc = row_shape(spec.shape, spec.dim), spec.acc_dtype
+    shape, new_partials = row_shape(spec.shape, spec.dim), output_maker((n_rows * chunks,), spec.acc_dtype, spec.device)
     plain_values = v.scale is None and v.softcap is None
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
         if copy:
             x = x.contiguous()
-        out = new_output((n_rows * chunks,), acc, x.device)
+        out = new_partials()
         launch((x, out, mask_operand(operands.mask, spec, copy), sinks_operand(operands.sinks, spec)),
                PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
         if chunks > 1:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from ...core.layout import RowLayout, contiguous_strides, mask_fastest, new_output, operand_strides, row_operand_strides
+from ...core.layout import RowLayout, contiguous_strides, mask_fastest, operand_strides, output_maker, row_operand_strides
 from ...core.lse_merge import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
@@ -59,13 +59,23 @@ def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise
     # Constexprs from the softmax's output dtype: the same PRECISE (softcap's tanh) and
     # accumulation as the softmax; the store converts to the result's dtype.
     launch = bind(plan, layout, False, spec.out_dtype, spec.device)
-    shape, acc, device = row_shape(spec.shape, spec.dim), spec.acc_dtype, spec.device
-    plain_values = spec.variant.scale is None and spec.variant.softcap is None
+    new_lse = output_maker(row_shape(spec.shape, spec.dim), spec.acc_dtype, spec.device)
+    v = spec.variant
+    plain_values = v.scale is None and v.softcap is None
+    if plain_values and v.mask is None and v.sinks is None:  # (the request key says the operands are absent)
+        def run_plain(x: torch.Tensor, operands: Operands) -> torch.Tensor:
+            if copy_x:
+                x = x.contiguous()
+            out = new_lse()
+            launch((x, out, None, None, None))
+            return out
+
+        return run_plain
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
         if copy_x:
             x = x.contiguous()
-        out = new_output(shape, acc, device)
+        out = new_lse()
         # (PLAIN_SCALARS itself: the bound launcher's fast path passes it pre-joined)
         launch((x, out, mask_operand(operands.mask, spec, materialise), sinks_operand(operands.sinks, spec), None),
                PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
