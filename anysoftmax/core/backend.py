@@ -13,6 +13,9 @@ which a backend replaces where it has something faster or more:
   operands, p_sink) -> (dx, ds_rows or None)`. Default: `core.reference.fused_backward`.
 * `fused = True` declares the fused family (`core.variant`): `run(x, spec, operands)` then
   returns y, or (y, p_sink) with sinks. Without it, fused requests never reach the backend.
+  `row_scale = True` declares a tensor `scale` too (one value per row: `spec.variant.row_scale`
+  its layout, `operands.scale` the tensor); without it such requests never reach the backend
+  (a plugin written before row scales is refused, never handed a tensor it would misread).
 * logsumexp and merge_states (`core.pieces`) are declared by defining their kernel, per call
   (`run_logsumexp(x, spec, operands)`, `run_merge_states(outputs, lses, spec[, out, lse_out])`)
   or bound (`logsumexp_launcher(x, spec, operands)`, `merge_states_launcher(outputs, lses,
@@ -55,6 +58,7 @@ class Backend(metaclass=_Protocol):
     devices: tuple[str, ...] = ()
     priority: int = 0
     fused: bool = False
+    row_scale: bool = False  # takes a tensor `scale` (one value per row); needs `fused`
     # Why it has no kernel for logsumexp / merge_states; None once it defines one.
     logsumexp_refusal: str | None = "no logsumexp kernel"
     merge_states_refusal: str | None = "no merge_states kernel"
@@ -164,6 +168,7 @@ class PluginBackend(Backend):
     def __init__(self, plugin):
         self.name, self.devices, self.priority = plugin.name, plugin.devices, plugin.priority
         self.fused = bool(getattr(plugin, "fused", False))
+        self.row_scale = self.fused and getattr(plugin, "row_scale", False) is True
         self.is_available, self.supports, self.run = plugin.is_available, plugin.supports, plugin.run
         for member in _OPTIONAL:
             method = getattr(plugin, member, None)

@@ -16,7 +16,8 @@ A launcher bound to a request and a backend's plan for it depend on:
   imports only 64-byte aligned buffers and checks that on every call (`backends/wave/runtime.py`),
   so it needs nothing more in the key;
 * which fused keywords are live: present ones by presence (a new `scale` value is an argument,
-  not a new request), `causal` and `empty_rows` by value.
+  not a new request; a tensor `scale` by its layout, never its values), `causal` and
+  `empty_rows` by value.
 
 `request_key` computes the key straight from tensor metadata: its cost is a cached call's whole
 overhead besides the launch. Backends key their plans by `plan_key`; no other module builds a
@@ -104,8 +105,8 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
         return None
     return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
             _generation[0] if not _overrides_active[0] else _process_state(), _operand(grad), _operand(m),
-            _operand(s), fused.scale is None, fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved),
-            _operand(p_sink))
+            _operand(s), fused.scale is None if type(fused.scale) is not _Tensor else _operand(fused.scale),
+            fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved), _operand(p_sink))
 
 
 def forward_key(x, dim, dtype, backend, log):
