@@ -232,3 +232,12 @@ def test_logsumexp_under_torch_compile(gen):
         torch.testing.assert_close(fn(x, s), torch.logsumexp(x * s, -1))
     with pytest.raises(Exception, match="scale of shape .* does not broadcast"):
         fn(x, torch.ones(2, 1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax", "logsumexp"])
+def test_the_sharded_functions_refuse_a_tensor_scale(fn, gen):
+    import anysoftmax.distributed
+
+    x = torch.randn(3, 8, generator=gen)
+    with pytest.raises(ValueError, match="scale as a tensor .* not supported over a sharded dim"):
+        getattr(anysoftmax.distributed, fn)(x, -1, scale=_scales(gen, (3, 1)))
