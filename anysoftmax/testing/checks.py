@@ -47,7 +47,7 @@ def declared_refusal(backend: str, x: torch.Tensor, dim: int, dtype=None, log: b
     if registry.fused_refusal(chosen, prepared) is not None:
         # One reason for the whole family (the registry's message names each variant's steps),
         # and one for every tensor scale.
-        return spec, registry.row_scale_refusal(chosen, prepared) if chosen.fused else FUSED_GATE
+        return spec, registry.row_scale_refusal(chosen, prepared) if getattr(chosen, "fused", False) else FUSED_GATE
     reason = chosen.supports(prepared)
     if reason is not None and not isinstance(reason, str):
         raise AssertionError(f"{backend}.supports() returned {reason!r}: it must return None or a reason (str)")

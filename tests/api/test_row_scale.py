@@ -241,3 +241,17 @@ def test_the_sharded_functions_refuse_a_tensor_scale(fn, gen):
     x = torch.randn(3, 8, generator=gen)
     with pytest.raises(ValueError, match="scale as a tensor .* not supported over a sharded dim"):
         getattr(anysoftmax.distributed, fn)(x, -1, scale=_scales(gen, (3, 1)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_on_cuda_every_backend_that_declares_it_and_the_automatic_choice(log, dtype, gen):
+    x = (torch.randn(8, 3000, generator=gen) * 4).to(dtype).cuda()
+    fused = {"scale": _scales(gen, (8, 1)).cuda()}
+    for backend in [*backends_that_run("cuda", fused=ROW_SCALE_PROBE), None]:
+        if backend is not None:
+            skip_if_refused(check_backward(x, -1, backend=backend, log=log, fused=fused))
+        fn = anysoftmax.log_softmax if log else anysoftmax.softmax
+        expected = (torch.log_softmax if log else torch.softmax)(x.double() * fused["scale"].double(), -1)
+        torch.testing.assert_close(fn(x, -1, backend=backend, **fused), expected.to(dtype))
