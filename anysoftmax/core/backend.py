@@ -3,7 +3,7 @@
 A backend has a `name`, the device types it serves, a `priority`, `is_available()`,
 `supports(spec)` and `run(x, spec)`; everything else has a default below, which a backend
 replaces where it has something faster (a `launcher` bound to a request, a backward kernel) or
-more (`fused = True`; logsumexp and merge_states, declared by defining their kernels; the
+more (`fused = True`, and `row_scale = True` for a tensor `scale`; logsumexp and merge_states, declared by defining their kernels; the
 sampler, by `sampler()`: docs/sampling.md). An
 object written to the duck-typed protocol (the README's `MyBackend`, no base class) is wrapped
 once, when registered, in `PluginBackend`: dispatch never probes a backend per call.
@@ -40,6 +40,7 @@ class Backend(metaclass=_Protocol):
     devices: tuple[str, ...] = ()
     priority: int = 0
     fused: bool = False
+    row_scale: bool = False  # takes a tensor `scale` (one value per row); needs `fused`
     # Why it has no kernel for logsumexp / merge_states; None once it defines one.
     logsumexp_refusal: str | None = "no logsumexp kernel"
     merge_states_refusal: str | None = "no merge_states kernel"
@@ -166,6 +167,7 @@ class PluginBackend(Backend):
     def __init__(self, plugin):
         self.name, self.devices, self.priority = plugin.name, plugin.devices, plugin.priority
         self.fused = bool(getattr(plugin, "fused", False))
+        self.row_scale = self.fused and getattr(plugin, "row_scale", False) is True
         self.is_available, self.supports, self.run = plugin.is_available, plugin.supports, plugin.run
         for member in _OPTIONAL:
             method = getattr(plugin, member, None)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import backward_from_output, fused_backward, fused_forward, kept_values, prologue, reference
+from .reference import (as_factor, backward_from_output, fused_backward, fused_forward, kept_values, prologue, reference,
+                        row_scale_gradient)
 from .spec import TOLERANCES, SoftmaxSpec
 from .variant import keep_mask
 
@@ -132,8 +133,10 @@ def compare_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, spec: 
 
 def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec,
                            mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                           dsinks: torch.Tensor | None = None, device: str | torch.device = "cpu") -> Comparison:
-    """`compare_backward` for a fused spec: `dx` (and `dsinks` when the call has sinks) against
+                           dsinks: torch.Tensor | None = None, device: str | torch.device = "cpu",
+                           dscale: torch.Tensor | None = None) -> Comparison:
+    """`compare_backward` for a fused spec: `dx` (and `dsinks` when the call has sinks, `dscale`
+    when it has a row scale: `spec.variant` then holds its values, `core.reference.with_row_scale`) against
     `core.reference.fused_backward` in float64 from the forward output `y` the backend gave,
     the sink shares of the float64 reference and the output gradient `dy`.
 
@@ -141,7 +144,8 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     chain factor |scale * (1 - tanh^2)| the gradient is multiplied by, plus the rounding of
     that factor itself (1 - t^2 computed from t loses ~eps absolutely, and t carries the
     rounding of its argument scale*x/softcap). dsinks: per row rtol * p_sink * sum |y dy|
-    (twice, for the sum and the share), summed over the rows sharing a sink."""
+    (twice, for the sum and the share), summed over the rows sharing a sink. dscale: per row
+    sum_j |x_j| times dx's bound without the scale factor, summed over the rows sharing a value."""
     early = check_form(dx, spec.shape, spec.in_dtype, "gradient ")
     if early is not None:
         return early
@@ -151,7 +155,8 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     x64 = dev(x).to(spec.out_dtype).to(torch.float64)
     m, s = dev(mask), dev(sinks)
     _, p_sink = fused_forward(x64, spec.variant, dim, spec.log, m, s, torch.float64)
-    expected, ds_rows, _ = fused_backward(g, y64, x64, spec.variant, dim, spec.log, m, p_sink, torch.float64)
+    expected, ds_rows, dlogits = fused_backward(g, y64, x64, spec.variant, dim, spec.log, m, p_sink, torch.float64,
+                                                want_dz=dscale is not None)
     # Rows whose output is NaN (a NaN or +inf input) have NaN gradients: they must match.
     nan_e = torch.isnan(expected)
     if not torch.equal(torch.isnan(got), nan_e) or torch.isinf(got).any():
@@ -166,19 +171,20 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     else:
         sens = yk.abs() * (gk.abs() + 2 * (yk.abs() * gk.abs()).sum(dim, keepdim=True))
     v = spec.variant
-    scale = 1.0 if v.scale is None else abs(v.scale)
-    factor = torch.full_like(sens, scale)
+    scale = 1.0 if v.scale is None else abs(as_factor(v.scale, sens))  # (a row scale: per row)
+    factor = torch.ones_like(sens) * scale
     eps = _eps(spec)
     tol = spec.tolerance
     extra = torch.zeros_like(sens)
     if v.softcap is not None:
-        arg = kept_values(x64, keep) * (1.0 if v.scale is None else v.scale) / v.softcap
+        arg = kept_values(x64, keep) * (1.0 if v.scale is None else as_factor(v.scale, x64)) / v.softcap
         t = torch.tanh(arg)
         factor = factor * (1 - t * t)
         dz = expected.abs() / torch.clamp(factor, min=torch.finfo(torch.float64).tiny)
         extra = PROLOGUE_ROUNDINGS * eps * dz.clamp(max=1e300) * scale * (1 + arg.abs())
     diff = (got - expected).abs()
-    bound = tol.atol * max(1.0, scale) + tol.rtol * sens * factor + extra + _gradient_rounding(spec, expected)
+    atol = tol.atol * (scale.clamp(min=1.0) if isinstance(scale, torch.Tensor) else max(1.0, scale))
+    bound = atol + tol.rtol * sens * factor + extra + _gradient_rounding(spec, expected)
     ratio = diff / bound
     max_abs, max_rel = diff.max().item(), ratio.max().item()
     if max_rel > 1.0:
@@ -204,7 +210,33 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
             return Comparison(False, ds_diff.max().item(), ds_ratio,
                               f"dsinks error {ds_diff.max().item():.3g} exceeds the tolerance by {ds_ratio:.3g}x")
         max_rel = max(max_rel, ds_ratio)
+    if dscale is not None:
+        return _compare_row_scale_gradient(dscale, dlogits, x64, keep, bound / scale.clamp(min=torch.finfo(torch.float64).tiny)
+                                           if isinstance(scale, torch.Tensor) else bound, spec, device, max_abs, max_rel)
     return Comparison(True, max_abs, max_rel)
+
+
+def _compare_row_scale_gradient(dscale: torch.Tensor, dz: torch.Tensor, x64: torch.Tensor, keep, du_bound,
+                                spec: SoftmaxSpec, device, max_abs: float, max_rel: float) -> Comparison:
+    # dscale = sum_j x_j du_j per row (`row_scale_gradient`), summed to the scale's shape; its
+    # bound: sum_j |x_j| times du's (dx's bound without the scale factor), plus the rounding
+    # to the scale's own dtype, which its gradient takes.
+    v = spec.variant
+    shape = tuple(v.row_scale.shape)
+    if tuple(dscale.shape) != shape:
+        return Comparison(False, float("inf"), float("inf"), f"dscale shape {tuple(dscale.shape)} != {shape}")
+    expected = row_scale_gradient(dz, x64, v, spec.dim, keep).sum_to_size(shape)
+    xa = kept_values(x64, keep).abs().nan_to_num(0.0, 0.0, 0.0)
+    bound = (xa * du_bound).sum(spec.dim, keepdim=True).sum_to_size(shape) + torch.finfo(dscale.dtype).eps * expected.abs()
+    got = dscale.detach().to(device).to(torch.float64)
+    if not torch.equal(torch.isnan(got), torch.isnan(expected)):
+        return Comparison(False, float("inf"), float("inf"), "NaN dscale differs from the reference's")
+    diff = (got - expected).abs().nan_to_num(0.0)
+    ratio = (diff / bound.nan_to_num(nan=float("inf"))).max().item()
+    if not ratio <= 1.0:
+        return Comparison(False, diff.max().item(), ratio,
+                          f"dscale error {diff.max().item():.3g} exceeds the tolerance by {ratio:.3g}x")
+    return Comparison(True, max_abs, max(max_rel, ratio))
 
 
 def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor,

@@ -17,13 +17,14 @@ from .variant import MASK_ADDITIVE, Variant, keep_mask
 
 
 def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu", mask: torch.Tensor | None = None,
-              sinks: torch.Tensor | None = None) -> torch.Tensor:
+              sinks: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Exact-as-possible result of `spec` on `x`, as a float64 tensor on `device` (the CPU by
     default; benchmarks of large tensors evaluate it on the GPU, in float64 all the same).
 
     The input is first converted to the output dtype (torch's `dtype=` semantics: this rounds
     when it narrows), then to float64, and the softmax is evaluated in float64. A fused spec
-    needs its operands: `mask` and `sinks` as given to the call.
+    needs its operands: `mask` and `sinks` as given to the call, and `scale` when it is a row
+    scale (a tensor: `spec.variant.row_scale`).
     """
     x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
     if spec.is_plain:
@@ -31,8 +32,19 @@ def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "
         return op(x64, spec.dim if x64.dim() else 0)
     mask = None if mask is None else mask.detach().to(device)
     sinks = None if sinks is None else sinks.detach().to(device)
-    y, _ = fused_forward(x64, spec.variant, spec.dim, spec.log, mask, sinks, torch.float64)
+    y, _ = fused_forward(x64, with_row_scale(spec.variant, scale), spec.dim, spec.log, mask, sinks, torch.float64)
     return y
+
+
+def with_row_scale(variant: Variant, scale: torch.Tensor | None) -> Variant:
+    """`variant` carrying a row scale's values (`scale`, detached) for the formulas; the variant
+    itself when it has no row scale. A row-scale variant without its values is refused: its
+    formulas would silently skip the scale."""
+    if variant.row_scale is None or isinstance(variant.scale, torch.Tensor):
+        return variant
+    if not isinstance(scale, torch.Tensor):
+        raise ValueError("reference: a request with a row scale needs its `scale` tensor")
+    return variant.with_values(scale.detach(), variant.softcap)
 
 
 def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
@@ -42,6 +54,8 @@ def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
 
 def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """Steps 1-3a of the family in `dtype`: z = scale*x, softcap, plus a floating mask."""
+    if variant.row_scale is not None and not isinstance(variant.scale, torch.Tensor):
+        raise ValueError("a row-scale variant without its values: see `with_row_scale`")
     z = scaled_and_capped(x.to(dtype), variant.scale, variant.softcap)
     if variant.mask_kind == MASK_ADDITIVE:
         z = z + mask.to(dtype)
@@ -52,10 +66,16 @@ def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
     """Steps 1-2 of the family: softcap * tanh(scale * z / softcap), a step skipped where its
     value is None."""
     if scale is not None:
-        z = z * scale
+        z = z * as_factor(scale, z)
     if softcap is not None:
         z = softcap * torch.tanh(z / softcap)
     return z
+
+
+def as_factor(scale, like: torch.Tensor):
+    """`scale` ready to multiply `like`: a number as it is, a row scale's tensor in `like`'s
+    dtype and device (broadcasting against it: one value per row)."""
+    return scale.to(like.device, like.dtype) if isinstance(scale, torch.Tensor) else scale
 
 
 def kept_values(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -72,12 +92,27 @@ def prologue_chain(dz: torch.Tensor, x: torch.Tensor, scale: float | None, softc
     softcap's 1 - tanh(scale * x / softcap)^2 (recomputed from x) and scale. The factor is
     read from kept values only (`kept_values`): what x holds at an excluded position (NaN,
     inf) never enters, so a `dz` of 0 there stays 0."""
-    if softcap is not None:
-        t = torch.tanh(kept_values(x, keep).to(dz.dtype) * (1.0 if scale is None else scale) / softcap)
-        dz = dz * (1 - t * t)
-    if scale is not None:
-        dz = dz * scale
-    return dz
+    du = capped_chain(dz, x, scale, softcap, keep)
+    return du if scale is None else du * as_factor(scale, du)
+
+
+def capped_chain(dz: torch.Tensor, x: torch.Tensor, scale, softcap: float | None,
+                 keep: torch.Tensor | None) -> torch.Tensor:
+    """The gradient of u = scale * x from that of the logits after softcap, `dz`: times
+    softcap's 1 - tanh(u / softcap)^2 (recomputed from kept values of x); `dz` without softcap."""
+    if softcap is None:
+        return dz
+    t = torch.tanh(kept_values(x, keep).to(dz.dtype) * (1.0 if scale is None else as_factor(scale, dz)) / softcap)
+    return dz * (1 - t * t)
+
+
+def row_scale_gradient(dz: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
+                       keep: torch.Tensor | None) -> torch.Tensor:
+    """A row scale's gradient per row (x's shape with size 1 in `dim`): sum_j x_j du_j, du the
+    gradient of u = scale * x (`capped_chain` of `dz`, the gradient of the logits after
+    softcap). Only kept positions enter (`dz` is 0 elsewhere, and x is read there as 0)."""
+    du = capped_chain(dz, x, variant.scale, variant.softcap, keep)
+    return (kept_values(x, keep).to(du.dtype) * du).sum(dim, keepdim=True)
 
 
 def empty_row_value(policy: str, n: int, log: bool) -> float:

@@ -157,11 +157,25 @@ def list_backends() -> BackendTable:
 
 
 def fused_refusal(backend, spec: SoftmaxSpec) -> str | None:
-    """Why `backend` cannot take a fused request (it does not declare `fused = True`), or None."""
-    if spec.is_plain or _protocol(backend).fused:
+    """Why `backend` cannot take a fused request (it does not declare `fused = True`, or the
+    request has a tensor scale and it does not declare `row_scale = True`), or None."""
+    if spec.is_plain:
         return None
-    return (f"computes the plain softmax only (it does not declare the fused family, `fused = True`), "
-            f"so it cannot apply {spec.variant.describe()}")
+    b = _protocol(backend)
+    if not b.fused:
+        return (f"computes the plain softmax only (it does not declare the fused family, `fused = True`), "
+                f"so it cannot apply {spec.variant.describe()}")
+    return row_scale_refusal(b, spec)
+
+
+ROW_SCALE_GATE = "takes a number as scale only (it does not declare `row_scale = True`): no tensor scale"
+
+
+def row_scale_refusal(backend, spec: SoftmaxSpec) -> str | None:
+    """Why `backend` cannot take `spec`'s tensor scale (one value per row), or None."""
+    if spec.variant.row_scale is None or _protocol(backend).row_scale:
+        return None
+    return ROW_SCALE_GATE
 
 
 def refusal(backend, spec: SoftmaxSpec) -> str | None:

@@ -3,7 +3,8 @@
 The key holds the direction, `dim`, `dtype=`, `log`, the backend choice, the registry generation,
 the active tuning overrides, and every operand's shape, strides, dtype, device and pointer
 alignment (input or output, gradient, mask, sinks, the forward's input and sink shares), with
-the fused keywords by presence (`scale`, `softcap`: values are arguments) or value (`causal`,
+the fused keywords by presence (`scale`, `softcap`: values are arguments; a tensor
+`scale` by its layout, never its values) or value (`causal`,
 `empty_rows`). No other module builds a cache key by hand (tests/core/test_one_key.py).
 """
 
@@ -84,8 +85,8 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
         return None
     return (direction, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
             _generation[0] if not _overrides_active[0] else _process_state(), _operand(grad), _operand(m),
-            _operand(s), fused.scale is None, fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved),
-            _operand(p_sink))
+            _operand(s), fused.scale is None if type(fused.scale) is not _Tensor else _operand(fused.scale),
+            fused.softcap is None, fused.causal, fused.empty_rows, _operand(saved), _operand(p_sink))
 
 
 def forward_key(x, dim, dtype, backend, log):

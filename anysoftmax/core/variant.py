@@ -1,12 +1,24 @@
 """The fused softmax family: `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`,
-validated (`build`) and described (`Variant`, held by `SoftmaxSpec.variant`). What the steps
+validated (`build`) and described (`Variant`, held by `SoftmaxSpec.variant`); `scale` is a
+number or a floating tensor with one value per row (`Variant.row_scale` its layout). What the steps
 compute, in order (scale, softcap, mask and causal, the sink in the denominator, empty rows),
 and their gradients: docs/semantics.md ("The fused family").
 
+A **row scale** is a floating tensor of at least one dim broadcasting against x with size 1 in
+`dim` (e.g. ``1 / temperature`` of shape ``[B, 1]`` for logits ``[B, V]``): row r's z is
+``scale[r] * x[r]``, computed in the accumulation dtype, exactly torch's ``x * scale`` — its
+values are not checked (that would synchronise with the host): 0 makes the row's kept z all 0
+(uniform over the kept positions; an infinite x gives NaN), a negative value reverses the
+order, NaN or an infinite value gives what ``x * scale`` then gives (NaN rows, or rows where a
++inf z is NaN). Its gradient is ``sum_j x_j du_j`` over the row (``du`` the gradient of
+``scale * x``, before softcap), summed over the rows sharing a value. A 0-dim tensor is a
+number (as `F.scaled_dot_product_attention` takes it).
+
 Tensors are operands, not part of a spec: a `Variant` holds their metadata (shape, strides
-after broadcasting to x, dtype), so it is hashable and `kernel_key()` tells apart requests whose
-operands are laid out differently. `scale` and `softcap` values are kernel *arguments* (a new
-temperature never recompiles): `kernel_key()` keeps only whether they are present.
+after broadcasting to x, dtype), so it is hashable and `kernel_key()` can tell apart requests
+whose operands are laid out differently. `scale` and `softcap` values are kernel *arguments*
+(a new temperature never recompiles): `kernel_key()` keeps only whether they are present, and
+for a row scale its metadata (`Variant.row_scale`), never its values.
 """
 
 from __future__ import annotations
@@ -66,6 +78,7 @@ class Variant:
     causal: str = CAUSAL_NONE
     sinks: OperandMeta | None = None
     empty_rows: str = "zero"
+    row_scale: OperandMeta | None = None  # a tensor scale's layout (`scale` is then None, or its values)
 
     @property
     def is_plain(self) -> bool:
@@ -82,11 +95,12 @@ class Variant:
         layouts and dtypes, the causal form and the empty-row policy — not the values of
         `scale` and `softcap`, which are runtime arguments."""
         return (self.scale is not None, self.softcap is not None, self.mask_kind, self.mask, self.causal,
-                self.sinks, self.empty_rows if self.has_empty_rows else "zero")
+                self.sinks, self.empty_rows if self.has_empty_rows else "zero", self.row_scale)
 
-    def with_values(self, scale: float, softcap: float) -> "Variant":
-        """This variant with one call's `scale` and `softcap` values (absent steps stay absent)."""
-        return replace(self, scale=None if self.scale is None else scale,
+    def with_values(self, scale, softcap: float) -> "Variant":
+        """This variant with one call's `scale` and `softcap` values (absent steps stay absent):
+        the formulas' form, which for a row scale holds the tensor in `scale` (never a key)."""
+        return replace(self, scale=None if self.scale is None and self.row_scale is None else scale,
                        softcap=None if self.softcap is None else softcap)
 
     def values(self) -> tuple[float, float]:
@@ -96,7 +110,9 @@ class Variant:
     def describe(self) -> str:
         """The variant's non-default parts, e.g. 'scale=0.125, mask=bool[8, 1, 64, 64], causal=top_left'."""
         parts = []
-        if self.scale is not None:
+        if self.row_scale is not None:
+            parts.append(f"scale=per-row{list(self.row_scale.shape)}")
+        elif self.scale is not None:
             parts.append(f"scale={self.scale:g}")
         if self.softcap is not None:
             parts.append(f"softcap={self.softcap:g}")
@@ -117,11 +133,12 @@ PLAIN = Variant()
 class Operands(NamedTuple):
     """The tensors and values of one fused call: `mask` and `sinks` as the caller gave them
     (None when absent; `Variant.mask` / `.sinks` say how they broadcast), `scale` and `softcap`
-    the float arguments (1.0 where absent)."""
+    the float arguments (1.0 where absent); `scale` is the caller's tensor for a row scale
+    (`Variant.row_scale` says how it broadcasts)."""
 
     mask: torch.Tensor | None
     sinks: torch.Tensor | None
-    scale: float
+    scale: float | torch.Tensor
     softcap: float
 
 
@@ -149,6 +166,28 @@ def _finite_float(name: str, value) -> float:
     if not math.isfinite(value):
         raise ValueError(f"softmax: {name} must be finite, got {value}")
     return value
+
+
+def is_row_scale(scale) -> bool:
+    """True when `scale` is a tensor of one value per row (at least one dim); a 0-dim tensor is
+    a number."""
+    return isinstance(scale, torch.Tensor) and scale.dim() > 0
+
+
+def _row_scale_meta(scale: torch.Tensor, x_shape: tuple[int, ...], device: torch.device, dim: int) -> OperandMeta:
+    check_row_scale(scale, x_shape, device, dim)
+    return OperandMeta.of(scale, x_shape)
+
+
+def check_row_scale(scale: torch.Tensor, x_shape: tuple[int, ...], device: torch.device, dim: int) -> None:
+    """Raise unless the row scale `scale` is floating, on the input's device and broadcasts
+    against the input with size 1 in the normalised `dim` (metadata only: torch.compile traces it)."""
+    if not scale.dtype.is_floating_point:
+        raise TypeError(f"softmax: scale dtype {scale.dtype} is not supported: a float, or a floating tensor "
+                        f"with one value per row")
+    row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
+    _check_broadcast("scale", scale, row_shape, device,
+                     f"a tensor scale broadcasts against the input with size 1 in dim {dim}: one value per row")
 
 
 def _positive_cap(value) -> float:
@@ -194,7 +233,10 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
           softcap=None, sinks=None, empty_rows: str = "zero") -> tuple[Variant, Operands]:
     """Validate the fused keywords of a request on an input of `x_shape` reduced over the
     normalised `dim`, and return its `Variant` and `Operands`. Errors name the argument."""
-    if scale is not None:
+    row_scale = None
+    if is_row_scale(scale):
+        row_scale, row_values, scale = _row_scale_meta(scale, x_shape, device, dim), scale, None
+    elif scale is not None:
         scale = _finite_float("scale", scale)
     if softcap is not None:
         softcap = _positive_cap(softcap)
@@ -227,8 +269,9 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
         sink_meta = OperandMeta.of(sinks, x_shape)
     if kind != MASK_BOOL and form == CAUSAL_NONE:
         empty_rows = "zero"  # no row can be empty
-    variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, empty_rows)
-    return variant, Operands(mask, sinks, *variant.values())
+    variant = Variant(scale, softcap, mask_meta, kind, form, sink_meta, empty_rows, row_scale)
+    values = variant.values()
+    return variant, Operands(mask, sinks, values[0] if row_scale is None else row_values, values[1])
 
 
 def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None,
@@ -260,6 +303,8 @@ def runtime_values(scale, softcap) -> tuple[float, float]:
         s = 1.0
     elif type(scale) is float and math.isfinite(scale):
         s = scale
+    elif is_row_scale(scale):  # (a row scale's layout was checked with its request)
+        s = scale
     else:
         s = _finite_float("scale", scale)
     if softcap is None:
@@ -274,6 +319,6 @@ def runtime_values(scale, softcap) -> tuple[float, float]:
 def _traced_value(name: str, value):
     if value is None:
         return 1.0
-    if type(value) in (float, int) or _is_symbolic(value):
+    if type(value) in (float, int) or _is_symbolic(value) or is_row_scale(value):
         return value
     return _positive_cap(value) if name == "softcap" else _finite_float(name, value)

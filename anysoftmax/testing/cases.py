@@ -232,6 +232,18 @@ def sinks(shape, scale=1.5):
     return make
 
 
+def row_scale(shape, transpose: bool = False):
+    """One scale per row (1 / temperature, float32, as a server holds it): random values in
+    [0.25, 3], one of them negative; `transpose` makes it a non-contiguous view (the first two
+    dims swapped back from a transposed tensor)."""
+    def make(gen):
+        size = (shape[1], shape[0], *shape[2:]) if transpose else shape
+        s = torch.rand(size, generator=gen, dtype=torch.float64) * 2.75 + 0.25
+        s.view(-1)[0] = -s.view(-1)[0]
+        return (s.transpose(0, 1) if transpose else s).to(torch.float32)
+    return make
+
+
 def _kw(x_mask=None, **parts):
     """kwargs(gen, x): constant values as given, callables called with the generator (masks,
     sinks); sinks take the input's dtype unless the case says otherwise. `x_mask(gen, x)`
@@ -297,6 +309,12 @@ VARIANT_CASES: list[VariantCase] = [
     # NaN logits the mask excludes, through softcap's tanh (its derivative must not read them).
     VariantCase("softcap-nan-excluded", NAN_EXCLUDED_INPUT, -1, _kw(NAN_EXCLUDED_MASK, softcap=4.0, scale=0.5)),
     # A fused row past 512 elements (and 1024): a fused kernel's looped tile.
+    # A tensor scale, one value per row (per-request temperatures): per row, per head with
+    # softcap and a mask, and a non-contiguous one over a non-last dim.
+    VariantCase("row-scale", randn(ATT), -1, _kw(scale=row_scale((2, 3, 16, 1)))),
+    VariantCase("row-scale-per-head-softcap-mask", randn(ATT, 4.0), -1,
+                _kw(scale=row_scale((3, 1, 1)), softcap=5.0, mask=bool_mask((2, 1, 16, 24), empty_rows=[(0, 0, 1)]))),
+    VariantCase("row-scale-dim1-strided", randn((4, 50, 40)), 1, _kw(scale=row_scale((4, 1, 40), transpose=True))),
     VariantCase("fused-row-1100", randn((1, 1, 2, 1100)), -1,
                 _kw(mask=bool_mask((1, 1, 2, 1100)), sinks=sinks((1, 1, 1)), scale=0.5), dtypes=LONG_DTYPES),
 ]

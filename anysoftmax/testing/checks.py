@@ -19,6 +19,7 @@ from ..core import registry
 from ..core.compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
 from ..core.errors import UnsupportedRequestError
 from ..core.spec import TOLERANCES, SoftmaxSpec, Tolerance
+from ..core.reference import with_row_scale
 from ..core.variant import keep_mask
 from .cases import CONTIGUOUS, INTO_OUT, STRIDED
 from .poison import poisoned_allocations
@@ -44,8 +45,9 @@ def declared_refusal(backend: str, x: torch.Tensor, dim: int, dtype=None, log: b
     prepared = prepare(x, dim, dtype, log)[1].with_variant(spec.variant)
     chosen = registry.get_backend(backend)
     if registry.fused_refusal(chosen, prepared) is not None:
-        # One reason for the whole family (the registry's message names each variant's steps).
-        return spec, FUSED_GATE
+        # One reason for the whole family (the registry's message names each variant's steps),
+        # and one for every tensor scale.
+        return spec, registry.row_scale_refusal(chosen, prepared) if getattr(chosen, "fused", False) else FUSED_GATE
     reason = chosen.supports(prepared)
     if reason is not None and not isinstance(reason, str):
         raise AssertionError(f"{backend}.supports() returned {reason!r}: it must return None or a reason (str)")
@@ -74,6 +76,12 @@ def named_failure(spec: SoftmaxSpec, what: str = ""):
         raise AssertionError(f"{what}{spec.describe()}: {type(exc).__name__}: {exc}") from exc
 
 
+def _valued(spec: SoftmaxSpec, fused: dict) -> SoftmaxSpec:
+    """`spec` with its row scale's values (the call's `scale` tensor), which the float64
+    formulas need; `spec` itself without one."""
+    return spec.with_variant(with_row_scale(spec.variant, fused.get("scale")))
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal values, NaN where NaN (the input must come back unmodified)."""
     return bool((a.eq(b) | (a.isnan() & b.isnan())).all()) if a.dtype.is_floating_point else torch.equal(a, b)
@@ -93,7 +101,7 @@ def check_forward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False,
         out = fn(x, dim, dtype=dtype, backend=backend, **fused)
     if not _same(x, before):
         raise AssertionError(f"{backend} modified its input")
-    result = compare(out, x, spec, mask=fused.get("mask"), sinks=fused.get("sinks"))
+    result = compare(out, x, _valued(spec, fused), mask=fused.get("mask"), sinks=fused.get("sinks"))
     assert result.ok, f"{spec.describe()}: {result.detail}"
     return None
 
@@ -124,9 +132,14 @@ def check_backward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False
         fused["sinks"] = sinks.detach().clone().requires_grad_()
         wants.append(fused["sinks"])
     additive = mask is not None and mask.dtype.is_floating_point
+    mask_at = len(wants)
     if additive:
         fused["mask"] = mask.detach().clone().requires_grad_()
         wants.append(fused["mask"])
+    row_scale = spec.variant.row_scale is not None
+    if row_scale:
+        fused["scale"] = fused["scale"].detach().clone().requires_grad_()
+        wants.append(fused["scale"])
     with poisoned_allocations(), named_failure(spec, "backward of "):
         y = fn(xg, dim, dtype=dtype, backend=backend, **fused)
         g = _upstream(y, seed + x.numel())
@@ -137,11 +150,12 @@ def check_backward(x: torch.Tensor, dim: int, *, backend: str, log: bool = False
         assert result.ok, f"backward of {spec.describe()}: {result.detail}"
         return None
     ds = grads[1] if sinks is not None else None
-    result = compare_fused_backward(grads[0], y, g, x, spec, mask, sinks, ds)
+    result = compare_fused_backward(grads[0], y, g, x, _valued(spec, fused), mask, sinks, ds,
+                                    dscale=grads[-1] if row_scale else None)
     assert result.ok, f"backward of {spec.describe()}: {result.detail}"
     excluded_get_zero(grads[0], x, spec, mask, f"backward of {spec.describe()}")
     if additive:
-        result = compare_mask_gradient(grads[-1], y, g, x, spec, mask, sinks)
+        result = compare_mask_gradient(grads[mask_at], y, g, x, _valued(spec, fused), mask, sinks)
         assert result.ok, f"backward of {spec.describe()}: {result.detail}"
     return None
 
@@ -207,7 +221,7 @@ def check_logsumexp(x: torch.Tensor, dim: int, *, backend: str, fused: dict | No
         flat = anysoftmax.logsumexp(x, dim, backend=backend, **fused)
     if not _same(x, before):
         raise AssertionError(f"{backend} modified its input")
-    result = compare_logsumexp(out, x, spec, fused.get("mask"), fused.get("sinks"))
+    result = compare_logsumexp(out, x, _valued(spec, fused), fused.get("mask"), fused.get("sinks"))
     assert result.ok, f"{describe_logsumexp(spec)}: {result.detail}"
     want = tuple(s for d, s in enumerate(spec.shape) if d != spec.dim)
     assert tuple(flat.shape) == want, f"{describe_logsumexp(spec)}: keepdim=False gave {tuple(flat.shape)}, not {want}"

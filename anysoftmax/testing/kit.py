@@ -38,7 +38,7 @@ QUICK_CASES = ("seed-1823x781", "rank3-dim1", "transposed-2d-dim0", "step-sliced
                "row-4097", "rows-4097", "channels-last")
 QUICK_VARIANTS = ("scale-softcap", "bool-mask-full-empty-zero", "additive-mask", "causal-bottom-right-empty-uniform",
                   "sinks-masked-rows", "everything", "dim0-mask-sinks", "long-causal-mask-sinks",
-                  "bool-mask-nothing-excluded", "softcap-nan-excluded", "fused-row-1100")
+                  "bool-mask-nothing-excluded", "softcap-nan-excluded", "fused-row-1100", "row-scale")
 QUICK_DTYPES = (torch.float32, torch.bfloat16)
 QUICK_PIECES = ("lse-specials", "lse-everything", "lse-gpt-oss", "split-3-uneven", "split-with-empty-segments",
                 "split-masked-and-specials", "split-11-many", "split-strided",

@@ -68,7 +68,7 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
             and empty_rows == "zero":
         if plain_eager_one(input):
             return dispatch.forward(input, dim, dtype, backend, False)
-    elif plain_eager(input, mask, sinks):
+    elif plain_eager(input, mask, sinks, scale):
         return dispatch.forward_fused(input, dim, dtype, backend, False,
                                       dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))[0]
     return _differentiable(input, dim, dtype, False, mask, sinks, scale, softcap, causal, empty_rows, backend)
@@ -88,7 +88,7 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
             and empty_rows == "zero":
         if plain_eager_one(input):
             return dispatch.forward(input, dim, dtype, backend, True)
-    elif plain_eager(input, mask, sinks):
+    elif plain_eager(input, mask, sinks, scale):
         return dispatch.forward_fused(input, dim, dtype, backend, True,
                                       dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))[0]
     return _differentiable(input, dim, dtype, True, mask, sinks, scale, softcap, causal, empty_rows, backend)

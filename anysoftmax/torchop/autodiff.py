@@ -21,7 +21,9 @@ from .grad_mode import eager_form, plain_eager, refuse_forward_over_forward, tra
 from .traced_temperature import scaled_logits, traced_as_symbols
 from ..core.lse_merge import lse_dtype as acc_dtype
 from ..core.reference import fused_backward, prologue_chain
-from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, keep_mask, runtime_values
+from ..core.spec import SoftmaxSpec
+from ..core.variant import (MASK_ADDITIVE, Variant, build, causal_name, check_row_scale, is_row_scale, keep_mask,
+                            runtime_values)
 
 
 @torch._dynamo.assume_constant_result
@@ -263,6 +265,8 @@ def op_arguments(scale, softcap, causal):
 def softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend) -> torch.Tensor:
     """Differentiable softmax (log_softmax with `log`), plain or fused: what `anysoftmax.softmax`
     runs when its call may not go straight to dispatch."""
+    if is_row_scale(scale):
+        return _row_scaled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     if torch.compiler.is_compiling():
         return _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     scale, softcap, causal = op_arguments(scale, softcap, causal)
@@ -287,6 +291,22 @@ def _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, e
         return y.to(out_dtype)
     scale, softcap, causal = op_arguments(scale, softcap, causal)
     return ops.softmax_op(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)[0]
+
+
+def _row_scaled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
+    # A row scale where a derivative may be wanted (or under torch.compile / torch.func):
+    # z = softcap(scale * x) in torch ops, then the fused softmax of z. Every autograd mode
+    # then differentiates x and the scale (double backward, forward mode, vmap included), and
+    # a new scale tensor of the same layout reuses a compiled graph. It reads x twice; eager
+    # inference applies the scale in the backend's kernel instead (`dispatch.forward_fused`).
+    if torch.compiler.is_compiling():  # (dynamo traces no spec; the operator's fake checks the rest)
+        check_row_scale(scale, tuple(x.shape), x.device, dim % max(x.dim(), 1))
+        out_dtype = x.dtype if dtype is None else dtype
+    else:
+        out_dtype = SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=dict(
+            scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks, empty_rows=empty_rows))[0].out_dtype
+    z = scaled_logits(x if dtype is None else x.to(dtype), out_dtype, scale, softcap, mask, causal)
+    return softmax(z, dim, None, log, mask, sinks, None, None, causal, empty_rows, backend).to(out_dtype)
 
 
 @torch._dynamo.disable

@@ -49,8 +49,15 @@ def _unbatch(out, scalar: bool, has_sinks: bool):
     return (a, b), (0, 0 if has_sinks else None)
 
 
+def _padded(in_dims, n: int) -> tuple:
+    # A call of an operator omits its trailing arguments equal to their defaults (backend=None
+    # last of all), and its vmap rule then gets fewer in_dims: those are unbatched.
+    return (*in_dims, *(None,) * (n - len(in_dims)))
+
+
 def softmax_vmap(info, in_dims, x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None, softcap=None,
                  causal="none", empty_rows="zero", backend=None):
+    in_dims = _padded(in_dims, 11)
     xd, md, sd = in_dims[0], in_dims[4], in_dims[5]
     tail = (scale, softcap, causal, empty_rows, backend)
     if xd is None and md is None and sd is None:
@@ -68,6 +75,7 @@ def softmax_vmap(info, in_dims, x, dim, dtype=None, log=False, mask=None, sinks=
 
 def softmax_backward_vmap(info, in_dims, grad, y, dim, log=False, x=None, p_sink=None, mask=None, sinks=None,
                           scale=None, softcap=None, causal="none", empty_rows="zero", backend=None):
+    in_dims = _padded(in_dims, 13)
     gd, yd, xd, pd, md, sd = in_dims[0], in_dims[1], in_dims[4], in_dims[5], in_dims[6], in_dims[7]
     tail = (scale, softcap, causal, empty_rows, backend)
     if all(d is None for d in (gd, yd, xd, pd, md, sd)):

@@ -14,7 +14,7 @@ import torch
 from .. import dispatch
 from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
                               merge_backward_formula, merge_tangent, row_shape)
-from ..core.variant import build, causal_name, runtime_values
+from ..core.variant import build, causal_name, check_row_scale, is_row_scale, runtime_values
 from .batching import front
 from .grad_mode import plain_eager, refuse_forward_over_forward
 from .traced_temperature import scaled_logits, traced_as_symbols
@@ -107,12 +107,15 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
     fused softmax). Semantics: docs/semantics.md."""
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
-    if plain_eager(x, mask, sinks):
+    if plain_eager(x, mask, sinks, scale):
         out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
     else:
         if not torch.compiler.is_compiling():  # (traced: the fake implementation validates)
             logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
-        elif traced_as_symbols(scale, softcap):  # (see `traced_temperature`)
+        elif is_row_scale(scale):  # (which it no longer sees)
+            check_row_scale(scale, tuple(x.shape), x.device, dim % max(x.dim(), 1))
+        if is_row_scale(scale) or traced_as_symbols(scale, softcap):
+            # (see `traced_temperature`; a row scale as `autodiff` applies it, differentiable)
             x = scaled_logits(x, x.dtype, scale, softcap, mask, causal)
             scale = softcap = None
         s, c = runtime_values(scale, softcap)

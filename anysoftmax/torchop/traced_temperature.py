@@ -11,7 +11,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..core.reference import kept_values, scaled_and_capped
-from ..core.variant import MASK_BOOL, MASK_NONE, Variant, causal_name, keep_mask
+from ..core.variant import MASK_BOOL, MASK_NONE, Variant, causal_name, is_row_scale, keep_mask
 
 
 def _number(value):
@@ -38,12 +38,13 @@ def _check_in_graph(name: str, value, positive: bool) -> None:
 
 
 def scaled_logits(x: torch.Tensor, out_dtype: torch.dtype, scale, softcap, mask, causal) -> torch.Tensor:
-    """softcap * tanh(scale * x / softcap) in torch ops, in the accumulation dtype of
+    """softcap * tanh(scale * x / softcap) in torch ops (`scale` a number, a symbol or a row
+    scale's tensor), in the accumulation dtype of
     `out_dtype` (float64 for float64, else float32: the kernels' precision), with the values
     checked in the graph. Positions a bool mask or causal excludes read 0: they are outside
     the softmax, and a NaN there must not reach tanh's derivative."""
     scale, softcap = _number(scale), _number(softcap)
-    if scale is not None:
+    if scale is not None and not is_row_scale(scale):  # (a row scale's values are not checked)
         _check_in_graph("scale", scale, positive=False)
     if softcap is not None:
         _check_in_graph("softcap", softcap, positive=True)

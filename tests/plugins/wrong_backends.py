@@ -320,3 +320,32 @@ class SoftcapNanGradient(Planted):
                 dx = dx + 0.0 * torch.tanh(x.to(acc) / variant.softcap)
             return dx.to(y_.dtype), ds
         return run
+
+
+class RowScalePerColumn(Planted):
+    """Declares a tensor scale (the torch backend does) but indexes its values along the reduced
+    dim: column j is scaled by the j-th value (cycling), not every element of row r by row r's."""
+
+    name = "row_scale_per_column"
+
+    def run(self, x, spec, operands=NO_OPERANDS):
+        if spec.variant.row_scale is None:
+            return super().run(x, spec, operands)
+        flat = operands.scale.reshape(-1)
+        n = spec.n_cols
+        shape = [n if d == spec.dim else 1 for d in range(x.dim())]
+        per_column = flat[torch.arange(n, device=flat.device) % flat.numel()].reshape(shape)
+        return super().run(x, spec, operands._replace(scale=per_column))
+
+
+class RowScaleAfterSoftmax(Planted):
+    """Declares a tensor scale but applies it to the result: softmax(x) * scale (log:
+    log_softmax(x) * scale), the temperature after the softmax instead of before it."""
+
+    name = "row_scale_after_softmax"
+
+    def run(self, x, spec, operands=NO_OPERANDS):
+        if spec.variant.row_scale is None:
+            return super().run(x, spec, operands)
+        y, p = super().run(x, spec, operands._replace(scale=torch.ones_like(operands.scale)))
+        return (y.float() * operands.scale.float()).to(y.dtype), p

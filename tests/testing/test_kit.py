@@ -14,13 +14,14 @@ import pytest
 import torch
 
 import anysoftmax
+from anysoftmax.backends.torch_eager import TorchBackend
 from anysoftmax.core import registry
 from anysoftmax.testing import check_backend, conformance_checks
 from helpers import write_matrix
 from wrong_backends import (BoolSupports, ChannelsLastOff, Float64LseMergeOff, FusedLongOff, HalfLongOff, IgnoresMask,
                             LastDimLongOff, LongRowOff, LseOff, ManyRowsOff, MaskAllKeptOff, MergeIntoOutOff,
-                            NaiveMerge, Over2048Off, ReusesOutput, Right, ScalesInputInPlace, SkipsLastElement,
-                            SoftcapNanGradient, StridedMergeOff)
+                            NaiveMerge, Over2048Off, ReusesOutput, Right, RowScaleAfterSoftmax, RowScalePerColumn,
+                            ScalesInputInPlace, SkipsLastElement, SoftcapNanGradient, StridedMergeOff)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "plugin"
@@ -79,6 +80,8 @@ PLANTED = [
     (Float64LseMergeOff(), "merge merge_states split-float64-lses bfloat16"),
     (MergeIntoOutOff(), "merge merge_states split-into-out float32"),
     (SoftcapNanGradient(), "fused-backward softmax softcap-nan-excluded float32"),
+    (RowScalePerColumn(), "fused softmax row-scale float32"),
+    (RowScaleAfterSoftmax(), "fused log_softmax row-scale float32"),
 ]
 
 
@@ -101,6 +104,16 @@ def test_the_fused_gate_is_a_skip_and_a_fused_backend_is_checked():
     # torch declares the family: its fused checks run and pass.
     torch_report = check_backend("torch", quick=True, seed=3)
     assert [n for n in torch_report.passed if n.startswith("fused-backward")]
+
+
+def test_a_tensor_scale_is_a_skip_for_a_fused_backend_that_does_not_declare_it():
+    class FusedWithoutRowScale(TorchBackend):
+        name, devices, priority, row_scale = "fused_without_row_scale", ("cpu",), -100, False
+
+    report = check_backend(FusedWithoutRowScale(), quick=True, seed=3)
+    gate = [names for reason, names in report.skipped.items() if "row_scale = True" in reason]
+    assert gate and all("row-scale" in name for name in gate[0])
+    assert not [n for n in report.passed if "row-scale" in n]
 
 
 def test_everything_refused_is_not_a_pass():

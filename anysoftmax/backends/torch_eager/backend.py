@@ -18,6 +18,7 @@ class TorchBackend(Backend):
     devices = ("*",)
     priority = 0
     fused = True
+    row_scale = True
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
         """y for a plain spec; (y, p_sink) for a fused one (p_sink None without sinks)."""

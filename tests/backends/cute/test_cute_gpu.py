@@ -192,13 +192,15 @@ def test_variant_cases(case, dtype, log, gen):
     x = case.make(gen, dtype).cuda()
     kwargs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.kwargs(gen, x).items()}
     refusal = check_variant(x, case.dim, kwargs, backend="cute", log=log)
-    prologue_only = set(kwargs) <= {"scale", "softcap"} and case.dim in (-1, x.dim() - 1)
+    prologue_only = set(kwargs) <= {"scale", "softcap"} and case.dim in (-1, x.dim() - 1) \
+        and not isinstance(kwargs.get("scale"), torch.Tensor)  # (a tensor scale: refused, no `row_scale`)
     if dtype == torch.float64:
         assert refusal is not None
     elif prologue_only:
         assert refusal is None, refusal
     else:
-        assert refusal is not None and ("fuses scale and softcap only" in refusal or "row kernels only" in refusal)
+        assert refusal is not None and ("fuses scale and softcap only" in refusal or "row kernels only" in refusal
+                                        or "row_scale = True" in refusal)
 
 
 # (rows, n) on each kernel kind of the fused plans: one CTA, clusters, two passes, odd lengths.
