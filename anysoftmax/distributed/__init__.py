@@ -24,6 +24,10 @@ rank must call with the same dtype, rows and keywords, and backpropagate through
 gloo (CPU tensors) and NCCL (one GPU per rank). A group of one rank without sinks runs the
 local op itself (its shard is the whole dim: no exchange, x read once). docs/semantics.md states
 the contract.
+
+`sample` and `logprobs` are `anysoftmax.sampling`'s over a vocabulary sharded the same way
+(`sampling.py`; docs/sampling.md): every rank gets the same global ids, through two small
+collectives, never the logits.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ from .autograd import FuncShardedLogsumexp, FuncShardedSoftmax, ShardedLogsumexp
 from .calls import prepare, refuse_causal
 from .collective import group_name
 from .functions import logsumexp_forward, softmax_forward
+from .sampling import logprobs, sample
 
-__all__ = ["log_softmax", "logsumexp", "softmax"]
+__all__ = ["log_softmax", "logprobs", "logsumexp", "sample", "softmax"]
 
 
 def _graph(x, mask, sinks) -> bool:
