@@ -77,3 +77,20 @@ def test_uninitialised_group_is_refused():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         asd.sample(torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_batch_dims_and_half_precision(one_rank, gen, dtype):
+    import anysoftmax.distributed as asd
+    import anysoftmax.sampling as sampling
+
+    x = (torch.randn(2, 5, 30, generator=gen) * 3).to(dtype)
+    t = torch.rand(2, 5, generator=gen) + 0.3
+    ids, lp = asd.sample(x, temperature=t, top_k=6, top_p=0.85, seed=3, offset=1, return_logprobs=True)
+    want, want_lp = sampling.sample(x, temperature=t, top_k=6, top_p=0.85, seed=3, offset=1, return_logprobs=True)
+    assert ids.shape == (2, 5) and ids.dtype == torch.int64 and torch.equal(ids, want)
+    torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=2e-5)
+    pick = torch.randint(0, 30, (2, 5, 2), generator=gen)
+    for got, ref in zip(asd.logprobs(x, pick, top_n=3), sampling.logprobs(x, pick, top_n=3)):
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-5)
