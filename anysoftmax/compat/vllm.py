@@ -1,4 +1,6 @@
-"""vLLM's `merge_attn_states`, served by `anysoftmax.merge_states` on every backend that
+"""vLLM's `merge_attn_states` and the v1 sampler's `apply_top_k_top_p`.
+
+`merge_attn_states` is served by `anysoftmax.merge_states` on every backend that
 declares it (triton on CUDA/ROCm, triton_ascend on Ascend, torch anywhere).
 
     from anysoftmax.compat.vllm import merge_attn_states
@@ -23,9 +25,11 @@ Accumulation in float32 as vLLM; the output is rounded once to its dtype.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .. import dispatch
+from .. import dispatch, sampling
 
 
 def _check(name: str, t, shape, device) -> None:
@@ -60,4 +64,31 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
                           out=output, lse_out=None if output_lse is None else output_lse.t())
 
 
-__all__ = ["merge_attn_states"]
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """vLLM's `apply_top_k_top_p` (vllm/v1/sample/ops/topk_topp_sampler.py): `logits`
+    ``[batch, vocab]`` (already divided by the temperature) with -inf at the tokens top-k and
+    then top-p (on the top-k renormalised distribution) filter out; `k` (integer) and `p`
+    (floating) are tensors with one value per row, or None (that filter off). As in vLLM, the
+    logits are updated in place and returned.
+
+    The kept set is `anysoftmax.sampling`'s: ties at the k-th value all kept (as vLLM), a top-p
+    tie group kept whole (vLLM's sort may split it), the top-p cut by the mass strictly above
+    each token (vLLM: a float32 cumulative sum from the small end compared with ``1 - p``, the
+    same set for distinct probabilities up to rounding). A token whose probability underflows
+    float32 (``exp(z - max z) == 0``) becomes -inf too: its probability is 0 either way. A row
+    holding NaN or +inf, or only -inf, is returned unchanged."""
+    if k is None and p is None:
+        return logits
+    for name, t in (("k", k), ("p", p)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"apply_top_k_top_p: {name} must be a tensor with one value per row or None, got "
+                            f"{type(t).__name__}")
+    try:
+        probs = sampling.probs(logits, top_k=k, top_p=p)
+    except (TypeError, ValueError) as exc:  # (name vLLM's arguments: k is top_k, p is top_p)
+        raise type(exc)(f"apply_top_k_top_p (k is top_k, p is top_p): {exc}") from None
+    kept = (probs > 0) | torch.isnan(probs)  # (a row without a distribution is left as it is)
+    return logits.masked_fill_(~kept, -math.inf)
+
+
+__all__ = ["apply_top_k_top_p", "merge_attn_states"]

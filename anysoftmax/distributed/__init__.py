@@ -9,6 +9,9 @@
 are the same on every rank. The contract (fused keywords per shard, `causal` refused, the
 collectives, autograd, torch.func and torch.compile, the one-read kernel): docs/semantics.md
 ("A dim sharded across ranks"). A group of one rank without sinks runs the local op itself.
+`sample` and `logprobs`: `anysoftmax.sampling`'s over a vocabulary sharded the same way
+(`sampling.py`, docs/sampling.md): every rank gets the same global ids through two small
+collectives, never the logits.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from .autograd import EagerShardedLogsumexp, EagerShardedSoftmax, ShardedLogsume
 from .calls import prepare, refuse_causal
 from .collective import group_name
 from .functions import logsumexp_forward, softmax_forward
+from .sampling import logprobs, sample
 
-__all__ = ["log_softmax", "logsumexp", "softmax"]
+__all__ = ["log_softmax", "logprobs", "logsumexp", "sample", "softmax"]
 
 
 def _softmax(who, log, x, dim, group, dtype, scale, mask, causal, softcap, sinks, empty_rows, backend):

@@ -89,3 +89,26 @@ def sum_rows(t: torch.Tensor, world: int, group) -> torch.Tensor:
     if world > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t
+
+
+# group -> {this rank's shard size: every rank's sizes} along a sharded vocabulary (`sampling`):
+# exchanged on the first call of each size, then checked in each call's first collective.
+_shard_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def shard_sizes(size: int, world: int, group, device: torch.device) -> tuple[int, ...]:
+    """Every rank's shard size in rank order: gathered on the first call with this rank's
+    `size` (one small collective; every rank calls with new sizes together), then remembered."""
+    known = _shard_sizes.get(_group_object(group)) if world > 1 else {size: (size,)}
+    if known is not None and size in known:
+        return known[size]
+    sizes = tuple(int(s) for s in gather_states(torch.tensor([size], dtype=torch.int64, device=device), world,
+                                                     group)[:, 0].tolist())
+    if min(sizes) > 0:
+        _shard_sizes.setdefault(_group_object(group), {})[size] = sizes
+    return sizes
+
+
+def forget_shard_sizes(group) -> None:
+    """Drop the remembered sizes (every rank does, after a call found them changed)."""
+    _shard_sizes.pop(_group_object(group), None)

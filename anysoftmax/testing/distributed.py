@@ -366,19 +366,24 @@ def spawn_checks(world_size: int, backend: str | None = None, *, seed: int = 0, 
         kw.setdefault("dtypes", DTYPES[:2])
     import tempfile
 
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/failures.txt"
-        ctx = mp.start_processes(_worker, args=(world_size, f"file://{tmp}/rendezvous", backend, seed, out, kw),
-                                 nprocs=world_size, join=False, start_method="spawn")
-        import time
-
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                raise TimeoutError(f"spawn_checks: {world_size} processes still running after {timeout:g} s")
+        run_ranks(_worker, world_size, (world_size, f"file://{tmp}/rendezvous", backend, seed, out, kw), timeout)
         text = open(out).read()
     return [line for line in text.splitlines() if line]
+
+
+def run_ranks(fn, world_size: int, args: tuple, timeout: float = 300.0) -> None:
+    """``fn(rank, *args)`` in `world_size` new processes (spawned), waited for; a process that
+    dies raises, one still running after `timeout` seconds is killed and TimeoutError raised."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{world_size} processes still running after {timeout:g} s")

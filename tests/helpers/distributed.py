@@ -109,3 +109,120 @@ def profiled_calls(rank: int, init: str, out: str) -> None:
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
+
+
+def _split_sizes(vocab: int, world: int, g: torch.Generator) -> list[int]:
+    """`world` shard sizes >= 1 summing to `vocab`, uneven."""
+    cuts = sorted(torch.randperm(vocab - 1, generator=g)[:world - 1].add(1).tolist())
+    return [b - a for a, b in zip([0] + cuts, cuts + [vocab])]
+
+
+def _distinct_logits(rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """Rows of distinct logits spaced 0.3 apart (no probability within rounding of another)."""
+    return torch.stack([torch.randperm(vocab, generator=g) for _ in range(rows)]).float() * 0.3
+
+
+def sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> None:
+    """Every rank samples its shard of the same logits; the ids (the same on every rank) must
+    equal `anysoftmax.sampling.sample` of the whole logits for the same seed and offset:
+    exactly on distinct probabilities, in >= 99.9 % of rows on random ones; logprobs and top-n
+    likewise. Writes the failures (one per line) to out.<rank>."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    import math
+
+    import anysoftmax.distributed as asd
+    import anysoftmax.sampling as sampling
+
+    g = torch.Generator().manual_seed(seed)  # (the same on every rank: the same logits)
+    failures = []
+
+    def shard(x, sizes):
+        start = sum(sizes[:rank])
+        return x[..., start:start + sizes[rank]]
+
+    def same_on_every_rank(t, what):
+        every = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(every, t.contiguous())
+        if not all(torch.equal(e, every[0]) for e in every):
+            failures.append(f"{what}: the ranks returned different results")
+
+    def compare(x, sizes, what, share=1.0, **kw):
+        ids, lp = asd.sample(shard(x, sizes), return_logprobs=True, **kw)
+        want, want_lp = sampling.sample(x, return_logprobs=True, **kw)
+        same_on_every_rank(ids, what)
+        agree = (ids == want).double().mean().item()
+        if agree < share:
+            failures.append(f"{what}: ids agree with the unsharded sampler in {agree:.4f} of rows")
+        both = (ids == want) & (want >= 0)
+        if not torch.allclose(lp[both], want_lp[both], rtol=1e-5, atol=2e-5) or \
+                not torch.equal(torch.isnan(lp), torch.isnan(want_lp)):
+            failures.append(f"{what}: return_logprobs differs from the unsharded sampler")
+
+    rows, vocab = 48, 40
+    sizes = _split_sizes(vocab, world, g)
+    x = _distinct_logits(rows, vocab, g)
+    per_row_t = torch.rand(rows, generator=g) + 0.2
+    per_row_k = torch.randint(0, vocab + 3, (rows,), generator=g)
+    seeds = torch.randint(-2**62, 2**62, (rows,), generator=g)
+    for name, kw in {"plain": {}, "top_k": dict(top_k=5), "top_p": dict(top_p=0.6),
+                     "all": dict(temperature=0.8, top_k=9, top_p=0.7, min_p=0.02),
+                     "per-row": dict(temperature=per_row_t, top_k=per_row_k, top_p=torch.rand(rows, generator=g) * 0.9
+                                     + 0.1, min_p=torch.rand(rows, generator=g) * 0.1),
+                     "top_k-off": dict(top_k=vocab), "min_p": dict(min_p=0.3), "greedy": dict(temperature=0.0)}.items():
+        for s, o in ((11, 0), (seeds, torch.arange(rows))):
+            compare(x, sizes, f"distinct {name} seed={'per-row' if torch.is_tensor(s) else s}", seed=s, offset=o, **kw)
+    # Ties: the k-th value tied across shards; greedy ties (lowest id); invalid rows.
+    ties = torch.zeros(6, vocab)
+    ties[:, ::3] = 1.0
+    ties[1, -1] = math.nan
+    ties[2] = -math.inf
+    ties[3, 0] = math.inf
+    lead = ties.clone()
+    lead[:, 1] = 2.0  # (top-p on the top-k set counts every tied copy of the k-th value)
+    compare(lead[[0, 4, 5]], sizes, "ties top_k then top_p", seed=6, top_k=2, top_p=0.45)
+    for name, kw in {"ties top_k": dict(top_k=2), "ties top_p": dict(top_p=0.5),
+                     "greedy": dict(temperature=torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0]))}.items():
+        compare(ties, sizes, name, seed=5, **kw)
+    # Random logits: a token within float32 rounding of a boundary may go either way.
+    xr = torch.randn(400, vocab, generator=g) * 3
+    compare(xr, sizes, "random top_k top_p min_p", share=0.999, seed=3, offset=2, top_k=7, top_p=0.8, min_p=0.01)
+    compare(xr, sizes, "random top_p", share=0.999, seed=4, top_p=0.9, temperature=1.5)
+    # A flat row whose top-p set reaches below every shard's candidates: the rows are gathered.
+    from anysoftmax.distributed.sampling import TOP_P_CANDIDATES
+
+    wide = 2 * world * TOP_P_CANDIDATES
+    flat = torch.randn(2, wide, generator=g) * 0.01
+    compare(flat, _split_sizes(wide, world, g), "flat top_p (gathered)", seed=9, top_p=0.95)
+    # No seed: every rank draws with rank 0's, which torch.manual_seed reproduces.
+    torch.manual_seed(seed + rank)
+    ids = asd.sample(shard(x, sizes), top_k=6)
+    same_on_every_rank(ids, "no seed")
+    if rank == 0:
+        torch.manual_seed(seed)
+        if not torch.equal(ids, sampling.sample(x, top_k=6)):
+            failures.append("no seed: not the draw of rank 0's default generator")
+    # logprobs and top-n.
+    pick = torch.randint(0, vocab, (rows, 3), generator=g)
+    for t in (None, 0.7, 0.0, per_row_t):
+        got = asd.logprobs(shard(x, sizes), pick, temperature=t, top_n=5)
+        want = sampling.logprobs(x, pick, temperature=t, top_n=5)
+        what = f"logprobs temperature={'per-row' if torch.is_tensor(t) else t}"
+        same_on_every_rank(got[2], what)
+        for a, b, part in zip(got, want, ("values", "top values", "top ids")):
+            if not torch.allclose(a.double(), b.double(), rtol=1e-5, atol=2e-5, equal_nan=True) \
+                    or not torch.equal(a == -math.inf, b == -math.inf):
+                failures.append(f"{what}: {part} differ from the unsharded logprobs")
+    got = asd.logprobs(shard(ties, sizes), pick[:6], top_n=vocab)
+    want = sampling.logprobs(ties, pick[:6], top_n=vocab)
+    if not torch.equal(got[2], want[2]):
+        failures.append("logprobs ties: top ids differ (by value, the lower id first)")
+    # An empty shard: every rank raises, naming the shard sizes.
+    try:
+        asd.sample(x[..., :0] if rank == world - 1 else x, seed=1)
+        failures.append("an empty shard was not refused")
+    except ValueError as exc:
+        if "shard sizes" not in str(exc):
+            failures.append(f"an empty shard raised {exc!r}")
+    with open(f"{out}.{rank}", "w") as f:
+        f.write("\n".join(failures))
+    dist.destroy_process_group()

@@ -68,3 +68,50 @@ def test_errors():
         merge_attn_states(a, a, lse, a, lse, lse.double())
     with pytest.raises(ValueError, match="output has shape"):
         merge_attn_states(a[:1], a, lse, a, lse)
+
+
+def _vllm_top_k_top_p(logits, k, p):
+    """vLLM's torch path (v1 sampler): sort ascending, -inf below the k-th largest, then drop
+    the tokens whose ascending cumulative probability is <= 1 - p (the largest always kept)."""
+    srt, idx = logits.sort(-1)
+    if k is not None:
+        srt = srt.masked_fill(srt < srt.gather(1, (srt.shape[1] - k.long())[:, None]), -math.inf)
+    if p is not None:
+        drop = srt.softmax(-1).cumsum(-1) <= 1 - p[:, None]
+        drop[:, -1] = False
+        srt = srt.masked_fill(drop, -math.inf)
+    return torch.empty_like(logits).scatter_(-1, idx, srt)
+
+
+def test_apply_top_k_top_p_matches_vllm_on_distinct_probabilities(gen):
+    from anysoftmax.compat.vllm import apply_top_k_top_p
+
+    rows, vocab = 32, 50
+    logits = torch.stack([torch.randperm(vocab, generator=gen) for _ in range(rows)]).float() * 0.2
+    k = torch.randint(1, vocab + 1, (rows,), generator=gen, dtype=torch.int32)
+    p = torch.rand(rows, generator=gen) * 0.9 + 0.05
+    for kk, pp in ((k, None), (None, p), (k, p)):
+        x = logits.clone()
+        got = apply_top_k_top_p(x, kk, pp)
+        assert got is x  # (in place, as vLLM)
+        assert torch.equal(got, _vllm_top_k_top_p(logits, kk, pp))
+    x = logits.clone()
+    assert apply_top_k_top_p(x, None, None) is x and torch.equal(x, logits)
+
+
+def test_apply_top_k_top_p_keeps_ties_and_names_bad_arguments():
+    from anysoftmax.compat.vllm import apply_top_k_top_p
+
+    ties = torch.tensor([[3.0, 2.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0], [math.nan, 0.0, 1.0, 2.0]])
+    got = apply_top_k_top_p(ties.clone(), torch.tensor([2, 4, 1]), torch.tensor([1.0, 0.5, 0.5]))
+    assert torch.equal(got[0], torch.tensor([3.0, 2.0, 2.0, -math.inf]))  # (ties at the k-th value kept)
+    assert torch.equal(got[1], ties[1])  # (a tie group straddling top-p kept whole; vLLM's sort splits it)
+    assert torch.isnan(got[2, 0]) and torch.equal(got[2, 1:], ties[2, 1:])  # (no distribution: unchanged)
+    with pytest.raises(ValueError, match="p is top_p.*top_p"):
+        apply_top_k_top_p(ties.clone(), None, torch.tensor([0.0, 0.5, 0.5]))
+    with pytest.raises(TypeError, match="top_k"):
+        apply_top_k_top_p(ties.clone(), torch.tensor([1.0, 2.0, 3.0]), None)
+    with pytest.raises(ValueError, match="top_k"):
+        apply_top_k_top_p(ties.clone(), torch.tensor([1, 2]), None)
+    with pytest.raises(TypeError, match="k must be a tensor"):
+        apply_top_k_top_p(ties.clone(), 3, None)

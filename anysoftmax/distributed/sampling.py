@@ -1,0 +1,280 @@
+"""The sampler over a vocabulary sharded across the ranks of a `torch.distributed` group:
+`anysoftmax.distributed.sample` and `logprobs` (docs/sampling.md, "A sharded vocabulary").
+
+Rank r holds the global token ids ``[start_r, start_r + V_r)`` of every row, in rank order;
+the sizes may differ (exchanged on the first call of each size, `collective.shard_sizes`). Every
+rank returns the same ids: those `anysoftmax.sampling.sample` draws from the gathered logits
+for the same seed and offset. The logits never travel:
+
+1. **Row states** (one all-gather): each shard's max z, its sum of ``exp(z - max)``, whether
+   it holds NaN/+inf, how many tokens sit at its max; with top_k or top_p its C largest z (the
+   candidates) and how many of its tokens equal the C-th; its size and its seed. Every rank
+   then knows the global max (min_p), the k-th largest z with ties counted (top_k), and the
+   top-p cut: every token above the candidates' floor is a candidate, so the mass strictly
+   above each candidate is exact.
+2. **The draw** (one all-gather): each shard's race winner (the exponential race keyed by the
+   global token index, `sampling.rng`), its key and z, and the shard's kept mass; the winner
+   of largest key (lowest id among equal keys) is the unsharded draw.
+
+C is the largest top_k in use (k floats per rank and row). top_p without top_k sends
+`TOP_P_CANDIDATES` per shard; a row whose top-p set reaches below every shard's candidates (a
+flat distribution) cannot be cut from them: then the second collective gathers the logits
+instead and every rank samples the whole rows (exact; one host read decides it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .. import sampling
+from ..sampling.reference import scaled_logits, top_n_rows
+from ..sampling.rng import exponential_race, row_words
+from ..sampling.spec import SamplingSpec, check_ids, check_top_n, invalid_keyword_rows
+from .collective import forget_shard_sizes, gather_states, group_rank_and_size, shard_sizes
+
+TOP_P_CANDIDATES = 1024
+_STATES = 4  # max z, sum exp(z - max), NaN/+inf held, count at the max
+_MASK32 = 0xFFFFFFFF
+
+
+def _shard(who: str, logits, group):
+    """(rank, world, every shard's size, this shard's first global id)."""
+    rank, world = group_rank_and_size(group, who)
+    if not isinstance(logits, torch.Tensor) or logits.dim() == 0:
+        raise ValueError(f"{who}: logits_shard must be a tensor [..., V_r] (this rank's part of the vocabulary)")
+    sizes = shard_sizes(logits.shape[-1], world, group, logits.device)
+    if min(sizes) == 0:  # (every rank sees the sizes: every rank raises)
+        raise ValueError(f"{who}: every rank's logits_shard needs at least one token; the shard sizes are "
+                         f"{list(sizes)} (rank order)")
+    return rank, world, sizes, sum(sizes[:rank])
+
+
+def _check_sizes(who: str, sent: torch.Tensor, sizes: tuple[int, ...], group) -> torch.Tensor | None:
+    """Whether every rank's size in this call (`sent`, [world] float64) is the one exchanged
+    before: raises on the CPU (every rank at once: they read the same values); on an
+    accelerator, where reading them would synchronise, a bool to make every row invalid."""
+    changed = (sent != torch.tensor(sizes, dtype=sent.dtype, device=sent.device)).any()
+    if sent.device.type != "cpu":
+        return changed
+    if bool(changed):
+        forget_shard_sizes(group)
+        raise ValueError(f"{who}: the shard sizes are {[int(s) for s in sent.tolist()]}, not the {list(sizes)} "
+                         f"exchanged for this rank's size: every rank must change its shard size in the same call")
+    return None
+
+
+def _row_states(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([rows, 4] float64 states of this shard, z with NaN read as -inf)."""
+    bad = (torch.isnan(z) | (z == math.inf)).any(-1)
+    zc = torch.where(torch.isnan(z), -math.inf, z)
+    top = zc.amax(-1, keepdim=True)
+    mass = torch.exp(zc - torch.where(torch.isfinite(top), top, 0)).sum(-1)
+    at_top = (zc == top).sum(-1)
+    return torch.stack([top[:, 0].double(), mass.double(), bad.double(), at_top.double()], -1), zc
+
+
+def _merge(states: torch.Tensor):
+    """Every rank's [world, rows, 4] states merged: (max z, sum of exp(z - max) over the
+    vocabulary, rows without a distribution, count of tokens at the max), each [rows]."""
+    top_r, mass_r, bad, at_r = states.unbind(-1)
+    top = top_r.amax(0)
+    mass = (mass_r * torch.exp(top_r - torch.where(torch.isfinite(top), top, 0))).sum(0)
+    return top, mass, (bad > 0).any(0) | (top == -math.inf), torch.where(top_r == top, at_r, 0).sum(0)
+
+
+def _candidates(zc: torch.Tensor, count: int) -> torch.Tensor:
+    """[rows, count + 1] float64: the shard's `count` largest z (-inf past its size) and how
+    many of its tokens equal the last of them."""
+    rows, vocab = zc.shape
+    top = zc.topk(min(count, vocab), -1).values
+    if count > vocab:
+        top = torch.cat([top, top.new_full((rows, count - vocab), -math.inf)], -1)
+    equal_last = (zc == top[:, -1:]).sum(-1, keepdim=True)
+    return torch.cat([top.double(), equal_last.double()], -1)
+
+
+def _cuts(cands: torch.Tensor, top: torch.Tensor, mass: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
+          vocab: int, dtype: torch.dtype):
+    """(k-th largest z, smallest z top-p keeps, rows top-p cannot be cut from the candidates),
+    [rows, 1] each, from every shard's candidates [world, rows, C + 1]. Weights and masses in
+    `dtype` (the sampler's compute dtype), summed in z's order as the unsharded sampler does."""
+    values, equal_last = cands[..., :-1].to(dtype), cands[..., -1]
+    world, rows, count = values.shape
+    # The last candidate stands for every token of its shard equal to it (ties at the floor).
+    copies = torch.ones_like(values)
+    copies[..., -1] += (equal_last - (cands[..., :-1] == cands[..., -2:-1]).sum(-1)).to(dtype)
+    base = torch.where(torch.isfinite(top), top, 0).to(dtype)
+    weights = torch.exp(values - base[None, :, None]) * copies
+    z_sorted, order = values.permute(1, 0, 2).reshape(rows, world * count).sort(dim=-1, descending=True, stable=True)
+    w_sorted = weights.permute(1, 0, 2).reshape(rows, world * count).gather(-1, order)
+    k_on = (k > 0) & (k < vocab)
+    kth = torch.where(k_on, z_sorted.gather(-1, (k.clamp(1, world * count) - 1)), -math.inf)
+    in_k = z_sorted >= kth
+    total = torch.where(k_on, torch.where(in_k, w_sorted, 0).sum(-1, keepdim=True), mass[:, None].to(dtype))
+    q = w_sorted / total
+    before = q.cumsum(-1) - q
+    starts = torch.ones_like(in_k)
+    starts[:, 1:] = z_sorted[:, 1:] != z_sorted[:, :-1]
+    position = torch.arange(world * count, device=q.device).expand(rows, -1)
+    above = before.gather(-1, torch.where(starts, position, 0).cummax(-1).values)
+    p_on = top_p < 1
+    keep = in_k & (above < top_p) & (z_sorted > -math.inf)
+    tau = torch.where(p_on, torch.where(keep, z_sorted, math.inf).amin(-1, keepdim=True), -math.inf)
+    floor = values[..., -1].amax(0)[:, None]  # every token above it, on every shard, is a candidate
+    mass_at_floor = torch.where(z_sorted >= floor, q, 0).sum(-1, keepdim=True)
+    undecided = p_on & ~k_on & (mass_at_floor < top_p) & (torch.exp(floor - base[:, None]) > 0)
+    return kth, tau, undecided
+
+
+def _candidate_count(spec: SamplingSpec, vocab: int, widest: int) -> tuple[int, bool]:
+    """(C, whether a row may have top_p without top_k): C is the largest top_k in use (a
+    per-row tensor is read on the host), else `TOP_P_CANDIDATES` when top_p is on, else 0; at
+    most the widest shard."""
+    p_on = isinstance(spec.top_p, torch.Tensor) or spec.top_p < 1
+    if isinstance(spec.top_k, torch.Tensor):
+        k = spec.top_k
+        largest = int(torch.where((k > 0) & (k < vocab), k, 0).max()) if k.numel() else 0
+        alone = p_on
+    else:
+        largest = spec.top_k if 0 < spec.top_k < vocab else 0
+        alone = p_on and not largest
+    return min(largest if largest else TOP_P_CANDIDATES if p_on else 0, widest), alone
+
+
+def _seed_words(words, spec: SamplingSpec) -> torch.Tensor:
+    """This rank's batch seed as two exact float64 words (rank 0's serves every rank when the
+    seed comes from each rank's default generator)."""
+    seed = words[0][:1] if spec.rows else torch.zeros(1, dtype=torch.int64, device=spec.device)
+    return torch.cat([(seed & _MASK32).double(), ((seed >> 32) & _MASK32).double()])
+
+
+def _gathered_sample(logits, sizes, world, group, spec, seed, keywords, return_logprobs):
+    """The whole rows, gathered (padded to the widest shard), sampled on every rank."""
+    widest, rows = max(sizes), spec.rows
+    x = logits.reshape(rows, -1).to(spec.compute_dtype)
+    x = torch.cat([x, x.new_zeros(rows, widest - x.shape[-1])], -1)
+    every = gather_states(x.reshape(-1), world, group).view(world, rows, widest)
+    full = torch.cat([every[r, :, :n] for r, n in enumerate(sizes)], -1).reshape(*spec.batch_shape, sum(sizes))
+    return sampling.sample(full, seed=seed, return_logprobs=return_logprobs, **keywords)
+
+
+def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=None, top_p=None, min_p=None,
+           seed=None, offset=0, return_logprobs: bool = False):
+    """One token id per row, the same on every rank of `group`, drawn from the distribution
+    `anysoftmax.sampling.probs` gives the whole vocabulary, whose rank-r shard (the global ids
+    ``[start_r, start_r + V_r)``, in rank order) is `logits_shard` ``[..., V_r]``: the ids
+    `anysoftmax.sampling.sample` draws from the gathered logits for the same seed and offset.
+    Keywords as there (the same on every rank); two small collectives, never the logits."""
+    who = "anysoftmax.distributed.sample"
+    if not isinstance(return_logprobs, bool):
+        raise TypeError(f"{who}: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
+    rank, world, sizes, start = _shard(who, logits_shard, group)
+    keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, offset=offset)
+    spec = SamplingSpec.from_request(who, logits_shard, seed=seed, **keywords)
+    vocab, dtype = sum(sizes), spec.compute_dtype
+    z, greedy, _ = scaled_logits(logits_shard, spec, dtype)
+    words = row_words(spec)
+    states, zc = _row_states(z)
+    count, p_alone = _candidate_count(spec, vocab, max(sizes))
+    parts = [states.reshape(-1)]
+    if count:
+        parts.append(_candidates(zc, count).reshape(-1))
+    parts += [_seed_words(words, spec), states.new_full((1,), spec.vocab)]
+    every = gather_states(torch.cat(parts), world, group)
+    resized = _check_sizes(who, every[:, -1], sizes, group)
+    if seed is None:  # every rank draws with rank 0's seed
+        agreed = (every[0, -3].long() | (every[0, -2].long() << 32)).reshape(())
+        words = (agreed.expand(spec.rows),) + words[1:]
+    rows = spec.rows
+    top, mass, invalid, _ = _merge(every[:, :rows * _STATES].view(world, rows, _STATES))
+    invalid = invalid[:, None] | invalid_keyword_rows(spec)
+    if resized is not None:
+        invalid = invalid | resized
+    kth = tau = torch.full((rows, 1), -math.inf, dtype=dtype, device=z.device)
+    if count:
+        cands = every[:, rows * _STATES:rows * (_STATES + count + 1)].view(world, rows, count + 1)
+        kth, tau, undecided = _cuts(cands, top, mass, spec.column("top_k"), spec.column("top_p"), vocab, dtype)
+        if p_alone and bool((undecided & ~invalid & ~greedy).any()):  # (the host read deciding the gather)
+            return _gathered_sample(logits_shard, sizes, world, group, spec,
+                                    words[0][0] if seed is None else seed, keywords, return_logprobs)
+    top_z = top.to(dtype)[:, None]
+    w = torch.exp(zc - torch.where(torch.isfinite(top_z), top_z, 0))
+    kept = (zc >= kth) & (zc >= tau) & (w >= spec.column("min_p")) & (w > 0)
+    at_top = zc == top_z
+    kept = torch.where(greedy, at_top, kept) & ~invalid
+    ids, keys = exponential_race(zc, kept, words, start)
+    # Greedy rows: the lowest global index at the max wins (key 0 beats a shard without one).
+    first = at_top.to(torch.int8).argmax(-1) + start
+    ids = torch.where(greedy[:, 0], first, ids)
+    keys = torch.where(greedy[:, 0], torch.where(at_top.any(-1), 0.0, -math.inf).to(keys.dtype), keys)
+    chosen_z = zc.gather(-1, (ids - start)[:, None])[:, 0]
+    kept_mass = torch.where(kept, w, 0).sum(-1)
+    draw = torch.stack([keys.double(), ids.double(), chosen_z.double(), kept_mass.double()], -1)
+    keys_r, ids_r, z_r, mass_r = gather_states(draw.reshape(-1), world, group).view(world, rows, 4).unbind(-1)
+    best = keys_r.amax(0)
+    winner = torch.where(keys_r == best, ids_r, math.inf).amin(0)
+    z_win = torch.where(ids_r == winner, z_r, 0).sum(0)
+    lp = torch.where(greedy[:, 0], 0.0, z_win - top - torch.log(mass_r.sum(0)))
+    bad = invalid[:, 0] | (best == -math.inf)
+    ids = torch.where(bad, -1, torch.where(bad, 0, winner).long()).reshape(spec.batch_shape)
+    if not return_logprobs:
+        return ids
+    return ids, torch.where(bad, math.nan, lp).to(torch.float32).reshape(spec.batch_shape)
+
+
+def logprobs(logits_shard: torch.Tensor, ids: torch.Tensor, *, group=None, temperature=None, top_n: int = 0):
+    """float32 log-probabilities of the global token `ids` (``logits.shape[:-1] + (K,)``, the
+    same on every rank) under ``log_softmax(logits / temperature)`` of the whole vocabulary,
+    whose rank-r shard is `logits_shard`; with ``top_n > 0`` also the top-n values and global
+    ids, as `anysoftmax.sampling.logprobs`. One collective (two with top_n), never the logits."""
+    who = "anysoftmax.distributed.logprobs"
+    rank, world, sizes, start = _shard(who, logits_shard, group)
+    local = SamplingSpec.from_request(who, logits_shard, temperature=temperature)
+    spec = dataclasses.replace(local, vocab=sum(sizes))  # (ids and top_n are global)
+    flat_ids = check_ids(who, spec, ids)
+    n = check_top_n(who, spec, top_n)
+    z, greedy, _ = scaled_logits(logits_shard, local, local.compute_dtype)
+    states, zc = _row_states(z)
+    rows, mine = local.rows, flat_ids - start
+    owned = (mine >= 0) & (mine < local.vocab)
+    picked = torch.where(owned, z.gather(-1, mine.clamp(0, max(local.vocab - 1, 0))), 0).double()
+    payload = torch.cat([states.reshape(-1), picked.reshape(-1), states.new_full((1,), local.vocab)])
+    every = gather_states(payload, world, group)
+    resized = _check_sizes(who, every[:, -1], sizes, group)
+    top, mass, invalid, at_top = _merge(every[:, :rows * _STATES].view(world, rows, _STATES))
+    invalid = invalid[:, None] | invalid_keyword_rows(local)
+    if resized is not None:
+        invalid = invalid | resized
+    lse = (top + torch.log(mass))[:, None]
+    limit = -torch.log(at_top)[:, None]  # temperature 0: -log n on the n tied maxima, -inf elsewhere
+    z_ids = every[:, rows * _STATES:-1].view(world, *flat_ids.shape).sum(0)
+    lp = torch.where(greedy, torch.where(z_ids == top[:, None], limit, -math.inf), z_ids - lse)
+    in_range = (flat_ids >= 0) & (flat_ids < spec.vocab)
+    lp = torch.where(invalid | ~in_range, math.nan, lp).to(torch.float32).reshape(ids.shape)
+    if not n:
+        return lp
+    values, top_ids = _top_n(zc, top, lse, limit, greedy, invalid, n, start, world, group)
+    shape = tuple(ids.shape[:-1]) + (n,)
+    return lp, values.to(torch.float32).reshape(shape), top_ids.reshape(shape)
+
+
+def _top_n(zc, top, lse, limit, greedy, invalid, n: int, start: int, world: int, group):
+    """The global top-n log-probabilities and ids (by value, the lower id first among ties):
+    each shard's top-n of its log-probabilities, gathered, merged on every rank."""
+    rows, vocab = zc.shape
+    lp = torch.where(greedy, torch.where(zc == top[:, None].to(zc.dtype), limit.to(zc.dtype), -math.inf),
+                     zc - lse.to(zc.dtype))
+    values, local_ids = top_n_rows(torch.where(invalid, 0, lp), min(n, vocab))
+    pad = n - values.shape[-1]  # (a shard narrower than n: entries that sort last)
+    values = torch.cat([values.double(), values.new_full((rows, pad), -math.inf, dtype=torch.float64)], -1)
+    ids = torch.cat([(local_ids + start).double(), values.new_full((rows, pad), math.inf)], -1)
+    every = gather_states(torch.cat([values, ids], -1).reshape(-1), world, group).view(world, rows, 2, n)
+    values, ids = (every[:, :, i].permute(1, 0, 2).reshape(rows, world * n) for i in (0, 1))
+    by_id = ids.argsort(dim=-1, stable=True)
+    values, ids = values.gather(-1, by_id), ids.gather(-1, by_id)
+    by_value = values.argsort(dim=-1, descending=True, stable=True)[:, :n]
+    values, ids = values.gather(-1, by_value), ids.gather(-1, by_value)
+    return torch.where(invalid, math.nan, values), torch.where(invalid, -1, ids.long())
