@@ -98,7 +98,9 @@ class Binding:
     grid: int
     pointer_names: tuple
     # The call's arguments (tensors, None for an absent operand, then the scratch) -> the kernel's
-    # pointer arguments in `pointer_names` order, an absent operand stood in for by another.
+    # pointer arguments in `pointer_names` order, an absent operand stood in for by another of
+    # those arguments (the scratch included): it must only pick, since the fast path maps the
+    # arguments' positions through it to find each pointer's address.
     pointers: Callable
     ints: dict  # integer arguments by name (a per-call one's value here is only a placeholder)
     metas: tuple  # one launch per entry (PHASEs): its constexprs and launch options
@@ -239,6 +241,10 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
              "native_reason": "ANYSOFTMAX_LAUNCHER is triton" if not native else
              "not launched yet" if fast_possible and not interpreting else no_fast}
 
+    def device_of(args) -> torch.device:
+        # (the first operand's; the bound device where a call leaves it absent)
+        return args[0].device if args[0] is not None else device
+
     def primed(compiled: list, args: tuple, stream_of) -> None:
         state["compiled"] = compiled  # (kept alive: the native launcher holds only raw functions)
         tails = None
@@ -262,7 +268,7 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
         # Each call with its arguments after the pointers joined once for the default floats.
         calls = [(fn, before, after, tail, (*ints, *default, *tail))
                  for fn, before, after, tail in _fast_calls(compiled, tails, b.grid)]
-        device = args[0].device
+        device = device_of(args)
         read = sorted(set(index))
         live = itemgetter(*read) if len(read) > 1 else (lambda a, i=read[0]: (a[i],))
         state["fast"] = FastPath(calls, hooks, enter, leave, _hook_calls(enter), _hook_calls(leave), stream_of,
@@ -290,7 +296,7 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                         fn(*before, stream, *after, *ptrs, *ints_before, *per_call, *ints_after, *values, *tail)
                 return None
         if scratch is not None:
-            args = (*args, *scratch(args[0].device))
+            args = (*args, *scratch(device_of(args)))
         kw = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values)),
               **dict(zip(b.per_call, per_call))}
         if state["compiled"] is not None and not interpreting:  # (no fast path, or a launch hook is active)
@@ -332,7 +338,7 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                 return unguarded(args, values, per_call)
 
     def prime(compiled: list, args: tuple, stream_of=None) -> None:
-        primed(compiled, args if scratch is None else (*args, *scratch(args[0].device)), stream_of)
+        primed(compiled, args if scratch is None else (*args, *scratch(device_of(args))), stream_of)
 
     run.binding, run.state, run.prime = b, state, prime
     return run

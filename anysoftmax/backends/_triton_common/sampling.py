@@ -189,20 +189,32 @@ FLOATS = ("temperature", "top_p", "min_p")
 DEFAULT_FLOATS = (1.0, 1.0, 0.0)
 
 
+# The element type each pointer operand a call may leave absent is loaded or stored as. Its
+# stand-in must have that type: the compiled kernel types a load even where a flag skips it at
+# run time, and `if flag: k = tl.load(k_ptr)` must give `k` the type its other branch gives.
+OPERAND_DTYPES = {"x_ptr": torch.float32, "out_i_ptr": torch.int64, "out_f_ptr": torch.float32,
+                  "out_f2_ptr": torch.float32, "ids_ptr": torch.int64, "t_ptr": torch.float32, "k_ptr": torch.int64,
+                  "p_ptr": torch.float32, "mp_ptr": torch.float32, "seed_ptr": torch.int64, "off_ptr": torch.int64}
+
+
 @functools.lru_cache(maxsize=None)
-def _stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32, int64) one-element tensors standing in for absent pointer operands (never read)."""
+def stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32, int64) one-element tensors on `device` standing in for absent pointer operands
+    (never read): every launcher's scratch ends with them."""
     return torch.zeros(1, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int64, device=device)
 
 
-def _filled(args: tuple, kinds: str, device: torch.device) -> tuple:
-    """`args` with None replaced by the stand-in of its kind ('f' float32, 'i' int64, '-' none)."""
-    f, i = _stand_ins(device)
-    return tuple(a if a is not None else (f if k == "f" else i) for a, k in zip(args, kinds))
+def _pointers(operands: tuple):
+    """A `Binding.pointers` for a call's `operands` (pointer names; None where absent), then its
+    scratch, ending with `stand_ins`: each operand, an absent one stood in for by the stand-in of
+    its element type (`OPERAND_DTYPES`), then the scratch before the stand-ins. It only picks
+    positions, so the launch engine can map argument indices through it (its fast path)."""
+    picks = tuple({torch.float32: -2, torch.int64: -1}.get(OPERAND_DTYPES.get(name)) for name in operands)
+    n = len(operands)
 
-
-# (x, ws, out_i, out_f, out_f2, ids, t, k, p, mp, seed, off): the stand-in kind of each
-SCAN_KINDS = "--iffiffffii"
+    def pointers(args: tuple) -> tuple:
+        return (*(a if a is not None else args[pick] for a, pick in zip(args, picks)), *args[n:-2])
+    return pointers
 
 
 @dataclass(frozen=True)
@@ -238,9 +250,9 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, 
                      TILE=plan.tile, num_warps=plan.num_warps)
     items = spec.rows * plan.chunks(spec.vocab)
     scan = bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
-                               lambda a: _filled(a, SCAN_KINDS + "-", device),
-                               {**ints, **per_call}, (scan_meta,), FLOATS, DEFAULT_FLOATS, PER_CALL),
-                       scratch=lambda dev: (row_counters(dev, spec.rows),), device=device)
+                               _pointers(SCAN_POINTERS[:-1]), {**ints, **per_call}, (scan_meta,), FLOATS,
+                               DEFAULT_FLOATS, PER_CALL),
+                       scratch=lambda dev: (row_counters(dev, spec.rows), *stand_ins(dev)), device=device)
     select = None
     if not fused:
         select = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device)
@@ -248,10 +260,11 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, 
     if op == "probs":
         pints = dict(n_rows=spec.rows, vocab=spec.vocab, xs=xs, ys=spec.vocab, n_chunks=plan.chunks(spec.vocab),
                      res_off=space.res_off, flags=0)
-        second = bind_kernel(Binding(k.probs_kernel, max(1, min(plan.grid, items)), ("x_ptr", "ws_ptr", "y_ptr", "t_ptr"),
-                                     lambda a: _filled(a, "---f", device), pints,
+        second_pointers = ("x_ptr", "ws_ptr", "y_ptr", "t_ptr")
+        second = bind_kernel(Binding(k.probs_kernel, max(1, min(plan.grid, items)), second_pointers,
+                                     _pointers(second_pointers), pints,
                                      (dict(CHUNK=plan.chunk, num_warps=plan.num_warps),), ("temperature",), (1.0,),
-                                     ("flags",)), device=device)
+                                     ("flags",)), scratch=stand_ins, device=device)
     return Bound(plan, space, scan, select, second)
 
 
@@ -267,8 +280,8 @@ def _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab
     meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards), KP=plan.kp,
                 TILE=plan.tile, num_warps=plan.select_warps)
     grid = max(1, min(spec.rows, plan.grid))
-    return bind_kernel(Binding(k.select_kernel, grid, SELECT_POINTERS, lambda a: _filled(a, "f-" + SCAN_KINDS[1:], device),
-                               ints, (meta,), FLOATS, DEFAULT_FLOATS, PER_CALL), device=device)
+    return bind_kernel(Binding(k.select_kernel, grid, SELECT_POINTERS, _pointers(SELECT_POINTERS), ints, (meta,),
+                               FLOATS, DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
 
 
 def _rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
@@ -420,5 +433,5 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
 
 
-__all__ = ["PATHS", "SamplingPlan", "Workspace", "logprobs", "plan_for", "probs", "row_paths", "sample", "scan_shard",
-           "select_shards", "supports"]
+__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "logprobs", "plan_for", "probs", "row_paths",
+           "sample", "scan_shard", "select_shards", "stand_ins", "supports"]

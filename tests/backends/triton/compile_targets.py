@@ -356,29 +356,66 @@ def compile_target(target: str, dtypes: dict) -> dict:
     return dict(kernels=kernels, errors=errors)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", default="sm_90,gfx942", help="comma-separated keys of TARGETS")
-    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: " + ", ".join(DTYPES))
-    a = parser.parse_args(argv)
+def report_targets(targets: str, compile_one) -> dict:
+    """The JSON document of `compile_one(target)` ({kernels, errors}) over the comma-separated
+    `targets` whose backend this Triton has (the others listed under missing_backends); the
+    compilers' chatter goes to stderr."""
     from triton.backends import backends as available
 
     doc = dict(triton=triton.__version__, torch=torch.__version__, backends=sorted(available),
                interpreting=os.environ.get("TRITON_INTERPRET", "") not in ("", "0"),
                kernels=[], errors=[], missing_backends={})
-    dtypes = {d: DTYPES[d] for d in a.dtypes.split(",")}
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON document only
-        for target in a.targets.split(","):
+        for target in targets.split(","):
             backend = BACKEND_OF[TARGETS[target].backend]
             if backend not in available:
                 doc["missing_backends"][target] = backend
                 continue
-            part = compile_target(target, dtypes)
+            part = compile_one(target)
             for key in ("kernels", "errors"):
                 doc[key] += part[key]
     doc["total_s"] = round(time.perf_counter() - t0, 2)
-    json.dump(doc, sys.stdout, indent=1)
+    return doc
+
+
+def missing_backend(target: str) -> str | None:
+    """Why this Triton cannot compile for `target` (it lacks the backend), or None."""
+    from triton.backends import backends as available
+
+    backend = BACKEND_OF[TARGETS[target].backend]
+    if backend not in available:
+        return (f"Triton {triton.__version__} has no {backend!r} backend (triton.backends.backends: "
+                f"{sorted(available)}): cannot compile for {target}")
+    return None
+
+
+def run_script(script, args: list, root, cache_dir) -> dict:
+    """Run a compile script (this one, sampler_targets.py) in a process WITHOUT TRITON_INTERPRET,
+    with `root` importable and a fresh Triton cache `cache_dir` (every kernel really compiled,
+    nothing left in the user's cache), and return the JSON document it prints."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    env["TRITON_CACHE_DIR"] = str(cache_dir)
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    name = os.path.basename(str(script))
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    try:
+        doc = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"{name} printed no JSON ({exc}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}") from exc
+    assert not doc["interpreting"], "the compile script ran under TRITON_INTERPRET"
+    return doc
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default="sm_90,gfx942", help="comma-separated keys of TARGETS")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: " + ", ".join(DTYPES))
+    a = parser.parse_args(argv)
+    dtypes = {d: DTYPES[d] for d in a.dtypes.split(",")}
+    json.dump(report_targets(a.targets, lambda target: compile_target(target, dtypes)), sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
 

@@ -20,15 +20,10 @@ TRITON_INTERPRET=1, under which the kernels are not compilable JITFunctions.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import triton.backends
-from compile_targets import BACKEND_OF, CASES, DEVICES, DTYPES, STAGED_CASES, TARGETS
+from compile_targets import CASES, DEVICES, DTYPES, STAGED_CASES, missing_backend, run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "compile_targets.py"
@@ -39,37 +34,16 @@ REG_LIMIT = {"sm_90": 255, "gfx942": 512}
 SMS = {"sm_90": 132, "gfx942": 304}  # H100 SXM, MI300X
 
 
-def _missing_backend(target: str) -> str | None:
-    backend = BACKEND_OF[TARGETS[target].backend]
-    if backend not in triton.backends.backends:
-        return (f"Triton {triton.__version__} has no {backend!r} backend (triton.backends.backends: "
-                f"{sorted(triton.backends.backends)}): cannot compile for {target}")
-    return None
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
-    targets = [t for t in CHECKED if _missing_backend(t) is None]
+    targets = [t for t in CHECKED if missing_backend(t) is None]
     if not targets:
-        pytest.skip("; ".join(_missing_backend(t) for t in CHECKED))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    # A fresh cache: every kernel is really compiled, and nothing is left in the user's cache.
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--targets", ",".join(targets)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, f"{SCRIPT.name} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
-    try:
-        doc = json.loads(proc.stdout)
-    except json.JSONDecodeError as exc:
-        raise AssertionError(f"{SCRIPT.name} printed no JSON ({exc}):\n{proc.stdout[-2000:]}\n"
-                             f"{proc.stderr[-2000:]}") from exc
-    assert not doc["interpreting"], "the compile script ran under TRITON_INTERPRET"
-    return doc
+        pytest.skip("; ".join(missing_backend(t) for t in CHECKED))
+    return run_script(SCRIPT, ["--targets", ",".join(targets)], ROOT, tmp_path_factory.mktemp("triton_cache"))
 
 
 def _kernels(report: dict, target: str) -> list[dict]:
-    reason = _missing_backend(target)
+    reason = missing_backend(target)
     if reason:
         pytest.skip(reason)
     return [k for k in report["kernels"] if k["target"] == target]

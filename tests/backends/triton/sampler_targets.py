@@ -1,0 +1,185 @@
+"""Compile the sampler's Triton kernels for GPUs this machine does not have (no device needed).
+
+`launches(op, ...)` runs the Triton sampler (`_triton_common/sampling.py`) on CPU tensors with
+its launch engine replaced by a recorder: every launch the sampler would make (scan, select,
+`probs`' second pass; fused and not; a sharded vocabulary's scan and select) is captured with
+the arguments the launch engine would pass by name, then compiled for a `GPUTarget` through the
+JIT's own argument binder (`compile_targets.compile_launch`: the specialization a real launch
+gets). Nothing runs.
+
+Run as a script (`python tests/backends/triton/sampler_targets.py [--targets sm_90,gfx942]
+[--dtypes float32,...]`) in a process WITHOUT TRITON_INTERPRET; it prints one JSON document
+(one record per distinct compile, failures recorded with the compiler's message, not raised).
+tests/backends/triton/test_sampler_compiles.py runs it and checks the document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from unittest import mock
+
+import torch
+
+from compile_targets import TARGETS, compile_launch, cuda_resources, hip_resources, report_targets
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+OPS = ("sample", "probs", "logprobs")
+# Rows and vocabularies: one chunk per row, and several (the select merging chunk states).
+SHAPES = ((3, 1000), (2, 20000))
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+
+
+def _recording_bind(calls: list):
+    """A stand-in for the launch engine's `bind_kernel`: its launcher records (kernel, the
+    runtime arguments in the kernel's order, constexprs, options) for each launch instead of
+    launching, naming the arguments exactly as `bind_kernel` does."""
+    from anysoftmax.backends._triton_common.plan import runtime_params
+
+    def bind_kernel(b, *, scratch=None, device=None, **_):
+        def launch(args, values=b.values, per_call=()):
+            if scratch is not None:
+                args = (*args, *scratch(device))
+            named = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values))}
+            named.update(zip(b.per_call, per_call))
+            for meta in b.metas:
+                constexprs = {k: v for k, v in meta.items() if k not in LAUNCH_OPTIONS}
+                options = {k: v for k, v in meta.items() if k in LAUNCH_OPTIONS}
+                calls.append((b.kernel, tuple(named[n] for n in runtime_params(b.kernel)), constexprs, options))
+        return launch
+
+    return bind_kernel
+
+
+def _keywords(op: str, rows: int, per_row: bool) -> dict:
+    """Keywords of `op` as numbers, or as per-row tensors (every one the op takes)."""
+    if op == "logprobs":
+        return dict(temperature=torch.full((rows,), 0.8)) if per_row else dict(temperature=0.8)
+    if not per_row:
+        kw = dict(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05)
+        return {**kw, "seed": 5, "offset": 3} if op == "sample" else kw
+    kw = dict(temperature=torch.full((rows,), 0.7), top_k=torch.full((rows,), 20), top_p=torch.full((rows,), 0.9),
+              min_p=torch.full((rows,), 0.05))
+    if op == "sample":
+        kw.update(seed=torch.arange(rows), offset=torch.full((rows,), 3))
+    return kw
+
+
+def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, fused: bool, per_row: bool) -> list:
+    """[(kernel, args, constexprs, options)] the Triton sampler launches for one request."""
+    from dataclasses import replace
+
+    from anysoftmax.backends._triton_common import sampling as s
+    from anysoftmax.sampling.spec import SamplingSpec, check_ids
+
+    x = torch.randn(rows, vocab).to(dtype)
+    kw = _keywords(op, rows, per_row)
+    spec = SamplingSpec.from_request(op, x, **kw)
+    plan = replace(s.plan_for(rows, vocab, x.device, programs=4), fused=fused)
+    calls: list = []
+    s._bound.clear()
+    with mock.patch.object(s, "bind_kernel", _recording_bind(calls)):
+        if op == "sample":
+            s.sample(spec, x, True, plan=plan)
+        elif op == "probs":
+            s.probs(spec, x, plan=plan)
+        else:
+            ids = check_ids(op, spec, torch.randint(0, vocab, (rows, 3)))
+            s.logprobs(spec, x, ids, 4, plan=plan)
+    s._bound.clear()
+    return calls
+
+
+def sharded_launches(dtype: torch.dtype, rows: int, vocab: int, per_row: bool) -> list:
+    """The launches of a vocabulary sharded in two: one shard's scan, the select of both."""
+    from anysoftmax.backends._triton_common import sampling as s
+    from anysoftmax.sampling.spec import SamplingSpec
+
+    x = torch.randn(rows, vocab // 2).to(dtype)
+    spec = SamplingSpec.from_request("sample", x, **_keywords("sample", rows, per_row))
+    calls: list = []
+    s._bound.clear()
+    with mock.patch.object(s, "bind_kernel", _recording_bind(calls)):
+        ws, space, plan = s.scan_shard(spec, x, 0, vocab)
+        gathered = torch.zeros((2, space.shard_words), dtype=torch.int32)
+        s.select_shards(spec, gathered, 2, vocab, plan)
+    s._bound.clear()
+    return calls
+
+
+def _signature(kernel, args, constexprs) -> tuple:
+    """What decides a compile: argument types, 16-divisibility of integers, constexprs."""
+    def kind(a):
+        if isinstance(a, torch.Tensor):
+            return str(a.dtype)
+        if isinstance(a, int) and not isinstance(a, bool):
+            return ("int", a == 1, a % 16 == 0)
+        return type(a).__name__
+    return kernel.__name__, tuple(kind(a) for a in args), tuple(sorted(constexprs.items()))
+
+
+def _error(exc: BaseException) -> str:
+    """The exception and its causes (a CompilationError names the line; its cause says why)."""
+    parts = []
+    while exc is not None:
+        parts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__
+    return "\ncaused by ".join(parts)
+
+
+def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
+    """Compile every launch of every request (`OPS` and a sharded `sample`; fused and not;
+    keywords as numbers and per row) for `target`: {kernels: [...], errors: [...]}."""
+    kernels, errors, seen = [], [], set()
+    requests = [(op, d, rows, vocab, fused, per_row) for op in OPS for d in dtypes for rows, vocab in shapes
+                for fused in (True, False) for per_row in (False, True)]
+    requests += [("sample-sharded", d, rows, vocab, False, per_row) for d in dtypes for rows, vocab in shapes
+                 for per_row in (False, True)]
+    for op, dname, rows, vocab, fused, per_row in requests:
+        where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, fused=fused, per_row=per_row)
+        try:
+            calls = sharded_launches(dtypes[dname], rows, vocab, per_row) if op == "sample-sharded" else \
+                launches(op, dtypes[dname], rows, vocab, fused, per_row)
+        except Exception as exc:
+            errors.append(dict(where, stage="launch", error=f"{type(exc).__name__}: {exc}",
+                               traceback=traceback.format_exc(limit=-4)))
+            continue
+        for kernel, args, constexprs, options in calls:
+            key = _signature(kernel, args, constexprs)
+            if key in seen:
+                continue
+            seen.add(key)
+            record = dict(where, kernel=kernel.__name__, constexprs={k: v for k, v in constexprs.items()},
+                          num_warps=options.get("num_warps"))
+            try:
+                t0 = time.perf_counter()
+                compiled, how = compile_launch(kernel, args, constexprs, target, options)
+                res = cuda_resources(compiled) if TARGETS[target].backend == "cuda" else hip_resources(compiled)
+                record.update(res, compile_s=round(time.perf_counter() - t0, 2), specialization=how,
+                              shared=int(compiled.metadata.shared))
+                kernels.append(record)
+            except Exception as exc:
+                errors.append(dict(record, stage="compile", error=_error(exc),
+                                   traceback=traceback.format_exc(limit=-6)))
+    return dict(kernels=kernels, errors=errors)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default="sm_90,gfx942", help="comma-separated keys of TARGETS")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: " + ", ".join(DTYPES))
+    parser.add_argument("--shapes", default=",".join(f"{r}x{v}" for r, v in SHAPES),
+                        help="comma-separated ROWSxVOCAB requests")
+    a = parser.parse_args(argv)
+    shapes = tuple(tuple(int(n) for n in shape.split("x")) for shape in a.shapes.split(","))
+    dtypes = {d: DTYPES[d] for d in a.dtypes.split(",")}
+    json.dump(report_targets(a.targets, lambda target: compile_target(target, dtypes, shapes)), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

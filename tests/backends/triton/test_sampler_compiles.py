@@ -1,0 +1,76 @@
+"""The sampler's Triton kernels (`_triton_common/sampling_kernels.py`) compile for NVIDIA H100
+(sm_90) and AMD MI300X (gfx942) on any machine, in every launch the sampler makes.
+
+What this proves: `sampler_targets.py` runs the Triton sampler on CPU tensors with its launches
+recorded instead of made, and compiles each one with the specialization a real launch gives it:
+`sample`, `probs` (its second pass too) and `logprobs`; the select fused into the scan and as a
+launch of its own; a sharded vocabulary's scan and select; every keyword as a number (its
+pointer operand absent, stood in for) and as a per-row tensor. Here bfloat16 logits and one
+vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
+compile checks, do not depend on either); the script's defaults add float16, float32 and a
+one-chunk vocabulary (`python tests/backends/triton/sampler_targets.py`, a few minutes).
+Register counts come out of the binaries.
+
+What it does not prove: nothing runs (results: tests/backends/triton/test_sampling_kernels.py
+through the interpreter, and on a GPU). The interpreter types nothing, so only a compile finds
+an operand whose type the kernel cannot take.
+
+The compilation runs in a subprocess: this suite sets TRITON_INTERPRET=1, under which the
+kernels are not compilable JITFunctions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from compile_targets import missing_backend, run_script
+from sampler_targets import OPS
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = Path(__file__).resolve().parent / "sampler_targets.py"
+CHECKED = ("sm_90", "gfx942")
+DTYPE, SHAPE = "bfloat16", "2x20000"
+REG_LIMIT = {"sm_90": 255, "gfx942": 512}  # registers per thread (gfx942: the unified 512-entry VGPR file)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    targets = [t for t in CHECKED if missing_backend(t) is None]
+    if not targets:
+        pytest.skip("; ".join(missing_backend(t) for t in CHECKED))
+    return run_script(SCRIPT, ["--targets", ",".join(targets), "--dtypes", DTYPE, "--shapes", SHAPE], ROOT,
+                      tmp_path_factory.mktemp("triton_cache"))
+
+
+def _kernels(report: dict, target: str) -> list[dict]:
+    reason = missing_backend(target)
+    if reason:
+        pytest.skip(reason)
+    return [k for k in report["kernels"] if k["target"] == target]
+
+
+@pytest.mark.parametrize("target", CHECKED)
+def test_every_sampler_launch_compiles(report, target):
+    kernels = _kernels(report, target)
+    errors = [e for e in report["errors"] if e["target"] == target]
+    assert not errors, f"{len(errors)} sampler launches failed on {target}:\n" + "\n".join(
+        f"  {e['op']} {e['dtype']} V={e['vocab']} fused={e['fused']} per-row={e['per_row']} "
+        f"{e.get('kernel', '')} [{e['stage']}]: {e['error'].splitlines()[0]} ... {e['error'].splitlines()[-1]}"
+        for e in errors[:6])
+    done = {(k["op"], k["kernel"], k["constexprs"].get("FUSED"), k["dtype"]) for k in kernels}
+    for op in OPS:
+        assert {(op, "scan_kernel", True, DTYPE), (op, "scan_kernel", False, DTYPE),
+                (op, "select_kernel", None, DTYPE)} <= done, op
+    assert {("probs", "probs_kernel", None, DTYPE), ("sample-sharded", "select_kernel", None, DTYPE)} <= done
+    assert all(k["specialization"] == "jit-binder" for k in kernels), \
+        "compiled without the JIT's launch specialization (Triton internals changed?)"
+
+
+@pytest.mark.parametrize("target", CHECKED)
+def test_sampler_register_counts_are_within_limits(report, target):
+    kernels = _kernels(report, target)
+    assert kernels
+    bad = [f"{k['op']} {k['kernel']} {k['dtype']}: {k['n_regs']}" for k in kernels
+           if not 0 < k["n_regs"] <= REG_LIMIT[target]]
+    assert not bad, f"register counts outside (0, {REG_LIMIT[target]}]:\n" + "\n".join(bad)
