@@ -42,6 +42,10 @@ TARGETS = {
     "gfx942": GPUTarget("hip", "gfx942", 64),
 }
 
+# Registers per thread a kernel may use: 255 on NVIDIA; 512 VGPRs per lane on gfx942
+# (256 general + 256 accumulation, one unified file).
+REG_LIMIT = {"sm_90": 255, "sm_80": 255, "gfx942": 512}
+
 _TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
                  torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 

@@ -23,14 +23,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from compile_targets import CASES, DEVICES, DTYPES, STAGED_CASES, missing_backend, run_script
+from compile_targets import CASES, DEVICES, DTYPES, REG_LIMIT, STAGED_CASES, missing_backend, run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "compile_targets.py"
 CHECKED = ("sm_90", "gfx942")
-# Registers per thread a kernel may use: 255 on NVIDIA; 512 VGPRs per lane on gfx942
-# (256 general + 256 accumulation, one unified file).
-REG_LIMIT = {"sm_90": 255, "gfx942": 512}
 SMS = {"sm_90": 132, "gfx942": 304}  # H100 SXM, MI300X
 
 

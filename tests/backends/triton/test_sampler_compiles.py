@@ -24,14 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from compile_targets import missing_backend, run_script
+from compile_targets import REG_LIMIT, missing_backend, run_script
 from sampler_targets import OPS
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "sampler_targets.py"
 CHECKED = ("sm_90", "gfx942")
 DTYPE, SHAPE = "bfloat16", "2x20000"
-REG_LIMIT = {"sm_90": 255, "gfx942": 512}  # registers per thread (gfx942: the unified 512-entry VGPR file)
 
 
 @pytest.fixture(scope="module")
