@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 from types import SimpleNamespace
 
+import numpy
 import pytest
 import torch
 
@@ -119,7 +120,7 @@ def _check_and_replay(made: list, recorders: list, device, rows: int) -> None:
     counters = launcher.row_counters(device, rows)
     for kernel, grid, ptrs, ints, floats, tail, call_args in replay:
         tensors = {t.data_ptr(): t for t in (*(t for t in call_args if t is not None), f_stand, i_stand, counters)}
-        with launcher.interpreter_quiet():
+        with numpy.errstate(invalid="ignore", divide="ignore"):  # (masked lanes: -inf - -inf, by design)
             kernel[(grid,)](*[tensors[p] for p in ptrs], *ints, *floats, *tail)
 
 
