@@ -81,7 +81,8 @@ def softmax_cols_kernel(
 
 @triton.jit
 def softmax_cols_split_kernel(
-    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, r_ptr, stats_ptr, count_ptr, n_outer, n_red, n_inner, n_chunks, xso, xsn, yso, ysn,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, r_ptr, stats_ptr, count_ptr, n_outer, n_red, n_inner, n_chunks, xso, xsn,
+    yso, ysn,
     mso, msn, msi, sso, ssi, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_I: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,

@@ -17,8 +17,8 @@ from anysoftmax.testing.cases import row_scale
 from anysoftmax.testing.checks import check_logsumexp
 from helpers import LONG_ROW_PATHS, runnable_backends
 
-pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
-                                reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
+ON_CPU = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
+                            reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
 
 PATHS = {"tile": {}, **LONG_ROW_PATHS}
 # (x shape, dim, scale shape, kernel kinds the paths give): the last dim (row kernels), a
@@ -63,6 +63,7 @@ def launched(monkeypatch):
     return seen
 
 
+@ON_CPU
 @pytest.mark.parametrize("extra", list(EXTRAS))
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape,dim,scale_shape,path,kind", list(_cases()))
@@ -74,6 +75,7 @@ def test_every_kernel_kind_applies_the_row_scale(shape, dim, scale_shape, path, 
     assert launched == [(kind, True)]
 
 
+@ON_CPU
 @pytest.mark.parametrize("extra", list(EXTRAS))
 @pytest.mark.parametrize("shape,dim,scale_shape,path,kind", list(_cases()))
 def test_logsumexp_applies_the_row_scale(shape, dim, scale_shape, path, kind, extra, launched, gen):
@@ -85,6 +87,7 @@ def test_logsumexp_applies_the_row_scale(shape, dim, scale_shape, path, kind, ex
     assert launched[-1] == ((kind if kind in lse_rows.ROW_KINDS else "lse_kernel"), True)
 
 
+@ON_CPU
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
 def test_scale_dtypes_and_a_non_contiguous_scale(dtype, launched, gen):
     # A float64 scale in a float64 kernel is read exactly; a bfloat16 one widened.
@@ -93,3 +96,25 @@ def test_scale_dtypes_and_a_non_contiguous_scale(dtype, launched, gen):
     assert not scale.is_contiguous()
     assert check_forward(x, -1, backend="triton", fused={"scale": scale}) is None
     assert launched == [("tile", True)]
+
+
+# Sampler-sized logits on a GPU, the planner's own choices: vocabulary rows (tile for a short
+# vocabulary, the cooperative split for 128K; online where the table asks for it), a reduction
+# over a middle dim (the column kernels).
+GPU_CASES = {"tile": ((64, 4096), -1, (64, 1), {}), "split": ((8, 128256), -1, (8, 1), {}),
+             "online": ((8, 128256), -1, (8, 1), {"long_rows": "online"}),
+             "cols": ((4, 2048, 64), 1, (4, 1, 64), {})}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", list(GPU_CASES))
+def test_gpu_row_scale_in_every_kernel_kind(case, dtype, launched, gen):
+    shape, dim, scale_shape, over = GPU_CASES[case]
+    x = (torch.randn(shape, generator=gen) * 4).to(dtype).cuda()
+    fused = {"scale": row_scale(scale_shape)(gen).cuda()}
+    with heuristics.override(**over):
+        for log in (False, True):
+            assert check_forward(x, dim, backend="triton", log=log, fused=fused) is None
+        assert check_logsumexp(x, dim, backend="triton", fused=fused) is None
+    assert launched and all(has_row_scale for _, has_row_scale in launched)
