@@ -100,7 +100,7 @@ def main() -> None:
     memo = dispatch._memo
     fwd_key = core_request.request_key(core_request.FWD, x, -1, None, "triton", False)
     bwd_key = core_request.request_key(core_request.BWD, y, -1, None, "triton", False, g)
-    assert _install_noop(memo.get(fwd_key), (x, y, None, None, None)) == 1, "no forward launcher found to stub"
+    assert _install_noop(memo.get(fwd_key), (x, y, None, None, None, None)) == 1, "no forward launcher found to stub"
     assert _install_noop(memo.get(bwd_key), (y, g, y, None, None, None, None)) == 1, "no backward launcher found"
     merges = {}
     for k in (2, 8):
@@ -118,7 +118,7 @@ def main() -> None:
         if memo.get(lse_key) is None:
             lse_key = core_request.request_key(core_request.LSE, t, -1, None, "triton", False, None,
                                                dispatch.FusedArgs(None, None, False, None, None))
-        assert _install_noop(memo.get(lse_key), (t, lse, None, None, None)) == 1, "no logsumexp launcher found"
+        assert _install_noop(memo.get(lse_key), (t, lse, None, None, None, None)) == 1, "no logsumexp launcher found"
     key = _key_fn()
     lookup = memo.get
     rows = [

@@ -139,10 +139,10 @@ def timings(rounds: int = 5) -> dict:
                 continue
             y0 = torch.empty_like(x)
             if which == "triton":
-                note("raw Triton launch, preallocated", raw_triton_launch(state, (x, y0, None, None, None)))
+                note("raw Triton launch, preallocated", raw_triton_launch(state, (x, y0, None, None, None, None)))
             elif state["fast"].native is not None:
                 fn = state["fast"].native
-                note("raw native launch, preallocated", lambda: fn(x, y0, None, None, None))
+                note("raw native launch, preallocated", lambda: fn(x, y0, None, None, None, None))
     return {name: statistics.median(v) for name, v in seen.items()}
 
 

@@ -88,7 +88,7 @@ def main():
         launch, state = next(launch_states(entry), (None, None))
         if state and state["fast"]:
             out = torch.empty_like(x)
-            given = (x, out, None, None, None)
+            given = (x, out, None, None, None, None)
             rows.append(("  launcher's launch (ptrs, stream, hooks)", lambda: launch(given)))
             rows.append(("  raw Triton launch (C extension)", raw_triton_launch(state, given)))
             native = state["fast"].native

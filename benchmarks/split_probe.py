@@ -171,7 +171,7 @@ def plan_info(inputs: tuple, direction: str) -> dict:
         if direction == "fwd":
             x, y, layout, _ = request.forward_layout(t, spec)
             plan = backend.plan(x, y, layout, spec)
-            given = (x, y, None, None, None)
+            given = (x, y, None, None, None, None)
         else:
             y = t.contiguous()
             layout, _ = request.backward_layout(y, spec)

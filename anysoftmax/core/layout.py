@@ -177,12 +177,13 @@ def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
     """The strides the kernels read the fused operands with: the mask's broadcast view over
     the input's shape (read in place, never materialised), and with sinks two per-row tensors
     contiguous over the input's shape with size 1 in `dim`: the sinks as the kernels read them
-    (copied to that layout: docs/kernels.md says why) and the sink shares they write."""
+    (copied to that layout: docs/kernels.md says why) and the sink shares they write. A row
+    scale, copied to that layout too, is read with the sinks' strides (the same pair)."""
     v = getattr(spec, "variant", None)
     if v is None:
         return ()
     out = [v.mask.strides] if v.mask is not None else []
-    if v.sinks is not None:
+    if v.sinks is not None or v.row_scale is not None:
         out += [row_operand_strides(spec.shape, spec.dim)] * 2
     return tuple(out)
 

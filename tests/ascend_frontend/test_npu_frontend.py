@@ -58,7 +58,7 @@ def _plans(x, spec, operands=None):
     mask, sinks, p = operands or (None, None, None)
     if mask is not None and mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)
-    return plan, plan.calls(plan.tensors((x, y, mask, sinks, p)), layout, spec.log, spec.out_dtype)
+    return plan, plan.calls(plan.tensors((x, y, mask, sinks, p, None)), layout, spec.log, spec.out_dtype)
 
 
 def _check(plan, calls, what):

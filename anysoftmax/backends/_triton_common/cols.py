@@ -9,7 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fused import close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, merge_stats, prologue, sink_share
+from .fused import (close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, merge_stats, prologue, row_scale,
+                    sink_share)
 from .rows import normalise_chunk, row_arrive, row_depart, row_wait
 
 
@@ -44,12 +45,13 @@ def _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn
 
 @triton.jit
 def softmax_cols_kernel(
-    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, n_outer, n_red, n_inner, xso, xsn, yso, ysn,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, r_ptr, n_outer, n_red, n_inner, xso, xsn, yso, ysn,
     mso, msn, msi, sso, ssi, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     k = tl.arange(0, BLOCK_N)
@@ -59,8 +61,11 @@ def softmax_cols_kernel(
         o = item // n_iblk
         inner = (item % n_iblk) * BLOCK_I + i0
         mask = (k < n_red)[:, None] & (inner < n_inner)[None, :]
+        scale = scale_hi
+        if HAS_ROW_SCALE:
+            scale = row_scale(r_ptr, tl.cast(o, tl.int64) * sso + inner * ssi, inner < n_inner, acc_ty)[None, :]
         z, _, live, m_ptrs = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi,
-                                            SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE,
+                                            SQ, C_OFF, scale, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE,
                                             HAS_CAP, MASK, CAUSAL, ACC_FP64, PRECISE)
         sink = 0.0
         if HAS_SINK:
@@ -76,12 +81,14 @@ def softmax_cols_kernel(
 
 @triton.jit
 def softmax_cols_split_kernel(
-    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, stats_ptr, count_ptr, n_outer, n_red, n_inner, n_chunks, xso, xsn, yso, ysn,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, r_ptr, stats_ptr, count_ptr, n_outer, n_red, n_inner, n_chunks, xso, xsn,
+    yso, ysn,
     mso, msn, msi, sso, ssi, SQ, C_OFF, scale_hi, scale_lo, cap_hi, cap_lo,
     LOG: tl.constexpr, ACC_FP64: tl.constexpr, WIDE: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_I: tl.constexpr, G_POW2: tl.constexpr, PHASE: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
 ):
     """Work item = (group of BLOCK_I inner positions of one outer index, chunk of N).
     stats holds, per group, n_chunks x (max[BLOCK_I], sum[BLOCK_I][, kept count[BLOCK_I]])."""
@@ -98,8 +105,11 @@ def softmax_cols_split_kernel(
         inner = (group % n_iblk) * BLOCK_I + i0
         k = chunk * CHUNK + k0
         mask = (k < n_red)[:, None] & (inner < n_inner)[None, :]
+        scale = scale_hi
+        if HAS_ROW_SCALE:
+            scale = row_scale(r_ptr, tl.cast(o, tl.int64) * sso + inner * ssi, inner < n_inner, acc_ty)[None, :]
         z, keep, _, _ = _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn, msi, SQ,
-                                       C_OFF, scale_hi, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE, HAS_CAP,
+                                       C_OFF, scale, scale_lo, cap_hi, cap_lo, acc_ty, WIDE, HAS_SCALE, HAS_CAP,
                                        MASK, CAUSAL, ACC_FP64, PRECISE)
         stats = stats_ptr + tl.cast(group, tl.int64) * (NSTAT * n_chunks * BLOCK_I)
         if PHASE != 2:

@@ -3,6 +3,8 @@ decide which steps exist; their values are runtime arguments (a new temperature 
 
 * HAS_SCALE / HAS_CAP: z = scale * x, then z = softcap * tanh(z / softcap); the values come as
   (hi, lo) float32 pairs (Triton passes floats as float32; hi + lo carries ~48 bits for fp64).
+* HAS_ROW_SCALE (with HAS_SCALE): one scale per row, loaded (`row_scale`) at the row's sink
+  offset from `r_ptr` and passed to `prologue` in place of hi (lo is then 0).
 * MASK: 0 none, 1 bool (read as uint8; nonzero = excluded), 2 additive (added in the
   accumulation dtype).
 * CAUSAL: keep column j of a row with query q when j <= q + C_OFF (0: top left; sk - sq: bottom
@@ -52,6 +54,13 @@ def pair(hi, lo, ACC_FP64: tl.constexpr):
         return tl.cast(hi, tl.float64) + tl.cast(lo, tl.float64)
     else:
         return hi
+
+
+@triton.jit
+def row_scale(r_ptr, offsets, ok, acc_ty: tl.constexpr):
+    """The row scales at `offsets` (one per row, where `ok`; 1 elsewhere) in the accumulation
+    dtype: a float64 scale stays exact in float64 kernels."""
+    return tl.load(r_ptr + offsets, mask=ok, other=1.0).to(acc_ty)
 
 
 @triton.jit

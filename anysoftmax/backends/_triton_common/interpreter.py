@@ -83,7 +83,7 @@ def interpreter_problem() -> str | None:
     y = torch.empty_like(x)
     layout = RowLayout.from_strides((2, 3), (3, 1), (3, 1), 1)
     try:
-        bind(TilePlan(1, 4, 1), layout, False, torch.float32)((x, y, None, None, None))
+        bind(TilePlan(1, 4, 1), layout, False, torch.float32)((x, y, None, None, None, None))
     except Exception as exc:  # the interpreter's own failure, reported as the reason
         import numpy
         return (f"the Triton {triton.__version__} interpreter fails here with numpy {numpy.__version__} "

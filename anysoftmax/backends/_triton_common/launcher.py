@@ -370,7 +370,7 @@ def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype,
     values=PLAIN_SCALARS)`, `tensors` as `plan.tensors` takes them (None for an absent operand),
     `values` the per-call floats (`plan.scalars`). A cooperative plan the driver refuses falls
     back to its two-launch form."""
-    n = 7 if plan.backward else 5
+    n = 7 if plan.backward else 6
     needs_scratch = plan.split or plan.backward
     opts = plan.launch_options()
     binding = Binding(plan.kernel(), plan.grid, plan.pointer_names(),

@@ -17,24 +17,25 @@ from ...core.layout import cdiv, output_maker
 from ...core.lse_merge import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
-from .fused import close_lse, col_limit, exp_acc, lse_rescale, lse_sub, prologue
+from .fused import close_lse, col_limit, exp_acc, lse_rescale, lse_sub, prologue, row_scale
 from .launcher import Binding, bind_kernel
 from .plan import PLAIN_SCALARS, VALUE_NAMES, Fusion, scalars
 from .rows import row_offsets
-from .softmax_launchers import logical_rows, mask_operand, sinks_operand
+from .softmax_launchers import logical_rows, mask_operand, row_scale_operand, sinks_operand
 
 
 @triton.jit
 def lse_kernel(
-    x_ptr, o_ptr, m_ptr, s_ptr, n_rows, n_cols, chunk_cols,
+    x_ptr, o_ptr, m_ptr, s_ptr, r_ptr, n_rows, n_cols, chunk_cols,
     S1, S2, xs0, xs1, xs2, xsn, ms0, ms1, ms2, msn, ss0, ss1, ss2, SQ, Q_DIV, C_OFF,
     scale_hi, scale_lo, cap_hi, cap_lo,
     ACC_FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SINK: tl.constexpr, PRECISE: tl.constexpr,
+    HAS_SINK: tl.constexpr, PRECISE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
     """o[row * CHUNKS + c] = log(sum over the kept columns of chunk c of exp(z)) (+ the sink in
-    chunk 0): CHUNKS = 1 gives the row's logsumexp itself."""
+    chunk 0): CHUNKS = 1 gives the row's logsumexp itself. HAS_ROW_SCALE: each row's scale is
+    read at its sink offset (`r_ptr`) in place of the scalar one."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols0 = tl.arange(0, BLOCK_N)
     n_work = tl.cdiv(n_rows, BLOCK_M) * CHUNKS
@@ -46,6 +47,9 @@ def lse_kernel(
         x_off = row_offsets(rows, S1, S2, xs0, xs1, xs2)
         m_off = row_offsets(rows, S1, S2, ms0, ms1, ms2)
         lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
+        scale = scale_hi
+        if HAS_ROW_SCALE:
+            scale = row_scale(r_ptr, row_offsets(rows, S1, S2, ss0, ss1, ss2), row_ok, acc_ty)[:, None]
         lo = c * chunk_cols
         hi = tl.minimum(lim, lo + chunk_cols)
         # Per row: the running max m and the sum s of exp(z - lse_sub(m)), rescaled once per
@@ -60,7 +64,7 @@ def lse_kernel(
             else:
                 live = row_ok[:, None] & (cols[None, :] < hi)
             x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * xsn, mask=live, other=float("-inf")).to(acc_ty)
-            z, _ = prologue(x, live, m_ptr + m_off[:, None] + cols[None, :] * msn, scale_hi, scale_lo, cap_hi,
+            z, _ = prologue(x, live, m_ptr + m_off[:, None] + cols[None, :] * msn, scale, scale_lo, cap_hi,
                             cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
             m_new = tl.maximum(m, tl.max(z, axis=1))
             s = lse_rescale(s, m, m_new, ACC_FP64) + tl.sum(exp_acc(z - lse_sub(m_new)[:, None], ACC_FP64), axis=1)
@@ -91,15 +95,16 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
     strides as this x's), through `lse_kernel` with the tiles and grid of `plan_for(n_rows,
     n_cols) -> LsePlan`. `guard`: the device guard (`launcher.bind_kernel`)."""
     v = spec.variant
+    per_row = v.sinks is not None or v.row_scale is not None  # (a row scale: read at the sinks' offsets)
     copy, layout = logical_rows(spec.shape, tuple(x.stride()), spec.dim, None if v.mask is None else v.mask.strides,
-                                v.sinks is not None)
+                                per_row)
     n_rows, n_cols = layout.n_rows, layout.n_cols
     plan = plan_for(n_rows, n_cols)
     chunk_cols = cdiv(cdiv(n_cols, max(1, plan.chunks)), plan.block_n) * plan.block_n  # whole sub-blocks
     chunks = cdiv(n_cols, chunk_cols)
     (m_rows, m_col), k = ((layout.op_row_strides[0], layout.op_col_strides[0]), 1) if v.mask is not None else \
         (((0, 0, 0), 0), 0)
-    s_rows = layout.op_row_strides[k] if v.sinks is not None else (0, 0, 0)
+    s_rows = layout.op_row_strides[k] if per_row else (0, 0, 0)
     _, s1, s2 = layout.row_sizes
     fusion = Fusion.of(spec)
     sq, q_div, c_off = fusion.causal_args(layout)
@@ -108,21 +113,23 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
                 **dict(zip(("ms0", "ms1", "ms2"), m_rows)), msn=m_col, **dict(zip(("ss0", "ss1", "ss2"), s_rows)),
                 SQ=sq, Q_DIV=q_div, C_OFF=c_off)
     meta = dict(ACC_FP64=spec.acc_dtype == torch.float64, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CHUNKS=chunks,
-                **fusion.constexprs(spec.out_dtype, backward=True))
+                **fusion.constexprs(spec.out_dtype, backward=True), HAS_ROW_SCALE=fusion.has_row_scale)
     if plan.num_warps is not None:
         meta["num_warps"] = plan.num_warps
-    # (an absent mask is stood in for by x, absent sinks by the result: never read)
-    launch = bind_kernel(Binding(lse_kernel, max(1, plan.grid), ("x_ptr", "o_ptr", "m_ptr", "s_ptr"),
-                                 lambda a: (a[0], a[1], a[0] if a[2] is None else a[2], a[1] if a[3] is None else a[3]),
+    # (an absent mask or row scale is stood in for by x, absent sinks by the result: never read)
+    launch = bind_kernel(Binding(lse_kernel, max(1, plan.grid), ("x_ptr", "o_ptr", "m_ptr", "s_ptr", "r_ptr"),
+                                 lambda a: (a[0], a[1], a[0] if a[2] is None else a[2], a[1] if a[3] is None else a[3],
+                                            a[0] if a[4] is None else a[4]),
                                  ints, (meta,), VALUE_NAMES, PLAIN_SCALARS), device=spec.device, guard=guard)
     shape, new_partials = row_shape(spec.shape, spec.dim), output_maker((n_rows * chunks,), spec.acc_dtype, spec.device)
-    plain_values = v.scale is None and v.softcap is None
+    plain_values = v.scale is None and v.softcap is None and v.row_scale is None
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
         if copy:
             x = x.contiguous()
         out = new_partials()
-        launch((x, out, mask_operand(operands.mask, spec, copy), sinks_operand(operands.sinks, spec)),
+        launch((x, out, mask_operand(operands.mask, spec, copy), sinks_operand(operands.sinks, spec),
+                row_scale_operand(operands, spec)),
                PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
         if chunks > 1:
             out = torch.logsumexp(out.view(n_rows, chunks), 1)

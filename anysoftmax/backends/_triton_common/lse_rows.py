@@ -16,7 +16,7 @@ from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .launcher import bind
 from .plan import PLAIN_SCALARS, KernelPlan, scalars
-from .softmax_launchers import mask_operand, materialised_strides, sinks_operand
+from .softmax_launchers import mask_operand, materialised_strides, row_scale_operand, sinks_operand
 
 # Plan kinds whose kernels have the STATES_ONLY form.
 ROW_KINDS = ("tile", "online", "split")
@@ -61,13 +61,13 @@ def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise
     launch = bind(plan, layout, False, spec.out_dtype, spec.device)
     new_lse = output_maker(row_shape(spec.shape, spec.dim), spec.acc_dtype, spec.device)
     v = spec.variant
-    plain_values = v.scale is None and v.softcap is None
+    plain_values = v.scale is None and v.softcap is None and v.row_scale is None
     if plain_values and v.mask is None and v.sinks is None:  # (the request key says the operands are absent)
         def run_plain(x: torch.Tensor, operands: Operands) -> torch.Tensor:
             if copy_x:
                 x = x.contiguous()
             out = new_lse()
-            launch((x, out, None, None, None))
+            launch((x, out, None, None, None, None))
             return out
 
         return run_plain
@@ -77,7 +77,8 @@ def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise
             x = x.contiguous()
         out = new_lse()
         # (PLAIN_SCALARS itself: the bound launcher's fast path passes it pre-joined)
-        launch((x, out, mask_operand(operands.mask, spec, materialise), sinks_operand(operands.sinks, spec), None),
+        launch((x, out, mask_operand(operands.mask, spec, materialise), sinks_operand(operands.sinks, spec), None,
+                row_scale_operand(operands, spec)),
                PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
         return out
 

@@ -32,7 +32,8 @@ EMPTY_CODES = {"zero": 0, "nan": 1, "uniform": 2}
 class Fusion:
     """The fused family's part of a plan (`fused.py`): which steps the kernels compile in
     (constexprs) and the causal geometry (integer arguments). Operand strides live in the
-    layout (`RowLayout.op_row_strides`), values (scale, softcap) are passed per call."""
+    layout (`RowLayout.op_row_strides`), values (scale, softcap) are passed per call. A row
+    scale keeps HAS_SCALE on: each row's value stands in for the scalar one in `fused.prologue`."""
 
     has_scale: bool = False
     has_cap: bool = False
@@ -42,6 +43,7 @@ class Fusion:
     empty: int = 0  # 0 zero, 1 nan, 2 uniform
     sq: int = 1  # queries (the dim before the last) under causal
     c_off: int = 0  # kept: key j <= query q + c_off
+    has_row_scale: bool = False  # the scale is one value per row (read at the sinks' row offsets)
 
     @classmethod
     def of(cls, spec) -> "Fusion":
@@ -52,8 +54,9 @@ class Fusion:
         causal = v.causal != "none"
         sq = spec.shape[-2] if causal else 1
         c_off = spec.shape[-1] - spec.shape[-2] if v.causal == "bottom_right" else 0
-        return cls(v.scale is not None, v.softcap is not None, MASK_CODES[v.mask_kind], causal, v.sinks is not None,
-                   EMPTY_CODES[v.empty_rows] if v.has_empty_rows else 0, sq, c_off)
+        row_scale = v.row_scale is not None
+        return cls(v.scale is not None or row_scale, v.softcap is not None, MASK_CODES[v.mask_kind], causal,
+                   v.sinks is not None, EMPTY_CODES[v.empty_rows] if v.has_empty_rows else 0, sq, c_off, row_scale)
 
     @property
     def has_empty(self) -> bool:
@@ -70,16 +73,19 @@ class Fusion:
         accurate small-argument form."""
         flags = dict(HAS_SCALE=self.has_scale, HAS_CAP=self.has_cap, MASK=self.mask, CAUSAL=self.causal,
                      HAS_SINK=self.has_sink, PRECISE=out_dtype.itemsize > 2)
-        return flags if backward else dict(flags, HAS_EMPTY=self.has_empty, EMPTY=self.empty)
+        return flags if backward else dict(flags, HAS_EMPTY=self.has_empty, EMPTY=self.empty,
+                                           HAS_ROW_SCALE=self.has_row_scale)
 
     def operand_strides(self, layout: RowLayout) -> tuple[tuple, tuple, tuple]:
         """((mask row strides, mask column stride), sink row strides, p_sink row strides)
-        from the layout (`core.layout.operand_strides` order), zeros for an absent operand."""
+        from the layout (`core.layout.operand_strides` order), zeros for an absent operand.
+        A row scale is read with the sinks' row strides (both one contiguous value per row)."""
         ops_rows, ops_cols = list(layout.op_row_strides), list(layout.op_col_strides)
         zero = (0,) * len(layout.row_sizes)
+        per_row = self.has_sink or self.has_row_scale
         mask = (ops_rows.pop(0), ops_cols.pop(0)) if self.mask else (zero, 0)
-        sink = ops_rows.pop(0) if self.has_sink else zero
-        p = ops_rows.pop(0) if self.has_sink else zero
+        sink = ops_rows.pop(0) if per_row else zero
+        p = ops_rows.pop(0) if per_row else zero
         return mask, sink, p
 
     def causal_args(self, layout: RowLayout) -> tuple[int, int, int]:
@@ -101,9 +107,10 @@ def split_value(v: float) -> tuple[float, float]:
     return hi, float(v - hi)
 
 
-def scalars(scale: float, softcap: float) -> tuple[float, float, float, float]:
-    """The per-call float arguments of a fused launch."""
-    return (*split_value(scale), *split_value(softcap))
+def scalars(scale, softcap: float) -> tuple[float, float, float, float]:
+    """The per-call float arguments of a fused launch; a row scale (a tensor, which the kernel
+    reads through `r_ptr`) passes 1.0: hi 1 and lo 0, each row's value replacing hi."""
+    return (*split_value(1.0 if isinstance(scale, torch.Tensor) else scale), *split_value(softcap))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -240,7 +247,7 @@ class KernelPlan:
         """The kernel's names of the pointers `head` gives, in that order."""
         if self.backward:
             return ("y_ptr", "dy_ptr", "dx_ptr", "x_ptr", "m_ptr", "p_ptr", "ds_ptr", "stats_ptr", "count_ptr")
-        names = ("x_ptr", "y_ptr", "m_ptr", "s_ptr", "p_ptr")
+        names = ("x_ptr", "y_ptr", "m_ptr", "s_ptr", "p_ptr", "r_ptr")
         return names + ("stats_ptr", "count_ptr") if self.split else names
 
     def arguments(self, head: tuple, layout: RowLayout, values: tuple = PLAIN_SCALARS) -> dict:
@@ -250,14 +257,14 @@ class KernelPlan:
 
     def tensors(self, given: tuple) -> tuple:
         """The kernel's tensor arguments from the launcher's: forward (x, y, mask, sinks,
-        p_sink), backward (y, dy, dx, x, mask, p_sink, dsinks); an absent operand (None) is
-        stood in for by x (read) or the output (written): the kernel never touches it."""
+        p_sink, row scale), backward (y, dy, dx, x, mask, p_sink, dsinks); an absent operand
+        (None) is stood in for by x (read) or the output (written): the kernel never touches it."""
         if self.backward:
             y, dy, dx, x, m, p, ds = given
             return (y, dy, dx, y if x is None else x, y if m is None else m, dx if p is None else p,
                     dx if ds is None else ds)
-        x, y, m, s, p = given
-        return (x, y, x if m is None else m, x if s is None else s, y if p is None else p)
+        x, y, m, s, p, r = given
+        return (x, y, x if m is None else m, x if s is None else s, y if p is None else p, x if r is None else r)
 
     def head(self, tensors: tuple, stats, counts) -> tuple:
         """The pointer arguments: the tensors, then the scratch where the kernel takes it."""

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .fused import (close_lse, close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, lanes_lse, lse_rescale,
-                    lse_sub, merge_stats, prologue, sink_share, tile_lse, whole_vectors)
+                    lse_sub, merge_stats, prologue, row_scale, sink_share, tile_lse, whole_vectors)
 
 LOG2E = 1.4426950408889634
 
@@ -55,7 +55,7 @@ def row_offsets(rows, S1, S2, st0, st1, st2):
 
 @triton.jit
 def softmax_tile_kernel(
-    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, n_rows, n_cols,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, r_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
     ms0, ms1, ms2, msn, ss0, ss1, ss2, ps0, ps1, ps2, SQ, Q_DIV, C_OFF,
     scale_hi, scale_lo, cap_hi, cap_lo,
@@ -64,7 +64,7 @@ def softmax_tile_kernel(
     FLAT_ROWS: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
-    STATES_ONLY: tl.constexpr,
+    STATES_ONLY: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
     """STATES_ONLY: the rows' logsumexp (`fused.tile_lse`) is written at y_ptr + the row's y offset
     instead of the softmax (`lse_rows.py`): same tiles and loads, no output row."""
@@ -115,7 +115,10 @@ def softmax_tile_kernel(
             live = mask
             x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * xsn, mask=live, other=float("-inf")).to(acc_ty)
         m_ptrs = m_ptr + m_off[:, None] + cols[None, :] * msn
-        z, _ = prologue(x, live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64,
+        scale = scale_hi
+        if HAS_ROW_SCALE:
+            scale = row_scale(r_ptr, s_off, row_ok, acc_ty)[:, None]
+        z, _ = prologue(x, live, m_ptrs, scale, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP, MASK, ACC_FP64,
                         PRECISE)
         sink = 0.0
         if HAS_SINK:
@@ -131,7 +134,7 @@ def softmax_tile_kernel(
 
 @triton.jit
 def softmax_online_kernel(
-    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, n_rows, n_cols,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, r_ptr, n_rows, n_cols,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
     ms0, ms1, ms2, msn, ss0, ss1, ss2, ps0, ps1, ps2, SQ, Q_DIV, C_OFF,
     scale_hi, scale_lo, cap_hi, cap_lo,
@@ -139,7 +142,7 @@ def softmax_online_kernel(
     BLOCK_N: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
-    STATES_ONLY: tl.constexpr,
+    STATES_ONLY: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
     """STATES_ONLY: pass 1 only, the row's logsumexp written at y_ptr + the row's y offset
     (`lse_rows.py`); its lanes subtract 0 for a +inf max (`fused.lse_sub`), so +inf stays +inf."""
@@ -153,6 +156,9 @@ def softmax_online_kernel(
         y_row = y_ptr + row_offsets(row64, S1, S2, ys0, ys1, ys2)
         m_row = m_ptr + row_offsets(row64, S1, S2, ms0, ms1, ms2)
         lim = col_limit(row64, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
+        scale = scale_hi
+        if HAS_ROW_SCALE:
+            scale = row_scale(r_ptr, row_offsets(row64, S1, S2, ss0, ss1, ss2), True, acc_ty)
         # Pass 1: per-lane running max m and sum s of exp(z - m), over the columns read.
         m = tl.full([BLOCK_N], float("-inf"), acc_ty)
         s = tl.zeros([BLOCK_N], acc_ty)
@@ -161,7 +167,7 @@ def softmax_online_kernel(
             cols = start + cols0
             live = cols < lim
             x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
-            z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
+            z, keep = prologue(x, live, m_row + cols * msn, scale, scale_lo, cap_hi, cap_lo,
                                HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
             m_new = tl.maximum(m, z)
             if STATES_ONLY:
@@ -200,7 +206,7 @@ def softmax_online_kernel(
                 cmask = cols < n_cols
                 live = cols < lim
                 x = tl.load(x_row + cols * xsn, mask=live, other=float("-inf")).to(acc_ty)
-                z, keep = prologue(x, live, m_row + cols * msn, scale_hi, scale_lo, cap_hi, cap_lo,
+                z, keep = prologue(x, live, m_row + cols * msn, scale, scale_lo, cap_hi, cap_lo,
                                    HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
                 if LOG:
                     y = (z - m_sub) - log_total
@@ -344,7 +350,7 @@ def row_meet_sum(count_ptr, row, n_chunks, stats_row, G_POW2: tl.constexpr):
 
 @triton.jit
 def softmax_split_kernel(
-    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
+    x_ptr, y_ptr, m_ptr, s_ptr, p_ptr, r_ptr, stats_ptr, count_ptr, n_rows, n_cols, n_chunks,
     S1, S2, xs0, xs1, xs2, xsn, ys0, ys1, ys2, ysn,
     ms0, ms1, ms2, msn, ss0, ss1, ss2, ps0, ps1, ps2, SQ, Q_DIV, C_OFF,
     scale_hi, scale_lo, cap_hi, cap_lo,
@@ -353,7 +359,7 @@ def softmax_split_kernel(
     PREFETCH: tl.constexpr, RELAXED_DEPART: tl.constexpr, HOLD_INPUT: tl.constexpr, STAGES: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
-    STATES_ONLY: tl.constexpr,
+    STATES_ONLY: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
     """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
 
@@ -424,7 +430,10 @@ def softmax_split_kernel(
         if PIPELINED:
             x_raw = tl.where(live, x_raw, float("-inf"))
         m_ptrs = m_ptr + row_offsets(row, S1, S2, ms0, ms1, ms2) + cols * msn
-        z, keep = prologue(x_raw.to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP,
+        scale = scale_hi
+        if HAS_ROW_SCALE:
+            scale = row_scale(r_ptr, row_offsets(row, S1, S2, ss0, ss1, ss2), True, acc_ty)
+        z, keep = prologue(x_raw.to(acc_ty), live, m_ptrs, scale, scale_lo, cap_hi, cap_lo, HAS_SCALE, HAS_CAP,
                            MASK, ACC_FP64, PRECISE)
         stats_row = stats_ptr + row * (NSTAT * n_chunks)
         if STATES_ONLY:  # (launched as PHASE 1: nothing below runs)
@@ -495,7 +504,7 @@ def softmax_split_kernel(
         if PHASE != 1:
             if HOLD:
                 # z again from the chunk as loaded (the float32 copy was not kept across the wait)
-                z, _ = prologue(_widen_again(x_raw).to(acc_ty), live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
+                z, _ = prologue(_widen_again(x_raw).to(acc_ty), live, m_ptrs, scale, scale_lo, cap_hi, cap_lo,
                                 HAS_SCALE, HAS_CAP, MASK, ACC_FP64, PRECISE)
                 y = normalise_chunk(z, z, z, z, m_sub, total, LOG, False, ACC_FP64)
             elif PHASE == 0:

@@ -37,8 +37,8 @@ def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool
 
 
 def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec) -> torch.Tensor | None:
-    """The sinks as the kernels read them: one value per row, contiguous over the input's row
-    shape (`core.layout.operand_strides` says why; no copy when they already are)."""
+    """The sinks (or a row scale) as the kernels read them: one value per row, contiguous over
+    the input's row shape (`core.layout.operand_strides` says why; no copy when they already are)."""
     if sinks is None:
         return None
     return sinks.expand(row_shape(spec)).contiguous()
@@ -49,7 +49,7 @@ def materialised_strides(spec: SoftmaxSpec) -> tuple:
     contiguous) and row shape (the sinks and their per-row output)."""
     v = spec.variant
     out = [contiguous_strides(spec.shape)] if v.mask is not None else []
-    if v.sinks is not None:
+    if v.sinks is not None or v.row_scale is not None:
         out += [row_operand_strides(spec.shape, spec.dim)] * 2
     return tuple(out)
 
@@ -78,7 +78,8 @@ def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool
 
 def logical_rows(shape: tuple, x_strides: tuple, dim: int, mask_strides, has_sink: bool) -> tuple[bool, RowLayout]:
     """(copy, layout): x's rows in logical order read through x's and the mask's strides (None:
-    no mask), the sinks one value per row, the output contiguous; `copy`: x and the mask are read
+    no mask), the sinks (`has_sink`: or a row scale) one value per row, the output contiguous;
+    `copy`: x and the mask are read
     as contiguous copies instead, their strides leaving more row dims than the kernels take."""
     ops = [] if mask_strides is None else [mask_strides]
     if has_sink:
@@ -106,7 +107,7 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
         if not POISON_OUTPUTS and not contiguous and spec.in_dtype == dtype and spec.strides == contiguous_strides(shape):
             def run_like(x: torch.Tensor) -> torch.Tensor:
                 y = torch.empty_like(x)
-                launch((x, y, None, None, None))
+                launch((x, y, None, None, None, None))
                 return y
 
             return run_like
@@ -115,7 +116,7 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
             if contiguous:
                 x = x.contiguous()
             y = new_output(shape, dtype, device)
-            launch((x, y, None, None, None))
+            launch((x, y, None, None, None, None))
             return y
 
         return run
@@ -132,10 +133,16 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
 
 
 def forward_tensors(x, y, ops: Operands, spec: SoftmaxSpec, p_shape, materialise: bool, as_bytes: bool = True):
-    """(x, y, mask, sinks, p_sink) as a fused forward launch takes them; p_sink allocated here
-    (`p_shape`: `row_shape(spec)` with sinks, else None)."""
+    """(x, y, mask, sinks, p_sink, row scale) as a fused forward launch takes them; p_sink
+    allocated here (`p_shape`: `row_shape(spec)` with sinks, else None)."""
     p = None if p_shape is None else torch.empty(p_shape, dtype=spec.acc_dtype, device=x.device)
-    return x, y, mask_operand(ops.mask, spec, materialise, as_bytes), sinks_operand(ops.sinks, spec), p
+    return (x, y, mask_operand(ops.mask, spec, materialise, as_bytes), sinks_operand(ops.sinks, spec), p,
+            row_scale_operand(ops, spec))
+
+
+def row_scale_operand(ops: Operands, spec: SoftmaxSpec) -> torch.Tensor | None:
+    """A row scale as the kernels read it (`sinks_operand`'s layout), None without one."""
+    return sinks_operand(ops.scale, spec) if spec.variant.row_scale is not None else None
 
 
 def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None, materialise: bool = False):

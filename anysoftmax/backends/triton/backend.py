@@ -29,14 +29,15 @@ _plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
 
 
 def _operand_stand_ins(spec: SoftmaxSpec, device) -> tuple:
-    """(mask, sinks, p_sink) of the variant's dtypes as the kernels take them, small: what a
-    compile for the occupancy model needs (its code depends on the dtypes, not the sizes)."""
+    """(mask, sinks, p_sink, row scale) of the variant's dtypes as the kernels take them, small:
+    what a compile for the occupancy model needs (its code depends on the dtypes, not the sizes)."""
     v = spec.variant
     mask = None if v.mask is None else torch.empty(16, dtype=torch.uint8 if v.mask_kind == "bool" else v.mask.dtype,
                                                    device=device)
     sinks = None if v.sinks is None else torch.empty(16, dtype=v.sinks.dtype, device=device)
     p = None if v.sinks is None else torch.empty(16, dtype=spec.acc_dtype, device=device)
-    return mask, sinks, p
+    scale = None if v.row_scale is None else torch.empty(16, dtype=v.row_scale.dtype, device=device)
+    return mask, sinks, p, scale
 
 
 def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpec, index: int) -> int:
@@ -56,9 +57,9 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
         # Fake tensors (a traced call) get small real stand-ins of the same dtypes: the
         # specialization depends on dtypes, integers and 16-byte alignment, not on sizes.
         x, y = _stand_in(x), _stand_in(y)
-        mask, sinks, p = _operand_stand_ins(spec, x.device)
+        mask, sinks, p, scale = _operand_stand_ins(spec, x.device)
         stats, counts = scratch_maker(replace(plan, cooperative=False), layout, y.dtype)(x.device)
-        given = (x, x, y, x, mask, p, p) if plan.backward else (x, y, mask, sinks, p)
+        given = (x, x, y, x, mask, p, p) if plan.backward else (x, y, mask, sinks, p, scale)
         kernel, args, _ = plan.calls(plan.tensors(given), layout, log, y.dtype, stats, counts)[0]
         return compiled_programs_per_sm(kernel, index, *args, **meta, **opts)
 
@@ -128,6 +129,7 @@ class TritonBackend(Backend):
     devices = ("cuda",)  # CPU tensors only when chosen explicitly under the interpreter
     priority = 100
     fused = True  # the fused family (core.variant): every kernel kind applies it
+    row_scale = True  # a tensor scale, one value per row: every forward kernel kind reads it
 
     @staticmethod
     def needs_interpreter() -> bool:

@@ -242,6 +242,9 @@ CASES = [
     ("fused_cols_split", (8192, 8192), 0, False, False, {}, "cols_split"),
     ("fused_bwd_tile", (2, 4, 128, 1024), 3, False, True, {}, "tile"),
     ("fused_bwd_split", (1, 2, 64, 65536), 3, False, True, {}, "split"),
+    # A tensor scale, one value per row (per-request temperatures), with softcap.
+    ("row_scale_tile", (64, 1024), 1, False, False, {}, "tile"),
+    ("row_scale_split", (128, 65536), 1, True, False, {}, "split"),
     # The cooperative split kernels' forms of their one launch (tuning.yaml), every one on.
     ("split_forms", (128, 65536), 1, False, False, SPLIT_FORMS, "split"),
     ("fused_split_forms", (1, 2, 64, 65536), 3, True, False, SPLIT_FORMS, "split"),
@@ -256,10 +259,13 @@ CASES = [
 
 def fused_kwargs(case: str, shape: tuple, dim: int) -> dict | None:
     """The fused keywords of a `fused_*` case (meta tensors: only dtypes and strides matter):
-    a bool mask broadcast over heads, causal where the dim is the last, sinks, softcap, scale."""
+    a bool mask broadcast over heads, causal where the dim is the last, sinks, softcap, scale;
+    of a `row_scale_*` case: a float32 scale per row and softcap."""
+    rows = tuple(1 if d == dim else s for d, s in enumerate(shape))
+    if case.startswith("row_scale"):
+        return dict(scale=torch.empty(rows, dtype=torch.float32, device="meta"), softcap=30.0)
     if not case.startswith("fused"):
         return None
-    rows = tuple(1 if d == dim else s for d, s in enumerate(shape))
     mask_shape = (shape[0], 1, *shape[2:]) if len(shape) == 4 else shape
     kw = dict(scale=0.125, softcap=30.0, mask=torch.empty(mask_shape, dtype=torch.bool, device="meta"),
               sinks=torch.empty(rows, dtype=torch.float32, device="meta"), empty_rows="uniform")
@@ -304,14 +310,16 @@ def launches(plan, shape, dim, dtype, log: bool, backward: bool, fused: dict | N
     spec, layout = case_layout(shape, dim, dtype, log, fused)
     opts = plan.launch_options()
     stats, counts = scratch_maker(plan, layout, dtype)(x.device) if (plan.split or backward) else (None, None)
-    mask = sinks = p = None
-    if fused:
+    mask = sinks = p = row_scale = None
+    if fused and "mask" in fused:
         mask = fused["mask"].view(torch.uint8)
         sinks = fused["sinks"]
         p = torch.empty(sinks.shape, dtype=spec.acc_dtype, device="meta")
+    elif fused:
+        row_scale = fused["scale"]
     # as the launchers do: (x, y, operands) forward; y, dy and dx alike backward
     given = (y, torch.empty_like(y), torch.empty_like(y), x if fused else None, mask, p, p) if backward else \
-        (x, y, mask, sinks, p)
+        (x, y, mask, sinks, p, row_scale)
     return [(k, a, c, opts) for k, a, c in plan.calls(plan.tensors(given), layout, log, dtype, stats, counts)]
 
 

@@ -59,12 +59,13 @@ def test_lse_kernel_launches_through_the_fast_path(gen):
     run = get_backend("triton").logsumexp_launcher(x, spec, operands)
     assert compare_logsumexp(run(x, operands), x, spec).ok  # (the first call binds: interpreted)
     (launch,) = bound_launchers(run)
-    rec = _prime(launch, (x, torch.empty(1, 64), None, None))
+    rec = _prime(launch, (x, torch.empty(1, 64), None, None, None))
     fresh = torch.randn(40, 64, generator=gen) * 3
     out = run(fresh, operands)
     (got,) = rec.seen
     grid, stream, ptrs, ints, floats, tail = _split(launch, got)
-    assert stream == 7 and ptrs == (fresh.data_ptr(), out.data_ptr(), fresh.data_ptr(), out.data_ptr())
+    assert stream == 7 and ptrs == (fresh.data_ptr(), out.data_ptr(), fresh.data_ptr(), out.data_ptr(),
+                                    fresh.data_ptr())
     assert ints == tuple(launch.binding.ints.values()) and floats == launch.binding.values
     kernel = launch.binding.kernel
     out.fill_(float("nan"))

@@ -32,14 +32,15 @@ def sig(fn, types, consts):
 
 target = {"sm_90": GPUTarget("cuda", 90, 32), "gfx942": GPUTarget("hip", "gfx942", 64)}[sys.argv[1]]
 out = []
-lse_types = dict(x_ptr="*bf16", o_ptr="*fp32", m_ptr="*u8", s_ptr="*fp32", scale_hi="fp32", scale_lo="fp32",
-                 cap_hi="fp32", cap_lo="fp32")
+lse_types = dict(x_ptr="*bf16", o_ptr="*fp32", m_ptr="*u8", s_ptr="*fp32", r_ptr="*fp32", scale_hi="fp32",
+                 scale_lo="fp32", cap_hi="fp32", cap_lo="fp32")
 plain = dict(ACC_FP64=False, BLOCK_M=1, BLOCK_N=4096, CHUNKS=1, HAS_SCALE=False, HAS_CAP=False, MASK=0,
-             CAUSAL=False, HAS_SINK=False, PRECISE=False)
+             CAUSAL=False, HAS_SINK=False, PRECISE=False, HAS_ROW_SCALE=False)
 everything = dict(plain, BLOCK_M=4, BLOCK_N=512, CHUNKS=4, HAS_SCALE=True, HAS_CAP=True, MASK=1, CAUSAL=True,
                   HAS_SINK=True, PRECISE=True)
 additive = dict(plain, BLOCK_M=2, BLOCK_N=1024, MASK=2, ACC_FP64=True)
 for name, c, types in (("lse plain", plain, lse_types), ("lse everything", everything, lse_types),
+                       ("lse everything, row scale", dict(everything, HAS_ROW_SCALE=True), lse_types),
                        ("lse additive fp64", additive, dict(lse_types, x_ptr="*fp64", o_ptr="*fp64", m_ptr="*fp64"))):
     k = triton.compile(ASTSource(lse_kernel, sig(lse_kernel, types, c), c), target=target,
                        options=dict(num_warps=8))
@@ -73,8 +74,9 @@ def test_pieces_kernels_compile(target, backend):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [r["kernel"] for r in results] == ["lse plain", "lse everything", "lse additive fp64", "merge K=1",
-                                              "merge K=2", "merge K=8", "merge K=2 WIDE",
+    assert [r["kernel"] for r in results] == ["lse plain", "lse everything", "lse everything, row scale",
+                                              "lse additive fp64", "merge K=1", "merge K=2", "merge K=8",
+                                              "merge K=2 WIDE",
                                               "merge K=2 fp64 lses bf16 out"]
     assert not [r for r in results if r["spills"]], results
     # The compiled kernel rounds float64 to a 16-bit output through float32, as the interpreter

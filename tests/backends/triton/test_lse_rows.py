@@ -240,7 +240,7 @@ out = torch.empty(16, dtype=torch.float64 if dtype == torch.float64 else torch.f
 mask = torch.empty(16, dtype=torch.uint8 if f.mask == 1 else dtype) if f.mask else None
 sinks = torch.empty(16) if f.has_sink else None
 stats, counts = torch.empty(16), torch.empty(16, dtype=torch.int32)
-calls = plan.calls(plan.tensors((x, out, mask, sinks, None)), layout, False, dtype, stats, counts)
+calls = plan.calls(plan.tensors((x, out, mask, sinks, None, None)), layout, False, dtype, stats, counts)
 assert len(calls) == 1
 kernel, args, meta = calls[0]
 assert meta["STATES_ONLY"] and meta.get("PHASE", 1) == 1

@@ -96,7 +96,7 @@ def test_fast_path_passes_what_triton_launch_takes(direct, backward):
     static = tuple(plan.static_args(layout).values())
     compiled = _compiled(direct)
     ts = [torch.randn(2, 4, 8) for _ in range(3)]
-    given = tuple(ts[:3]) + (None,) * 4 if backward else (ts[0], ts[1], None, None, None)
+    given = tuple(ts[:3]) + (None,) * 4 if backward else (ts[0], ts[1], None, None, None, None)
     launch.prime([compiled], given, stream_of=lambda index: 7)
     ptrs = tuple(t.data_ptr() for t in plan.tensors(given))
     # The constexprs, in the kernel's declaration order after its runtime arguments.

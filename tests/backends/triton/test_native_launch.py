@@ -183,8 +183,8 @@ def _case(kind: str, backward: bool, fused: bool):
     p = torch.randn(2, 3, 1) if fused else None
     if backward:  # (y, dy, dx, x, mask, p_sink, dsinks)
         given = (t[0], t[1], t[2], t[3] if fused else None, mask, p, torch.empty(2, 3, 1) if fused else None)
-    else:  # (x, y, mask, sinks, p_sink)
-        given = (t[0], t[1], mask, torch.randn(2, 3, 1) if fused else None, p)
+    else:  # (x, y, mask, sinks, p_sink, row scale)
+        given = (t[0], t[1], mask, torch.randn(2, 3, 1) if fused else None, p, None)
     return plan, layout, given, (0.5, -0.25, 3.0, 1e-3) if fused else PLAIN_SCALARS
 
 
@@ -277,7 +277,7 @@ def test_interpreted_launcher_says_why_it_is_not_native(monkeypatch):
     launch = bind(plan, layout, False, torch.float32)
     x = given[0]
     y = torch.empty_like(x)
-    launch((x, y, None, None, None))
+    launch((x, y, None, None, None, None))
     torch.testing.assert_close(y, torch.softmax(x, -1))
     assert launch.state["fast"] is None and launch.state["native_reason"].startswith("no fast path")
 

@@ -61,7 +61,7 @@ def test_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch, gen,
     run = bind(plan, layout, spec.log, spec.out_dtype)
     for _ in range(2):
         out = torch.full_like(y, float("nan"))
-        run((x, out, None, None, None))
+        run((x, out, None, None, None, None))
         torch.testing.assert_close(out, torch.softmax(x, 1))
     assert calls["coop"] == 1, "the refused cooperative launch must be tried once, then not again"
 

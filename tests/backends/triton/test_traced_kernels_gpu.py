@@ -181,7 +181,7 @@ def test_no_input_looks_written(shape, dim, backward):
     plan = traced.traced_plan(anysoftmax.get_backend("triton").plan(xr, y, layout, spec, backward=backward))
     stats = torch.empty(max(plan.stats_numel(layout), 1), device="cuda")
     counts = torch.empty(2, dtype=torch.int32, device="cuda")
-    given = (xr, torch.randn_like(xr), y, None, None, None, None) if backward else (xr, y, None, None, None)
+    given = (xr, torch.randn_like(xr), y, None, None, None, None) if backward else (xr, y, None, None, None, None)
     for kern, args, meta in plan.calls(plan.tensors(given), layout, False, y.dtype, stats, counts):
         kwargs = {**dict(zip(kern.arg_names, args)), **meta}
         written = set(tkw.identify_mutated_tensors(kern, kwargs, {}))

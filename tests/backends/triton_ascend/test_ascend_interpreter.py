@@ -41,7 +41,7 @@ def test_interpreter_writes_every_element(ub_bytes, gen):
     with settings.override(**({"ub_bytes": ub_bytes} if ub_bytes else {})):
         xr, y, layout = allocate_rows(x, spec)
         y.fill_(float("nan"))
-        bind(BACKEND.plan(xr, layout, spec), layout, spec.log, y.dtype)((xr, y, None, None, None))
+        bind(BACKEND.plan(xr, layout, spec), layout, spec.log, y.dtype)((xr, y, None, None, None, None))
     assert not torch.isnan(y).any()
     result = compare(y, x, spec)
     assert result.ok, result.detail
