@@ -91,7 +91,7 @@ def test_pipelined_plan_that_does_not_fit_drops_its_stages(monkeypatch, stage_fi
     monkeypatch.setattr(triton_backend.interpreter, "interpreting", lambda: False)
     monkeypatch.setattr(triton_backend, "device_props", lambda index: H100_SXM)
     monkeypatch.setattr(triton_backend, "_programs_per_sm", programs_per_sm)
-    monkeypatch.setattr(triton_backend.TritonBackend, "_index", staticmethod(lambda x: 0))
+    monkeypatch.setattr(triton_backend, "device_index", lambda device: 0)
     x, y, layout, spec = as_backend_sees_it(torch.empty(4, 1 << 20), 1)
     with heuristics.override(split_stages=3):
         plan = triton_backend.TritonBackend()._make_plan(x, y, layout, spec, False)
