@@ -291,7 +291,8 @@ def _rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
 
 
 def _aligned(*tensors) -> tuple:
-    return tuple(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+    """Each operand's presence and 16-byte alignment (None: absent), for the request's key."""
+    return tuple(None if t is None else t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, top_n: int = 0,
@@ -331,7 +332,7 @@ def _select(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | N
     """Run pass 1 and the select of `op` on the rows `x`, writing `outs` (out_i, out_f, out_f2,
     ids; None where absent): (bound launchers, workspace, keyword tensors, floats, ints)."""
     tensors, floats, ints = _keyword_call(spec, with_seed=with_seed)
-    bound = _launchers(op, spec, x, plan, tensors=(*extra, *tensors), **shape)
+    bound = _launchers(op, spec, x, plan, tensors=(*outs, *extra, *tensors), **shape)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=x.device)
     bound.scan((x, ws, *outs, *tensors), floats, ints)
     if bound.select is not None:

@@ -165,3 +165,18 @@ def test_a_sharded_select_without_the_logits_takes_the_fast_path(gen, monkeypatc
 
 def _request_of(shard):
     return SamplingSpec.from_request("sample", shard, temperature=0.9, top_k=12, seed=11, offset=4)
+
+
+def test_a_keyword_as_a_number_after_a_tensor_is_another_request(gen, monkeypatch):
+    """A keyword given as a number leaves its operand absent: another request than the call that
+    gave a tensor (an aligned one keyed alike would reuse a launch bound to read that operand)."""
+    made: list = []
+    monkeypatch.setattr(triton_sampling, "bind_kernel", _spying_bind(made))
+    plan = dataclasses.replace(PLAN, grid=next(GRIDS))
+    x = torch.randn(ROWS, VOCAB, generator=gen) * 3
+    per_row = SamplingSpec.from_request("sample", x, temperature=torch.full((ROWS,), 0.9), seed=11)
+    ids = triton_sampling.sample(per_row, x, plan=plan)
+    _prime(made)
+    again = triton_sampling.sample(SamplingSpec.from_request("sample", x, temperature=0.9, seed=11), x, plan=plan)
+    assert len(made) == 2
+    torch.testing.assert_close(again, ids, rtol=0, atol=0)
