@@ -94,7 +94,10 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="B = 1, 32, 512 and V = 128256, 262144")
     parser.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer (its first call compiles)")
     parser.add_argument("--budget", type=float, default=330.0, help="seconds after which no new shape starts")
+    parser.add_argument("--plot", type=Path, metavar="JSON", help="only draw sampling.png from a sampling.json")
     args = parser.parse_args(argv)
+    if args.plot:
+        return plot(json.loads(args.plot.read_text()), args.out / "sampling.png")
     if not torch.cuda.is_available():
         print("sampling_bench: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
@@ -134,8 +137,42 @@ def main(argv=None) -> int:
     result["seconds"] = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sampling.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / "sampling.png")
     print(json.dumps({"host_us": result["host_us"], "stopped_early": result["stopped_early"],
                       "seconds": result["seconds"]}))
+    return 0
+
+
+PLOTTED = ("logsumexp", "probs", "flashinfer_softmax", "sample", "flashinfer_sample", "logprobs_1", "logprobs_top20")
+
+
+def plot(result: dict, path: Path) -> int:
+    """sampling.png: GPU time over the same-bytes copy's, per shape and provider (log scale)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("sampling_bench: no plot (matplotlib is not installed: the `plot` extra)", file=sys.stderr)
+        return 0
+    rows = [r for r in result["shapes"] if r.get("copy")]
+    labels = [f"{r['B']}x{r['V']}\n{r['dtype']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4.5))
+    width = 0.8 / len(PLOTTED)
+    for i, name in enumerate(PLOTTED):
+        ratios = [r[name] / r["copy"] if r.get(name) else float("nan") for r in rows]
+        ax.bar([j + i * width for j in range(len(rows))], ratios, width, label=name)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, fontsize=8)
+    ax.set_ylabel("GPU time / same-bytes copy's")
+    ax.set_title(f"anysoftmax.sampling on {result['device']} (FlashInfer: {result['flashinfer']})", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
     return 0
 
 
