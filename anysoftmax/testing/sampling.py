@@ -480,6 +480,17 @@ def _determinism_check(what: str, sample_fn, device: str):
                 shared = _share_equal(a, b)
                 assert shared <= MAX_SHARED, f"offsets k and k+1 gave the same id on {shared:.0%} of 64 rows " \
                                              f"(~1% expected): the offset does not enter the draw"
+        elif what == "a keyword as a tensor, then as the same number, same ids":
+            # A kernel's launch bound to read a keyword operand must not serve the call that
+            # passes the number (its operand absent), nor the other way round.
+            per_row = dict(temperature=torch.full((64,), 0.8, device=device), top_k=torch.full((64,), 20,
+                                                                                                device=device))
+            x = _near_uniform(gen, vocab=97).to(device)  # (a shape no other check calls with)
+            ids = [sample_fn(x, seed=s, **kw).cpu() for kw in (per_row, dict(temperature=0.8, top_k=20), per_row)]
+            for other in ids[1:]:
+                shared = _share_equal(ids[0], other)
+                assert shared >= 63 / 64, f"temperature and top_k as per-row tensors and as numbers of the same " \
+                                          f"values drew the same id on only {shared:.0%} of 64 rows"
         elif what == "another seed changes the draw":
             shared = _share_equal(sample_fn(x, seed=s), sample_fn(x, seed=s + 1))
             assert shared <= MAX_SHARED, f"seeds s and s+1 gave the same id on {shared:.0%} of 64 rows"
@@ -687,7 +698,8 @@ def sampler_checks(sample_fn, probs_fn=None, logprobs_fn=None, *, device: str = 
         checks.append(Check(f"chi-square {mode}", "chi-square", _chi2_check(mode, sample_fn, device)))
     for mode in ("int-seed", "per-row-seeds"):
         checks.append(Check(f"definition {mode}", "definition", _definition_check(mode, sample_fn, device)))
-    for what in ("same seed and offset, same ids", "another offset changes the draw", "another seed changes the draw",
+    for what in ("same seed and offset, same ids", "a keyword as a tensor, then as the same number, same ids",
+                 "another offset changes the draw", "another seed changes the draw",
                  "rows of one int seed draw independently"):
         checks.append(Check(f"determinism {what}", "determinism", _determinism_check(what, sample_fn, device)))
     checks.append(Check("position: a per-row seed draws the same anywhere in the batch", "position",

@@ -16,7 +16,7 @@ from anysoftmax.sampling import rng
 from anysoftmax.sampling.spec import SamplingSpec
 
 BUGS = ("topp-le", "topk-drops-ties", "temperature-after-softmax", "no-renorm-after-topk",
-        "random-reused-across-rows", "offset-ignored")
+        "random-reused-across-rows", "offset-ignored", "stale-bound-operands")
 
 
 class Sampler:
@@ -25,6 +25,7 @@ class Sampler:
     def __init__(self, bug: str | None = None):
         assert bug in BUGS + (None,), bug
         self.bug = bug
+        self.bound = {}  # ("stale-bound-operands": which keywords were tensors, per logits shape)
 
     def _distribution(self, logits: torch.Tensor, spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
         """(probs [rows, V] float32, invalid [rows, 1])."""
@@ -67,6 +68,13 @@ class Sampler:
                return_logprobs=False):
         spec = SamplingSpec.from_request("sample", logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                          min_p=min_p, seed=seed, offset=offset)
+        if self.bug == "stale-bound-operands":
+            # A launch bound per shape on the first call reads the operands that call passed:
+            # a later call giving one of them as a number hands it a number (as a compiled
+            # launcher's fast path would read an absent pointer).
+            given = (temperature, top_k, top_p, min_p)
+            tensors = self.bound.setdefault(tuple(logits.shape), tuple(isinstance(v, torch.Tensor) for v in given))
+            [v.data_ptr() for v, was in zip(given, tensors) if was]
         final, invalid = self._distribution(logits, spec)
         seeds, stream, offsets = rng.row_words(spec)
         if self.bug == "offset-ignored":

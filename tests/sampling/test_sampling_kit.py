@@ -45,6 +45,7 @@ PLANTED = {
     "no-renorm-after-topk": "probs topp-after-topk-renormalised float32",
     "random-reused-across-rows": "chi-square int-seed",
     "offset-ignored": "determinism another offset changes the draw",
+    "stale-bound-operands": "determinism a keyword as a tensor, then as the same number, same ids",
 }
 
 
