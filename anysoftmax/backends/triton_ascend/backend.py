@@ -79,15 +79,16 @@ def compile_may_overflow(device: torch.device) -> bool:
 
 
 def _stand_in_operands(spec: SoftmaxSpec, device) -> tuple:
-    """(mask, sinks, p_sink) for a first compile: the variant's dtypes, zero-filled, of the
-    shapes the request reads (compiling is what may overflow the unified buffer)."""
+    """(mask, sinks, p_sink, row scale) for a first compile: the variant's dtypes, zero-filled, of
+    the shapes the request reads (compiling is what may overflow the unified buffer); no row scale
+    (this backend does not declare one)."""
     v = spec.variant
     rows = softmax_launchers.row_shape(spec)
     mask = None if v.mask is None else torch.zeros(spec.shape, dtype=torch.uint8 if v.mask_kind == "bool"
                                                    else v.mask.dtype, device=device)
     sinks = None if v.sinks is None else torch.zeros(rows, dtype=v.sinks.dtype, device=device)
     p = None if v.sinks is None else torch.empty(rows, dtype=spec.acc_dtype, device=device)
-    return mask, sinks, p
+    return mask, sinks, p, None
 
 
 class TritonAscendBackend(Backend):
