@@ -124,9 +124,9 @@ def test_check_flags_the_div_mod_row_form():
 
     x = torch.randn(1823, 781)
     y = torch.empty_like(x)
-    # x, y, mask, sinks, p_sink; sizes and strides; mask, sink and p_sink strides, causal
-    # geometry (SQ, Q_DIV, C_OFF); values
-    args = (x, y, x, x, y, 1823, 781, 1, 1823, 0, 0, 781, 1, 0, 0, 781, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0,
+    # x, y, mask, sinks, p_sink, row scale; sizes and strides; mask, sink and p_sink strides,
+    # causal geometry (SQ, Q_DIV, C_OFF); values
+    args = (x, y, x, x, y, y, 1823, 781, 1, 1823, 0, 0, 781, 1, 0, 0, 781, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0,
             *PLAIN_SCALARS)
     meta = dict(LOG=False, ACC_FP64=False, WIDE_COLS=False, BLOCK_M=4, BLOCK_N=1024, CAUSAL_VEC=1,
                 STATES_ONLY=False, multibuffer=True,
