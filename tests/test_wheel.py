@@ -110,6 +110,16 @@ outs = [torch.softmax(t, -1) @ torch.eye(t.shape[-1], 8) for t in parts]
 out, lse = anysoftmax.merge_states(outs, lses, backend="triton")
 assert (lse - torch.logsumexp(x, -1)).abs().max() < 1e-5
 assert (out - torch.softmax(x, -1) @ torch.cat([torch.eye(20, 8), torch.eye(44, 8)])).abs().max() < 1e-5
+# The sampler from the wheel: the Triton kernels draw what the torch sampler draws for a seed;
+# a per-row scale is read in the softmax kernel.
+import anysoftmax.sampling as smp
+lg = torch.randn(4, 500) * 3
+kw = dict(temperature=torch.tensor([0.7, 1.0, 1.3, 0.9]), top_k=50, top_p=0.9, seed=7, offset=3)
+assert torch.equal(smp.sample(lg, backend="triton", **kw), smp.sample(lg, backend="torch", **kw))
+kw = dict(temperature=0.8, top_k=20)
+assert (smp.probs(lg, backend="triton", **kw) - smp.probs(lg, backend="torch", **kw)).abs().max() < 1e-5
+r = torch.rand(4, 1) + 0.5
+assert (anysoftmax.softmax(lg, -1, scale=r, backend="triton") - torch.softmax(lg * r, -1)).abs().max() < 1e-6
 import tempfile, torch.distributed as dist, anysoftmax.distributed as asd
 with tempfile.TemporaryDirectory() as tmp:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/r", rank=0, world_size=1)
