@@ -198,8 +198,12 @@ def test_refusals_name_the_reason():
 
 @pytest.mark.gpu
 def test_backend_none_runs_the_triton_sampler_on_cuda(monkeypatch):
+    """The automatic choice's mechanism, with triton as `AUTOMATIC` (not yet shipped so)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    from anysoftmax.sampling import api
+
+    monkeypatch.setattr(api, "AUTOMATIC", "triton")
     calls = []
     real = triton_sampling.sample
     monkeypatch.setattr(triton_sampling, "sample", lambda *a, **k: calls.append(1) or real(*a, **k))
