@@ -11,6 +11,11 @@
 #   bash benchmarks/gpu_run.sh pieces     # logsumexp / merge_states conformance on cuda, then their benchmark
 #   bash benchmarks/gpu_run.sh sharded [RANKS] [VARIANTS]   # anysoftmax.distributed over NCCL, one GPU a
 #        rank: the one-read smoke, then distributed_bench.py (CHECK=1: the conformance kit first; results under $OUT)
+#   bash benchmarks/gpu_run.sh sampling_warm   # FlashInfer's JIT compile alone (minutes; a call of its own), cached
+#        under $FLASHINFER_WORKSPACE_BASE (default .gpu/flashinfer, kept while the machine stays up)
+#   bash benchmarks/gpu_run.sh sampling [ARGS]  # sampling_bench.py on the full grid (~5 min; FlashInfer when importable
+#        and warm, else left out with the reason in its JSON); ARGS go to it (--quick, --dtypes, --batches, --vocabs)
+#   bash benchmarks/gpu_run.sh sampling_sharded [RANKS] [ARGS]   # sampling_sharded_bench.py over NCCL, one GPU a rank
 # Optional peers (liger-kernel, quack-kernels) are used when importable (PYTHONPATH).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"
@@ -81,5 +86,24 @@ print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backe
       --one-read-variants "${2:-}" 2>&1 \
       | tee "$OUT/distributed_bench_x$n.txt"
     ;;
-  *) echo "usage: bash benchmarks/gpu_run.sh smoke|profile|tests|fwd|bwd|fuzz BACKEND [CALLS] [CHUNK]|pieces|sharded [RANKS] [VARIANTS]" >&2; exit 2 ;;
+  sampling_warm|sampling)
+    export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$PWD/.gpu/flashinfer}"
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
+    [ "$cap" = 9.0 ] && cap=9.0a  # (FlashInfer's Hopper kernels need the arch-specific target)
+    export FLASHINFER_CUDA_ARCH_LIST="${FLASHINFER_CUDA_ARCH_LIST:-$cap}"
+    if [ "$stage" = sampling_warm ]; then
+      timeout "${WARM_TIMEOUT:-570}" "$PY" benchmarks/sampling_bench.py --out "$OUT/results" --warm-flashinfer 2>&1 \
+        | tee "$OUT/sampling_warm.txt"
+    else
+      timeout "${BENCH_TIMEOUT:-360}" "$PY" benchmarks/sampling_bench.py --out "$OUT/results" "$@" 2>&1 \
+        | tee "$OUT/sampling_bench.txt" | tail -40
+    fi
+    ;;
+  sampling_sharded)
+    n="${1:-2}"
+    shift || true
+    timeout "${BENCH_TIMEOUT:-300}" "$PY" -m torch.distributed.run --nproc_per_node="$n" benchmarks/sampling_sharded_bench.py \
+      --out "$OUT/results" "$@" 2>&1 | tee "$OUT/sampling_sharded_x$n.txt" | tail -40
+    ;;
+  *) echo "usage: bash benchmarks/gpu_run.sh smoke|profile|tests|fwd|bwd|fuzz BACKEND [CALLS] [CHUNK]|pieces|sharded [RANKS] [VARIANTS]|sampling_warm|sampling [ARGS]|sampling_sharded [RANKS] [ARGS]" >&2; exit 2 ;;
 esac
