@@ -192,7 +192,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line (module docstring); `--quick` fills the batches and vocabularies not given."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for sampling.json")
+    parser.add_argument("--out", type=Path, help="folder for sampling.json (not with --warm-flashinfer)")
     parser.add_argument("--quick", action="store_true", help="B = 1, 32, 512 and V = 128256, 262144")
     parser.add_argument("--dtypes", type=_names, default=tuple(DTYPES), help="logits dtypes (comma-separated)")
     parser.add_argument("--batches", type=_ints, default=None, help="rows B (comma-separated)")
@@ -204,6 +204,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=270.0, help="seconds after which no shape may end")
     parser.add_argument("--plot", type=Path, metavar="JSON", help="only draw sampling.png from a sampling.json")
     args = parser.parse_args(argv)
+    if args.out is None and not args.warm_flashinfer:
+        parser.error("--out is required")
     args.batches = args.batches or (QUICK_BATCHES if args.quick else BATCHES)
     args.vocabs = args.vocabs or (QUICK_VOCABS if args.quick else VOCABS)
     return args

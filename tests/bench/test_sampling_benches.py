@@ -54,8 +54,10 @@ def test_the_grid_options_pick_dtypes_batches_and_vocabularies():
     assert len(full) == 30 and {s[0] for s in full} == {"bfloat16", "float32"}
     quick = sampling_bench.grid(sampling_bench.parse_args(["--out", "x", "--quick", "--dtypes", "bfloat16"]))
     assert quick == [("bfloat16", v, b) for v in (128256, 262144) for b in (1, 32, 512)]
-    with pytest.raises(SystemExit):
-        sampling_bench.parse_args(["--out", "x", "--dtypes", "int8"])
+    for wrong in (["--out", "x", "--dtypes", "int8"], ["--quick"]):  # (an unknown dtype; no --out)
+        with pytest.raises(SystemExit):
+            sampling_bench.parse_args(wrong)
+    assert sampling_bench.parse_args(["--warm-flashinfer"]).out is None  # (the child that loads FlashInfer)
 
 
 def test_the_budget_starts_no_shape_that_would_end_past_it():
