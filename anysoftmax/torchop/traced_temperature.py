@@ -3,6 +3,12 @@ changes between calls, or `dynamic=True`): a custom operator's float argument wo
 the symbol again (a recompile per temperature), so such a call applies the two steps in torch
 ops, checked in the graph when it runs, and hands the operator the scaled, capped logits in the
 accumulation dtype; a constant stays a kernel argument.
+
+The check is an operator of its own (``anysoftmax::check_temperature``) on a 0-dim CPU tensor
+of the value: it raises on the host, as eager mode does. A check in aten ops alone (an async
+assert) would be moved onto the GPU by Inductor, which runs a CPU scalar's pointwise work on the
+graph's device when every user is an aten or prims op, and fail there as a device-side assert,
+which ends the process's CUDA context; an operator outside aten is a user it never moves.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..core.reference import kept_values, scaled_and_capped
-from ..core.variant import MASK_BOOL, MASK_NONE, Variant, causal_name, is_row_scale, keep_mask
+from ..core.variant import MASK_BOOL, MASK_NONE, Variant, causal_name, is_row_scale, keep_mask, runtime_values
 
 
 def _number(value):
@@ -31,10 +37,32 @@ def traced_as_symbols(scale, softcap) -> bool:
     return torch.compiler.is_compiling() and (_is_symbol(scale) or _is_symbol(softcap))
 
 
-def _check_in_graph(name: str, value, positive: bool) -> None:
-    t = torch.ones((), dtype=torch.float64) * value
-    ok = torch.isfinite(t) & (t > 0) if positive else torch.isfinite(t)
-    torch._assert_async(ok, f"softmax: {name} must be {'finite and > 0' if positive else 'finite'}")
+@torch.library.custom_op("anysoftmax::check_temperature", mutates_args=())
+def check_temperature(value: torch.Tensor, name: str) -> torch.Tensor:
+    """Raise eager mode's ValueError unless `value` (a one-element tensor) is a valid `name`
+    ("scale": finite; "softcap": finite and > 0); return True as a 0-dim bool tensor."""
+    if name not in ("scale", "softcap"):
+        raise ValueError(f"check_temperature: name must be 'scale' or 'softcap', got {name!r}")
+    if value.numel() != 1:
+        raise ValueError(f"check_temperature: value must have one element, got {value.numel()}")
+    number = value.item()
+    if name == "scale":  # (eager mode's checks and messages)
+        runtime_values(number, None)
+    else:
+        runtime_values(None, number)
+    return torch.ones((), dtype=torch.bool)
+
+
+@check_temperature.register_fake
+def _check_temperature_fake(value, name):
+    return torch.empty((), dtype=torch.bool, device=value.device)
+
+
+def _check_in_graph(name: str, value) -> None:
+    verdict = check_temperature(torch.ones((), dtype=torch.float64, device="cpu") * value, name)
+    # The assert keeps the check in the graph (an operator whose output nothing reads is
+    # dropped); it reads the verdict on the CPU, so it stays a host check too.
+    torch._assert_async(verdict, f"softmax: {name} is not valid")
 
 
 def scaled_logits(x: torch.Tensor, out_dtype: torch.dtype, scale, softcap, mask, causal) -> torch.Tensor:
@@ -45,9 +73,9 @@ def scaled_logits(x: torch.Tensor, out_dtype: torch.dtype, scale, softcap, mask,
     the softmax, and a NaN there must not reach tanh's derivative."""
     scale, softcap = _number(scale), _number(softcap)
     if scale is not None and not is_row_scale(scale):  # (a row scale's values are not checked)
-        _check_in_graph("scale", scale, positive=False)
+        _check_in_graph("scale", scale)
     if softcap is not None:
-        _check_in_graph("softcap", softcap, positive=True)
+        _check_in_graph("softcap", softcap)
     kind = MASK_BOOL if mask is not None and mask.dtype == torch.bool else MASK_NONE
     keep = keep_mask(tuple(x.shape), Variant(mask_kind=kind, causal=causal_name(causal)), mask, x.device)
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32

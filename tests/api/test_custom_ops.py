@@ -124,12 +124,13 @@ TORCHOP = Path(anysoftmax.__file__).resolve().parent / "torchop"
 def test_one_operator_family(gen):
     """One forward and one backward operator for softmax and log_softmax, plain and fused (the
     plain call is the fused one with nothing set), one traced twin of each, logsumexp and
-    merge_states: six operators."""
+    merge_states: six operators; and the host check of a temperature torch.compile traces as a
+    symbol (`traced_temperature`)."""
     registration.traced_ops()  # (the traced twins register on first use)
     names = {name.partition("::")[2] for name in torch._C._dispatch_get_all_op_names()
              if name.startswith("anysoftmax::") and not name.startswith("anysoftmax::sharded_")}
     assert names == {"softmax", "softmax_backward", "softmax_triton", "softmax_backward_triton", "logsumexp",
-                     "merge_states"}, sorted(names)
+                     "merge_states", "check_temperature"}, sorted(names)
     x, g = torch.randn(5, 33, generator=gen), torch.randn(5, 33, generator=gen)
     for log in (False, True):
         y, p_sink = torch.ops.anysoftmax.softmax(x, 1, log=log, backend="torch")

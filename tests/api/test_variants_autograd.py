@@ -247,10 +247,59 @@ def test_compiled_temperature_is_an_argument(backend, dynamic, device, compiler,
     assert frames[-1] == frames[1] and frames[1] <= 2, frames
     if dynamic:
         assert frames == [1] * len(TEMPERATURES), frames
-    # A temperature the graph holds as a symbol is checked when the graph runs.
+    # A temperature the graph holds as a symbol is checked on the host when the graph runs.
     for s, c, name in ((0.5, -1.0, "softcap"), (float("nan"), 2.0, "scale")):
-        with pytest.raises((RuntimeError, ValueError), match=f"{name} must be"):
+        with pytest.raises(ValueError, match=f"softmax: {name} must be"):
             cf(x, s, c)
+    if device == "cuda":  # (a device-side assert would surface here; it ends the CUDA context)
+        torch.cuda.synchronize()
+
+
+def test_compiled_temperature_is_checked_on_the_host(gen):
+    """Inductor checks a symbol temperature on the host, as eager mode does (a ValueError
+    naming it), never in a kernel: a device-side assert would end the process's CUDA context.
+    Inductor moves a CPU scalar's pointwise work onto the GPU unless a user of it is an operator
+    outside aten and prims (post_grad's constructor mover), so in the post-grad graphs every
+    assert reads the verdict of `anysoftmax::check_temperature`, which reads a CPU scalar."""
+    from torch._inductor import config as inductor_config
+
+    graphs = []
+    x = torch.randn(2, 3, 8, generator=gen)
+
+    def f(t, s, c):
+        return anysoftmax.softmax(t, -1, scale=s, softcap=c, backend="torch")
+
+    torch._dynamo.reset()
+    with inductor_config.patch(post_grad_custom_post_pass=graphs.append):
+        cf = torch.compile(f, fullgraph=True, backend="inductor", dynamic=True)
+        torch.testing.assert_close(cf(x, 0.5, 3.0), f(x, 0.5, 3.0))
+    nodes = [n for g in graphs for n in g.nodes if n.op == "call_function"]
+    checks = [n for n in nodes if str(n.target) == "anysoftmax.check_temperature.default"]
+    asserts = [n for n in nodes if n.target == torch.ops.aten._assert_async.msg]
+    assert {n.args[1] for n in checks} == {"scale", "softcap"}, [n.format_node() for n in nodes]
+    for n in checks:
+        value = n.args[0].meta["val"]
+        assert value.device.type == "cpu" and value.dim() == 0, n.format_node()
+    assert asserts and all(n.args[0] in checks for n in asserts), [n.format_node() for n in asserts]
+    torch.testing.assert_close(cf(x, -1.3, 6.0), f(x, -1.3, 6.0))
+    for s, c, message in ((0.5, -1.0, "softcap must be > 0"), (float("nan"), 2.0, "scale must be finite")):
+        with pytest.raises(ValueError, match=f"softmax: {message}"):
+            cf(x, s, c)
+
+
+@pytest.mark.parametrize("value,name,message", [
+    (float("inf"), "scale", "softmax: scale must be finite"),
+    (0.0, "softcap", "softmax: softcap must be > 0"),
+    (1.0, "temperature", "name must be 'scale' or 'softcap'"),
+    ([1.0, 2.0], "scale", "value must have one element"),
+])
+def test_temperature_check_operator(value, name, message):
+    """The graph's check called directly: eager mode's ValueError for a bad value, a clear one
+    for a bad call; True for a good value."""
+    check = torch.ops.anysoftmax.check_temperature
+    assert check(torch.tensor(-0.5, dtype=torch.float64), "scale").item() is True
+    with pytest.raises(ValueError, match=message):
+        check(torch.tensor(value, dtype=torch.float64), name)
 
 
 def test_compiled_backward_calls_the_backward_operator(gen):
