@@ -222,7 +222,8 @@ def nan_where_excluded(shape, density=0.3):
         return x
 
     def mask(gen, x):
-        return (torch.rand(tuple(x.shape), generator=gen) < density) | torch.isnan(x)
+        # (the generator is a CPU one; the logits may already sit on the device under test)
+        return (torch.rand(tuple(x.shape), generator=gen) < density).to(x.device) | torch.isnan(x)
     return make, mask
 
 

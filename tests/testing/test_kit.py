@@ -230,3 +230,14 @@ def test_poisoned_allocations_fill_floats_only():
         like = torch.empty_like(torch.zeros(2, 2))
     assert torch.isnan(f).all() and torch.isnan(like).all() and i.dtype == torch.int32
     assert not torch.isnan(torch.empty(4).fill_(0)).any()  # outside the block: torch as usual
+
+
+def test_case_keywords_build_for_logits_on_another_device():
+    """A case's keywords come from a CPU generator but must build for logits that already sit
+    on the device under test (a GPU test moves the logits first); "meta" stands in for it."""
+    from anysoftmax.testing.cases import LONG_VARIANT_CASES, VARIANT_CASES
+
+    for case in VARIANT_CASES + LONG_VARIANT_CASES:
+        gen = torch.Generator().manual_seed(0)
+        x = case.make(gen, case.dtypes[0]).to("meta")
+        case.kwargs(gen, x)
