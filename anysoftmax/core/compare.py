@@ -42,6 +42,28 @@ def check_form(out: torch.Tensor, shape: tuple, dtype: torch.dtype, what: str = 
     return None
 
 
+def _verdict(diff: torch.Tensor, ratio: torch.Tensor, got: torch.Tensor, expected: torch.Tensor,
+             what: str) -> Comparison:
+    """The outcome of errors `diff` with `ratio` = diff / bound (<= 1 passes), naming the worst element."""
+    max_abs, max_rel = diff.max().item(), ratio.max().item()
+    if max_rel <= 1.0:
+        return Comparison(True, max_abs, max_rel)
+    worst = ratio.argmax()
+    return Comparison(False, max_abs, max_rel,
+                      f"{what} error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x (worst: got "
+                      f"{got.flatten()[worst].item():.8g}, expected {expected.flatten()[worst].item():.8g})")
+
+
+def _within(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str) -> Comparison:
+    """float64 `got` against `expected` under `bound`: NaN exactly where expected is NaN, equal
+    values (infinities included) exact, the rest within the bound (a NaN bound is no bound)."""
+    nan_e = torch.isnan(expected)
+    if not torch.equal(torch.isnan(got), nan_e):
+        return Comparison(False, float("inf"), float("inf"), f"NaN {what} values differ from the reference's")
+    diff = (got - expected).abs().masked_fill(nan_e | (got == expected), 0.0)
+    return _verdict(diff, diff / bound.nan_to_num(nan=float("inf")), got, expected, what)
+
+
 def _prologue_allowance(x: torch.Tensor, spec: SoftmaxSpec, mask, sinks, device) -> tuple:
     """(per-element relative allowance, per-row absolute-in-z allowance) that a fused prologue
     adds: z = scale*x (softcap, + mask) is computed in the accumulation dtype, so each z_j
@@ -121,14 +143,8 @@ def compare_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, spec: 
         scale = y64.abs() * (g.abs() + 2 * (y64.abs() * g.abs()).sum(dim, keepdim=True))
     tol = spec.tolerance
     diff = (got - expected).abs()
-    ratio = diff / (tol.atol + tol.rtol * scale + _gradient_rounding(spec, expected))
-    max_abs, max_rel = diff.max().item(), ratio.max().item()
-    if max_rel <= 1.0:
-        return Comparison(True, max_abs, max_rel)
-    worst = ratio.argmax()
-    got_w, exp_w = got.flatten()[worst].item(), expected.flatten()[worst].item()
-    return Comparison(False, max_abs, max_rel, f"gradient error {max_abs:.3g} exceeds the tolerance by "
-                                               f"{max_rel:.3g}x (worst: got {got_w:.8g}, expected {exp_w:.8g})")
+    return _verdict(diff, diff / (tol.atol + tol.rtol * scale + _gradient_rounding(spec, expected)), got, expected,
+                    "gradient")
 
 
 def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec,
@@ -185,58 +201,36 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     diff = (got - expected).abs()
     atol = tol.atol * (scale.clamp(min=1.0) if isinstance(scale, torch.Tensor) else max(1.0, scale))
     bound = atol + tol.rtol * sens * factor + extra + _gradient_rounding(spec, expected)
-    ratio = diff / bound
-    max_abs, max_rel = diff.max().item(), ratio.max().item()
-    if max_rel > 1.0:
-        worst = ratio.argmax()
-        return Comparison(False, max_abs, max_rel,
-                          f"gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x (worst: got "
-                          f"{got.flatten()[worst].item():.8g}, expected {expected.flatten()[worst].item():.8g})")
+    results = [_verdict(diff, diff / bound, got, expected, "gradient")]
     if s is not None and dsinks is not None:
-        if tuple(dsinks.shape) != tuple(s.shape):
-            return Comparison(False, float("inf"), float("inf"), f"dsinks shape {tuple(dsinks.shape)} != {tuple(s.shape)}")
         exp_ds = ds_rows.sum_to_size(s.shape)
         rows_bound = tol.atol + 2 * tol.rtol * p_sink * (yk * gk).abs().sum(dim, keepdim=True) if not spec.log else \
             tol.atol + 2 * tol.rtol * p_sink * gk.abs().sum(dim, keepdim=True)
         # (+ the rounding of the result to the sinks' own dtype, which a gradient takes)
-        ds_bound = (rows_bound.sum_to_size(s.shape) + torch.finfo(dsinks.dtype).eps * exp_ds.abs()).nan_to_num(
-            nan=float("inf"))
-        ds_got = dsinks.detach().to(device).to(torch.float64)
-        if not torch.equal(torch.isnan(ds_got), torch.isnan(exp_ds)):
-            return Comparison(False, float("inf"), float("inf"), "NaN dsinks differ from the reference's")
-        ds_diff = (ds_got - exp_ds).abs().nan_to_num(0.0)
-        ds_ratio = (ds_diff / ds_bound).max().item()
-        if not ds_ratio <= 1.0:
-            return Comparison(False, ds_diff.max().item(), ds_ratio,
-                              f"dsinks error {ds_diff.max().item():.3g} exceeds the tolerance by {ds_ratio:.3g}x")
-        max_rel = max(max_rel, ds_ratio)
+        results.append(check_form(dsinks, tuple(s.shape), dsinks.dtype, "dsinks ") or _within(
+            dsinks.detach().to(device).to(torch.float64), exp_ds,
+            rows_bound.sum_to_size(s.shape) + torch.finfo(dsinks.dtype).eps * exp_ds.abs(), "dsinks"))
     if dscale is not None:
-        return _compare_row_scale_gradient(dscale, dlogits, x64, keep, bound / scale.clamp(min=torch.finfo(torch.float64).tiny)
-                                           if isinstance(scale, torch.Tensor) else bound, spec, device, max_abs, max_rel)
-    return Comparison(True, max_abs, max_rel)
+        results.append(_compare_row_scale_gradient(dscale, dlogits, x64, keep, bound / scale.clamp(
+            min=torch.finfo(torch.float64).tiny) if isinstance(scale, torch.Tensor) else bound, spec, device))
+    failed = next((r for r in results if not r.ok), None)
+    return failed or Comparison(True, results[0].max_abs_err, max(r.max_rel_err for r in results))
 
 
 def _compare_row_scale_gradient(dscale: torch.Tensor, dz: torch.Tensor, x64: torch.Tensor, keep, du_bound,
-                                spec: SoftmaxSpec, device, max_abs: float, max_rel: float) -> Comparison:
+                                spec: SoftmaxSpec, device) -> Comparison:
     # dscale = sum_j x_j du_j per row (`row_scale_gradient`), summed to the scale's shape; its
     # bound: sum_j |x_j| times du's (dx's bound without the scale factor), plus the rounding
     # to the scale's own dtype, which its gradient takes.
     v = spec.variant
     shape = tuple(v.row_scale.shape)
-    if tuple(dscale.shape) != shape:
-        return Comparison(False, float("inf"), float("inf"), f"dscale shape {tuple(dscale.shape)} != {shape}")
+    early = check_form(dscale, shape, dscale.dtype, "dscale ")
+    if early is not None:
+        return early
     expected = row_scale_gradient(dz, x64, v, spec.dim, keep).sum_to_size(shape)
     xa = kept_values(x64, keep).abs().nan_to_num(0.0, 0.0, 0.0)
     bound = (xa * du_bound).sum(spec.dim, keepdim=True).sum_to_size(shape) + torch.finfo(dscale.dtype).eps * expected.abs()
-    got = dscale.detach().to(device).to(torch.float64)
-    if not torch.equal(torch.isnan(got), torch.isnan(expected)):
-        return Comparison(False, float("inf"), float("inf"), "NaN dscale differs from the reference's")
-    diff = (got - expected).abs().nan_to_num(0.0)
-    ratio = (diff / bound.nan_to_num(nan=float("inf"))).max().item()
-    if not ratio <= 1.0:
-        return Comparison(False, diff.max().item(), ratio,
-                          f"dscale error {diff.max().item():.3g} exceeds the tolerance by {ratio:.3g}x")
-    return Comparison(True, max_abs, max(max_rel, ratio))
+    return _within(dscale.detach().to(device).to(torch.float64), expected, bound, "dscale")
 
 
 def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor,
@@ -266,19 +260,7 @@ def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor
     tol = spec.tolerance
     fi = torch.finfo(mask.dtype)
     bound = (tol.atol + tol.rtol * scale).sum_to_size(tuple(mask.shape)) + fi.eps * want.abs() + fi.tiny * fi.eps
-    got = dev(dmask).to(torch.float64)
-    nan_w = torch.isnan(want)
-    if not torch.equal(torch.isnan(got), nan_w):
-        return Comparison(False, float("inf"), float("inf"), "NaN mask gradient values differ from the reference's")
-    err = (got - want).abs().masked_fill(nan_w, 0.0)
-    if not bool(torch.isfinite(err).all()):
-        return Comparison(False, float("inf"), float("inf"), "non-finite values in the mask gradient")
-    ratio = err / bound.nan_to_num(nan=float("inf"))
-    max_abs, max_rel = err.max().item(), ratio.max().item()
-    if max_rel <= 1.0:
-        return Comparison(True, max_abs, max_rel)
-    return Comparison(False, max_abs, max_rel,
-                      f"mask gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x")
+    return _within(dev(dmask).to(torch.float64), want, bound, "mask gradient")
 
 
 # ---- the pieces ops (core.lse_merge) -------------------------------------------------------------
