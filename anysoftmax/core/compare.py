@@ -109,6 +109,16 @@ def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str |
     return compare_values(out, expected, expected.abs(), spec.tolerance, extra=extra, scale_name="|ref|")
 
 
+def _sensitivity(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """Each input gradient element's sensitivity to the forward output's allowed error (float64
+    y and output gradient g; `compare_backward` gives the bound): softmax |y| (|g| + 2 sum |y g|),
+    log_softmax |g| + p |sum g| (1 + |y|), p = exp(y) (an output of -inf weighs 0)."""
+    if log:
+        return g.abs() + y.exp() * g.sum(dim, keepdim=True).abs() * (1 + y.nan_to_num(neginf=0.0).abs())
+    ay = y.abs()
+    return ay * (g.abs() + 2 * (ay * g.abs()).sum(dim, keepdim=True))
+
+
 def _gradient_rounding(spec: SoftmaxSpec, expected: torch.Tensor) -> torch.Tensor | float:
     """The rounding of a gradient to the input's dtype when `dtype=` widened the output: the
     output's tolerance does not cover a gradient stored narrower than the output."""
@@ -136,15 +146,10 @@ def compare_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, spec: 
     if not torch.isfinite(got).all():
         return Comparison(False, float("inf"), float("inf"), "non-finite values in the gradient")
     expected = backward_from_output(y64, g, dim, spec.log)
-    if spec.log:
-        p = y64.exp()
-        scale = g.abs() + p * g.sum(dim, keepdim=True).abs() * (1 + y64.abs())
-    else:
-        scale = y64.abs() * (g.abs() + 2 * (y64.abs() * g.abs()).sum(dim, keepdim=True))
     tol = spec.tolerance
     diff = (got - expected).abs()
-    return _verdict(diff, diff / (tol.atol + tol.rtol * scale + _gradient_rounding(spec, expected)), got, expected,
-                    "gradient")
+    bound = tol.atol + tol.rtol * _sensitivity(y64, g, dim, spec.log) + _gradient_rounding(spec, expected)
+    return _verdict(diff, diff / bound, got, expected, "gradient")
 
 
 def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec,
@@ -181,11 +186,7 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     keep = keep_mask(tuple(y64.shape), spec.variant, m, y64.device)
     gk = g if keep is None else g.masked_fill(~keep, 0.0)
     yk = torch.nan_to_num(y64, nan=0.0, neginf=0.0 if not spec.log else -torch.inf)
-    if spec.log:
-        p = yk.exp()
-        sens = gk.abs() + p * gk.sum(dim, keepdim=True).abs() * (1 + torch.nan_to_num(yk, neginf=0.0).abs())
-    else:
-        sens = yk.abs() * (gk.abs() + 2 * (yk.abs() * gk.abs()).sum(dim, keepdim=True))
+    sens = _sensitivity(yk, gk, dim, spec.log)
     v = spec.variant
     scale = 1.0 if v.scale is None else abs(as_factor(v.scale, sens))  # (a row scale: per row)
     factor = torch.ones_like(sens) * scale
@@ -252,11 +253,7 @@ def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor
     _, p = fused_forward(x64, spec.variant, dim, log, m, s, torch.float64)
     _, _, dz = fused_backward(g, y64, x64, spec.variant, dim, log, m, p, torch.float64, want_dz=True)
     want = dz.sum_to_size(tuple(mask.shape))
-    ay = y64.abs().nan_to_num()
-    if log:
-        scale = g.abs() + y64.exp() * g.sum(dim, keepdim=True).abs() * (1 + y64.nan_to_num(neginf=0).abs())
-    else:
-        scale = ay * (g.abs() + 2 * (ay * g.abs()).sum(dim, keepdim=True))
+    scale = _sensitivity(y64 if log else y64.nan_to_num(), g, dim, log)
     tol = spec.tolerance
     fi = torch.finfo(mask.dtype)
     bound = (tol.atol + tol.rtol * scale).sum_to_size(tuple(mask.shape)) + fi.eps * want.abs() + fi.tiny * fi.eps

@@ -131,3 +131,23 @@ def test_fused_gradients_pass_and_a_wrong_one_names_its_worst_element(gen):
     assert not wrong.ok and "dsinks error" in wrong.detail and f"got {bad_ds[1, 2, 0].item():.8g}" in wrong.detail
     wrong = compare_mask_gradient(bad_dm, y, dy, x, spec, mask, sinks)
     assert not wrong.ok and "mask gradient error" in wrong.detail and f"got {bad_dm[0, 1, 7].item():.8g}" in wrong.detail
+
+
+def test_log_softmax_gradient_with_excluded_inputs_is_checked(gen):
+    """An input of -inf (a masked logit) makes its log_softmax output -inf and its probability 0:
+    that element's bound weighs (1 + |y|) by p = 0, so the exact gradient passes and a wrong one
+    still fails."""
+    from anysoftmax.core import compare_backward
+    from anysoftmax.core.reference import backward_from_output
+
+    x = torch.randn(5, 30, generator=gen)
+    x[:, ::7] = float("-inf")
+    spec = SoftmaxSpec.from_tensor(x, 1, log=True)
+    y = torch.log_softmax(x.double(), 1).float()
+    dy = torch.randn(x.shape, generator=gen)
+    dx = backward_from_output(y, dy, 1, log=True).float()
+    ok = compare_backward(dx, y, dy, spec)
+    assert ok.ok, ok.detail
+    bad = dx.clone()
+    bad[2, 7] += 0.5
+    assert not compare_backward(bad, y, dy, spec).ok
