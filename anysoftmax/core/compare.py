@@ -42,6 +42,30 @@ def check_form(out: torch.Tensor, shape: tuple, dtype: torch.dtype, what: str = 
     return None
 
 
+def _verdict(diff: torch.Tensor, ratio: torch.Tensor, got: torch.Tensor, expected: torch.Tensor, what: str,
+             bound: str = "") -> Comparison:
+    """The outcome of errors `diff` with `ratio` = diff / bound (<= 1 passes), naming the worst
+    element (and the bound, when `bound` words it)."""
+    max_abs, max_rel = diff.max().item(), ratio.max().item()
+    if max_rel <= 1.0:
+        return Comparison(True, max_abs, max_rel)
+    worst = ratio.argmax()
+    excess = f"{what}max |err| {max_abs:.3g} exceeds {bound}" if bound else \
+        f"{what} error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x"
+    return Comparison(False, max_abs, max_rel, f"{excess} (worst: got {got.flatten()[worst].item():.8g}, "
+                                               f"expected {expected.flatten()[worst].item():.8g})")
+
+
+def _within(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str) -> Comparison:
+    """float64 `got` against `expected` under `bound`: NaN exactly where expected is NaN, equal
+    values (infinities included) exact, the rest within the bound (a NaN bound is no bound)."""
+    nan_e = torch.isnan(expected)
+    if not torch.equal(torch.isnan(got), nan_e):
+        return Comparison(False, float("inf"), float("inf"), f"NaN {what} values differ from the reference's")
+    diff = (got - expected).abs().masked_fill(nan_e | (got == expected), 0.0)
+    return _verdict(diff, diff / bound.nan_to_num(nan=float("inf")), got, expected, what)
+
+
 def _prologue_allowance(x: torch.Tensor, spec: SoftmaxSpec, mask, sinks, device) -> tuple:
     """(per-element relative allowance, per-row absolute-in-z allowance) that a fused prologue
     adds: z = scale*x (softcap, + mask) is computed in the accumulation dtype, so each z_j
@@ -87,6 +111,16 @@ def compare(out: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, device: str |
     return compare_values(out, expected, expected.abs(), spec.tolerance, extra=extra, scale_name="|ref|")
 
 
+def _sensitivity(y: torch.Tensor, g: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """Each input gradient element's sensitivity to the forward output's allowed error (float64
+    y and output gradient g; `compare_backward` gives the bound): softmax |y| (|g| + 2 sum |y g|),
+    log_softmax |g| + p |sum g| (1 + |y|), p = exp(y) (an output of -inf weighs 0)."""
+    if log:
+        return g.abs() + y.exp() * g.sum(dim, keepdim=True).abs() * (1 + y.nan_to_num(neginf=0.0).abs())
+    ay = y.abs()
+    return ay * (g.abs() + 2 * (ay * g.abs()).sum(dim, keepdim=True))
+
+
 def _gradient_rounding(spec: SoftmaxSpec, expected: torch.Tensor) -> torch.Tensor | float:
     """The rounding of a gradient to the input's dtype when `dtype=` widened the output: the
     output's tolerance does not cover a gradient stored narrower than the output."""
@@ -114,21 +148,10 @@ def compare_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, spec: 
     if not torch.isfinite(got).all():
         return Comparison(False, float("inf"), float("inf"), "non-finite values in the gradient")
     expected = backward_from_output(y64, g, dim, spec.log)
-    if spec.log:
-        p = y64.exp()
-        scale = g.abs() + p * g.sum(dim, keepdim=True).abs() * (1 + y64.abs())
-    else:
-        scale = y64.abs() * (g.abs() + 2 * (y64.abs() * g.abs()).sum(dim, keepdim=True))
     tol = spec.tolerance
     diff = (got - expected).abs()
-    ratio = diff / (tol.atol + tol.rtol * scale + _gradient_rounding(spec, expected))
-    max_abs, max_rel = diff.max().item(), ratio.max().item()
-    if max_rel <= 1.0:
-        return Comparison(True, max_abs, max_rel)
-    worst = ratio.argmax()
-    got_w, exp_w = got.flatten()[worst].item(), expected.flatten()[worst].item()
-    return Comparison(False, max_abs, max_rel, f"gradient error {max_abs:.3g} exceeds the tolerance by "
-                                               f"{max_rel:.3g}x (worst: got {got_w:.8g}, expected {exp_w:.8g})")
+    bound = tol.atol + tol.rtol * _sensitivity(y64, g, dim, spec.log) + _gradient_rounding(spec, expected)
+    return _verdict(diff, diff / bound, got, expected, "gradient")
 
 
 def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec,
@@ -165,11 +188,7 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     keep = keep_mask(tuple(y64.shape), spec.variant, m, y64.device)
     gk = g if keep is None else g.masked_fill(~keep, 0.0)
     yk = torch.nan_to_num(y64, nan=0.0, neginf=0.0 if not spec.log else -torch.inf)
-    if spec.log:
-        p = yk.exp()
-        sens = gk.abs() + p * gk.sum(dim, keepdim=True).abs() * (1 + torch.nan_to_num(yk, neginf=0.0).abs())
-    else:
-        sens = yk.abs() * (gk.abs() + 2 * (yk.abs() * gk.abs()).sum(dim, keepdim=True))
+    sens = _sensitivity(yk, gk, dim, spec.log)
     v = spec.variant
     scale = 1.0 if v.scale is None else abs(as_factor(v.scale, sens))  # (a row scale: per row)
     factor = torch.ones_like(sens) * scale
@@ -185,58 +204,36 @@ def compare_fused_backward(dx: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, 
     diff = (got - expected).abs()
     atol = tol.atol * (scale.clamp(min=1.0) if isinstance(scale, torch.Tensor) else max(1.0, scale))
     bound = atol + tol.rtol * sens * factor + extra + _gradient_rounding(spec, expected)
-    ratio = diff / bound
-    max_abs, max_rel = diff.max().item(), ratio.max().item()
-    if max_rel > 1.0:
-        worst = ratio.argmax()
-        return Comparison(False, max_abs, max_rel,
-                          f"gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x (worst: got "
-                          f"{got.flatten()[worst].item():.8g}, expected {expected.flatten()[worst].item():.8g})")
+    results = [_verdict(diff, diff / bound, got, expected, "gradient")]
     if s is not None and dsinks is not None:
-        if tuple(dsinks.shape) != tuple(s.shape):
-            return Comparison(False, float("inf"), float("inf"), f"dsinks shape {tuple(dsinks.shape)} != {tuple(s.shape)}")
         exp_ds = ds_rows.sum_to_size(s.shape)
         rows_bound = tol.atol + 2 * tol.rtol * p_sink * (yk * gk).abs().sum(dim, keepdim=True) if not spec.log else \
             tol.atol + 2 * tol.rtol * p_sink * gk.abs().sum(dim, keepdim=True)
         # (+ the rounding of the result to the sinks' own dtype, which a gradient takes)
-        ds_bound = (rows_bound.sum_to_size(s.shape) + torch.finfo(dsinks.dtype).eps * exp_ds.abs()).nan_to_num(
-            nan=float("inf"))
-        ds_got = dsinks.detach().to(device).to(torch.float64)
-        if not torch.equal(torch.isnan(ds_got), torch.isnan(exp_ds)):
-            return Comparison(False, float("inf"), float("inf"), "NaN dsinks differ from the reference's")
-        ds_diff = (ds_got - exp_ds).abs().nan_to_num(0.0)
-        ds_ratio = (ds_diff / ds_bound).max().item()
-        if not ds_ratio <= 1.0:
-            return Comparison(False, ds_diff.max().item(), ds_ratio,
-                              f"dsinks error {ds_diff.max().item():.3g} exceeds the tolerance by {ds_ratio:.3g}x")
-        max_rel = max(max_rel, ds_ratio)
+        results.append(check_form(dsinks, tuple(s.shape), dsinks.dtype, "dsinks ") or _within(
+            dsinks.detach().to(device).to(torch.float64), exp_ds,
+            rows_bound.sum_to_size(s.shape) + torch.finfo(dsinks.dtype).eps * exp_ds.abs(), "dsinks"))
     if dscale is not None:
-        return _compare_row_scale_gradient(dscale, dlogits, x64, keep, bound / scale.clamp(min=torch.finfo(torch.float64).tiny)
-                                           if isinstance(scale, torch.Tensor) else bound, spec, device, max_abs, max_rel)
-    return Comparison(True, max_abs, max_rel)
+        results.append(_compare_row_scale_gradient(dscale, dlogits, x64, keep, bound / scale.clamp(
+            min=torch.finfo(torch.float64).tiny) if isinstance(scale, torch.Tensor) else bound, spec, device))
+    failed = next((r for r in results if not r.ok), None)
+    return failed or Comparison(True, results[0].max_abs_err, max(r.max_rel_err for r in results))
 
 
 def _compare_row_scale_gradient(dscale: torch.Tensor, dz: torch.Tensor, x64: torch.Tensor, keep, du_bound,
-                                spec: SoftmaxSpec, device, max_abs: float, max_rel: float) -> Comparison:
+                                spec: SoftmaxSpec, device) -> Comparison:
     # dscale = sum_j x_j du_j per row (`row_scale_gradient`), summed to the scale's shape; its
     # bound: sum_j |x_j| times du's (dx's bound without the scale factor), plus the rounding
     # to the scale's own dtype, which its gradient takes.
     v = spec.variant
     shape = tuple(v.row_scale.shape)
-    if tuple(dscale.shape) != shape:
-        return Comparison(False, float("inf"), float("inf"), f"dscale shape {tuple(dscale.shape)} != {shape}")
+    early = check_form(dscale, shape, dscale.dtype, "dscale ")
+    if early is not None:
+        return early
     expected = row_scale_gradient(dz, x64, v, spec.dim, keep).sum_to_size(shape)
     xa = kept_values(x64, keep).abs().nan_to_num(0.0, 0.0, 0.0)
     bound = (xa * du_bound).sum(spec.dim, keepdim=True).sum_to_size(shape) + torch.finfo(dscale.dtype).eps * expected.abs()
-    got = dscale.detach().to(device).to(torch.float64)
-    if not torch.equal(torch.isnan(got), torch.isnan(expected)):
-        return Comparison(False, float("inf"), float("inf"), "NaN dscale differs from the reference's")
-    diff = (got - expected).abs().nan_to_num(0.0)
-    ratio = (diff / bound.nan_to_num(nan=float("inf"))).max().item()
-    if not ratio <= 1.0:
-        return Comparison(False, diff.max().item(), ratio,
-                          f"dscale error {diff.max().item():.3g} exceeds the tolerance by {ratio:.3g}x")
-    return Comparison(True, max_abs, max(max_rel, ratio))
+    return _within(dscale.detach().to(device).to(torch.float64), expected, bound, "dscale")
 
 
 def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, x: torch.Tensor,
@@ -258,27 +255,11 @@ def compare_mask_gradient(dmask: torch.Tensor, y: torch.Tensor, dy: torch.Tensor
     _, p = fused_forward(x64, spec.variant, dim, log, m, s, torch.float64)
     _, _, dz = fused_backward(g, y64, x64, spec.variant, dim, log, m, p, torch.float64, want_dz=True)
     want = dz.sum_to_size(tuple(mask.shape))
-    ay = y64.abs().nan_to_num()
-    if log:
-        scale = g.abs() + y64.exp() * g.sum(dim, keepdim=True).abs() * (1 + y64.nan_to_num(neginf=0).abs())
-    else:
-        scale = ay * (g.abs() + 2 * (ay * g.abs()).sum(dim, keepdim=True))
+    scale = _sensitivity(y64 if log else y64.nan_to_num(), g, dim, log)
     tol = spec.tolerance
     fi = torch.finfo(mask.dtype)
     bound = (tol.atol + tol.rtol * scale).sum_to_size(tuple(mask.shape)) + fi.eps * want.abs() + fi.tiny * fi.eps
-    got = dev(dmask).to(torch.float64)
-    nan_w = torch.isnan(want)
-    if not torch.equal(torch.isnan(got), nan_w):
-        return Comparison(False, float("inf"), float("inf"), "NaN mask gradient values differ from the reference's")
-    err = (got - want).abs().masked_fill(nan_w, 0.0)
-    if not bool(torch.isfinite(err).all()):
-        return Comparison(False, float("inf"), float("inf"), "non-finite values in the mask gradient")
-    ratio = err / bound.nan_to_num(nan=float("inf"))
-    max_abs, max_rel = err.max().item(), ratio.max().item()
-    if max_rel <= 1.0:
-        return Comparison(True, max_abs, max_rel)
-    return Comparison(False, max_abs, max_rel,
-                      f"mask gradient error {max_abs:.3g} exceeds the tolerance by {max_rel:.3g}x")
+    return _within(dev(dmask).to(torch.float64), want, bound, "mask gradient")
 
 
 # ---- the pieces ops (core.lse_merge) -------------------------------------------------------------
@@ -309,14 +290,7 @@ def compare_values(got: torch.Tensor, expected: torch.Tensor, scale: torch.Tenso
     bound = tol.atol + tol.rtol * scale.to(torch.float64).expand(e.shape)[finite]
     if extra is not None:
         bound = bound + extra[finite]
-    ratio = diff / bound
-    max_abs, max_rel = diff.max().item(), ratio.max().item()
-    if max_rel <= 1.0:
-        return Comparison(True, max_abs, max_rel)
-    worst = ratio.argmax()
-    return Comparison(False, max_abs, max_rel,
-                      f"{what}max |err| {max_abs:.3g} exceeds atol {tol.atol:g} + rtol {tol.rtol:g}*{scale_name} "
-                      f"(worst: got {g[finite][worst].item():.8g}, expected {e[finite][worst].item():.8g})")
+    return _verdict(diff, diff / bound, g[finite], e[finite], what, f"atol {tol.atol:g} + rtol {tol.rtol:g}*{scale_name}")
 
 
 def compare_logsumexp(lse: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mask=None, sinks=None,

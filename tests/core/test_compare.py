@@ -105,3 +105,49 @@ def test_backward_bound_is_per_element_not_per_row(gen):
     row = float((y[0].double() * dy[0].double()).abs().sum())
     dx[0, i] += 2 * spec.tolerance.rtol * row
     assert not compare_backward(dx, y, dy, spec).ok
+
+
+def test_fused_gradients_pass_and_a_wrong_one_names_its_worst_element(gen):
+    """dx, dsinks and a floating mask's gradient from the float64 formulas pass; one perturbed
+    element fails, and the message names the gradient, the element's value and the reference's."""
+    from anysoftmax.core.compare import compare_fused_backward, compare_mask_gradient
+    from anysoftmax.core.reference import fused_backward, fused_forward
+
+    x = torch.randn(4, 3, 20, generator=gen)
+    mask, sinks = torch.randn(1, 3, 20, generator=gen), torch.randn(4, 3, 1, generator=gen)
+    spec, _ = SoftmaxSpec.from_request(x, -1, fused=dict(mask=mask, sinks=sinks, scale=0.5))
+    dy = torch.randn(x.shape, generator=gen)
+    y, p = fused_forward(x.double(), spec.variant, spec.dim, False, mask, sinks, torch.float64)
+    dx, ds, dz = fused_backward(dy.double(), y, x.double(), spec.variant, spec.dim, False, mask, p, torch.float64,
+                                want_dz=True)
+    y, dx = y.float(), dx.float()
+    dsinks, dmask = ds.sum_to_size(sinks.shape).float(), dz.sum_to_size(mask.shape).float()
+    assert compare_fused_backward(dx, y, dy, x, spec, mask, sinks, dsinks).ok
+    assert compare_mask_gradient(dmask, y, dy, x, spec, mask, sinks).ok
+    bad_ds, bad_dm = dsinks.clone(), dmask.clone()
+    bad_ds[1, 2, 0] += 1.0
+    bad_dm[0, 1, 7] -= 1.0
+    wrong = compare_fused_backward(dx, y, dy, x, spec, mask, sinks, bad_ds)
+    assert not wrong.ok and "dsinks error" in wrong.detail and f"got {bad_ds[1, 2, 0].item():.8g}" in wrong.detail
+    wrong = compare_mask_gradient(bad_dm, y, dy, x, spec, mask, sinks)
+    assert not wrong.ok and "mask gradient error" in wrong.detail and f"got {bad_dm[0, 1, 7].item():.8g}" in wrong.detail
+
+
+def test_log_softmax_gradient_with_excluded_inputs_is_checked(gen):
+    """An input of -inf (a masked logit) makes its log_softmax output -inf and its probability 0:
+    that element's bound weighs (1 + |y|) by p = 0, so the exact gradient passes and a wrong one
+    still fails."""
+    from anysoftmax.core import compare_backward
+    from anysoftmax.core.reference import backward_from_output
+
+    x = torch.randn(5, 30, generator=gen)
+    x[:, ::7] = float("-inf")
+    spec = SoftmaxSpec.from_tensor(x, 1, log=True)
+    y = torch.log_softmax(x.double(), 1).float()
+    dy = torch.randn(x.shape, generator=gen)
+    dx = backward_from_output(y, dy, 1, log=True).float()
+    ok = compare_backward(dx, y, dy, spec)
+    assert ok.ok, ok.detail
+    bad = dx.clone()
+    bad[2, 7] += 0.5
+    assert not compare_backward(bad, y, dy, spec).ok

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from ...core.layout import RowLayout, column_view, next_power_of_2
+from ...core.layout import RowLayout, cdiv, column_view, next_power_of_2
 
 INT32_MAX = 2**31 - 1
 
@@ -113,11 +113,8 @@ def scalars(scale, softcap: float) -> tuple[float, float, float, float]:
     return (*split_value(1.0 if isinstance(scale, torch.Tensor) else scale), *split_value(softcap))
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _row_strides(layout: RowLayout) -> dict:
+def row_strides(layout: RowLayout) -> dict:
+    """The row kernels' row sizes and x / y strides (S1, S2, xs0..xsn, ys0..ysn), by name."""
     _, s1, s2 = layout.row_sizes
     (xs0, xs1, xs2), (ys0, ys1, ys2) = layout.in_row_strides, layout.out_row_strides
     return dict(S1=s1, S2=s2, xs0=xs0, xs1=xs1, xs2=xs2, xsn=layout.in_col_stride, ys0=ys0, ys1=ys1, ys2=ys2,
@@ -230,7 +227,7 @@ class KernelPlan:
 
     def work_items(self, layout: RowLayout) -> int:
         """The most programs that can have work."""
-        return _cdiv(layout.n_rows, self.block_m)
+        return cdiv(layout.n_rows, self.block_m)
 
     def stats_numel(self, layout: RowLayout) -> int:
         """Elements (fp32; fp64 for fp64 outputs) of partial statistics the launch needs."""
@@ -240,8 +237,10 @@ class KernelPlan:
         raise NotImplementedError
 
     def static_args(self, layout: RowLayout) -> dict:
-        """The integer arguments, by the kernel's parameter names."""
-        raise NotImplementedError
+        """The integer arguments, by the kernel's parameter names (the row kernels' here)."""
+        chunks = dict(n_chunks=self.chunks) if self.split else {}
+        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **chunks, **row_strides(layout),
+                    **self.fusion_args(layout))
 
     def pointer_names(self) -> tuple[str, ...]:
         """The kernel's names of the pointers `head` gives, in that order."""
@@ -295,9 +294,6 @@ class TilePlan(KernelPlan):
         from .rows import softmax_tile_kernel
         return softmax_tile_kernel
 
-    def static_args(self, layout):
-        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
-
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     BLOCK_M=self.block_m, BLOCK_N=self.block_n,
@@ -312,9 +308,6 @@ class OnlinePlan(KernelPlan):
     def kernel(self):
         from .rows import softmax_online_kernel
         return softmax_online_kernel
-
-    def static_args(self, layout):
-        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, **_row_strides(layout), **self.fusion_args(layout))
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
@@ -337,10 +330,6 @@ class SplitPlan(KernelPlan):
         per_chunk = 1 if self.states_only else self.fusion.stats_per_chunk  # lse, or (max, sum[, kept])
         return layout.n_rows * self.chunks * per_chunk
 
-    def static_args(self, layout):
-        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=self.chunks, **_row_strides(layout),
-                    **self.fusion_args(layout))
-
     def constexprs(self, layout, log, out_dtype, phase=0):
         return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
                     CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
@@ -358,7 +347,7 @@ class ColsPlan(KernelPlan):
 
     def groups(self, layout):
         v = column_view(layout)
-        return v.n_outer * _cdiv(v.n_inner, self.block_m)
+        return v.n_outer * cdiv(v.n_inner, self.block_m)
 
     def work_items(self, layout):
         return self.groups(layout) * self.chunks

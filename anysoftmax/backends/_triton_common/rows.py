@@ -40,8 +40,6 @@ import triton.language as tl
 from .fused import (close_lse, close_tile, col_limit, empty_fill, exp_acc, finite_or_zero, lanes_lse, lse_rescale,
                     lse_sub, merge_stats, prologue, row_scale, sink_share, tile_lse, whole_vectors)
 
-LOG2E = 1.4426950408889634
-
 
 @triton.jit
 def row_offsets(rows, S1, S2, st0, st1, st2):

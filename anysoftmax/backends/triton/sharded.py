@@ -18,7 +18,7 @@ from ...core.layout import RowLayout, new_output, next_power_of_2
 from ...core.lse_merge import row_shape
 from .._triton_common import interpreter
 from .._triton_common.launcher import Binding, bind_kernel, device_guard, row_counters
-from .._triton_common.plan import PLAIN_SCALARS, VALUE_NAMES, scalars, wide_cols
+from .._triton_common.plan import PLAIN_SCALARS, VALUE_NAMES, row_strides, scalars, wide_cols
 from .._triton_common.softmax_launchers import logical_rows
 from . import heuristics
 from .device import compiled_programs_per_sm, device_index, device_props
@@ -81,12 +81,8 @@ def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: 
     (ms0, ms1, ms2), msn = (layout.op_row_strides[0], layout.op_col_strides[0]) if mask is not None else \
         ((0, 0, 0), 0)
     ss0, ss1, ss2 = layout.op_row_strides[-1] if has_sink else (0, 0, 0)
-    _, s1, s2 = layout.row_sizes
-    (xs0, xs1, xs2), (ys0, ys1, ys2) = layout.in_row_strides, layout.out_row_strides
     ints = dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=1, rank=rank, world=world, epoch=1,
-                slot_base=0, S1=s1, S2=s2, xs0=xs0, xs1=xs1, xs2=xs2, xsn=layout.in_col_stride, ys0=ys0,
-                ys1=ys1, ys2=ys2, ysn=layout.out_col_stride, ms0=ms0, ms1=ms1, ms2=ms2, msn=msn, ss0=ss0,
-                ss1=ss1, ss2=ss2)
+                slot_base=0, **row_strides(layout), ms0=ms0, ms1=ms1, ms2=ms2, msn=msn, ss0=ss0, ss1=ss1, ss2=ss2)
     prefetch = bool(heuristics.table()["sharded_prefetch_32bit" if x.element_size() == 4 else
                                        "sharded_prefetch_16bit"])
 

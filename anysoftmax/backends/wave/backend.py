@@ -21,7 +21,7 @@ from ...core.layout import new_output
 from ...core.registry import BackendUnavailableError
 from ...core.request import FWD, plan_key
 from ...core.spec import SoftmaxSpec, dtype_name
-from ...core.variant import Operands
+from ...core.variant import NO_OPERANDS, Operands
 from . import diskcache, fusion, limits, runtime
 from .env import compiler_missing, runtime_missing
 from .kernel import DTYPES, KernelKey
@@ -149,26 +149,18 @@ class WaveBackend(Backend):
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request; for a fused spec `f(x, operands) -> (y, p_sink or None)`."""
-        loaded, f = self._kernel(spec, x.device)
-        if spec.is_plain:
-            def run(t: torch.Tensor) -> torch.Tensor:
-                rows = as_rows(t, spec)
-                out = new_output(rows.shape, spec.out_dtype, t.device)  # NaN-filled in the tests
-                runtime.launch(loaded, rows, out)
-                return from_rows(out, t, spec)
-            return run
-
+        loaded, f = self._kernel(spec, x.device)  # (a plain spec's Fusion has no step: no operand, no value)
         p_shape = tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape))
 
-        def run_fused(t: torch.Tensor, ops: Operands):
+        def run_fused(t: torch.Tensor, ops: Operands = NO_OPERANDS):
             rows = as_rows(t, spec)
-            out = new_output(rows.shape, spec.out_dtype, t.device)
+            out = new_output(rows.shape, spec.out_dtype, t.device)  # NaN-filled in the tests
             p = torch.empty(rows.shape[0], dtype=torch.float32, device=t.device) if f.sink_dtype else None
             operands = tuple(flat(o) for o, on in ((ops.mask, f.mask != "none"), (ops.sinks, f.sink_dtype)) if on)
             values = tuple(f32_bits(v) for v, on in ((ops.scale, f.scale), (ops.softcap, f.softcap)) if on)
             runtime.launch(loaded, rows, out, operands=operands, p_sink=p, values=values, with_row=f.needs_row)
             return from_rows(out, t, spec), (None if p is None else p.view(p_shape))
-        return run_fused
+        return (lambda t: run_fused(t)[0]) if spec.is_plain else run_fused
 
     def run_rows(self, rows: torch.Tensor, out: torch.Tensor, spec: SoftmaxSpec) -> str:
         """The plain result of contiguous (M, N) `rows` into `out`; returns how it arrived (`runtime.launch`)."""

@@ -124,10 +124,6 @@ class Fusion:
         """True when the kernel needs each row's global index (it takes the launch's first row)."""
         return self.mask != MASK_NONE or bool(self.sink_dtype) or bool(self.causal_sq)
 
-    @property
-    def is_plain(self) -> bool:
-        return self == PLAIN_FUSION
-
     def describe(self) -> str:
         """A short stable name for file names: 'scale-softcap-maskbool-causal-sinks-emptynan'."""
         parts = [name for name, on in (("scale", self.scale), ("softcap", self.softcap)) if on]

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...config import load_tuning
+from ...core.reference import empty_row_value
 from ...core.spec import SoftmaxSpec, dtype_name
 from ...core.variant import MASK_BOOL
 from .fusion import Fusion, Term, fusion_of
@@ -129,15 +130,6 @@ def offset_expr(terms: tuple[Term, ...], row):
     return total
 
 
-def empty_value(policy: str, n: int, log: bool) -> float:
-    """What an empty row's elements are (`core.reference.empty_row_value`, in float32)."""
-    if policy == "nan":
-        return float("nan")
-    if policy == "uniform":
-        return -math.log(n) if log else 1.0 / n
-    return float("-inf") if log else 0.0
-
-
 def build_kernel(key: KernelKey):
     """The tkw kernel for `key` and its compile options' `subs` and `dynamic_symbols`. Its
     arguments: x, [mask], [sinks], y, [p_sink], [scale], [softcap], [row0]."""
@@ -236,7 +228,7 @@ def build_kernel(key: KernelKey):
             empty = tkw.apply_expr(tkw.self_index(M, tkl.i32), lambda i: (i + ROW0) % sq < -off)
         if empty is not None:
             empty = tkw.cast(empty, tkw.i1)
-            fill = tkl.Register[M, N, f32](empty_value(f.empty_rows, key.n, key.log))
+            fill = tkl.Register[M, N, f32](empty_row_value(f.empty_rows, key.n, key.log))
             out = tkw.select(tkw.broadcast(empty, [M, N]), fill, out)
             if f.sink_dtype:
                 p = tkw.select(empty, tkl.Register[M, f32](0.0), p)
@@ -297,4 +289,4 @@ def argument_names(f: Fusion) -> tuple[str, ...]:
 
 
 __all__ = ["DTYPES", "ENTRY_POINT", "KernelKey", "MAX_ROWS_PER_LAUNCH", "RowPlan", "argument_names", "build_kernel",
-           "empty_value", "max_row_length", "max_waves", "offset_expr", "plan_row"]
+           "max_row_length", "max_waves", "offset_expr", "plan_row"]

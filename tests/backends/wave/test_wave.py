@@ -660,9 +660,9 @@ def _emulated_call(kernel, inputs, outputs, values):
     out = (z - m) - torch.log(total) if key.log else e / total
     empty = ~(live & ~excluded).any(1, keepdim=True)
     if f.empty != "none":
-        from anysoftmax.backends.wave.kernel import empty_value
+        from anysoftmax.core.reference import empty_row_value
 
-        out = torch.where(empty, torch.tensor(empty_value(f.empty_rows, n, key.log)), out)
+        out = torch.where(empty, torch.tensor(empty_row_value(f.empty_rows, n, key.log)), out)
         if sinks is not None:
             p = torch.where(empty, torch.zeros(()), p)
     outputs[0].copy_(out)
@@ -702,6 +702,29 @@ def test_backend_hands_the_kernel_what_it_reads(case, shape, log, gen, monkeypat
         assert p.shape == p_ref.shape and torch.allclose(p.double(), p_ref, rtol=1e-4, atol=1e-6)
     else:
         assert p is None
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape, dim", [((37, 40), 1), ((2, 3, 12, 10), 1), ((9, 781), 0)], ids=str)
+def test_plain_launcher_returns_the_result_alone(shape, dim, log, gen, monkeypatch):
+    # A plain request runs the one launch path with no fused step: f(x) -> y, nothing else
+    # handed to the kernel (no operand, no value, no first row), rows moved back to `dim`.
+    import anysoftmax.backends.wave.backend as b
+
+    monkeypatch.setattr(b, "detect_target", lambda index=None: SM80)
+    monkeypatch.setattr(b, "vmfb_for", lambda key, spec=None: b"")
+    monkeypatch.setattr(runtime, "load", lambda key, vmfb, driver, device: key)
+    handed = []
+    monkeypatch.setattr(runtime, "_call_dlpack", lambda k, i, o, v: handed.append((len(i), len(o), tuple(v))) or
+                        _emulated_call(k, i, o, v))
+    monkeypatch.setattr(runtime, "MAX_ROWS_PER_LAUNCH", 4)
+    b._loaded.clear()
+    x = (torch.randn(shape, generator=gen, dtype=torch.float64) * 3).float()
+    spec = SoftmaxSpec.from_tensor(x, dim, log=log)
+    y = WaveBackend().launcher(x, spec)(x)
+    assert isinstance(y, torch.Tensor) and set(handed) == {(1, 1, ())}
+    result = compare(y, x, spec)
+    assert result.ok, result.detail
 
 
 # --- libamdhip64.so for IREE's hip driver (hiplib.py) ----------------------------------------------
