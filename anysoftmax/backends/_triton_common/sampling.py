@@ -28,7 +28,11 @@ from ...sampling.spec import SamplingSpec
 from .launcher import Binding, bind_kernel, row_counters
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_CHUNK = 8192  # elements of a row one program holds (8 warps: 32 float32 registers a thread)
+MAX_CHUNK = 8192  # elements of a row one program holds (16 warps: 16 float32 registers a thread)
+# Warps of a MAX_CHUNK program: the scan with its select inlined needs over 200 registers a
+# thread at 8 warps (sm_90), which leaves one 8-warp program per multiprocessor; at 16 warps
+# the compiler fits it in 128 without spilling: twice the threads over the same bytes in flight.
+MAX_CHUNK_WARPS = 16
 MAX_SELECT_BLOCK = 4096  # candidates one select holds: chunks (to a power of two) x slots
 MIN_SLOTS, MAX_SLOTS = 32, 256
 STATE_WORDS, RESULT_WORDS = 16, 8  # (sampling_kernels.NS, NR)
@@ -120,8 +124,8 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
     if programs is None:
         programs = programs_on(device.index if device.index is not None else torch.cuda.current_device()) \
             if device.type == "cuda" else items
-    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)),
-                        num_warps=8 if chunk >= 4096 else 4)
+    warps = MAX_CHUNK_WARPS if chunk >= MAX_CHUNK else 8 if chunk >= 4096 else 4
+    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)), num_warps=warps)
 
 
 def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = None) -> str | None:

@@ -65,7 +65,7 @@ F_BEST_Z = tl.constexpr(5)  # plain race: z of the winner
 I_WRITTEN = tl.constexpr(6)  # candidates written (<= C_SLOT)
 I_TOTAL = tl.constexpr(7)  # finite z >= t (> C_SLOT: some ties at t not written)
 I_ARGMAX = tl.constexpr(8)  # global index of the chunk's first max
-I_TIES = tl.constexpr(9)  # z equal to the chunk's max
+I_TIES = tl.constexpr(9)  # z equal to the chunk's max (greedy rows; 0 on others)
 I_BEST_ID = tl.constexpr(10)  # plain race: global index of the winner
 I_BAD = tl.constexpr(11)  # a NaN or +inf z
 I_FINITE = tl.constexpr(12)  # finite z
@@ -372,15 +372,21 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
     lo = c * CHUNK
     cols = lo + tl.arange(0, CHUNK)
     z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
-    bad = tl.max(((z != z) | (z == float("inf"))).to(tl.int32))
     m_c = tl.max(z)  # (a bad row's statistics are never used)
     m_sub = tl.where(m_c > float("-inf"), tl.where(m_c < float("inf"), m_c, 0.0), 0.0)
+    s_c = tl.sum(tl.exp(z - m_sub))
+    # A NaN z makes the sum NaN (whether the max kept it, as the interpreter's does, or skipped
+    # it, as a GPU's max does); a +inf z makes the max +inf: no test of each z for either.
+    bad = ((s_c != s_c) | (m_c == float("inf"))).to(tl.int32)
     n_fin = tl.sum((z > float("-inf")).to(tl.int32))
     item = row.to(tl.int64) * n_chunks + c
     st = ws_ptr + state_off + item * NS
     _stf(st + F_MAX, m_c)
-    _stf(st + F_SUM, tl.sum(tl.exp(z - m_sub)))
-    tl.store(st + I_TIES, tl.where(m_c > float("-inf"), tl.sum((z == m_c).to(tl.int32)), 0))
+    _stf(st + F_SUM, s_c)
+    ties = n_fin * 0
+    if greedy & (m_c > float("-inf")):  # (only a greedy row's log-probabilities use the ties)
+        ties = tl.sum((z == m_c).to(tl.int32))
+    tl.store(st + I_TIES, ties)
     tl.store(st + I_BAD, bad)
     tl.store(st + I_FINITE, n_fin)
     if OP != OP_LOGPROBS:
