@@ -2,6 +2,9 @@
 `probs`, `sample`, `logprobs` taking the validated request (`anysoftmax.sampling.spec`). The
 kernels and the algorithm: `sampling_kernels.py`; the semantics: docs/sampling.md.
 
+(A backend hands these functions out through `sampling_one_read.Sampler`, which sends requests
+that need no filter to one read of the softmax or logsumexp kernel instead.)
+
 One launch for `sample` and `logprobs` (the scan, each row's select run by its last chunk to
 arrive: `SamplingPlan.fused`), two for `probs` (the same, then the pass that writes the row);
 without `fused`, the select is a launch of its own (`select_kernel`), the form a sharded
@@ -25,7 +28,11 @@ from ...sampling.spec import SamplingSpec
 from .launcher import Binding, bind_kernel, row_counters
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_CHUNK = 8192  # elements of a row one program holds (8 warps: 32 float32 registers a thread)
+MAX_CHUNK = 8192  # elements of a row one program holds (16 warps: 16 float32 registers a thread)
+# Warps of a MAX_CHUNK program: the scan with its select inlined needs over 200 registers a
+# thread at 8 warps (sm_90), which leaves one 8-warp program per multiprocessor; at 16 warps
+# the compiler fits it in 128 without spilling: twice the threads over the same bytes in flight.
+MAX_CHUNK_WARPS = 16
 MAX_SELECT_BLOCK = 4096  # candidates one select holds: chunks (to a power of two) x slots
 MIN_SLOTS, MAX_SLOTS = 32, 256
 STATE_WORDS, RESULT_WORDS = 16, 8  # (sampling_kernels.NS, NR)
@@ -100,7 +107,7 @@ class Workspace:
 
 
 @functools.lru_cache(maxsize=None)
-def _programs(index: int) -> int:
+def programs_on(index: int) -> int:
     """Persistent programs for device `index`: two per multiprocessor (a program's chunk loads
     overlap another's compute)."""
     return 2 * torch.cuda.get_device_properties(index).multi_processor_count
@@ -115,10 +122,10 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
     slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
     items = max(1, rows * cdiv(vocab, chunk))
     if programs is None:
-        programs = _programs(device.index if device.index is not None else torch.cuda.current_device()) \
+        programs = programs_on(device.index if device.index is not None else torch.cuda.current_device()) \
             if device.type == "cuda" else items
-    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)),
-                        num_warps=8 if chunk >= 4096 else 4)
+    warps = MAX_CHUNK_WARPS if chunk >= MAX_CHUNK else 8 if chunk >= 4096 else 4
+    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)), num_warps=warps)
 
 
 def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = None) -> str | None:
@@ -194,7 +201,8 @@ DEFAULT_FLOATS = (1.0, 1.0, 0.0)
 # run time, and `if flag: k = tl.load(k_ptr)` must give `k` the type its other branch gives.
 OPERAND_DTYPES = {"x_ptr": torch.float32, "out_i_ptr": torch.int64, "out_f_ptr": torch.float32,
                   "out_f2_ptr": torch.float32, "ids_ptr": torch.int64, "t_ptr": torch.float32, "k_ptr": torch.int64,
-                  "p_ptr": torch.float32, "mp_ptr": torch.float32, "seed_ptr": torch.int64, "off_ptr": torch.int64}
+                  "p_ptr": torch.float32, "mp_ptr": torch.float32, "seed_ptr": torch.int64, "off_ptr": torch.int64,
+                  "s_ptr": torch.float32}
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,7 +212,7 @@ def stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(1, dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.int64, device=device)
 
 
-def _pointers(operands: tuple):
+def operand_pointers(operands: tuple):
     """A `Binding.pointers` for a call's `operands` (pointer names; None where absent), then its
     scratch, ending with `stand_ins`: each operand, an absent one stood in for by the stand-in of
     its element type (`OPERAND_DTYPES`), then the scratch before the stand-ins. It only picks
@@ -250,7 +258,7 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, 
                      TILE=plan.tile, num_warps=plan.num_warps)
     items = spec.rows * plan.chunks(spec.vocab)
     scan = bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
-                               _pointers(SCAN_POINTERS[:-1]), {**ints, **per_call}, (scan_meta,), FLOATS,
+                               operand_pointers(SCAN_POINTERS[:-1]), {**ints, **per_call}, (scan_meta,), FLOATS,
                                DEFAULT_FLOATS, PER_CALL),
                        scratch=lambda dev: (row_counters(dev, spec.rows), *stand_ins(dev)), device=device)
     select = None
@@ -262,7 +270,7 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, 
                      res_off=space.res_off, flags=0)
         second_pointers = ("x_ptr", "ws_ptr", "y_ptr", "t_ptr")
         second = bind_kernel(Binding(k.probs_kernel, max(1, min(plan.grid, items)), second_pointers,
-                                     _pointers(second_pointers), pints,
+                                     operand_pointers(second_pointers), pints,
                                      (dict(CHUNK=plan.chunk, num_warps=plan.num_warps),), ("temperature",), (1.0,),
                                      ("flags",)), scratch=stand_ins, device=device)
     return Bound(plan, space, scan, select, second)
@@ -280,11 +288,11 @@ def _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab
     meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards), KP=plan.kp,
                 TILE=plan.tile, num_warps=plan.select_warps)
     grid = max(1, min(spec.rows, plan.grid))
-    return bind_kernel(Binding(k.select_kernel, grid, SELECT_POINTERS, _pointers(SELECT_POINTERS), ints, (meta,),
+    return bind_kernel(Binding(k.select_kernel, grid, SELECT_POINTERS, operand_pointers(SELECT_POINTERS), ints, (meta,),
                                FLOATS, DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
 
 
-def _rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
+def rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     """The logits as [rows, V] with unit stride along V (a copy only when they have none)."""
     x = logits.detach().reshape(spec.rows, spec.vocab)
     return x if x.stride(-1) == 1 or spec.vocab == 1 else x.contiguous()
@@ -348,7 +356,7 @@ def sample(spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = Fal
     ids = torch.empty(spec.rows, dtype=torch.int64, device=device)
     lp = torch.empty(spec.rows, dtype=torch.float32, device=device)
     if spec.rows:
-        _select("sample", spec, _rows_view(logits, spec), plan, (ids, lp, None, None), with_seed=True)
+        _select("sample", spec, rows_view(logits, spec), plan, (ids, lp, None, None), with_seed=True)
     ids = ids.reshape(spec.batch_shape)
     return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
 
@@ -357,7 +365,7 @@ def probs(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None
     """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
     y = torch.empty((spec.rows, spec.vocab), dtype=torch.float32, device=logits.device)
     if spec.rows:
-        x = _rows_view(logits, spec)
+        x = rows_view(logits, spec)
         bound, ws, tensors, floats, ints = _select("probs", spec, x, plan, (None,) * 4, with_seed=False)
         bound.second((x, ws, y, tensors[0]), floats[:1], ints[-1:])
     return y.reshape(logits.shape)
@@ -376,7 +384,7 @@ def logprobs(spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n:
         # (empty operands are stood in for: a kernel never gets a pointer to nothing)
         ids = ids.contiguous() if n_ids else None
         outs = (top_ids if top_n else None, out if n_ids else None, values if top_n else None, ids)
-        _select("logprobs", spec, _rows_view(logits, spec), plan, outs, with_seed=False, extra=(ids,), top_n=top_n,
+        _select("logprobs", spec, rows_view(logits, spec), plan, outs, with_seed=False, extra=(ids,), top_n=top_n,
                 n_ids=n_ids)
     return (out, values, top_ids) if top_n else out
 
@@ -388,7 +396,7 @@ def row_paths(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | 
     """Which path each row's select took for `probs` of `spec` (the same as `sample`'s): "race"
     (no filter), "candidates", "general" (the whole row re-read), "none" (greedy, invalid).
     For tests and benchmarks: it runs the scan and the select, then reads the result (a sync)."""
-    bound, ws, *_ = _select("probs", spec, _rows_view(logits, spec), plan, (None,) * 4, with_seed=False)
+    bound, ws, *_ = _select("probs", spec, rows_view(logits, spec), plan, (None,) * 4, with_seed=False)
     words = ws[bound.space.res_off:].view(spec.rows, RESULT_WORDS)[:, 4].tolist()
     return [PATHS[w] for w in words]
 
@@ -402,7 +410,7 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     the plan). Its first `Workspace.shard_words` words are what every rank all-gathers; then
     `select_shards` runs the same select on every rank (the same ids everywhere). Every shard
     must have the same size (and plan): their workspaces then line up word for word."""
-    x = _rows_view(logits_shard, spec)
+    x = rows_view(logits_shard, spec)
     plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
     tensors, floats, ints = _keyword_call(spec, with_seed=op == "sample")
     bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total,
@@ -434,5 +442,5 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
 
 
-__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "logprobs", "plan_for", "probs", "row_paths",
-           "sample", "scan_shard", "select_shards", "stand_ins", "supports"]
+__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "logprobs", "operand_pointers", "plan_for",
+           "probs", "programs_on", "row_paths", "sample", "scan_shard", "select_shards", "stand_ins", "supports"]

@@ -7,12 +7,15 @@ the chunk's max, sum of exp(z - max), first argmax, ties at the max, finite coun
 row's mode (decided per row in the kernel, never on the host):
 
 * candidate rows (a top-k bound of at most K_CAP = C_SLOT / 2, `logprobs`' top-n, or top-p /
-  min-p without one): a threshold t found by bisection on the values in registers with
-  count(z >= t) >= the bound (top-k: min(k, finite), or C_SLOT / 2 for "as many as fit") and,
-  where the data allow, <= C_SLOT; every finite z >= t is written with its global index
-  (`_write_candidates`). A chunk that cannot get under C_SLOT (ties) writes the values above t
-  and the lowest-index ties at t, and says so (`total` > C_SLOT). The mass of what it did not
-  write (`R`) lets the select check that the candidates decide top-p;
+  min-p without one): a threshold t with count(z >= t) >= the bound (top-k: min(k, finite),
+  or C_SLOT / 2 for "as many as fit") and, where the data allow, <= C_SLOT: the bound-th
+  largest of the maxima of 128 runs of the chunk (`_group_bound`: a max per element and an
+  outer comparison of 128 values, not a search over the chunk), or, where that lets more
+  than C_SLOT through (ties, the largest values crowded into few runs), bisection on the
+  values in registers (`_chunk_threshold`). Every finite z >= t is written with its global
+  index (`_write_candidates`). A chunk that cannot get under C_SLOT (ties) writes the values
+  above t and the lowest-index ties at t, and says so (`total` > C_SLOT). The mass of what it
+  did not write (`R`) lets the select check that the candidates decide top-p;
 * plain draws (temperature only): the chunk's winner of the exponential race (rng.py's keys
   z - log E over every token of the chunk) and its key;
 * greedy rows: nothing more (the argmax).
@@ -22,13 +25,18 @@ for its row in the same launch; otherwise **select_kernel** does, one program pe
 
 **The select** (`_select_sample`, `_select_logprobs`) merges the chunk states of a row (also
 chunks of several shards of a sharded vocabulary: states and candidates concatenated along the
-chunk axis, global indices), then on the candidates (a [G_P2, C_SLOT] block, never sorted):
-exact k-th key by bisection on the order-preserving integer keys of z (`_kth_key`); top-p's cut
-by bisection on the mass strictly above (`_mass_cut`); min-p's by one reduction; the kept set
-is then {key(z) >= h} for one key h. The draw compacts the kept set and runs the race over it
-with the same Philox noise as pass 1 and rng.py. Rows the candidates cannot decide (a top-k
-above K_CAP, ties past a chunk's capacity, top-p / min-p whose cut lies below what a chunk
-wrote) take `_general_cut`: bisection over the whole row read from memory (slow, exact).
+chunk axis, global indices), then on the candidates (a [G_P2, C_SLOT] block, never sorted).
+A top-k row (and `logprobs`' top-n): a few bisection steps on the candidates' values find a
+threshold keeping between k and KM (128) of them (`_narrow`); those are compacted into KM
+lanes, where outer comparisons give each one's rank (the k-th largest), the mass strictly
+above it (top-p) and, for the top-n, the order with ids breaking ties (`_select_top`). Other
+rows, and top-k rows whose ties forbid KM lanes: exact k-th key by bisection on the
+order-preserving integer keys of z (`_kth_key`); top-p's cut by bisection on the mass strictly
+above (`_mass_cut`); min-p's by one reduction. The kept set is then {key(z) >= h} for one key
+h. The draw runs the race over the kept set with the same Philox noise as pass 1 and rng.py.
+Rows the candidates cannot decide (a top-k above K_CAP, ties past a chunk's capacity, top-p /
+min-p whose cut lies below what a chunk wrote) take `_general_cut`: bisection over the whole
+row read from memory (slow, exact).
 
 **probs_kernel** writes exp(z - lse of the kept set) where key(z) >= h, 0 elsewhere (one-hot on
 greedy rows, NaN on invalid ones).
@@ -57,7 +65,7 @@ F_BEST_Z = tl.constexpr(5)  # plain race: z of the winner
 I_WRITTEN = tl.constexpr(6)  # candidates written (<= C_SLOT)
 I_TOTAL = tl.constexpr(7)  # finite z >= t (> C_SLOT: some ties at t not written)
 I_ARGMAX = tl.constexpr(8)  # global index of the chunk's first max
-I_TIES = tl.constexpr(9)  # z equal to the chunk's max
+I_TIES = tl.constexpr(9)  # z equal to the chunk's max (greedy rows; 0 on others)
 I_BEST_ID = tl.constexpr(10)  # plain race: global index of the winner
 I_BAD = tl.constexpr(11)  # a NaN or +inf z
 I_FINITE = tl.constexpr(12)  # finite z
@@ -240,40 +248,45 @@ def _chunk_threshold(z, n_fin, m_c, need, CAP: tl.constexpr):
     """(t, total): a threshold with total = count(z >= t, finite) >= min(need, n_fin), and
     <= CAP unless ties at one value forbid it (then total > CAP and every z > t numbers fewer
     than `need`). t = -inf when every finite z fits. Bisection on the values held in
-    registers: each step is one compare-and-count over the chunk."""
+    registers (`_narrow`): each step is one compare-and-count over the chunk."""
     need = tl.minimum(need, n_fin)
     t = tl.full((), float("-inf"), tl.float32)
     total = n_fin
     if n_fin > CAP:
-        lo = tl.min(tl.where(z > float("-inf"), z, float("inf")))
-        hi = m_c
-        c_hi = tl.sum((z >= hi).to(tl.int32))
-        t = lo
-        if c_hi >= need:  # the max's ties alone make the bound
-            t = hi
-            total = c_hi
+        fin = z > float("-inf")
+        t, total = _narrow(z[None, :], fin[None, :], need, tl.min(tl.where(fin, z, float("inf"))), m_c, CAP)
+    return t, total
+
+
+@triton.jit
+def _group_bound(z, need, CHUNK: tl.constexpr, NG: tl.constexpr):
+    """A lower bound of the chunk's `need`-th largest z (need <= NG): the need-th largest of
+    the maxima of NG runs of CHUNK / NG elements (need runs hold a z at least that large);
+    the need-th largest of NG values by an outer comparison (rank = how many are strictly
+    larger), not by a search over the chunk."""
+    gm = tl.max(tl.reshape(z, (NG, CHUNK // NG)), 1)
+    rank = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), 1)
+    return tl.min(tl.where(rank < need, gm, float("inf")))
+
+
+@triton.jit
+def _candidate_threshold(z, n_fin, m_c, need, CAP: tl.constexpr, CHUNK: tl.constexpr, NG: tl.constexpr):
+    """`_chunk_threshold`'s (t, total), first from `_group_bound` (a few operations per
+    element); the bisection only when the bound lets more than CAP values through (ties, or
+    the chunk's largest values crowded into few groups)."""
+    need = tl.minimum(need, n_fin)
+    t = tl.full((), float("-inf"), tl.float32)
+    total = n_fin
+    if n_fin > CAP:
+        bound = tl.full((), float("-inf"), tl.float32)
+        if need <= NG // 2:
+            bound = _group_bound(z, need, CHUNK, NG)
+        c = tl.sum(((z >= bound) & (z > float("-inf"))).to(tl.int32))
+        if (bound > float("-inf")) & (c <= CAP):
+            t = bound
+            total = c
         else:
-            # count(z >= lo) = total >= need, count(z >= hi) < need
-            done = tl.full((), 0, tl.int32)
-            steps = tl.full((), 0, tl.int32)
-            while (done == 0) & (steps < 80):
-                mid = lo * 0.5 + hi * 0.5
-                if (mid <= lo) | (mid >= hi):
-                    done = done * 0 + 1  # adjacent floats: the ties at lo exceed CAP
-                else:
-                    c = tl.sum((z >= mid).to(tl.int32))
-                    if c < need:
-                        hi = mid
-                    elif c > CAP:
-                        lo = mid
-                        total = c
-                    else:
-                        t = mid
-                        total = c
-                        done = done * 0 + 2
-                steps += 1
-            if done != 2:
-                t = lo
+            t, total = _chunk_threshold(z, n_fin, m_c, need, CAP)
     return t, total
 
 
@@ -354,19 +367,26 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
     """Pass 1 on chunk `c` of `row`: its state words and candidates (see the module). The
     statistics are reduced and stored first: afterwards only z stays live (registers bound how
     many programs share a multiprocessor, and so how well loads overlap computation)."""
+    NG: tl.constexpr = CHUNK if CHUNK < 128 else 128  # groups of `_group_bound`
     x_row = x_ptr + row.to(tl.int64) * xs
     lo = c * CHUNK
     cols = lo + tl.arange(0, CHUNK)
     z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
-    bad = tl.max(((z != z) | (z == float("inf"))).to(tl.int32))
     m_c = tl.max(z)  # (a bad row's statistics are never used)
     m_sub = tl.where(m_c > float("-inf"), tl.where(m_c < float("inf"), m_c, 0.0), 0.0)
+    s_c = tl.sum(tl.exp(z - m_sub))
+    # A NaN z makes the sum NaN (whether the max kept it, as the interpreter's does, or skipped
+    # it, as a GPU's max does); a +inf z makes the max +inf: no test of each z for either.
+    bad = ((s_c != s_c) | (m_c == float("inf"))).to(tl.int32)
     n_fin = tl.sum((z > float("-inf")).to(tl.int32))
     item = row.to(tl.int64) * n_chunks + c
     st = ws_ptr + state_off + item * NS
     _stf(st + F_MAX, m_c)
-    _stf(st + F_SUM, tl.sum(tl.exp(z - m_sub)))
-    tl.store(st + I_TIES, tl.where(m_c > float("-inf"), tl.sum((z == m_c).to(tl.int32)), 0))
+    _stf(st + F_SUM, s_c)
+    ties = n_fin * 0
+    if greedy & (m_c > float("-inf")):  # (only a greedy row's log-probabilities use the ties)
+        ties = tl.sum((z == m_c).to(tl.int32))
+    tl.store(st + I_TIES, ties)
     tl.store(st + I_BAD, bad)
     tl.store(st + I_FINITE, n_fin)
     if OP != OP_LOGPROBS:
@@ -384,7 +404,7 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
     written = n_fin * 0
     rest = tl.full((), 0.0, tl.float32)
     if need > 0:
-        t, total = _chunk_threshold(z, n_fin, m_c, need, C_SLOT)
+        t, total = _candidate_threshold(z, n_fin, m_c, need, C_SLOT, CHUNK, NG)
         if OP != OP_LOGPROBS:
             if k_on == 0:  # (the select's check that top-p / min-p decide)
                 rest = tl.sum(tl.where((z > float("-inf")) & (z < t), tl.exp(z - m_sub), 0.0))
@@ -440,6 +460,89 @@ def _mass_cut(kz, w, valid, target, lo, hi):
             else:
                 lo = mid.to(tl.int64)
     return hi.to(tl.int32)
+
+
+@triton.jit
+def _narrow(cz, valid, need, lo, hi, CAP: tl.constexpr):
+    """(t, n): a value t with need <= n = count(valid & cz >= t) <= CAP (a 2-D block), by
+    bisection on the values between lo (count >= need) and hi (the largest value, count >= 1);
+    each step is one count. Where ties at one value forbid it, t is the largest value tried
+    with n = count(>= t) > CAP (every value above it numbers fewer than `need`)."""
+    n = _count2(valid & (cz >= lo))
+    t = lo
+    if n > CAP:
+        c_hi = _count2(valid & (cz >= hi))
+        if c_hi >= need:  # the max's ties alone
+            t = hi
+            n = c_hi
+        else:
+            done = tl.full((), 0, tl.int32)
+            steps = tl.full((), 0, tl.int32)
+            while (done == 0) & (steps < 80):
+                mid = lo * 0.5 + hi * 0.5
+                if (mid <= lo) | (mid >= hi):
+                    done = done * 0 + 1  # adjacent floats: the ties at lo exceed CAP
+                else:
+                    c = _count2(valid & (cz >= mid))
+                    if c < need:
+                        hi = mid
+                    elif c > CAP:
+                        lo = mid
+                        n = c
+                    else:
+                        t = mid
+                        n = c
+                        done = done * 0 + 2
+                steps += 1
+            if done != 2:
+                t = lo
+    return t, n
+
+
+@triton.jit
+def _lanes(cz, ci, sel, n, ws_ptr, scr_off, row, C_SLOT: tl.constexpr, G_P2: tl.constexpr, KM: tl.constexpr):
+    """The n <= KM selected candidates (z, id) compacted through the row's scratch into KM
+    lanes, and which lanes hold one."""
+    scr_z = ws_ptr + scr_off + row.to(tl.int64) * (2 * G_P2 * C_SLOT)
+    scr_i = scr_z + G_P2 * C_SLOT
+    _compact(cz, ci, sel, scr_z, scr_i)
+    r = tl.arange(0, KM)
+    live = r < n
+    zq = tl.load(scr_z + r, mask=live, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
+    iq = tl.load(scr_i + r, mask=live, other=BIG_ID, cache_modifier=".cg")
+    return zq, iq, live
+
+
+@triton.jit
+def _select_top(row, cz, sel, n, gs_ptr, g, n_chunks, shard_stride, ci_off, ws_ptr, scr_off, m, k, p, mp, seed,
+                stream, off_lo, off_hi, OP: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr,
+                KM: tl.constexpr):
+    """The kept set of a top-k row from the n <= KM candidates `sel` (they hold the row's k
+    largest z, ties included), compacted into KM lanes: the k-th largest by rank (how many are
+    strictly larger: an outer comparison), top-p by the mass strictly above each (another),
+    min-p, then the race. Returns (h: the smallest kept key, lse of the kept set, the drawn
+    id, its z); the id is BIG_ID unless OP is OP_SAMPLE."""
+    ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, sel, C_SLOT)
+    zq, iq, live = _lanes(cz, ci, sel, n, ws_ptr, scr_off, row, C_SLOT, G_P2, KM)
+    greater = live[None, :] & (zq[None, :] > zq[:, None])  # [i, j]: z_j > z_i
+    rank = tl.sum(greater.to(tl.int32), 1)
+    kth = tl.min(tl.where(live & (rank < k), zq, float("inf")))
+    keep = live & (zq >= kth)
+    # (the same exp of z - row max as the chunk sums and `_select_sample`'s weights)
+    w = tl.where(keep, tl.exp(zq - m), 0.0)
+    if p < 1.0:
+        above = tl.sum(tl.where(greater, w[None, :], 0.0), 1)
+        keep = keep & (above < p * tl.sum(w))
+    if mp > 0.0:
+        keep = keep & (w >= mp)
+    lse = m + tl.log(tl.sum(tl.where(keep, w, 0.0)))
+    h = tl.min(tl.where(keep, _key(zq), BIG_ID))
+    best_id = tl.full((), BIG_ID, tl.int32)
+    best_z = tl.full((), float("-inf"), tl.float32)
+    if OP == OP_SAMPLE:
+        keys = tl.where(keep, _race_keys(zq, iq, seed, stream, off_lo, off_hi), float("-inf"))
+        _, best_id, best_z = _race_step(tl.full((), float("-inf"), tl.float32), best_id, best_z, keys, iq, zq, keep)
+    return h, lse, best_id, best_z
 
 
 @triton.jit
@@ -580,6 +683,22 @@ def _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE: tl.cons
     return h, _row_mass(x_row, inv_t, vocab, m, h, KEY_NONE, TILE)
 
 
+@triton.jit
+def id_logprobs(x_row, ids_ptr, out_ptr, row_ids, n_ids, vocab, scale, lse, greedy, m, greedy_lp, invalid,
+                BLOCK: tl.constexpr):
+    """log_softmax(z) at the row's n_ids ids (z = logits * scale) into out_ptr + row_ids: z - lse,
+    or on a greedy row (scale 1) `greedy_lp` where z is the max m and -inf elsewhere; NaN on
+    an invalid row and at ids outside [0, vocab)."""
+    for j0 in range(0, n_ids, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        jok = j < n_ids
+        idv = tl.load(ids_ptr + row_ids + j, mask=jok, other=0)
+        inr = jok & (idv >= 0) & (idv < vocab)
+        z = tl.load(x_row + idv, mask=inr, other=0.0).to(tl.float32) * scale
+        lp = tl.where(greedy, tl.where(z == m, greedy_lp, float("-inf")), z - lse)
+        tl.store(out_ptr + row_ids + j, tl.where(inr & (invalid == 0), lp, float("nan")), mask=jok)
+
+
 # ---- the select of a row ----------------------------------------------------------------------------
 
 @triton.jit
@@ -630,6 +749,7 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
                    TILE: tl.constexpr):
     """`sample` / `probs` of one row from its chunk states: the id and its log-probability
     (sample), and the row result (key threshold h, lse of the kept set, id, status) pass 2 reads."""
+    KM: tl.constexpr = C_SLOT if C_SLOT < 256 else C_SLOT // 2  # lanes of `_select_top`
     inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
                                                    temperature, top_p, min_p)
     g, ok, base, ms, m, mass, bad = _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2)
@@ -660,65 +780,79 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
             n_fin = tl.sum(_ldi(gs_ptr + base + I_FINITE, ok))
             thr = tl.where(ok, _ldf(gs_ptr + base + F_THR, ok), float("-inf"))
             cz, valid = _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_SLOT)
-            kz = _key(cz)
-            w = tl.where(valid, tl.exp(cz - m), 0.0)
             t_star = tl.max(thr)  # every finite z >= t_star of the row is a candidate
             overflow = tl.max((total > C_SLOT).to(tl.int32)) != 0
-            complete = (t_star == float("-inf")) & (overflow == 0)
-            top_k_mode = (k_on > 0) & (k_on <= C_SLOT // 2)
-            decided = (overflow == 0) & (top_k_mode | complete | (k_on == 0))
-            # top-k: the exact k-th key over the candidates (they hold the row's top k, ties included)
-            h_k = tl.full((), KEY_NONE, tl.int32)
-            h_floor = tl.where(complete, KEY_NONE, _key(t_star))
-            mass_k = mass
-            if decided & (k_on > 0):
-                if (complete == 0) | (n_fin > k_on):
-                    h_k = _kth_key(kz, valid, k_on, tl.full((), KEY_NEG_INF, tl.int64), _key(m).to(tl.int64) + 1)
-                mass_k = _sum2(tl.where(kz >= h_k, w, 0.0))
-                h_floor = h_k
-            elif decided:  # no top-k: the row's mass, the candidates' from their weights (consistent sums)
-                rest = tl.sum(tl.where(ok, _ldf(gs_ptr + base + F_REST, ok) * tl.exp(ms - m), 0.0))
-                mass_k = _sum2(w) + rest
-            # top-p: the candidates with key >= h_floor have their exact mass above them; it decides
-            # when they already hold top_p of the mass (with a top-k or every z a candidate, always)
-            above_floor = valid & (kz >= h_floor)
-            p_decides = decided & (p < 1.0) & (_sum2(tl.where(above_floor, w, 0.0)) >= p * mass_k)
-            h_p = tl.full((), KEY_NONE, tl.int32)
-            if p_decides:
-                h_p = _mass_cut(kz, w, above_floor, p * mass_k, tl.maximum(h_floor, KEY_NEG_INF).to(tl.int64) - 1,
-                                _key(m).to(tl.int64))
-            # min-p decides when its cut lies above t_star (every z below it is dropped)
-            mp_decides = decided & (mp > 0.0) & ((t_star == float("-inf")) | (tl.exp(t_star - m) < mp))
-            h_m = tl.full((), KEY_NONE, tl.int32)
-            if mp > 0.0:
-                h_m = _min2(tl.where(valid & (w >= mp), kz, BIG_ID))
-            decided = decided & (top_k_mode | complete | p_decides | mp_decides)
-            decided = decided & ((p >= 1.0) | p_decides | mp_decides)
-            if decided:
-                h = tl.maximum(tl.maximum(h_k, h_p), h_m)
-                kept = valid & (kz >= h)
-                lse = m + tl.log(_sum2(tl.where(kept, w, 0.0)))
-                if OP == OP_SAMPLE:
-                    seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi,
-                                                        flags)
-                    scr_z = ws_ptr + scr_off + row.to(tl.int64) * (2 * G_P2 * C_SLOT)
-                    ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, kept, C_SLOT)
-                    n = _compact(cz, ci, kept, scr_z, scr_z + G_P2 * C_SLOT)
-                    _, out_id, bz = _race_compacted(scr_z, scr_z + G_P2 * C_SLOT, n, seed, stream, olo, ohi, TILE)
-                    lp = bz - lse
+            # A top-k row: its top k (ties included) are among the candidates; a few bisection
+            # steps on them find the KM or fewer largest, which decide everything (`_select_top`).
+            n_top = tl.full((), KM + 1, tl.int32)
+            t_top = t_star
+            if (k_on > 0) & (k_on <= C_SLOT // 2) & (overflow == 0):
+                z_lo = tl.maximum(t_star, _min2(tl.where(valid, cz, float("inf"))))
+                t_top, n_top = _narrow(cz, valid, tl.minimum(k_on, n_fin), z_lo, m, KM)
+            if n_top <= KM:
+                seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
+                h, lse, out_id, bz = _select_top(row, cz, valid & (cz >= t_top), n_top, gs_ptr, g, n_chunks,
+                                                 shard_stride, ci_off, ws_ptr, scr_off, m, tl.minimum(k_on, n_fin), p,
+                                                 mp, seed, stream, olo, ohi, OP, C_SLOT, G_P2, KM)
+                lp = bz - lse
             else:
-                path = path * 0 + PATH_GENERAL
-                if HAS_X:
-                    x_row = x_ptr + row.to(tl.int64) * xs
-                    h, kept_mass = _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE)
-                    lse = m + tl.log(kept_mass)
+                kz = _key(cz)
+                w = tl.where(valid, tl.exp(cz - m), 0.0)
+                complete = (t_star == float("-inf")) & (overflow == 0)
+                top_k_mode = (k_on > 0) & (k_on <= C_SLOT // 2)
+                decided = (overflow == 0) & (top_k_mode | complete | (k_on == 0))
+                # top-k: the exact k-th key over the candidates (they hold the row's top k, ties included)
+                h_k = tl.full((), KEY_NONE, tl.int32)
+                h_floor = tl.where(complete, KEY_NONE, _key(t_star))
+                mass_k = mass
+                if decided & (k_on > 0):
+                    if (complete == 0) | (n_fin > k_on):
+                        h_k = _kth_key(kz, valid, k_on, tl.full((), KEY_NEG_INF, tl.int64), _key(m).to(tl.int64) + 1)
+                    mass_k = _sum2(tl.where(kz >= h_k, w, 0.0))
+                    h_floor = h_k
+                elif decided:  # no top-k: the row's mass, the candidates' from their weights (consistent sums)
+                    rest = tl.sum(tl.where(ok, _ldf(gs_ptr + base + F_REST, ok) * tl.exp(ms - m), 0.0))
+                    mass_k = _sum2(w) + rest
+                # top-p: the candidates with key >= h_floor have their exact mass above them; it decides
+                # when they already hold top_p of the mass (with a top-k or every z a candidate, always)
+                above_floor = valid & (kz >= h_floor)
+                p_decides = decided & (p < 1.0) & (_sum2(tl.where(above_floor, w, 0.0)) >= p * mass_k)
+                h_p = tl.full((), KEY_NONE, tl.int32)
+                if p_decides:
+                    h_p = _mass_cut(kz, w, above_floor, p * mass_k, tl.maximum(h_floor, KEY_NEG_INF).to(tl.int64) - 1,
+                                    _key(m).to(tl.int64))
+                # min-p decides when its cut lies above t_star (every z below it is dropped)
+                mp_decides = decided & (mp > 0.0) & ((t_star == float("-inf")) | (tl.exp(t_star - m) < mp))
+                h_m = tl.full((), KEY_NONE, tl.int32)
+                if mp > 0.0:
+                    h_m = _min2(tl.where(valid & (w >= mp), kz, BIG_ID))
+                decided = decided & (top_k_mode | complete | p_decides | mp_decides)
+                decided = decided & ((p >= 1.0) | p_decides | mp_decides)
+                if decided:
+                    h = tl.maximum(tl.maximum(h_k, h_p), h_m)
+                    kept = valid & (kz >= h)
+                    lse = m + tl.log(_sum2(tl.where(kept, w, 0.0)))
                     if OP == OP_SAMPLE:
                         seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi,
                                                             flags)
-                        _, out_id, bz = _row_race(x_row, inv_t, vocab, vocab_start, h, seed, stream, olo, ohi, TILE)
+                        scr_z = ws_ptr + scr_off + row.to(tl.int64) * (2 * G_P2 * C_SLOT)
+                        ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, kept, C_SLOT)
+                        n = _compact(cz, ci, kept, scr_z, scr_z + G_P2 * C_SLOT)
+                        _, out_id, bz = _race_compacted(scr_z, scr_z + G_P2 * C_SLOT, n, seed, stream, olo, ohi, TILE)
                         lp = bz - lse
                 else:
-                    status = status * 0 + ST_UNDECIDED
+                    path = path * 0 + PATH_GENERAL
+                    if HAS_X:
+                        x_row = x_ptr + row.to(tl.int64) * xs
+                        h, kept_mass = _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE)
+                        lse = m + tl.log(kept_mass)
+                        if OP == OP_SAMPLE:
+                            seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo,
+                                                                off_hi, flags)
+                            _, out_id, bz = _row_race(x_row, inv_t, vocab, vocab_start, h, seed, stream, olo, ohi, TILE)
+                            lp = bz - lse
+                    else:
+                        status = status * 0 + ST_UNDECIDED
     out_id = tl.where(status == ST_INVALID, -1, tl.where(status == ST_UNDECIDED, -2, out_id))
     lp = tl.where((status == ST_INVALID) | (status == ST_UNDECIDED), float("nan"), lp)
     lse = tl.where(status == ST_INVALID, float("nan"), lse)
@@ -740,23 +874,15 @@ def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_pt
                      C_SLOT: tl.constexpr, G_P2: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr):
     """`logprobs` of one row: log_softmax(z) at its ids, and the top-n values and ids (by
     value, the lower id first among ties; the greedy limit on temperature-0 rows)."""
+    KM: tl.constexpr = C_SLOT if C_SLOT < 256 else C_SLOT // 2  # lanes of the top-n's ranking
     inv_t, greedy, kw_bad = _temperature(row, t_ptr, flags, temperature)
     g, ok, base, ms, m, mass, bad = _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2)
     lse_row = m + tl.log(mass)
     invalid = kw_bad | (bad != 0) | (m == float("-inf"))
     n_ties = tl.sum(tl.where(ok & (ms == m), _ldi(gs_ptr + base + I_TIES, ok), 0))
     greedy_lp = -tl.log(n_ties.to(tl.float32))
-    x_row = x_ptr + row.to(tl.int64) * xs
-    row_ids = row.to(tl.int64) * n_ids
-    for j0 in range(0, n_ids, TILE):
-        j = j0 + tl.arange(0, TILE)
-        jok = j < n_ids
-        idv = tl.load(ids_ptr + row_ids + j, mask=jok, other=0)
-        inr = jok & (idv >= 0) & (idv < vocab)
-        z = tl.load(x_row + idv, mask=inr, other=0.0).to(tl.float32) * inv_t
-        lp = tl.where(greedy, tl.where(z == m, greedy_lp, float("-inf")), z - lse_row)
-        lp = tl.where(inr & (invalid == 0), lp, float("nan"))
-        tl.store(out_f_ptr + row_ids + j, lp, mask=jok)
+    id_logprobs(x_ptr + row.to(tl.int64) * xs, ids_ptr, out_f_ptr, row.to(tl.int64) * n_ids, n_ids, vocab, inv_t,
+                lse_row, greedy, m, greedy_lp, invalid, TILE)
     if top_n > 0:
         out_v = out_f2_ptr + row.to(tl.int64) * top_n
         out_t = out_i_ptr + row.to(tl.int64) * top_n
@@ -767,47 +893,53 @@ def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_pt
         else:
             written = _ldi(gs_ptr + base + I_WRITTEN, ok)
             cz, valid = _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_SLOT)
-            kz = _key(cz)
             n_fin = tl.sum(_ldi(gs_ptr + base + I_FINITE, ok))
             # The finite entries of the top-n (greedy: the tied maxima); the rest are -inf values,
             # listed by id (the lowest ids not among them).
             n_sel = tl.minimum(top_n, tl.where(greedy, n_ties, n_fin))
-            t_key = _kth_key(kz, valid, n_sel, tl.full((), KEY_NEG_INF, tl.int64), _key(m).to(tl.int64) + 1)
-            n_gt = _count2(valid & (kz > t_key))
-            eq = valid & (kz == t_key)
-            ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, valid & (kz >= t_key), C_SLOT)
-            i_cut = tl.full((), BIG_ID, tl.int32)
-            if _count2(eq) > n_sel - n_gt:  # ties at the n-th value: the lowest ids among them
-                need = n_sel - n_gt
-                lo = tl.full((), -1, tl.int64)
-                hi = tl.full((), BIG_ID, tl.int64)
-                while hi - lo > 1:
-                    mid = (lo + (hi - lo) // 2).to(tl.int32)
-                    if _count2(eq & (ci <= mid)) >= need:
-                        hi = mid.to(tl.int64)
-                    else:
-                        lo = mid.to(tl.int64)
-                i_cut = hi.to(tl.int32)
-            sel = valid & ((kz > t_key) | (eq & (ci <= i_cut)))
-            scr_z = ws_ptr + scr_off + row.to(tl.int64) * (2 * G_P2 * C_SLOT)
-            scr_i = scr_z + G_P2 * C_SLOT
-            _compact(cz, ci, sel, scr_z, scr_i)
-            qok = r < n_sel
-            zq = tl.load(scr_z + r, mask=qok, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
-            iq = tl.load(scr_i + r, mask=qok, other=BIG_ID, cache_modifier=".cg")
+            # The KM or fewer largest candidates (they hold the top n), ranked below with ids
+            # breaking ties; where ties forbid so few, exactly the top n: the n-th key, then ids.
+            t_star = tl.max(tl.where(ok, _ldf(gs_ptr + base + F_THR, ok), float("-inf")))
+            z_lo = tl.maximum(t_star, _min2(tl.where(valid, cz, float("inf"))))
+            t_top, n_top = _narrow(cz, valid, n_sel, z_lo, m, KM)
+            if n_top <= KM:
+                sel = valid & (cz >= t_top)
+                ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, sel, C_SLOT)
+            else:
+                kz = _key(cz)
+                t_key = _kth_key(kz, valid, n_sel, tl.full((), KEY_NEG_INF, tl.int64), _key(m).to(tl.int64) + 1)
+                n_gt = _count2(valid & (kz > t_key))
+                eq = valid & (kz == t_key)
+                ci = _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, valid & (kz >= t_key), C_SLOT)
+                i_cut = tl.full((), BIG_ID, tl.int32)
+                if _count2(eq) > n_sel - n_gt:  # ties at the n-th value: the lowest ids among them
+                    need = n_sel - n_gt
+                    lo = tl.full((), -1, tl.int64)
+                    hi = tl.full((), BIG_ID, tl.int64)
+                    while hi - lo > 1:
+                        mid = (lo + (hi - lo) // 2).to(tl.int32)
+                        if _count2(eq & (ci <= mid)) >= need:
+                            hi = mid.to(tl.int64)
+                        else:
+                            lo = mid.to(tl.int64)
+                    i_cut = hi.to(tl.int32)
+                sel = valid & ((kz > t_key) | (eq & (ci <= i_cut)))
+                n_top = n_sel
+            zq, iq, qok = _lanes(cz, ci, sel, n_top, ws_ptr, scr_off, row, C_SLOT, G_P2, KM)
             kq = _key(zq)
             before = (kq[None, :] > kq[:, None]) | ((kq[None, :] == kq[:, None]) & (iq[None, :] < iq[:, None]))
             rank = tl.sum((qok[None, :] & before).to(tl.int32), 1)
+            listed = qok & (rank < n_sel)
             vals = tl.where(greedy, greedy_lp, zq - lse_row)
-            tl.store(out_v + rank, vals, mask=qok)
-            tl.store(out_t + rank, iq.to(tl.int64), mask=qok)
+            tl.store(out_v + rank, vals, mask=listed)
+            tl.store(out_t + rank, iq.to(tl.int64), mask=listed)
             if n_sel < top_n:
                 # slot r >= n_sel: the (r - n_sel)-th smallest id not among the n_sel listed
                 want = r - n_sel
                 cand = want
                 moved = tl.full((), 1, tl.int32)
                 while moved != 0:
-                    nxt = want + tl.sum((qok[None, :] & (iq[None, :] <= cand[:, None])).to(tl.int32), 1)
+                    nxt = want + tl.sum((listed[None, :] & (iq[None, :] <= cand[:, None])).to(tl.int32), 1)
                     moved = tl.max((nxt != cand).to(tl.int32))
                     cand = nxt
                 fill = (r >= n_sel) & (r < top_n)

@@ -261,10 +261,11 @@ class TritonBackend(Backend):
         return self.supports(spec) or sampling.supports(spec, top_n)
 
     def sampler(self):
-        """The Triton sampler: `probs`, `sample`, `logprobs` on validated requests."""
-        from .._triton_common import sampling
+        """The Triton sampler: `probs`, `sample`, `logprobs` on validated requests (those that
+        need no filter read the logits once, through this backend's softmax and logsumexp)."""
+        from .._triton_common import sampling_one_read
 
-        return sampling
+        return sampling_one_read.sampler_for(self)
 
     def _sms(self, t: torch.Tensor) -> int | None:
         return None if interpreter.interpreting() else device_props(device_index(t.device)).multiprocessor_count

@@ -2,7 +2,8 @@
 
 `launches(op, ...)` runs the Triton sampler (`_triton_common/sampling.py`) on CPU tensors with
 its launch engine replaced by a recorder: every launch the sampler would make (scan, select,
-`probs`' second pass; fused and not; a sharded vocabulary's scan and select) is captured with
+`probs`' second pass; fused and not; a sharded vocabulary's scan and select; the kernels around
+the one-read paths of `sampling_one_read`) is captured with
 the arguments the launch engine would pass by name, then compiled for a `GPUTarget` through the
 JIT's own argument binder (`compile_targets.compile_launch`: the specialization a real launch
 gets). Nothing runs.
@@ -110,6 +111,40 @@ def sharded_launches(dtype: torch.dtype, rows: int, vocab: int, per_row: bool) -
     return calls
 
 
+class _ReadStandIn:
+    """A backend whose softmax and logsumexp launchers give outputs without launching (their
+    kernels compile in their own tests): what `sampling_one_read.Sampler` needs around its own."""
+
+    @staticmethod
+    def launcher(x, spec):
+        return lambda x, ops: (torch.zeros(x.shape, dtype=torch.float32), None)
+
+    @staticmethod
+    def logsumexp_launcher(x, spec, operands):
+        return lambda x, ops: torch.zeros((x.shape[0], 1), dtype=torch.float32)
+
+
+def one_read_launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool) -> list:
+    """The launches of the one-read paths (`sampling_one_read`) around the softmax / logsumexp:
+    `probs` with only a temperature, `logprobs` without top_n."""
+    from anysoftmax.backends._triton_common import sampling_one_read as r
+    from anysoftmax.sampling.spec import SamplingSpec, check_ids
+
+    x = torch.randn(rows, vocab).to(dtype)
+    t = torch.full((rows,), 0.8) if per_row else 0.8
+    spec = SamplingSpec.from_request(op, x, temperature=t)
+    calls: list = []
+    r._bound.clear()
+    with mock.patch.object(r, "bind_kernel", _recording_bind(calls)):
+        sampler = r.Sampler(_ReadStandIn())
+        if op == "probs":
+            sampler.probs(spec, x)
+        else:
+            sampler.logprobs(spec, x, check_ids(op, spec, torch.randint(0, vocab, (rows, 3))))
+    r._bound.clear()
+    return calls
+
+
 def _signature(kernel, args, constexprs) -> tuple:
     """What decides a compile: argument types, 16-divisibility of integers, constexprs."""
     def kind(a):
@@ -138,11 +173,17 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
                 for fused in (True, False) for per_row in (False, True)]
     requests += [("sample-sharded", d, rows, vocab, False, per_row) for d in dtypes for rows, vocab in shapes
                  for per_row in (False, True)]
+    requests += [(f"{op}-one-read", d, rows, vocab, None, per_row) for op in ("probs", "logprobs") for d in dtypes
+                 for rows, vocab in shapes for per_row in (False, True)]
     for op, dname, rows, vocab, fused, per_row in requests:
         where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, fused=fused, per_row=per_row)
         try:
-            calls = sharded_launches(dtypes[dname], rows, vocab, per_row) if op == "sample-sharded" else \
-                launches(op, dtypes[dname], rows, vocab, fused, per_row)
+            if op == "sample-sharded":
+                calls = sharded_launches(dtypes[dname], rows, vocab, per_row)
+            elif op.endswith("-one-read"):
+                calls = one_read_launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row)
+            else:
+                calls = launches(op, dtypes[dname], rows, vocab, fused, per_row)
         except Exception as exc:
             errors.append(dict(where, stage="launch", error=f"{type(exc).__name__}: {exc}",
                                traceback=traceback.format_exc(limit=-4)))

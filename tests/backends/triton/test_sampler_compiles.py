@@ -4,7 +4,8 @@
 What this proves: `sampler_targets.py` runs the Triton sampler on CPU tensors with its launches
 recorded instead of made, and compiles each one with the specialization a real launch gives it:
 `sample`, `probs` (its second pass too) and `logprobs`; the select fused into the scan and as a
-launch of its own; a sharded vocabulary's scan and select; every keyword as a number (its
+launch of its own; a sharded vocabulary's scan and select; the kernels around the one-read
+paths (`sampling_one_read`); every keyword as a number (its
 pointer operand absent, stood in for) and as a per-row tensor. Here bfloat16 logits and one
 vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
 compile checks, do not depend on either); the script's defaults add float16, float32 and a
@@ -62,6 +63,8 @@ def test_every_sampler_launch_compiles(report, target):
         assert {(op, "scan_kernel", True, DTYPE), (op, "scan_kernel", False, DTYPE),
                 (op, "select_kernel", None, DTYPE)} <= done, op
     assert {("probs", "probs_kernel", None, DTYPE), ("sample-sharded", "select_kernel", None, DTYPE)} <= done
+    assert {("probs-one-read", "row_scale_kernel", None, DTYPE), ("probs-one-read", "probs_fixup_kernel", None, DTYPE),
+            ("logprobs-one-read", "logprobs_gather_kernel", None, DTYPE)} <= done
     assert all(k["specialization"] == "jit-binder" for k in kernels), \
         "compiled without the JIT's launch specialization (Triton internals changed?)"
 

@@ -1,0 +1,203 @@
+"""The Triton sampler as a backend hands it out (`Sampler`): requests that need no filter read
+the logits once, through the backend's own softmax and logsumexp launchers with the per-row
+scale 1/temperature; every other request runs the scan and select of `sampling.py`.
+
+* `probs` with only a temperature (top_k, top_p, min_p off as numbers): the softmax kernel
+  with the scale (a number: one launch; a tensor: `row_scale_kernel` first, and
+  `probs_fixup_kernel` after, which rewrites greedy and invalid rows and reads the logits
+  only for greedy rows). A temperature of 0 given as a number makes every row greedy: the
+  scan's argmax serves it.
+* `logprobs` without top_n: the logsumexp kernel with the scale, then
+  `logprobs_gather_kernel` (z_id - lse at the ids; the greedy limit; NaN on invalid rows).
+
+A keyword given as a tensor may hold anything per row, so a tensor top_k, top_p or min_p
+sends the request to the scan (reading it would synchronise with the host). Nothing here
+reads a device value on the host. Kernels: `sampling_one_read_kernels.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from ...core.cache import OnceCache
+from ...core.layout import cdiv
+from ...core.lse_merge import logsumexp_request
+from ...core.spec import SoftmaxSpec
+from ...core.variant import Operands
+from ...sampling.spec import SamplingSpec
+from . import sampling
+from .launcher import Binding, bind_kernel
+
+SCALE_BLOCK = 1024  # rows per program of row_scale_kernel
+TILE = 1024  # logits per step where a kernel reads a whole row (greedy rows)
+ID_BLOCK = 64  # ids per step of the gather
+
+_bound = OnceCache(maxsize=128)
+
+
+def needs_no_filter(spec: SamplingSpec) -> bool:
+    """True when top_k, top_p and min_p are off as numbers (a tensor's rows are not read)."""
+    k, p, mp = spec.top_k, spec.top_p, spec.min_p
+    if isinstance(k, torch.Tensor) or isinstance(p, torch.Tensor) or isinstance(mp, torch.Tensor):
+        return False
+    return (k == 0 or k >= spec.vocab) and p >= 1.0 and mp == 0.0
+
+
+def takes_probs(spec: SamplingSpec) -> bool:
+    """Whether `probs` of `spec` takes the one read (a temperature of 0 as a number: the scan)."""
+    t = spec.temperature
+    return needs_no_filter(spec) and (isinstance(t, torch.Tensor) or t > 0)
+
+
+def _temperature_operand(spec: SamplingSpec) -> tuple[torch.Tensor | None, int]:
+    """(the temperature as a contiguous float32 tensor or None for a number, its row stride)."""
+    t = spec.temperature
+    if not isinstance(t, torch.Tensor):
+        return None, 0
+    return t.to(torch.float32).contiguous(), 1 if t.dim() else 0
+
+
+def _grid(rows: int, device: torch.device) -> int:
+    if device.type != "cuda":
+        return max(1, rows)
+    return max(1, min(rows, sampling.programs_on(device.index if device.index is not None
+                                                 else torch.cuda.current_device())))
+
+
+def _bind(kernel, grid: int, pointer_names: tuple, ints: dict, meta: dict, floats: tuple = (),
+          device: torch.device | None = None):
+    return bind_kernel(Binding(kernel, grid, pointer_names, sampling.operand_pointers(pointer_names), ints,
+                               (meta,), floats, (1.0,) * len(floats)),
+                       scratch=sampling.stand_ins, device=device)
+
+
+class _Launchers(NamedTuple):
+    """One request's bound launches (see the module): `scale` (or None), `read` (the fused
+    softmax or logsumexp launcher: a scale operand), `after` (the fix-up or the gather, or None)."""
+
+    scale: object
+    read: object
+    after: object
+
+
+def _scale_launcher(rows: int, t_stride: int, device: torch.device):
+    from . import sampling_one_read_kernels as k
+
+    return _bind(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), ("t_ptr", "s_ptr"),
+                 dict(n_rows=rows, t_stride=t_stride), dict(BLOCK=SCALE_BLOCK, num_warps=4), device=device)
+
+
+def _stand_in_scale(rows: int, device: torch.device, row_tensor: bool):
+    """The scale a launcher is bound with: its layout, never its values (those come per call;
+    a number other than 1 keeps the request fused, so every call passes its scale)."""
+    return torch.ones((rows, 1), dtype=torch.float32, device=device) if row_tensor else 0.5
+
+
+class Sampler:
+    """`probs`, `sample` and `logprobs` (the signatures of `sampling.py`'s functions) of a
+    backend whose `launcher(x, spec)` binds the softmax and `logsumexp_launcher(x, spec,
+    operands)` the logsumexp: the one read where the request allows it (see the module)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    # ---- probs ----
+
+    def probs(self, spec: SamplingSpec, logits: torch.Tensor, *, plan: sampling.SamplingPlan | None = None):
+        """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
+        if plan is not None or not spec.rows or not takes_probs(spec):
+            return sampling.probs(spec, logits, plan=plan)
+        x = sampling.rows_view(logits, spec)
+        t, t_stride = _temperature_operand(spec)
+        run = self._launchers("probs", spec, x, t is not None, t_stride)
+        if t is None:
+            y = self._read(run, x, 1.0 / spec.temperature)
+        else:
+            s = torch.empty((spec.rows, 1), dtype=torch.float32, device=x.device)
+            run.scale((t, s))
+            y = self._read(run, x, s)
+            run.after((x, y, t))
+        return y.reshape(logits.shape)
+
+    # ---- sample: the scan and select ----
+
+    def sample(self, spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
+               plan: sampling.SamplingPlan | None = None):
+        """int64 token ids of shape ``logits.shape[:-1]`` (and their float32 log-probabilities)."""
+        return sampling.sample(spec, logits, return_logprobs, plan=plan)
+
+    # ---- logprobs ----
+
+    def logprobs(self, spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
+                 plan: sampling.SamplingPlan | None = None):
+        """float32 log-probabilities of `ids` ([rows, K], validated) under log_softmax(logits /
+        temperature), and with `top_n` the top-n values and ids (`sampling.logprobs`)."""
+        n_ids = ids.shape[-1]
+        if top_n or plan is not None or not spec.rows or not n_ids:
+            return sampling.logprobs(spec, logits, ids, top_n, plan=plan)
+        x = sampling.rows_view(logits, spec)
+        t, t_stride = _temperature_operand(spec)
+        run = self._launchers("logprobs", spec, x, t is not None, t_stride, n_ids)
+        out = torch.empty((spec.rows, n_ids), dtype=torch.float32, device=x.device)
+        ids = ids.contiguous()
+        if t is None:
+            number = float(spec.temperature)
+            scale = 1.0 / number if number > 0 else 1.0
+            lse = self._read(run, x, scale)
+            run.after((x, lse, None, None, ids, out), (number, scale))
+        else:
+            s = torch.empty((spec.rows, 1), dtype=torch.float32, device=x.device)
+            run.scale((t, s))
+            lse = self._read(run, x, s)
+            run.after((x, lse, s, t, ids, out))
+        return out
+
+    # ---- binding ----
+
+    @staticmethod
+    def _read(run: _Launchers, x: torch.Tensor, scale) -> torch.Tensor:
+        got = run.read(x, Operands(None, None, scale, 1.0))
+        return got[0] if isinstance(got, tuple) else got.reshape(-1)  # (y, p_sink) / lse [rows, 1]
+
+    def _launchers(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
+                   n_ids: int = 0) -> _Launchers:
+        key = (id(self.backend), op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, row_t, t_stride, n_ids,
+               x.data_ptr() % 16 == 0)
+        return _bound.get(key, lambda: self._bind(op, spec, x, row_t, t_stride, n_ids))
+
+    def _bind(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
+              n_ids: int) -> _Launchers:
+        from . import sampling_one_read_kernels as k
+
+        device, rows = x.device, spec.rows
+        scale = _scale_launcher(rows, t_stride, device) if row_t else None
+        stand_in = _stand_in_scale(rows, device, row_t)
+        grid = _grid(rows, device)
+        if op == "probs":
+            soft, _ = SoftmaxSpec.from_request(x, -1, torch.float32, fused=dict(scale=stand_in))
+            read = self.backend.launcher(x, soft)
+            after = None
+            if row_t:
+                after = _bind(k.probs_fixup_kernel, grid, ("x_ptr", "y_ptr", "t_ptr"),
+                              dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), ys=spec.vocab, t_stride=t_stride),
+                              dict(TILE=TILE, num_warps=4), device=device)
+            return _Launchers(scale, read, after)
+        lse_spec, _ = logsumexp_request(x, -1, scale=stand_in)
+        read = self.backend.logsumexp_launcher(x, lse_spec, Operands(None, None, 1.0, 1.0))
+        after = _bind(k.logprobs_gather_kernel, grid, ("x_ptr", "lse_ptr", "s_ptr", "t_ptr", "ids_ptr", "out_ptr"),
+                      dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), n_ids=n_ids, t_stride=t_stride),
+                      dict(ROW_T=row_t, TILE=TILE, ID_BLOCK=ID_BLOCK, num_warps=4), ("temperature", "scale"),
+                      device=device)
+        return _Launchers(scale, read, after)
+
+
+@functools.lru_cache(maxsize=8)
+def sampler_for(backend) -> Sampler:
+    """The `Sampler` of `backend` (one per backend object)."""
+    return Sampler(backend)
+
+
+__all__ = ["Sampler", "needs_no_filter", "sampler_for", "takes_probs"]

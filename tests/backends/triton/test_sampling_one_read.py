@@ -1,0 +1,145 @@
+"""The Triton sampler's one-read paths (`_triton_common/sampling_one_read.py`): `probs` with only
+a temperature is the softmax kernel with the per-row scale, `logprobs` without top_n the
+logsumexp kernel with it and a gather; the scan (`sampling.probs` / `sampling.logprobs`) never
+runs for them. Greedy rows (temperature 0, ties at the max), invalid rows (a NaN, +inf or
+all -inf row, an out-of-range per-row temperature or id) against the float64 reference;
+requests with a filter still take the scan."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import anysoftmax.sampling as sampling
+from anysoftmax.backends._triton_common import sampling as triton_sampling
+from anysoftmax.backends._triton_common import sampling_one_read
+from anysoftmax.backends._triton_common import softmax_launchers
+from anysoftmax.core import registry
+from anysoftmax.core.backend import as_backend
+from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
+from anysoftmax.sampling.spec import SamplingSpec
+from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL
+from helpers import runnable_backends
+
+pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
+                                reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
+
+ROWS, VOCAB = 6, 700
+LP_ATOL, LP_RTOL = 2e-5, 1e-5
+
+
+@pytest.fixture
+def scan_calls(monkeypatch):
+    """The calls that reach the scan and select (`sampling.probs` / `logprobs`)."""
+    calls = []
+    for name in ("probs", "logprobs"):
+        real = getattr(triton_sampling, name)
+        monkeypatch.setattr(triton_sampling, name, lambda *a, _real=real, _name=name, **k: calls.append(_name)
+                            or _real(*a, **k))
+    return calls
+
+
+@pytest.fixture
+def row_scale_reads(monkeypatch):
+    """(kernel kind, has a row scale) of every softmax launch the backend binds."""
+    seen = []
+    real = softmax_launchers.bind
+
+    def spy(plan, *args, **kwargs):
+        seen.append((plan.kind, plan.fusion.has_row_scale))
+        return real(plan, *args, **kwargs)
+    monkeypatch.setattr(softmax_launchers, "bind", spy)
+    return seen
+
+
+def _logits(gen, dtype=torch.float32):
+    x = torch.randn(ROWS, VOCAB, generator=gen) * 3
+    x[1, [40, 300, 650]] = 30.0  # a greedy row's tied maxima: the lowest index wins
+    x[3, 17] = math.nan
+    x[4] = -math.inf
+    x[5, ::2] = -math.inf
+    return x.to(dtype)
+
+
+def _check_probs(got, x, spec):
+    ref = reference_distribution(x, spec).probs.reshape(x.shape)
+    nan = torch.isnan(ref)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    assert torch.equal(torch.isnan(got), nan), "NaN rows differ"
+    err = (got.double() - ref).abs()[~nan]
+    assert bool((err <= PROB_ATOL + PROB_RTOL * ref[~nan]).all()), f"max error {float(err.max()):.3g}"
+
+
+def _check_logprobs(got, x, ids, spec):
+    ref = reference_logprobs(x, spec).reshape(ROWS, VOCAB).gather(-1, ids.clamp(0, VOCAB - 1))
+    ref = torch.where((ids >= 0) & (ids < VOCAB), ref, math.nan)
+    assert got.dtype == torch.float32 and got.shape == ids.shape
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)) and torch.equal(torch.isinf(got), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    assert torch.allclose(got.double()[fin], ref[fin], atol=LP_ATOL, rtol=LP_RTOL)
+
+
+TEMPERATURES = {"none": lambda gen: None, "number": lambda gen: 0.8,
+                "per-row": lambda gen: torch.tensor([0.7, 0.0, 1.3, 1.0, 0.9, 0.6]),
+                "0-dim": lambda gen: torch.tensor(1.4)}
+
+
+@pytest.mark.parametrize("form", list(TEMPERATURES))
+def test_probs_with_only_a_temperature_is_the_softmax_with_the_row_scale(form, gen, scan_calls, row_scale_reads):
+    x = _logits(gen)
+    t = TEMPERATURES[form](gen)
+    got = sampling.probs(x, temperature=t, backend="triton")
+    _check_probs(got, x, SamplingSpec.from_request("probs", x, temperature=t))
+    assert scan_calls == [], "the scan ran for a request without a filter"
+    if isinstance(t, torch.Tensor):
+        assert row_scale_reads and all(has for _, has in row_scale_reads)
+    if form == "per-row":
+        assert got[1, 40] == 1 and float(got[1].sum()) == 1  # greedy: the first of the tied maxima
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_probs_one_read_in_half_precision(dtype, gen, scan_calls):
+    x = _logits(gen, dtype)
+    t = TEMPERATURES["per-row"](gen)
+    _check_probs(sampling.probs(x, temperature=t, backend="triton"), x,
+                 SamplingSpec.from_request("probs", x, temperature=t))
+    assert scan_calls == []
+
+
+@pytest.mark.parametrize("form", list(TEMPERATURES) + ["greedy-number"])
+def test_logprobs_of_ids_is_the_logsumexp_and_a_gather(form, gen, scan_calls):
+    x = _logits(gen)
+    t = 0.0 if form == "greedy-number" else TEMPERATURES[form](gen)
+    ids = torch.randint(0, VOCAB, (ROWS, 5), generator=gen)
+    ids[1, :2] = torch.tensor([300, 41])  # a tied maximum and a token below it on the greedy row
+    got = sampling.logprobs(x, ids, temperature=t, backend="triton")
+    _check_logprobs(got, x, ids, SamplingSpec.from_request("logprobs", x, temperature=t))
+    assert scan_calls == [], "the scan ran for logprobs without top_n"
+
+
+def test_out_of_range_per_row_temperatures_and_ids_give_nan():
+    """Values the host does not read on an accelerator (the CPU API rejects them first: the
+    request is built past that check here): the row, or the id, is NaN; the others unchanged."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 200, generator=gen)
+    sampler = sampling_one_read.sampler_for(as_backend(registry.get_backend("triton")))
+    ok = SamplingSpec.from_request("probs", x, temperature=torch.ones(3))
+    for bad in (-1.0, math.inf, math.nan):
+        spec = dataclasses.replace(ok, temperature=torch.tensor([1.0, bad, 0.5]))
+        y = sampler.probs(spec, x)
+        assert bool(torch.isnan(y[1]).all()) and not bool(torch.isnan(y[[0, 2]]).any()), bad
+        lp = sampler.logprobs(dataclasses.replace(spec, op="logprobs"), x, torch.tensor([[0, 1]] * 3))
+        assert bool(torch.isnan(lp[1]).all()) and not bool(torch.isnan(lp[[0, 2]]).any()), bad
+    lp = sampler.logprobs(dataclasses.replace(ok, op="logprobs"), x, torch.tensor([[0, -1], [200, 5], [7, 199]]))
+    assert torch.isnan(lp).tolist() == [[False, True], [True, False], [False, False]]
+
+
+def test_requests_with_a_filter_or_top_n_take_the_scan(gen, scan_calls):
+    x = torch.randn(2, 300, generator=gen)
+    sampling.probs(x, temperature=0.7, top_p=torch.tensor([1.0, 1.0]), backend="triton")  # (rows not read)
+    sampling.probs(x, temperature=0.0, backend="triton")  # every row greedy: the scan's argmax
+    sampling.logprobs(x, torch.zeros(2, 1, dtype=torch.int64), top_n=3, backend="triton")
+    assert scan_calls == ["probs", "probs", "logprobs"]
