@@ -110,13 +110,20 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
     """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk
     as keep the select's block at MAX_SELECT_BLOCK; a persistent grid of `programs` (default:
     two per multiprocessor on a GPU, one per work item on the CPU)."""
+    if programs is None and device.type == "cuda":
+        programs = _programs(device.index if device.index is not None else torch.cuda.current_device())
+    return _plan(rows, vocab, programs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(rows: int, vocab: int, programs: int | None) -> SamplingPlan:
+    # (one plan object per request size: a call's launcher key then compares it by identity)
     chunk = min(MAX_CHUNK, max(16, next_power_of_2(vocab)))
     groups = next_power_of_2(cdiv(vocab, chunk))
     slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
     items = max(1, rows * cdiv(vocab, chunk))
     if programs is None:
-        programs = _programs(device.index if device.index is not None else torch.cuda.current_device()) \
-            if device.type == "cuda" else items
+        programs = items
     return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)),
                         num_warps=8 if chunk >= 4096 else 4)
 
@@ -149,8 +156,10 @@ def _keyword_tensors(spec: SamplingSpec, names: tuple[str, ...]) -> tuple[tuple,
     for name in names:
         v = spec.seed if name == "seed" else getattr(spec, name)
         if isinstance(v, torch.Tensor):
-            integer = name in ("top_k", "seed", "offset")
-            v = v.to(torch.int64 if integer else torch.float32).contiguous()
+            dtype = torch.int64 if name in ("top_k", "seed", "offset") else torch.float32
+            # (checked first: a conversion that returns its input still costs ~1 us a call)
+            v = v if v.dtype == dtype else v.to(dtype)
+            v = v if v.is_contiguous() else v.contiguous()
             flags |= (1 | (2 if v.dim() else 0)) << KEYWORD_BITS[name]
             out.append(v)
         else:
