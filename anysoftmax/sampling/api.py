@@ -84,7 +84,7 @@ def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
     # (a top_n of another type than int, or ids that are no tensor, are checked, never keyed:
     # 1.0 == 1 as a key)
     if key is not None and type(top_n) is int and (ids is None or isinstance(ids, torch.Tensor)):
-        key = (op, backend, top_n, AUTOMATIC, registry.generation(), key,
+        key = (op, backend, top_n, AUTOMATIC, registry.current_generation[0], key,
                None if ids is None else (ids.dtype, ids.shape, ids.device))
         found = _requests.get(key)
         if found is not None:
