@@ -95,12 +95,19 @@ def main() -> None:
         f()  # (through the interpreter: binds the launchers)
     for launch, call_args in seen:
         launch.prime([_Compiled()] * len(launch.binding.metas), call_args, stream_of=lambda index: 0)
-    print(f"sampler host path on the CPU, B=1 V={args.vocab} fp32, launches stubbed, fastest of 20 loops of {args.n // 20} calls")
+    print(f"sampler host path on the CPU, B=1 V={args.vocab} fp32, launches stubbed, fastest of 20 loops of "
+          f"{args.n // 20} calls")
     for name, f in calls.items():
-        print(f"{name:24s} {per_call_us(f, args.n):7.2f} us/call")
+        print(f"{name:32s} {per_call_us(f, args.n):7.2f} us/call")
     x = torch.randn(1, args.vocab)
-    print(f"{'torch.empty (for scale)':24s} {per_call_us(lambda: torch.empty(1, dtype=torch.int64), args.n):7.2f} us/call")
-    print(f"{'torch.softmax (for scale)':24s} {per_call_us(lambda: torch.softmax(x, -1), args.n):7.2f} us/call")
+    rows = [("  sample_tensors' api part alone", lambda: sampling.api._ready("sample", "triton", x, keywords)),
+            ("torch.empty (for scale)", lambda: torch.empty(1, dtype=torch.int64)),
+            ("torch.softmax (for scale)", lambda: torch.softmax(x, -1))]
+    keywords = (*(torch.rand(1) + 0.5, torch.full((1,), 50), torch.full((1,), 0.9), torch.full((1,), 0.05)),
+                torch.randint(0, 2**62, (1,)), 0)
+    sampling.api._ready("sample", "triton", x, keywords)
+    for name, f in rows:
+        print(f"{name:32s} {per_call_us(f, args.n):7.2f} us/call")
     if args.profile:
         f = calls[args.profile]
         prof = cProfile.Profile()

@@ -106,24 +106,20 @@ def _programs(index: int) -> int:
     return 2 * torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# (memoised: a call's plan is then the same object, which its launcher key compares by identity;
+# callers pass a tensor's device, whose CUDA index is set)
+@functools.lru_cache(maxsize=1024)
 def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None) -> SamplingPlan:
     """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk
     as keep the select's block at MAX_SELECT_BLOCK; a persistent grid of `programs` (default:
     two per multiprocessor on a GPU, one per work item on the CPU)."""
-    if programs is None and device.type == "cuda":
-        programs = _programs(device.index if device.index is not None else torch.cuda.current_device())
-    return _plan(rows, vocab, programs)
-
-
-@functools.lru_cache(maxsize=1024)
-def _plan(rows: int, vocab: int, programs: int | None) -> SamplingPlan:
-    # (one plan object per request size: a call's launcher key then compares it by identity)
     chunk = min(MAX_CHUNK, max(16, next_power_of_2(vocab)))
     groups = next_power_of_2(cdiv(vocab, chunk))
     slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
     items = max(1, rows * cdiv(vocab, chunk))
     if programs is None:
-        programs = items
+        programs = _programs(device.index if device.index is not None else torch.cuda.current_device()) \
+            if device.type == "cuda" else items
     return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)),
                         num_warps=8 if chunk >= 4096 else 4)
 
