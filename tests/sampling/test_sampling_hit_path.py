@@ -14,6 +14,7 @@ import torch
 
 import anysoftmax.sampling as sampling
 from anysoftmax.core import registry
+from anysoftmax.core.backend import Backend
 from anysoftmax.sampling import torch_sampler
 from anysoftmax.sampling.reference import reference_probs
 from anysoftmax.sampling.spec import SamplingSpec
@@ -148,23 +149,15 @@ def test_a_later_call_checks_ids_and_top_n():
         sampling.logprobs(x, [[0], [1]], top_n=1)
 
 
-class _CountingSampler:
-    """A duck-typed backend whose sampler is the torch sampler's, counting its probes."""
+class _CountingSampler(Backend):
+    """A backend whose sampler is the torch sampler's, counting its availability probes."""
 
     name, devices, priority = "counting-sampler", ("cpu",), -1
-
-    def __init__(self):
-        self.probes = 0
+    probes = 0
 
     def is_available(self):
         self.probes += 1
         return None
-
-    def supports(self, spec):
-        return None
-
-    def run(self, x, spec):
-        return torch.softmax(x, spec.dim)
 
     def sampler(self):
         return torch_sampler
