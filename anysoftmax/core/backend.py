@@ -146,7 +146,8 @@ class Backend(metaclass=_Protocol):
 
     def supports_sampling(self, spec, top_n: int = 0) -> str | None:
         """None when its sampler runs `spec` (a `sampling.spec.SamplingSpec`; `top_n` of
-        `logprobs`), else why not."""
+        `logprobs`), else why not. Decided by the request's form (dtypes, shapes, device, which
+        keywords are tensors, `top_n`), never by keyword values: the answer is remembered per form."""
         return self.sampler_refusal
 
     def sampler(self):

@@ -5,6 +5,11 @@ Semantics: `sampling.reference` and docs/sampling.md. ``"torch"`` runs the `torc
 sampler (`Backend.sampler()`, found through the registry), or raises saying why it cannot;
 `backend=None` runs the `AUTOMATIC` backend's sampler for CUDA/ROCm logits when it is available
 and takes the request, else ``"torch"``.
+
+A repeated request costs one key and one lookup: its key (`spec.form_key`: the metadata of the
+logits and of each keyword, which keywords are numbers, the backend asked for, the registry's
+generation) finds its checked form (`spec.SpecForm`) and its implementation, and only the call's
+values are checked (numbers in Python, CPU tensors' values on the host).
 """
 
 from __future__ import annotations
@@ -13,15 +18,18 @@ import torch
 
 from ..core import registry
 from ..core.backend import as_backend
+from ..core.cache import BoundedDict
 from ..core.errors import BackendUnavailableError, UnsupportedRequestError
 from . import torch_sampler
-from .spec import SamplingSpec, check_ids, check_top_n
+from .spec import SamplingSpec, SpecForm, check_top_n, form_key, ids_reader
 
 # The backend `backend=None` tries first on accelerator logits: none yet. The Triton sampler
 # becomes the automatic choice once it has passed the kit's sampler section on a GPU
 # (tests/backends/triton/test_sampling_kernels.py, `-m gpu`); until then it runs when named.
 AUTOMATIC: str | None = None
 _adapted: dict = {}  # (registry generation, name) -> the backend as a `Backend`
+# A request's key -> (its SpecForm, its implementation[, its ids reader]).
+_requests: BoundedDict = BoundedDict(maxsize=512)
 
 
 def _backend(name: str):
@@ -68,6 +76,35 @@ def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
     return chosen.sampler()
 
 
+def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
+    """(spec, implementation, ids reader or None) of a request whose keywords are `values`
+    (`spec.KEYWORDS` order): found by the request's key where it was seen before (then only the
+    values are checked), else checked whole, its implementation chosen, and remembered."""
+    key = form_key(logits, values)
+    # (a top_n of another type than int, or ids that are no tensor, are checked, never keyed:
+    # 1.0 == 1 as a key)
+    if key is not None and type(top_n) is int and (ids is None or isinstance(ids, torch.Tensor)):
+        key = (op, backend, top_n, AUTOMATIC, registry.current_generation[0], key,
+               None if ids is None else (ids.dtype, ids.shape, ids.device))
+        found = _requests.get(key)
+        if found is not None:
+            form, implementation, read_ids = found
+            return form.spec(values), implementation, read_ids
+    else:
+        key = None
+    form = SpecForm(op, logits, values)
+    spec = form.spec(values)
+    read_ids = None
+    if ids is not None or op == "logprobs":
+        read_ids = ids_reader(op, spec, ids)
+        read_ids(ids)  # (its values: before the implementation is chosen, as for the keywords)
+        check_top_n(op, spec, top_n)
+    implementation = _implementation(op, backend, spec, top_n)
+    if key is not None:
+        _requests.put(key, (form, implementation, read_ids))
+    return spec, implementation, read_ids
+
+
 def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None,
           backend: str | None = None) -> torch.Tensor:
     """float32 probabilities of the filtered, renormalised distribution of each row of
@@ -76,9 +113,8 @@ def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min
     with one value per row; None switches a step off. Temperature 0 is greedy (probability 1
     on the argmax, the lowest index among ties)."""
     _check_backend_name("probs", backend)
-    spec = SamplingSpec.from_request("probs", logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                     min_p=min_p)
-    return _implementation("probs", backend, spec).probs(spec, logits)
+    spec, implementation, _ = _ready("probs", backend, logits, (temperature, top_k, top_p, min_p))
+    return implementation.probs(spec, logits)
 
 
 def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=0,
@@ -95,9 +131,8 @@ def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, mi
     _check_backend_name("sample", backend)
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"sample: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
-    spec = SamplingSpec.from_request("sample", logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                     min_p=min_p, seed=seed, offset=offset)
-    return _implementation("sample", backend, spec).sample(spec, logits, return_logprobs)
+    spec, implementation, _ = _ready("sample", backend, logits, (temperature, top_k, top_p, min_p, seed, offset))
+    return implementation.sample(spec, logits, return_logprobs)
 
 
 def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n: int = 0,
@@ -107,12 +142,10 @@ def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n
     top_ids)``, the top-n log-probabilities of each row (the lower id first among ties).
     Temperature 0 gives the limit: ``-log n`` on the n tied maxima, -inf elsewhere."""
     _check_backend_name("logprobs", backend)
-    spec = SamplingSpec.from_request("logprobs", logits, temperature=temperature)
-    flat_ids = check_ids("logprobs", spec, ids)
-    n = check_top_n("logprobs", spec, top_n)
-    out = _implementation("logprobs", backend, spec, n).logprobs(spec, logits, flat_ids, n)
-    if not n:
+    spec, implementation, read_ids = _ready("logprobs", backend, logits, (temperature,), top_n, ids)
+    out = implementation.logprobs(spec, logits, read_ids(ids), top_n)
+    if not top_n:
         return out.reshape(ids.shape)
     picked, values, top_ids = out
-    shape = tuple(ids.shape[:-1]) + (n,)
+    shape = tuple(ids.shape[:-1]) + (top_n,)
     return picked.reshape(ids.shape), values.reshape(shape), top_ids.reshape(shape)

@@ -22,6 +22,7 @@ with an out-of-range value there gives NaN probabilities, NaN log-probabilities 
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -68,45 +69,77 @@ def _as_int64(op: str, name: str, value: int) -> int:
 
 def _number(op: str, name: str, value):
     integer, ok, rule = _RULES[name]
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+    given = type(value)
+    # (int and float themselves first: the numbers ABCs' isinstance costs ~0.5 us a keyword)
+    if not (given is int or given is float and not integer) and \
+            (given is bool or not isinstance(value, numbers.Integral if integer else numbers.Real)):
         kind = "an int" if integer else "a float"
         raise TypeError(f"{op}: {name} must be {kind} or a tensor with one value per row, got "
                         f"{type(value).__name__} {value!r}")
     if integer:
-        value = int(value)
+        value = value if given is int else int(value)
         if ok is None:
             return _as_int64(op, name, value)
     else:
-        value = float(value)
+        value = value if given is float else float(value)
     if not ok(value):
         raise ValueError(f"{op}: {name} {rule}, got {value}")
     return min(value, 2**63 - 1) if integer else value  # (a top_k beyond int64 is off, as any >= V)
 
 
-def _keyword(op: str, name: str, value, batch_shape: tuple[int, ...], rows: int, device: torch.device):
-    """A validated keyword: a Python number, a 0-dim tensor or a flat [rows] tensor on `device`."""
+# A small per-row tensor on the CPU is checked as Python numbers (one `tolist`): cheaper than
+# the few torch ops of the elementwise rules, which larger ones use.
+PYTHON_CHECK_MAX = 64
+
+
+def _check_values(op: str, name: str, value: torch.Tensor) -> None:
+    """Raise when a CPU tensor of keyword `name` holds a value its rule refuses."""
+    _, ok, rule = _RULES[name]
+    if value.numel() <= PYTHON_CHECK_MAX:
+        values = value.tolist()
+        for v in values if isinstance(values, list) else (values,):
+            if not ok(v):
+                raise ValueError(f"{op}: {name} {rule}, got {v} (in a per-row tensor)")
+        return
+    bad = ~ok(value)
+    if bool(bad.any()):
+        first = value[bad][0].item() if value.dim() else value.item()
+        raise ValueError(f"{op}: {name} {rule}, got {first} (in a per-row tensor)")
+
+
+def _keyword_reader(op: str, name: str, value, batch_shape: tuple[int, ...], rows: int, device: torch.device):
+    """Check the form of keyword `name` (a number, or a tensor's dtype, device and shape: what
+    `form_key` holds) and return the function that validates and normalises each value of that
+    form: to a Python number, a 0-dim tensor or a flat [rows] tensor on `device`."""
     if not isinstance(value, torch.Tensor):
-        return _number(op, name, value)
+        return functools.partial(_number, op, name)
     integer, ok, rule = _RULES[name]
     if value.dtype == torch.bool or value.is_complex() or value.is_floating_point() == integer:
         kind = "an integer" if integer else "a floating"
         raise TypeError(f"{op}: {name} must have {kind} dtype, got {value.dtype}")
     if value.dim() == 0 and value.device.type == "cpu" and device.type != "cpu":
-        return _number(op, name, value.item())  # a host scalar: reading it synchronises nothing
+        return lambda v: _number(op, name, v.item())  # a host scalar: reading it synchronises nothing
     if value.device != device:
         raise ValueError(f"{op}: {name} is on {value.device} but logits are on {device}; per-row tensors must be "
                          f"on the logits' device")
     if value.dim() and tuple(value.shape) not in _per_row_shapes(batch_shape, rows):
         raise ValueError(f"{op}: {name} has shape {list(value.shape)}; one value per row of logits needs "
                          f"shape {list(batch_shape)} or [{rows}] ({rows} rows), or a 0-dim tensor for all rows")
-    value = value.reshape(-1) if value.dim() else value
-    value = value.to(torch.int64) if integer else value
-    if ok is not None and device.type == "cpu" and value.numel():
-        bad = ~ok(value)
-        if bool(bad.any()):  # CPU values: reading them is free
-            first = value[bad][0].item() if value.dim() else value.item()
-            raise ValueError(f"{op}: {name} {rule}, got {first} (in a per-row tensor)")
-    return value
+    # What each call does, decided here: torch calls that return their input still cost ~1 us.
+    flatten = value.dim() > 1
+    cast = integer and value.dtype != torch.int64
+    # Only CPU values are read: reading an accelerator's would synchronise (see the module).
+    check = ok is not None and device.type == "cpu" and value.numel() > 0
+
+    def read(v: torch.Tensor) -> torch.Tensor:
+        if flatten:
+            v = v.reshape(-1)
+        if cast:
+            v = v.to(torch.int64)
+        if check:
+            _check_values(op, name, v)
+        return v
+    return read
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,8 +164,9 @@ class SamplingSpec:
     seed: int | torch.Tensor | None = None
     offset: int | torch.Tensor = 0
 
-    @property
+    @functools.cached_property
     def rows(self) -> int:
+        """The number of rows (every dim of the logits but the last); computed once."""
         return math.prod(self.batch_shape)
 
     @property
@@ -169,6 +203,39 @@ class SamplingSpec:
     def from_request(cls, op: str, logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None,
                      offset=0) -> "SamplingSpec":
         """Validate `logits` and the keywords of `op` (errors name the argument; see the module)."""
+        values = (temperature, top_k, top_p, min_p, seed, offset)
+        return SpecForm(op, logits, values).spec(values)
+
+
+# The keywords in the order `SpecForm` and `form_key` take their values.
+KEYWORDS = ("temperature", "top_k", "top_p", "min_p", "seed", "offset")
+NUMBER = "number"  # a keyword's form in `form_key` when it is no tensor (its value is checked per call)
+
+
+def _form(value):
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.shape, value.device
+    return NUMBER
+
+
+def form_key(logits, values: tuple) -> tuple | None:
+    """What fixes a request's `SpecForm`: the logits' dtype, shape and device and each keyword's
+    form (None, `NUMBER`, or a tensor's dtype, shape and device), `values` in `KEYWORDS` order
+    (a prefix of it); None when `logits` is no tensor. Metadata only: nothing is read."""
+    if not isinstance(logits, torch.Tensor):
+        return None
+    return (logits.dtype, logits.shape, logits.device, *map(_form, values))
+
+
+class SpecForm:
+    """The form of a request (see `form_key`), checked once: the logits and each keyword's type,
+    dtype, device and shape. `spec(values)` checks one call's values of that form (numbers in
+    Python, a CPU tensor's values on the host, nothing of an accelerator's) and returns its
+    `SamplingSpec`: all the validation a repeated request costs."""
+
+    def __init__(self, op: str, logits, values: tuple):
         if not isinstance(logits, torch.Tensor):
             raise TypeError(f"{op}: logits must be a torch.Tensor, got {type(logits).__name__}")
         if logits.dtype not in FLOAT_DTYPES:
@@ -179,11 +246,23 @@ class SamplingSpec:
                              f"{list(logits.shape)}")
         batch_shape, device = tuple(logits.shape[:-1]), logits.device
         rows = math.prod(batch_shape)
-        given = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset)
-        fields = {name: _keyword(op, name, value, batch_shape, rows, device) for name, value in given.items()
-                  if value is not None}
-        return cls(op=op, batch_shape=batch_shape, vocab=logits.shape[-1], dtype=logits.dtype, device=device,
-                   **fields)
+        self.readers = tuple((i, name, _keyword_reader(op, name, value, batch_shape, rows, device))
+                             for i, (name, value) in enumerate(zip(KEYWORDS, values)) if value is not None)
+        template = SamplingSpec(op=op, batch_shape=batch_shape, vocab=logits.shape[-1], dtype=logits.dtype,
+                                device=device)
+        template.rows  # (cached in its fields: every spec of this form has its value)
+        self.fields = dict(vars(template))
+
+    def spec(self, values: tuple) -> SamplingSpec:
+        """The request of these keyword `values` (`KEYWORDS` order), validated (see the class)."""
+        fields = dict(self.fields)
+        for i, name, read in self.readers:
+            fields[name] = read(values[i])
+        # Filled in place rather than through the frozen dataclass's __init__ (its per-field
+        # object.__setattr__ costs ~3 us a call); the fields are the checked values all the same.
+        spec = object.__new__(SamplingSpec)
+        spec.__dict__.update(fields)
+        return spec
 
 
 def invalid_keyword_rows(spec: SamplingSpec, device: torch.device | None = None) -> torch.Tensor:
@@ -196,9 +275,10 @@ def invalid_keyword_rows(spec: SamplingSpec, device: torch.device | None = None)
     return bad
 
 
-def check_ids(op: str, spec: SamplingSpec, ids) -> torch.Tensor:
-    """`logprobs`' ids as ``[rows, K]`` int64 (shape ``logits.shape[:-1] + (K,)``, or ``[rows, K]``).
-    Values outside [0, V) raise on the CPU; on an accelerator they give NaN (not read there)."""
+def ids_reader(op: str, spec: SamplingSpec, ids):
+    """Check the form of `logprobs`' ids (a tensor's dtype, device and shape) and return the
+    function that reads each call's ids of that form as ``[rows, K]`` int64, checking their
+    values on the CPU (an accelerator's are not read: out-of-range ids give NaN there)."""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{op}: ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
@@ -208,13 +288,26 @@ def check_ids(op: str, spec: SamplingSpec, ids) -> torch.Tensor:
     if ids.dim() < 1 or tuple(ids.shape[:-1]) not in {spec.batch_shape, (spec.rows,)}:
         raise ValueError(f"{op}: ids have shape {list(ids.shape)}; they need shape {list(spec.batch_shape)} + [K] "
                          f"(K ids per row of logits)")
-    ids = ids.reshape(spec.rows, ids.shape[-1]).to(torch.int64)
-    if spec.device.type == "cpu" and ids.numel():
-        bad = (ids < 0) | (ids >= spec.vocab)
-        if bool(bad.any()):
-            raise ValueError(f"{op}: ids must be in [0, {spec.vocab}) (the vocabulary), got "
-                             f"{ids[bad][0].item()}")
-    return ids
+    shape, vocab = (spec.rows, ids.shape[-1]), spec.vocab
+    reshape, cast = tuple(ids.shape) != shape, ids.dtype != torch.int64
+    check = spec.device.type == "cpu" and ids.numel() > 0
+
+    def read(given: torch.Tensor) -> torch.Tensor:
+        flat = given.reshape(shape) if reshape else given
+        flat = flat.to(torch.int64) if cast else flat
+        if check:
+            bad = [i for row in flat.tolist() for i in row if not 0 <= i < vocab] if flat.numel() <= PYTHON_CHECK_MAX \
+                else flat[(flat < 0) | (flat >= vocab)].tolist()
+            if bad:
+                raise ValueError(f"{op}: ids must be in [0, {vocab}) (the vocabulary), got {bad[0]}")
+        return flat
+    return read
+
+
+def check_ids(op: str, spec: SamplingSpec, ids) -> torch.Tensor:
+    """`logprobs`' ids as ``[rows, K]`` int64 (shape ``logits.shape[:-1] + (K,)``, or ``[rows, K]``).
+    Values outside [0, V) raise on the CPU; on an accelerator they give NaN (not read there)."""
+    return ids_reader(op, spec, ids)(ids)
 
 
 def check_top_n(op: str, spec: SamplingSpec, top_n) -> int:

@@ -39,6 +39,10 @@ OTHER_CACHES = {
     "backends/_triton_common/sampling.py:_bound": "bound sampler launch per sampling request (op, rows, vocabulary, "
                                                   "dtype, row stride, device, plan, alignment): a SamplingSpec, which "
                                                   "core.request's softmax keys do not describe; never keyword values",
+    "sampling/api.py:_requests": "checked form and implementation per sampling request form (op, backend, top_n, "
+                                 "the automatic choice, the registry's generation, spec.form_key: the logits' and "
+                                 "keywords' dtypes, shapes and devices, which keywords are numbers): a SamplingSpec "
+                                 "form, which core.request's softmax keys do not describe; never keyword values",
     "distributed/collective.py:_shard_sizes": "per process group: every rank's shard size, all-gathered once per local "
                                               "size (the sharded sampler's uneven vocabularies)",
     "distributed/mailbox.py:_boxes": "per process group and device: the symmetric-memory mailbox (its launchers are "

@@ -113,6 +113,9 @@ def programs_on(index: int) -> int:
     return 2 * torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# (memoised: a call's plan is then the same object, which its launcher key compares by identity;
+# callers pass a tensor's device, whose CUDA index is set)
+@functools.lru_cache(maxsize=1024)
 def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None) -> SamplingPlan:
     """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk
     as keep the select's block at MAX_SELECT_BLOCK; a persistent grid of `programs` (default:
@@ -156,8 +159,10 @@ def _keyword_tensors(spec: SamplingSpec, names: tuple[str, ...]) -> tuple[tuple,
     for name in names:
         v = spec.seed if name == "seed" else getattr(spec, name)
         if isinstance(v, torch.Tensor):
-            integer = name in ("top_k", "seed", "offset")
-            v = v.to(torch.int64 if integer else torch.float32).contiguous()
+            dtype = torch.int64 if name in ("top_k", "seed", "offset") else torch.float32
+            # (checked first: a conversion that returns its input still costs ~1 us a call)
+            v = v if v.dtype == dtype else v.to(dtype)
+            v = v if v.is_contiguous() else v.contiguous()
             flags |= (1 | (2 if v.dim() else 0)) << KEYWORD_BITS[name]
             out.append(v)
         else:
