@@ -39,6 +39,11 @@ OTHER_CACHES = {
     "backends/_triton_common/sampling.py:_bound": "bound sampler launch per sampling request (op, rows, vocabulary, "
                                                   "dtype, row stride, device, plan, alignment): a SamplingSpec, which "
                                                   "core.request's softmax keys do not describe; never keyword values",
+    "backends/_triton_common/sampling_one_read.py:_bound": "bound one-read sampler launches (the row-scale softmax "
+                                                           "or logsumexp and their small kernels) per sampling "
+                                                           "request (backend, op, rows, vocabulary, dtype, row "
+                                                           "stride, device, which temperature form, ids, alignment): "
+                                                           "a SamplingSpec; never keyword values",
     "sampling/api.py:_requests": "checked form and implementation per sampling request form (op, backend, top_n, "
                                  "the automatic choice, the registry's generation, spec.form_key: the logits' and "
                                  "keywords' dtypes, shapes and devices, which keywords are numbers): a SamplingSpec "
