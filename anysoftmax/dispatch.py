@@ -22,13 +22,14 @@ from .core import registry
 from .core.cache import BoundedDict
 from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request,
                              merge_formula, row_shape)
-from .core.request import BWD, FUSED_BWD, FUSED_FWD, LSE, MERGE, forward_key, request_key
+from .core.request import BWD, FUSED_BWD, FUSED_FWD, LSE, MERGE, MERGE_EXACT, forward_key, layout_guard, request_key
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
 # request key -> forward f(x) -> y; backward f(y, grad) -> dx; fused forward and backward
 # (launcher, plain: the request normalised to the plain softmax); logsumexp f(x, operands) -> lse;
-# merge_states f(outputs, lses, out, lse_out) -> (out, lse).
+# merge_states (f(outputs, lses, out, lse_out) -> (out, lse), the guard of the operands' layouts
+# the key does not hold, or None).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
@@ -236,16 +237,26 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[t
     key = request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out)
     hit = _lookup(key)
     if hit is not None:
-        stats["hits"] += 1
-    else:
-        _fresh()
-        spec = MergeSpec.from_tensors(outputs, lses)
-        chosen = registry.select_op(MERGE_STATES, spec, backend)
-        hit = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
-            chosen.merge_states_launcher(outputs, lses, spec)
-        if key is not None:
-            _memo.put(key, hit)
-    return hit(outputs, lses, out, lse_out)
+        launcher, same_layouts = hit
+        if same_layouts is None or same_layouts(*outputs, *lses):
+            stats["hits"] += 1
+            return launcher(outputs, lses, out, lse_out)
+        # The entry was bound to operands laid out otherwise past the first partial and lse (the
+        # key holds only theirs): this request keys every operand.
+        key = request_key(MERGE_EXACT, outputs, lses, None, backend, False, out, None, lse_out)
+        hit = _lookup(key)
+        if hit is not None:
+            stats["hits"] += 1
+            return hit[0](outputs, lses, out, lse_out)
+    _fresh()
+    spec = MergeSpec.from_tensors(outputs, lses)
+    chosen = registry.select_op(MERGE_STATES, spec, backend)
+    launcher = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
+        chosen.merge_states_launcher(outputs, lses, spec)
+    if key is not None:
+        # (a MERGE key's entry holds the guard of the other operands' layouts)
+        _memo.put(key, (launcher, layout_guard((*outputs, *lses)) if key[0] is MERGE else None))
+    return launcher(outputs, lses, out, lse_out)
 
 
 __all__ = ["FusedArgs", "backward", "backward_fused", "empty_outputs", "forward", "forward_fused", "logsumexp",
