@@ -117,7 +117,7 @@ def _merge_key(outputs, lses, backend, out, lse_out):
     if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) or not outputs or not lses \
             or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
         return None
-    if _guard_maker() is None:
+    if (_guard_state[0] if _guard_state else _guard_maker()) is None:
         return _exact_merge_key(outputs, lses, backend, out, lse_out)
     first, first_lse = outputs[0], lses[0]
     if type(first) is not _Tensor or type(first_lse) is not _Tensor:
@@ -128,7 +128,8 @@ def _merge_key(outputs, lses, backend, out, lse_out):
         return None
     return (MERGE, len(outputs), first.shape, first.stride(), first.dtype, first.device, first_lse.shape,
             first_lse.stride(), first_lse.dtype, aligns, backend,
-            _generation[0] if not _overrides_active[0] else _process_state(), _operand(out), _operand(lse_out))
+            _generation[0] if not _overrides_active[0] else _process_state(),
+            None if out is None else _operand(out), None if lse_out is None else _operand(lse_out))
 
 
 def _exact_merge_key(outputs, lses, backend, out, lse_out):

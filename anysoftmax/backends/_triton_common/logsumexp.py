@@ -121,7 +121,10 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
                                  lambda a: (a[0], a[1], a[0] if a[2] is None else a[2], a[1] if a[3] is None else a[3],
                                             a[0] if a[4] is None else a[4]),
                                  ints, (meta,), VALUE_NAMES, PLAIN_SCALARS), device=spec.device, guard=guard)
-    shape, new_partials = row_shape(spec.shape, spec.dim), output_maker((n_rows * chunks,), spec.acc_dtype, spec.device)
+    # Rows are numbered over x's row dims in logical order (outer to inner), as the result's: one
+    # chunk a row writes the result itself (no view to take per call), more write the partials.
+    shape = row_shape(spec.shape, spec.dim)
+    new_partials = output_maker(shape if chunks == 1 else (n_rows * chunks,), spec.acc_dtype, spec.device)
     plain_values = v.scale is None and v.softcap is None and v.row_scale is None
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
@@ -132,8 +135,7 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
                 row_scale_operand(operands, spec)),
                PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
         if chunks > 1:
-            out = torch.logsumexp(out.view(n_rows, chunks), 1)
-        # Rows are numbered over x's row dims in logical order (outer to inner), as the result's.
-        return out.view(shape)
+            return torch.logsumexp(out.view(n_rows, chunks), 1).view(shape)
+        return out
 
     return run
