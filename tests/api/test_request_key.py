@@ -349,3 +349,29 @@ def test_plain_logsumexp_keys_in_the_plain_form(backend, monkeypatch, gen):
     assert built == []
     monkeypatch.undo()
     assert _new_entries(lambda: anysoftmax.logsumexp(x, -1, scale=0.5, backend=backend)) == 1
+
+
+@pytest.mark.gpu
+def test_merge_hit_refuses_an_operand_moved_to_the_cpu(gen):
+    """On a GPU: a memoised merge of CUDA operands, then the same request with one partial or lse
+    on the CPU (same key: the first operands and every alignment unchanged): the entry's guard
+    refuses it and the validation names the operand, on every call; the CUDA request still hits
+    and matches the float64 reference (the fast path's raw pointers never see a host address)."""
+    from anysoftmax.core.lse_merge import merge_formula
+
+    outs = [torch.randn(4, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    lses = [torch.randn(4, 8, device="cuda") for _ in range(3)]
+    dispatch.refresh()
+    for _ in range(2):
+        o, l_ = anysoftmax.merge_states(outs, lses)
+    wo, wl = merge_formula([t.double() for t in outs], [t.double() for t in lses], torch.float64, torch.float64,
+                           torch.float64)
+    torch.testing.assert_close(o.double(), wo, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(l_.double(), wl, atol=1e-5, rtol=1e-5)
+    for os_, ls_, name in (([*outs[:2], outs[2].cpu()], lses, r"outputs\[2\] is on cpu"),
+                           (outs, [lses[0], lses[1].cpu(), lses[2]], r"lses\[1\] is on cpu")):
+        for _ in range(2):
+            with pytest.raises(ValueError, match=name):
+                anysoftmax.merge_states(os_, ls_)
+    hits = dispatch.stats["hits"]
+    assert _new_entries(lambda: anysoftmax.merge_states(outs, lses)) == 0 and dispatch.stats["hits"] == hits + 1
