@@ -20,9 +20,10 @@ import torch
 from . import plugins  # noqa: F401  (registers the backends' loader with the registry)
 from .core import registry
 from .core.cache import BoundedDict
-from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request,
+from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, lse_shape,
                              merge_formula, row_shape)
-from .core.request import BWD, FUSED_BWD, FUSED_FWD, LSE, MERGE, MERGE_EXACT, forward_key, layout_guard, request_key
+from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, MERGE_EXACT, forward_key, layout_guard,
+                           request_key)
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
@@ -189,21 +190,27 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
 
 # ---- softmax in pieces (core.lse_merge) ----------------------------------------------------------
 
-def _logsumexp_formula(spec: SoftmaxSpec):
+def _logsumexp_formula(spec: SoftmaxSpec, keepdim: bool):
     # Zero-length rows are -inf (s with a sink), no rows an empty result: no kernel to launch.
+    shape = None if keepdim else lse_shape(spec, False)
+
     def formula(x, ops: Operands):
         v = spec.variant.with_values(ops.scale, ops.softcap)
-        return logsumexp_formula(x, v, spec.dim, ops.mask, ops.sinks, spec.acc_dtype)
+        out = logsumexp_formula(x, v, spec.dim, ops.mask, ops.sinks, spec.acc_dtype)
+        return out if shape is None else out.view(shape)
     return formula
 
 
-def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, softcap=None, sinks=None) -> torch.Tensor:
-    """logsumexp with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype, no autograd."""
+def logsumexp(x, dim, backend=None, keepdim=True, scale=None, mask=None, causal=False, softcap=None,
+              sinks=None) -> torch.Tensor:
+    """logsumexp in the accumulation dtype, no autograd: x's shape with size 1 in `dim`
+    (keepdim) or without `dim` (the launcher allocates either; a 0-dim x gives a 0-dim result)."""
     # A call without fused keywords keys as a plain forward (no keywords to read): its hit path
     # costs what the softmax's does.
     plain = scale is None and mask is None and causal is False and softcap is None and sinks is None
-    key = request_key(LSE, x, dim, None, backend) if plain else \
-        request_key(LSE, x, dim, None, backend, False, None, FusedArgs(scale, mask, causal, softcap, sinks))
+    direction = LSE if keepdim else LSE_SQUEEZED
+    key = request_key(direction, x, dim, None, backend) if plain else \
+        request_key(direction, x, dim, None, backend, False, None, FusedArgs(scale, mask, causal, softcap, sinks))
     hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
@@ -213,8 +220,8 @@ def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, soft
         if spec.needs_input_cast:
             raise TypeError(f"logsumexp: x dtype {x.dtype} is not floating")
         chosen = registry.select_op(LOGSUMEXP, spec, backend)
-        hit = _logsumexp_formula(spec) if spec.numel == 0 or x.dim() == 0 else \
-            chosen.logsumexp_launcher(x, spec, Operands(mask, sinks, 1.0, 1.0))
+        hit = _logsumexp_formula(spec, keepdim) if spec.numel == 0 or x.dim() == 0 else \
+            chosen.shaped_logsumexp_launcher(x, spec, Operands(mask, sinks, 1.0, 1.0), keepdim)
         if key is not None:
             _memo.put(key, hit)
     if plain or (scale is None and softcap is None and mask is None and sinks is None):

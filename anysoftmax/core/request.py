@@ -28,6 +28,7 @@ _ALIGN_MASK = ALIGN_BYTES - 1
 
 FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
 LSE = "lse"  # logsumexp keys as a fused forward
+LSE_SQUEEZED = "lse_squeezed"  # logsumexp with keepdim=False: its launcher allocates the result without dim
 # merge_states: by its first partial's and lse's layouts and every operand's alignment, the rest
 # proved by the entry's `layout_guard` (MERGE); or by every operand's layout (MERGE_EXACT)
 MERGE, MERGE_EXACT = "merge", "merge_exact"
@@ -67,9 +68,10 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
 
     `x` is the input (forward) or the forward's output (backward); `grad` the output gradient
     (backward); `fused` the call's `FusedArgs` (fused family); `saved` and `p_sink` the
-    forward's input and sink shares a fused backward reads. logsumexp (`LSE`) passes its fused
-    keywords as `fused`; merge_states (`MERGE`, `MERGE_EXACT`) its K partials as `x`, its K lses
-    as `dim`, and its optional `out` and `lse_out` as `grad` and `saved`. A `MERGE` key holds the
+    forward's input and sink shares a fused backward reads. logsumexp (`LSE`; `LSE_SQUEEZED`
+    with keepdim=False) passes its fused keywords as `fused`; merge_states (`MERGE`,
+    `MERGE_EXACT`) its K partials as `x`, its K lses as `dim`, and its optional `out` and
+    `lse_out` as `grad` and `saved`. A `MERGE` key holds the
     first partial's and lse's layouts and every operand's alignment (the exact form where torch
     has no usable `layout_guard`): its memoised entry proves the other layouts with that guard."""
     if type(x) is not _Tensor:

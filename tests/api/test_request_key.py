@@ -332,14 +332,19 @@ def test_merge_on_two_devices_is_refused_on_every_call():
 def test_plain_logsumexp_keys_in_the_plain_form(backend, monkeypatch, gen):
     """A logsumexp without fused keywords is memoised under the plain form of its key (the
     softmax's: no keyword is read on a hit, no `FusedArgs` is built) and stays correct; a call
-    with fused keywords keeps its own entry."""
+    with fused keywords keeps its own entry, and so does keepdim=False (its launcher allocates
+    the result without dim)."""
     from anysoftmax.core.compare import compare_logsumexp
     from anysoftmax.core.lse_merge import logsumexp_request
-    from anysoftmax.core.request import LSE
+    from anysoftmax.core.request import LSE, LSE_SQUEEZED
 
     x = torch.randn(SHAPE, generator=gen)
     dispatch.refresh()
     out = anysoftmax.logsumexp(x, -1, backend=backend)
+    assert dispatch._memo.get(request_key(LSE_SQUEEZED, x, -1, None, backend)) is not None
+    assert dispatch._memo.get(request_key(LSE, x, -1, None, backend)) is None
+    assert compare_logsumexp(out.unsqueeze(-1), x, logsumexp_request(x, -1)[0]).ok
+    anysoftmax.logsumexp(x, -1, keepdim=True, backend=backend)
     assert dispatch._memo.get(request_key(LSE, x, -1, None, backend)) is not None
     built = []
     monkeypatch.setattr(dispatch, "FusedArgs", lambda *a: built.append(a) or dispatch.FusedArgs(*a))

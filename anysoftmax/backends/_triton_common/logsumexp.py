@@ -90,10 +90,10 @@ class LsePlan:
     num_warps: int | None = None
 
 
-def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
-    """`f(x, operands) -> lse` (keepdim, accumulation dtype) bound to requests like `spec` (x's
-    strides as this x's), through `lse_kernel` with the tiles and grid of `plan_for(n_rows,
-    n_cols) -> LsePlan`. `guard`: the device guard (`launcher.bind_kernel`)."""
+def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None, shape: tuple | None = None):
+    """`f(x, operands) -> lse` (accumulation dtype; keepdim, or `shape`: x's without dim) bound
+    to requests like `spec` (x's strides as this x's), through `lse_kernel` with the tiles and
+    grid of `plan_for(n_rows, n_cols) -> LsePlan`. `guard`: the device guard (`launcher.bind_kernel`)."""
     v = spec.variant
     per_row = v.sinks is not None or v.row_scale is not None  # (a row scale: read at the sinks' offsets)
     copy, layout = logical_rows(spec.shape, tuple(x.stride()), spec.dim, None if v.mask is None else v.mask.strides,
@@ -123,7 +123,7 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
                                  ints, (meta,), VALUE_NAMES, PLAIN_SCALARS), device=spec.device, guard=guard)
     # Rows are numbered over x's row dims in logical order (outer to inner), as the result's: one
     # chunk a row writes the result itself (no view to take per call), more write the partials.
-    shape = row_shape(spec.shape, spec.dim)
+    shape = row_shape(spec.shape, spec.dim) if shape is None else shape
     new_partials = output_maker(shape if chunks == 1 else (n_rows * chunks,), spec.acc_dtype, spec.device)
     plain_values = v.scale is None and v.softcap is None and v.row_scale is None
 
