@@ -20,15 +20,17 @@ import torch
 from . import plugins  # noqa: F401  (registers the backends' loader with the registry)
 from .core import registry
 from .core.cache import BoundedDict
-from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request,
+from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, lse_shape,
                              merge_formula, row_shape)
-from .core.request import BWD, FUSED_BWD, FUSED_FWD, LSE, MERGE, forward_key, request_key
+from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, MERGE_EXACT, forward_key, layout_guard,
+                           request_key)
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
 # request key -> forward f(x) -> y; backward f(y, grad) -> dx; fused forward and backward
 # (launcher, plain: the request normalised to the plain softmax); logsumexp f(x, operands) -> lse;
-# merge_states f(outputs, lses, out, lse_out) -> (out, lse).
+# merge_states (f(outputs, lses, out, lse_out) -> (out, lse), the guard of the operands' layouts
+# the key does not hold, or None).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
@@ -188,21 +190,27 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
 
 # ---- softmax in pieces (core.lse_merge) ----------------------------------------------------------
 
-def _logsumexp_formula(spec: SoftmaxSpec):
+def _logsumexp_formula(spec: SoftmaxSpec, keepdim: bool):
     # Zero-length rows are -inf (s with a sink), no rows an empty result: no kernel to launch.
+    shape = None if keepdim else lse_shape(spec, False)
+
     def formula(x, ops: Operands):
         v = spec.variant.with_values(ops.scale, ops.softcap)
-        return logsumexp_formula(x, v, spec.dim, ops.mask, ops.sinks, spec.acc_dtype)
+        out = logsumexp_formula(x, v, spec.dim, ops.mask, ops.sinks, spec.acc_dtype)
+        return out if shape is None else out.view(shape)
     return formula
 
 
-def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, softcap=None, sinks=None) -> torch.Tensor:
-    """logsumexp with keepdim (x's shape with size 1 in `dim`) in the accumulation dtype, no autograd."""
+def logsumexp(x, dim, backend=None, keepdim=True, scale=None, mask=None, causal=False, softcap=None,
+              sinks=None) -> torch.Tensor:
+    """logsumexp in the accumulation dtype, no autograd: x's shape with size 1 in `dim`
+    (keepdim) or without `dim` (the launcher allocates either; a 0-dim x gives a 0-dim result)."""
     # A call without fused keywords keys as a plain forward (no keywords to read): its hit path
     # costs what the softmax's does.
     plain = scale is None and mask is None and causal is False and softcap is None and sinks is None
-    key = request_key(LSE, x, dim, None, backend) if plain else \
-        request_key(LSE, x, dim, None, backend, False, None, FusedArgs(scale, mask, causal, softcap, sinks))
+    direction = LSE if keepdim else LSE_SQUEEZED
+    key = request_key(direction, x, dim, None, backend) if plain else \
+        request_key(direction, x, dim, None, backend, False, None, FusedArgs(scale, mask, causal, softcap, sinks))
     hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
@@ -212,8 +220,8 @@ def logsumexp(x, dim, backend=None, *, scale=None, mask=None, causal=False, soft
         if spec.needs_input_cast:
             raise TypeError(f"logsumexp: x dtype {x.dtype} is not floating")
         chosen = registry.select_op(LOGSUMEXP, spec, backend)
-        hit = _logsumexp_formula(spec) if spec.numel == 0 or x.dim() == 0 else \
-            chosen.logsumexp_launcher(x, spec, Operands(mask, sinks, 1.0, 1.0))
+        hit = _logsumexp_formula(spec, keepdim) if spec.numel == 0 or x.dim() == 0 else \
+            chosen.shaped_logsumexp_launcher(x, spec, Operands(mask, sinks, 1.0, 1.0), keepdim)
         if key is not None:
             _memo.put(key, hit)
     if plain or (scale is None and softcap is None and mask is None and sinks is None):
@@ -236,16 +244,26 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[t
     key = request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out)
     hit = _lookup(key)
     if hit is not None:
-        stats["hits"] += 1
-    else:
-        _fresh()
-        spec = MergeSpec.from_tensors(outputs, lses)
-        chosen = registry.select_op(MERGE_STATES, spec, backend)
-        hit = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
-            chosen.merge_states_launcher(outputs, lses, spec)
-        if key is not None:
-            _memo.put(key, hit)
-    return hit(outputs, lses, out, lse_out)
+        launcher, same_layouts = hit
+        if same_layouts is None or same_layouts(*outputs, *lses):
+            stats["hits"] += 1
+            return launcher(outputs, lses, out, lse_out)
+        # The entry was bound to operands laid out otherwise past the first partial and lse (the
+        # key holds only theirs): this request keys every operand.
+        key = request_key(MERGE_EXACT, outputs, lses, None, backend, False, out, None, lse_out)
+        hit = _lookup(key)
+        if hit is not None:
+            stats["hits"] += 1
+            return hit[0](outputs, lses, out, lse_out)
+    _fresh()
+    spec = MergeSpec.from_tensors(outputs, lses)
+    chosen = registry.select_op(MERGE_STATES, spec, backend)
+    launcher = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
+        chosen.merge_states_launcher(outputs, lses, spec)
+    if key is not None:
+        # (a MERGE key's entry holds the guard of the other operands' layouts)
+        _memo.put(key, (launcher, layout_guard((*outputs, *lses)) if key[0] is MERGE else None))
+    return launcher(outputs, lses, out, lse_out)
 
 
 __all__ = ["FusedArgs", "backward", "backward_fused", "empty_outputs", "forward", "forward_fused", "logsumexp",

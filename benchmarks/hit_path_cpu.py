@@ -5,7 +5,8 @@ The triton backend's launcher is bound for an 8x1024 fp32 request, run once (thr
 Triton interpreter), then its fast path is given a no-op in place of Triton's compiled
 launcher: every later call walks the whole hit path of a GPU process (api checks, key, memo
 lookup, output allocation, argument assembly, stream lookup, launch-hook checks) and stops
-where the C launcher would start. merge_states (K=2 and K=8, [16, 32, 128] bf16) likewise, its
+where the C launcher would start. merge_states (K=2 and K=8, 1 and 128 tokens of 32 heads x 128
+bf16, lses in vLLM's [heads, tokens] layout) likewise, its
 bound launcher's fast path around the no-op, and logsumexp on a tile plan (8x1024) and a split
 plan (2x65536 fp32: 16 chunks a row). Printed: us per call of that path, of its pieces alone, and
 of torch's own CPU calls for scale.
@@ -25,6 +26,7 @@ import torch  # noqa: E402
 
 import anysoftmax  # noqa: E402
 from anysoftmax import dispatch  # noqa: E402
+from anysoftmax.bench.lse_merge import merge_sets  # noqa: E402
 from anysoftmax.core import request as core_request  # noqa: E402
 
 
@@ -32,11 +34,11 @@ def per_call_us(f, n: int) -> float:
     for _ in range(min(n // 10, 2000)):
         f()
     best = float("inf")
-    for _ in range(5):  # best of 5: the host is shared
-        t = time.perf_counter()
+    for _ in range(5):  # best of 5, in this thread's CPU time: the host is shared
+        t = time.thread_time()
         for _ in range(n):
             f()
-        best = min(best, time.perf_counter() - t)
+        best = min(best, time.thread_time() - t)
     return best / n * 1e6
 
 
@@ -104,19 +106,25 @@ def main() -> None:
     assert _install_noop(memo.get(bwd_key), (y, g, y, None, None, None, None)) == 1, "no backward launcher found"
     merges = {}
     for k in (2, 8):
-        outs = [torch.randn(16, 32, 128, dtype=torch.bfloat16) for _ in range(k)]
-        lses = [torch.randn(16, 32) for _ in range(k)]
-        out = anysoftmax.merge_states(outs, lses, backend="triton")
-        merge_key = core_request.request_key(core_request.MERGE, outs, lses, None, "triton", False, None, None, None)
-        assert _install_noop(memo.get(merge_key), (*outs, *lses, *out)) == 1, "no merge launcher found to stub"
-        merges[k] = (outs, lses, memo.get(merge_key))
+        for tokens in (1, 128):
+            # vLLM's layout, as `anysoftmax.bench.lse_merge` times it: partials [tokens, 32, 128] bf16,
+            # lses [32, tokens] float32 read as [tokens, 32]
+            outs, lses = merge_sets(tokens, 32, 128, k, torch.bfloat16, "cpu", 1)[0]
+            out = anysoftmax.merge_states(outs, lses, backend="triton")
+            merge_key = core_request.request_key(core_request.MERGE, outs, lses, None, "triton", False, None, None,
+                                                 None)
+            bound, _ = memo.get(merge_key)
+            assert _install_noop(bound, (*outs, *lses, *out)) == 1, "no merge launcher found to stub"
+            merges[k, tokens] = (outs, lses, bound)
     long = torch.randn(2, 65536)
+    # (keepdim=False, as timed, keys apart from keepdim where the launcher allocates the result's shape)
+    lse_direction = getattr(core_request, "LSE_SQUEEZED", core_request.LSE)
     for t in (x, long):
-        lse = anysoftmax.logsumexp(t, -1, keepdim=True, backend="triton")
+        lse = anysoftmax.logsumexp(t, -1, keepdim=lse_direction is core_request.LSE, backend="triton")
         # (a call without fused keywords keys in the plain form)
-        lse_key = core_request.request_key(core_request.LSE, t, -1, None, "triton")
+        lse_key = core_request.request_key(lse_direction, t, -1, None, "triton")
         if memo.get(lse_key) is None:
-            lse_key = core_request.request_key(core_request.LSE, t, -1, None, "triton", False, None,
+            lse_key = core_request.request_key(lse_direction, t, -1, None, "triton", False, None,
                                                dispatch.FusedArgs(None, None, False, None, None))
         assert _install_noop(memo.get(lse_key), (t, lse, None, None, None, None)) == 1, "no logsumexp launcher found"
     key = _key_fn()
@@ -131,8 +139,8 @@ def main() -> None:
         ("  bound launcher alone (no-op launch)", lambda: memo.get(fwd_key)(x)),
         ("  torch.empty_like", lambda: torch.empty_like(x)),
         ("  torch.empty(shape, dtype=, device=)", lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
-        *[row for k, (outs, lses, bound) in merges.items() for row in (
-            (f"anysoftmax.merge_states K={k} (hit, no-op)",
+        *[row for (k, tokens), (outs, lses, bound) in merges.items() for row in (
+            (f"anysoftmax.merge_states K={k} {tokens} tok (hit, no-op)",
              lambda outs=outs, lses=lses: anysoftmax.merge_states(outs, lses, backend="triton")),
             ("  bound merge launcher alone", lambda outs=outs, lses=lses, bound=bound: bound(outs, lses, None, None)),
             ("  key alone (merge)", lambda outs=outs, lses=lses: core_request.request_key(
@@ -142,7 +150,8 @@ def main() -> None:
          lambda: anysoftmax.logsumexp(long, -1, backend="triton")),
         ("torch.softmax (CPU kernel, for scale)", lambda: torch.softmax(x, -1)),
     ]
-    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls; merge_states K x [16, 32, 128] bf16")
+    print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls (thread CPU time); merge_states K x "
+          f"[tokens, 32, 128] bf16")
     for name, f in rows:
         print(f"{name:44s} {per_call_us(f, n):7.2f} us/call")
 

@@ -55,7 +55,7 @@ def raw_triton_launch(state, tensors):
     """Triton's launcher alone, every argument assembled as the fast path calls it (a plan
     without scratch: `tensors` are all its arguments)."""
     fast = state["fast"]
-    ptrs = fast.order(tuple(t.data_ptr() for t in fast.live(tensors)))
+    ptrs = fast.addresses(tensors)
     stream = fast.stream_of(fast.index)
     fn, before, after, _, rest = fast.calls[0]
     return lambda: fn(*before, stream, *after, *ptrs, *rest)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .lse_merge import lse_shape
 from .reference import backward_from_output, fused_backward
 from .spec import SoftmaxSpec
 from .variant import NO_OPERANDS, Operands
@@ -116,6 +117,15 @@ class Backend(metaclass=_Protocol):
         """`f(x, operands) -> lse` (keepdim, accumulation dtype) bound to this request."""
         run = self.run_logsumexp
         return lambda t, ops: run(t, spec, ops)
+
+    def shaped_logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands, keepdim: bool):
+        """`logsumexp_launcher`'s, returning `lse_shape(spec, keepdim)` (dispatch's call): a view a
+        call without keepdim, unless the backend allocates that shape itself."""
+        run = self.logsumexp_launcher(x, spec, operands)
+        if keepdim:
+            return run
+        shape = lse_shape(spec, False)
+        return lambda t, ops: run(t, ops).view(shape)
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands) -> torch.Tensor:
         """logsumexp for one call, unmemoised."""

@@ -34,6 +34,13 @@ def logsumexp_request(x, dim, *, scale=None, mask=None, causal=False, softcap=No
     return SoftmaxSpec.from_request(x, dim, None, log=False, fused=fused, op="logsumexp", arg="x")
 
 
+def lse_shape(spec: SoftmaxSpec, keepdim: bool) -> tuple[int, ...]:
+    """The shape of a logsumexp result: x's with `dim` of size 1 (keepdim) or without it."""
+    if keepdim:
+        return row_shape(spec.shape, spec.dim)
+    return spec.shape[:spec.dim] + spec.shape[spec.dim + 1:]
+
+
 def describe_logsumexp(spec: SoftmaxSpec) -> str:
     fused = "" if spec.is_plain else f", {spec.variant.describe()}"
     return f"logsumexp(shape={list(spec.shape)}, dim={spec.dim}, {dtype_name(spec.in_dtype)}{fused}, " \
@@ -261,4 +268,4 @@ def reference_merge(outputs, lses, device: str | torch.device = "cpu") -> tuple[
 
 __all__ = ["LOGSUMEXP", "MERGE_STATES", "MergeSpec", "OPS", "describe_logsumexp", "logsumexp_backward_formula",
            "logsumexp_formula", "logsumexp_request", "logsumexp_tangent", "lse_dtype", "merge_backward_formula",
-           "merge_formula", "merge_tangent", "reference_logsumexp", "reference_merge", "row_shape"]
+           "lse_shape", "merge_formula", "merge_tangent", "reference_logsumexp", "reference_merge", "row_shape"]

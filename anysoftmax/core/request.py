@@ -5,7 +5,10 @@ the active tuning overrides, and every operand's shape, strides, dtype, device a
 alignment (input or output, gradient, mask, sinks, the forward's input and sink shares), with
 the fused keywords by presence (`scale`, `softcap`: values are arguments; a tensor
 `scale` by its layout, never its values) or value (`causal`,
-`empty_rows`). No other module builds a cache key by hand (tests/core/test_one_key.py).
+`empty_rows`). merge_states' key holds its first partial's and lse's layouts and every
+operand's alignment; the entry it finds proves the other operands' layouts in C (`layout_guard`),
+or, where torch has no usable guard, the key holds them all. No other module builds a cache key by
+hand (tests/core/test_one_key.py).
 """
 
 from __future__ import annotations
@@ -24,11 +27,16 @@ ALIGN_BYTES = 16
 _ALIGN_MASK = ALIGN_BYTES - 1
 
 FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
-LSE, MERGE = "lse", "merge"  # logsumexp keys as a fused forward; merge_states by its K partials and lses
+LSE = "lse"  # logsumexp keys as a fused forward
+LSE_SQUEEZED = "lse_squeezed"  # logsumexp with keepdim=False: its launcher allocates the result without dim
+# merge_states: by its first partial's and lse's layouts and every operand's alignment, the rest
+# proved by the entry's `layout_guard` (MERGE); or by every operand's layout (MERGE_EXACT)
+MERGE, MERGE_EXACT = "merge", "merge_exact"
 SHARDED, SHARDED_LSE = "sharded", "sharded_lse"  # anysoftmax.distributed's requests
 
 _Tensor = torch.Tensor
 _tuple = tuple
+_address = torch.Tensor.data_ptr
 # The registry generation and the count of active tuning overrides, read in place (one-element
 # lists updated on change): a function call each would be most of a key's cost.
 _generation = registry.current_generation
@@ -60,11 +68,16 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
 
     `x` is the input (forward) or the forward's output (backward); `grad` the output gradient
     (backward); `fused` the call's `FusedArgs` (fused family); `saved` and `p_sink` the
-    forward's input and sink shares a fused backward reads. logsumexp (`LSE`) passes its fused
-    keywords as `fused`; merge_states (`MERGE`) its K partials as `x`, its K lses as `dim`,
-    and its optional `out` and `lse_out` as `grad` and `saved`."""
+    forward's input and sink shares a fused backward reads. logsumexp (`LSE`; `LSE_SQUEEZED`
+    with keepdim=False) passes its fused keywords as `fused`; merge_states (`MERGE`,
+    `MERGE_EXACT`) its K partials as `x`, its K lses as `dim`, and its optional `out` and
+    `lse_out` as `grad` and `saved`. A `MERGE` key holds the
+    first partial's and lse's layouts and every operand's alignment (the exact form where torch
+    has no usable `layout_guard`): its memoised entry proves the other layouts with that guard."""
     if type(x) is not _Tensor:
-        return _merge_key(x, dim, backend, grad, saved) if direction is MERGE else None
+        if direction is MERGE:
+            return _merge_key(x, dim, backend, grad, saved)
+        return _exact_merge_key(x, dim, backend, grad, saved) if direction is MERGE_EXACT else None
     if type(dim) is not int:
         return None
     # One tuple literal per form (no concatenation): this is the whole per-call cost of a hit.
@@ -99,7 +112,30 @@ def forward_key(x, dim, dtype, backend, log):
 
 
 def _merge_key(outputs, lses, backend, out, lse_out):
-    # merge_states: every partial's and lse's layout and alignment, then the optional outputs.
+    # merge_states, where torch's layout guard is usable: the first partial's and first lse's layout,
+    # K, every partial's and lse's alignment, then the optional outputs. The other operands'
+    # layouts are proved by the memoised entry's guard (`layout_guard`), in C: read here, they
+    # were most of a K = 8 call's host time.
+    if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) or not outputs or not lses \
+            or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
+        return None
+    if (_guard_state[0] if _guard_state else _guard_maker()) is None:
+        return _exact_merge_key(outputs, lses, backend, out, lse_out)
+    first, first_lse = outputs[0], lses[0]
+    if type(first) is not _Tensor or type(first_lse) is not _Tensor:
+        return None
+    try:
+        aligns = _tuple(map(_ALIGN_MASK.__and__, (*map(_address, outputs), *map(_address, lses))))
+    except TypeError:  # an operand that is no tensor: validated (and named) on every call
+        return None
+    return (MERGE, len(outputs), first.shape, first.stride(), first.dtype, first.device, first_lse.shape,
+            first_lse.stride(), first_lse.dtype, aligns, backend,
+            _generation[0] if not _overrides_active[0] else _process_state(),
+            None if out is None else _operand(out), None if lse_out is None else _operand(lse_out))
+
+
+def _exact_merge_key(outputs, lses, backend, out, lse_out):
+    # merge_states by every partial's and lse's layout and alignment, then the optional outputs.
     if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
             or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
         return None
@@ -110,9 +146,48 @@ def _merge_key(outputs, lses, backend, out, lse_out):
         if type(t) is not _Tensor:
             return None
     # (`_operand` written out: a call per tensor would be a third of the key's cost at K = 8)
-    return (MERGE, _tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK) for t in outputs]),
+    return (MERGE_EXACT,
+            _tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK) for t in outputs]),
             _tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK) for t in lses]), backend,
             _generation[0] if not _overrides_active[0] else _process_state(), _operand(out), _operand(lse_out))
+
+
+def layout_guard(tensors):
+    """`same(*others) -> bool`: whether `others` (as many tensors) have, position by position,
+    the Python types, dtypes, devices, shapes, strides, grad requirement and dispatch state of
+    `tensors`, checked in C by torch's own tensor guard (torch.compile's); None where this torch
+    has no guard that passes `_guard_maker`'s probe."""
+    make = _guard_maker()
+    return None if make is None else make(tensors)
+
+
+def _tensor_guard(tensors):
+    from torch._C._dynamo.guards import TensorGuards
+
+    # Every size and stride given as a static value: the guard checks them all (None would leave
+    # that dim unchecked, as for torch.compile's dynamic dims).
+    return TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                        dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+
+
+_guard_state: list = []  # [the guard maker or None], decided on first use
+
+
+def _guard_maker():
+    """`_tensor_guard`, once a probe has shown that its guard accepts a tensor of the same layout
+    and refuses another shape, strides, dtype and device; None where it fails or is missing (a
+    private torch API: merge_states then keys every operand, `_exact_merge_key`)."""
+    if _guard_state:
+        return _guard_state[0]
+    try:
+        same = _tensor_guard((torch.empty(2, 3),))
+        ok = same(torch.empty(2, 3)) is True and not any(
+            same(t) for t in (torch.empty(3, 3), torch.empty(3, 2).t(), torch.empty(2, 3, dtype=torch.float64),
+                              torch.empty(2, 3, device="meta")))
+    except Exception:  # (any failure of a private API means: not usable here)
+        ok = False
+    _guard_state.append(_tensor_guard if ok else None)
+    return _guard_state[0]
 
 
 def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) -> tuple:
@@ -124,5 +199,5 @@ def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) ->
     return (spec.kernel_key(), direction, aligns, overrides_key(), extra)
 
 
-__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "SHARDED", "SHARDED_LSE",
-           "alignment", "forward_key", "plan_key", "request_key"]
+__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "MERGE_EXACT", "SHARDED",
+           "SHARDED_LSE", "alignment", "forward_key", "layout_guard", "plan_key", "request_key"]

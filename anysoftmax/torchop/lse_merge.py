@@ -16,7 +16,7 @@ from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_r
                               merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, check_row_scale, is_row_scale, runtime_values
 from .batching import front
-from .grad_mode import plain_eager, refuse_forward_over_forward
+from .grad_mode import plain_eager, plain_eager_one, refuse_forward_over_forward
 from .traced_temperature import scaled_logits, traced_as_symbols
 
 
@@ -27,7 +27,7 @@ def logsumexp_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[
                  scale: Optional[float], softcap: Optional[float], causal: str,
                  backend: Optional[str] = None) -> torch.Tensor:
     """`anysoftmax.logsumexp` with keepdim as an operator (accumulation dtype)."""
-    out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+    out = dispatch.logsumexp(x, dim, backend, True, scale, mask, causal, softcap, sinks)
     return out.contiguous().clone() if out.data_ptr() == x.data_ptr() else out.contiguous()
 
 
@@ -107,21 +107,22 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
     fused softmax). Semantics: docs/semantics.md."""
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
-    if plain_eager(x, mask, sinks, scale):
-        out = dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
-    else:
-        if not torch.compiler.is_compiling():  # (traced: the fake implementation validates)
-            logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
-        elif is_row_scale(scale):  # (which it no longer sees)
-            check_row_scale(scale, tuple(x.shape), x.device, dim % max(x.dim(), 1))
-        if is_row_scale(scale) or traced_as_symbols(scale, softcap):
-            # (see `traced_temperature`; a row scale as `autodiff` applies it, differentiable)
-            x = scaled_logits(x, x.dtype, scale, softcap, mask, causal)
-            scale = softcap = None
-        s, c = runtime_values(scale, softcap)
-        args = (x, mask, sinks, dim, None if scale is None else s, None if softcap is None else c,
-                causal_name(causal), backend)
-        out = logsumexp_op(*args) if torch.compiler.is_compiling() else _Logsumexp.apply(*args)
+    # (one operand's check where mask, sinks and a tensor scale are absent; the launcher allocates
+    # the result without dim where keepdim is False: no view a call)
+    if plain_eager_one(x) if mask is None and sinks is None and scale is None else plain_eager(x, mask, sinks, scale):
+        return dispatch.logsumexp(x, dim, backend, keepdim, scale, mask, causal, softcap, sinks)
+    if not torch.compiler.is_compiling():  # (traced: the fake implementation validates)
+        logsumexp_request(x, dim, scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
+    elif is_row_scale(scale):  # (which it no longer sees)
+        check_row_scale(scale, tuple(x.shape), x.device, dim % max(x.dim(), 1))
+    if is_row_scale(scale) or traced_as_symbols(scale, softcap):
+        # (see `traced_temperature`; a row scale as `autodiff` applies it, differentiable)
+        x = scaled_logits(x, x.dtype, scale, softcap, mask, causal)
+        scale = softcap = None
+    s, c = runtime_values(scale, softcap)
+    args = (x, mask, sinks, dim, None if scale is None else s, None if softcap is None else c,
+            causal_name(causal), backend)
+    out = logsumexp_op(*args) if torch.compiler.is_compiling() else _Logsumexp.apply(*args)
     if keepdim or x.dim() == 0:
         return out
     return out.squeeze(dim % x.dim())

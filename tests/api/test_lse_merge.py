@@ -615,3 +615,24 @@ def test_merge_second_order_transforms(backend, gen):
         got, want = transform(loss(ours), argnums=argnums)(*inputs), transform(loss(ref), argnums=argnums)(*inputs)
         for got_row, want_row in zip(got, want):
             torch.testing.assert_close(got_row, tuple(w.to(dtype) for w in want_row), **tol)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logsumexp_without_keepdim_is_allocated_in_its_shape(backend, gen):
+    # keepdim=False reaches the launcher, which allocates the result without `dim` (no view of a
+    # kept-shape result a call); values against the reference, on a miss and on the memo's hit,
+    # and on the empty-rows formula path.
+    for shape, dim in (((3, 5, 40), 1), ((6, 33), -1), ((4, 0, 3), 1), ((0, 7), -1)):
+        x = torch.randn(shape, generator=gen)
+        for _ in range(2):
+            out = anysoftmax.logsumexp(x, dim, backend=backend)
+            assert out.shape == tuple(s for d, s in enumerate(shape) if d != dim % len(shape))
+            if backend == "triton" and x.numel():  # (a launch: the formula and the other backends view)
+                assert out._base is None, "the result is a view of a kept-shape tensor"
+            spec, _ = logsumexp_request(x, dim)
+            c = compare_logsumexp(out.unsqueeze(dim), x, spec, None, None)
+            assert c.ok, c.detail
+        kept = anysoftmax.logsumexp(x, dim, keepdim=True, backend=backend)
+        assert kept.shape == tuple(1 if d == dim % len(shape) else s for d, s in enumerate(shape))
+        torch.testing.assert_close(kept.squeeze(dim), out, rtol=0, atol=0)
+

@@ -226,29 +226,96 @@ def test_repeated_pieces_are_memo_hits_and_alignment_is_in_their_key(backend, ge
     assert _new_entries(lambda: merge(outs[:2], lses[:2])) == 1  # K is in the key
 
 
-def test_merge_key_tells_every_operand_apart():
-    """`request_key(MERGE, ...)` of K partials and K lses: a change to any one tensor's shape,
-    strides, dtype or alignment, to K, or to the optional outputs is a new key; new tensors of
-    the same layouts and alignments give the same key."""
+_MERGE_CHANGES = {"shape": lambda t: torch.randn(t.shape[0] + 1, *t.shape[1:]),
+                  "strides": lambda t: torch.randn(t.shape[::-1]).permute(*range(t.dim() - 1, -1, -1)),
+                  "dtype": lambda t: t.double(), "alignment": _misaligned,
+                  "device": lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta")}
+
+
+@pytest.mark.parametrize("direction", ["merge", "merge_exact"])
+def test_merge_request_tells_every_operand_apart(direction):
+    """merge_states' request: a change to any one tensor's shape, strides, dtype, device or
+    alignment, to K, or to the optional outputs is told apart, by the key or (`MERGE`, for the
+    operands past the first partial and lse) by the guard its memo entry holds
+    (`layout_guard`); new tensors of the same layouts and alignments give the same key and pass
+    that guard. The exact form (`MERGE_EXACT`) tells every change apart by its key alone."""
+    from anysoftmax.core.request import MERGE, layout_guard
+
     outs = [torch.randn(5, 2, 16) for _ in range(3)]
     lses = [torch.randn(5, 2) for _ in range(3)]
 
     def key(o, l_, out=None, lse_out=None):
-        return request_key("merge", o, l_, None, "triton", False, out, None, lse_out)
+        return request_key(direction, o, l_, None, "triton", False, out, None, lse_out)
 
     base = key(outs, lses)
-    assert key([t.clone() for t in outs], [t.clone() for t in lses]) == base
-    changes = {"shape": lambda t: torch.randn(t.shape[0] + 1, *t.shape[1:]),
-               "strides": lambda t: torch.randn(t.shape[::-1]).permute(*range(t.dim() - 1, -1, -1)),
-               "dtype": lambda t: t.double(), "alignment": _misaligned}
-    for name, change in changes.items():
+    same = layout_guard((*outs, *lses)) if base[0] == MERGE else None
+
+    def told_apart(o, l_):
+        return key(o, l_) != base or (same is not None and not same(*o, *l_))
+
+    o2, l2 = [t.clone() for t in outs], [t.clone() for t in lses]
+    assert key(o2, l2) == base and (same is None or same(*o2, *l2))
+    for name, change in _MERGE_CHANGES.items():
         for i in range(3):
-            assert key([*outs[:i], change(outs[i]), *outs[i + 1:]], lses) != base, (name, "outputs", i)
-            assert key(outs, [*lses[:i], change(lses[i]), *lses[i + 1:]]) != base, (name, "lses", i)
+            assert told_apart([*outs[:i], change(outs[i]), *outs[i + 1:]], lses), (name, "outputs", i)
+            assert told_apart(outs, [*lses[:i], change(lses[i]), *lses[i + 1:]]), (name, "lses", i)
     assert key(outs[:2], lses[:2]) != base and key(outs[:2], [*lses, lses[0]]) != key(outs, lses[:2] + lses[:2])
     assert key(outs, lses, out=torch.empty(5, 2, 16)) != base and key(outs, lses, lse_out=torch.empty(5, 2)) != base
     # (not a list of tensors: no key, the call is validated every time)
     assert key(outs, [*lses[:2], 1.0]) is None and key(outs[0], lses) is None
+
+
+def test_merge_hit_with_other_layouts_past_the_first_operand_takes_their_path(gen):
+    """A merge request memoised first, then one that differs from it only past the first partial
+    and lse (same key): the entry's guard refuses it, so it is bound for its own layouts (strides,
+    dtype, alignment) and matches the float64 reference, or, on another device, raises the
+    validation's error naming the operand, on every call; the first request still hits after."""
+    from anysoftmax.core.lse_merge import merge_formula
+
+    outs = [torch.randn(6, 2, 8, generator=gen) for _ in range(3)]
+    lses = [torch.randn(6, 2, generator=gen) for _ in range(3)]
+
+    def merge(os_, ls_):
+        o, l_ = anysoftmax.merge_states(os_, ls_, backend="triton")
+        wo, wl = merge_formula([t.double() for t in os_], [t.double() for t in ls_], torch.float64, torch.float64,
+                               torch.float64)
+        torch.testing.assert_close(o.double(), wo, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(l_.double(), wl, atol=1e-5, rtol=1e-5)
+
+    dispatch.refresh()
+    merge(outs, lses)
+    for name in ("strides", "dtype", "alignment"):
+        changed = [lses[0], _MERGE_CHANGES[name](lses[1]).copy_(lses[1]), lses[2]]
+        for _ in range(2):  # (the second call: a hit of its own entry)
+            merge(outs, changed)
+        if name != "dtype":  # (the partials share one dtype: below)
+            for _ in range(2):
+                merge([outs[0], outs[1], _MERGE_CHANGES[name](outs[2]).copy_(outs[2])], lses)
+    refused = {r"outputs\[2\] is torch.float64": ([outs[0], outs[1], outs[2].double()], lses),
+               r"lses\[2\] is on meta": (outs, [lses[0], lses[1], torch.empty(6, 2, device="meta")])}
+    for message, (os_, ls_) in refused.items():
+        for _ in range(2):
+            with pytest.raises((TypeError, ValueError), match=message):
+                anysoftmax.merge_states(os_, ls_, backend="triton")
+    hits = dispatch.stats["hits"]
+    assert _new_entries(lambda: merge(outs, lses)) == 0 and dispatch.stats["hits"] == hits + 1
+
+
+def test_merge_keys_every_operand_where_torch_has_no_layout_guard(monkeypatch, gen):
+    """Where torch's tensor guard is missing or fails its probe, merge_states keys every operand
+    (`MERGE_EXACT`), its entries hold no guard, and a change past the first partial is a new
+    entry."""
+    from anysoftmax.core import request
+
+    monkeypatch.setattr(request, "_guard_state", [None])
+    outs = [torch.randn(6, 8, generator=gen) for _ in range(2)]
+    lses = [torch.randn(6, generator=gen) for _ in range(2)]
+    dispatch.refresh()
+    assert request_key("merge", outs, lses, None, "torch")[0] == request.MERGE_EXACT
+    assert _new_entries(lambda: anysoftmax.merge_states(outs, lses, backend="torch")) == 1
+    assert _new_entries(lambda: anysoftmax.merge_states(outs, lses, backend="torch")) == 0
+    assert _new_entries(lambda: anysoftmax.merge_states(outs, [lses[0], _misaligned(lses[1])], backend="torch")) == 1
+    assert all(v[1] is None for v in dispatch._memo._data.values() if isinstance(v, tuple))
 
 
 def test_merge_on_two_devices_is_refused_on_every_call():
@@ -265,14 +332,19 @@ def test_merge_on_two_devices_is_refused_on_every_call():
 def test_plain_logsumexp_keys_in_the_plain_form(backend, monkeypatch, gen):
     """A logsumexp without fused keywords is memoised under the plain form of its key (the
     softmax's: no keyword is read on a hit, no `FusedArgs` is built) and stays correct; a call
-    with fused keywords keeps its own entry."""
+    with fused keywords keeps its own entry, and so does keepdim=False (its launcher allocates
+    the result without dim)."""
     from anysoftmax.core.compare import compare_logsumexp
     from anysoftmax.core.lse_merge import logsumexp_request
-    from anysoftmax.core.request import LSE
+    from anysoftmax.core.request import LSE, LSE_SQUEEZED
 
     x = torch.randn(SHAPE, generator=gen)
     dispatch.refresh()
     out = anysoftmax.logsumexp(x, -1, backend=backend)
+    assert dispatch._memo.get(request_key(LSE_SQUEEZED, x, -1, None, backend)) is not None
+    assert dispatch._memo.get(request_key(LSE, x, -1, None, backend)) is None
+    assert compare_logsumexp(out.unsqueeze(-1), x, logsumexp_request(x, -1)[0]).ok
+    anysoftmax.logsumexp(x, -1, keepdim=True, backend=backend)
     assert dispatch._memo.get(request_key(LSE, x, -1, None, backend)) is not None
     built = []
     monkeypatch.setattr(dispatch, "FusedArgs", lambda *a: built.append(a) or dispatch.FusedArgs(*a))
@@ -282,3 +354,29 @@ def test_plain_logsumexp_keys_in_the_plain_form(backend, monkeypatch, gen):
     assert built == []
     monkeypatch.undo()
     assert _new_entries(lambda: anysoftmax.logsumexp(x, -1, scale=0.5, backend=backend)) == 1
+
+
+@pytest.mark.gpu
+def test_merge_hit_refuses_an_operand_moved_to_the_cpu(gen):
+    """On a GPU: a memoised merge of CUDA operands, then the same request with one partial or lse
+    on the CPU (same key: the first operands and every alignment unchanged): the entry's guard
+    refuses it and the validation names the operand, on every call; the CUDA request still hits
+    and matches the float64 reference (the fast path's raw pointers never see a host address)."""
+    from anysoftmax.core.lse_merge import merge_formula
+
+    outs = [torch.randn(4, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    lses = [torch.randn(4, 8, device="cuda") for _ in range(3)]
+    dispatch.refresh()
+    for _ in range(2):
+        o, l_ = anysoftmax.merge_states(outs, lses)
+    wo, wl = merge_formula([t.double() for t in outs], [t.double() for t in lses], torch.float64, torch.float64,
+                           torch.float64)
+    torch.testing.assert_close(o.double(), wo, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(l_.double(), wl, atol=1e-5, rtol=1e-5)
+    for os_, ls_, name in (([*outs[:2], outs[2].cpu()], lses, r"outputs\[2\] is on cpu"),
+                           (outs, [lses[0], lses[1].cpu(), lses[2]], r"lses\[1\] is on cpu")):
+        for _ in range(2):
+            with pytest.raises(ValueError, match=name):
+                anysoftmax.merge_states(os_, ls_)
+    hits = dispatch.stats["hits"]
+    assert _new_entries(lambda: anysoftmax.merge_states(outs, lses)) == 0 and dispatch.stats["hits"] == hits + 1

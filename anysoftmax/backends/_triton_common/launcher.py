@@ -121,8 +121,7 @@ class FastPath(NamedTuple):
     stream_of: Callable  # device index -> the current raw stream
     device: torch.device
     index: int | None
-    live: Callable  # the call's arguments -> its tensors the kernel reads (the request fixes which are None)
-    order: Callable  # their addresses -> the kernel's pointers
+    addresses: Callable  # the call's arguments -> the kernel's pointers (`_address_reader`)
     native: Callable | None  # the native launcher, where chosen and built
 
 
@@ -187,6 +186,27 @@ def _constexpr_tails(kernel, n_positional: int, metas) -> list | None:
 
 _native_warned: set = set()
 _address = torch.Tensor.data_ptr
+
+
+def _address_reader(index: tuple, n_args: int) -> Callable:
+    """`f(args) -> the kernel's pointers`: the address of `args[i]` for each `i` of `index` (the
+    kernel's pointer arguments), each tensor read once. One or two tensors are read by name and
+    all of them in one C loop (`map`): the generic pick-then-map costs twice that at one or two."""
+    read = sorted(set(index))
+    positions = [read.index(i) for i in index]
+    order = itemgetter(*positions) if len(positions) > 1 else (lambda p, i=positions[0]: (p[i],))
+    if len(read) == 1:
+        i = read[0]
+        return lambda a: order((_address(a[i]),))
+    if len(read) == 2:
+        i, j = read
+        return lambda a: order((_address(a[i]), _address(a[j])))
+    if read == list(range(n_args)):  # (every argument read)
+        if tuple(index) == tuple(read):
+            return lambda a: tuple(map(_address, a))
+        return lambda a: order(tuple(map(_address, a)))
+    live = itemgetter(*read)
+    return lambda a: order(tuple(map(_address, live(a))))
 
 
 def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
@@ -269,15 +289,13 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
         calls = [(fn, before, after, tail, (*ints, *default, *tail))
                  for fn, before, after, tail in _fast_calls(compiled, tails, b.grid)]
         device = device_of(args)
-        read = sorted(set(index))
-        live = itemgetter(*read) if len(read) > 1 else (lambda a, i=read[0]: (a[i],))
         state["fast"] = FastPath(calls, hooks, enter, leave, _hook_calls(enter), _hook_calls(leave), stream_of,
-                                 device, device.index, live, itemgetter(*map(read.index, index)), via)
+                                 device, device.index, _address_reader(index, len(args)), via)
 
     def launch(args, values=default, per_call=()):
         fast = state["fast"]
         if fast is not None:
-            calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, device, index, live, order, via = fast
+            calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, device, index, addresses, via = fast
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
                     and not leave_calls:
                 if scratch is not None:
@@ -285,8 +303,8 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                 if via is not None:
                     return via(*args) if values is default else via(*args, *values)
                 # Raw addresses: the request was validated (tensors on this device), so the
-                # launcher's per-pointer driver query is skipped. Read in one C loop (`map`).
-                ptrs = order(tuple(map(_address, live(args))))
+                # launcher's per-pointer driver query is skipped.
+                ptrs = addresses(args)
                 stream = stream_of(index)
                 if values is default and not per_call:
                     for fn, before, after, _, rest in calls:

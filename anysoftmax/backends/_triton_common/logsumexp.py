@@ -90,10 +90,10 @@ class LsePlan:
     num_warps: int | None = None
 
 
-def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
-    """`f(x, operands) -> lse` (keepdim, accumulation dtype) bound to requests like `spec` (x's
-    strides as this x's), through `lse_kernel` with the tiles and grid of `plan_for(n_rows,
-    n_cols) -> LsePlan`. `guard`: the device guard (`launcher.bind_kernel`)."""
+def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None, shape: tuple | None = None):
+    """`f(x, operands) -> lse` (accumulation dtype; keepdim, or `shape`: x's without dim) bound
+    to requests like `spec` (x's strides as this x's), through `lse_kernel` with the tiles and
+    grid of `plan_for(n_rows, n_cols) -> LsePlan`. `guard`: the device guard (`launcher.bind_kernel`)."""
     v = spec.variant
     per_row = v.sinks is not None or v.row_scale is not None  # (a row scale: read at the sinks' offsets)
     copy, layout = logical_rows(spec.shape, tuple(x.stride()), spec.dim, None if v.mask is None else v.mask.strides,
@@ -121,7 +121,10 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
                                  lambda a: (a[0], a[1], a[0] if a[2] is None else a[2], a[1] if a[3] is None else a[3],
                                             a[0] if a[4] is None else a[4]),
                                  ints, (meta,), VALUE_NAMES, PLAIN_SCALARS), device=spec.device, guard=guard)
-    shape, new_partials = row_shape(spec.shape, spec.dim), output_maker((n_rows * chunks,), spec.acc_dtype, spec.device)
+    # Rows are numbered over x's row dims in logical order (outer to inner), as the result's: one
+    # chunk a row writes the result itself (no view to take per call), more write the partials.
+    shape = row_shape(spec.shape, spec.dim) if shape is None else shape
+    new_partials = output_maker(shape if chunks == 1 else (n_rows * chunks,), spec.acc_dtype, spec.device)
     plain_values = v.scale is None and v.softcap is None and v.row_scale is None
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
@@ -132,8 +135,7 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None):
                 row_scale_operand(operands, spec)),
                PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
         if chunks > 1:
-            out = torch.logsumexp(out.view(n_rows, chunks), 1)
-        # Rows are numbered over x's row dims in logical order (outer to inner), as the result's.
-        return out.view(shape)
+            return torch.logsumexp(out.view(n_rows, chunks), 1).view(shape)
+        return out
 
     return run

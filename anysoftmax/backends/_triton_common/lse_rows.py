@@ -44,22 +44,26 @@ def layouts(x: torch.Tensor, spec: SoftmaxSpec):
     raise ValueError(f"logsumexp: no row layout for shape {list(shape)}")  # (contiguous always has one)
 
 
-def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool, copy_x: bool):
+def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool, copy_x: bool,
+                 shape: tuple | None = None):
     """`launcher(...)` when `plan` (a forward softmax plan) has the STATES_ONLY form, else None."""
     if plan.kind not in ROW_KINDS or plan.backward:
         return None
-    return launcher(plan, layout, spec, materialise, copy_x)
+    return launcher(plan, layout, spec, materialise, copy_x, shape)
 
 
-def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool, copy_x: bool = False):
-    """`f(x, operands) -> lse` (keepdim, accumulation dtype) for requests like `spec`, through
-    `plan`'s row kernel in its STATES_ONLY form; x read as `layout` (`layouts`), through a
-    contiguous copy with `copy_x`."""
+def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool, copy_x: bool = False,
+             shape: tuple | None = None):
+    """`f(x, operands) -> lse` (accumulation dtype; keepdim, or `shape`: x's without dim) for
+    requests like `spec`, through `plan`'s row kernel in its STATES_ONLY form; x read as `layout`
+    (`layouts`), through a contiguous copy with `copy_x`."""
     plan = replace(plan.non_cooperative(), states_only=True)
     # Constexprs from the softmax's output dtype: the same PRECISE (softcap's tanh) and
     # accumulation as the softmax; the store converts to the result's dtype.
     launch = bind(plan, layout, False, spec.out_dtype, spec.device)
-    new_lse = output_maker(row_shape(spec.shape, spec.dim), spec.acc_dtype, spec.device)
+    # (the kernel writes through `layout`'s result strides, those of a contiguous keepdim result:
+    # the same memory as a contiguous result without dim)
+    new_lse = output_maker(row_shape(spec.shape, spec.dim) if shape is None else shape, spec.acc_dtype, spec.device)
     v = spec.variant
     plain_values = v.scale is None and v.softcap is None and v.row_scale is None
     if plain_values and v.mask is None and v.sinks is None:  # (the request key says the operands are absent)

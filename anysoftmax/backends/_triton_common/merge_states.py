@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...core.layout import POISON_OUTPUTS, contiguous_strides, new_output_like
+from ...core.layout import POISON_OUTPUTS, contiguous_strides, new_output_like, output_maker
 from ...core.lse_merge import MergeSpec
 from .fused import exp_acc
 from .launcher import Binding, bind_kernel
@@ -190,7 +190,7 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
     inputs are converted or copied, the plan and the arguments, and binds `merge_kernel`
     (`f.state["launch"]`)."""
     lead, acc, pad = len(spec.shape) - 1, spec.acc_dtype, MAX_K - k
-    state = {"launch": None, "how": None, "prepare": False, "allocate": None}
+    state = {"launch": None, "how": None, "prepare": False, "new_out": None, "new_lse": None}
 
     def pointers(a):  # (partials and lses past K stand in as the first ones: never read, K being a constexpr)
         return (*a[:k], *a[:1] * pad, *a[k:2 * k], *a[k:k + 1] * pad, a[2 * k], a[2 * k + 1])
@@ -202,7 +202,10 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
         outputs, lses = _prepared(outputs, False, copy_o, acc), _prepared(lses, False, copy_l, acc)
         state["how"] = (cast_o, copy_o, cast_l, copy_l)
         state["prepare"] = any(state["how"])
-        state["allocate"] = _allocator(outputs[0], out_dtype), _allocator(lses[0], lse_dtype)
+        # The lse is one value per row (small): an empty_like of a kept template, the cheapest
+        # allocation; the output is as large as a partial, so none is kept for it.
+        state["new_out"] = _allocator(outputs[0], out_dtype)
+        state["new_lse"] = output_maker(tuple(lses[0].shape), lse_dtype, lses[0].device)
         out = new_output_like(outputs[0], out_dtype) if out is None else out
         lse_out = new_output_like(lses[0], lse_dtype) if lse_out is None else lse_out
         ints = _row_args(outputs, lses, out, lse_out, lead)
@@ -223,11 +226,10 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
         elif state["prepare"]:
             how = state["how"]
             outputs, lses = _prepared(outputs, how[0], how[1], acc), _prepared(lses, how[2], how[3], acc)
-        new_out, new_lse = state["allocate"]
         if out is None:
-            out = new_out(outputs[0])
+            out = state["new_out"](outputs[0])
         if lse_out is None:
-            lse_out = new_lse(lses[0])
+            lse_out = state["new_lse"]()
         launch((*outputs, *lses, out, lse_out))
         return out, lse_out
 

@@ -13,6 +13,7 @@ import torch
 from ...core.backend import Backend
 from ...core.cache import OnceCache
 from ...core.layout import RowLayout, cdiv, next_power_of_2
+from ...core.lse_merge import lse_shape
 from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, runtime_values
@@ -273,14 +274,20 @@ class TritonBackend(Backend):
     def logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands):
         """`f(x, operands) -> lse` bound to one request: a row plan runs the softmax forward's own
         plan in its STATES_ONLY form (`lse_rows`), a column plan `lse_kernel`."""
+        return self.shaped_logsumexp_launcher(x, spec, operands, True)
+
+    def shaped_logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands, keepdim: bool):
+        """`logsumexp_launcher`'s, allocating the result in `lse_shape(spec, keepdim)` (the kernels
+        write a contiguous result by row number: either shape is the same memory)."""
         from .._triton_common import logsumexp, lse_rows
 
+        shape = lse_shape(spec, keepdim)
         xr, planning, layout, materialise = lse_rows.layouts(x, spec)
-        run = lse_rows.launcher_for(self.plan(xr, xr, planning, spec), layout, spec, materialise, xr is not x)
+        run = lse_rows.launcher_for(self.plan(xr, xr, planning, spec), layout, spec, materialise, xr is not x, shape)
         if run is not None:
             return run
         sms, item = self._sms(x), x.element_size()
-        return logsumexp.launcher(x, spec, lambda n_rows, n_cols: lse_plan(n_rows, n_cols, item, sms))
+        return logsumexp.launcher(x, spec, lambda n_rows, n_cols: lse_plan(n_rows, n_cols, item, sms), shape=shape)
 
     def merge_states_launcher(self, outputs, lses, spec):
         """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
