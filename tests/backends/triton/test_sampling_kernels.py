@@ -21,7 +21,7 @@ from anysoftmax.backends._triton_common import sampling as triton_sampling
 from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
 from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.kit import run_checks
-from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL, check_sampler, sampler_checks
+from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL, sampler_checks
 from helpers import runnable_backends
 
 pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
@@ -55,19 +55,12 @@ def _assert_probs(got, logits, spec):
 
 
 def test_the_kit_sampler_section_through_the_interpreter(seed):
-    """Every kit check but those drawing thousands of rows (run on the GPU below)."""
+    """Every kit check but those drawing thousands of rows (the whole section runs on a GPU: test_sampling_kit_gpu.py)."""
     checks = [c for c in sampler_checks(triton_sample, triton_probs, triton_logprobs)
               if c.kind not in GPU_ONLY_KINDS and c.name not in GPU_ONLY_NAMES]
     report = run_checks(checks, "triton", "cpu", seed)
     assert not report.failed and not report.skipped, report.text()
     assert len(report.passed) == len(checks) > 40
-
-
-@pytest.mark.gpu
-def test_the_whole_kit_sampler_section_on_the_gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    assert check_sampler(triton_sample, triton_probs, triton_logprobs, device="cuda", name="triton").ok
 
 
 KEYWORDS = {"temperature": (0.7, lambda g, n: torch.rand(n, generator=g) + 0.3),
