@@ -209,6 +209,15 @@ def _address_reader(index: tuple, n_args: int) -> Callable:
     return lambda a: order(tuple(map(_address, live(a))))
 
 
+def accepted_tensors(args: tuple, index: tuple) -> list[bool]:
+    """Per argument position of a bound launch, whether later calls may pass a tensor there:
+    every position the kernel reads (`index`) and every one that held a tensor when it was bound
+    (the scratch tensors appended to each call, read or not). A position that was None (an absent
+    operand) refuses a tensor: the kernel was specialised without it and would ignore it."""
+    read = set(index)
+    return [i in read or a is not None for i, a in enumerate(args)]
+
+
 def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
     """(launcher, reason): `native_launch.make`'s launcher of `compiled`, or None and why not (a
     user who named `native` is warned once per reason)."""
@@ -221,9 +230,8 @@ def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
         if not native_launch.follows_torch_stream(args[0]):
             raise native_launch.NativeUnavailable("TVM-FFI does not see torch's current stream here")
         floats = {name: (j, v) for j, (name, v) in enumerate(zip(b.floats, b.values))}
-        read = set(index)
         return native_launch.make(compiled, b.grid, args[0].device.index or 0, dict(zip(b.pointer_names, index)),
-                                  b.ints, floats, [i in read for i in range(len(args))]), None
+                                  b.ints, floats, accepted_tensors(args, index)), None
     except native_launch.NativeUnavailable as exc:
         reason = str(exc)
         if native_launch.EXPLICIT and reason not in _native_warned:

@@ -383,3 +383,20 @@ def test_native_merge_equals_triton_merge(k, monkeypatch):
     for a, b in zip(got["triton"], got["native"]):
         assert torch.equal(a, b)
     torch.testing.assert_close(got["native"][1], torch.stack(lses).logsumexp(0))
+
+
+def test_the_native_launcher_accepts_the_scratch_a_launch_appends():
+    """Each call of a sampler launch appends the scratch stand-ins, which a kernel with no absent
+    operand never reads: the native launcher must take them on every call, and still refuse a
+    tensor where the bound request had none (an absent operand the kernel was built without)."""
+    from anysoftmax.backends._triton_common.sampling import operand_pointers, stand_ins
+
+    scratch = stand_ins(torch.device("cpu"))
+    for names, args in ((("t_ptr", "s_ptr"), (torch.ones(4), torch.ones(4))),  # nothing absent
+                        (("x_ptr", "lse_ptr", "s_ptr", "t_ptr", "ids_ptr", "out_ptr"),
+                         (torch.ones(4), torch.ones(4), None, None, torch.ones(4, dtype=torch.int64), torch.ones(4)))):
+        bound = (*args, *scratch)
+        index = operand_pointers(names)(tuple(None if a is None else i for i, a in enumerate(bound)))
+        accepted = launcher.accepted_tensors(bound, index)
+        assert all(accepted[i] for i, a in enumerate(bound) if a is not None), (names, accepted)
+        assert not any(accepted[i] for i, a in enumerate(bound) if a is None), (names, accepted)
