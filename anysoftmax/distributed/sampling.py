@@ -20,6 +20,9 @@ C is the largest top_k in use (k floats per rank and row). top_p without top_k s
 `TOP_P_CANDIDATES` per shard; a row whose top-p set reaches below every shard's candidates (a
 flat distribution) cannot be cut from them: then the second collective gathers the logits
 instead and every rank samples the whole rows (exact; one host read decides it).
+
+``backend="triton"`` draws with the Triton sampler's shard kernels instead (`kernel_sampling`),
+this path serving what they cannot decide.
 """
 
 from __future__ import annotations
