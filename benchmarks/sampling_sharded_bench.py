@@ -2,7 +2,8 @@
 the local `anysoftmax.sampling.sample` of one shard and against gathering the logits and
 sampling the whole rows, with a check that the sharded draw is the whole rows' draw.
 
-    python -m torch.distributed.run --nproc_per_node=2 benchmarks/sampling_sharded_bench.py --out DIR
+    python -m torch.distributed.run --nproc_per_node=2 benchmarks/sampling_sharded_bench.py --out DIR \\
+        [--backend triton|torch|both]
     python -m torch.distributed.run --standalone --nproc_per_node=2 \\
         benchmarks/sampling_sharded_bench.py --quick-cpu --out DIR      # gloo on the CPU, one tiny shape
 
@@ -12,15 +13,17 @@ in rank order (sizes differ by at most one token when V does not divide). The ke
 for every provider: a per-row temperature tensor, top_k=50, top_p=0.9, min_p=0.05 and a per-row
 int64 seed. Providers, per call:
 
-* `sharded`: `anysoftmax.distributed.sample(shard, ...)`;
+* `sharded_<S>`: `anysoftmax.distributed.sample(shard, ..., backend=S)` for each S of
+  `--backend` ("torch": the torch-ops path; "triton": the Triton sampler's shard kernels;
+  default both on CUDA, "torch" on the CPU, where "triton" runs through the interpreter);
 * `local_shard`: `anysoftmax.sampling.sample(shard, ..., backend=B)` (B: "triton" on CUDA, else
-  "torch"): the goal is `sharded` <= this + 50 us;
+  "torch"): the goal is `sharded_<S>` <= this + 50 us;
 * `gather_sample`: an all-gather of the logits shards, then `sample(logits, ..., backend=B)` on
-  every rank: the goal is `sharded` below it from B = 8 on.
+  every rank: the goal is `sharded_<S>` below it from B = 8 on.
 
 Timing: per call, after a barrier (and an L2 flush on CUDA), CUDA events around the call (the
 wall clock on the CPU); the median over `--reps` calls per rank. The JSON holds rank 0's median
-(`<name>_us`) and the largest rank's (`<name>_max_us`). The check (`match`): over `--check-rows`
+(`<name>_us`) and the largest rank's (`<name>_max_us`). The check (`match_<S>`): over `--check-rows`
 rows in all (offsets 0, 1, ... of the same logits), the fraction of rows whose sharded id equals
 `sample` on the whole logits with the same seed and offset (>= 0.999 expected: only near-ties
 may differ). No shape (V, B) starts that would end after `--budget` seconds, judged by the
@@ -57,7 +60,7 @@ from benchmarks.sampling_bench import run_grid  # noqa: E402
 BATCHES, VOCABS = (1, 8, 32, 128, 512), (128256, 262144)
 QUICK_CPU_BATCHES, QUICK_CPU_VOCABS = (2,), (3000,)
 KEYWORDS = dict(top_k=50, top_p=0.9, min_p=0.05)
-PROVIDERS = ("sharded", "local_shard", "gather_sample")
+SHARDED_BACKENDS = ("torch", "triton")  # (`anysoftmax.distributed.sample`'s backend=)
 L2_FLUSH_BYTES = 256 << 20  # (above an H100's 50 MB L2, as triton.testing.do_bench flushes)
 
 
@@ -115,6 +118,10 @@ def rank0_and_max(value: float, device: torch.device) -> tuple[float, float]:
     return float(every[0]), float(every.max())
 
 
+def providers(sharded: tuple[str, ...]) -> tuple[str, ...]:
+    return (*(f"sharded_{b}" for b in sharded), "local_shard", "gather_sample")
+
+
 def one_shape(rows: int, vocab: int, dtype: torch.dtype, args, timer: Timer, backend: str) -> dict:
     """The timings and the match of one shape (every rank calls it with the same arguments)."""
     rank, world, device = dist.get_rank(), dist.get_world_size(), timer.device
@@ -125,20 +132,20 @@ def one_shape(rows: int, vocab: int, dtype: torch.dtype, args, timer: Timer, bac
     start, stop = shard_bounds(vocab, world, rank)
     shard = logits[:, start:stop].contiguous()
     sizes = [b - a for a, b in (shard_bounds(vocab, world, r) for r in range(world))]
-    calls = {"sharded": lambda: asd.sample(shard, **keys),
-             "local_shard": lambda: sampling.sample(shard, **keys, backend=backend),
+    calls = {f"sharded_{b}": (lambda b=b: asd.sample(shard, **keys, backend=b)) for b in args.sharded}
+    calls |= {"local_shard": lambda: sampling.sample(shard, **keys, backend=backend),
              "gather_sample": lambda: sampling.sample(gather_logits(shard, sizes, world), **keys, backend=backend)}
     row = {"B": rows, "V": vocab, "dtype": str(dtype).removeprefix("torch."), "shard_sizes": sizes}
     for name, call in calls.items():
         row[f"{name}_us"], row[f"{name}_max_us"] = rank0_and_max(timer.median_us(call), device)
     offsets = max(1, math.ceil(args.check_rows / rows))
-    same = sum(int((asd.sample(shard, **keys, offset=k) == sampling.sample(logits, **keys, offset=k,
-                                                                        backend=backend)).sum())
-               for k in range(offsets))
     row["checked_rows"] = offsets * rows
-    row["match"] = same / row["checked_rows"]
-    row["sharded_minus_local_us"] = row["sharded_max_us"] - row["local_shard_max_us"]
-    row["sharded_vs_gather"] = row["sharded_max_us"] / row["gather_sample_max_us"]
+    for b in args.sharded:
+        same = sum(int((asd.sample(shard, **keys, offset=k, backend=b) ==
+                        sampling.sample(logits, **keys, offset=k, backend=backend)).sum()) for k in range(offsets))
+        row[f"match_{b}"] = same / row["checked_rows"]
+        row[f"sharded_{b}_minus_local_us"] = row[f"sharded_{b}_max_us"] - row["local_shard_max_us"]
+        row[f"sharded_{b}_vs_gather"] = row[f"sharded_{b}_max_us"] / row["gather_sample_max_us"]
     return row
 
 
@@ -159,7 +166,7 @@ def plot(result: dict, path: Path) -> None:
     for ax, vocab in zip(axes[0], vocabs):
         pts = sorted((r for r in result["shapes"] if r["V"] == vocab), key=lambda r: r["B"])
         batches = [r["B"] for r in pts]
-        for name in PROVIDERS:
+        for name in providers(tuple(result["sharded_backends"])):
             ax.plot(batches, [r[f"{name}_max_us"] for r in pts], marker="o", ms=3, label=name)
         ax.plot(batches, [r["local_shard_max_us"] + 50 for r in pts], ls="--", color="grey",
                 label="goal: local_shard + 50 us")
@@ -167,8 +174,8 @@ def plot(result: dict, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("rows (B)")
         ax.set_ylabel("us per call (largest rank)")
-        ax.set_title(f"V = {vocab} over {result['world']} ranks; match {min(r['match'] for r in pts):.4f}+",
-                     fontsize=9)
+        match = min(r[f"match_{b}"] for r in pts for b in result["sharded_backends"])
+        ax.set_title(f"V = {vocab} over {result['world']} ranks; match {match:.4f}+", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"anysoftmax.distributed.sample on {result['device']} ({result['dist_backend']}, "
@@ -192,7 +199,8 @@ def run(args) -> dict | None:
         backend = "triton" if cuda else "torch"
         dtype = getattr(torch, args.dtype)
         result = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "dist_backend": dist_backend,
-                  "world": world, "sample_backend": backend, "dtype": args.dtype, "keywords": KEYWORDS,
+                  "world": world, "sample_backend": backend, "sharded_backends": list(args.sharded),
+                  "dtype": args.dtype, "keywords": KEYWORDS,
                   "reps": args.reps, "torch": torch.__version__, "anysoftmax": anysoftmax.__version__,
                   "unit": "us per call (median of reps; *_max_us: the largest rank's)", "shapes": [],
                   "stopped_early": None}
@@ -229,7 +237,16 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=30, help="timed calls per provider and shape")
     p.add_argument("--check-rows", type=int, default=2048, help="rows compared with the whole rows' draw")
     p.add_argument("--budget", type=float, default=180.0, help="seconds after which no shape may end")
+    p.add_argument("--backend", choices=(*SHARDED_BACKENDS, "both"), default=None,
+                   help="distributed.sample's backend (default: both with CUDA, torch on the CPU)")
     args = p.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.quick_cpu
+    chosen = args.backend or ("both" if cuda else "torch")
+    args.sharded = SHARDED_BACKENDS if chosen == "both" else (chosen,)
+    if "triton" in args.sharded and not cuda:
+        from anysoftmax import plugins
+
+        plugins.use_interpreter_if_needed()  # (the Triton kernels on CPU tensors: interpreted, slow)
     if "RANK" not in os.environ:
         p.error("run it under torch.distributed.run (python -m torch.distributed.run --nproc_per_node=N ...)")
     if args.quick_cpu:

@@ -20,6 +20,9 @@ C is the largest top_k in use (k floats per rank and row). top_p without top_k s
 `TOP_P_CANDIDATES` per shard; a row whose top-p set reaches below every shard's candidates (a
 flat distribution) cannot be cut from them: then the second collective gathers the logits
 instead and every rank samples the whole rows (exact; one host read decides it).
+
+``backend="triton"`` draws with the Triton sampler's shard kernels instead (`kernel_sampling`),
+this path serving what they cannot decide.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from .. import sampling
 from ..sampling.reference import scaled_logits, top_n_rows
 from ..sampling.rng import exponential_race, row_words
 from ..sampling.spec import SamplingSpec, check_ids, check_top_n, invalid_keyword_rows
+from . import kernel_sampling
 from .collective import forget_shard_sizes, gather_states, group_rank_and_size, shard_sizes
 
+BACKENDS = (None, "torch", kernel_sampling.KERNEL_BACKEND)  # (None: "torch")
 TOP_P_CANDIDATES = 1024
 _STATES = 4  # max z, sum exp(z - max), NaN/+inf held, count at the max
 _MASK32 = 0xFFFFFFFF
@@ -162,18 +167,42 @@ def _gathered_sample(logits, sizes, world, group, spec, seed, keywords, return_l
 
 
 def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=None, top_p=None, min_p=None,
-           seed=None, offset=0, return_logprobs: bool = False):
+           seed=None, offset=0, return_logprobs: bool = False, backend: str | None = None):
     """One token id per row, the same on every rank of `group`, drawn from the distribution
     `anysoftmax.sampling.probs` gives the whole vocabulary, whose rank-r shard (the global ids
     ``[start_r, start_r + V_r)``, in rank order) is `logits_shard` ``[..., V_r]``: the ids
     `anysoftmax.sampling.sample` draws from the gathered logits for the same seed and offset.
-    Keywords as there (the same on every rank); two small collectives, never the logits."""
+    Keywords as there (the same on every rank); small collectives, never the logits.
+
+    `backend`: None or "torch", the torch-ops path (two collectives); "triton", the Triton
+    sampler's shard kernels (one collective of the scan's workspace prefix, one more without a
+    seed). Those need equal shard sizes and a request the Triton sampler takes; otherwise, and
+    for rows their candidates cannot decide, the torch-ops path draws (the same ids): deciding
+    that reads one value on the host (a synchronisation on a GPU)."""
     who = "anysoftmax.distributed.sample"
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"{who}: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
-    rank, world, sizes, start = _shard(who, logits_shard, group)
+    if backend not in BACKENDS:
+        raise ValueError(f"{who}: backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    shard = _shard(who, logits_shard, group)
     keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, offset=offset)
     spec = SamplingSpec.from_request(who, logits_shard, seed=seed, **keywords)
+    if backend != kernel_sampling.KERNEL_BACKEND or kernel_sampling.refusal(spec, shard[2]) is not None:
+        return _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs)
+    start, sizes = shard[3], shard[2]
+    done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), shard[1], group)
+    ids, lp = done.ids, done.logprobs
+    undecided = ids == kernel_sampling.UNDECIDED
+    if bool(undecided.any()):  # (the host read: every rank reads the same ids, so all take this branch)
+        exact_ids, exact_lp = _torch_sample(who, logits_shard, done.spec, shard, group, keywords, True)
+        ids, lp = torch.where(undecided, exact_ids, ids), torch.where(undecided, exact_lp, lp)
+    return (ids, lp) if return_logprobs else ids
+
+
+def _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs):
+    """The torch-ops path of `sample` (the module's two collectives) for the validated `spec`."""
+    rank, world, sizes, start = shard
+    seed = spec.seed
     vocab, dtype = sum(sizes), spec.compute_dtype
     z, greedy, _ = scaled_logits(logits_shard, spec, dtype)
     words = row_words(spec)

@@ -94,3 +94,23 @@ def test_batch_dims_and_half_precision(one_rank, gen, dtype):
     for got, ref in zip(asd.logprobs(x, pick, top_n=3), sampling.logprobs(x, pick, top_n=3)):
         assert got.shape == ref.shape
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-5)
+
+
+def test_triton_shard_kernels_draw_the_unsharded_ids(tmp_path, seed):
+    """backend="triton" on 2 ranks (the Triton interpreter on the CPU): the gathered sample's ids
+    and the torch-ops path's, the kernels drawing every call they can (see the worker)."""
+    from anysoftmax.testing.distributed import run_ranks
+    from helpers.distributed import kernel_sampler_checks
+
+    run_ranks(kernel_sampler_checks, 2, (2, f"file://{tmp_path}/rendezvous", str(tmp_path / "out"), seed), 240)
+    failures = [line for r in range(2) for line in (tmp_path / f"out.{r}").read_text().splitlines()]
+    assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
+
+
+def test_unknown_backend_is_refused(one_rank, gen):
+    import anysoftmax.distributed as asd
+
+    x = torch.randn(2, 8, generator=gen)
+    for bad in ("tirton", "cute", 3):
+        with pytest.raises(ValueError, match=f"backend must be one of .*{bad!r}"):
+            asd.sample(x, backend=bad)

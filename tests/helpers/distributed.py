@@ -226,3 +226,82 @@ def sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> Non
     with open(f"{out}.{rank}", "w") as f:
         f.write("\n".join(failures))
     dist.destroy_process_group()
+
+
+def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> None:
+    """`anysoftmax.distributed.sample(..., backend="triton")` on equal shards of distinct
+    logits: the ids (the same on every rank) and log-probabilities equal the gathered logits'
+    `anysoftmax.sampling.sample` and the torch-ops path's, for number and per-row keywords,
+    greedy rows, per-row seeds, no seed, a row the candidates cannot decide (the kernels give
+    -2 there and the exact path draws it) and unequal shards (the exact path). Records which
+    calls the kernels drew; writes the failures (one per line) to out.<rank>."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    import anysoftmax.distributed as asd
+    import anysoftmax.sampling as sampling
+    from anysoftmax.distributed import kernel_sampling
+
+    drawn = []  # (ids the kernels returned) per call that took them
+    kernel_draw = kernel_sampling.draw
+    kernel_sampling.draw = lambda *a, **k: drawn.append(kernel_draw(*a, **k)) or drawn[-1]
+    g = torch.Generator().manual_seed(seed)  # (the same on every rank: the same logits)
+    failures = []
+    rows, shard_vocab = 12, 300  # (a chunk of 512 keeps 256 candidates: top-k serves k <= 128)
+    vocab = world * shard_vocab
+    x = _distinct_logits(rows, vocab, g)
+    mine = x[:, rank * shard_vocab:(rank + 1) * shard_vocab]
+
+    def check(what, kernels=True, undecided=0, shard=mine, **kw):
+        drawn.clear()
+        ids, lp = asd.sample(shard, backend="triton", return_logprobs=True, **kw)
+        ops_ids, ops_lp = asd.sample(shard, backend="torch", return_logprobs=True, **kw)
+        want, want_lp = sampling.sample(x, return_logprobs=True, **kw)
+        every = [torch.empty_like(ids) for _ in range(world)]
+        dist.all_gather(every, ids)
+        if not all(torch.equal(e, every[0]) for e in every):
+            failures.append(f"{what}: the ranks returned different ids")
+        if not torch.equal(ids, want) or not torch.equal(ids, ops_ids):
+            failures.append(f"{what}: ids {ids.tolist()}, the gathered sample's {want.tolist()}, the torch-ops "
+                            f"path's {ops_ids.tolist()}")
+        # float32 z = x / temperature reaches a few hundred here: its rounding (2 ulps) bounds the error.
+        t = kw.get("temperature")
+        t_min = float(t[t > 0].min()) if torch.is_tensor(t) and bool((t > 0).any()) else t or 1.0
+        atol = 2e-5 + 2 * 2.0**-23 * float(x.abs().max()) / t_min
+        if not torch.allclose(lp, want_lp, rtol=1e-5, atol=atol) or not torch.allclose(lp, ops_lp, rtol=1e-5,
+                                                                                       atol=atol):
+            failures.append(f"{what}: return_logprobs {lp.tolist()} differ from {want_lp.tolist()}")
+        if kernels != bool(drawn):
+            failures.append(f"{what}: the shard kernels {'did not draw' if kernels else 'drew'}")
+        elif drawn and int((drawn[0].ids == -2).sum()) != undecided:
+            failures.append(f"{what}: {int((drawn[0].ids == -2).sum())} undecided rows, expected {undecided}")
+
+    per_row = dict(temperature=torch.rand(rows, generator=g) + 0.3, top_k=torch.randint(0, 60, (rows,), generator=g),
+                   top_p=torch.rand(rows, generator=g) * 0.8 + 0.2, min_p=torch.rand(rows, generator=g) * 0.05)
+    seeds = torch.randint(-2**62, 2**62, (rows,), generator=g)
+    for name, kw in {"plain": {}, "numbers": dict(temperature=0.8, top_k=9, top_p=0.7, min_p=0.02),
+                     "top_p": dict(top_p=0.6), "per-row": per_row, "greedy": dict(temperature=0.0),
+                     "greedy rows": dict(temperature=torch.tensor([0.0, 1.0] * (rows // 2)), top_k=5)}.items():
+        for s, o in ((11, 0), (seeds, torch.arange(rows)), (5, 3)):
+            check(f"{name} seed={'per-row' if torch.is_tensor(s) else s} offset={o if isinstance(o, int) else 'per-row'}",
+                  seed=s, offset=o, **kw)
+    # top_k above the candidates a chunk keeps: that row alone needs the whole row (-2).
+    wide_k = torch.full((rows,), 4)
+    wide_k[3] = 200
+    check("a row the candidates cannot decide", undecided=1, seed=2, top_k=wide_k, top_p=0.95)
+    # Unequal shards: the exact path, the same ids.
+    if world == 2:
+        cut = shard_vocab + 7
+        check("unequal shards", kernels=False, shard=x[:, :cut] if rank == 0 else x[:, cut:], seed=4, top_k=7)
+    # No seed: every rank draws with rank 0's, which torch.manual_seed reproduces.
+    torch.manual_seed(seed + rank)
+    ids = asd.sample(mine, top_k=6, top_p=0.8, backend="triton")
+    every = [torch.empty_like(ids) for _ in range(world)]
+    dist.all_gather(every, ids)
+    if not all(torch.equal(e, every[0]) for e in every):
+        failures.append("no seed: the ranks returned different ids")
+    if rank == 0:
+        torch.manual_seed(seed)
+        if not torch.equal(ids, sampling.sample(x, top_k=6, top_p=0.8)):
+            failures.append("no seed: not the draw of rank 0's default generator")
+    with open(f"{out}.{rank}", "w") as f:
+        f.write("\n".join(failures))
+    dist.destroy_process_group()
