@@ -144,7 +144,7 @@ class Sampler:
         t, t_stride = _temperature_operand(spec)
         run = self._launchers("logprobs", spec, x, t is not None, t_stride, n_ids)
         out = torch.empty((spec.rows, n_ids), dtype=torch.float32, device=x.device)
-        ids = ids.contiguous()
+        ids = ids if ids.is_contiguous() else ids.contiguous()
         if t is None:
             number = float(spec.temperature)
             scale = 1.0 / number if number > 0 else 1.0
@@ -162,7 +162,8 @@ class Sampler:
     @staticmethod
     def _read(run: _Launchers, x: torch.Tensor, scale) -> torch.Tensor:
         got = run.read(x, Operands(None, None, scale, 1.0))
-        return got[0] if isinstance(got, tuple) else got.reshape(-1)  # (y, p_sink) / lse [rows, 1]
+        # (y, p_sink) / lse [rows, 1]: contiguous, row r at element r as the gather reads it
+        return got[0] if isinstance(got, tuple) else got
 
     def _launchers(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
                    n_ids: int = 0) -> _Launchers:
