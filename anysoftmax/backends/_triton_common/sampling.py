@@ -336,7 +336,8 @@ def _select(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | N
     """Run pass 1 and the select of `op` on the rows `x`, writing `outs` (out_i, out_f, out_f2,
     ids; None where absent): (bound launchers, workspace, keyword tensors, floats, ints)."""
     tensors, floats, ints = _keyword_call(spec, with_seed=with_seed)
-    bound = _launchers(op, spec, x, plan, tensors=(*outs, *extra, *tensors), **shape)
+    # (`outs` are fresh allocations, aligned, present as `op`, top_n and n_ids say: keyed by those)
+    bound = _launchers(op, spec, x, plan, tensors=(*extra, *tensors), **shape)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=x.device)
     bound.scan((x, ws, *outs, *tensors), floats, ints)
     if bound.select is not None:
