@@ -27,7 +27,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 from anysoftmax import sampling  # noqa: E402
-from anysoftmax.backends._triton_common import launcher, sampling as triton_sampling  # noqa: E402
+from anysoftmax.backends._triton_common import launcher, logsumexp, sampling as triton_sampling  # noqa: E402
+from anysoftmax.backends._triton_common import sampling_one_read as one_read  # noqa: E402
 from benchmarks.hit_path_cpu import _Compiled  # noqa: E402
 
 
@@ -46,8 +47,9 @@ def per_call_us(f, n: int) -> float:
 
 
 def _recording_binds():
-    """Patch the sampler's `bind_kernel` so that each launcher it binds records its first call's
-    arguments: [(launcher, args)] filled as requests run."""
+    """Patch `bind_kernel` where the sampler's launches are bound (the scan and select, the one
+    read's small kernels, the softmax and logsumexp it reads through) so that each launcher
+    records its first call's arguments: [(launcher, args)] filled as requests run."""
     seen: list = []
     real = launcher.bind_kernel
 
@@ -62,7 +64,8 @@ def _recording_binds():
             return launch(args, values, per_call)
         run.binding, run.state, run.prime = launch.binding, launch.state, launch.prime
         return run
-    triton_sampling.bind_kernel = bind
+    for module in (launcher, triton_sampling, one_read, logsumexp):
+        module.bind_kernel = bind
     return seen
 
 

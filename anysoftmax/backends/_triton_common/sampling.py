@@ -152,42 +152,12 @@ def _word_pair(value: int) -> tuple[int, int]:
     return lo - (1 << 32) if lo >= 1 << 31 else lo, hi - (1 << 32) if hi >= 1 << 31 else hi
 
 
-def _keyword_tensors(spec: SamplingSpec, names: tuple[str, ...]) -> tuple[tuple, int]:
-    """(tensors, flags): each keyword of `names` as a contiguous float32 / int64 tensor or None
-    (a number), and the flag bits saying which are tensors and which hold one value per row."""
-    flags, out = 0, []
-    for name in names:
-        v = spec.seed if name == "seed" else getattr(spec, name)
-        if isinstance(v, torch.Tensor):
-            dtype = torch.int64 if name in ("top_k", "seed", "offset") else torch.float32
-            # (checked first: a conversion that returns its input still costs ~1 us a call)
-            v = v if v.dtype == dtype else v.to(dtype)
-            v = v if v.is_contiguous() else v.contiguous()
-            flags |= (1 | (2 if v.dim() else 0)) << KEYWORD_BITS[name]
-            out.append(v)
-        else:
-            out.append(None)
-    return tuple(out), flags
-
-
 def _seed_value(spec: SamplingSpec):
     """The seed the kernels use: the request's, or one drawn on the device from torch's default
     generator (advancing it, as `torch.multinomial` does; no host synchronisation)."""
     if spec.seed is None:
         return torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=spec.device)
     return spec.seed
-
-
-def _call_values(spec: SamplingSpec, seed) -> tuple[tuple, tuple]:
-    """(floats, per-call integers) of `scan_kernel` / `select_kernel` for `spec`."""
-    def number(name, off):
-        v = getattr(spec, name)
-        return off if isinstance(v, torch.Tensor) else v
-    top_k = number("top_k", 0)
-    seed_words = (0, 0) if isinstance(seed, torch.Tensor) else _word_pair(seed)
-    off_words = (0, 0) if isinstance(spec.offset, torch.Tensor) else _word_pair(spec.offset)
-    floats = (float(number("temperature", 1.0)), float(number("top_p", 1.0)), float(number("min_p", 0.0)))
-    return floats, (min(int(top_k), INT32_MAX), *seed_words, *off_words)
 
 
 # ---- bound launchers -----------------------------------------------------------------------------
@@ -299,7 +269,9 @@ def _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab
 
 def rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     """The logits as [rows, V] with unit stride along V (a copy only when they have none)."""
-    x = logits.detach().reshape(spec.rows, spec.vocab)
+    # (each step only where it does something: a no-op detach or reshape still costs ~1 us a call)
+    x = logits.detach() if logits.requires_grad else logits
+    x = x if x.dim() == 2 else x.reshape(spec.rows, spec.vocab)
     return x if x.stride(-1) == 1 or spec.vocab == 1 else x.contiguous()
 
 
@@ -311,33 +283,52 @@ def _aligned(*tensors) -> tuple:
 def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, top_n: int = 0,
                n_ids: int = 0, tensors: tuple = (), vocab_start: int = 0, vocab_total: int | None = None,
                fused: bool | None = None) -> Bound:
-    plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
-    fused = plan.fused if fused is None else fused
     vocab_total = spec.vocab if vocab_total is None else vocab_total
+    # (no plan given: the key holds None, `plan_for`'s plan being fixed by the rows, vocabulary
+    # and device keyed beside it; hashing a plan costs ~1 us a lookup)
     key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
            fused, _aligned(x, *tensors))
-    return _bound.get(key, lambda: _bind(op, spec, plan, x.stride(0), top_n, n_ids, vocab_start, vocab_total, fused,
-                                         x.device))
+
+    def bind() -> Bound:
+        chosen = plan or plan_for(spec.rows, spec.vocab, x.device)
+        return _bind(op, spec, chosen, x.stride(0), top_n, n_ids, vocab_start, vocab_total,
+                     chosen.fused if fused is None else fused, x.device)
+    return _bound.get(key, bind)
 
 
 # ---- the API's functions ------------------------------------------------------------------------------
 
+# The keyword operands in the kernels' order: (name, the dtype the kernels read a tensor of, the
+# shift of its flag bits); seed and offset only for `sample`.
+KEYWORD_OPERANDS = tuple((name, torch.int64 if name in ("top_k", "seed", "offset") else torch.float32,
+                          KEYWORD_BITS[name]) for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset"))
+
+
 def _keyword_call(spec: SamplingSpec, with_seed: bool):
-    """(keyword tensors t, k, p, mp, seed, off, floats, per-call integers with the flags)."""
-    seed = _seed_value(spec) if with_seed else 0
-    spec_seeded = spec if not with_seed or spec.seed is not None else _with_seed(spec, seed)
-    names = ("temperature", "top_k", "top_p", "min_p", "seed", "offset") if with_seed else \
-        ("temperature", "top_k", "top_p", "min_p")
-    tensors, flags = _keyword_tensors(spec_seeded, names)
+    """(keyword tensors t, k, p, mp, seed, off, floats, per-call integers with the flags): one
+    pass over the keywords (each call pays it: no intermediate request is built)."""
+    values = [spec.temperature, spec.top_k, spec.top_p, spec.min_p]
+    if with_seed:
+        values += (_seed_value(spec), spec.offset)
+    flags, tensors = 0, []
+    for (name, dtype, bit), v in zip(KEYWORD_OPERANDS, values):
+        if isinstance(v, torch.Tensor):
+            # (checked first: a conversion that returns its input still costs ~1 us a call)
+            v = v if v.dtype == dtype else v.to(dtype)
+            v = v if v.is_contiguous() else v.contiguous()
+            flags |= (3 if v.dim() else 1) << bit
+            tensors.append(v)
+        else:
+            tensors.append(None)
+    t, k, p, mp = values[:4]
+    floats = (1.0 if tensors[0] is not None else float(t), 1.0 if tensors[2] is not None else float(p),
+              0.0 if tensors[3] is not None else float(mp))
+    top_k = 0 if tensors[1] is not None else min(int(k), INT32_MAX)
     if not with_seed:
-        tensors = (*tensors, None, None)
-    floats, ints = _call_values(spec_seeded, spec_seeded.seed if with_seed else 0)
-    return tensors, floats, (*ints, flags)
-
-
-def _with_seed(spec: SamplingSpec, seed: torch.Tensor) -> SamplingSpec:
-    from dataclasses import replace
-    return replace(spec, seed=seed)
+        return (*tensors, None, None), floats, (top_k, 0, 0, 0, 0, flags)
+    seed_words = (0, 0) if tensors[4] is not None else _word_pair(values[4])
+    off_words = (0, 0) if tensors[5] is not None else _word_pair(values[5])
+    return tuple(tensors), floats, (top_k, *seed_words, *off_words, flags)
 
 
 def _select(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, outs: tuple,
@@ -345,7 +336,8 @@ def _select(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | N
     """Run pass 1 and the select of `op` on the rows `x`, writing `outs` (out_i, out_f, out_f2,
     ids; None where absent): (bound launchers, workspace, keyword tensors, floats, ints)."""
     tensors, floats, ints = _keyword_call(spec, with_seed=with_seed)
-    bound = _launchers(op, spec, x, plan, tensors=(*outs, *extra, *tensors), **shape)
+    # (`outs` are fresh allocations, aligned, present as `op`, top_n and n_ids say: keyed by those)
+    bound = _launchers(op, spec, x, plan, tensors=(*extra, *tensors), **shape)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=x.device)
     bound.scan((x, ws, *outs, *tensors), floats, ints)
     if bound.select is not None:
@@ -357,23 +349,22 @@ def sample(spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = Fal
            plan: SamplingPlan | None = None):
     """int64 token ids of shape ``logits.shape[:-1]`` drawn as `spec` says (and their float32
     log-probabilities under the distribution drawn from)."""
-    device = logits.device
-    ids = torch.empty(spec.rows, dtype=torch.int64, device=device)
-    lp = torch.empty(spec.rows, dtype=torch.float32, device=device)
+    # (allocated in the batch's shape: contiguous, so row r is element r, and no reshape a call)
+    ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=logits.device)
+    lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=logits.device)
     if spec.rows:
         _select("sample", spec, rows_view(logits, spec), plan, (ids, lp, None, None), with_seed=True)
-    ids = ids.reshape(spec.batch_shape)
-    return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
+    return (ids, lp) if return_logprobs else ids
 
 
 def probs(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None = None) -> torch.Tensor:
     """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
-    y = torch.empty((spec.rows, spec.vocab), dtype=torch.float32, device=logits.device)
+    y = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # (contiguous: [rows, V] rows)
     if spec.rows:
         x = rows_view(logits, spec)
         bound, ws, tensors, floats, ints = _select("probs", spec, x, plan, (None,) * 4, with_seed=False)
         bound.second((x, ws, y, tensors[0]), floats[:1], ints[-1:])
-    return y.reshape(logits.shape)
+    return y
 
 
 def logprobs(spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
@@ -383,8 +374,8 @@ def logprobs(spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n:
     device = logits.device
     n_ids = ids.shape[-1]
     out = torch.empty((spec.rows, n_ids), dtype=torch.float32, device=device)
-    values = torch.empty((spec.rows, top_n), dtype=torch.float32, device=device)
-    top_ids = torch.empty((spec.rows, top_n), dtype=torch.int64, device=device)
+    values = torch.empty((spec.rows, top_n), dtype=torch.float32, device=device) if top_n else None
+    top_ids = torch.empty((spec.rows, top_n), dtype=torch.int64, device=device) if top_n else None
     if spec.rows:
         # (empty operands are stood in for: a kernel never gets a pointer to nothing)
         ids = ids.contiguous() if n_ids else None
