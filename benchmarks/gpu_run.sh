@@ -4,6 +4,7 @@
 # torch and triton:
 #   bash benchmarks/gpu_run.sh smoke      # a few requests per kernel path + the latency benchmark
 #   bash benchmarks/gpu_run.sh tests      # pytest -m gpu (the whole GPU suite)
+#   bash benchmarks/gpu_run.sh tests_split  # the same in parallel groups on 2 GPUs (pytest-xdist)
 #   bash benchmarks/gpu_run.sh fwd|bwd    # the bandwidth benchmark (peers that import are included)
 #   bash benchmarks/gpu_run.sh fuzz BACKEND [CALLS] [CHUNK]   # the call-sequence fuzzer on cuda in runs of
 #        CHUNK calls, seeds 1, 2, ...: each run a fresh process; one summary $OUT/fuzz_BACKEND.json
@@ -51,6 +52,21 @@ EOF
   tests)
     [ $# -eq 0 ] && set -- tests
     "$PY" -m pytest -m gpu -q -p no:cacheprovider --timeout=900 "$@" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
+    ;;
+  tests_split)  # the whole GPU suite in about 6 minutes on a host of 2 GPUs (pytest-xdist workers):
+    # the conformance kit and the cross-checked backends on GPU 0, every other GPU test on GPU 1,
+    # then the memory-hungry files alone (cute's tests need the DSL: cute_gpu_run.sh dsl/site)
+    serial="tests/api/test_huge.py tests/api/test_memory.py tests/api/test_concurrency.py"
+    first="tests/testing/test_conformance.py tests/backends/wave tests/backends/triton_ascend tests/sampling"
+    rest=$(find tests -name 'test_*.py' | sort | grep -v -F -e tests/testing/test_conformance.py \
+      -e tests/backends/wave/ -e tests/backends/triton_ascend/ -e tests/sampling/ -e test_huge.py -e test_memory.py \
+      -e test_concurrency.py)
+    run="$PY -m pytest -m gpu -v -p no:cacheprovider --timeout=300 -rfE -n ${WORKERS:-12}"
+    CUDA_VISIBLE_DEVICES=0 $run $first > "$OUT/gpu_tests_first.txt" 2>&1 &
+    CUDA_VISIBLE_DEVICES=${SECOND_GPU:-1} $run $rest > "$OUT/gpu_tests_rest.txt" 2>&1
+    wait
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider --timeout=300 $serial > "$OUT/gpu_tests_serial.txt" 2>&1
+    for f in "$OUT"/gpu_tests_{first,rest,serial}.txt; do echo "== $f"; grep -E "^(FAILED|ERROR)" "$f"; tail -1 "$f"; done
     ;;
   fwd|bwd)
     flag=""; [ "$stage" = bwd ] && flag="--bwd"
