@@ -189,23 +189,6 @@ def test_refusals_name_the_reason():
         triton_logprobs(torch.randn(2, 300), torch.zeros(2, 1, dtype=torch.int64), top_n=200)
 
 
-@pytest.mark.gpu
-def test_backend_none_runs_the_triton_sampler_on_cuda(monkeypatch):
-    """The automatic choice's mechanism, with triton as `AUTOMATIC` (not yet shipped so)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from anysoftmax.sampling import api
-
-    monkeypatch.setattr(api, "AUTOMATIC", "triton")
-    calls = []
-    real = triton_sampling.sample
-    monkeypatch.setattr(triton_sampling, "sample", lambda *a, **k: calls.append(1) or real(*a, **k))
-    x = torch.randn(4, 1000, device="cuda")
-    assert torch.equal(sampling.sample(x, top_k=5, seed=2), sampling.sample(x, top_k=5, seed=2, backend="torch"))
-    assert calls == [1]
-    assert sampling.sample(x.double(), seed=2).shape == (4,) and calls == [1]  # float64: the torch sampler
-
-
 def test_out_of_range_per_row_values_give_invalid_rows():
     """On an accelerator the host never reads per-row values, so the kernels check them: a row
     with an out-of-range value is invalid (NaN probabilities, id -1), the others unchanged.

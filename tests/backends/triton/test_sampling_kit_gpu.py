@@ -1,5 +1,6 @@
-"""The kit's whole sampler section against the Triton sampler on a CUDA GPU (the interpreter runs
-all but the checks that draw thousands of rows: test_sampling_kernels.py)."""
+"""The Triton sampler on a CUDA GPU: the kit's whole sampler section (the interpreter runs all but
+the checks that draw thousands of rows: test_sampling_kernels.py) and the automatic choice's
+mechanism."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from anysoftmax import sampling
+from anysoftmax.backends._triton_common import sampling as sampler_kernels
 from anysoftmax.testing.sampling import check_sampler
 
 pytestmark = pytest.mark.gpu
@@ -21,3 +23,19 @@ def test_the_whole_kit_sampler_section_on_the_gpu():
                            functools.partial(sampling.probs, backend="triton"),
                            functools.partial(sampling.logprobs, backend="triton"), device="cuda", name="triton")
     assert report.ok  # (check_sampler raises with the report's text when a check fails)
+
+
+def test_backend_none_runs_the_triton_sampler_on_cuda(monkeypatch):
+    """The automatic choice's mechanism, with triton as `AUTOMATIC` (not yet shipped so)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
+    from anysoftmax.sampling import api
+
+    monkeypatch.setattr(api, "AUTOMATIC", "triton")
+    calls = []
+    real = sampler_kernels.sample
+    monkeypatch.setattr(sampler_kernels, "sample", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(4, 1000, device="cuda")
+    assert torch.equal(sampling.sample(x, top_k=5, seed=2), sampling.sample(x, top_k=5, seed=2, backend="torch"))
+    assert calls == [1]
+    assert sampling.sample(x.double(), seed=2).shape == (4,) and calls == [1]  # float64: the torch sampler

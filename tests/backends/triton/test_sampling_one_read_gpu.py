@@ -34,7 +34,7 @@ def _logits(dtype) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_read_paths_and_the_top_k_select_on_the_gpu(dtype):
     if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+        pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
     x = _logits(dtype)
     t = torch.tensor([0.7, 0.0, 1.3, 1.0, 0.9, 0.6], device="cuda")
     y = sampling.probs(x, temperature=t, backend="triton")
