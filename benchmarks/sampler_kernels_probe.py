@@ -13,8 +13,12 @@ warm-ups) of every kernel a call launches, for:
 * `probs_all`: `probs` with the three filters as numbers;
 * `logprobs1` / `lp_top20`: `logprobs` of one id per row, and with top_n = 20;
 * `lse`: `anysoftmax.logsumexp(x, -1)` (one read); `copy`: read the logits, write float32;
-* bfloat16 at V = 128256 only: `sample` with the select as its own launch (`unfused`) and
-  with one scan program per multiprocessor (`1/SM`), through the module functions' `plan=`.
+* bfloat16 at V = 128256 only: `sample` with the select as its own launch (`unfused`), with one
+  scan program per multiprocessor (`1/SM`), with smaller chunks (`c4096` at 8 warps, `c2048` at
+  4 warps, both unfused), through the module functions' `plan=`; and `sample` with one filter
+  at a time (`s_plain`: temperature only, `s_topk`, `s_topp`, `s_minp`).
+
+At the end, the registers, spills and shared memory of every scan and select kernel compiled.
 
 Stops adding shapes after `--budget` seconds (compiles included) and says so. Prints one line
 per measurement and writes the rows as JSON with `--out`. Needs a CUDA GPU (exits 2 without).
@@ -84,10 +88,39 @@ def calls(dtype, rows: int, vocab: int) -> dict:
         spec = SamplingSpec.from_request("sample", x, **keys, seed=seeds)
         base = triton_sampling.plan_for(rows, vocab, x.device)
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        for name, plan in (("sample_unfused", dataclasses.replace(base, fused=False)),
-                           ("sample_1/SM", dataclasses.replace(base, grid=max(1, min(base.grid, sms))))):
+        variants = [("sample_unfused", dataclasses.replace(base, fused=False)),
+                    ("sample_1/SM", dataclasses.replace(base, grid=max(1, min(base.grid, sms))))]
+        for chunk, warps in ((4096, 8), (2048, 4)):
+            groups = -(-vocab // chunk)
+            g2 = 1 << (groups - 1).bit_length()
+            slots = min(256, max(32, 1 << ((4096 // g2).bit_length() - 1)))
+            variants.append((f"sample_c{chunk}", dataclasses.replace(base, chunk=chunk, slots=slots, num_warps=warps,
+                                                                      fused=False)))
+        for name, plan in variants:
             made[name] = lambda plan=plan: triton_sampling.sample(spec, x, plan=plan)
+        made["s_plain"] = lambda: sampling.sample(x, temperature=t, seed=seeds, backend="triton")
+        made["s_topk"] = lambda: sampling.sample(x, temperature=t, top_k=50, seed=seeds, backend="triton")
+        made["s_topp"] = lambda: sampling.sample(x, temperature=t, top_p=0.9, seed=seeds, backend="triton")
+        made["s_minp"] = lambda: sampling.sample(x, temperature=t, min_p=0.05, seed=seeds, backend="triton")
     return made
+
+
+def compiled_kernels() -> list[dict]:
+    """Registers, spills and shared memory of every sampler kernel Triton compiled here."""
+    from anysoftmax.backends._triton_common import sampling_kernels as k
+
+    found = []
+    for fn in (k.scan_kernel, k.select_kernel, k.probs_kernel):
+        for cache in getattr(fn, "device_caches", {}).values():
+            kernels = cache[0] if isinstance(cache, tuple) else cache
+            for compiled in getattr(kernels, "values", lambda: [])():
+                meta = compiled.metadata
+                consts = {k2: v for k2, v in getattr(compiled.src, "constexprs", {}).items()} \
+                    if hasattr(compiled, "src") else {}
+                found.append(dict(kernel=fn.__name__, n_regs=getattr(compiled, "n_regs", None),
+                                  n_spills=getattr(compiled, "n_spills", None), shared=getattr(meta, "shared", None),
+                                  num_warps=getattr(meta, "num_warps", None), constexprs=str(consts)[:200]))
+    return found
 
 
 def main(argv=None) -> int:
@@ -120,10 +153,16 @@ def main(argv=None) -> int:
                                  kernels=times))
             print(f"{str(dtype)[6:]:9s} B={rows:4d} V={vocab} {name:15s} total {total:8.1f}us  " +
                   "  ".join(f"{k}={v:.1f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1])[:4]), flush=True)
+    try:
+        kernels = compiled_kernels()
+    except Exception as exc:  # (Triton's caches are not a public interface: report, go on)
+        kernels = [dict(error=f"{type(exc).__name__}: {exc}")]
+    for entry in kernels:
+        print(entry, flush=True)
     print(f"elapsed {time.perf_counter() - start:.0f} s", flush=True)
     if a.out is not None:
-        a.out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), stopped_early=stopped, rows=rows_out),
-                                    indent=1))
+        a.out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), stopped_early=stopped, rows=rows_out,
+                                         kernels=kernels), indent=1))
     return 0
 
 
