@@ -21,8 +21,8 @@ C is the largest top_k in use (k floats per rank and row). top_p without top_k s
 flat distribution) cannot be cut from them: then the second collective gathers the logits
 instead and every rank samples the whole rows (exact; one host read decides it).
 
-``backend="triton"`` draws with the Triton sampler's shard kernels instead (`kernel_sampling`),
-this path serving what they cannot decide.
+On CUDA/ROCm logits (and with ``backend="triton"``) the Triton sampler's shard kernels draw
+instead (`kernel_sampling`), this path serving what they cannot decide.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..sampling.spec import SamplingSpec, check_ids, check_top_n, invalid_keywor
 from . import kernel_sampling
 from .collective import forget_shard_sizes, gather_states, group_rank_and_size, shard_sizes
 
-BACKENDS = (None, "torch", kernel_sampling.KERNEL_BACKEND)  # (None: "torch")
+BACKENDS = (None, "torch", kernel_sampling.KERNEL_BACKEND)  # (None: the kernels on CUDA/ROCm logits)
 TOP_P_CANDIDATES = 1024
 _STATES = 4  # max z, sum exp(z - max), NaN/+inf held, count at the max
 _MASK32 = 0xFFFFFFFF
@@ -174,11 +174,12 @@ def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=No
     `anysoftmax.sampling.sample` draws from the gathered logits for the same seed and offset.
     Keywords as there (the same on every rank); small collectives, never the logits.
 
-    `backend`: None or "torch", the torch-ops path (two collectives); "triton", the Triton
-    sampler's shard kernels (one collective of the scan's workspace prefix, one more without a
-    seed). Those need equal shard sizes and a request the Triton sampler takes; otherwise, and
-    for rows their candidates cannot decide, the torch-ops path draws (the same ids): deciding
-    that reads one value on the host (a synchronisation on a GPU)."""
+    `backend`: "torch", the torch-ops path (two collectives); "triton", the Triton sampler's
+    shard kernels (one collective of the scan's workspace prefix, one more without a seed);
+    None, the shard kernels on CUDA/ROCm logits and the torch-ops path elsewhere. The kernels
+    need equal shard sizes and a request the Triton sampler takes; otherwise, and for rows their
+    candidates cannot decide, the torch-ops path draws (the same ids): deciding that reads one
+    value on the host (a synchronisation on a GPU)."""
     who = "anysoftmax.distributed.sample"
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"{who}: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
@@ -187,7 +188,8 @@ def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=No
     shard = _shard(who, logits_shard, group)
     keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, offset=offset)
     spec = SamplingSpec.from_request(who, logits_shard, seed=seed, **keywords)
-    if backend != kernel_sampling.KERNEL_BACKEND or kernel_sampling.refusal(spec, shard[2]) is not None:
+    kernels = backend == kernel_sampling.KERNEL_BACKEND or (backend is None and spec.device.type == "cuda")
+    if not kernels or kernel_sampling.refusal(spec, shard[2]) is not None:
         return _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs)
     start, sizes = shard[3], shard[2]
     done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), shard[1], group)

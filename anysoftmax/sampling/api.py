@@ -23,10 +23,9 @@ from ..core.errors import BackendUnavailableError, UnsupportedRequestError
 from . import torch_sampler
 from .spec import SamplingSpec, SpecForm, check_top_n, form_key, ids_reader
 
-# The backend `backend=None` tries first on accelerator logits: none yet. The Triton sampler
-# becomes the automatic choice once it has passed the kit's sampler section on a GPU
-# (tests/backends/triton/test_sampling_kit_gpu.py, `-m gpu`); until then it runs when named.
-AUTOMATIC: str | None = None
+# The backend `backend=None` tries first on CUDA/ROCm logits: the Triton sampler, which passes the
+# kit's sampler section on a GPU (tests/backends/triton/test_sampling_kit_gpu.py, `-m gpu`).
+AUTOMATIC: str | None = "triton"
 _adapted: dict = {}  # (registry generation, name) -> the backend as a `Backend`
 # A request's key -> (its SpecForm, its implementation[, its ids reader]).
 _requests: BoundedDict = BoundedDict(maxsize=512)

@@ -5,10 +5,12 @@ kernels and the algorithm: `sampling_kernels.py`; the semantics: docs/sampling.m
 (A backend hands these functions out through `sampling_one_read.Sampler`, which sends requests
 that need no filter to one read of the softmax or logsumexp kernel instead.)
 
-One launch for `sample` and `logprobs` (the scan, each row's select run by its last chunk to
-arrive: `SamplingPlan.fused`), two for `probs` (the same, then the pass that writes the row);
-without `fused`, the select is a launch of its own (`select_kernel`), the form a sharded
-vocabulary uses (`scan_shard`, `select_shards`). Nothing reads a device value on the host.
+Two launches for `sample` and `logprobs` (the scan, then the select of each row,
+`select_kernel`: the form a sharded vocabulary uses too, `scan_shard`, `select_shards`), three
+for `probs` (then the pass that writes the row). `SamplingPlan.fused` runs each row's select in
+the scan's launch instead (its last chunk to arrive): one launch less, but the scan then
+carries the select's registers (NVIDIA H200, bf16, V = 128256: `sample` 1.2-2.4x slower, B = 1
+to 512, benchmarks/results/NVIDIA_H200/sampler_kernels_probe.txt). Nothing reads a device value on the host.
 
 Per-call values (the keywords given as numbers, the seed and offset as 32-bit words, which
 keywords come from tensors) are kernel arguments, never compiled in: a new temperature or seed
@@ -59,7 +61,7 @@ class SamplingPlan:
     grid: int
     num_warps: int = 8
     select_warps: int = 8
-    fused: bool = True
+    fused: bool = False
     tile: int = 1024
 
     def chunks(self, vocab: int) -> int:

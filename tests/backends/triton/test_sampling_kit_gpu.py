@@ -26,12 +26,9 @@ def test_the_whole_kit_sampler_section_on_the_gpu():
 
 
 def test_backend_none_runs_the_triton_sampler_on_cuda(monkeypatch):
-    """The automatic choice's mechanism, with triton as `AUTOMATIC` (not yet shipped so)."""
+    """The automatic choice: the Triton sampler for CUDA logits, the torch sampler for what it refuses."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
-    from anysoftmax.sampling import api
-
-    monkeypatch.setattr(api, "AUTOMATIC", "triton")
     calls = []
     real = sampler_kernels.sample
     monkeypatch.setattr(sampler_kernels, "sample", lambda *a, **k: calls.append(1) or real(*a, **k))
