@@ -248,23 +248,23 @@ def _chunk_threshold(z, n_fin, m_c, need, CAP: tl.constexpr):
     """(t, total): a threshold with total = count(z >= t, finite) >= min(need, n_fin), and
     <= CAP unless ties at one value forbid it (then total > CAP and every z > t numbers fewer
     than `need`). t = -inf when every finite z fits. Bisection on the values held in
-    registers (`_narrow`): each step is one compare-and-count over the chunk."""
+    registers (`_narrow`, z as a 2-D block): each step is one compare-and-count over the chunk."""
     need = tl.minimum(need, n_fin)
     t = tl.full((), float("-inf"), tl.float32)
     total = n_fin
     if n_fin > CAP:
         fin = z > float("-inf")
-        t, total = _narrow(z[None, :], fin[None, :], need, tl.min(tl.where(fin, z, float("inf"))), m_c, CAP)
+        t, total = _narrow(z, fin, need, tl.min(tl.where(fin, z, float("inf"))), m_c, CAP)
     return t, total
 
 
 @triton.jit
 def _group_bound(z, need, CHUNK: tl.constexpr, NG: tl.constexpr):
-    """A lower bound of the chunk's `need`-th largest z (need <= NG): the need-th largest of
-    the maxima of NG runs of CHUNK / NG elements (need runs hold a z at least that large);
+    """A lower bound of the chunk's `need`-th largest z (need <= NG), z held as [NG runs, run
+    length]: the need-th largest of the runs' maxima (need runs hold a z at least that large);
     the need-th largest of NG values by an outer comparison (rank = how many are strictly
     larger), not by a search over the chunk."""
-    gm = tl.max(tl.reshape(z, (NG, CHUNK // NG)), 1)
+    gm = tl.max(z, 1)
     rank = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), 1)
     return tl.min(tl.where(rank < need, gm, float("inf")))
 
@@ -295,15 +295,19 @@ def _write_candidates(z, cols, x_row, lo, vocab, vocab_start, inv_t, t, total, c
                       CHUNK: tl.constexpr, SUB: tl.constexpr):
     """Write (z, global index) of the chunk's finite z >= t (in index order); past CAP, the
     z > t first, then the lowest-index ties at t. Returns how many were written. The usual
-    case (at most CAP) scatters straight from the chunk's registers `z` (columns `cols`): one
-    scan for the positions, no second read. Past CAP, SUB elements at a time, re-read from
-    L1/L2 and scaled as the chunk was (the same z bit for bit), in two ordered sweeps."""
+    case (at most CAP) scatters straight from the chunk's registers (`z`, `cols`: [runs,
+    run length], row-major): each element's position is its run's offset (a scan over the
+    runs' counts) plus its rank within the run (a scan inside a thread's registers), cheaper
+    than one scan over the whole chunk (NVIDIA H200: the scan kernel 602 -> 434 us at 512 rows
+    of 128256 bf16 logits). Past CAP, SUB elements at a time, re-read from L1/L2 and scaled
+    as the chunk was (the same z bit for bit), in two ordered sweeps."""
     n = total * 0
     if total <= CAP:
-        sel = (z > float("-inf")) & (z >= t)
-        pos = tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(cz_ptr + pos, z.to(tl.int32, bitcast=True), mask=sel)
-        tl.store(ci_ptr + pos, vocab_start + cols, mask=sel)
+        sel = ((z > float("-inf")) & (z >= t)).to(tl.int32)
+        per = tl.sum(sel, 1)
+        pos = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(sel, 1) - 1
+        tl.store(cz_ptr + pos, z.to(tl.int32, bitcast=True), mask=sel != 0)
+        tl.store(ci_ptr + pos, vocab_start + cols, mask=sel != 0)
         n = total
     else:
         for s0 in range(0, CHUNK, SUB):
@@ -334,10 +338,12 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
     the chunk's z held in registers: the candidates' scatter, the greedy argmax and the plain
     race read nothing again (NVIDIA H200: re-reading the chunk in tiles from L2 cost 20-27 %
     of the scan, each tile's load a dependent round trip)."""
-    NG: tl.constexpr = CHUNK if CHUNK < 128 else 128  # groups of `_group_bound`
+    # The chunk as [NG runs, run length] (row-major): the runs' maxima bound the candidates'
+    # threshold and their counts place the candidates, with no reshape of the block.
+    NG: tl.constexpr = CHUNK if CHUNK < 128 else 128
     x_row = x_ptr + row.to(tl.int64) * xs
     lo = c * CHUNK
-    cols = lo + tl.arange(0, CHUNK)
+    cols = lo + (tl.arange(0, NG)[:, None] * (CHUNK // NG) + tl.arange(0, CHUNK // NG)[None, :])
     z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
     m_c = tl.max(z)  # (a bad row's statistics are never used)
     m_sub = tl.where(m_c > float("-inf"), tl.where(m_c < float("inf"), m_c, 0.0), 0.0)
