@@ -662,17 +662,19 @@ def _row_search(x_row, inv_t, vocab, m, floor, k, target, lo, hi, n_lo, s_lo, TI
 
 @triton.jit
 def _row_min_p(x_row, inv_t, vocab, m, mp, TILE: tl.constexpr):
-    """One read: (the smallest key of a finite z with exp(z - m) >= mp, the mass of those z).
-    exp is monotone, so they are the z with key >= that key."""
+    """One read: (the smallest key of a finite z with exp(z - m) >= mp, the count and mass of
+    those z). exp is monotone, so they are the z with key >= that key."""
     h = tl.full((), BIG_ID, tl.int32)
+    n = tl.full((), 0, tl.int32)
     s = tl.full((), 0.0, tl.float32)
     for start in tl.range(0, vocab, TILE):
         cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
         w = tl.exp(z - m)
         kept = (z > float("-inf")) & (w >= mp)
         h = tl.minimum(h, tl.min(tl.where(kept, _key(z), BIG_ID)))
+        n += tl.sum(kept.to(tl.int32))
         s += tl.sum(tl.where(kept, w, 0.0))
-    return h, s
+    return h, n, s
 
 
 @triton.jit
@@ -694,29 +696,43 @@ def _row_race(x_row, inv_t, vocab, vocab_start, h, seed, stream, off_lo, off_hi,
 
 @triton.jit
 def _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE: tl.constexpr):
-    """(h, mass of the kept set {key >= h}) of a row from the whole row, exact: top-k's k-th
-    key, then top-p's cut over its survivors (each a `_row_search` of a few reads), min-p's in
-    one read; h the largest of the three (the intersection of their sets)."""
-    h = tl.full((), KEY_NONE, tl.int32)
+    """(h, mass of the kept set {key >= h}) of a row from the whole row, exact: min-p's cut in
+    one read, top-k's k-th key and top-p's cut over its survivors each by `_row_search` (a few
+    reads; skipped where min-p's cut decides); h the largest of the three (the intersection of
+    their sets)."""
+    h_m = tl.full((), KEY_NONE, tl.int32)
+    n_m = n_fin
+    mass_m = mass
+    if mp > 0.0:
+        h_m, n_m, mass_m = _row_min_p(x_row, inv_t, vocab, m, mp, TILE)
+    h_k = tl.full((), KEY_NONE, tl.int32)
     n_k = n_fin
     mass_k = mass
     top = _key(m).to(tl.int64) + 1  # (no finite z has a key this large)
-    if (k_on > 0) & (n_fin > k_on):
-        h, n_k, mass_k = _row_search(x_row, inv_t, vocab, m, KEY_NONE, k_on, mass * 0.0,
-                                     tl.full((), KEY_NEG_INF, tl.int64), top, n_fin, mass, TILE)
-    kept_mass = mass_k
+    # (without top-p, a top-k keeping every z min-p keeps changes nothing)
+    if (k_on > 0) & (n_fin > k_on) & ((p < 1.0) | (n_m > k_on)):
+        h_k, n_k, mass_k = _row_search(x_row, inv_t, vocab, m, KEY_NONE, k_on, mass * 0.0,
+                                       tl.full((), KEY_NEG_INF, tl.int64), top, n_fin, mass, TILE)
+    h = tl.maximum(h_k, h_m)
+    kept_mass = tl.where(h_m > h_k, mass_m, mass_k)
     if p < 1.0:
-        # (top-p on the top-k-renormalised distribution: its mass, the survivors its floor)
-        h_p, _, mass_p = _row_search(x_row, inv_t, vocab, m, h, k_on * 0, p * mass_k,
-                                     tl.maximum(h, KEY_NEG_INF).to(tl.int64) - 1, top, n_k, mass_k, TILE)
-        if h_p > h:
-            h = h_p
-            kept_mass = mass_p
-    if mp > 0.0:
-        h_m, mass_m = _row_min_p(x_row, inv_t, vocab, m, mp, TILE)
-        if h_m > h:
-            h = h_m
-            kept_mass = mass_m
+        # top-p on the top-k-renormalised distribution (its mass; the survivors its floor). Where
+        # min-p's cut lies above the top-k's, top-p's lies below it (min-p decides) or the search
+        # starts there.
+        target = p * mass_k
+        lo = tl.maximum(h_k, KEY_NEG_INF).to(tl.int64) - 1
+        n_lo = n_k
+        s_lo = mass_k
+        search = (h_m <= h_k) | (mass_m >= target)
+        if h_m > h_k:
+            lo = h_m.to(tl.int64)
+            n_lo = n_m
+            s_lo = mass_m
+        if search:
+            h_p, _, mass_p = _row_search(x_row, inv_t, vocab, m, h_k, k_on * 0, target, lo, top, n_lo, s_lo, TILE)
+            if h_p > h:
+                h = h_p
+                kept_mass = mass_p
     return h, kept_mass
 
 

@@ -89,6 +89,14 @@ def test_undecided_rows_take_a_few_reads_and_keep_the_reference_set(filters, gen
     assert 1 <= per_row <= (1 if filters == "min_p" else MAX_READS), per_row
 
 
+@pytest.mark.parametrize("kw", [dict(top_p=0.95, min_p=0.7), dict(top_k=500, min_p=0.7)], ids=["top_p", "top_k"])
+def test_a_min_p_cut_above_the_others_decides_in_one_read(kw, gen, reads):
+    """Flat rows (randn * 3 at temperature 25) whose min-p cut lies above top-p's (or inside
+    top-k's set): min-p's one read decides, no search runs."""
+    x = _randn(gen, 4, 600)
+    assert _general(x, dict(temperature=25.0, **kw), reads, seed=5) == 1
+
+
 def test_flat_rows_ties_at_the_cut_and_minus_inf(gen, reads):
     """Row 0 all equal (top-p keeps every tie); row 1 pairs of equal values with the cut among
     them; row 2 half -inf; row 3 a cut inside a cluster of 300 adjacent floats (keys one apart)
