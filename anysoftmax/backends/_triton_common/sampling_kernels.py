@@ -35,8 +35,8 @@ order-preserving integer keys of z (`_kth_key`); top-p's cut by bisection on the
 above (`_mass_cut`); min-p's by one reduction. The kept set is then {key(z) >= h} for one key
 h. The draw runs the race over the kept set with the same Philox noise as pass 1 and rng.py.
 Rows the candidates cannot decide (a top-k above K_CAP, ties past a chunk's capacity, top-p /
-min-p whose cut lies below what a chunk wrote) take `_general_cut`: bisection over the whole
-row read from memory (slow, exact).
+min-p whose cut lies below what a chunk wrote) take `_general_cut`: an exact search over the
+whole row read from memory, each read evaluating 16 cut points at once (a few reads a row).
 
 **probs_kernel** writes exp(z - lse of the kept set) where key(z) >= h, 0 elsewhere (one-hot on
 greedy rows, NaN on invalid ones).
@@ -552,6 +552,16 @@ def _compact(cz, ci, sel, scr_z, scr_i):
 
 
 # ---- the general path: the whole row, read from memory ---------------------------------------------
+#
+# A multi-way search: each read of the row evaluates CUTS cut points t_j at once (how many finite z
+# have key >= t_j and their mass), so the key interval holding the cut narrows CUTS + 1-fold a
+# read instead of 2-fold. The first read puts its cut points in z over [m - WINDOW, m] (where the
+# cuts of ordinary rows lie), the following ones evenly between the keys bounding the cut. The
+# search ends when one key or one element separates the bounds: then the kept set is exact.
+
+CUTS = tl.constexpr(16)  # cut points a read evaluates: per element CUTS compares and masked adds
+WINDOW = tl.constexpr(32.0)  # z below the row max the first read's cut points span
+
 
 @triton.jit
 def _row_z(x_row, start, inv_t, vocab, TILE: tl.constexpr):
@@ -561,39 +571,85 @@ def _row_z(x_row, start, inv_t, vocab, TILE: tl.constexpr):
 
 
 @triton.jit
-def _row_count(x_row, inv_t, vocab, floor, lo, mid, hi, TILE: tl.constexpr):
-    """Over the row's finite z with key >= floor: (count with key >= mid, count with
-    lo < key < hi)."""
-    ge = tl.full((), 0, tl.int32)
-    inside = tl.full((), 0, tl.int32)
-    for start in range(0, vocab, TILE):
+def _row_cuts(x_row, inv_t, vocab, m, floor, t, lo, hi, TILE: tl.constexpr):
+    """One read of the row, over its finite z with key >= floor: for each cut point t_j
+    ([CUTS] int32 keys) the count and the sum of exp(z - m) of key >= t_j, and the smallest and
+    largest key in [lo, hi) (BIG_ID and KEY_NONE where none). Every column's sum takes the same
+    order, so both are non-increasing in t_j (float addition of non-negative terms is monotone)."""
+    n = tl.zeros((CUTS,), tl.int32)
+    s = tl.zeros((CUTS,), tl.float32)
+    k_min = tl.full((), BIG_ID, tl.int32)
+    k_max = tl.full((), KEY_NONE, tl.int32)
+    for start in tl.range(0, vocab, TILE):
         cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
         k = _key(z)
         fin = (z > float("-inf")) & (k >= floor)
-        ge += tl.sum((fin & (k >= mid)).to(tl.int32))
-        inside += tl.sum((fin & (k > lo) & (k < hi)).to(tl.int32))
-    return ge, inside
+        w = tl.where(fin, tl.exp(z - m), 0.0)
+        between = fin & (k >= lo) & (k < hi)
+        k_min = tl.minimum(k_min, tl.min(tl.where(between, k, BIG_ID)))
+        k_max = tl.maximum(k_max, tl.max(tl.where(between, k, KEY_NONE)))
+        ge = fin[:, None] & (k[:, None] >= t[None, :])
+        n += tl.sum(ge.to(tl.int32), 0)
+        s += tl.sum(tl.where(ge, w[:, None], 0.0), 0)
+    return n, s, k_min, k_max
 
 
 @triton.jit
-def _row_mass(x_row, inv_t, vocab, m, floor, above, TILE: tl.constexpr):
-    """sum of exp(z - m) over finite z with key >= floor and key > above."""
-    s = tl.full((), 0.0, tl.float32)
-    for start in range(0, vocab, TILE):
-        cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
-        k = _key(z)
-        s += tl.sum(tl.where((z > float("-inf")) & (k >= floor) & (k > above), tl.exp(z - m), 0.0))
-    return s
+def _row_search(x_row, inv_t, vocab, m, floor, k, target, lo, hi, n_lo, s_lo, TILE: tl.constexpr):
+    """The cut of a top-k (k > 0) or of top-p (k == 0) over the row's finite z with key >=
+    floor: (h, count and mass of key >= h); the kept set is {key >= h}. With N(t), S(t) the
+    count and mass of key >= t, P(t) is N(t) >= k (top-k) or S(t) >= target (top-p); given
+    int64 keys with P(lo) (count n_lo, mass s_lo) and not P(hi), each read narrows [lo, hi)
+    keeping that, to the bucket between two cut points, and to the keys present in it (N and
+    S do not change between keys no z has), until hi = lo + 1 or at most one element (top-k:
+    exactly k) has key >= lo and < hi: then h = lo. top-k: the k-th largest key, ties
+    included. top-p: keep i when the mass strictly above it is < target; S(hi) < target <=
+    S(lo) with one key in between is that cut."""
+    j = tl.arange(0, CUTS)
+    n_hi = tl.full((), 0, tl.int32)
+    first = tl.full((), 1, tl.int32)
+    while (hi - lo > 1) & (n_lo - n_hi > 1) & (n_lo != k):
+        if first != 0:
+            # (over [m - WINDOW, m], quadratic: denser near m, where the cuts of sharp rows lie)
+            d = 1.0 - j.to(tl.float32) / CUTS
+            t = _key(m - WINDOW * d * d)
+            first = first * 0
+        else:
+            t = (lo + ((j + 1).to(tl.int64) * (hi - lo)) // (CUTS + 1)).to(tl.int32)
+        n, s, k_min, k_max = _row_cuts(x_row, inv_t, vocab, m, floor, t, lo.to(tl.int32), hi.to(tl.int32), TILE)
+        t64 = t.to(tl.int64)
+        inner = (t64 > lo) & (t64 < hi)
+        holds = tl.where(k > 0, n >= k, s >= target)
+        yes = inner & holds
+        no = inner & (holds == 0)
+        if tl.max(yes.to(tl.int32)) > 0:
+            lo = tl.max(tl.where(yes, t64, lo))
+            n_lo = tl.min(tl.where(yes, n, BIG_ID))
+            s_lo = tl.min(tl.where(yes, s, float("inf")))
+        if tl.max(no.to(tl.int32)) > 0:
+            hi = tl.min(tl.where(no, t64, hi))
+            n_hi = tl.max(tl.where(no, n, 0))
+        if (k_min < hi) & (k_max >= lo):  # (the old bounds held no z below k_min, none above k_max)
+            lo = tl.maximum(lo, k_min.to(tl.int64))
+            hi = tl.minimum(hi, k_max.to(tl.int64) + 1)
+    return lo.to(tl.int32), n_lo, s_lo
 
 
 @triton.jit
-def _row_min_p_key(x_row, inv_t, vocab, m, mp, TILE: tl.constexpr):
-    """The smallest key of a finite z with exp(z - m) >= mp."""
+def _row_min_p(x_row, inv_t, vocab, m, mp, TILE: tl.constexpr):
+    """One read: (the smallest key of a finite z with exp(z - m) >= mp, the count and mass of
+    those z). exp is monotone, so they are the z with key >= that key."""
     h = tl.full((), BIG_ID, tl.int32)
-    for start in range(0, vocab, TILE):
+    n = tl.full((), 0, tl.int32)
+    s = tl.full((), 0.0, tl.float32)
+    for start in tl.range(0, vocab, TILE):
         cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
-        h = tl.minimum(h, tl.min(tl.where((z > float("-inf")) & (tl.exp(z - m) >= mp), _key(z), BIG_ID)))
-    return h
+        w = tl.exp(z - m)
+        kept = (z > float("-inf")) & (w >= mp)
+        h = tl.minimum(h, tl.min(tl.where(kept, _key(z), BIG_ID)))
+        n += tl.sum(kept.to(tl.int32))
+        s += tl.sum(tl.where(kept, w, 0.0))
+    return h, n, s
 
 
 @triton.jit
@@ -615,47 +671,44 @@ def _row_race(x_row, inv_t, vocab, vocab_start, h, seed, stream, off_lo, off_hi,
 
 @triton.jit
 def _general_cut(x_row, inv_t, vocab, m, mass, n_fin, k_on, p, mp, TILE: tl.constexpr):
-    """(h, mass of the kept set) of a row from the whole row: exact, several reads of it."""
+    """(h, mass of the kept set {key >= h}) of a row from the whole row, exact: min-p's cut in
+    one read, top-k's k-th key and top-p's cut over its survivors each by `_row_search` (a few
+    reads; skipped where min-p's cut decides); h the largest of the three (the intersection of
+    their sets)."""
+    h_m = tl.full((), KEY_NONE, tl.int32)
+    n_m = n_fin
+    mass_m = mass
+    if mp > 0.0:
+        h_m, n_m, mass_m = _row_min_p(x_row, inv_t, vocab, m, mp, TILE)
     h_k = tl.full((), KEY_NONE, tl.int32)
+    n_k = n_fin
     mass_k = mass
-    if (k_on > 0) & (n_fin > k_on):
-        lo = tl.full((), KEY_NEG_INF, tl.int64)
-        hi = _key(m).to(tl.int64) + 1
-        done = tl.full((), 0, tl.int32)
-        while (hi - lo > 1) & (done == 0):
-            mid = (lo + (hi - lo) // 2).to(tl.int32)
-            c, inside = _row_count(x_row, inv_t, vocab, KEY_NONE, lo.to(tl.int32), mid, hi.to(tl.int32), TILE)
-            if inside == 0:
-                done = done * 0 + 1
-            elif c >= k_on:
-                lo = mid.to(tl.int64)
-            else:
-                hi = mid.to(tl.int64)
-        h_k = lo.to(tl.int32)
-        mass_k = _row_mass(x_row, inv_t, vocab, m, h_k, KEY_NONE, TILE)
-    h_p = tl.full((), KEY_NONE, tl.int32)
+    top = _key(m).to(tl.int64) + 1  # (no finite z has a key this large)
+    # (without top-p, a top-k keeping every z min-p keeps changes nothing)
+    if (k_on > 0) & (n_fin > k_on) & ((p < 1.0) | (n_m > k_on)):
+        h_k, n_k, mass_k = _row_search(x_row, inv_t, vocab, m, KEY_NONE, k_on, mass * 0.0,
+                                       tl.full((), KEY_NEG_INF, tl.int64), top, n_fin, mass, TILE)
+    h = tl.maximum(h_k, h_m)
+    kept_mass = tl.where(h_m > h_k, mass_m, mass_k)
     if p < 1.0:
+        # top-p on the top-k-renormalised distribution (its mass; the survivors its floor). Where
+        # min-p's cut lies above the top-k's, top-p's lies below it (min-p decides) or the search
+        # starts there.
         target = p * mass_k
         lo = tl.maximum(h_k, KEY_NEG_INF).to(tl.int64) - 1
-        hi = _key(m).to(tl.int64)
-        done = tl.full((), 0, tl.int32)
-        while (hi - lo > 1) & (done == 0):
-            _, inside = _row_count(x_row, inv_t, vocab, h_k, lo.to(tl.int32), hi.to(tl.int32), hi.to(tl.int32),
-                                   TILE)
-            if inside == 0:
-                done = done * 0 + 1
-            else:
-                mid = (lo + (hi - lo) // 2).to(tl.int32)
-                if _row_mass(x_row, inv_t, vocab, m, h_k, mid, TILE) < target:
-                    hi = mid.to(tl.int64)
-                else:
-                    lo = mid.to(tl.int64)
-        h_p = hi.to(tl.int32)
-    h_m = tl.full((), KEY_NONE, tl.int32)
-    if mp > 0.0:
-        h_m = _row_min_p_key(x_row, inv_t, vocab, m, mp, TILE)
-    h = tl.maximum(tl.maximum(h_k, h_p), h_m)
-    return h, _row_mass(x_row, inv_t, vocab, m, h, KEY_NONE, TILE)
+        n_lo = n_k
+        s_lo = mass_k
+        search = (h_m <= h_k) | (mass_m >= target)
+        if h_m > h_k:
+            lo = h_m.to(tl.int64)
+            n_lo = n_m
+            s_lo = mass_m
+        if search:
+            h_p, _, mass_p = _row_search(x_row, inv_t, vocab, m, h_k, k_on * 0, target, lo, top, n_lo, s_lo, TILE)
+            if h_p > h:
+                h = h_p
+                kept_mass = mass_p
+    return h, kept_mass
 
 
 @triton.jit
