@@ -1,16 +1,28 @@
 """The randomness of a draw, defined once: every backend, sharded or not, draws these numbers.
 
 **Bits.** Token ``i`` (its index in the whole vocabulary, also when the vocabulary is sharded)
-of a row gets ``r_i``, word 0 of Philox4x32-10 (Salmon et al., SC'11; Triton's generator) with
+of a row gets ``r_i``, word ``i mod 4`` of the four output words of Philox4x32-10 (Salmon et
+al., SC'11; Triton's generator) with
 
 * key ``(k0, k1)`` = the row's seed as an unsigned 64-bit integer (low word, high word);
-* counter ``(c0, c1, c2, c3)`` = ``(i, stream, offset low word, offset high word)``, where
-  ``stream`` is the row's flat index when one seed serves the whole batch (an int, a 0-dim
-  tensor, or no seed) and 0 for a per-row seed tensor, so that a request with its own seed
-  draws the same wherever it sits in the batch.
+* counter ``(c0, c1, c2, c3)`` = ``(i div 4, stream, offset low word, offset high word)``,
+  where ``stream`` is the row's flat index when one seed serves the whole batch (an int, a
+  0-dim tensor, or no seed) and 0 for a per-row seed tensor, so that a request with its own
+  seed draws the same wherever it sits in the batch.
 
-In Triton this is ``tl.philox(seed, i, stream, off_lo, off_hi)[0]`` (uint32 counter words),
-which equals ``tl.randint(seed, i + (stream << 32))`` when the offset is 0.
+One Philox call thus serves four consecutive global ids (the block ``4j .. 4j + 3``): the race
+over a row is compute-bound, and the generator's ten rounds are most of its work. The four
+words of one call are independent by construction, as independent as words of different
+calls: Philox is a keyed bijection of the 128-bit counter, built (and tested with TestU01's
+BigCrush on its whole output stream, Salmon et al.) to give one uniform 128-bit value per
+counter, whose four 32-bit words are then four independent uniform words; using all four is
+the generator's intended use (``tl.randint4x``, cuRAND's ``curand_uniform4``). The bits depend
+only on the global id, so a shard whose first token is not a multiple of 4 shares a block
+with its neighbour, each using its own words.
+
+In Triton this is ``tl.philox(seed, i >> 2, stream, off_lo, off_hi)[i & 3]`` (uint32 counter
+words), which equals word ``i & 3`` of ``tl.randint4x(seed, (i >> 2) + (stream << 32))`` when
+the offset is 0.
 
 **Exponentials.** ``u_i = (r_i + 1/2) / 2**32`` lies in (0, 1), never 0 or 1, and
 ``E_i = -log(1 - u_i)`` (that is ``-log(U_i)`` with ``U_i = 1 - u_i`` in (0, 1)) is Exp(1),
@@ -61,13 +73,36 @@ def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = PHILOX_ROUNDS) -> tuple[tor
     return c0, c1, c2, c3
 
 
+def _row_columns(seed: torch.Tensor, stream: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Philox's counter words 1..3 and key words of each row, as [rows, 1] uint32 in int64."""
+    seed, stream, offset = (t.reshape(-1, 1) for t in (seed, stream, offset))
+    return (stream & MASK32, offset & MASK32, (offset >> 32) & MASK32, seed & MASK32, (seed >> 32) & MASK32)
+
+
 def random_bits(seed: torch.Tensor, stream: torch.Tensor, offset: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``r`` of the definition: int64 in [0, 2**32), shape ``[rows, len(tokens)]``, for int64
-    ``seed``, ``stream``, ``offset`` of shape [rows] and global token indices ``tokens`` [V]."""
-    seed, stream, offset = (t.reshape(-1, 1) for t in (seed, stream, offset))
-    words = philox4x32(tokens.reshape(1, -1) & MASK32, stream & MASK32, offset & MASK32, (offset >> 32) & MASK32,
-                       seed & MASK32, (seed >> 32) & MASK32)
-    return words[0]
+    ``seed``, ``stream``, ``offset`` of shape [rows] and global token indices ``tokens`` [V]
+    in any order (one Philox per token, its word ``i & 3``; `range_bits` serves a run of
+    consecutive ids with one per four)."""
+    c1, c2, c3, k0, k1 = _row_columns(seed, stream, offset)
+    tokens = tokens.reshape(1, -1)
+    words = philox4x32((tokens >> 2) & MASK32, c1, c2, c3, k0, k1)
+    word = tokens & 3
+    bits = words[3]
+    for w in (2, 1, 0):
+        bits = torch.where(word == w, words[w], bits)
+    return bits
+
+
+def range_bits(seed: torch.Tensor, stream: torch.Tensor, offset: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """`random_bits` of the consecutive global ids ``start .. start + count - 1``: one Philox
+    per block of four ids (the blocks the run touches), its words laid out in id order."""
+    c1, c2, c3, k0, k1 = _row_columns(seed, stream, offset)
+    first, end = start >> 2, (start + count + 3) >> 2
+    blocks = torch.arange(first, max(first, end), dtype=torch.int64, device=c1.device).reshape(1, -1)
+    words = torch.stack(philox4x32(blocks & MASK32, c1, c2, c3, k0, k1), -1)  # [rows, blocks, 4]
+    skip = start - 4 * first
+    return words.reshape(words.shape[0], -1)[:, skip:skip + count]
 
 
 def exponential(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -109,12 +144,11 @@ def exponential_race(z: torch.Tensor, kept: torch.Tensor, words: tuple[torch.Ten
     (lowest id among equal keys). A row with nothing kept gets id `vocab_start` and key -inf
     (callers mark such rows invalid). Row chunks bound the memory."""
     rows, vocab = z.shape
-    tokens = torch.arange(vocab_start, vocab_start + vocab, dtype=torch.int64, device=z.device)
     step = max(1, RACE_CHUNK // max(vocab, 1))
     ids, best = [], []
     for start in range(0, rows, step):
         part = slice(start, start + step)
-        e = exponential(random_bits(*(w[part] for w in words), tokens), z.dtype)
+        e = exponential(range_bits(*(w[part] for w in words), vocab_start, vocab), z.dtype)
         keys = torch.where(kept[part], z[part] - torch.log(e), -torch.inf)
         at = keys.argmax(-1)  # (argmax documents the first maximum)
         ids.append(at + vocab_start)

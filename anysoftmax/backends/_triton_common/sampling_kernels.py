@@ -17,7 +17,7 @@ row's mode (decided per row in the kernel, never on the host):
   above t and the lowest-index ties at t, and says so (`total` > C_SLOT). The mass of what it
   did not write (`R`) lets the select check that the candidates decide top-p;
 * plain draws (temperature only): the chunk's winner of the exponential race (rng.py's keys
-  z - log E over every token of the chunk) and its key;
+  z - log E over every token of the chunk; one Philox call per four tokens) and its key;
 * greedy rows: nothing more (the argmax).
 
 With FUSED, the row's last chunk to arrive (a reused, self-resetting counter) runs the select
@@ -221,13 +221,34 @@ def _exponential(r):
 
 
 @triton.jit
-def _race_keys(z, ids, seed, stream, off_lo, off_hi):
-    """The race keys z - log E of tokens with global indices `ids` (int32), -inf where z is -inf."""
-    c0 = ids.to(tl.uint32, bitcast=True)
+def _philox_blocks(blocks, seed, stream, off_lo, off_hi):
+    """The four uint32 words of Philox4x32-10 for counters (blocks, stream, off_lo, off_hi),
+    keyed by the seed: the bits of global ids 4 * blocks + 0..3 (rng.py)."""
+    c0 = blocks.to(tl.uint32, bitcast=True)
     zero = c0 * 0
-    r, _, _, _ = tl.philox(seed, c0, zero + stream.to(tl.uint32, bitcast=True),
-                           zero + off_lo.to(tl.uint32, bitcast=True), zero + off_hi.to(tl.uint32, bitcast=True))
+    return tl.philox(seed, c0, zero + stream.to(tl.uint32, bitcast=True), zero + off_lo.to(tl.uint32, bitcast=True),
+                     zero + off_hi.to(tl.uint32, bitcast=True))
+
+
+@triton.jit
+def _pick_word(word, r0, r1, r2, r3):
+    """Word `word` (0..3) of Philox blocks' outputs, elementwise (broadcast together)."""
+    return tl.where(word == 0, r0, tl.where(word == 1, r1, tl.where(word == 2, r2, r3)))
+
+
+@triton.jit
+def _keys_of_bits(z, r):
+    """The race keys z - log E of tokens with bits r, -inf where z is -inf."""
     return tl.where(z > float("-inf"), z - tl.log(_exponential(r)), float("-inf"))
+
+
+@triton.jit
+def _race_keys(z, ids, seed, stream, off_lo, off_hi):
+    """The race keys of tokens with scattered global indices `ids` (int32, >= 0): one Philox
+    per token, its word ids & 3 (candidates and kept sets are few; `_race_run` serves a run
+    of ids with one per four)."""
+    r0, r1, r2, r3 = _philox_blocks(ids >> 2, seed, stream, off_lo, off_hi)
+    return _keys_of_bits(z, _pick_word(ids & 3, r0, r1, r2, r3))
 
 
 @triton.jit
@@ -331,6 +352,61 @@ def _write_candidates(z, cols, x_row, lo, vocab, vocab_start, inv_t, t, total, c
 
 
 @triton.jit
+def _race_run(x_row, first, lo, hi, vocab_start, inv_t, seed, stream, off_lo, off_hi, bk, bi, bz,
+              SUB: tl.constexpr):
+    """The lanes' running race winners (`bk`, `bi`, `bz`: key, global id, z per lane of a
+    [SUB / 4, 4] tile) after the SUB tokens from local column `first` (vocab_start + first a
+    multiple of 4), those in [lo, hi) taking part: a row per Philox block, one call per row,
+    its four words broadcast along the row (a thread's row, when the load gives it four
+    consecutive tokens), word j at column j. Elementwise: no reduction per tile."""
+    blocks = tl.arange(0, SUB // 4)
+    word = tl.arange(0, 4)[None, :]
+    cols = first + 4 * blocks[:, None] + word
+    ok = (cols >= lo) & (cols < hi)
+    z = tl.load(x_row + cols, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+    r0, r1, r2, r3 = _philox_blocks(((vocab_start + first) >> 2) + blocks, seed, stream, off_lo, off_hi)
+    keys = tl.where(ok, _keys_of_bits(z, _pick_word(word, r0[:, None], r1[:, None], r2[:, None], r3[:, None])),
+                    float("-inf"))
+    ids = vocab_start + cols
+    # (a lane sees its tokens in increasing id: strictly larger keys win, so equal keys keep the lower id)
+    better = keys > bk
+    return tl.where(better, keys, bk), tl.where(better, ids, bi), tl.where(better, z, bz)
+
+
+@triton.jit
+def _chunk_race(x_row, lo, vocab, vocab_start, inv_t, seed, stream, off_lo, off_hi, CHUNK: tl.constexpr,
+                SUB: tl.constexpr):
+    """The race over the chunk's tokens (a plain draw): (best key, its global id, its z), the
+    lowest id among equal keys. A tile at a time, re-read (from L2: the chunk was just
+    loaded), so the generator's state for a few tokens per thread is live, not for the chunk;
+    each lane keeps its own winner and one reduction at the end picks the chunk's (a
+    reduction per tile made the race latency-bound: NVIDIA H200, 512 rows of 128256 tokens).
+    Tiles start at global ids that are multiples of 4 (one Philox per four tokens): on a
+    shard whose vocab_start is not one, up to 3 tokens before the chunk (masked off), and one
+    more tile takes the chunk's last tokens; those tiles' loads are not aligned (a shard
+    size that is a multiple of 4 avoids them)."""
+    # Tiles of 2 SUB tokens: SUB / 2 blocks, one per thread at the widest plan (SUB = 1024
+    # tokens, 16 warps); SUB / 4 blocks would leave half the threads computing the other
+    # half's Philox again (a layout gives every thread at least one element).
+    RACE_SUB: tl.constexpr = CHUNK if CHUNK < 2 * SUB else 2 * SUB
+    bk = tl.full((RACE_SUB // 4, 4), float("-inf"), tl.float32)
+    bi = tl.full((RACE_SUB // 4, 4), BIG_ID, tl.int32)
+    bz = tl.full((RACE_SUB // 4, 4), float("-inf"), tl.float32)
+    skew = (vocab_start + lo) & 3
+    if skew == 0:  # (bounds the compiler knows aligned: vector loads)
+        for s0 in range(0, CHUNK, RACE_SUB):
+            bk, bi, bz = _race_run(x_row, lo + s0, 0, vocab, vocab_start, inv_t, seed, stream, off_lo, off_hi,
+                                   bk, bi, bz, RACE_SUB)
+    else:
+        hi = tl.minimum(lo + CHUNK, vocab)
+        for s0 in range(0, CHUNK + RACE_SUB, RACE_SUB):
+            bk, bi, bz = _race_run(x_row, lo - skew + s0, lo, hi, vocab_start, inv_t, seed, stream, off_lo, off_hi,
+                                   bk, bi, bz, RACE_SUB)
+    return _race_step(tl.full((), float("-inf"), tl.float32), tl.full((), BIG_ID, tl.int32),
+                      tl.full((), float("-inf"), tl.float32), bk, bi, bz, bk > float("-inf"))
+
+
+@triton.jit
 def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed, stream, off_lo, off_hi,
                 vocab, xs, vocab_start, n_chunks, state_off, cz_off, ci_off, top_n,
                 OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, SUB: tl.constexpr):
@@ -389,10 +465,8 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
     tl.store(st + I_TOTAL, total)
     if OP == OP_SAMPLE:
         if (need == 0) & (greedy == 0) & (filtered == 0) & (kw_bad == 0) & (bad == 0):
-            ids = vocab_start + cols
-            best, best_id, best_z = _race_step(tl.full((), float("-inf"), tl.float32), tl.full((), BIG_ID, tl.int32),
-                                               tl.full((), float("-inf"), tl.float32),
-                                               _race_keys(z, ids, seed, stream, off_lo, off_hi), ids, z, cols < vocab)
+            best, best_id, best_z = _chunk_race(x_row, lo, vocab, vocab_start, inv_t, seed, stream, off_lo, off_hi,
+                                                CHUNK, SUB)
             _stf(st + F_BEST, best)
             _stf(st + F_BEST_Z, best_z)
             tl.store(st + I_BEST_ID, best_id)

@@ -18,6 +18,8 @@ import torch
 import anysoftmax.sampling as sampling
 from anysoftmax.core.errors import UnsupportedRequestError
 from anysoftmax.backends._triton_common import sampling as triton_sampling
+from anysoftmax.backends._triton_common import sampling_kernels
+from anysoftmax.sampling import rng
 from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
 from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.kit import run_checks
@@ -221,3 +223,52 @@ def test_a_vocabulary_in_equal_shards_draws_the_same_token(gen):
     spec = SamplingSpec.from_request("sample", x[:, :300], **kw)
     ids = triton_sampling.select_shards(spec, torch.stack(parts), 2, 600, SMALL)
     assert ids[:4].tolist() == want[:4].tolist() and ids[4] == -2
+
+
+@pytest.mark.parametrize("plan", [SMALL, dataclasses.replace(SMALL, tile=16)], ids=["one-tile", "four-tiles"])
+@pytest.mark.parametrize("vocab_start", [0, 1, 2, 3])
+def test_each_chunks_race_is_the_definitions_at_any_shard_start(vocab_start, plan, gen):
+    """The plain race's winner of every chunk (its state's id and key) on a shard whose tokens
+    are numbered from `vocab_start`: the torch race (`rng.exponential_race`) over the same
+    global ids. One Philox serves four global ids, so a start that is not a multiple of 4 moves
+    the chunk's tiles against its tokens (chunks of one race tile, and of four). Rows with one
+    finite token per chunk, at the chunk's first four and last four places, make each key a
+    check of that token's bits; the last row races over every token."""
+    rows, vocab = 9, 300  # chunks of 128, 128 and 44 tokens
+    x = torch.full((rows, vocab), float("-inf"))
+    chunks = plan.chunks(vocab)
+    for c in range(chunks):
+        lo, hi = c * plan.chunk, min(vocab, (c + 1) * plan.chunk)
+        for r, place in enumerate((0, 1, 2, 3, -4, -3, -2, -1)):
+            x[r, (lo if place >= 0 else hi) + place] = float(torch.randn((), generator=gen))
+    x[-1] = _logits(gen, 1, vocab)[0]
+    spec = SamplingSpec.from_request("sample", x, seed=torch.randint(-2**63, 2**63 - 1, (rows,), generator=gen),
+                                     offset=torch.randint(0, 2**40, (rows,), generator=gen))
+    ws, _, _ = triton_sampling.scan_shard(spec, x, vocab_start, vocab_start + vocab, plan=plan)
+    states = ws[:rows * chunks * triton_sampling.STATE_WORDS].view(rows, chunks, triton_sampling.STATE_WORDS)
+    keys = states[..., sampling_kernels.F_BEST.value].view(torch.float32)
+    ids = states[..., sampling_kernels.I_BEST_ID.value].long()
+    words = rng.row_words(spec)
+    for c in range(chunks):
+        lo, hi = c * plan.chunk, min(vocab, (c + 1) * plan.chunk)
+        z = x[:, lo:hi]
+        want_ids, want_keys = rng.exponential_race(z, z > float("-inf"), words, vocab_start + lo)
+        assert torch.equal(ids[:, c], want_ids), (c, ids[:, c], want_ids)
+        assert torch.allclose(keys[:, c], want_keys, rtol=1e-5, atol=1e-5), (c, keys[:, c], want_keys)
+
+
+def test_shards_not_starting_at_multiples_of_4_draw_the_unsharded_tokens(gen):
+    """Four shards of 75 tokens (starts 0, 75, 150, 225: every remainder modulo 4), plain draws
+    through `scan_shard` and `select_shards`: the `torch` sampler's ids on the whole row."""
+    rows, shard, world = 6, 75, 4
+    x = _logits(gen, rows, shard * world, scale=1.0)
+    kw = dict(temperature=torch.rand(rows, generator=gen) + 0.5, seed=2**40 + 3, offset=5)
+    want = sampling.sample(x, **kw, backend="torch")
+    parts = []
+    for rank in range(world):
+        part = x[:, rank * shard:(rank + 1) * shard].contiguous()
+        ws, space, _ = triton_sampling.scan_shard(SamplingSpec.from_request("sample", part, **kw), part,
+                                                  rank * shard, shard * world, plan=SMALL)
+        parts.append(ws[:space.shard_words])
+    spec = SamplingSpec.from_request("sample", x[:, :shard], **kw)
+    assert torch.equal(triton_sampling.select_shards(spec, torch.stack(parts), world, shard * world, SMALL), want)
