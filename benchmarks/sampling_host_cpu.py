@@ -103,7 +103,7 @@ def main() -> None:
     for name, f in calls.items():
         print(f"{name:32s} {per_call_us(f, args.n):7.2f} us/call")
     x = torch.randn(1, args.vocab)
-    rows = [("  sample_tensors' api part alone", lambda: sampling.api._ready("sample", "triton", x, keywords)),
+    rows = [("  sample_tensors' key and lookup", lambda: sampling.api._ready("sample", "triton", x, keywords)),
             ("torch.empty (for scale)", lambda: torch.empty(1, dtype=torch.int64)),
             ("torch.softmax (for scale)", lambda: torch.softmax(x, -1))]
     keywords = (*(torch.rand(1) + 0.5, torch.full((1,), 50), torch.full((1,), 0.9), torch.full((1,), 0.05)),
