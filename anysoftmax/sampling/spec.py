@@ -87,6 +87,22 @@ def _number(op: str, name: str, value):
     return min(value, 2**63 - 1) if integer else value  # (a top_k beyond int64 is off, as any >= V)
 
 
+# The values a keyword's plain number takes as it is (an int of the signed 64-bit range, a float
+# in range): `_number_reader`'s one comparison, `_number` for everything else.
+_PLAIN_RANGES = {"temperature": (float, lambda v: 0.0 <= v < math.inf), "top_k": (int, lambda v: 0 <= v < 2**63),
+                 "top_p": (float, lambda v: 0.0 < v <= 1.0), "min_p": (float, lambda v: 0.0 <= v <= 1.0),
+                 "seed": (int, lambda v: 0 <= v < 2**63), "offset": (int, lambda v: 0 <= v < 2**63)}
+
+
+def _number_reader(op: str, name: str):
+    """`_number(op, name, value)` for each call's value of keyword `name` given as a number: a
+    float (int for top_k, seed, offset) in range returned as it is, anything else through
+    `_number` (which converts it or raises naming the argument)."""
+    plain, in_range = _PLAIN_RANGES[name]
+    slow = functools.partial(_number, op, name)
+    return lambda v: v if type(v) is plain and in_range(v) else slow(v)
+
+
 # A small per-row tensor on the CPU is checked as Python numbers (one `tolist`): cheaper than
 # the few torch ops of the elementwise rules, which larger ones use.
 PYTHON_CHECK_MAX = 64
@@ -112,7 +128,7 @@ def _keyword_reader(op: str, name: str, value, batch_shape: tuple[int, ...], row
     `form_key` holds) and return the function that validates and normalises each value of that
     form: to a Python number, a 0-dim tensor or a flat [rows] tensor on `device`."""
     if not isinstance(value, torch.Tensor):
-        return functools.partial(_number, op, name)
+        return _number_reader(op, name)
     integer, ok, rule = _RULES[name]
     if value.dtype == torch.bool or value.is_complex() or value.is_floating_point() == integer:
         kind = "an integer" if integer else "a floating"

@@ -158,7 +158,7 @@ class Sampler:
 
     def _probs_one_read(self, spec: SamplingSpec, row_t: bool):
         launchers = self._one_read_launchers("probs", spec, row_t)
-        rows, device = spec.rows, spec.device
+        rows, device, flat = spec.rows, spec.device, len(spec.batch_shape) == 1
 
         def probs(logits, temperature):
             x = sampling.rows_view(logits, spec)
@@ -171,7 +171,7 @@ class Sampler:
                 run.scale((t, s))
                 y = self._read(run, x, s)
                 run.after((x, y, t))
-            return y.reshape(logits.shape)
+            return y if flat else y.reshape(logits.shape)  # (a reshape to its own shape still costs ~1 us)
         return probs
 
     def _logprobs_one_read(self, spec: SamplingSpec, row_t: bool, n_ids: int):
