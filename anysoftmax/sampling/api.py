@@ -22,7 +22,7 @@ from ..core.backend import as_backend
 from ..core.cache import BoundedDict
 from ..core.errors import BackendUnavailableError, UnsupportedRequestError
 from . import torch_sampler
-from .spec import SamplingSpec, SpecForm, check_top_n, form_key, ids_reader
+from .spec import SamplingSpec, SpecForm, check_top_n, form_key, form_of, ids_reader
 
 # The backend `backend=None` tries first on CUDA/ROCm logits: the Triton sampler, which passes the
 # kit's sampler section on a GPU (tests/backends/triton/test_sampling_kit_gpu.py, `-m gpu`).
@@ -77,11 +77,11 @@ def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
 
 
 def _runner(op: str, form: SpecForm, implementation, spec: SamplingSpec, top_n: int, read_ids, n_ids: int):
-    """`call(logits, values, extra)` running every request of `form` on `implementation`: it
-    checks a call's keyword `values` (and `logprobs`' ids: `extra`; `sample`'s return_logprobs)
-    and hands them to the implementation's runner for the form (`runner(op, spec, top_n,
-    n_ids)`: bound once, it reads only the values), or builds the call's `SamplingSpec` for an
-    implementation without one."""
+    """`call(logits, values, extra)` running every request of `form` on `implementation` (`spec`:
+    the first call's request as `form_of` gives it): it checks a call's keyword `values` (and
+    `logprobs`' ids: `extra`; `sample`'s return_logprobs) and hands them to the implementation's
+    runner for the form (`runner(op, spec, top_n, n_ids)`: bound once, it reads only the
+    values), or builds the call's `SamplingSpec` for an implementation without one."""
     read = form.read
     make = getattr(implementation, "runner", None)
     if make is None:
@@ -122,7 +122,7 @@ def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
         read_ids = ids_reader(op, spec, ids)
         read_ids(ids)  # (its values: before the implementation is chosen, as for the keywords)
         check_top_n(op, spec, top_n)
-    run = _runner(op, form, _implementation(op, backend, spec, top_n), spec, top_n, read_ids,
+    run = _runner(op, form, _implementation(op, backend, spec, top_n), form_of(spec), top_n, read_ids,
                   ids.shape[-1] if read_ids is not None else 0)
     if key is not None:
         _requests.put(key, run)

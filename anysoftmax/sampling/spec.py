@@ -22,6 +22,7 @@ with an out-of-range value there gives NaN probabilities, NaN log-probabilities 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -283,6 +284,14 @@ class SpecForm:
         spec = object.__new__(SamplingSpec)
         spec.__dict__.update(fields)
         return spec
+
+
+def form_of(spec: SamplingSpec) -> SamplingSpec:
+    """`spec` with each tensor keyword replaced by an empty meta tensor of its dtype and shape:
+    what a request's form holds (`sampling.api`'s runners), keeping no call's tensors alive."""
+    meta = {name: torch.empty(v.shape, dtype=v.dtype, device="meta") for name in KEYWORDS
+            if isinstance(v := getattr(spec, name), torch.Tensor)}
+    return dataclasses.replace(spec, **meta) if meta else spec
 
 
 def invalid_keyword_rows(spec: SamplingSpec, device: torch.device | None = None) -> torch.Tensor:

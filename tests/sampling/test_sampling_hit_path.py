@@ -6,8 +6,10 @@ still refuse bad values on a later call of a form it has seen."""
 
 from __future__ import annotations
 
+import gc
 import math
 import os
+import weakref
 
 import pytest
 import torch
@@ -248,3 +250,16 @@ def test_a_repeated_triton_request_builds_no_request(gen, monkeypatch):
             _close(result, reference_probs(x, spec))
         else:
             _close(result, torch.log_softmax(x.double() / kw["temperature"], -1).gather(-1, ids))
+
+
+@pytest.mark.parametrize("backend", [None, TRITON_ON_CPU])
+def test_a_seen_form_keeps_no_call_tensor_alive(gen, backend):
+    """A request's memoised runner holds its form, not the tensors of the call that made it."""
+    x = torch.randn(2, 200, generator=gen)
+    t = torch.rand(2, generator=gen) + 0.5
+    seeds = torch.randint(0, 2**62, (2,), generator=gen)
+    refs = [weakref.ref(t), weakref.ref(seeds)]
+    sampling.sample(x, temperature=t, top_k=5, seed=seeds, backend=backend)
+    del t, seeds
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
