@@ -4,7 +4,7 @@
 Each request runs once through the Triton interpreter (the Triton sampler, `backend="triton"`),
 then every launch-engine launcher it bound is primed with a no-op in place of Triton's compiled
 launcher (as `hit_path_cpu.py` does for softmax): later calls walk the whole host path of a GPU
-process (api checks, spec, implementation choice, plan and launcher lookup, output and workspace
+process (api checks, the request's key and its runner, the values' checks, output and workspace
 allocation, argument assembly, the launcher's fast path) and stop where the C launcher would start.
 Printed: us per call (CPU time of the thread), the fastest of 20 loops; `--profile NAME` adds cProfile of that request.
 
