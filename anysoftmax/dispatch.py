@@ -30,7 +30,7 @@ from .core.variant import NO_OPERANDS, Operands, runtime_values
 # request key -> forward f(x) -> y; backward f(y, grad) -> dx; fused forward and backward
 # (launcher, plain: the request normalised to the plain softmax); logsumexp f(x, operands) -> lse;
 # merge_states (f(outputs, lses, out, lse_out) -> (out, lse), the guard of the operands' layouts
-# the key does not hold, or None).
+# the key does not hold or None, whether that guard proves a call plain: `_merge_entry`).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
@@ -238,16 +238,33 @@ def _merge_formula(spec: MergeSpec):
     return formula
 
 
-def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[torch.Tensor, torch.Tensor]:
+def _merge_entry(launcher, outputs, lses) -> tuple:
+    # A MERGE key's entry: (launcher, the guard of the other operands' layouts, whether the
+    # guard also proves a call plain: its operands, whose types, grad requirement and dispatch
+    # state it checks, were plain tensors needing no gradient).
+    same = layout_guard((*outputs, *lses))
+    plain = same is not None and all(type(t) is torch.Tensor and not t.requires_grad for t in (*outputs, *lses))
+    return launcher, same, plain
+
+
+def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None):
     """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` when given
-    (validated by the caller: shapes [..., D] / [...], any strides)."""
+    (validated by the caller: shapes [..., D] / [...], any strides). `eager(*outputs, *lses)`:
+    whether the call may run here rather than through the operator (the caller has checked the
+    mode: eager, no forward-AD level); asked unless the request's memoised guard proves it, and
+    when it says no, None is returned."""
     key = request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out)
     hit = _lookup(key)
     if hit is not None:
-        launcher, same_layouts = hit
+        launcher, same_layouts, plain = hit
         if same_layouts is None or same_layouts(*outputs, *lses):
+            if eager is not None and not plain and not eager(*outputs, *lses):
+                return None
             stats["hits"] += 1
             return launcher(outputs, lses, out, lse_out)
+        if eager is not None and not eager(*outputs, *lses):
+            return None
+        eager = None  # (asked)
         # The entry was bound to operands laid out otherwise past the first partial and lse (the
         # key holds only theirs): this request keys every operand.
         key = request_key(MERGE_EXACT, outputs, lses, None, backend, False, out, None, lse_out)
@@ -255,14 +272,15 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None) -> tuple[t
         if hit is not None:
             stats["hits"] += 1
             return hit[0](outputs, lses, out, lse_out)
+    if eager is not None and not eager(*outputs, *lses):
+        return None
     _fresh()
     spec = MergeSpec.from_tensors(outputs, lses)
     chosen = registry.select_op(MERGE_STATES, spec, backend)
     launcher = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
         chosen.merge_states_launcher(outputs, lses, spec)
     if key is not None:
-        # (a MERGE key's entry holds the guard of the other operands' layouts)
-        _memo.put(key, (launcher, layout_guard((*outputs, *lses)) if key[0] is MERGE else None))
+        _memo.put(key, _merge_entry(launcher, outputs, lses) if key[0] is MERGE else (launcher, None, False))
     return launcher(outputs, lses, out, lse_out)
 
 

@@ -4,7 +4,7 @@
 Each request runs once through the Triton interpreter (the Triton sampler, `backend="triton"`),
 then every launch-engine launcher it bound is primed with a no-op in place of Triton's compiled
 launcher (as `hit_path_cpu.py` does for softmax): later calls walk the whole host path of a GPU
-process (api checks, spec, implementation choice, plan and launcher lookup, output and workspace
+process (api checks, the request's key and its runner, the values' checks, output and workspace
 allocation, argument assembly, the launcher's fast path) and stop where the C launcher would start.
 Printed: us per call (CPU time of the thread), the fastest of 20 loops; `--profile NAME` adds cProfile of that request.
 
@@ -103,7 +103,7 @@ def main() -> None:
     for name, f in calls.items():
         print(f"{name:32s} {per_call_us(f, args.n):7.2f} us/call")
     x = torch.randn(1, args.vocab)
-    rows = [("  sample_tensors' api part alone", lambda: sampling.api._ready("sample", "triton", x, keywords)),
+    rows = [("  sample_tensors' key and lookup", lambda: sampling.api._ready("sample", "triton", x, keywords)),
             ("torch.empty (for scale)", lambda: torch.empty(1, dtype=torch.int64)),
             ("torch.softmax (for scale)", lambda: torch.softmax(x, -1))]
     keywords = (*(torch.rand(1) + 0.5, torch.full((1,), 50), torch.full((1,), 0.9), torch.full((1,), 0.05)),

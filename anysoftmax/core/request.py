@@ -13,6 +13,9 @@ hand (tests/core/test_one_key.py).
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import torch
 
 from .. import config
@@ -37,6 +40,7 @@ SHARDED, SHARDED_LSE = "sharded", "sharded_lse"  # anysoftmax.distributed's requ
 _Tensor = torch.Tensor
 _tuple = tuple
 _address = torch.Tensor.data_ptr
+_reduce, _or = functools.reduce, operator.or_
 # The registry generation and the count of active tuning overrides, read in place (one-element
 # lists updated on change): a function call each would be most of a key's cost.
 _generation = registry.current_generation
@@ -125,9 +129,13 @@ def _merge_key(outputs, lses, backend, out, lse_out):
     if type(first) is not _Tensor or type(first_lse) is not _Tensor:
         return None
     try:
-        aligns = _tuple(map(_ALIGN_MASK.__and__, (*map(_address, outputs), *map(_address, lses))))
-    except TypeError:  # an operand that is no tensor: validated (and named) on every call
-        return None
+        # Every operand aligned (the common case) is one 0: the addresses ORed in C loops; else
+        # each one's alignment.
+        aligns = _reduce(_or, map(_address, lses), _reduce(_or, map(_address, outputs))) & _ALIGN_MASK
+        if aligns:
+            aligns = _tuple(map(_ALIGN_MASK.__and__, (*map(_address, outputs), *map(_address, lses))))
+    except (TypeError, RuntimeError):  # an operand that is no tensor, or has no storage (a torch.func
+        return None                    # transform's): validated, or sent to the operator, on every call
     return (MERGE, len(outputs), first.shape, first.stride(), first.dtype, first.device, first_lse.shape,
             first_lse.stride(), first_lse.dtype, aligns, backend,
             _generation[0] if not _overrides_active[0] else _process_state(),
@@ -146,10 +154,14 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
         if type(t) is not _Tensor:
             return None
     # (`_operand` written out: a call per tensor would be a third of the key's cost at K = 8)
-    return (MERGE_EXACT,
-            _tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK) for t in outputs]),
-            _tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK) for t in lses]), backend,
-            _generation[0] if not _overrides_active[0] else _process_state(), _operand(out), _operand(lse_out))
+    try:
+        return (MERGE_EXACT,
+                _tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK) for t in outputs]),
+                _tuple([(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & _ALIGN_MASK) for t in lses]),
+                backend, _generation[0] if not _overrides_active[0] else _process_state(), _operand(out),
+                _operand(lse_out))
+    except RuntimeError:  # an operand without storage (a torch.func transform's): sent to the operator
+        return None
 
 
 def layout_guard(tensors):

@@ -8,8 +8,9 @@ and takes the request, else ``"torch"``.
 
 A repeated request costs one key and one lookup: its key (`spec.form_key`: the metadata of the
 logits and of each keyword, which keywords are numbers, the backend asked for, the registry's
-generation) finds its checked form (`spec.SpecForm`) and its implementation, and only the call's
-values are checked (numbers in Python, CPU tensors' values on the host).
+generation) finds its runner: the implementation's launches bound for its checked form
+(`spec.SpecForm`), to which only the call's values go, checked (numbers in Python, CPU tensors'
+values on the host); no `SamplingSpec` is built for it.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from ..core.backend import as_backend
 from ..core.cache import BoundedDict
 from ..core.errors import BackendUnavailableError, UnsupportedRequestError
 from . import torch_sampler
-from .spec import SamplingSpec, SpecForm, check_top_n, form_key, ids_reader
+from .spec import SamplingSpec, SpecForm, check_top_n, form_key, form_of, ids_reader
 
 # The backend `backend=None` tries first on CUDA/ROCm logits: the Triton sampler, which passes the
 # kit's sampler section on a GPU (tests/backends/triton/test_sampling_kit_gpu.py, `-m gpu`).
 AUTOMATIC: str | None = "triton"
 _adapted: dict = {}  # (registry generation, name) -> the backend as a `Backend`
-# A request's key -> (its SpecForm, its implementation[, its ids reader]).
+# A request's key -> its runner (`_runner`).
 _requests: BoundedDict = BoundedDict(maxsize=512)
 
 
@@ -75,10 +76,34 @@ def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
     return chosen.sampler()
 
 
+def _runner(op: str, form: SpecForm, implementation, spec: SamplingSpec, top_n: int, read_ids, n_ids: int):
+    """`call(logits, values, extra)` running every request of `form` on `implementation` (`spec`:
+    the first call's request as `form_of` gives it): it checks a call's keyword `values` (and
+    `logprobs`' ids: `extra`; `sample`'s return_logprobs) and hands them to the implementation's
+    runner for the form (`runner(op, spec, top_n, n_ids)`: bound once, it reads only the
+    values), or builds the call's `SamplingSpec` for an implementation without one."""
+    read = form.read
+    make = getattr(implementation, "runner", None)
+    if make is None:
+        if op == "sample":
+            return lambda logits, values, extra: implementation.sample(form.spec(values), logits, extra)
+        if op == "probs":
+            return lambda logits, values, extra: implementation.probs(form.spec(values), logits)
+        return lambda logits, values, extra: implementation.logprobs(form.spec(values), logits, read_ids(extra),
+                                                                     top_n)
+    if op == "logprobs":
+        run = make(op, spec, top_n, n_ids)
+        return lambda logits, values, extra: run(logits, read(values), read_ids(extra))
+    run = make(op, spec)
+    if op == "sample":
+        return lambda logits, values, extra: run(logits, read(values), extra)
+    return lambda logits, values, extra: run(logits, read(values))
+
+
 def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
-    """(spec, implementation, ids reader or None) of a request whose keywords are `values`
-    (`spec.KEYWORDS` order): found by the request's key where it was seen before (then only the
-    values are checked), else checked whole, its implementation chosen, and remembered."""
+    """The runner (`_runner`) of a request whose keywords are `values` (`spec.KEYWORDS` order):
+    found by the request's key where it was seen before (the runner then checks only the
+    values), else the request checked whole, its implementation chosen, and remembered."""
     key = form_key(logits, values)
     # (a top_n of another type than int, or ids that are no tensor, are checked, never keyed:
     # 1.0 == 1 as a key)
@@ -87,8 +112,7 @@ def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
                None if ids is None else (ids.dtype, ids.shape, ids.device))
         found = _requests.get(key)
         if found is not None:
-            form, implementation, read_ids = found
-            return form.spec(values), implementation, read_ids
+            return found
     else:
         key = None
     form = SpecForm(op, logits, values)
@@ -98,10 +122,11 @@ def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
         read_ids = ids_reader(op, spec, ids)
         read_ids(ids)  # (its values: before the implementation is chosen, as for the keywords)
         check_top_n(op, spec, top_n)
-    implementation = _implementation(op, backend, spec, top_n)
+    run = _runner(op, form, _implementation(op, backend, spec, top_n), form_of(spec), top_n, read_ids,
+                  ids.shape[-1] if read_ids is not None else 0)
     if key is not None:
-        _requests.put(key, (form, implementation, read_ids))
-    return spec, implementation, read_ids
+        _requests.put(key, run)
+    return run
 
 
 def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None,
@@ -112,8 +137,8 @@ def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min
     with one value per row; None switches a step off. Temperature 0 is greedy (probability 1
     on the argmax, the lowest index among ties)."""
     _check_backend_name("probs", backend)
-    spec, implementation, _ = _ready("probs", backend, logits, (temperature, top_k, top_p, min_p))
-    return implementation.probs(spec, logits)
+    values = (temperature, top_k, top_p, min_p)
+    return _ready("probs", backend, logits, values)(logits, values, None)
 
 
 def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, offset=0,
@@ -130,8 +155,8 @@ def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, mi
     _check_backend_name("sample", backend)
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"sample: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
-    spec, implementation, _ = _ready("sample", backend, logits, (temperature, top_k, top_p, min_p, seed, offset))
-    return implementation.sample(spec, logits, return_logprobs)
+    values = (temperature, top_k, top_p, min_p, seed, offset)
+    return _ready("sample", backend, logits, values)(logits, values, return_logprobs)
 
 
 def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n: int = 0,
@@ -141,8 +166,8 @@ def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n
     top_ids)``, the top-n log-probabilities of each row (the lower id first among ties).
     Temperature 0 gives the limit: ``-log n`` on the n tied maxima, -inf elsewhere."""
     _check_backend_name("logprobs", backend)
-    spec, implementation, read_ids = _ready("logprobs", backend, logits, (temperature,), top_n, ids)
-    out = implementation.logprobs(spec, logits, read_ids(ids), top_n)
+    values = (temperature,)
+    out = _ready("logprobs", backend, logits, values, top_n, ids)(logits, values, ids)
     if not top_n:
         return out.reshape(ids.shape)
     picked, values, top_ids = out

@@ -4,13 +4,23 @@ and Triton, are loaded only when a derivative is wanted; see `api.softmax`)."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.autograd.forward_ad as _fwad
 from torch._C._functorch import TransformType, get_interpreter_stack, is_functorch_wrapped_tensor, \
     peek_interpreter_stack
 
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+_PLAIN_TYPES = frozenset((_Tensor, _Parameter))
+_needs_grad = operator.attrgetter("requires_grad")
 _is_compiling, _grad_enabled = torch.compiler.is_compiling, torch.is_grad_enabled
+
+
+def eager_mode() -> bool:
+    """Whether calls run eagerly: not compiling, no forward-AD level open (the mode part of
+    `plain_eager`; its tensors' part is for the caller to prove)."""
+    return not _is_compiling() and _fwad._current_level < 0
 
 
 def plain_eager(*tensors, gradients: bool = True) -> bool:
@@ -25,6 +35,12 @@ def plain_eager(*tensors, gradients: bool = True) -> bool:
         return False
     # (grad mode once: under no_grad / inference_mode no tensor's requires_grad is read)
     grad = gradients and _grad_enabled()
+    if len(tensors) > 2 and _PLAIN_TYPES.issuperset(map(type, tensors)):
+        # Every one a plain tensor (merge_states' K partials and lses): the checks as C loops,
+        # a third of the Python loop's cost at 16 tensors.
+        if grad and any(map(_needs_grad, tensors)):
+            return False
+        return peek_interpreter_stack() is None or not any(map(is_functorch_wrapped_tensor, tensors))
     wrapped = peek_interpreter_stack() is not None
     for t in tensors:
         if type(t) is _Tensor or type(t) is _Parameter:

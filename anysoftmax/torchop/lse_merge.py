@@ -16,7 +16,7 @@ from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_r
                               merge_backward_formula, merge_tangent, row_shape)
 from ..core.variant import build, causal_name, check_row_scale, is_row_scale, runtime_values
 from .batching import front
-from .grad_mode import plain_eager, plain_eager_one, refuse_forward_over_forward
+from .grad_mode import eager_mode, plain_eager, plain_eager_one, refuse_forward_over_forward
 from .traced_temperature import scaled_logits, traced_as_symbols
 
 
@@ -209,9 +209,14 @@ def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Te
     `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
     out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
     -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: docs/semantics.md."""
-    # Plain eager tensors go straight to dispatch, and so do arguments that are not lists (its validation names them).
-    if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)) or plain_eager(*outputs, *lses):
+    # Arguments that are not lists go straight to dispatch (its validation names them), and so do
+    # plain eager tensors: a repeated request's guard proves them plain, others are checked.
+    if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
         return dispatch.merge_states(outputs, lses, backend)
+    if eager_mode():
+        done = dispatch.merge_states(outputs, lses, backend, eager=plain_eager)
+        if done is not None:
+            return done
     if torch.compiler.is_compiling():  # (the fake implementation validates)
         return merge_states_op(list(outputs), list(lses), backend)
     MergeSpec.from_tensors(outputs, lses)

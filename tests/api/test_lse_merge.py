@@ -290,6 +290,44 @@ def test_merge_vmap_and_compile(gen):
     torch.testing.assert_close(f(*o, *ls), want)
 
 
+def test_a_repeated_merge_of_plain_tensors_is_not_checked_again(gen, monkeypatch):
+    """A repeated request whose operands were plain tensors is proven plain by its memoised
+    layout guard (it checks each operand's type, grad requirement and dispatch state): the
+    per-tensor plain-eager check is not asked on the hit path."""
+    import anysoftmax.torchop.lse_merge as api_merge
+
+    o = [torch.randn(3, 2, 5, generator=gen) for _ in range(8)]
+    ls = [torch.randn(3, 2, generator=gen) for _ in range(8)]
+    want = anysoftmax.merge_states(o, ls)
+    asked = []
+    real = api_merge.plain_eager
+    monkeypatch.setattr(api_merge, "plain_eager", lambda *t, **kw: asked.append(len(t)) or real(*t, **kw))
+    for _ in range(3):
+        got = anysoftmax.merge_states(o, [t.clone() for t in ls])
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert asked == []
+
+
+def test_a_repeated_merge_still_follows_gradients_and_transforms(gen):
+    """After plain calls of a request, the same layouts needing a gradient, or wrapped by vmap
+    or torch.func.grad, still reach autograd and the operator (the guard refuses them)."""
+    o = [torch.randn(3, 2, 5, generator=gen, dtype=torch.float64) for _ in range(3)]
+    ls = [torch.randn(3, 2, generator=gen, dtype=torch.float64) for _ in range(3)]
+    for _ in range(2):
+        anysoftmax.merge_states(o, ls)
+    weight = torch.exp(ls[2] - torch.stack(ls).logsumexp(0))  # d lse / d lse_2
+    needs = ls[2].clone().requires_grad_()
+    _, lse = anysoftmax.merge_states(o, [*ls[:2], needs])
+    torch.testing.assert_close(torch.autograd.grad(lse.sum(), needs)[0], weight)
+    grad = torch.func.grad(lambda l2: anysoftmax.merge_states(o, [*ls[:2], l2])[1].sum())(ls[2])
+    torch.testing.assert_close(grad, weight)
+    batch = [torch.stack([t, 2 * t]) for t in (*o, *ls)]
+    got = torch.vmap(lambda *t: anysoftmax.merge_states(t[:3], t[3:]))(*batch)
+    for i in range(2):
+        want = anysoftmax.merge_states([b[i] for b in batch[:3]], [b[i] for b in batch[3:]])
+        torch.testing.assert_close((got[0][i], got[1][i]), want)
+
+
 def test_the_registry_chooses_per_op(monkeypatch):
     """CPU tensors: the automatic choice is torch (triton serves cuda); an explicit or
     $ANYSOFTMAX_BACKEND choice is honoured or refused naming the backend and the reason."""

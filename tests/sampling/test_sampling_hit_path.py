@@ -6,8 +6,10 @@ still refuse bad values on a later call of a form it has seen."""
 
 from __future__ import annotations
 
+import gc
 import math
 import os
+import weakref
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from anysoftmax.core import registry
 from anysoftmax.core.backend import Backend
 from anysoftmax.sampling import torch_sampler
 from anysoftmax.sampling.reference import reference_probs
-from anysoftmax.sampling.spec import SamplingSpec
+from anysoftmax.sampling.spec import SamplingSpec, SpecForm
 from helpers import runnable_backends
 
 SEED = int(os.environ.get("ANYSOFTMAX_TEST_SEED", "0"))
@@ -126,15 +128,35 @@ LATER_BAD = [  # (a good call, the same form with a bad value, the error, the wo
 ]
 
 
+TRITON_ON_CPU = pytest.param("triton", marks=pytest.mark.skipif(
+    "triton" not in runnable_backends("cpu"), reason="triton does not run on CPU here: TRITON_INTERPRET is not set"))
+
+
+@pytest.mark.parametrize("backend", [None, TRITON_ON_CPU])
 @pytest.mark.parametrize("good,bad,exc,word", LATER_BAD, ids=[f"{list(b)[0]}={b[list(b)[0]]!r}"[:40]
                                                              for _, b, _, _ in LATER_BAD])
-def test_a_later_call_of_a_seen_form_checks_its_values(good, bad, exc, word):
+def test_a_later_call_of_a_seen_form_checks_its_values(good, bad, exc, word, backend):
     rows = max([v.numel() for v in good.values() if isinstance(v, torch.Tensor)] + [3])
     x = torch.randn(rows, 5)
-    sampling.sample(x, **{"seed": 1, **good})
+    sampling.sample(x, **{"seed": 1, **good}, backend=backend)
     for _ in range(2):  # (twice: a refused call leaves nothing behind)
         with pytest.raises(exc, match=word):
-            sampling.sample(x, **{"seed": 1, **bad})
+            sampling.sample(x, **{"seed": 1, **bad}, backend=backend)
+
+
+@pytest.mark.parametrize("name", ["temperature", "seed"])
+@pytest.mark.parametrize("backend", [TRITON_ON_CPU])
+def test_triton_draws_follow_a_keyword_through_every_form(gen, name, backend):
+    """The Triton sampler's runners: a keyword changing between a number, tensors of other
+    shapes and strides, and None, is a request of another form (its own runner), and a form
+    seen again reuses its runner with the call's values."""
+    x = torch.randn(ROWS, VOCAB, generator=gen) * 3
+    for value in _forms(name, gen):
+        kw = {"seed": 5, "top_k": 6, name: value}
+        state = torch.get_rng_state()
+        got = sampling.sample(x, **kw, backend=backend)
+        torch.set_rng_state(state)
+        assert torch.equal(got, torch_sampler.sample(SamplingSpec.from_request("sample", x, **kw), x)), (name, value)
 
 
 def test_a_later_call_checks_ids_and_top_n():
@@ -196,3 +218,48 @@ def test_the_triton_sampler_on_its_hit_path(gen):
         assert torch.equal(got, torch_sampler.sample(SamplingSpec.from_request("sample", x, **kw), x))
     with pytest.raises(ValueError, match="top_p"):
         sampling.sample(x, **{**kw, "top_p": 1.5}, backend="triton")
+
+
+@pytest.mark.skipif("triton" not in runnable_backends("cpu"),
+                    reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
+def test_a_repeated_triton_request_builds_no_request(gen, monkeypatch):
+    """A seen form of the Triton sampler runs its runner: each call's values are checked and go
+    to the launches bound for the form, no `SamplingSpec` is built; the results are still those
+    of the torch sampler on the request checked afresh."""
+    x = torch.randn(2, 200, generator=gen) * 2
+    ids = torch.randint(0, 200, (2, 3), generator=gen)
+
+    def keywords(top_k):
+        return dict(temperature=torch.rand(2, generator=gen) + 0.5, top_k=top_k, top_p=0.9,
+                    seed=torch.randint(0, 2**62, (2,), generator=gen))
+    calls = [("sample", keywords(5)), ("sample", keywords(9)), ("probs", dict(temperature=torch.rand(2) + 0.5)),
+             ("probs", dict(temperature=torch.rand(2) + 0.2)), ("logprobs", dict(temperature=0.7)),
+             ("logprobs", dict(temperature=1.3))]
+    for op, kw in calls[::2]:  # (each form seen once)
+        getattr(sampling, op)(x, *(ids,) if op == "logprobs" else (), **kw, backend="triton")
+    built = []
+    real = SpecForm.spec
+    monkeypatch.setattr(SpecForm, "spec", lambda self, values: built.append(values) or real(self, values))
+    got = [getattr(sampling, op)(x, *(ids,) if op == "logprobs" else (), **kw, backend="triton") for op, kw in calls]
+    assert built == [], "a repeated request built its SamplingSpec"
+    for (op, kw), result in zip(calls, got):
+        spec = SamplingSpec.from_request(op, x, **kw)
+        if op == "sample":
+            assert torch.equal(result, torch_sampler.sample(spec, x))
+        elif op == "probs":
+            _close(result, reference_probs(x, spec))
+        else:
+            _close(result, torch.log_softmax(x.double() / kw["temperature"], -1).gather(-1, ids))
+
+
+@pytest.mark.parametrize("backend", [None, TRITON_ON_CPU])
+def test_a_seen_form_keeps_no_call_tensor_alive(gen, backend):
+    """A request's memoised runner holds its form, not the tensors of the call that made it."""
+    x = torch.randn(2, 200, generator=gen)
+    t = torch.rand(2, generator=gen) + 0.5
+    seeds = torch.randint(0, 2**62, (2,), generator=gen)
+    refs = [weakref.ref(t), weakref.ref(seeds)]
+    sampling.sample(x, temperature=t, top_k=5, seed=seeds, backend=backend)
+    del t, seeds
+    gc.collect()
+    assert [r() for r in refs] == [None, None]

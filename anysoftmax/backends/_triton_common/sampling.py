@@ -26,7 +26,7 @@ import torch
 
 from ...core.cache import OnceCache
 from ...core.layout import cdiv, next_power_of_2
-from ...sampling.spec import SamplingSpec
+from ...sampling.spec import KEYWORDS, SamplingSpec
 from .launcher import Binding, bind_kernel, row_counters
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -154,12 +154,12 @@ def _word_pair(value: int) -> tuple[int, int]:
     return lo - (1 << 32) if lo >= 1 << 31 else lo, hi - (1 << 32) if hi >= 1 << 31 else hi
 
 
-def _seed_value(spec: SamplingSpec):
+def _seed_value(seed, device: torch.device):
     """The seed the kernels use: the request's, or one drawn on the device from torch's default
     generator (advancing it, as `torch.multinomial` does; no host synchronisation)."""
-    if spec.seed is None:
-        return torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=spec.device)
-    return spec.seed
+    if seed is None:
+        return torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=device)
+    return seed
 
 
 # ---- bound launchers -----------------------------------------------------------------------------
@@ -214,6 +214,27 @@ class Bound:
 
 
 _bound = OnceCache(maxsize=128)
+MAX_SCRATCH_STREAMS = 64
+
+
+def _counters_scratch(rows: int):
+    """`scratch(device)` of a scan launcher: the row counters of the current stream, then the
+    `stand_ins`. Each launcher keeps what it got per stream (the counters' lookup takes a lock
+    and a few dict moves: microseconds a call); a buffer it keeps stays its own, so a launcher
+    whose stream's buffer was since replaced (grown, evicted) still counts in zeroed words."""
+    kept: dict = {}
+
+    def scratch(device: torch.device) -> tuple:
+        # (the current stream's handle, as `row_counters` keys it, without a Stream object; the
+        # device is the logits': its index is set)
+        stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+        got = kept.get(stream)
+        if got is None:
+            if len(kept) >= MAX_SCRATCH_STREAMS:
+                kept.clear()
+            got = kept[stream] = (row_counters(device, rows), *stand_ins(device))
+        return got
+    return scratch
 
 
 def _static_ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, xs: int, top_n: int, n_ids: int,
@@ -237,7 +258,7 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, 
     scan = bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
                                operand_pointers(SCAN_POINTERS[:-1]), {**ints, **per_call}, (scan_meta,), FLOATS,
                                DEFAULT_FLOATS, PER_CALL),
-                       scratch=lambda dev: (row_counters(dev, spec.rows), *stand_ins(dev)), device=device)
+                       scratch=_counters_scratch(spec.rows), device=device)
     select = None
     if not fused:
         select = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device)
@@ -303,88 +324,161 @@ def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan 
 # The keyword operands in the kernels' order: (name, the dtype the kernels read a tensor of, the
 # shift of its flag bits); seed and offset only for `sample`.
 KEYWORD_OPERANDS = tuple((name, torch.int64 if name in ("top_k", "seed", "offset") else torch.float32,
-                          KEYWORD_BITS[name]) for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset"))
+                          KEYWORD_BITS[name]) for name in KEYWORDS)
 
 
-def _keyword_call(spec: SamplingSpec, with_seed: bool):
-    """(keyword tensors t, k, p, mp, seed, off, floats, per-call integers with the flags): one
-    pass over the keywords (each call pays it: no intermediate request is built)."""
-    values = [spec.temperature, spec.top_k, spec.top_p, spec.min_p]
-    if with_seed:
-        values += (_seed_value(spec), spec.offset)
-    flags, tensors = 0, []
-    for (name, dtype, bit), v in zip(KEYWORD_OPERANDS, values):
+def keyword_values(spec: SamplingSpec) -> list:
+    """`spec`'s checked keyword values in `spec.KEYWORDS` order: what a runner takes per call."""
+    return [getattr(spec, name) for name in KEYWORDS]
+
+
+def _keyword_call(values, with_seed: bool, device: torch.device):
+    """(keyword tensors t, k, p, mp, seed, off, floats, per-call integers with the flags) of the
+    checked keyword `values` (`spec.KEYWORDS` order)."""
+    return _keyword_caller(values, with_seed, device)(values)
+
+
+def _operand(v: torch.Tensor, dtype: torch.dtype):
+    """How a call's tensor of the form of `v` becomes the kernels' operand (a conversion that
+    returns its input still costs ~1 us a call: each step only where the form needs it)."""
+    cast = v.dtype != dtype
+    if not v.dim():
+        return (lambda t: t.to(dtype)) if cast else None
+    if cast:
+        return lambda t: t.to(dtype).contiguous()
+    return lambda t: t if t.is_contiguous() else t.contiguous()
+
+
+def _keyword_caller(form_values, with_seed: bool, device: torch.device):
+    """`call(values)` -> `_keyword_call`'s triple for every call whose checked keyword values
+    have the form of `form_values` (which are tensors, of which dtype and shape: what a request's
+    key fixes), so the flags and each operand's conversion are decided once."""
+    names = KEYWORD_OPERANDS if with_seed else KEYWORD_OPERANDS[:4]
+    flags, preps = 0, []
+    for (name, dtype, bit), v in zip(names, form_values):
+        if name == "seed" and v is None:
+            v = torch.zeros((), dtype=torch.int64)  # (drawn per call: a 0-dim int64 tensor)
         if isinstance(v, torch.Tensor):
-            # (checked first: a conversion that returns its input still costs ~1 us a call)
-            v = v if v.dtype == dtype else v.to(dtype)
-            v = v if v.is_contiguous() else v.contiguous()
             flags |= (3 if v.dim() else 1) << bit
-            tensors.append(v)
+            preps.append(_operand(v, dtype) or (lambda t: t))
         else:
-            tensors.append(None)
-    t, k, p, mp = values[:4]
-    floats = (1.0 if tensors[0] is not None else float(t), 1.0 if tensors[2] is not None else float(p),
-              0.0 if tensors[3] is not None else float(mp))
-    top_k = 0 if tensors[1] is not None else min(int(k), INT32_MAX)
-    if not with_seed:
-        return (*tensors, None, None), floats, (top_k, 0, 0, 0, 0, flags)
-    seed_words = (0, 0) if tensors[4] is not None else _word_pair(values[4])
-    off_words = (0, 0) if tensors[5] is not None else _word_pair(values[5])
-    return tuple(tensors), floats, (top_k, *seed_words, *off_words, flags)
+            preps.append(None)
+    t_prep, k_prep, p_prep, mp_prep = preps[:4]
+    tail = (None, None) if not with_seed else None
+    seed_prep, off_prep = (None, None) if not with_seed else preps[4:]
+    draw = with_seed and form_values[4] is None
+
+    def call(values):
+        t, k, p, mp, seed, offset = values
+        floats = (1.0 if t_prep else float(t), 1.0 if p_prep else float(p), 0.0 if mp_prep else float(mp))
+        top_k = 0 if k_prep else min(int(k), INT32_MAX)
+        keyword_tensors = (t_prep and t_prep(t), k_prep and k_prep(k), p_prep and p_prep(p), mp_prep and mp_prep(mp))
+        if tail is not None:
+            return (*keyword_tensors, *tail), floats, (top_k, 0, 0, 0, 0, flags)
+        if draw:
+            seed = _seed_value(None, device)
+        seed_words = (0, 0) if seed_prep else _word_pair(seed)
+        off_words = (0, 0) if off_prep else _word_pair(offset)
+        return (*keyword_tensors, seed_prep and seed_prep(seed), off_prep and off_prep(offset)), floats, \
+            (top_k, *seed_words, *off_words, flags)
+    return call
 
 
-def _select(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, outs: tuple,
-            with_seed: bool, extra: tuple = (), **shape) -> tuple:
-    """Run pass 1 and the select of `op` on the rows `x`, writing `outs` (out_i, out_f, out_f2,
-    ids; None where absent): (bound launchers, workspace, keyword tensors, floats, ints)."""
-    tensors, floats, ints = _keyword_call(spec, with_seed=with_seed)
-    # (`outs` are fresh allocations, aligned, present as `op`, top_n and n_ids say: keyed by those)
-    bound = _launchers(op, spec, x, plan, tensors=(*extra, *tensors), **shape)
-    ws = torch.empty(bound.space.words, dtype=torch.int32, device=x.device)
-    bound.scan((x, ws, *outs, *tensors), floats, ints)
-    if bound.select is not None:
-        bound.select((x, ws, ws, *outs, *tensors), floats, ints)
-    return bound, ws, tensors, floats, ints
+def remembered(bind):
+    """`get(guard, *args)`: `bind(*args)`, reused while calls pass the `guard` the call that bound
+    it passed (what a request's key does not fix: row strides, operand alignment)."""
+    last = [(None, None)]  # (one tuple, swapped whole: a racing thread reads a matching pair)
+
+    def get(guard, *args):
+        seen, bound = last[0]
+        if seen != guard:
+            bound = bind(*args)
+            last[0] = (guard, bound)
+        return bound
+    return get
+
+
+def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int = 0, n_ids: int = 0):
+    """`select(x, outs, values, extra=())` running pass 1 and the select of `op` on the rows `x` of
+    a request of `spec`'s form, writing `outs` (out_i, out_f, out_f2, ids; None where absent),
+    the keyword `values` checked: (bound launchers, workspace, keyword tensors, floats, ints)."""
+    device = spec.device
+    keyword_call = _keyword_caller(keyword_values(spec), op == "sample", device)
+    launchers = remembered(lambda x, tensors: _launchers(op, spec, x, plan, top_n, n_ids, tensors))
+
+    def select(x, outs, values, extra=()):
+        tensors, floats, ints = keyword_call(values)
+        present = (*extra, *tensors)
+        # (`outs` are fresh allocations, aligned, present as `op`, top_n and n_ids say: keyed by
+        # those; every operand 16-byte aligned, the common case, is one test of their addresses)
+        ored = x.data_ptr()
+        for t in present:
+            if t is not None:
+                ored |= t.data_ptr()
+        bound = launchers((x.stride(0), ored % 16 == 0 or _aligned(x, *present)), x, present)
+        ws = torch.empty(bound.space.words, dtype=torch.int32, device=device)
+        bound.scan((x, ws, *outs, *tensors), floats, ints)
+        if bound.select is not None:
+            bound.select((x, ws, ws, *outs, *tensors), floats, ints)
+        return bound, ws, tensors, floats, ints
+    return select
+
+
+def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan: SamplingPlan | None = None):
+    """The scan and select of every request of `spec`'s form (its op, logits' dtype, shape and
+    device, which keywords are tensors of which dtype and shape, `top_n`, the ids per row
+    `n_ids`): `sample`: f(logits, values, return_logprobs), `probs`: f(logits, values),
+    `logprobs`: f(logits, values, ids), `values` a call's checked keyword values
+    (`keyword_values`), `ids` its [rows, K] int64 ids. Bound once; a call builds no request."""
+    shape, device, rows, vocab = spec.batch_shape, spec.device, spec.rows, spec.vocab
+    select = _selector(op, spec, plan, top_n, n_ids)
+    if op == "sample":
+        def run(logits, values, return_logprobs=False):
+            # (allocated in the batch's shape: contiguous, so row r is element r, and no reshape a call)
+            ids = torch.empty(shape, dtype=torch.int64, device=device)
+            lp = torch.empty(shape, dtype=torch.float32, device=device)
+            if rows:
+                select(rows_view(logits, spec), (ids, lp, None, None), values)
+            return (ids, lp) if return_logprobs else ids
+    elif op == "probs":
+        def run(logits, values):
+            y = torch.empty(logits.shape, dtype=torch.float32, device=device)  # (contiguous: [rows, V] rows)
+            if rows:
+                x = rows_view(logits, spec)
+                bound, ws, tensors, floats, ints = select(x, (None,) * 4, values)
+                bound.second((x, ws, y, tensors[0]), floats[:1], ints[-1:])
+            return y
+    else:
+        def run(logits, values, ids):
+            out = torch.empty((rows, n_ids), dtype=torch.float32, device=device)
+            top_values = torch.empty((rows, top_n), dtype=torch.float32, device=device) if top_n else None
+            top_ids = torch.empty((rows, top_n), dtype=torch.int64, device=device) if top_n else None
+            if rows:
+                # (empty operands are stood in for: a kernel never gets a pointer to nothing)
+                ids = ids.contiguous() if n_ids else None
+                outs = (top_ids if top_n else None, out if n_ids else None, top_values if top_n else None, ids)
+                select(rows_view(logits, spec), outs, values, (ids,))
+            return (out, top_values, top_ids) if top_n else out
+    return run
 
 
 def sample(spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
            plan: SamplingPlan | None = None):
     """int64 token ids of shape ``logits.shape[:-1]`` drawn as `spec` says (and their float32
     log-probabilities under the distribution drawn from)."""
-    # (allocated in the batch's shape: contiguous, so row r is element r, and no reshape a call)
-    ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=logits.device)
-    lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=logits.device)
-    if spec.rows:
-        _select("sample", spec, rows_view(logits, spec), plan, (ids, lp, None, None), with_seed=True)
-    return (ids, lp) if return_logprobs else ids
+    return runner("sample", spec, plan=plan)(logits, keyword_values(spec), return_logprobs)
 
 
 def probs(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None = None) -> torch.Tensor:
     """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
-    y = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # (contiguous: [rows, V] rows)
-    if spec.rows:
-        x = rows_view(logits, spec)
-        bound, ws, tensors, floats, ints = _select("probs", spec, x, plan, (None,) * 4, with_seed=False)
-        bound.second((x, ws, y, tensors[0]), floats[:1], ints[-1:])
-    return y
+    return runner("probs", spec, plan=plan)(logits, keyword_values(spec))
 
 
 def logprobs(spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
              plan: SamplingPlan | None = None):
     """float32 log-probabilities of `ids` ([rows, K], validated) under log_softmax(logits /
     temperature), and with `top_n` the top-n values and ids (`torch_sampler.logprobs`' contract)."""
-    device = logits.device
-    n_ids = ids.shape[-1]
-    out = torch.empty((spec.rows, n_ids), dtype=torch.float32, device=device)
-    values = torch.empty((spec.rows, top_n), dtype=torch.float32, device=device) if top_n else None
-    top_ids = torch.empty((spec.rows, top_n), dtype=torch.int64, device=device) if top_n else None
-    if spec.rows:
-        # (empty operands are stood in for: a kernel never gets a pointer to nothing)
-        ids = ids.contiguous() if n_ids else None
-        outs = (top_ids if top_n else None, out if n_ids else None, values if top_n else None, ids)
-        _select("logprobs", spec, rows_view(logits, spec), plan, outs, with_seed=False, extra=(ids,), top_n=top_n,
-                n_ids=n_ids)
-    return (out, values, top_ids) if top_n else out
+    return runner("logprobs", spec, top_n, ids.shape[-1], plan=plan)(logits, keyword_values(spec), ids)
 
 
 PATHS = ("none", "race", "candidates", "general")  # (sampling_kernels.PATH_*)
@@ -394,7 +488,7 @@ def row_paths(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | 
     """Which path each row's select took for `probs` of `spec` (the same as `sample`'s): "race"
     (no filter), "candidates", "general" (the whole row re-read), "none" (greedy, invalid).
     For tests and benchmarks: it runs the scan and the select, then reads the result (a sync)."""
-    bound, ws, *_ = _select("probs", spec, rows_view(logits, spec), plan, (None,) * 4, with_seed=False)
+    bound, ws, *_ = _selector("probs", spec, plan)(rows_view(logits, spec), (None,) * 4, keyword_values(spec))
     words = ws[bound.space.res_off:].view(spec.rows, RESULT_WORDS)[:, 4].tolist()
     return [PATHS[w] for w in words]
 
@@ -410,7 +504,7 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     must have the same size (and plan): their workspaces then line up word for word."""
     x = rows_view(logits_shard, spec)
     plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
-    tensors, floats, ints = _keyword_call(spec, with_seed=op == "sample")
+    tensors, floats, ints = _keyword_call(keyword_values(spec), op == "sample", spec.device)
     bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total,
                        fused=False)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=logits_shard.device)
@@ -427,7 +521,7 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     below what the chunks kept) get id -2: they need the whole row."""
     space = Workspace.of(plan, spec.rows, spec.vocab, shards)
     device = gathered.device
-    tensors, floats, ints = _keyword_call(spec, with_seed=True)
+    tensors, floats, ints = _keyword_call(keyword_values(spec), True, device)
     launch = _bound.get(("select_shards", spec.rows, spec.vocab, shards, vocab_total, device, plan,
                          _aligned(gathered, *tensors)),
                         lambda: _select_launcher("sample", spec, plan, space, 0, 0, 0, 0, vocab_total, shards, False,
@@ -440,5 +534,6 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
 
 
-__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "logprobs", "operand_pointers", "plan_for",
-           "probs", "programs_on", "row_paths", "sample", "scan_shard", "select_shards", "stand_ins", "supports"]
+__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "keyword_values", "logprobs", "operand_pointers",
+           "plan_for", "probs", "programs_on", "remembered", "row_paths", "runner", "sample", "scan_shard",
+           "select_shards", "stand_ins", "supports"]

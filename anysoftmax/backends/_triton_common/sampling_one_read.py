@@ -38,12 +38,17 @@ ID_BLOCK = 64  # ids per step of the gather
 _bound = OnceCache(maxsize=128)
 
 
+def _no_filter(top_k, top_p, min_p, vocab: int) -> bool:
+    # (numbers only: a tensor's rows are not read)
+    return (top_k == 0 or top_k >= vocab) and top_p >= 1.0 and min_p == 0.0
+
+
 def needs_no_filter(spec: SamplingSpec) -> bool:
     """True when top_k, top_p and min_p are off as numbers (a tensor's rows are not read)."""
     k, p, mp = spec.top_k, spec.top_p, spec.min_p
     if isinstance(k, torch.Tensor) or isinstance(p, torch.Tensor) or isinstance(mp, torch.Tensor):
         return False
-    return (k == 0 or k >= spec.vocab) and p >= 1.0 and mp == 0.0
+    return _no_filter(k, p, mp, spec.vocab)
 
 
 def takes_probs(spec: SamplingSpec) -> bool:
@@ -52,9 +57,8 @@ def takes_probs(spec: SamplingSpec) -> bool:
     return needs_no_filter(spec) and (isinstance(t, torch.Tensor) or t > 0)
 
 
-def _temperature_operand(spec: SamplingSpec) -> tuple[torch.Tensor | None, int]:
-    """(the temperature as a contiguous float32 tensor or None for a number, its row stride)."""
-    t = spec.temperature
+def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
+    """(the temperature `t` (checked) as a contiguous float32 tensor or None for a number, its row stride)."""
     if not isinstance(t, torch.Tensor):
         return None, 0
     # (checked first: a conversion that returns its input still costs ~1 us a call)
@@ -106,56 +110,92 @@ class Sampler:
     def __init__(self, backend):
         self.backend = backend
 
-    # ---- probs ----
+    # ---- the API's functions: each through its form's runner ----
 
     def probs(self, spec: SamplingSpec, logits: torch.Tensor, *, plan: sampling.SamplingPlan | None = None):
         """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
-        if plan is not None or not spec.rows or not takes_probs(spec):
+        if plan is not None:
             return sampling.probs(spec, logits, plan=plan)
-        x = sampling.rows_view(logits, spec)
-        t, t_stride = _temperature_operand(spec)
-        run = self._launchers("probs", spec, x, t is not None, t_stride)
-        if t is None:
-            y = self._read(run, x, 1.0 / spec.temperature)
-        else:
-            s = torch.empty((spec.rows, 1), dtype=torch.float32, device=x.device)
-            run.scale((t, s))
-            y = self._read(run, x, s)
-            run.after((x, y, t))
-        return y.reshape(logits.shape)
-
-    # ---- sample: the scan and select ----
+        return self.runner("probs", spec)(logits, sampling.keyword_values(spec))
 
     def sample(self, spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
                plan: sampling.SamplingPlan | None = None):
         """int64 token ids of shape ``logits.shape[:-1]`` (and their float32 log-probabilities)."""
         return sampling.sample(spec, logits, return_logprobs, plan=plan)
 
-    # ---- logprobs ----
-
     def logprobs(self, spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
                  plan: sampling.SamplingPlan | None = None):
         """float32 log-probabilities of `ids` ([rows, K], validated) under log_softmax(logits /
         temperature), and with `top_n` the top-n values and ids (`sampling.logprobs`)."""
-        n_ids = ids.shape[-1]
-        if top_n or plan is not None or not spec.rows or not n_ids:
+        if plan is not None:
             return sampling.logprobs(spec, logits, ids, top_n, plan=plan)
-        x = sampling.rows_view(logits, spec)
-        t, t_stride = _temperature_operand(spec)
-        run = self._launchers("logprobs", spec, x, t is not None, t_stride, n_ids)
-        out = torch.empty((spec.rows, n_ids), dtype=torch.float32, device=x.device)
-        ids = ids if ids.is_contiguous() else ids.contiguous()
-        if t is None:
-            number = float(spec.temperature)
-            scale = 1.0 / number if number > 0 else 1.0
-            lse = self._read(run, x, scale)
-            run.after((x, lse, None, None, ids, out), (number, scale))
-        else:
-            s = torch.empty((spec.rows, 1), dtype=torch.float32, device=x.device)
-            run.scale((t, s))
-            lse = self._read(run, x, s)
-            run.after((x, lse, s, t, ids, out))
-        return out
+        return self.runner("logprobs", spec, top_n, ids.shape[-1])(logits, sampling.keyword_values(spec), ids)
+
+    def runner(self, op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0):
+        """`sampling.runner`'s functions for every request of `spec`'s form, sending a call that
+        needs no filter to the one read (see the module); which keywords are tensors is the
+        form's, so only the numbers' values are looked at per call."""
+        scan = sampling.runner(op, spec, top_n, n_ids)
+        row_t = isinstance(spec.temperature, torch.Tensor)
+        if op == "probs":
+            if not spec.rows or any(isinstance(v, torch.Tensor) for v in (spec.top_k, spec.top_p, spec.min_p)):
+                return scan
+            one_read, vocab = self._probs_one_read(spec, row_t), spec.vocab
+
+            def probs(logits, values):
+                t, k, p, mp = values[:4]
+                if _no_filter(k, p, mp, vocab) and (row_t or t > 0):
+                    return one_read(logits, t)
+                return scan(logits, values)
+            return probs
+        if op == "logprobs" and not top_n and spec.rows and n_ids:
+            return self._logprobs_one_read(spec, row_t, n_ids)
+        return scan
+
+    def _one_read_launchers(self, op: str, spec: SamplingSpec, row_t: bool, n_ids: int = 0):
+        launchers = sampling.remembered(lambda x, t_stride: self._launchers(op, spec, x, row_t, t_stride, n_ids))
+        return lambda x, t_stride: launchers((x.stride(0), x.data_ptr() % 16 == 0, t_stride), x, t_stride)
+
+    def _probs_one_read(self, spec: SamplingSpec, row_t: bool):
+        launchers = self._one_read_launchers("probs", spec, row_t)
+        rows, device, flat = spec.rows, spec.device, len(spec.batch_shape) == 1
+
+        def probs(logits, temperature):
+            x = sampling.rows_view(logits, spec)
+            t, t_stride = _temperature_operand(temperature)
+            run = launchers(x, t_stride)
+            if t is None:
+                y = self._read(run, x, 1.0 / temperature)
+            else:
+                s = torch.empty((rows, 1), dtype=torch.float32, device=device)
+                run.scale((t, s))
+                y = self._read(run, x, s)
+                run.after((x, y, t))
+            return y if flat else y.reshape(logits.shape)  # (a reshape to its own shape still costs ~1 us)
+        return probs
+
+    def _logprobs_one_read(self, spec: SamplingSpec, row_t: bool, n_ids: int):
+        launchers = self._one_read_launchers("logprobs", spec, row_t, n_ids)
+        rows, device = spec.rows, spec.device
+
+        def logprobs(logits, values, ids):
+            x = sampling.rows_view(logits, spec)
+            t, t_stride = _temperature_operand(values[0])
+            run = launchers(x, t_stride)
+            out = torch.empty((rows, n_ids), dtype=torch.float32, device=device)
+            ids = ids if ids.is_contiguous() else ids.contiguous()
+            if t is None:
+                number = float(values[0])
+                scale = 1.0 / number if number > 0 else 1.0
+                lse = self._read(run, x, scale)
+                run.after((x, lse, None, None, ids, out), (number, scale))
+            else:
+                s = torch.empty((rows, 1), dtype=torch.float32, device=device)
+                run.scale((t, s))
+                lse = self._read(run, x, s)
+                run.after((x, lse, s, t, ids, out))
+            return out
+        return logprobs
 
     # ---- binding ----
 

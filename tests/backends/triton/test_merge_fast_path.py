@@ -78,7 +78,7 @@ def test_merge_fast_path_passes_what_triton_launch_takes(k, given, monkeypatch):
     outputs, lses = _operands(k, dtype)
     out, lse_out = outs()
     first = _merge(outputs, lses, out, lse_out)  # binds (interpreted)
-    run, _ = dispatch._memo.get(request_key(MERGE, outputs, lses, None, "triton", False, out, None, lse_out))
+    run, *_ = dispatch._memo.get(request_key(MERGE, outputs, lses, None, "triton", False, out, None, lse_out))
     assert run.state["how"] == (False, False, False, False)  # one dtype each, shared strides: nothing copied
     launch = run.state["launch"]
     # Worked out by hand: n_rows, D, S1, partials (r0, r1, d), lses (r0, r1), out (r0, r1, d), lse_out;

@@ -18,7 +18,7 @@ from anysoftmax.backends._triton_common import sampling as triton_sampling
 from anysoftmax.backends._triton_common import sampling_one_read
 from anysoftmax.backends._triton_common import softmax_launchers
 from anysoftmax.core import registry
-from anysoftmax.core.backend import as_backend
+from anysoftmax.core.backend import Backend, as_backend
 from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
 from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL
@@ -31,14 +31,23 @@ ROWS, VOCAB = 6, 700
 LP_ATOL, LP_RTOL = 2e-5, 1e-5
 
 
+class _Marker(Backend):
+    name, devices, priority = "scan-calls-marker", ("cpu",), -1
+
+
 @pytest.fixture
 def scan_calls(monkeypatch):
-    """The calls that reach the scan and select (`sampling.probs` / `logprobs`)."""
+    """The calls that reach the scan and select (the functions of `sampling.runner`)."""
     calls = []
-    for name in ("probs", "logprobs"):
-        real = getattr(triton_sampling, name)
-        monkeypatch.setattr(triton_sampling, name, lambda *a, _real=real, _name=name, **k: calls.append(_name)
-                            or _real(*a, **k))
+    real = triton_sampling.runner
+
+    def runner(op, *args, **kwargs):
+        run = real(op, *args, **kwargs)
+        return lambda *a: calls.append(op) or run(*a)
+    monkeypatch.setattr(triton_sampling, "runner", runner)
+    # (a new registry generation: the API makes every request's runner afresh, through the spy)
+    registry.register(_Marker())
+    registry.unregister(_Marker.name)
     return calls
 
 

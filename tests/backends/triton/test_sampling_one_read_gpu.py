@@ -12,6 +12,7 @@ import torch
 
 import anysoftmax.sampling as sampling
 from anysoftmax.backends._triton_common import sampling as triton_sampling
+from anysoftmax.sampling import torch_sampler
 from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
 from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL
@@ -63,3 +64,23 @@ def test_one_read_paths_and_the_top_k_select_on_the_gpu(dtype):
     _, want_v, want_i = sampling.logprobs(xs, ids[:2], temperature=kw["temperature"], top_n=20, backend="torch")
     assert torch.equal(top_ids, want_i)
     torch.testing.assert_close(values, want_v, atol=2e-5, rtol=1e-5)
+
+
+def test_repeated_draws_on_two_streams_match_the_torch_sampler():
+    """A request's runner keeps each stream's row counters: the same form drawn alternately on
+    two streams (its launchers bound once), with new values each call, gives the torch
+    sampler's seeded draws on every call."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
+    x = _logits(torch.bfloat16)[[0, 2, 5]]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    got, want = [], []
+    for i in range(6):
+        kw = dict(temperature=torch.rand(3, device="cuda") + 0.5, top_k=50, top_p=0.9,
+                  seed=torch.randint(0, 2**62, (3,), device="cuda"), offset=i)
+        with torch.cuda.stream(streams[i % 2]):
+            got.append(sampling.sample(x, **kw, backend="triton"))
+        torch.cuda.synchronize()
+        want.append(torch_sampler.sample(SamplingSpec.from_request("sample", x, **kw), x))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
