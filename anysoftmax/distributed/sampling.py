@@ -166,6 +166,11 @@ def _gathered_sample(logits, sizes, world, group, spec, seed, keywords, return_l
     return sampling.sample(full, seed=seed, return_logprobs=return_logprobs, **keywords)
 
 
+def uses_kernels(backend: str | None, device: torch.device) -> bool:
+    """Whether `sample` tries the Triton shard kernels: named, or by default on CUDA/ROCm logits."""
+    return backend == kernel_sampling.KERNEL_BACKEND or (backend is None and device.type == "cuda")
+
+
 def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=None, top_p=None, min_p=None,
            seed=None, offset=0, return_logprobs: bool = False, backend: str | None = None):
     """One token id per row, the same on every rank of `group`, drawn from the distribution
@@ -188,8 +193,7 @@ def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=No
     shard = _shard(who, logits_shard, group)
     keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, offset=offset)
     spec = SamplingSpec.from_request(who, logits_shard, seed=seed, **keywords)
-    kernels = backend == kernel_sampling.KERNEL_BACKEND or (backend is None and spec.device.type == "cuda")
-    if not kernels or kernel_sampling.refusal(spec, shard[2]) is not None:
+    if not uses_kernels(backend, spec.device) or kernel_sampling.refusal(spec, shard[2]) is not None:
         return _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs)
     start, sizes = shard[3], shard[2]
     done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), shard[1], group)

@@ -114,3 +114,13 @@ def test_unknown_backend_is_refused(one_rank, gen):
     for bad in ("tirton", "cute", 3):
         with pytest.raises(ValueError, match=f"backend must be one of .*{bad!r}"):
             asd.sample(x, backend=bad)
+
+
+def test_the_default_tries_the_shard_kernels_on_cuda_logits_only():
+    """`backend=None`: the Triton shard kernels for CUDA/ROCm logits, the torch-ops path elsewhere;
+    a named backend is taken as named (the kernels still fall back where they refuse)."""
+    from anysoftmax.distributed.sampling import uses_kernels
+
+    assert uses_kernels(None, torch.device("cuda", 0)) and uses_kernels("triton", torch.device("cpu"))
+    assert not uses_kernels(None, torch.device("cpu")) and not uses_kernels(None, torch.device("meta"))
+    assert not uses_kernels("torch", torch.device("cuda", 0))
