@@ -10,8 +10,8 @@ al., SC'11; Triton's generator) with
   0-dim tensor, or no seed) and 0 for a per-row seed tensor, so that a request with its own
   seed draws the same wherever it sits in the batch.
 
-One Philox call thus serves four consecutive global ids (the block ``4j .. 4j + 3``): the race
-over a row is compute-bound, and the generator's ten rounds are most of its work. The four
+One Philox call thus serves four consecutive global ids (the block ``4j .. 4j + 3``): a
+quarter of the generator's ten rounds per token in the race over a row. The four
 words of one call are independent by construction, as independent as words of different
 calls: Philox is a keyed bijection of the 128-bit counter, built (and tested with TestU01's
 BigCrush on its whole output stream, Salmon et al.) to give one uniform 128-bit value per
