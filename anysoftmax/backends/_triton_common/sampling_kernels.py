@@ -99,12 +99,8 @@ KEY_NONE = tl.constexpr(-2147483648)  # a key threshold that keeps every finite 
 KEY_NEG_INF = tl.constexpr(-2139095041)  # key(-inf): below every finite z's key
 BIG_ID = tl.constexpr(2147483647)
 NEG_INF_BITS = tl.constexpr(-8388608)  # 0xff800000
-NAN_BITS = tl.constexpr(2143289344)  # 0x7fc00000
 TWO_POW_M32 = tl.constexpr(2.3283064365386963e-10)
 U_MAX = tl.constexpr(0.99999994039535522)  # 1 - 2**-24: rng.py's clamp of float32 u
-# Race keys z - log E exceed z by at most -log(min E) = -log(2**-33) < 23: a key more than this
-# above every z left out cannot be beaten by it.
-RACE_MARGIN = tl.constexpr(23.0)
 
 
 # ---- small helpers ------------------------------------------------------------------------------
@@ -135,11 +131,6 @@ def _stf(ptr, value):
 @triton.jit
 def _sum2(x):
     return tl.sum(tl.sum(x, 1), 0)
-
-
-@triton.jit
-def _max2(x):
-    return tl.max(tl.max(x, 1), 0)
 
 
 @triton.jit

@@ -14,15 +14,14 @@ import pytest
 import torch
 
 import anysoftmax.sampling as sampling
-from anysoftmax.backends._triton_common import sampling as triton_sampling
 from anysoftmax.backends._triton_common import sampling_one_read
-from anysoftmax.backends._triton_common import softmax_launchers
 from anysoftmax.core import registry
-from anysoftmax.core.backend import Backend, as_backend
+from anysoftmax.core.backend import as_backend
 from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
 from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL
 from helpers import runnable_backends
+from helpers.spies import bound_softmax_plans, sampler_runs
 
 pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
                                 reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
@@ -31,37 +30,16 @@ ROWS, VOCAB = 6, 700
 LP_ATOL, LP_RTOL = 2e-5, 1e-5
 
 
-class _Marker(Backend):
-    name, devices, priority = "scan-calls-marker", ("cpu",), -1
-
-
 @pytest.fixture
 def scan_calls(monkeypatch):
     """The calls that reach the scan and select (the functions of `sampling.runner`)."""
-    calls = []
-    real = triton_sampling.runner
-
-    def runner(op, *args, **kwargs):
-        run = real(op, *args, **kwargs)
-        return lambda *a: calls.append(op) or run(*a)
-    monkeypatch.setattr(triton_sampling, "runner", runner)
-    # (a new registry generation: the API makes every request's runner afresh, through the spy)
-    registry.register(_Marker())
-    registry.unregister(_Marker.name)
-    return calls
+    return sampler_runs(monkeypatch)
 
 
 @pytest.fixture
 def row_scale_reads(monkeypatch):
     """(kernel kind, has a row scale) of every softmax launch the backend binds."""
-    seen = []
-    real = softmax_launchers.bind
-
-    def spy(plan, *args, **kwargs):
-        seen.append((plan.kind, plan.fusion.has_row_scale))
-        return real(plan, *args, **kwargs)
-    monkeypatch.setattr(softmax_launchers, "bind", spy)
-    return seen
+    return bound_softmax_plans(monkeypatch)
 
 
 def _logits(gen, dtype=torch.float32):

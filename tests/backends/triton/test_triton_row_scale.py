@@ -16,6 +16,7 @@ from anysoftmax.testing import check_forward
 from anysoftmax.testing.cases import row_scale
 from anysoftmax.testing.checks import check_logsumexp
 from helpers import LONG_ROW_PATHS, runnable_backends
+from helpers.spies import bound_softmax_plans
 
 ON_CPU = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
                             reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
@@ -44,15 +45,7 @@ def _cases():
 @pytest.fixture
 def launched(monkeypatch):
     """The (kind, has_row_scale) of every forward plan the triton launchers bind."""
-    seen = []
-    real = softmax_launchers.bind
-
-    def spy(plan, *args, **kwargs):
-        seen.append((plan.kind, plan.fusion.has_row_scale))
-        return real(plan, *args, **kwargs)
-
-    for module in (softmax_launchers, lse_rows):
-        monkeypatch.setattr(module, "bind", spy)
+    seen = bound_softmax_plans(monkeypatch, softmax_launchers, lse_rows)
     real_kernel = lse_kernel_module.bind_kernel
 
     def spy_kernel(binding, *args, **kwargs):
