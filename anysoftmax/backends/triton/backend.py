@@ -97,10 +97,12 @@ def _resident(draft: KernelPlan, props: DeviceProps, programs_per_sm) -> tuple[K
 
 
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False,
-               fusion: Fusion = Fusion()) -> KernelPlan:
-    """Kernel, tile, warps and cooperation for `layout` on a GPU with `props` (None: the
-    interpreter, never cooperative); the grid (it needs the compiled kernel's occupancy) is 1."""
-    tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward)
+               fusion: Fusion = Fusion(), out_bytes: int | None = None) -> KernelPlan:
+    """Kernel, tile, warps and cooperation for `layout` (x of `elem_bytes`, the forward's y of
+    `out_bytes`) on a GPU with `props` (None: the interpreter, never cooperative); the grid (it
+    needs the compiled kernel's occupancy) is 1."""
+    tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward,
+                                    out_bytes)
     common = dict(chunks=tile["chunks"], backward=backward, fusion=fusion)
     if props is None:
         return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, **common)
@@ -170,7 +172,8 @@ class TritonBackend(Backend):
     def _make_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
         index = None if interpreter.interpreting() else device_index(x.device)
         props = None if index is None else device_props(index)
-        draft = draft_plan(layout, x.element_size(), props, backward, Fusion.of(spec))
+        draft = draft_plan(layout, x.element_size(), props, backward, Fusion.of(spec),
+                           out_bytes=spec.out_dtype.itemsize)
         n_items = draft.work_items(layout)
         if props is None:
             # Programs run one after another here: few of them, each looping over several

@@ -31,9 +31,11 @@ def by_elem_size(value, elem_bytes: int):
     return by_bound(value, elem_bytes) if isinstance(value, list) else value
 
 
-def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = None, backward: bool = False) -> dict:
-    """The kernel for a request: column tiles for a reduction across contiguous rows (forward
-    only), else the row kernels; the backward has two forms, whole rows or split rows."""
+def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = None, backward: bool = False,
+                  out_bytes: int | None = None) -> dict:
+    """The kernel for a request (x of `elem_bytes`, the forward's y of `out_bytes`, default
+    x's): column tiles for a reduction across contiguous rows (forward only), else the row
+    kernels; the backward has two forms, whole rows or split rows."""
     view = None if backward else column_view(layout)
     if view is not None and view.n_inner >= table()["cols_min_inner"]:
         return choose_cols_tile(view, elem_bytes, sm_count)
@@ -42,10 +44,11 @@ def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = Non
         padded = next_power_of_2(max(layout.n_cols, 1))
         if padded * elem_bytes > t["bwd_max_tile_bytes"] or padded > t["max_tile_elems"]:
             return split_tile(layout, elem_bytes, sm_count, backward=True)
-    return choose_tile(layout, elem_bytes, sm_count)
+    return choose_tile(layout, elem_bytes, sm_count, out_bytes)
 
 
-def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None) -> dict:
+def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None,
+                out_bytes: int | None = None) -> dict:
     """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, chunks}."""
     t = table()
     block_n = next_power_of_2(max(layout.n_cols, 1))
@@ -57,18 +60,21 @@ def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = N
     if t["long_rows"] == "online":
         block_n = min(t["online_block_n"], t["max_tile_elems"])
         return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], chunks=1)
-    return split_tile(layout, elem_bytes, sm_count)
+    return split_tile(layout, elem_bytes, sm_count, out_bytes=out_bytes)
 
 
-def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None, backward: bool = False) -> dict:
+def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None, backward: bool = False,
+               out_bytes: int | None = None) -> dict:
     """Rows cut into chunks held by different programs: `split_chunk_bytes` each
-    (`bwd_split_chunk_bytes` backward), halved (down to `split_min_chunk_elems`) while there are
-    too few chunks to fill `sm_count` SMs; `forms`: the cooperative kernel's forms of its one
-    launch that the table turns on (`phase0_forms`)."""
+    (`bwd_split_chunk_bytes` backward) of the wider of x's `elem_bytes` and the forward's
+    `out_bytes`, halved (down to `split_min_chunk_elems`) while there are too few chunks to
+    fill `sm_count` SMs; `forms`: the cooperative kernel's forms of its one launch that the
+    table turns on (`phase0_forms`, by x's element size)."""
     t = table()
     prefix = "bwd_split_" if backward else "split_"
-    chunk_bytes = by_elem_size(t[prefix + "chunk_bytes"], elem_bytes)
-    chunk = min(max(chunk_bytes // elem_bytes, 1), t["max_tile_elems"])
+    wide = max(elem_bytes, out_bytes or elem_bytes)
+    chunk_bytes = by_elem_size(t[prefix + "chunk_bytes"], wide)
+    chunk = min(max(chunk_bytes // wide, 1), t["max_tile_elems"])
     if sm_count:
         wanted = t["split_items_per_sm"] * sm_count
         while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * -(-layout.n_cols // chunk) < wanted:

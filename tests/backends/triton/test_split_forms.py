@@ -22,6 +22,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+import anysoftmax
+
 from anysoftmax.backends._triton_common.plan import make_plan
 from anysoftmax.backends.triton import heuristics
 from anysoftmax.testing.cases import LONG_DTYPES, LONG_ROW_CASES, LONG_VARIANT_CASES
@@ -320,3 +322,38 @@ def test_gpu_cooperative_forms_fused(case, dtype, gen):
         skip_if_refused(check_variant(x, case.dim, kw, backend="triton", log=False))
 
 
+
+
+def test_split_chunks_are_sized_by_the_wider_operand(monkeypatch):
+    """A forward split's chunk holds `split_chunk_bytes` of the wider of x and y: bfloat16
+    logits written as float32 probabilities take float32's chunk (half bfloat16's elements:
+    NVIDIA H100/H200, 0.96 -> 1.15 of the same-bytes copy at 512 x 128256), bfloat16 written
+    as bfloat16 keeps its own; the backend plans with the request's output dtype."""
+    from anysoftmax.backends.triton import backend as triton_backend
+    from anysoftmax.backends.triton.occupancy import H100_SXM
+    from anysoftmax.core.layout import RowLayout
+
+    layout = RowLayout.from_strides((512, 128256), (128256, 1), (128256, 1), 1)
+    same = triton_backend.draft_plan(layout, 2, H100_SXM)
+    wider = triton_backend.draft_plan(layout, 2, H100_SXM, out_bytes=4)
+    fp32 = triton_backend.draft_plan(layout, 4, H100_SXM)
+    assert same.block_n == 2 * wider.block_n and wider.block_n == fp32.block_n
+    assert triton_backend.draft_plan(layout, 4, H100_SXM, out_bytes=2).block_n == fp32.block_n
+    assert triton_backend.draft_plan(layout, 2, H100_SXM, backward=True, out_bytes=4).block_n == \
+        triton_backend.draft_plan(layout, 2, H100_SXM, backward=True).block_n
+
+    seen = []
+    real = triton_backend.draft_plan
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("out_bytes"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(triton_backend, "draft_plan", spy)
+    x = torch.randn(3, 300, dtype=torch.bfloat16)
+    with heuristics.override(max_tile_elems=64, split_chunk_bytes=128):
+        y = anysoftmax.softmax(x, -1, dtype=torch.float32, backend="triton")
+        seen_wide = list(seen)
+        anysoftmax.softmax(x, -1, backend="triton")
+    torch.testing.assert_close(y, torch.softmax(x.double(), -1).float(), atol=1e-6, rtol=1e-5)
+    assert seen_wide == [4] and seen[1:] == [2]
