@@ -20,6 +20,21 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
+def one_rank_sharded_launcher(x: torch.Tensor, *, want_lse: bool = False, slots: int = 8):
+    """The triton backend's one-read sharded launcher of `x` (rows along dim 1, a scale) on one
+    rank, whose mailbox of `slots` rows per half waits on no peer: `f(x, mask, sinks, scale,
+    softcap, epoch, slot_base) -> (y, lse)`."""
+    from anysoftmax.backends.triton.backend import TritonBackend
+
+    words = torch.zeros(2 * slots, dtype=torch.int64, device=x.device)
+    peers = torch.tensor([words.data_ptr()], dtype=torch.int64, device=x.device)
+    run = TritonBackend.sharded_softmax_launcher(x, 1, log=False, has_scale=True, has_cap=False, mask=None,
+                                                 has_sink=False, want_lse=want_lse, rank=0, world=1, words=words,
+                                                 peers=peers)
+    run.mailbox = (words, peers)  # (kept alive with the launcher: it holds their addresses)
+    return run
+
+
 def mismatched_rows(rank: int, init: str, out: str) -> None:
     """Rank r calls with r more rows than rank 0; writes the error each rank got to out.<r>."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60))

@@ -222,16 +222,16 @@ def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
     """(launcher, reason): `native_launch.make`'s launcher of `compiled`, or None and why not (a
     user who named `native` is warned once per reason)."""
     try:
-        if b.per_call:
-            raise native_launch.NativeUnavailable("per-call integer arguments (native launches fix the integers)")
         if any(type(c.run).__name__ != "CudaLauncher" for c in compiled):
             raise native_launch.NativeUnavailable("the kernels are not launched by Triton's CUDA launcher")
         native_launch.module()
-        if not native_launch.follows_torch_stream(args[0]):
+        # (the first operand may be absent: a sharded select has no logits; the scratch is on the device)
+        tensor = next(a for a in args if a is not None)
+        if not native_launch.follows_torch_stream(tensor):
             raise native_launch.NativeUnavailable("TVM-FFI does not see torch's current stream here")
         floats = {name: (j, v) for j, (name, v) in enumerate(zip(b.floats, b.values))}
-        return native_launch.make(compiled, b.grid, args[0].device.index or 0, dict(zip(b.pointer_names, index)),
-                                  b.ints, floats, accepted_tensors(args, index)), None
+        return native_launch.make(compiled, b.grid, tensor.device.index or 0, dict(zip(b.pointer_names, index)),
+                                  b.ints, floats, accepted_tensors(args, index), per_call=b.per_call), None
     except native_launch.NativeUnavailable as exc:
         reason = str(exc)
         if native_launch.EXPLICIT and reason not in _native_warned:
@@ -244,8 +244,9 @@ def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
 def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device | None = None, guard=None):
     """`launch(args, values=b.values, per_call=())` launching `b.kernel` once per entry of `b.metas`
     on the current stream: `args` the call's tensors (None where absent), `values` the per-call
-    floats, `per_call` the per-call integers; `scratch(device)`: tensors appended to `args`. Later
-    launches take the fast path while no launch hook is active (a profiler's needs Triton's path).
+    floats, `per_call` the per-call integers (none: `b.ints`' placeholders); `scratch(device)`:
+    tensors appended to `args`. Later launches take the fast path while no launch hook is active
+    (a profiler's needs Triton's path), through the native launcher where it was made.
     `replan()`: the launcher to use when the driver refuses a cooperative grid (MPS SM limits,
     green contexts). `device` is made current around each launch by `guard` (default
     `device_guard` where several GPUs are visible). `launch.prime(compiled, args, stream_of=None)`
@@ -261,6 +262,8 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
     if names[at:at + len(b.per_call)] != b.per_call:
         raise ValueError(f"per-call integers {b.per_call} are not adjacent in {names}")
     ints_before, ints_after = ints[:at], ints[at + len(b.per_call):]
+    # (what a call passing no per-call integers launches with: the binding's placeholders)
+    per_call_default = ints[at:at + len(b.per_call)]
     n_positional = len(b.pointer_names) + len(ints) + len(b.floats)
     positional = runtime_params(kernel) == (*b.pointer_names, *names, *b.floats)
     no_fast = "no fast path (interpreted, ANYSOFTMAX_FAST_LAUNCH=0, or not Triton's launcher)"
@@ -309,6 +312,8 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                 if scratch is not None:
                     args = (*args, *scratch(device))
                 if via is not None:
+                    if per_call_default:  # (the native launcher then takes every float and integer)
+                        return via(*args, *values, *(per_call or per_call_default))
                     return via(*args) if values is default else via(*args, *values)
                 # Raw addresses: the request was validated (tensors on this device), so the
                 # launcher's per-pointer driver query is skipped.
@@ -319,7 +324,8 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                         fn(*before, stream, *after, *ptrs, *rest)
                 else:
                     for fn, before, after, tail, _ in calls:
-                        fn(*before, stream, *after, *ptrs, *ints_before, *per_call, *ints_after, *values, *tail)
+                        fn(*before, stream, *after, *ptrs, *ints_before, *(per_call or per_call_default), *ints_after,
+                           *values, *tail)
                 return None
         if scratch is not None:
             args = (*args, *scratch(device_of(args)))

@@ -23,16 +23,18 @@ namespace ffi = tvm::ffi;
 
 namespace {
 
-// The most tensor, float and kernel parameters a launcher takes: the softmax kernels take
-// under 50 parameters; a larger kernel is refused when the launcher is made.
+// The most tensor, float, per-call integer and kernel parameters a launcher takes: the softmax
+// kernels take under 50 parameters; a larger kernel is refused when the launcher is made.
 constexpr int kMaxTensors = 24;  // merge_states at K = 8: 8 partials, 8 lses, out, lse
 constexpr int kMaxValues = 8;
+constexpr int kMaxInts = 8;  // the sampler's scan and select: top_k, seed and offset words, flags
 constexpr int kMaxParams = 96;
 
 // How one kernel parameter gets its value: a constant (integers, scratch pointers: the bits
-// as the kernel reads them, little-endian), the address of tensor argument `index`, or float
-// argument `index` stored as fp32 / fp64 (`bits`: its value when the call passes no floats).
-enum Kind : int64_t { kConstant = 0, kPointer = 1, kFloat32 = 2, kFloat64 = 3 };
+// as the kernel reads them, little-endian), the address of tensor argument `index`, float
+// argument `index` stored as fp32 / fp64 (`bits`: its value when the call passes no floats),
+// or per-call integer `index` stored as a signed / unsigned integer of `bits` bytes (1, 2, 4, 8).
+enum Kind : int64_t { kConstant = 0, kPointer = 1, kFloat32 = 2, kFloat64 = 3, kInt = 4, kUint = 5 };
 
 struct Param {
   int64_t kind, index;
@@ -129,21 +131,42 @@ void launch_one(const Kernel& k, const uint64_t* slots, CUstream stream) {
   check(driver().launch(&config, k.function, params, nullptr), "cuLaunchKernelEx");
 }
 
-// The launcher of one bound request. Called as f(*tensors) or f(*tensors, *floats): tensors
-// (None where the request has no such operand) in the order the launcher was made for. With
-// `run` false nothing is launched and the packed parameters of every kernel are returned (tests
-// check them without a GPU).
+// Per-call integer `value` as a kernel parameter of `bytes` bytes, signed or not: its low bytes,
+// the rest zero, as Triton's launcher stores an int32_t / uint64_t / ... parameter. A value
+// out of the type's range is refused: the kernel was compiled for that type (Triton types an
+// integer by its value), so truncating it would silently launch with another value.
+uint64_t int_bits(int64_t value, int64_t bytes, bool is_unsigned, int j, int argument) {
+  const int width = static_cast<int>(8 * bytes);
+  const int64_t half = width == 64 ? 0 : int64_t{1} << (width - 1);
+  bool fits = is_unsigned ? value >= 0 && (width == 64 || value < 2 * half)
+                          : width == 64 || (value >= -half && value < half);
+  if (!fits) {
+    TVM_FFI_THROW(ValueError) << "per-call integer " << j << " (argument " << argument << ") is " << value
+                              << ", which does not fit " << (is_unsigned ? "u" : "i") << width;
+  }
+  return width == 64 ? static_cast<uint64_t>(value) : static_cast<uint64_t>(value) & ((uint64_t{1} << width) - 1);
+}
+
+// The launcher of one bound request. Called as f(*tensors) or f(*tensors, *floats), or, when it
+// was made for per-call integers, f(*tensors, *floats, *ints) (all three, always): tensors (None
+// where the request has no such operand) in the order the launcher was made for. With `run`
+// false nothing is launched and the packed parameters of every kernel are returned (tests check
+// them without a GPU).
 class Launcher {
  public:
-  Launcher(int device_type, int device, std::vector<bool> used, int n_values, std::vector<Kernel> kernels,
+  Launcher(int device_type, int device, std::vector<bool> used, int n_values, int n_ints, std::vector<Kernel> kernels,
            bool run)
-      : device_type_(device_type), device_(device), used_(std::move(used)), n_values_(n_values),
+      : device_type_(device_type), device_(device), used_(std::move(used)), n_values_(n_values), n_ints_(n_ints),
         kernels_(std::move(kernels)), run_(run) {}
 
   void operator()(ffi::PackedArgs args, ffi::Any* rv) const {
     const int n_tensors = static_cast<int>(used_.size());
     const int n_args = args.size();
-    if (n_args != n_tensors && n_args != n_tensors + n_values_) {
+    if (n_ints_ > 0 && n_args != n_tensors + n_values_ + n_ints_) {
+      TVM_FFI_THROW(TypeError) << "takes " << n_tensors << " tensors (or None), then " << n_values_
+                               << " floats, then " << n_ints_ << " integers; got " << n_args << " arguments";
+    }
+    if (n_ints_ == 0 && n_args != n_tensors && n_args != n_tensors + n_values_) {
       TVM_FFI_THROW(TypeError) << "takes " << n_tensors << " tensors (or None), then optionally "
                                << n_values_ << " floats; got " << n_args << " arguments";
     }
@@ -176,6 +199,16 @@ class Launcher {
       if (!v.has_value()) TVM_FFI_THROW(TypeError) << "argument " << n_tensors + j << " is not a float";
       values[j] = *v;
     }
+    int64_t ints[kMaxInts] = {};
+    const int first_int = n_tensors + n_values_;
+    for (int j = 0; j < n_ints_; ++j) {
+      std::optional<int64_t> v = args[first_int + j].try_cast<int64_t>();
+      if (!v.has_value()) {
+        TVM_FFI_THROW(TypeError) << "argument " << first_int + j << " (per-call integer " << j
+                                 << ") is not an integer";
+      }
+      ints[j] = *v;
+    }
     // The torch stream current when the call was made: tvm_ffi records it for the device of
     // the first CUDA tensor argument (DLPack exchange API's current_work_stream) around the call.
     CUstream stream = static_cast<CUstream>(TVMFFIEnvGetStream(device_type_, device_));
@@ -200,6 +233,11 @@ class Launcher {
             slots[i] = p.bits;
             if (given) std::memcpy(&slots[i], &values[p.index], sizeof(double));
             break;
+          case kInt:
+          case kUint:
+            slots[i] = int_bits(ints[p.index], static_cast<int64_t>(p.bits), p.kind == kUint,
+                                static_cast<int>(p.index), first_int + static_cast<int>(p.index));
+            break;
           default:
             slots[i] = p.bits;
         }
@@ -216,18 +254,19 @@ class Launcher {
  private:
   int device_type_, device_;
   std::vector<bool> used_;
-  int n_values_;
+  int n_values_, n_ints_;
   std::vector<Kernel> kernels_;
   bool run_;
 };
 
 // spec: per kernel [function, grid, threads per program, shared bytes, cooperative, pdl,
 // n_params, (kind, index, bits) per parameter]; `used`: 1 for each tensor argument some
-// parameter reads.
+// parameter reads; `n_ints`: the per-call integers each call passes after the floats.
 ffi::Function make_launcher(int64_t device_type, int64_t device, ffi::Array<int64_t> used, int64_t n_values,
-                            ffi::Array<int64_t> spec, bool run) {
-  if (used.size() > kMaxTensors || n_values > kMaxValues) {
-    TVM_FFI_THROW(ValueError) << "at most " << kMaxTensors << " tensors and " << kMaxValues << " floats";
+                            int64_t n_ints, ffi::Array<int64_t> spec, bool run) {
+  if (used.size() > kMaxTensors || n_values < 0 || n_values > kMaxValues || n_ints < 0 || n_ints > kMaxInts) {
+    TVM_FFI_THROW(ValueError) << "at most " << kMaxTensors << " tensors, " << kMaxValues << " floats and "
+                              << kMaxInts << " per-call integers";
   }
   if (run) driver();  // (a missing libcuda is reported here, not on the first call)
   std::vector<bool> used_flags;
@@ -256,7 +295,9 @@ ffi::Function make_launcher(int64_t device_type, int64_t device, ffi::Array<int6
       bool bad = (p.kind == kPointer && (p.index < 0 || p.index >= static_cast<int64_t>(used_flags.size()) ||
                                          !used_flags[p.index])) ||
                  ((p.kind == kFloat32 || p.kind == kFloat64) && (p.index < 0 || p.index >= n_values)) ||
-                 p.kind < kConstant || p.kind > kFloat64;
+                 ((p.kind == kInt || p.kind == kUint) &&
+                  (p.index < 0 || p.index >= n_ints || (p.bits != 1 && p.bits != 2 && p.bits != 4 && p.bits != 8))) ||
+                 p.kind < kConstant || p.kind > kUint;
       if (bad) TVM_FFI_THROW(ValueError) << "parameter " << i << ": kind " << p.kind << ", index " << p.index;
       k.params.push_back(p);
     }
@@ -264,7 +305,7 @@ ffi::Function make_launcher(int64_t device_type, int64_t device, ffi::Array<int6
   }
   return ffi::Function::FromPacked(Launcher(static_cast<int>(device_type), static_cast<int>(device),
                                             std::move(used_flags), static_cast<int>(n_values),
-                                            std::move(kernels), run));
+                                            static_cast<int>(n_ints), std::move(kernels), run));
 }
 
 // The stream TVM-FFI holds for `t`'s device during this call (the caller's current stream

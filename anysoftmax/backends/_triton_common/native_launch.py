@@ -29,7 +29,7 @@ AUTO = "native"
 # DLPack's device type of CUDA tensors (kDLCUDA).
 DL_CUDA = 2
 # Parameter kinds of `native_launch.cc`'s kernel description.
-CONSTANT, POINTER, FLOAT32, FLOAT64 = 0, 1, 2, 3
+CONSTANT, POINTER, FLOAT32, FLOAT64, INT, UINT = 0, 1, 2, 3, 4, 5
 # The two pointers Triton's CUDA launcher appends to every kernel's parameters (null when the
 # kernel needs no scratch, the only kernels launched here).
 SCRATCH = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
@@ -170,16 +170,27 @@ def _bits(fmt: str, value) -> int:
     return int.from_bytes(struct.pack("<" + fmt, value).ljust(8, b"\0"), "little", signed=True)
 
 
-def describe(params: list, pointers: dict, ints: dict, floats: dict) -> list[tuple[int, int, int]]:
+def describe(params: list, pointers: dict, ints: dict, floats: dict,
+             per_call: tuple = ()) -> list[tuple[int, int, int]]:
     """(kind, index, bits) of each parameter (`kernel_params`), found by name: `pointers` name
-    -> tensor argument index, `ints` name -> value, `floats` name -> (float argument index,
-    default value). NativeUnavailable for a parameter found nowhere or of a type not handled."""
+    -> tensor argument index, `per_call` the names of the integers each call passes (their
+    order), `ints` name -> value of the others, `floats` name -> (float argument index, default
+    value). NativeUnavailable for a parameter found nowhere or of a type not handled, and for a
+    per-call integer the kernel was compiled for one value of (no parameter of the binary)."""
+    taken = {name for name, _ in params}
+    fixed = [name for name in per_call if name not in taken]
+    if fixed:
+        raise NativeUnavailable(f"per-call integer {', '.join(fixed)} is compiled into the kernel as a constant")
     out = []
     for name, ty in params:
         if (name, ty) in SCRATCH:
             out.append((CONSTANT, 0, 0))
         elif ty.startswith("*") and name in pointers:
             out.append((POINTER, pointers[name], 0))
+        elif ty in INT_FORMATS and name in per_call:
+            # (the call's value packed in C++ into this many bytes, as Triton's launcher does)
+            out.append((UINT if ty.startswith("u") else INT, per_call.index(name),
+                        struct.calcsize(INT_FORMATS[ty])))
         elif ty in INT_FORMATS and name in ints:
             out.append((CONSTANT, 0, _bits(INT_FORMATS[ty], ints[name])))
         elif ty in FLOAT_KINDS and name in floats:
@@ -192,10 +203,12 @@ def describe(params: list, pointers: dict, ints: dict, floats: dict) -> list[tup
 
 
 def make(compiled_kernels: list, grid: int, device: int, pointers: dict, ints: dict, floats: dict,
-         used: list, run: bool = True, device_type: int = DL_CUDA):
+         used: list, run: bool = True, device_type: int = DL_CUDA, per_call: tuple = ()):
     """The native launcher of one bound request, launching `compiled_kernels` one after the other
-    on `grid` programs: `f(*tensors)` or `f(*tensors, *floats)`; `used[i]`: tensor argument i is
-    read. `run=False` returns the packed parameters without launching (tests, no GPU).
+    on `grid` programs: `f(*tensors)` or `f(*tensors, *floats)`, or with `per_call` integer names
+    `f(*tensors, *floats, *ints)` (every float given, then those integers in that order; each
+    must fit the type the kernel was compiled for); `used[i]`: tensor argument i is read.
+    `run=False` returns the packed parameters without launching (tests, no GPU).
     NativeUnavailable when the extension or a kernel cannot be used."""
     mod = module()
     spec = []
@@ -203,13 +216,14 @@ def make(compiled_kernels: list, grid: int, device: int, pointers: dict, ints: d
         reason = refusal(k)
         if reason is not None:
             raise NativeUnavailable(reason)
-        described = describe(kernel_params(k), pointers, ints, floats)
+        described = describe(kernel_params(k), pointers, ints, floats, tuple(per_call))
         md = k.metadata
         # (Triton launches 32 * num_warps threads per program: warps of 32 on NVIDIA GPUs)
         spec += [int(k.function) if run else 0, grid, 32 * md.num_warps, md.shared,
                  int(bool(md.launch_cooperative_grid)), int(bool(md.launch_pdl)), len(described)]
         spec += [v for triple in described for v in triple]
-    return mod.make_launcher(device_type, device, [int(bool(u)) for u in used], len(floats), spec, run)
+    return mod.make_launcher(device_type, device, [int(bool(u)) for u in used], len(floats), len(per_call), spec,
+                             run)
 
 
 _stream_checked: dict = {}

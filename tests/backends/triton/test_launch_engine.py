@@ -18,6 +18,7 @@ from anysoftmax.core.compare import compare_logsumexp, compare_merge
 from anysoftmax.core.lse_merge import MergeSpec, logsumexp_request
 from anysoftmax.core.registry import get_backend
 from helpers import active_launch_hook, bound_launchers, runnable_backends
+from helpers.distributed import one_rank_sharded_launcher
 
 pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
                                 reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
@@ -105,14 +106,9 @@ def test_sharded_kernel_passes_each_calls_epoch_and_stands_aside_for_hooks(gen):
     """The sharded kernel (one rank here: its mailbox waits on no peer) through the engine: the
     call's epoch and mailbox half reach the launch as integers of their own, the request's
     integers around them; with a launch hook active the call runs through Triton's own path."""
-    from anysoftmax.backends.triton.backend import TritonBackend
-
     x = torch.randn(3, 24, generator=gen)
-    words, peers = torch.zeros(2 * 8, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
-    peers[0] = words.data_ptr()
-    run = TritonBackend.sharded_softmax_launcher(x, 1, log=False, has_scale=True, has_cap=False, mask=None,
-                                                 has_sink=False, want_lse=False, rank=0, world=1, words=words,
-                                                 peers=peers)
+    run = one_rank_sharded_launcher(x)
+    words, peers = run.mailbox
     y, _ = run(x, None, None, 0.5, None, 1, 0)
     torch.testing.assert_close(y, torch.softmax(x.double() * 0.5, 1).float())
     (launch,) = bound_launchers(run)

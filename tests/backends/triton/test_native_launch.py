@@ -25,6 +25,8 @@ from anysoftmax.backends._triton_common.launcher import bind
 from anysoftmax.backends._triton_common.plan import PLAIN_SCALARS, VALUE_NAMES, Fusion, make_plan, runtime_params
 from anysoftmax.backends._triton_common.softmax_launchers import backward_layout, forward_layout
 from anysoftmax.core.spec import SoftmaxSpec
+from helpers import runnable_backends
+from helpers.distributed import one_rank_sharded_launcher
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -400,3 +402,278 @@ def test_the_native_launcher_accepts_the_scratch_a_launch_appends():
         accepted = launcher.accepted_tensors(bound, index)
         assert all(accepted[i] for i, a in enumerate(bound) if a is not None), (names, accepted)
         assert not any(accepted[i] for i, a in enumerate(bound) if a is None), (names, accepted)
+
+
+# --- per-call integers: the sampler's scan and select, the sharded kernel ---------------------------
+
+INT32_MAX, INT32_MIN = 2**31 - 1, -2**31
+
+
+def _slot(ty: str, value) -> int:
+    """The 64-bit slot Triton's launcher fills for a parameter of type `ty` given `value`: the
+    value's bytes as the kernel reads them, the rest zero."""
+    fmt = native_launch.INT_FORMATS.get(ty) or dict(fp32="f", f32="f", fp64="d").get(ty)
+    if fmt is None:  # (a pointer: its address)
+        return value
+    return int.from_bytes(struct.pack("<" + fmt, value).ljust(8, b"\0"), "little")
+
+
+def _capture(module, monkeypatch) -> list:
+    """`module.bind_kernel` patched to record each binding, its keywords and its calls'
+    (args, values, per_call): the request is bound again from them below, once per launcher."""
+    made, real = [], module.bind_kernel
+
+    def bind(b, **kw):
+        launch = real(b, **kw)
+        entry = SimpleNamespace(binding=b, kw=dict(kw), calls=[], launch=launch)
+        if kw.get("scratch") is not None:  # (the same scratch for every launcher bound again below)
+            held, make = {}, kw["scratch"]
+            entry.kw["scratch"] = lambda device: held.setdefault(device, make(device))
+        made.append(entry)
+
+        def spy(args, values=b.values, per_call=()):
+            entry.calls.append((args, values, per_call))
+            return launch(args, values, per_call)
+        return spy
+    monkeypatch.setattr(module, "bind_kernel", bind)
+    return made
+
+
+def _binding_stand_ins(b, types: dict) -> list:
+    """Compiled kernels of binding `b`'s launches as Triton's JIT types them: pointers, its
+    integers (per-call ones never specialised: `types` or i32; the others equal to 1 compiled in),
+    fp32 floats, then the constexprs."""
+    sig = {n: "*fp32" for n in b.pointer_names}
+    sig.update({n: types.get(n, "i32") if n in b.per_call else "constexpr" if v == 1 else
+                "i32" if INT32_MIN <= v <= INT32_MAX else "i64" for n, v in b.ints.items()})
+    sig.update({n: "fp32" for n in b.floats})
+    sig.update({n: "constexpr" for n in inspect.signature(b.kernel.fn).parameters if n not in sig})
+    md = SimpleNamespace(name=b.kernel.__name__, global_scratch_size=0, profile_scratch_size=0, num_ctas=1, shared=0,
+                         num_warps=4, launch_cooperative_grid=False, launch_pdl=False)
+    return [SimpleNamespace(run=CudaLauncher(), function=0, packed_metadata=(4, 1, 0),
+                            src=SimpleNamespace(signature=sig), metadata=md) for _ in b.metas]
+
+
+def _native_packing(monkeypatch):
+    """The native launcher chosen, packing without launching, from CPU tensors (DLPack device 1)."""
+    monkeypatch.setattr(native_launch, "LAUNCHER", "native")
+    monkeypatch.setattr(native_launch, "follows_torch_stream", lambda t: True)
+    real_make = native_launch.make
+    monkeypatch.setattr(native_launch, "make", lambda *a, **k: real_make(*a, **k, run=False, device_type=DL_CPU))
+
+
+def _both_launchers(entry, monkeypatch, types: dict):
+    """(Triton's bound launcher, the native one, the stand-ins) of a captured binding, both
+    primed from its first call's arguments."""
+    b = entry.binding
+    compiled = _binding_stand_ins(b, types)
+    args = entry.calls[0][0]
+    monkeypatch.setattr(native_launch, "LAUNCHER", "triton")
+    triton_launch = launcher.bind_kernel(b, **entry.kw)
+    triton_launch.prime(compiled, args, stream_of=lambda index: 7)
+    with monkeypatch.context() as mp:
+        _native_packing(mp)
+        native = launcher.bind_kernel(b, **entry.kw)
+        native.prime(compiled, args, stream_of=lambda index: 7)
+    assert native.state["native_reason"] is None, native.state["native_reason"]
+    return triton_launch, native, compiled
+
+
+def _assert_packs_as_triton(entry, monkeypatch, calls: list, types: dict = {}) -> None:
+    """For each (values, per_call) of `calls` (values None: the binding's default, left out of
+    the call), the native launcher's slots equal what Triton's launcher is given, parameter by
+    parameter, on the captured binding's first call's tensors."""
+    triton_launch, native, compiled = _both_launchers(entry, monkeypatch, types)
+    b, args = entry.binding, entry.calls[0][0]
+    names = runtime_params(b.kernel)
+    for values, per_call in calls:
+        kw = {} if values is None else dict(values=values)
+        triton_launch(args, per_call=per_call, **kw)
+        packed = native(args, per_call=per_call, **kw)
+        assert len(packed) == len(compiled)
+        for c, got in zip(compiled, packed):
+            triton_args = dict(zip(names, c.run.seen[-1][13:]))  # (after grid, stream, function and flags)
+            assert [triton_args[n] for n in b.per_call] == list(per_call or [b.ints[n] for n in b.per_call])
+            params = native_launch.kernel_params(c)
+            slots = struct.unpack(f"<{len(params)}Q", bytes(got))
+            for (name, ty), slot in zip(params, slots):
+                want = 0 if (name, ty) in native_launch.SCRATCH else _slot(ty, triton_args[name])
+                assert slot == want, (b.kernel.__name__, name, ty, triton_args.get(name))
+
+
+SAMPLER_PLAN = dict(chunk=128, slots=32, num_warps=4, tile=64)
+
+
+def _sampler_bindings(monkeypatch, gen):
+    """The scan and select bindings of a small `sample` request (keywords as numbers: top_k,
+    a seed and an offset beyond 32 bits, per-call words) and the calls it made (interpreted)."""
+    import dataclasses
+
+    from anysoftmax.backends._triton_common import sampling as triton_sampling
+    from anysoftmax.sampling.spec import SamplingSpec
+
+    made = _capture(triton_sampling, monkeypatch)
+    plan = dataclasses.replace(triton_sampling.SamplingPlan(grid=5, **SAMPLER_PLAN), fused=False)
+    x = torch.randn(3, 300, generator=gen) * 3
+    spec = SamplingSpec.from_request("sample", x, temperature=0.9, top_k=12, top_p=0.8, min_p=0.01,
+                                     seed=2**40 + 12345, offset=2**33 + 7)
+    triton_sampling.sample(spec, x, True, plan=plan)
+    assert [e.binding.kernel.__name__ for e in made] == ["scan_kernel", "select_kernel"]
+    return made
+
+
+# Per-call integers a call may pass: negatives, int32's extremes, zero.
+PER_CALL_SAMPLES = [(12, -5, INT32_MAX, INT32_MIN, 7, 0), (INT32_MAX, 0, -1, 1, INT32_MIN, 3), (0,) * 6]
+
+
+@needs_toolchain
+@pytest.mark.skipif("triton" not in runnable_backends("cpu"), reason="TRITON_INTERPRET is not set")
+def test_native_packs_the_samplers_per_call_integers(monkeypatch, gen):
+    made = _sampler_bindings(monkeypatch, gen)
+    for entry in made:
+        (args, values, per_call), = entry.calls
+        assert per_call[1:5] != (0, 0, 0, 0)  # (the request's seed and offset words)
+        calls = [(values, per_call), (None, per_call)]  # (the call's floats, then the default ones)
+        calls += [(values, p) for p in PER_CALL_SAMPLES] + [(None, PER_CALL_SAMPLES[0]), ((0.5, 0.25, 0.125), ())]
+        _assert_packs_as_triton(entry, monkeypatch, calls)
+
+
+@needs_toolchain
+@pytest.mark.skipif("triton" not in runnable_backends("cpu"), reason="TRITON_INTERPRET is not set")
+def test_native_packs_a_sharded_select_without_logits(monkeypatch, gen):
+    """`select_shards` launches with no logits operand (its first argument None): the native
+    launcher is made from the bound device's other tensors."""
+    import dataclasses
+
+    from anysoftmax.backends._triton_common import sampling as triton_sampling
+    from anysoftmax.sampling.spec import SamplingSpec
+
+    plan = triton_sampling.SamplingPlan(grid=6, **SAMPLER_PLAN)
+    x = torch.randn(3, 256, generator=gen)
+    spec = SamplingSpec.from_request("sample", x[:, :128], temperature=0.9, top_k=12, seed=11, offset=4)
+    parts = []
+    for lo in (0, 128):
+        shard = x[:, lo:lo + 128].contiguous()
+        ws, space, _ = triton_sampling.scan_shard(spec, shard, lo, 256, plan=dataclasses.replace(plan))
+        parts.append(ws[:space.shard_words])
+    made = _capture(triton_sampling, monkeypatch)
+    triton_sampling.select_shards(spec, torch.stack(parts), 2, 256, plan, return_logprobs=True)
+    (entry,) = made
+    assert entry.calls[0][0][0] is None
+    _assert_packs_as_triton(entry, monkeypatch, [(entry.calls[0][1], entry.calls[0][2]),
+                                                 (entry.calls[0][1], PER_CALL_SAMPLES[0])])
+
+
+def _sharded_binding(monkeypatch, gen):
+    """The sharded one-read kernel's captured binding and first call (one rank: its mailbox waits
+    on no peer)."""
+    from anysoftmax.backends.triton import sharded
+
+    made = _capture(sharded, monkeypatch)
+    x = torch.randn(3, 24, generator=gen)
+    run = one_rank_sharded_launcher(x)
+    run(x, None, None, 0.5, None, 1, 0)
+    (entry,) = made
+    assert entry.binding.per_call == ("epoch", "slot_base")
+    return entry
+
+
+@needs_toolchain
+@pytest.mark.skipif("triton" not in runnable_backends("cpu"), reason="TRITON_INTERPRET is not set")
+def test_native_packs_the_sharded_epoch(monkeypatch, gen):
+    entry = _sharded_binding(monkeypatch, gen)
+    values = entry.calls[0][1]
+    _assert_packs_as_triton(entry, monkeypatch, [(values, (6, 8)), (None, (INT32_MAX, 0)), (values, ())])
+    # Triton types an integer by the value it was compiled for: i64 and the unsigned types too.
+    _assert_packs_as_triton(entry, monkeypatch, [(values, (2**40 + 3, 2**63 - 1)), (values, (-2**62, 5))],
+                            types=dict(epoch="i64", slot_base="u64"))
+    _assert_packs_as_triton(entry, monkeypatch, [(values, (-7, 2**32 - 1)), (None, (-128, 255))],
+                            types=dict(epoch="i8", slot_base="u32"))
+
+
+@needs_toolchain
+@pytest.mark.skipif("triton" not in runnable_backends("cpu"), reason="TRITON_INTERPRET is not set")
+def test_native_refuses_wrong_per_call_integers(monkeypatch, gen):
+    entry = _sharded_binding(monkeypatch, gen)
+    _, native, _ = _both_launchers(entry, monkeypatch, dict(slot_base="u32"))
+    args, values, _ = entry.calls[0]
+    with pytest.raises(TypeError, match=r"then 4 floats, then 2 integers; got"):
+        native(args, values, (6,))
+    with pytest.raises(TypeError, match=r"then 4 floats, then 2 integers; got"):
+        native(args, values, (6, 8, 9))
+    with pytest.raises(TypeError, match=r"argument \d+ \(per-call integer 0\) is not an integer"):
+        native(args, values, (6.5, 8))
+    with pytest.raises(TypeError, match=r"argument \d+ \(per-call integer 1\) is not an integer"):
+        native(args, values, (6, "8"))
+    with pytest.raises(ValueError, match=r"per-call integer 0 .* does not fit i32"):
+        native(args, values, (INT32_MAX + 1, 8))
+    with pytest.raises(ValueError, match=r"per-call integer 1 .* does not fit u32"):
+        native(args, values, (6, -1))
+    # The extension itself: a launcher with per-call integers takes every float before them.
+    via, tensors = native.state["fast"].native, (*args, *entry.kw["scratch"](torch.device("cpu")))
+    for short in (tensors, (*tensors, 6, 8), (*tensors, *values)):
+        with pytest.raises(TypeError, match=r"then 4 floats, then 2 integers; got"):
+            via(*short)
+
+
+def test_a_per_call_integer_compiled_in_is_refused():
+    """A per-call integer the kernel was specialised on (not a parameter of the binary) cannot
+    change per call: the native launcher is refused, with the reason."""
+    params = [("x_ptr", "*fp32"), ("n", "i32"), *native_launch.SCRATCH]
+    with pytest.raises(native_launch.NativeUnavailable, match="per-call integer epoch"):
+        native_launch.describe(params, {"x_ptr": 0}, {"n": 3, "epoch": 1}, {}, ("epoch",))
+
+
+@pytest.mark.gpu
+@needs_toolchain
+def test_native_sampler_equals_triton_sampler(monkeypatch):
+    """The scan and select launched natively (each call's top_k, seed and offset words as
+    per-call integers) draw the ids and logprobs Triton's launcher draws, call after call."""
+    import dataclasses
+
+    from anysoftmax.backends._triton_common import sampling as triton_sampling
+    from anysoftmax.sampling.spec import SamplingSpec
+
+    if native_launch.unavailable() is not None:
+        pytest.fail(f"the native launcher does not build on this GPU host: {native_launch.unavailable()}")
+    x = torch.randn(4, 32000, device="cuda") * 3
+    base = triton_sampling.plan_for(4, 32000, x.device)
+    got = {}
+    for grid, which in enumerate(("triton", "native")):
+        monkeypatch.setattr(native_launch, "LAUNCHER", which)
+        made = _capture(triton_sampling, monkeypatch)
+        plan = dataclasses.replace(base, fused=False, grid=base.grid - grid)  # (bound anew for each launcher)
+        got[which] = [triton_sampling.sample(SamplingSpec.from_request("sample", x, temperature=0.8, top_k=k, top_p=0.9,
+                                                                       seed=seed, offset=offset), x, True, plan=plan)
+                      for k, seed, offset in ((50, 7, 0), (1, 2**40 + 3, 2**33), (0, 2**63 - 1, 5), (40, 7, 1))]
+        for entry in made:
+            fast = entry.launch.state["fast"]
+            assert fast is not None and (fast.native is not None) == (which == "native"), \
+                entry.launch.state["native_reason"]
+    torch.cuda.synchronize()
+    for a, b in zip(got["triton"], got["native"]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+@needs_toolchain
+def test_native_sharded_kernel_launches_natively(monkeypatch):
+    """The one-read sharded kernel on one rank (no peer to wait on): each call's epoch and mailbox
+    half passed natively, its results equal Triton-launched ones."""
+    from anysoftmax.backends.triton import sharded
+
+    if native_launch.unavailable() is not None:
+        pytest.fail(f"the native launcher does not build on this GPU host: {native_launch.unavailable()}")
+    x = torch.randn(64, 4096, device="cuda")
+    got = {}
+    for which in ("triton", "native"):
+        monkeypatch.setattr(native_launch, "LAUNCHER", which)
+        made = _capture(sharded, monkeypatch)
+        run = one_rank_sharded_launcher(x, want_lse=True, slots=64)
+        got[which] = [run(x, None, None, 0.5, None, epoch, (epoch & 1) * 64) for epoch in range(1, 5)]
+        state = made[0].launch.state  # (the cooperative launch's; a refused one would bind its fallback)
+        assert (state["fast"].native is not None) == (which == "native"), state["native_reason"]
+    torch.cuda.synchronize()
+    for (y0, l0), (y1, l1) in zip(got["triton"], got["native"]):
+        assert torch.equal(y0, y1) and torch.equal(l0, l1)
+    torch.testing.assert_close(got["native"][-1][0], torch.softmax(x.double() * 0.5, 1).float())
