@@ -384,6 +384,7 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
     n_stats = plan.stats_numel(layout)
     counter_groups = plan.groups(layout) if plan.counted else 0
     placeholders: dict = {}
+    kept: dict = {}  # stream -> (stats, counters) of this launcher
 
     def make(device) -> tuple:
         if n_stats == 0 and counter_groups == 0:
@@ -392,7 +393,18 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
                 pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
                                                torch.zeros(2, dtype=torch.int32, device=device))
             return pair
-        return torch.empty(max(n_stats, 1), dtype=acc, device=device), row_counters(device, counter_groups)
+        # One pair per stream, kept: launches on a stream run in order, so a launch's statistics
+        # are read before the next launch there writes them, and the counters are zero again
+        # (a replaced buffer stays this launcher's own). A fresh torch.empty and the counters'
+        # locked lookup would cost microseconds of host on every call.
+        stream = _raw_stream(device) if device.type == "cuda" else 0
+        pair = kept.get(stream)
+        if pair is None:
+            if len(kept) >= MAX_COUNTER_STREAMS:
+                kept.clear()
+            pair = kept[stream] = (torch.empty(max(n_stats, 1), dtype=acc, device=device),
+                                   row_counters(device, counter_groups))
+        return pair
 
     return make
 

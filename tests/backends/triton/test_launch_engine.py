@@ -140,3 +140,29 @@ def test_every_backend_entry_point_keeps_working(gen):
         outputs = [torch.randn(2, 3, 4, generator=gen).bfloat16() for _ in range(9)]
         lses = [torch.randn(2, 3, generator=gen) for _ in range(9)]
         assert compare_merge(*anysoftmax.merge_states(outputs, lses, backend="triton"), outputs, lses).ok
+
+
+def test_split_scratch_is_kept_per_stream_and_each_call_computes_its_own(gen):
+    """A split launch's partial statistics and row counters are kept by its launcher, one pair
+    per stream (no allocation per call): the same buffers come back, and calls of one request on
+    new values (each one's statistics far from the last's) still match the reference."""
+    from anysoftmax.backends._triton_common.launcher import scratch_maker
+    from anysoftmax.backends._triton_common.plan import make_plan
+    from anysoftmax.backends._triton_common.softmax_launchers import forward_layout
+    from anysoftmax.backends.triton import heuristics
+    from anysoftmax.core.spec import SoftmaxSpec
+    from anysoftmax.testing import check_backward, check_forward
+    from helpers import LONG_ROW_PATHS_BACKWARD
+
+    if "triton" not in runnable_backends("cpu"):
+        pytest.skip("the triton backend does not run here (no GPU and no Triton interpreter)")
+    x = torch.randn(3, 300, generator=gen)
+    layout = forward_layout(x, SoftmaxSpec.from_tensor(x, -1))[2]
+    make = scratch_maker(make_plan("split", 1, 64, 1, chunks=5), layout, torch.float32)
+    first = make(x.device)
+    assert all(a is b for a, b in zip(first, make(x.device)))
+    with heuristics.override(**LONG_ROW_PATHS_BACKWARD["split"]):
+        for scale in (1.0, 40.0, -7.0, 0.01):
+            x = torch.randn(3, 300, generator=gen) * scale
+            check_forward(x, -1, backend="triton")
+            check_backward(x, -1, backend="triton")

@@ -421,7 +421,7 @@ def _slot(ty: str, value) -> int:
 def _capture(module, monkeypatch) -> list:
     """`module.bind_kernel` patched to record each binding, its keywords and its calls'
     (args, values, per_call): the request is bound again from them below, once per launcher."""
-    made, real = [], module.bind_kernel
+    made, real = [], launcher.bind_kernel  # (not module.bind_kernel: a second capture would wrap the first's spy)
 
     def bind(b, **kw):
         launch = real(b, **kw)
