@@ -71,6 +71,23 @@ def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
         return buf
 
 
+def per_stream(make):
+    """`get(device)`: `make(device)` kept for the current stream of `device` (the CPU: one), for
+    scratch a launch fills and reads: launches on one stream run in order, so a launch never
+    sees another's writes before it is done with its own, and nothing is allocated per call."""
+    kept: dict = {}
+
+    def get(device: torch.device):
+        stream = _raw_stream(device) if device.type == "cuda" else 0
+        got = kept.get(stream)
+        if got is None:
+            if len(kept) >= MAX_COUNTER_STREAMS:
+                kept.clear()
+            got = kept[stream] = make(device)
+        return got
+    return get
+
+
 def device_guard(device: torch.device):
     """Context making a CUDA/ROCm `device` current for a launch (Triton launches on the current
     device), entered only when it is not current already; nothing for other devices."""
@@ -384,7 +401,6 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
     n_stats = plan.stats_numel(layout)
     counter_groups = plan.groups(layout) if plan.counted else 0
     placeholders: dict = {}
-    kept: dict = {}  # stream -> (stats, counters) of this launcher
 
     def make(device) -> tuple:
         if n_stats == 0 and counter_groups == 0:
@@ -393,19 +409,11 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
                 pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
                                                torch.zeros(2, dtype=torch.int32, device=device))
             return pair
-        # One pair per stream, kept: launches on a stream run in order, so a launch's statistics
-        # are read before the next launch there writes them, and the counters are zero again
-        # (a replaced buffer stays this launcher's own). A fresh torch.empty and the counters'
-        # locked lookup would cost microseconds of host on every call.
-        stream = _raw_stream(device) if device.type == "cuda" else 0
-        pair = kept.get(stream)
-        if pair is None:
-            if len(kept) >= MAX_COUNTER_STREAMS:
-                kept.clear()
-            pair = kept[stream] = (torch.empty(max(n_stats, 1), dtype=acc, device=device),
-                                   row_counters(device, counter_groups))
-        return pair
+        return kept(device)
 
+    # (a counters buffer since replaced in `row_counters` (grown, evicted) stays this launcher's own, zeroed)
+    kept = per_stream(lambda device: (torch.empty(max(n_stats, 1), dtype=acc, device=device),
+                                      row_counters(device, counter_groups)))
     return make
 
 

@@ -27,7 +27,7 @@ import torch
 from ...core.cache import OnceCache
 from ...core.layout import cdiv, next_power_of_2
 from ...sampling.spec import KEYWORDS, SamplingSpec
-from .launcher import Binding, bind_kernel, row_counters
+from .launcher import Binding, bind_kernel, per_stream, row_counters
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_CHUNK = 8192  # elements of a row one program holds (16 warps: 16 float32 registers a thread)
@@ -405,6 +405,14 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     device = spec.device
     keyword_call = _keyword_caller(keyword_values(spec), op == "sample", device)
     launchers = remembered(lambda x, tensors: _launchers(op, spec, x, plan, top_n, n_ids, tensors))
+    # The workspace (chunk states, candidates) is the scan's and select's of one call: kept per stream.
+    kept = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
+
+    def workspace(words: int) -> torch.Tensor:
+        box = kept(device)
+        if box[0].numel() < words:
+            box[0] = torch.empty(words, dtype=torch.int32, device=device)
+        return box[0]
 
     def select(x, outs, values, extra=()):
         tensors, floats, ints = keyword_call(values)
@@ -416,7 +424,7 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
             if t is not None:
                 ored |= t.data_ptr()
         bound = launchers((x.stride(0), ored % 16 == 0 or _aligned(x, *present)), x, present)
-        ws = torch.empty(bound.space.words, dtype=torch.int32, device=device)
+        ws = workspace(bound.space.words)
         bound.scan((x, ws, *outs, *tensors), floats, ints)
         if bound.select is not None:
             bound.select((x, ws, ws, *outs, *tensors), floats, ints)
@@ -433,10 +441,13 @@ def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan:
     shape, device, rows, vocab = spec.batch_shape, spec.device, spec.rows, spec.vocab
     select = _selector(op, spec, plan, top_n, n_ids)
     if op == "sample":
+        # (the kernels write each row's logprob: one not asked for goes to a buffer kept per stream)
+        unread = per_stream(lambda device: torch.empty(shape, dtype=torch.float32, device=device))
+
         def run(logits, values, return_logprobs=False):
             # (allocated in the batch's shape: contiguous, so row r is element r, and no reshape a call)
             ids = torch.empty(shape, dtype=torch.int64, device=device)
-            lp = torch.empty(shape, dtype=torch.float32, device=device)
+            lp = torch.empty(shape, dtype=torch.float32, device=device) if return_logprobs else unread(device)
             if rows:
                 select(rows_view(logits, spec), (ids, lp, None, None), values)
             return (ids, lp) if return_logprobs else ids

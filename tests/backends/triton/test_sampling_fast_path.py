@@ -181,3 +181,26 @@ def test_a_keyword_as_a_number_after_a_tensor_is_another_request(gen, monkeypatc
     again = triton_sampling.sample(SamplingSpec.from_request("sample", x, temperature=0.9, seed=11), x, plan=plan)
     assert len(made) == 2 * first_launchers  # (bound anew: scan, and select unless the plan fuses it)
     torch.testing.assert_close(again, ids, rtol=0, atol=0)
+
+
+def test_workspace_and_unread_logprobs_are_kept_per_stream(gen, monkeypatch):
+    """A form's scan and select fill a workspace kept per stream, and a draw without
+    `return_logprobs` writes its logprobs to a kept buffer: a later call allocates only its ids.
+    Each call still computes its own: draws on new logits equal those of a runner bound afresh."""
+    made: list = []
+    monkeypatch.setattr(triton_sampling, "bind_kernel", _spying_bind(made))
+    plan = dataclasses.replace(PLAN, grid=next(GRIDS))
+    xs = [torch.randn(ROWS, VOCAB, generator=gen) * s for s in (3.0, 0.5, 8.0)]
+    specs = [SamplingSpec.from_request("sample", x, temperature=0.9, top_k=12, top_p=0.9, seed=11, offset=i)
+             for i, x in enumerate(xs)]
+    run = triton_sampling.runner("sample", specs[0], plan=plan)  # (one form's: what the API keeps)
+    drawn = [run(x, triton_sampling.keyword_values(spec)) for spec, x in zip(specs, xs)]
+    scan = made[0]
+    workspaces = {call[1].data_ptr() for call in scan.calls}
+    unread = {call[3].data_ptr() for call in scan.calls}  # (out_f: the logprobs)
+    assert len(scan.calls) == 3 and len(workspaces) == 1 and len(unread) == 1
+    asked = [run(x, triton_sampling.keyword_values(spec), True)[1] for spec, x in zip(specs, xs)]
+    assert len({lp.data_ptr() for lp in asked}) == 3  # (returned logprobs are the caller's own)
+    fresh = dataclasses.replace(PLAN, grid=next(GRIDS))
+    for spec, x, ids in zip(specs, xs, drawn):
+        torch.testing.assert_close(triton_sampling.sample(spec, x, plan=fresh), ids, rtol=0, atol=0)
