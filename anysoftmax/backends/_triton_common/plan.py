@@ -236,6 +236,11 @@ class KernelPlan:
     def constexprs(self, layout: RowLayout, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
         raise NotImplementedError
 
+    def row_constexprs(self, layout: RowLayout, log: bool, out_dtype: torch.dtype, **own) -> dict:
+        """The forward row kernels' constexprs: the ones they share around the kind's `own`."""
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n), **own,
+                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+
     def static_args(self, layout: RowLayout) -> dict:
         """The integer arguments, by the kernel's parameter names (the row kernels' here)."""
         chunks = dict(n_chunks=self.chunks) if self.split else {}
@@ -295,10 +300,8 @@ class TilePlan(KernelPlan):
         return softmax_tile_kernel
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
-                    BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-                    CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout),
-                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+        return self.row_constexprs(layout, log, out_dtype, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
+                                   CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout))
 
 
 @dataclass(frozen=True)
@@ -310,8 +313,7 @@ class OnlinePlan(KernelPlan):
         return softmax_online_kernel
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
-                    BLOCK_N=self.block_n, STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+        return self.row_constexprs(layout, log, out_dtype, BLOCK_N=self.block_n)
 
 
 @dataclass(frozen=True)
@@ -331,10 +333,8 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks * per_chunk
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
-                    CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
-                    **_split_forms(self.options, "prefetch", "relaxed_depart", "hold_input"),
-                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+        return self.row_constexprs(layout, log, out_dtype, CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks),
+                                   PHASE=phase, **_split_forms(self.options, "prefetch", "relaxed_depart", "hold_input"))
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,6 @@ FL_SEED = tl.constexpr(8)
 FL_OFF = tl.constexpr(10)
 
 OP_SAMPLE = tl.constexpr(0)
-OP_PROBS = tl.constexpr(1)
 OP_LOGPROBS = tl.constexpr(2)
 
 KEY_NONE = tl.constexpr(-2147483648)  # a key threshold that keeps every finite z

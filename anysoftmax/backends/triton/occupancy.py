@@ -79,15 +79,5 @@ def persistent_programs(dev: DeviceProps, k: KernelResources, n_work: int) -> in
     return max(1, min(dev.multiprocessor_count * programs_per_sm(dev, k), n_work))
 
 
-# Property sets of GPUs used by the tests and by `configs/` (values as reported by Triton's
-# driver.active.utils.get_device_properties and torch.cuda.get_device_properties).
 # CUDA's reserve per program: cudaDevAttrReservedSharedMemoryPerBlock on sm_80 and later.
 CUDA_RESERVED_SHARED = 1024
-H100_SXM = DeviceProps("NVIDIA H100 80GB HBM3", 132, 65536, 232448, 32, 2048, shared_mem_per_sm=233472,
-                       reserved_shared_per_program=CUDA_RESERVED_SHARED)
-A100_SXM = DeviceProps("NVIDIA A100-SXM4-80GB", 108, 65536, 166912, 32, 2048, shared_mem_per_sm=167936,
-                       reserved_shared_per_program=CUDA_RESERVED_SHARED)
-MI300X = DeviceProps("AMD Instinct MI300X (gfx942)", 304, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True,
-                     shared_mem_per_sm=65536)
-MI250X = DeviceProps("AMD Instinct MI250X (gfx90a, one GCD)", 110, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True,
-                     shared_mem_per_sm=65536)

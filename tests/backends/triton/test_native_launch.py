@@ -117,11 +117,10 @@ sys.path.insert(0, sys.argv[1])
 import torch
 from compile_targets import DEVICES, case_layout, compile_launch, launches, plan_for
 from anysoftmax.backends._triton_common import native_launch
-from anysoftmax.backends.triton import occupancy
 
 shape, dtype = (8, 1024), torch.float32
 _, layout = case_layout(shape, 1, dtype, False, None)
-plan = plan_for(layout, dtype.itemsize, getattr(occupancy, DEVICES["sm_90"]), False, {})
+plan = plan_for(layout, dtype.itemsize, DEVICES["sm_90"], False, {})
 (kernel, args, constexprs, opts), = launches(plan, shape, 1, dtype, False, False)
 compiled, how = compile_launch(kernel, args, constexprs, "sm_90", opts)
 names = [p.name for p in kernel.params if not p.is_constexpr]
