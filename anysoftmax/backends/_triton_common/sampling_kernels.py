@@ -20,8 +20,7 @@ row's mode (decided per row in the kernel, never on the host):
   z - log E over every token of the chunk; one Philox call per four tokens) and its key;
 * greedy rows: nothing more (the argmax).
 
-With FUSED, the row's last chunk to arrive (a reused, self-resetting counter) runs the select
-for its row in the same launch; otherwise **select_kernel** does, one program per row.
+**select_kernel** then runs the select of each row, one program per row.
 
 **The select** (`_select_sample`, `_select_logprobs`) merges the chunk states of a row (also
 chunks of several shards of a sharded vocabulary: states and candidates concatenated along the
@@ -1043,17 +1042,13 @@ def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_pt
 
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def scan_kernel(
-    x_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
-    count_ptr,
-    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, scr_off, res_off, n_ids,
-    top_n,
+    x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
+    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, top_n,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
-    OP: tl.constexpr, FUSED: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr,
-    KP: tl.constexpr, TILE: tl.constexpr,
+    OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, TILE: tl.constexpr,
 ):
-    """Pass 1 over (row, chunk) work items, row-major; with FUSED the row's last chunk to
-    arrive runs its select (`count_ptr`: the reused row counters, left zero)."""
+    """Pass 1 over (row, chunk) work items, row-major: each chunk's state and candidates."""
     SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
     n_items = n_rows * n_chunks
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -1069,23 +1064,6 @@ def scan_kernel(
             seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
         _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed, stream, olo, ohi,
                     vocab, xs, vocab_start, n_chunks, state_off, cz_off, ci_off, top_n, OP, CHUNK, C_SLOT, SUB)
-        if FUSED:
-            last = n_chunks == 1
-            if n_chunks > 1:
-                # release: this chunk's state; acquire: the others' (read through L2, `.cg`)
-                last = tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu") + 1 == n_chunks
-                if last:
-                    tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
-            if last:
-                if OP == OP_LOGPROBS:
-                    _select_logprobs(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr,
-                                     vocab, xs, vocab_total, n_chunks, n_chunks, 0, state_off, cz_off, ci_off,
-                                     scr_off, n_ids, top_n, flags, temperature, C_SLOT, G_P2, KP, TILE)
-                else:
-                    _select_sample(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
-                                   seed_ptr, off_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_chunks, 0,
-                                   state_off, cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo,
-                                   off_hi, flags, temperature, top_p, min_p, OP, True, C_SLOT, G_P2, TILE)
 
 
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
