@@ -3,14 +3,10 @@ kernel kind, each building its own launch arguments. Pure data and arithmetic: n
 no process state (that is `launcher.py`), no device queries (that is the backend's planner).
 
 A backend decides a plan from the request, the device and its tuning table; `launcher.bind`
-turns a plan into a launcher for one request layout.
-
-Kinds (forward): "tile" (a row fits one BLOCK_N tile, BLOCK_M rows per step), "online" (one
-program walks a row in BLOCK_N sub-blocks), "split" (a row is cut into `chunks` pieces held by
-different programs; `cooperative` fuses the statistics and normalisation phases in one launch
-with a per-row barrier, else two launches), "cols" / "cols_split" (the transposed forms for a
-reduction over a non-innermost dim, `core.layout.ColumnView`: BLOCK_N reduction steps x
-BLOCK_M contiguous inner positions). Backward: "tile" (whole rows) and "split".
+turns a plan into a launcher for one request layout. Kinds (docs/kernels.md): forward "tile",
+"online", "split" (`cooperative`: one launch with a per-row barrier, else two), "cols" /
+"cols_split" (a reduction over a non-innermost dim, `core.layout.ColumnView`: BLOCK_N reduction
+steps x BLOCK_M contiguous inner positions); backward "tile" and "split".
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """The sampler on Triton (CUDA and HIP): plans, launchers bound through the launch engine, and
-`probs`, `sample`, `logprobs` taking the validated request (`anysoftmax.sampling.spec`). The
-kernels and the algorithm: `sampling_kernels.py`; the semantics: docs/sampling.md.
+`probs`, `sample`, `logprobs` taking the validated request (`anysoftmax.sampling.spec`); a
+backend hands them out through `sampling_one_read.Sampler`. Kernels: `sampling_kernels.py`;
+the algorithm and the semantics: docs/sampling.md.
 
-(A backend hands these functions out through `sampling_one_read.Sampler`, which sends requests
-that need no filter to one read of the softmax or logsumexp kernel instead.)
-
-Two launches for `sample` and `logprobs` (the scan, then the select of each row,
-`select_kernel`: the form a sharded vocabulary uses too, `scan_shard`, `select_shards`), three
-for `probs` (then the pass that writes the row). Nothing reads a device value on the host.
-
-Per-call values (the keywords given as numbers, the seed and offset as 32-bit words, which
-keywords come from tensors) are kernel arguments, never compiled in: a new temperature or seed
-launches the same kernel through the engine's fast path.
+Two launches for `sample` and `logprobs` (the scan, then the select of each row: the form a
+sharded vocabulary uses too, `scan_shard`, `select_shards`), three for `probs` (then the pass
+that writes the row). Per-call values (the keywords given as numbers, the seed and offset as
+32-bit words, which keywords come from tensors) are kernel arguments, never compiled in.
+Nothing reads a device value on the host.
 """
 
 from __future__ import annotations

@@ -1,49 +1,7 @@
-"""The sampler's Triton kernels (`anysoftmax.sampling` on CUDA and HIP): one read of the logits
-for `sample` and `logprobs`, a second one for `probs`. Plans and launchers: `sampling.py`.
-
-**scan_kernel** (persistent over (row, chunk) work items; CHUNK elements of a row held in
-registers): z = logits * (1 / temperature) in float32 (the logits themselves on greedy rows);
-the chunk's max, sum of exp(z - max), first argmax, ties at the max, finite count; then by the
-row's mode (decided per row in the kernel, never on the host):
-
-* candidate rows (a top-k bound of at most K_CAP = C_SLOT / 2, `logprobs`' top-n, or top-p /
-  min-p without one): a threshold t with count(z >= t) >= the bound (top-k: min(k, finite),
-  or C_SLOT / 2 for "as many as fit") and, where the data allow, <= C_SLOT: the bound-th
-  largest of the maxima of 128 runs of the chunk (`_group_bound`: a max per element and an
-  outer comparison of 128 values, not a search over the chunk), or, where that lets more
-  than C_SLOT through (ties, the largest values crowded into few runs), bisection on the
-  values in registers (`_chunk_threshold`). Every finite z >= t is written with its global
-  index (`_write_candidates`). A chunk that cannot get under C_SLOT (ties) writes the values
-  above t and the lowest-index ties at t, and says so (`total` > C_SLOT). The mass of what it
-  did not write (`R`) lets the select check that the candidates decide top-p;
-* plain draws (temperature only): the chunk's winner of the exponential race (rng.py's keys
-  z - log E over every token of the chunk; one Philox call per four tokens) and its key;
-* greedy rows: nothing more (the argmax).
-
-**select_kernel** then runs the select of each row, one program per row.
-
-**The select** (`_select_sample`, `_select_logprobs`) merges the chunk states of a row (also
-chunks of several shards of a sharded vocabulary: states and candidates concatenated along the
-chunk axis, global indices), then on the candidates (a [G_P2, C_SLOT] block, never sorted).
-A top-k row (and `logprobs`' top-n): a few bisection steps on the candidates' values find a
-threshold keeping between k and KM (128) of them (`_narrow`); those are compacted into KM
-lanes, where outer comparisons give each one's rank (the k-th largest), the mass strictly
-above it (top-p) and, for the top-n, the order with ids breaking ties (`_select_top`). Other
-rows, and top-k rows whose ties forbid KM lanes: exact k-th key by bisection on the
-order-preserving integer keys of z (`_kth_key`); top-p's cut by bisection on the mass strictly
-above (`_mass_cut`); min-p's by one reduction. The kept set is then {key(z) >= h} for one key
-h. The draw runs the race over the kept set with the same Philox noise as pass 1 and rng.py.
-Rows the candidates cannot decide (a top-k above K_CAP, ties past a chunk's capacity, top-p /
-min-p whose cut lies below what a chunk wrote) take `_general_cut`: an exact search over the
-whole row read from memory, each read evaluating 16 cut points at once (a few reads a row).
-
-**probs_kernel** writes exp(z - lse of the kept set) where key(z) >= h, 0 elsewhere (one-hot on
-greedy rows, NaN on invalid ones).
-
-Numerics: float32 throughout; `tl.exp` as the softmax kernels use it (the chunk sums and the
-candidates' weights come from the same function, so top-p's comparison of masses is consistent);
-the race's E = -log1p(-u) from a series below u = 1/4 (no log of a number near 1, whose relative
-error the fast log does not bound) and -log(1 - u) above.
+"""The sampler's Triton kernels (`anysoftmax.sampling` on CUDA and HIP): `scan_kernel` (each
+chunk's statistics, candidates and race winner), `select_kernel` (each row's kept set and draw)
+and `probs_kernel` (`probs`' second pass). Plans and launchers: `sampling.py`; the algorithm
+and its numerics: docs/sampling.md ("How the Triton sampler works").
 """
 
 from __future__ import annotations
