@@ -329,8 +329,9 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks * per_chunk
 
     def constexprs(self, layout, log, out_dtype, phase=0):
+        forms = _split_forms(self.options, "prefetch", "relaxed_depart", "hold_input")
         return self.row_constexprs(layout, log, out_dtype, CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks),
-                                   PHASE=phase, **_split_forms(self.options, "prefetch", "relaxed_depart", "hold_input"))
+                                   PHASE=phase, **forms)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,7 @@
 """Occupancy model: how many persistent programs to launch (pure functions, unit-tested with the
-properties of GPUs we do not have; docs/kernels.md). Triton's fused-softmax tutorial's rule:
-CUDA: registers per SM // (registers per thread * warp size * warps); HIP: the VGPR budget per
-SIMD lane (doubled on CDNA, whose accumulation VGPRs serve as general ones), waves per CU capped
-by max threads // wavefront size; both capped by shared memory: what the SM holds // (a
-program's shared memory + the 1 KiB CUDA reserves per program on sm_80 and later). Because the cooperative split
-kernels need every launched program resident, CUDA is also capped by max threads per SM, and
-registers are rounded up to their allocation granule first.
+properties of GPUs we do not have). Triton's fused-softmax tutorial's CUDA and HIP rules, capped
+by shared memory and, because the cooperative split kernels need every launched program
+resident, by threads per SM (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
     """Resident programs one SM/CU can hold (at least 1: a launch always makes progress)."""
     n_regs = -(-max(k.n_regs, 1) // REGISTER_GRANULE) * REGISTER_GRANULE
     if dev.is_hip:
-        gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)
+        gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)  # CDNA: accumulation VGPRs serve as general ones
         max_waves = dev.max_threads_per_sm // dev.warp_size
         waves = gprs // dev.warp_size // n_regs
         if dev.is_cdna and k.n_sgprs:

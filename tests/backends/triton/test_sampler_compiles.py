@@ -3,8 +3,8 @@
 
 What this proves: `sampler_targets.py` runs the Triton sampler on CPU tensors with its launches
 recorded instead of made, and compiles each one with the specialization a real launch gives it:
-`sample`, `probs` (its second pass too) and `logprobs`; a sharded vocabulary's scan and select; the kernels around the one-read
-paths (`sampling_one_read`); every keyword as a number (its
+`sample`, `probs` (its second pass too) and `logprobs`; a sharded vocabulary's scan and select;
+the kernels around the one-read paths (`sampling_one_read`); every keyword as a number (its
 pointer operand absent, stood in for) and as a per-row tensor. Here bfloat16 logits and one
 vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
 compile checks, do not depend on either); the script's defaults add float16, float32 and a
