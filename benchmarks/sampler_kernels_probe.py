@@ -13,10 +13,10 @@ warm-ups) of every kernel a call launches, for:
 * `probs_all`: `probs` with the three filters as numbers;
 * `logprobs1` / `lp_top20`: `logprobs` of one id per row, and with top_n = 20;
 * `lse`: `anysoftmax.logsumexp(x, -1)` (one read); `copy`: read the logits, write float32;
-* bfloat16 at V = 128256 only: `sample` with the select as its own launch (`unfused`), with one
-  scan program per multiprocessor (`1/SM`), with smaller chunks (`c4096` at 8 warps, `c2048` at
-  4 warps, both unfused), through the module functions' `plan=`; and `sample` with one filter
-  at a time (`s_plain`: temperature only, `s_topk`, `s_topp`, `s_minp`).
+* bfloat16 at V = 128256 only: `sample` with one scan program per multiprocessor (`1/SM`), with
+  smaller chunks (`c4096` at 8 warps, `c2048` at 4 warps), through the module functions'
+  `plan=`; and `sample` with one filter at a time (`s_plain`: temperature only, `s_topk`,
+  `s_topp`, `s_minp`).
 
 At the end, the registers, spills and shared memory of every scan and select kernel compiled.
 
@@ -88,14 +88,12 @@ def calls(dtype, rows: int, vocab: int) -> dict:
         spec = SamplingSpec.from_request("sample", x, **keys, seed=seeds)
         base = triton_sampling.plan_for(rows, vocab, x.device)
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        variants = [("sample_unfused", dataclasses.replace(base, fused=False)),
-                    ("sample_1/SM", dataclasses.replace(base, grid=max(1, min(base.grid, sms))))]
+        variants = [("sample_1/SM", dataclasses.replace(base, grid=max(1, min(base.grid, sms))))]
         for chunk, warps in ((4096, 8), (2048, 4)):
             groups = -(-vocab // chunk)
             g2 = 1 << (groups - 1).bit_length()
             slots = min(256, max(32, 1 << ((4096 // g2).bit_length() - 1)))
-            variants.append((f"sample_c{chunk}", dataclasses.replace(base, chunk=chunk, slots=slots, num_warps=warps,
-                                                                      fused=False)))
+            variants.append((f"sample_c{chunk}", dataclasses.replace(base, chunk=chunk, slots=slots, num_warps=warps)))
         for name, plan in variants:
             made[name] = lambda plan=plan: triton_sampling.sample(spec, x, plan=plan)
         made["s_plain"] = lambda: sampling.sample(x, temperature=t, seed=seeds, backend="triton")

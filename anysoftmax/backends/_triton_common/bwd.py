@@ -8,16 +8,11 @@
 
 A work item is a tile of BLOCK_M rows x CHUNK columns. With one chunk per row (SINGLE) the
 row sum is taken on chip: one read of y and dy and one write of dx. Longer rows are cut into
-chunks whose partial sums meet in `stats`, exactly as in the forward split kernel: PHASE 0
-waits at a per-row barrier (cooperative, co-resident grid) keeping y and dy in registers;
-PHASE 1 / PHASE 2 are the two-launch form for the interpreter. PREFETCH, RELAXED_DEPART and
-STAGES are the forward split kernel's forms of PHASE 0 (`rows.softmax_split_kernel`): the next
-item's y and dy loaded before the wait, kept in their dtype until used; a relaxed departure,
-the counters reset after the store; the item loop software-pipelined (y and dy of the next
-items copied into shared memory), the wait and the reads it guards in a call
-(`rows.row_meet_sum`). y, dy, dx (and x) share one row layout (the launcher makes them
-contiguous alike); a mask is read through its own strides.
-Causal rows read y and dy only over their kept prefix (the rest of dx is written as 0).
+chunks whose partial sums meet in `stats` as in the forward split kernel (PHASE 0/1/2 and its
+forms PREFETCH, RELAXED_DEPART, STAGES: `rows.softmax_split_kernel`; the wait in
+`rows.row_meet_sum`). y, dy, dx (and x) share one row layout (the launcher makes them
+contiguous alike); a mask is read through its own strides. Causal rows read y and dy only
+over their kept prefix (the rest of dx is written as 0).
 """
 
 import triton

@@ -3,14 +3,10 @@ kernel kind, each building its own launch arguments. Pure data and arithmetic: n
 no process state (that is `launcher.py`), no device queries (that is the backend's planner).
 
 A backend decides a plan from the request, the device and its tuning table; `launcher.bind`
-turns a plan into a launcher for one request layout.
-
-Kinds (forward): "tile" (a row fits one BLOCK_N tile, BLOCK_M rows per step), "online" (one
-program walks a row in BLOCK_N sub-blocks), "split" (a row is cut into `chunks` pieces held by
-different programs; `cooperative` fuses the statistics and normalisation phases in one launch
-with a per-row barrier, else two launches), "cols" / "cols_split" (the transposed forms for a
-reduction over a non-innermost dim, `core.layout.ColumnView`: BLOCK_N reduction steps x
-BLOCK_M contiguous inner positions). Backward: "tile" (whole rows) and "split".
+turns a plan into a launcher for one request layout. Kinds (docs/kernels.md): forward "tile",
+"online", "split" (`cooperative`: one launch with a per-row barrier, else two), "cols" /
+"cols_split" (a reduction over a non-innermost dim, `core.layout.ColumnView`: BLOCK_N reduction
+steps x BLOCK_M contiguous inner positions); backward "tile" and "split".
 """
 
 from __future__ import annotations
@@ -236,6 +232,11 @@ class KernelPlan:
     def constexprs(self, layout: RowLayout, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
         raise NotImplementedError
 
+    def row_constexprs(self, layout: RowLayout, log: bool, out_dtype: torch.dtype, **own) -> dict:
+        """The forward row kernels' constexprs: the ones they share around the kind's `own`."""
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n), **own,
+                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+
     def static_args(self, layout: RowLayout) -> dict:
         """The integer arguments, by the kernel's parameter names (the row kernels' here)."""
         chunks = dict(n_chunks=self.chunks) if self.split else {}
@@ -295,10 +296,8 @@ class TilePlan(KernelPlan):
         return softmax_tile_kernel
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
-                    BLOCK_M=self.block_m, BLOCK_N=self.block_n,
-                    CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout),
-                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+        return self.row_constexprs(layout, log, out_dtype, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
+                                   CAUSAL_VEC=self.options.get("causal_vec", 0), FLAT_ROWS=flat_rows(layout))
 
 
 @dataclass(frozen=True)
@@ -310,8 +309,7 @@ class OnlinePlan(KernelPlan):
         return softmax_online_kernel
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
-                    BLOCK_N=self.block_n, STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+        return self.row_constexprs(layout, log, out_dtype, BLOCK_N=self.block_n)
 
 
 @dataclass(frozen=True)
@@ -331,10 +329,9 @@ class SplitPlan(KernelPlan):
         return layout.n_rows * self.chunks * per_chunk
 
     def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE_COLS=wide_cols(layout, self.block_n),
-                    CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase,
-                    **_split_forms(self.options, "prefetch", "relaxed_depart", "hold_input"),
-                    STATES_ONLY=self.states_only, **self.fusion.constexprs(out_dtype))
+        forms = _split_forms(self.options, "prefetch", "relaxed_depart", "hold_input")
+        return self.row_constexprs(layout, log, out_dtype, CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks),
+                                   PHASE=phase, **forms)
 
 
 @dataclass(frozen=True)

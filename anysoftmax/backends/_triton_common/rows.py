@@ -1,33 +1,11 @@
-"""The one softmax algorithm, as Triton kernels shared by the `triton` (CUDA/HIP) and
-`triton_ascend` (NPU) backends. Backends differ only in how they size the grid and the tiles.
+"""The forward row kernels shared by `triton` (CUDA/HIP) and `triton_ascend` (NPU):
+`softmax_tile_kernel` (whole rows, BLOCK_M per step), `softmax_online_kernel` (a row walked in
+BLOCK_N sub-blocks) and `softmax_split_kernel` (a row's chunks on several programs), all
+persistent (a grid-stride loop over the work), reading rows through `core.layout.RowLayout`
+and the fused family's steps (`fused.py`). STATES_ONLY: their logsumexp form (`lse_rows.py`).
+How each works: docs/kernels.md.
 
-Every kernel is persistent: a fixed number of programs walks the work with a grid-stride
-loop, so the launch is sized by the hardware (occupancy on GPUs, core count on NPUs) rather
-than by the problem. Rows are addressed through `core.layout.RowLayout`: up to three
-(size, stride) row dimensions plus a column stride, which reads transposed, sliced and
-expanded inputs in place; the fused family's mask and sinks are read the same way, with
-their own (broadcast, often 0) strides.
-
-* `softmax_tile_kernel`: a whole row fits in one tile; BLOCK_M rows are processed per step
-  (several short rows per program keep 16-byte accesses busy when N is small). One read, one
-  write per element.
-* `softmax_online_kernel`: rows longer than a tile. Pass 1 walks the row in BLOCK_N-wide
-  sub-blocks keeping a running max and a rescaled running sum per lane (the online normalizer
-  of Milakov & Gimelshein, 2018); pass 2 re-reads the row and writes the result. This is also
-  the NPU's sub-block path, where BLOCK_N is bounded by the on-chip unified buffer.
-* `softmax_split_kernel`: a row cut into chunks held by different programs, meeting at a
-  per-row barrier (one read, one write), or in two launches.
-
-STATES_ONLY (tile, online, split): logsumexp from the same plans (`lse_rows.py`): the row's
-statistics closed into lse = m + log(s) and one float written per row (split: per chunk, then
-combined by the row's last chunk to finish) instead of the output row.
-
-The fused family (`fused.py`): after every load the prologue (scale, softcap, mask, causal);
-the sink joins where a row's statistics close; empty rows get their policy's value. Causal
-rows read only their kept prefix (masked loads move no bytes).
-
-Numerics: accumulation in fp32 (fp64 for fp64 outputs); exp(z) = exp2(z * log2(e)) in fp32 (one
-multiply folded into the ex2 instruction's input); -inf - -inf is kept out of the running
+Numerics: fp32 accumulation (fp64 for fp64 outputs); -inf - -inf is kept out of the running
 rescale factors so a sub-block of -inf entries does not poison a row, while an all -inf row
 still ends as 0/0 = NaN, as torch gives it.
 """
@@ -294,18 +272,13 @@ def row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2: tl.constexpr, NS
               HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
     """The pipelined loop's barrier (`softmax_split_kernel` STAGES): arrive, wait for the row's
     other chunks, read their statistics (NSTAT per chunk at `stats_row`) and merge them with
-    the sink as `fused.merge_stats` does: (m_sub, total, kept columns (NSTAT 3, else 0)).
-
-    Not inlined: Triton's software pipeliner refuses a loop that holds the wait's `while` and
-    issues a pipelined loop's loads for later items ahead of the current one; a call it steps
-    over, and the statistics' loads (written by other programs before they arrive) are not
-    visible to it, so none can move above the wait that makes it valid.
-
-    No shared memory in here: Triton before 3.9 gives a called function's shared memory offset
-    0, where the caller's pipelined buffers are (the next items' chunks, in flight during this
-    call; triton-lang/triton#11267), and returns no tensors from it. So the wait crosses no
-    value between threads (`_row_wait_polled`), and the statistics are reduced GROUP at a time,
-    a tensor one warp holds whole (every warp a copy), which Triton reduces with shuffles."""
+    the sink as `fused.merge_stats` does: (m_sub, total, kept columns (NSTAT 3, else 0))."""
+    # Not inlined: the software pipeliner steps over a call, so none of the statistics' loads
+    # (written by other programs) can move above the wait that makes them valid. No shared
+    # memory in here: Triton before 3.9 places a callee's shared memory at offset 0, over the
+    # caller's pipelined buffers (triton-lang/triton#11267). So the wait crosses no value between
+    # threads (`_row_wait_polled`) and the statistics are reduced GROUP at a time, a tensor one
+    # warp holds whole (every warp a copy), which Triton reduces with shuffles.
     _row_wait_polled(count_ptr, row, n_chunks)
     GROUP: tl.constexpr = 32 if G_POW2 > 32 else G_POW2
     m = float("-inf")
@@ -361,32 +334,13 @@ def softmax_split_kernel(
 ):
     """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
 
-    PHASE 0 (cooperative, one launch): each program computes its chunk's (max, sum[, kept
-    count]), publishes it to `stats`, bumps the row's counter and waits until all chunks of
-    the row arrived, then normalises the chunk it still holds in registers: one read and one
-    write per element. The launcher guarantees co-residency: the grid is a multiple of
-    n_chunks and no larger than the programs the GPU holds at once, and work items are ordered
-    row-major, so all chunks of a row are in flight together. PHASE 1 / PHASE 2 split the same
-    work into two launches (statistics, then normalisation re-reading the input) for the
-    interpreter, where programs run one after another and a barrier would never open.
-
-    Forms of PHASE 0 (the plan's choice, `tuning.yaml`):
-    * PREFETCH: once its chunk has arrived, a program issues the load of its next work item's
-      chunk (item + programs: the same chunk of a later row) before it waits at this row's
-      barrier, so the wait, the normalisation and the store overlap the next load. The chunk
-      stays in x's dtype until it is used (converting it as it arrives would wait for the
-      load). Only a load is added before the wait: no program waits on anything new.
-    * RELAXED_DEPART: the program leaves the barrier with a relaxed count (`row_leave`), and
-      the row's last program resets the counters after its store (`row_reset`): the count
-      no longer holds up the normalisation, and no release waits for a prefetched load.
-    * HOLD_INPUT (16-bit x): the chunk is held across the barrier as loaded (half the
-      registers of its float32 exponentials) and exp is taken again after the wait.
-    * STAGES > 1: the item loop is software-pipelined by Triton into STAGES stages: the chunks
-      of the next STAGES - 1 items are copied into shared memory (cp.async on NVIDIA) while
-      this one waits, is normalised and stored, so registers hold one chunk as today. The
-      wait and every read it guards live in `row_meet`, a call the pipeliner steps over
-      (no prefetched chunk comes from memory another program writes: x, the mask, the sink).
-      Replaces PREFETCH (`heuristics.phase0_forms` refuses both).
+    PHASE 0 (one cooperative launch): each program publishes its chunk's (max, sum[, kept
+    count]) to `stats`, waits at the row's barrier, then normalises the chunk it still holds;
+    the launcher keeps the grid co-resident (a multiple of n_chunks, no larger than the GPU
+    holds, items row-major). PHASE 1 / PHASE 2: the same work as two launches (statistics, then
+    normalisation re-reading x), which needs no co-residency. PREFETCH, RELAXED_DEPART,
+    HOLD_INPUT (16-bit x) and STAGES are the plan's forms of PHASE 0 (docs/kernels.md, "split");
+    STAGES replaces PREFETCH (`heuristics.phase0_forms` refuses both).
 
     STATES_ONLY (launched as PHASE 1 alone, `lse_rows.py`): each chunk's own logsumexp (no
     sink) goes to stats[row * n_chunks + chunk]; the row's last chunk to arrive (its counter,

@@ -1,20 +1,13 @@
 """The sampler on Triton (CUDA and HIP): plans, launchers bound through the launch engine, and
-`probs`, `sample`, `logprobs` taking the validated request (`anysoftmax.sampling.spec`). The
-kernels and the algorithm: `sampling_kernels.py`; the semantics: docs/sampling.md.
+`probs`, `sample`, `logprobs` taking the validated request (`anysoftmax.sampling.spec`); a
+backend hands them out through `sampling_one_read.Sampler`. Kernels: `sampling_kernels.py`;
+the algorithm and the semantics: docs/sampling.md.
 
-(A backend hands these functions out through `sampling_one_read.Sampler`, which sends requests
-that need no filter to one read of the softmax or logsumexp kernel instead.)
-
-Two launches for `sample` and `logprobs` (the scan, then the select of each row,
-`select_kernel`: the form a sharded vocabulary uses too, `scan_shard`, `select_shards`), three
-for `probs` (then the pass that writes the row). `SamplingPlan.fused` runs each row's select in
-the scan's launch instead (its last chunk to arrive): one launch less, but the scan then
-carries the select's registers (NVIDIA H200, bf16, V = 128256: `sample` 1.2-2.4x slower, B = 1
-to 512, benchmarks/results/NVIDIA_H200/sampler_kernels_probe.txt). Nothing reads a device value on the host.
-
-Per-call values (the keywords given as numbers, the seed and offset as 32-bit words, which
-keywords come from tensors) are kernel arguments, never compiled in: a new temperature or seed
-launches the same kernel through the engine's fast path.
+Two launches for `sample` and `logprobs` (the scan, then the select of each row: the form a
+sharded vocabulary uses too, `scan_shard`, `select_shards`), three for `probs` (then the pass
+that writes the row). Per-call values (the keywords given as numbers, the seed and offset as
+32-bit words, which keywords come from tensors) are kernel arguments, never compiled in.
+Nothing reads a device value on the host.
 """
 
 from __future__ import annotations
@@ -27,13 +20,13 @@ import torch
 from ...core.cache import OnceCache
 from ...core.layout import cdiv, next_power_of_2
 from ...sampling.spec import KEYWORDS, SamplingSpec
-from .launcher import Binding, bind_kernel, per_stream, row_counters
+from .launcher import Binding, bind_kernel, per_stream
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_CHUNK = 8192  # elements of a row one program holds (16 warps: 16 float32 registers a thread)
-# Warps of a MAX_CHUNK program: the scan with its select inlined needs over 200 registers a
-# thread at 8 warps (sm_90), which leaves one 8-warp program per multiprocessor; at 16 warps
-# the compiler fits it in 128 without spilling: twice the threads over the same bytes in flight.
+# Warps of a MAX_CHUNK program: 16 elements a thread, which the scan holds in 128 registers
+# without spilling (sm_90). On the H200, bf16 V = 128256, 8 warps measured 2-3% faster and 32
+# warps 4-7% slower (benchmarks/results/NVIDIA_H200/sampler_scan_variants.json: d2 w8, full w32).
 MAX_CHUNK_WARPS = 16
 MAX_SELECT_BLOCK = 4096  # candidates one select holds: chunks (to a power of two) x slots
 MIN_SLOTS, MAX_SLOTS = 32, 256
@@ -53,15 +46,14 @@ class SamplingPlan:
     """How a request is cut: `chunk` elements of a row per work item (a power of two), `slots`
     candidates per chunk (a power of two; top-k bounds and top-n up to `slots // 2` are served
     from candidates, larger top-k bounds by the exact general path), `grid` persistent programs
-    of the scan and of `probs`' second pass, `fused` the select in the scan's launch, `tile`
-    the elements per step of the select's loops (the race, the general path, the ids)."""
+    of the scan and of `probs`' second pass, `tile` the elements per step of the select's loops
+    (the race, the general path, the ids)."""
 
     chunk: int
     slots: int
     grid: int
     num_warps: int = 8
     select_warps: int = 8
-    fused: bool = False
     tile: int = 1024
 
     def chunks(self, vocab: int) -> int:
@@ -164,8 +156,7 @@ def _seed_value(seed, device: torch.device):
 
 # ---- bound launchers -----------------------------------------------------------------------------
 
-SCAN_POINTERS = ("x_ptr", "ws_ptr", "out_i_ptr", "out_f_ptr", "out_f2_ptr", "ids_ptr", "t_ptr", "k_ptr", "p_ptr",
-                 "mp_ptr", "seed_ptr", "off_ptr", "count_ptr")
+SCAN_POINTERS = ("x_ptr", "ws_ptr", "t_ptr", "k_ptr", "p_ptr", "mp_ptr", "seed_ptr", "off_ptr")
 SELECT_POINTERS = ("x_ptr", "gs_ptr", "ws_ptr", "out_i_ptr", "out_f_ptr", "out_f2_ptr", "ids_ptr", "t_ptr", "k_ptr",
                    "p_ptr", "mp_ptr", "seed_ptr", "off_ptr")
 PER_CALL = ("top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags")
@@ -204,7 +195,7 @@ def operand_pointers(operands: tuple):
 
 @dataclass(frozen=True)
 class Bound:
-    """A request's launchers: `scan`, `select` (None when fused), `second` (probs' pass 2)."""
+    """A request's launchers: `scan`, `select`, `second` (probs' pass 2)."""
 
     plan: SamplingPlan
     space: Workspace
@@ -214,27 +205,6 @@ class Bound:
 
 
 _bound = OnceCache(maxsize=128)
-MAX_SCRATCH_STREAMS = 64
-
-
-def _counters_scratch(rows: int):
-    """`scratch(device)` of a scan launcher: the row counters of the current stream, then the
-    `stand_ins`. Each launcher keeps what it got per stream (the counters' lookup takes a lock
-    and a few dict moves: microseconds a call); a buffer it keeps stays its own, so a launcher
-    whose stream's buffer was since replaced (grown, evicted) still counts in zeroed words."""
-    kept: dict = {}
-
-    def scratch(device: torch.device) -> tuple:
-        # (the current stream's handle, as `row_counters` keys it, without a Stream object; the
-        # device is the logits': its index is set)
-        stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-        got = kept.get(stream)
-        if got is None:
-            if len(kept) >= MAX_SCRATCH_STREAMS:
-                kept.clear()
-            got = kept[stream] = (row_counters(device, rows), *stand_ins(device))
-        return got
-    return scratch
 
 
 def _static_ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, xs: int, top_n: int, n_ids: int,
@@ -245,23 +215,19 @@ def _static_ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, xs: i
 
 
 def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, n_ids: int, vocab_start: int,
-          vocab_total: int, fused: bool, device: torch.device) -> Bound:
+          vocab_total: int, device: torch.device) -> Bound:
     from . import sampling_kernels as k
 
     space = Workspace.of(plan, spec.rows, spec.vocab)
     ints = _static_ints(spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total)
-    per_call = dict.fromkeys(PER_CALL, 0)
-    g_p2 = plan.groups_pow2(spec.vocab)
-    scan_meta = dict(OP=OPS[op], FUSED=fused, CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=g_p2, KP=plan.kp,
-                     TILE=plan.tile, num_warps=plan.num_warps)
+    scan_ints = {n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks", "state_off",
+                                      "cz_off", "ci_off", "top_n")}
+    scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
     items = spec.rows * plan.chunks(spec.vocab)
     scan = bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
-                               operand_pointers(SCAN_POINTERS[:-1]), {**ints, **per_call}, (scan_meta,), FLOATS,
-                               DEFAULT_FLOATS, PER_CALL),
-                       scratch=_counters_scratch(spec.rows), device=device)
-    select = None
-    if not fused:
-        select = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device)
+                               operand_pointers(SCAN_POINTERS), {**scan_ints, **dict.fromkeys(PER_CALL, 0)},
+                               (scan_meta,), FLOATS, DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
+    select = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device)
     second = None
     if op == "probs":
         pints = dict(n_rows=spec.rows, vocab=spec.vocab, xs=xs, ys=spec.vocab, n_chunks=plan.chunks(spec.vocab),
@@ -304,18 +270,16 @@ def _aligned(*tensors) -> tuple:
 
 
 def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, top_n: int = 0,
-               n_ids: int = 0, tensors: tuple = (), vocab_start: int = 0, vocab_total: int | None = None,
-               fused: bool | None = None) -> Bound:
+               n_ids: int = 0, tensors: tuple = (), vocab_start: int = 0, vocab_total: int | None = None) -> Bound:
     vocab_total = spec.vocab if vocab_total is None else vocab_total
     # (no plan given: the key holds None, `plan_for`'s plan being fixed by the rows, vocabulary
     # and device keyed beside it; hashing a plan costs ~1 us a lookup)
     key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
-           fused, _aligned(x, *tensors))
+           _aligned(x, *tensors))
 
     def bind() -> Bound:
-        chosen = plan or plan_for(spec.rows, spec.vocab, x.device)
-        return _bind(op, spec, chosen, x.stride(0), top_n, n_ids, vocab_start, vocab_total,
-                     chosen.fused if fused is None else fused, x.device)
+        return _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device), x.stride(0), top_n, n_ids,
+                     vocab_start, vocab_total, x.device)
     return _bound.get(key, bind)
 
 
@@ -425,9 +389,8 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
                 ored |= t.data_ptr()
         bound = launchers((x.stride(0), ored % 16 == 0 or _aligned(x, *present)), x, present)
         ws = workspace(bound.space.words)
-        bound.scan((x, ws, *outs, *tensors), floats, ints)
-        if bound.select is not None:
-            bound.select((x, ws, ws, *outs, *tensors), floats, ints)
+        bound.scan((x, ws, *tensors), floats, ints)
+        bound.select((x, ws, ws, *outs, *tensors), floats, ints)
         return bound, ws, tensors, floats, ints
     return select
 
@@ -516,10 +479,9 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     x = rows_view(logits_shard, spec)
     plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
     tensors, floats, ints = _keyword_call(keyword_values(spec), op == "sample", spec.device)
-    bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total,
-                       fused=False)
+    bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=logits_shard.device)
-    bound.scan((x, ws, None, None, None, None, *tensors), floats, ints)
+    bound.scan((x, ws, *tensors), floats, ints)
     return ws, bound.space, plan
 
 

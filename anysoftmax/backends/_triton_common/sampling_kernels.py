@@ -1,50 +1,7 @@
-"""The sampler's Triton kernels (`anysoftmax.sampling` on CUDA and HIP): one read of the logits
-for `sample` and `logprobs`, a second one for `probs`. Plans and launchers: `sampling.py`.
-
-**scan_kernel** (persistent over (row, chunk) work items; CHUNK elements of a row held in
-registers): z = logits * (1 / temperature) in float32 (the logits themselves on greedy rows);
-the chunk's max, sum of exp(z - max), first argmax, ties at the max, finite count; then by the
-row's mode (decided per row in the kernel, never on the host):
-
-* candidate rows (a top-k bound of at most K_CAP = C_SLOT / 2, `logprobs`' top-n, or top-p /
-  min-p without one): a threshold t with count(z >= t) >= the bound (top-k: min(k, finite),
-  or C_SLOT / 2 for "as many as fit") and, where the data allow, <= C_SLOT: the bound-th
-  largest of the maxima of 128 runs of the chunk (`_group_bound`: a max per element and an
-  outer comparison of 128 values, not a search over the chunk), or, where that lets more
-  than C_SLOT through (ties, the largest values crowded into few runs), bisection on the
-  values in registers (`_chunk_threshold`). Every finite z >= t is written with its global
-  index (`_write_candidates`). A chunk that cannot get under C_SLOT (ties) writes the values
-  above t and the lowest-index ties at t, and says so (`total` > C_SLOT). The mass of what it
-  did not write (`R`) lets the select check that the candidates decide top-p;
-* plain draws (temperature only): the chunk's winner of the exponential race (rng.py's keys
-  z - log E over every token of the chunk; one Philox call per four tokens) and its key;
-* greedy rows: nothing more (the argmax).
-
-With FUSED, the row's last chunk to arrive (a reused, self-resetting counter) runs the select
-for its row in the same launch; otherwise **select_kernel** does, one program per row.
-
-**The select** (`_select_sample`, `_select_logprobs`) merges the chunk states of a row (also
-chunks of several shards of a sharded vocabulary: states and candidates concatenated along the
-chunk axis, global indices), then on the candidates (a [G_P2, C_SLOT] block, never sorted).
-A top-k row (and `logprobs`' top-n): a few bisection steps on the candidates' values find a
-threshold keeping between k and KM (128) of them (`_narrow`); those are compacted into KM
-lanes, where outer comparisons give each one's rank (the k-th largest), the mass strictly
-above it (top-p) and, for the top-n, the order with ids breaking ties (`_select_top`). Other
-rows, and top-k rows whose ties forbid KM lanes: exact k-th key by bisection on the
-order-preserving integer keys of z (`_kth_key`); top-p's cut by bisection on the mass strictly
-above (`_mass_cut`); min-p's by one reduction. The kept set is then {key(z) >= h} for one key
-h. The draw runs the race over the kept set with the same Philox noise as pass 1 and rng.py.
-Rows the candidates cannot decide (a top-k above K_CAP, ties past a chunk's capacity, top-p /
-min-p whose cut lies below what a chunk wrote) take `_general_cut`: an exact search over the
-whole row read from memory, each read evaluating 16 cut points at once (a few reads a row).
-
-**probs_kernel** writes exp(z - lse of the kept set) where key(z) >= h, 0 elsewhere (one-hot on
-greedy rows, NaN on invalid ones).
-
-Numerics: float32 throughout; `tl.exp` as the softmax kernels use it (the chunk sums and the
-candidates' weights come from the same function, so top-p's comparison of masses is consistent);
-the race's E = -log1p(-u) from a series below u = 1/4 (no log of a number near 1, whose relative
-error the fast log does not bound) and -log(1 - u) above.
+"""The sampler's Triton kernels (`anysoftmax.sampling` on CUDA and HIP): `scan_kernel` (each
+chunk's statistics, candidates and race winner), `select_kernel` (each row's kept set and draw)
+and `probs_kernel` (`probs`' second pass). Plans and launchers: `sampling.py`; the algorithm
+and its numerics: docs/sampling.md ("How the Triton sampler works").
 """
 
 from __future__ import annotations
@@ -92,7 +49,6 @@ FL_SEED = tl.constexpr(8)
 FL_OFF = tl.constexpr(10)
 
 OP_SAMPLE = tl.constexpr(0)
-OP_PROBS = tl.constexpr(1)
 OP_LOGPROBS = tl.constexpr(2)
 
 KEY_NONE = tl.constexpr(-2147483648)  # a key threshold that keeps every finite z
@@ -1044,17 +1000,13 @@ def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_pt
 
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def scan_kernel(
-    x_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
-    count_ptr,
-    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, scr_off, res_off, n_ids,
-    top_n,
+    x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
+    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, top_n,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
-    OP: tl.constexpr, FUSED: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr,
-    KP: tl.constexpr, TILE: tl.constexpr,
+    OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, TILE: tl.constexpr,
 ):
-    """Pass 1 over (row, chunk) work items, row-major; with FUSED the row's last chunk to
-    arrive runs its select (`count_ptr`: the reused row counters, left zero)."""
+    """Pass 1 over (row, chunk) work items, row-major: each chunk's state and candidates."""
     SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
     n_items = n_rows * n_chunks
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
@@ -1070,23 +1022,6 @@ def scan_kernel(
             seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
         _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed, stream, olo, ohi,
                     vocab, xs, vocab_start, n_chunks, state_off, cz_off, ci_off, top_n, OP, CHUNK, C_SLOT, SUB)
-        if FUSED:
-            last = n_chunks == 1
-            if n_chunks > 1:
-                # release: this chunk's state; acquire: the others' (read through L2, `.cg`)
-                last = tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu") + 1 == n_chunks
-                if last:
-                    tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
-            if last:
-                if OP == OP_LOGPROBS:
-                    _select_logprobs(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr,
-                                     vocab, xs, vocab_total, n_chunks, n_chunks, 0, state_off, cz_off, ci_off,
-                                     scr_off, n_ids, top_n, flags, temperature, C_SLOT, G_P2, KP, TILE)
-                else:
-                    _select_sample(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
-                                   seed_ptr, off_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_chunks, 0,
-                                   state_off, cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo,
-                                   off_hi, flags, temperature, top_p, min_p, OP, True, C_SLOT, G_P2, TILE)
 
 
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])

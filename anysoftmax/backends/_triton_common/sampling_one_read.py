@@ -1,18 +1,9 @@
 """The Triton sampler as a backend hands it out (`Sampler`): requests that need no filter read
 the logits once, through the backend's own softmax and logsumexp launchers with the per-row
-scale 1/temperature; every other request runs the scan and select of `sampling.py`.
-
-* `probs` with only a temperature (top_k, top_p, min_p off as numbers): the softmax kernel
-  with the scale (a number: one launch; a tensor: `row_scale_kernel` first, and
-  `probs_fixup_kernel` after, which rewrites greedy and invalid rows and reads the logits
-  only for greedy rows). A temperature of 0 given as a number makes every row greedy: the
-  scan's argmax serves it.
-* `logprobs` without top_n: the logsumexp kernel with the scale, then
-  `logprobs_gather_kernel` (z_id - lse at the ids; the greedy limit; NaN on invalid rows).
-
-A keyword given as a tensor may hold anything per row, so a tensor top_k, top_p or min_p
-sends the request to the scan (reading it would synchronise with the host). Nothing here
-reads a device value on the host. Kernels: `sampling_one_read_kernels.py`.
+scale 1/temperature (docs/sampling.md, "Backends"; kernels: `sampling_one_read_kernels.py`);
+every other request runs the scan and select of `sampling.py`, as does a temperature of 0
+given as a number (every row greedy: the scan's argmax serves it) and a tensor top_k, top_p
+or min_p (it may hold anything per row; reading it would synchronise with the host).
 """
 
 from __future__ import annotations

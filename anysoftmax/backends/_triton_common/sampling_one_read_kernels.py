@@ -1,19 +1,6 @@
 """The small kernels around the sampler's one-read paths (`sampling_one_read.py`): the per-row
 scale before the softmax or logsumexp kernel reads the logits once, and after it the rows that
 scale cannot express (greedy rows, out-of-range temperatures) and `logprobs`' gather.
-
-**row_scale_kernel**: s = 1 / temperature per row, correctly rounded (`div_rn`, as the scan
-computes it: the same z bit for bit); 1 on greedy and invalid rows, whatever they hold.
-
-**probs_fixup_kernel**: after the softmax wrote every row, rewrites the greedy rows (one-hot
-on the first argmax of the logits) and the rows whose temperature is out of range (NaN). A row
-it does not rewrite costs one load of its temperature: the logits are read again only for
-greedy rows.
-
-**logprobs_gather_kernel**: z_id - lse at each row's ids (z = logits * s, the scale the
-logsumexp kernel applied), the greedy limit (-log n on the n tied maxima, -inf elsewhere) on
-temperature-0 rows, NaN on invalid rows: an lse that is not finite (a NaN or +inf logit, or
-every logit -inf), an out-of-range temperature or id.
 """
 
 from __future__ import annotations
@@ -58,7 +45,8 @@ def _row_max(x_row, vocab, TILE: tl.constexpr):
 
 @triton.jit
 def row_scale_kernel(t_ptr, s_ptr, n_rows, t_stride, BLOCK: tl.constexpr):
-    """s[row] = 1 / temperature (1 where it is 0 or out of range)."""
+    """s[row] = 1 / temperature (1 where it is 0 or out of range), correctly rounded (`div_rn`,
+    as the scan computes it: the same z bit for bit)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = rows < n_rows
     t = tl.load(t_ptr + rows * t_stride, mask=live, other=1.0)
@@ -70,7 +58,8 @@ def row_scale_kernel(t_ptr, s_ptr, n_rows, t_stride, BLOCK: tl.constexpr):
 @triton.jit
 def probs_fixup_kernel(x_ptr, y_ptr, t_ptr, n_rows, vocab, xs, ys, t_stride, TILE: tl.constexpr):
     """Rewrite the greedy rows of y (one-hot on the first argmax; NaN when the row holds a NaN
-    or +inf, or only -inf) and the rows with an out-of-range temperature (NaN)."""
+    or +inf, or only -inf) and the rows with an out-of-range temperature (NaN). Another row
+    costs one load of its temperature: the logits are read again only for greedy rows."""
     for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int32)  # (the interpreter's loop gives Python ints)
         t = tl.load(t_ptr + row * t_stride)
@@ -95,7 +84,9 @@ def probs_fixup_kernel(x_ptr, y_ptr, t_ptr, n_rows, vocab, xs, ys, t_stride, TIL
 @triton.jit
 def logprobs_gather_kernel(x_ptr, lse_ptr, s_ptr, t_ptr, ids_ptr, out_ptr, n_rows, vocab, xs, n_ids, t_stride,
                            temperature, scale, ROW_T: tl.constexpr, TILE: tl.constexpr, ID_BLOCK: tl.constexpr):
-    """out[row, j] = log_softmax(z)[ids[row, j]] from the row's lse (see the module)."""
+    """out[row, j] = z_id - lse at each row's ids (z = logits * s, the scale the logsumexp kernel
+    applied); the greedy limit (-log n on the n tied maxima, -inf elsewhere) on temperature-0
+    rows; NaN on invalid rows (an lse not finite, an out-of-range temperature or id)."""
     for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int32)
         t = _row_temperature(row, t_ptr, t_stride, temperature, ROW_T)

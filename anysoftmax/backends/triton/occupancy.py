@@ -1,11 +1,7 @@
 """Occupancy model: how many persistent programs to launch (pure functions, unit-tested with the
-properties of GPUs we do not have; docs/kernels.md). Triton's fused-softmax tutorial's rule:
-CUDA: registers per SM // (registers per thread * warp size * warps); HIP: the VGPR budget per
-SIMD lane (doubled on CDNA, whose accumulation VGPRs serve as general ones), waves per CU capped
-by max threads // wavefront size; both capped by shared memory: what the SM holds // (a
-program's shared memory + the 1 KiB CUDA reserves per program on sm_80 and later). Because the cooperative split
-kernels need every launched program resident, CUDA is also capped by max threads per SM, and
-registers are rounded up to their allocation granule first.
+properties of GPUs we do not have). Triton's fused-softmax tutorial's CUDA and HIP rules, capped
+by shared memory and, because the cooperative split kernels need every launched program
+resident, by threads per SM (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
     """Resident programs one SM/CU can hold (at least 1: a launch always makes progress)."""
     n_regs = -(-max(k.n_regs, 1) // REGISTER_GRANULE) * REGISTER_GRANULE
     if dev.is_hip:
-        gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)
+        gprs = dev.max_num_regs * (2 if dev.is_cdna else 1)  # CDNA: accumulation VGPRs serve as general ones
         max_waves = dev.max_threads_per_sm // dev.warp_size
         waves = gprs // dev.warp_size // n_regs
         if dev.is_cdna and k.n_sgprs:
@@ -79,15 +75,5 @@ def persistent_programs(dev: DeviceProps, k: KernelResources, n_work: int) -> in
     return max(1, min(dev.multiprocessor_count * programs_per_sm(dev, k), n_work))
 
 
-# Property sets of GPUs used by the tests and by `configs/` (values as reported by Triton's
-# driver.active.utils.get_device_properties and torch.cuda.get_device_properties).
 # CUDA's reserve per program: cudaDevAttrReservedSharedMemoryPerBlock on sm_80 and later.
 CUDA_RESERVED_SHARED = 1024
-H100_SXM = DeviceProps("NVIDIA H100 80GB HBM3", 132, 65536, 232448, 32, 2048, shared_mem_per_sm=233472,
-                       reserved_shared_per_program=CUDA_RESERVED_SHARED)
-A100_SXM = DeviceProps("NVIDIA A100-SXM4-80GB", 108, 65536, 166912, 32, 2048, shared_mem_per_sm=167936,
-                       reserved_shared_per_program=CUDA_RESERVED_SHARED)
-MI300X = DeviceProps("AMD Instinct MI300X (gfx942)", 304, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True,
-                     shared_mem_per_sm=65536)
-MI250X = DeviceProps("AMD Instinct MI250X (gfx90a, one GCD)", 110, 65536, 65536, 64, 2048, is_hip=True, is_cdna=True,
-                     shared_mem_per_sm=65536)

@@ -36,6 +36,9 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests/, as a script
+from helpers.gpus import A100_SXM, H100_SXM, MI300X  # noqa: E402
+
 TARGETS = {
     "sm_90": GPUTarget("cuda", 90, 32),
     "sm_80": GPUTarget("cuda", 80, 32),
@@ -273,7 +276,7 @@ def fused_kwargs(case: str, shape: tuple, dim: int) -> dict | None:
         kw["causal"] = "bottom_right"
     return kw
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DEVICES = {"sm_90": "H100_SXM", "sm_80": "A100_SXM", "gfx942": "MI300X"}
+DEVICES = {"sm_90": H100_SXM, "sm_80": A100_SXM, "gfx942": MI300X}
 BACKEND_OF = {"cuda": "nvidia", "hip": "amd"}
 
 
@@ -326,7 +329,7 @@ def launches(plan, shape, dim, dtype, log: bool, backward: bool, fused: dict | N
 def compile_target(target: str, dtypes: dict) -> dict:
     from anysoftmax.backends.triton import occupancy
 
-    dev = getattr(occupancy, DEVICES[target])
+    dev = DEVICES[target]
     kernels, errors = [], []
     for case, shape, dim, log, backward, overrides, expected_kind in CASES:
         for dname, dtype in dtypes.items():

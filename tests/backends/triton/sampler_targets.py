@@ -2,7 +2,7 @@
 
 `launches(op, ...)` runs the Triton sampler (`_triton_common/sampling.py`) on CPU tensors with
 its launch engine replaced by a recorder: every launch the sampler would make (scan, select,
-`probs`' second pass; fused and not; a sharded vocabulary's scan and select; the kernels around
+`probs`' second pass; a sharded vocabulary's scan and select; the kernels around
 the one-read paths of `sampling_one_read`) is captured with
 the arguments the launch engine would pass by name, then compiled for a `GPUTarget` through the
 JIT's own argument binder (`compile_targets.compile_launch`: the specialization a real launch
@@ -69,17 +69,15 @@ def _keywords(op: str, rows: int, per_row: bool) -> dict:
     return kw
 
 
-def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, fused: bool, per_row: bool) -> list:
+def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool) -> list:
     """[(kernel, args, constexprs, options)] the Triton sampler launches for one request."""
-    from dataclasses import replace
-
     from anysoftmax.backends._triton_common import sampling as s
     from anysoftmax.sampling.spec import SamplingSpec, check_ids
 
     x = torch.randn(rows, vocab).to(dtype)
     kw = _keywords(op, rows, per_row)
     spec = SamplingSpec.from_request(op, x, **kw)
-    plan = replace(s.plan_for(rows, vocab, x.device, programs=4), fused=fused)
+    plan = s.plan_for(rows, vocab, x.device, programs=4)
     calls: list = []
     s._bound.clear()
     with mock.patch.object(s, "bind_kernel", _recording_bind(calls)):
@@ -166,24 +164,21 @@ def _error(exc: BaseException) -> str:
 
 
 def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
-    """Compile every launch of every request (`OPS` and a sharded `sample`; fused and not;
-    keywords as numbers and per row) for `target`: {kernels: [...], errors: [...]}."""
+    """Compile every launch of every request (`OPS` and a sharded `sample`; keywords as numbers
+    and per row) for `target`: {kernels: [...], errors: [...]}."""
     kernels, errors, seen = [], [], set()
-    requests = [(op, d, rows, vocab, fused, per_row) for op in OPS for d in dtypes for rows, vocab in shapes
-                for fused in (True, False) for per_row in (False, True)]
-    requests += [("sample-sharded", d, rows, vocab, False, per_row) for d in dtypes for rows, vocab in shapes
-                 for per_row in (False, True)]
-    requests += [(f"{op}-one-read", d, rows, vocab, None, per_row) for op in ("probs", "logprobs") for d in dtypes
-                 for rows, vocab in shapes for per_row in (False, True)]
-    for op, dname, rows, vocab, fused, per_row in requests:
-        where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, fused=fused, per_row=per_row)
+    ops = (*OPS, "sample-sharded", "probs-one-read", "logprobs-one-read")
+    requests = [(op, d, rows, vocab, per_row) for op in ops for d in dtypes for rows, vocab in shapes
+                for per_row in (False, True)]
+    for op, dname, rows, vocab, per_row in requests:
+        where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, per_row=per_row)
         try:
             if op == "sample-sharded":
                 calls = sharded_launches(dtypes[dname], rows, vocab, per_row)
             elif op.endswith("-one-read"):
                 calls = one_read_launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row)
             else:
-                calls = launches(op, dtypes[dname], rows, vocab, fused, per_row)
+                calls = launches(op, dtypes[dname], rows, vocab, per_row)
         except Exception as exc:
             errors.append(dict(where, stage="launch", error=f"{type(exc).__name__}: {exc}",
                                traceback=traceback.format_exc(limit=-4)))

@@ -93,7 +93,7 @@ def test_cooperative_kernels_fit_on_the_whole_gpu(report, target):
         "the table no longer plans cooperative split kernels: nothing to check"
     short = [f"{_name(k)}: {k['programs_per_sm']} x {SMS[target]} SMs < {k['chunks']} chunks" for k in kernels
              if k["programs_per_sm"] * SMS[target] < k["chunks"]]
-    assert not short, f"a row's chunks cannot all be resident on {DEVICES[target]}:\n" + "\n".join(short)
+    assert not short, f"a row's chunks cannot all be resident on {DEVICES[target].name}:\n" + "\n".join(short)
 
 
 @pytest.mark.parametrize("target", CHECKED)

@@ -117,11 +117,10 @@ sys.path.insert(0, sys.argv[1])
 import torch
 from compile_targets import DEVICES, case_layout, compile_launch, launches, plan_for
 from anysoftmax.backends._triton_common import native_launch
-from anysoftmax.backends.triton import occupancy
 
 shape, dtype = (8, 1024), torch.float32
 _, layout = case_layout(shape, 1, dtype, False, None)
-plan = plan_for(layout, dtype.itemsize, getattr(occupancy, DEVICES["sm_90"]), False, {})
+plan = plan_for(layout, dtype.itemsize, DEVICES["sm_90"], False, {})
 (kernel, args, constexprs, opts), = launches(plan, shape, 1, dtype, False, False)
 compiled, how = compile_launch(kernel, args, constexprs, "sm_90", opts)
 names = [p.name for p in kernel.params if not p.is_constexpr]
@@ -507,13 +506,11 @@ SAMPLER_PLAN = dict(chunk=128, slots=32, num_warps=4, tile=64)
 def _sampler_bindings(monkeypatch, gen):
     """The scan and select bindings of a small `sample` request (keywords as numbers: top_k,
     a seed and an offset beyond 32 bits, per-call words) and the calls it made (interpreted)."""
-    import dataclasses
-
     from anysoftmax.backends._triton_common import sampling as triton_sampling
     from anysoftmax.sampling.spec import SamplingSpec
 
     made = _capture(triton_sampling, monkeypatch)
-    plan = dataclasses.replace(triton_sampling.SamplingPlan(grid=5, **SAMPLER_PLAN), fused=False)
+    plan = triton_sampling.SamplingPlan(grid=5, **SAMPLER_PLAN)
     x = torch.randn(3, 300, generator=gen) * 3
     spec = SamplingSpec.from_request("sample", x, temperature=0.9, top_k=12, top_p=0.8, min_p=0.01,
                                      seed=2**40 + 12345, offset=2**33 + 7)
@@ -642,7 +639,7 @@ def test_native_sampler_equals_triton_sampler(monkeypatch):
     for grid, which in enumerate(("triton", "native")):
         monkeypatch.setattr(native_launch, "LAUNCHER", which)
         made = _capture(triton_sampling, monkeypatch)
-        plan = dataclasses.replace(base, fused=False, grid=base.grid - grid)  # (bound anew for each launcher)
+        plan = dataclasses.replace(base, grid=base.grid - grid)  # (bound anew for each launcher)
         got[which] = [triton_sampling.sample(SamplingSpec.from_request("sample", x, temperature=0.8, top_k=k, top_p=0.9,
                                                                        seed=seed, offset=offset), x, True, plan=plan)
                       for k, seed, offset in ((50, 7, 0), (1, 2**40 + 3, 2**33), (0, 2**63 - 1, 5), (40, 7, 1))]

@@ -3,8 +3,8 @@
 import pytest
 
 from anysoftmax.backends.triton.device import is_cdna
-from anysoftmax.backends.triton.occupancy import (A100_SXM, H100_SXM, MI250X, MI300X, KernelResources,
-                                                  persistent_programs, programs_per_sm)
+from anysoftmax.backends.triton.occupancy import KernelResources, persistent_programs, programs_per_sm
+from helpers.gpus import A100_SXM, H100_SXM, MI250X, MI300X
 
 
 def seed_cuda_rule(dev, k):

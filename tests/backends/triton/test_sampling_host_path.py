@@ -26,8 +26,7 @@ GRIDS = itertools.count(40)  # (a plan per test: its requests are bound there, n
 
 
 def _counting_bind(made: list):
-    """`bind_kernel` recording each request's binding: its scan's (the select, a launch of its
-    own unless the plan fuses it, is bound beside it)."""
+    """`bind_kernel` recording each request's binding: its scan's (the select is bound beside it)."""
     real = triton_sampling.bind_kernel
 
     def bind(*args, **kwargs):

@@ -3,8 +3,8 @@
 (its heavy statistical checks on a GPU), every keyword as a number and as a per-row tensor,
 greedy rows, ties at the k-th value, -inf logits, float32/bfloat16/float16, logprobs with
 top_n, the same seeded draws as the `torch` sampler, and each path of the select (the chunks'
-race, the candidates, the general path over the whole row; fused and as its own launch) forced
-on small vocabularies by small plans."""
+race, the candidates, the general path over the whole row) forced on small vocabularies by
+small plans."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_greedy_rows_ties_at_the_kth_value_and_minus_inf():
 
 def test_each_path_of_the_select(gen):
     """The small plan sends rows to each path (the tests read which one ran) and every path
-    agrees with the reference and draws the torch sampler's ids; fused and unfused launches."""
+    agrees with the reference and draws the torch sampler's ids."""
     x = _logits(gen, 6, 500)
     # (row 5: a flat distribution, whose top-p cut lies far below the candidates the chunks keep)
     kw = dict(temperature=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.9, 30.0]), top_k=torch.tensor([0, 0, 5, 60, 0, 0]),
@@ -133,10 +133,9 @@ def test_each_path_of_the_select(gen):
     assert triton_sampling.row_paths(spec, x, plan=SMALL) == ["race", "none", "candidates", "general", "candidates",
                                                               "general"]
     want = sampling.sample(x, **kw, seed=3, offset=9, backend="torch")
-    for plan in (SMALL, SMALL.__class__(**{**SMALL.__dict__, "fused": False})):
-        _assert_probs(triton_sampling.probs(spec, x, plan=plan), x, spec)
-        seeded = SamplingSpec.from_request("sample", x, **kw, seed=3, offset=9)
-        assert torch.equal(triton_sampling.sample(seeded, x, plan=plan), want)
+    _assert_probs(triton_sampling.probs(spec, x, plan=SMALL), x, spec)
+    seeded = SamplingSpec.from_request("sample", x, **kw, seed=3, offset=9)
+    assert torch.equal(triton_sampling.sample(seeded, x, plan=SMALL), want)
 
 
 def test_candidates_overflowing_a_chunk_take_the_whole_row():

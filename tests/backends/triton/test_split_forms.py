@@ -227,7 +227,7 @@ def test_forms_reach_the_cooperative_plans():
     """On a GPU the table's forms become the plan's constexprs of PHASE 0 only (the two-launch
     form compiles without them), forward and backward, by the size of x's elements."""
     from anysoftmax.backends.triton.backend import draft_plan
-    from anysoftmax.backends.triton.occupancy import H100_SXM
+    from helpers.gpus import H100_SXM
     from anysoftmax.core.layout import RowLayout
 
     layout = RowLayout.from_strides((64, 1 << 18), (1 << 18, 1), (1 << 18, 1), 1)
@@ -251,7 +251,7 @@ def test_stages_reach_the_cooperative_plans_on_cuda():
     form compiles with 1 (today's loop), AMD plans drop it (the backend's draft_plan says why),
     and a table asking for the prefetch too is refused, naming both keys."""
     from anysoftmax.backends.triton.backend import draft_plan
-    from anysoftmax.backends.triton.occupancy import H100_SXM, MI300X
+    from helpers.gpus import H100_SXM, MI300X
     from anysoftmax.core.layout import RowLayout
 
     layout = RowLayout.from_strides((64, 1 << 18), (1 << 18, 1), (1 << 18, 1), 1)
@@ -330,7 +330,7 @@ def test_split_chunks_are_sized_by_the_wider_operand(monkeypatch):
     NVIDIA H100/H200, 0.96 -> 1.15 of the same-bytes copy at 512 x 128256), bfloat16 written
     as bfloat16 keeps its own; the backend plans with the request's output dtype."""
     from anysoftmax.backends.triton import backend as triton_backend
-    from anysoftmax.backends.triton.occupancy import H100_SXM
+    from helpers.gpus import H100_SXM
     from anysoftmax.core.layout import RowLayout
 
     layout = RowLayout.from_strides((512, 128256), (128256, 1), (128256, 1), 1)

@@ -19,7 +19,7 @@ TIMEOUT_S = 120
 
 def test_cooperative_plans_ask_for_a_cooperative_grid():
     from anysoftmax.backends.triton.backend import draft_plan
-    from anysoftmax.backends.triton.occupancy import H100_SXM
+    from helpers.gpus import H100_SXM
     from anysoftmax.core.layout import RowLayout
 
     layout = RowLayout.from_strides((64, 1 << 20), (1 << 20, 1), (1 << 20, 1), 1)
@@ -76,7 +76,7 @@ def test_pipelined_plan_that_does_not_fit_drops_its_stages(monkeypatch, stage_fi
     from triton.runtime.errors import OutOfResources
 
     from anysoftmax.backends.triton import backend as triton_backend
-    from anysoftmax.backends.triton.occupancy import H100_SXM
+    from helpers.gpus import H100_SXM
 
     sized = []
 
