@@ -9,7 +9,7 @@ compiled kernel is reported (registers, shared memory, cp.async count; a stagesN
 whose kernel this Triton did not pipeline is marked NOT PIPELINED). `cute` (the cluster
 kernels) joins where its backend runs. Each
 (candidate, shape, dtype, direction) is checked against the float64 reference
-(`anysoftmax.core.compare`, fresh random data, the seed printed) and timed with
+(`anysoftmax.testing.compare`, fresh random data, the seed printed) and timed with
 `triton.testing.do_bench` (median, input sets rotated so that L2 never holds them), beside the
 copy of the same bytes (forward: read x, write y; backward: read y and dy, write dx) and the
 1 GiB copy. The kernels of every candidate are compiled first by `--jobs` worker processes
@@ -142,8 +142,8 @@ def copy_for(direction: str):
 
 def check(backend: str, direction: str, inputs: tuple, device: str):
     """(ok, detail) of one call against the float64 reference."""
-    from anysoftmax.core import SoftmaxSpec, compare
-    from anysoftmax.core.compare import compare_backward
+    from anysoftmax.core import SoftmaxSpec
+    from anysoftmax.testing.compare import compare, compare_backward
 
     out = op_for(backend, direction)(*inputs)
     if direction == "fwd":

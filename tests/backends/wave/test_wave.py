@@ -22,7 +22,8 @@ from anysoftmax.backends.wave.backend import f32_bits, flat, kernel_key
 from anysoftmax.backends.wave.cuda_mlir import CudaRewriteError, to_cuda
 from anysoftmax.backends.wave.kernel import max_row_length, max_waves, offset_expr, plan_row
 from anysoftmax.backends.wave.target import ENV_ON_CUDA, parse_target
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 
 
 def _has(module: str) -> bool:
