@@ -536,6 +536,16 @@ def test_aot_rejects_float64_and_unknown_steps():
         aot.main(["--shapes", "4x128", "--variants", "temperature", "--target", "sm_80"])
 
 
+def test_aot_help_states_the_variant_grammar(capsys):
+    # `--variants` says "see above": --help must print the grammar it refers to.
+    from anysoftmax.backends.wave import aot
+
+    with pytest.raises(SystemExit):
+        aot.main(["--help"])
+    out = capsys.readouterr().out
+    assert "mask=bool|float16|bfloat16|float32[:SHAPE[/STRIDES]]" in out and "iree-base-runtime" in out
+
+
 # --- runtime: the asynchronous entry point on a CPU stand-in module (iree) ----------------------
 
 # The ABI of a fused Wave kernel with a scale: (x, y, scale as i32 bits, first row, wait fence,
