@@ -3,11 +3,10 @@
     api (public functions) ─┐
     ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
 
-Every call computes its request's key once (`core.request`) and looks it up in one memo. A miss
-validates the call (`core.spec`, `core.lse_merge`), selects a backend (`core.registry.select`; the
-environment is read then) and memoises the launcher the backend binds to the request: a hit costs
-the key, a dict lookup and the launch. `refresh()` forgets the memo. docs/backends.md ("How a call
-flows") has the whole path.
+A miss validates the call (`core.spec`, `core.lse_merge`), selects a backend
+(`core.registry.select`; the environment is read then) and memoises the launcher the backend
+binds to the request: a hit costs the key, a dict lookup and the launch. `refresh()` forgets the
+memo. docs/backends.md ("How a call flows").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
   or one program per tile) at the bench's decode and prefill shapes (K = 2 and 8, tokens 1..8192
   x 32 heads x D 64/128/256, bf16, vLLM's [heads, tokens] lses), each configuration launched
   through its bound launcher (as a repeated request runs), its result checked against the
-  float64 merge (`core.compare.compare_merge`); and the automatic plan beside them.
+  float64 merge (`testing.compare.compare_merge`); and the automatic plan beside them.
 * host: merge_states, logsumexp and softmax back to back through the native and Triton
   launchers, and a profile of the host path of each.
 * lse: the read ceiling of the shapes where logsumexp stays under 0.95 of copy (torch's sum and
@@ -43,7 +43,7 @@ from anysoftmax.backends._triton_common import native_launch
 from anysoftmax.backends._triton_common.merge_states import MergePlan, merge_launcher
 from anysoftmax.bench.lse_merge import MERGE_D, MERGE_HEADS, MERGE_K, MERGE_TOKENS, _copy_us, _graph_copy_us
 from anysoftmax.bench.lse_merge import merge_sets as bench_merge_sets
-from anysoftmax.core.compare import compare_merge
+from anysoftmax.testing.compare import compare_merge
 from anysoftmax.core.lse_merge import MergeSpec
 from anysoftmax.perf import back_to_back_us, graph_rotation_count, graph_time_ms, rotation_count, time_ms, warm_up
 

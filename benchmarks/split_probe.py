@@ -9,7 +9,7 @@ compiled kernel is reported (registers, shared memory, cp.async count; a stagesN
 whose kernel this Triton did not pipeline is marked NOT PIPELINED). `cute` (the cluster
 kernels) joins where its backend runs. Each
 (candidate, shape, dtype, direction) is checked against the float64 reference
-(`anysoftmax.core.compare`, fresh random data, the seed printed) and timed with
+(`anysoftmax.testing.compare`, fresh random data, the seed printed) and timed with
 `triton.testing.do_bench` (median, input sets rotated so that L2 never holds them), beside the
 copy of the same bytes (forward: read x, write y; backward: read y and dy, write dx) and the
 1 GiB copy. The kernels of every candidate are compiled first by `--jobs` worker processes
@@ -142,8 +142,8 @@ def copy_for(direction: str):
 
 def check(backend: str, direction: str, inputs: tuple, device: str):
     """(ok, detail) of one call against the float64 reference."""
-    from anysoftmax.core import SoftmaxSpec, compare
-    from anysoftmax.core.compare import compare_backward
+    from anysoftmax.core import SoftmaxSpec
+    from anysoftmax.testing.compare import compare, compare_backward
 
     out = op_for(backend, direction)(*inputs)
     if direction == "fwd":
@@ -200,7 +200,8 @@ def plan_info(inputs: tuple, direction: str) -> dict:
         info["cp_async"] = ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global")
         spills = getattr(compiled, "n_spills", None)
         if spills is None and "cubin" in getattr(compiled, "asm", {}):
-            from anysoftmax.backends.cute.cubin import resources
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+            from helpers.cubin import resources  # (the test suite's cubin reader)
 
             spills = resources(compiled.asm["cubin"]).frame_bytes  # (stack frame bytes: spills)
         info["spills"] = spills

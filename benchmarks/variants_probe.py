@@ -19,7 +19,7 @@ from triton.testing import do_bench
 
 import anysoftmax
 from anysoftmax.core import SoftmaxSpec
-from anysoftmax.core.compare import compare, compare_fused_backward
+from anysoftmax.testing.compare import compare, compare_fused_backward
 
 B, H = 8, 16
 

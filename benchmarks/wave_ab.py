@@ -25,7 +25,8 @@ import torch
 
 from anysoftmax.backends.wave import runtime
 from anysoftmax.backends.wave.backend import WaveBackend
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 from anysoftmax.perf import back_to_back_us
 
 

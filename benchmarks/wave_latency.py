@@ -35,7 +35,8 @@ import anysoftmax
 from anysoftmax.backends.wave import runtime
 from anysoftmax.backends.wave.backend import WaveBackend, as_rows
 from anysoftmax.bench import latency
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 from anysoftmax.perf import back_to_back_us
 
 PROVIDERS = ["torch", "anysoftmax:triton", "anysoftmax:wave"]

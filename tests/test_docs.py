@@ -20,7 +20,7 @@ import yaml
 
 import anysoftmax
 from anysoftmax.cli import build_parser
-from anysoftmax.core.compare import compare_merge
+from anysoftmax.testing.compare import compare_merge
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

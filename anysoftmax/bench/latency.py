@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from ..core import SoftmaxSpec, compare, compare_backward
+from ..core import SoftmaxSpec
+from ..testing.compare import compare, compare_backward
 from ..perf import back_to_back_us
 
 SHAPES = [(1, 128), (8, 1024), (32, 4096), (4, 32, 1, 2048), (1, 32768), (512, 512), (1, 32, 1, 128),

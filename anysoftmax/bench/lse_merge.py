@@ -89,7 +89,7 @@ def bench_logsumexp(shapes, dtypes, device, compiled: bool) -> list[dict]:
     import torch
 
     import anysoftmax
-    from ..core.compare import compare_logsumexp
+    from ..testing.compare import compare_logsumexp
     from ..core.lse_merge import logsumexp_request
     from ..matrix.providers import fresh_compiled
 
@@ -158,7 +158,7 @@ def bench_merge(tokens_list, d_list, k_list, heads, dtype, device, compiled: boo
 
     import anysoftmax
     from ..compat.vllm import merge_attn_states
-    from ..core.compare import compare_merge
+    from ..testing.compare import compare_merge
     from ..matrix.lse_merge_cells import torch_merge
     from ..matrix.providers import fresh_compiled
     from ..perf import graph_rotation_count, graph_time_ms

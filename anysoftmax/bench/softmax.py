@@ -7,7 +7,7 @@
     anysoftmax bench --variants [all|NAMES] [--bwd]   # the fused family (bench.variants)
 
 A thin entry point to the device matrix: every (provider, dtype, shape) is a matrix cell,
-checked against the float64 reference (one tolerance, `anysoftmax.core.compare`) and then
+checked against the float64 reference (one tolerance, `anysoftmax.testing.compare`) and then
 timed, in the matrix's worker process per device (a cell that crashes the process or runs
 past --case-timeout is recorded as failed and a fresh worker takes the rest). Each worker
 measures the copy bandwidth once. Besides the median device time (`us`, L2 flushed, inputs

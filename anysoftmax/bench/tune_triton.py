@@ -108,7 +108,8 @@ def cols_candidates():
 def backward_ok(y_dy, dim) -> bool:
     """The Triton backward of (y, dy) checked as the benchmark checks every provider's."""
     from anysoftmax.torchop.api import softmax_backward
-    from anysoftmax.core import SoftmaxSpec, compare_backward
+    from anysoftmax.core import SoftmaxSpec
+    from anysoftmax.testing.compare import compare_backward
 
     y, dy = y_dy
     dx = softmax_backward(y, dy, dim, backend="triton")
@@ -127,8 +128,8 @@ def main(argv=None) -> int:
     import anysoftmax
     from anysoftmax.torchop.api import softmax_backward
     from anysoftmax.backends.triton import heuristics
-    from anysoftmax.core import SoftmaxSpec, compare
-    from anysoftmax.core.compare import compare_logsumexp
+    from anysoftmax.core import SoftmaxSpec
+    from anysoftmax.testing.compare import compare, compare_logsumexp
     from anysoftmax.core.lse_merge import logsumexp_request
 
     from .report import gpu_dir_name

@@ -1,6 +1,5 @@
-"""Hardware-free core: the spec, the reference, comparison, shape normalisation, the registry."""
+"""Hardware-free core: the spec, the float64 reference, shape normalisation, the registry."""
 
-from .compare import Comparison, compare, compare_backward
 from .reference import reference
 from .backend import Backend
 from .registry import (BackendStatus, BackendUnavailableError, UnsupportedRequestError,
@@ -8,7 +7,7 @@ from .registry import (BackendStatus, BackendUnavailableError, UnsupportedReques
 from .spec import FLOAT_DTYPES, TOLERANCES, SoftmaxSpec, Tolerance, dtype_name, parse_dtype
 
 __all__ = [
-    "Backend", "BackendStatus", "BackendUnavailableError", "Comparison", "FLOAT_DTYPES", "SoftmaxSpec",
-    "TOLERANCES", "Tolerance", "UnsupportedRequestError", "compare", "compare_backward", "dtype_name", "get_backend",
+    "Backend", "BackendStatus", "BackendUnavailableError", "FLOAT_DTYPES", "SoftmaxSpec",
+    "TOLERANCES", "Tolerance", "UnsupportedRequestError", "dtype_name", "get_backend",
     "list_backends", "parse_dtype", "reference", "register", "select", "unregister",
 ]

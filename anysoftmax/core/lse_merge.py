@@ -250,22 +250,6 @@ def merge_tangent(t_outs, t_lses, outputs, lses, out, lse, acc):
     return t_out.to(out.dtype), t_lse.to(lse.dtype)
 
 
-def reference_logsumexp(x: torch.Tensor, spec: SoftmaxSpec, mask=None, sinks=None,
-                        device: str | torch.device = "cpu") -> torch.Tensor:
-    """The float64 logsumexp of `spec` on `x` (keepdim), evaluated on `device`."""
-    x64 = x.detach().to(device).to(torch.float64)
-    mask = None if mask is None else mask.detach().to(device)
-    sinks = None if sinks is None else sinks.detach().to(device)
-    return logsumexp_formula(x64, spec.variant, spec.dim, mask, sinks, torch.float64)
-
-
-def reference_merge(outputs, lses, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """The float64 (out, lse) of merge_states, evaluated on `device`."""
-    o64 = [t.detach().to(device).to(torch.float64) for t in outputs]
-    l64 = [t.detach().to(device).to(torch.float64) for t in lses]
-    return merge_formula(o64, l64, torch.float64, torch.float64, torch.float64)
-
-
 __all__ = ["LOGSUMEXP", "MERGE_STATES", "MergeSpec", "OPS", "describe_logsumexp", "logsumexp_backward_formula",
            "logsumexp_formula", "logsumexp_request", "logsumexp_tangent", "lse_dtype", "merge_backward_formula",
-           "lse_shape", "merge_formula", "merge_tangent", "reference_logsumexp", "reference_merge", "row_shape"]
+           "lse_shape", "merge_formula", "merge_tangent", "row_shape"]

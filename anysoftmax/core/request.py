@@ -1,14 +1,6 @@
 """A request's key: the only cache key (dispatch's memo; backends derive their plans' from it).
-
-The key holds the direction, `dim`, `dtype=`, `log`, the backend choice, the registry generation,
-the active tuning overrides, and every operand's shape, strides, dtype, device and pointer
-alignment (input or output, gradient, mask, sinks, the forward's input and sink shares), with
-the fused keywords by presence (`scale`, `softcap`: values are arguments; a tensor
-`scale` by its layout, never its values) or value (`causal`,
-`empty_rows`). merge_states' key holds its first partial's and lse's layouts and every
-operand's alignment; the entry it finds proves the other operands' layouts in C (`layout_guard`),
-or, where torch has no usable guard, the key holds them all. No other module builds a cache key by
-hand (tests/core/test_one_key.py).
+What it holds, per direction: docs/backends.md ("How a call flows"). No other module builds a
+cache key by hand (tests/core/test_one_key.py).
 """
 
 from __future__ import annotations
@@ -75,9 +67,7 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
     forward's input and sink shares a fused backward reads. logsumexp (`LSE`; `LSE_SQUEEZED`
     with keepdim=False) passes its fused keywords as `fused`; merge_states (`MERGE`,
     `MERGE_EXACT`) its K partials as `x`, its K lses as `dim`, and its optional `out` and
-    `lse_out` as `grad` and `saved`. A `MERGE` key holds the
-    first partial's and lse's layouts and every operand's alignment (the exact form where torch
-    has no usable `layout_guard`): its memoised entry proves the other layouts with that guard."""
+    `lse_out` as `grad` and `saved`."""
     if type(x) is not _Tensor:
         if direction is MERGE:
             return _merge_key(x, dim, backend, grad, saved)

@@ -1,18 +1,8 @@
-"""Measured per-device selection tables: which backend the automatic choice takes for a shape.
-
-A table is `configs/selection/<device>.yaml` (package data; `$ANYSOFTMAX_CONFIG_DIR/selection/
-<device>.yaml` first), `<device>` being the device's name as the benchmark results folders
-spell it (`NVIDIA H100 80GB HBM3` -> `NVIDIA_H100_80GB_HBM3`). Its `rules` are shape classes:
-
-    - {direction: fwd, dtype: float32, dim: last, n: [49153, null], rows: [1, null],
-       backend: cute, measured: {"2048x65536": {cute: 0.99, triton: 0.92}}}
-
-`n` is the reduced dimension's length, `rows` the product of the others (inclusive ranges,
-null = unbounded), `dim` `last` when the reduced elements are the innermost ones, `dtype` the
-output dtype. The first rule that matches names the backend; `measured` holds the numbers
-(fraction of the same run's copy bandwidth) that put it there. A request no rule matches, and
-a rule whose backend is unavailable or refuses the request, go to the priority order
-(`core.registry`). `anysoftmax select` writes tables (`build_table`) from benchmark results.
+"""Measured per-device selection tables (`configs/selection/<device>.yaml`): which backend the
+automatic choice takes for a shape, and `build_table`, which `anysoftmax select` writes them with.
+The table format and how a rule is chosen: docs/backends.md ("How the automatic choice is made").
+A request no rule matches, or whose rule's backend is unavailable or refuses it, goes to the
+priority order (`core.registry`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
-"""The fused softmax family: `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`,
-validated (`build`) and described (`Variant`, held by `SoftmaxSpec.variant`); `scale` is a
-number or a floating tensor with one value per row (`Variant.row_scale` its layout). What the steps
-compute, in order (scale, softcap, mask and causal, the sink in the denominator, empty rows),
-and their gradients: docs/semantics.md ("The fused family").
+"""The fused family: `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`, validated
+(`build`) and described (`Variant`, held by `SoftmaxSpec.variant`). What the steps compute, the
+row scale's contract and the gradients: docs/semantics.md ("The fused family").
 
-A **row scale** is a floating tensor of at least one dim broadcasting against x with size 1 in
-`dim` (e.g. ``1 / temperature`` of shape ``[B, 1]`` for logits ``[B, V]``): row r's z is
-``scale[r] * x[r]``, computed in the accumulation dtype, exactly torch's ``x * scale`` — its
-values are not checked (that would synchronise with the host): 0 makes the row's kept z all 0
-(uniform over the kept positions; an infinite x gives NaN), a negative value reverses the
-order, NaN or an infinite value gives what ``x * scale`` then gives (NaN rows, or rows where a
-+inf z is NaN). Its gradient is ``sum_j x_j du_j`` over the row (``du`` the gradient of
-``scale * x``, before softcap), summed over the rows sharing a value. A 0-dim tensor is a
-number (as `F.scaled_dot_product_attention` takes it).
-
-Tensors are operands, not part of a spec: a `Variant` holds their metadata (shape, strides
-after broadcasting to x, dtype), so it is hashable and `kernel_key()` can tell apart requests
-whose operands are laid out differently. `scale` and `softcap` values are kernel *arguments*
-(a new temperature never recompiles): `kernel_key()` keeps only whether they are present, and
-for a row scale its metadata (`Variant.row_scale`), never its values.
+A `Variant` holds its operands' metadata (shape, strides after broadcasting to x, dtype), never
+the tensors, so it is hashable and `kernel_key()` tells apart differently laid-out operands.
+`scale` and `softcap` values are kernel arguments (a new temperature never recompiles):
+`kernel_key()` keeps only whether they are present, and a row scale's metadata.
 """
 
 from __future__ import annotations

@@ -5,13 +5,8 @@
     y = asd.softmax(x_shard, -1)               # this rank's shard of softmax(cat(shards), -1)
     lse = asd.logsumexp(x_shard, -1, group=tp_group)
 
-`x` is this rank's shard, in rank order; every other dim (the rows), the dtype and the keywords
-are the same on every rank. The contract (fused keywords per shard, `causal` refused, the
-collectives, autograd, torch.func and torch.compile, the one-read kernel): docs/semantics.md
-("A dim sharded across ranks"). A group of one rank without sinks runs the local op itself.
-`sample` and `logprobs`: `anysoftmax.sampling`'s over a vocabulary sharded the same way
-(`sampling.py`, docs/sampling.md): every rank gets the same global ids through two small
-collectives, never the logits.
+`x` is this rank's shard, in rank order; the contract: docs/semantics.md ("A dim sharded across
+ranks"). `sample` and `logprobs` sample over a vocabulary sharded the same way (docs/sampling.md).
 """
 
 from __future__ import annotations

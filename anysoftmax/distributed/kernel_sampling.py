@@ -1,14 +1,8 @@
 """`anysoftmax.distributed.sample(..., backend="triton")`: the Triton sampler's shard forms
-over a vocabulary sharded across the ranks of a group (docs/sampling.md, "A sharded
-vocabulary").
-
-Each rank runs the sampler's scan on its shard (`scan_shard`: per chunk the row states, the
-candidates and the exponential race's winner, keyed by the global token index), the ranks
-all-gather the workspaces' shared prefix (one collective of a few KB a row), and every rank
-runs the same select over all shards (`select_shards`): the same ids everywhere, those the
-unsharded sampler draws. The torch-ops path (`sampling.py`) serves what these kernels cannot:
-unequal shard sizes, requests the Triton sampler refuses, and rows the candidates cannot
-decide (id -2).
+(`scan_shard` on each rank, one all-gather of the workspaces' prefix, `select_shards` on every
+rank) over a vocabulary sharded across a group (docs/sampling.md, "A sharded vocabulary").
+The torch-ops path (`sampling.py`) serves unequal shard sizes, requests the Triton sampler
+refuses, and rows the candidates cannot decide (id -2).
 """
 
 from __future__ import annotations

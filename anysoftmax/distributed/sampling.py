@@ -1,28 +1,8 @@
 """The sampler over a vocabulary sharded across the ranks of a `torch.distributed` group:
-`anysoftmax.distributed.sample` and `logprobs` (docs/sampling.md, "A sharded vocabulary").
-
-Rank r holds the global token ids ``[start_r, start_r + V_r)`` of every row, in rank order;
-the sizes may differ (exchanged on the first call of each size, `collective.shard_sizes`). Every
-rank returns the same ids: those `anysoftmax.sampling.sample` draws from the gathered logits
-for the same seed and offset. The logits never travel:
-
-1. **Row states** (one all-gather): each shard's max z, its sum of ``exp(z - max)``, whether
-   it holds NaN/+inf, how many tokens sit at its max; with top_k or top_p its C largest z (the
-   candidates) and how many of its tokens equal the C-th; its size and its seed. Every rank
-   then knows the global max (min_p), the k-th largest z with ties counted (top_k), and the
-   top-p cut: every token above the candidates' floor is a candidate, so the mass strictly
-   above each candidate is exact.
-2. **The draw** (one all-gather): each shard's race winner (the exponential race keyed by the
-   global token index, `sampling.rng`), its key and z, and the shard's kept mass; the winner
-   of largest key (lowest id among equal keys) is the unsharded draw.
-
-C is the largest top_k in use (k floats per rank and row). top_p without top_k sends
-`TOP_P_CANDIDATES` per shard; a row whose top-p set reaches below every shard's candidates (a
-flat distribution) cannot be cut from them: then the second collective gathers the logits
-instead and every rank samples the whole rows (exact; one host read decides it).
-
-On CUDA/ROCm logits (and with ``backend="triton"``) the Triton sampler's shard kernels draw
-instead (`kernel_sampling`), this path serving what they cannot decide.
+`anysoftmax.distributed.sample` and `logprobs`, through two all-gathers of small tensors (row
+states and candidates, then each shard's race winner), never the logits. The protocol, its
+limits and its host reads: docs/sampling.md ("A sharded vocabulary"). On CUDA/ROCm logits the
+Triton sampler's shard kernels draw instead (`kernel_sampling`); this path serves what they cannot.
 """
 
 from __future__ import annotations

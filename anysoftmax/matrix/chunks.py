@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..core.compare import Comparison
+from ..testing.compare import Comparison
 
 CHECK_ELEMS = 1 << 26  # elements per float64 comparison; larger inputs are compared in chunks of rows
 

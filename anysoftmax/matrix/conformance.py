@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.compare import Comparison, compare, compare_backward
+from ..testing.compare import Comparison, compare, compare_backward
 from ..core.reference import reference
 from ..core.spec import SoftmaxSpec, parse_dtype
 from . import providers

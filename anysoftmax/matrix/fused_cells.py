@@ -2,7 +2,7 @@
 the benchmark's inputs.
 
 Conformance: the provider runs on fresh data (input and operands from the cell's seed); its
-output is compared with `core.compare.compare`, and for a backward cell the gradients that
+output is compared with `testing.compare.compare`, and for a backward cell the gradients that
 autograd returns for x and the sinks with `compare_fused_backward`. An input too large for
 one float64 comparison is compared in chunks of rows (`matrix.chunks`: every row is still
 checked; a dim the sinks broadcast over stays whole, so each chunk's sinks gradient is complete).
@@ -22,7 +22,7 @@ import math
 import torch
 
 from .. import perf
-from ..core.compare import Comparison, compare, compare_fused_backward
+from ..testing.compare import Comparison, compare, compare_fused_backward
 from ..core.spec import SoftmaxSpec, parse_dtype
 from . import providers
 from .cells import Cell

@@ -18,9 +18,9 @@ import math
 
 import torch
 
-from ..core.compare import Comparison, compare_logsumexp, compare_merge, compare_values
-from ..core.lse_merge import LOGSUMEXP, MERGE_STATES, logsumexp_request, reference_logsumexp
+from ..core.lse_merge import LOGSUMEXP, MERGE_STATES, logsumexp_request
 from ..core.spec import TOLERANCES, SoftmaxSpec, parse_dtype
+from ..testing.compare import Comparison, compare_logsumexp, compare_merge, compare_values, reference_logsumexp
 from .cells import Cell
 
 PIECES_OPS = (LOGSUMEXP, MERGE_STATES)

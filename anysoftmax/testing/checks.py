@@ -1,5 +1,5 @@
 """One request, one verdict: call a backend through the public API and compare with the float64
-reference (`anysoftmax.core.compare`).
+reference (`anysoftmax.testing.compare`).
 
 Each function returns None when the request ran and matched, or the backend's declared refusal
 (a string: `supports()`'s reason, or the fused-family gate for a backend without `fused = True`)
@@ -16,7 +16,7 @@ import contextlib
 import torch
 
 from ..core import registry
-from ..core.compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
+from .compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
 from ..core.errors import UnsupportedRequestError
 from ..core.spec import TOLERANCES, SoftmaxSpec, Tolerance
 from ..core.reference import with_row_scale
@@ -176,13 +176,13 @@ def excluded_get_zero(dx: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mask
 
 
 # An error bound's count of float32/float64 roundings of the exponent's terms (as
-# `core.compare.PROLOGUE_ROUNDINGS`: scale, softcap, the subtraction of the lse).
+# `testing.compare.PROLOGUE_ROUNDINGS`: scale, softcap, the subtraction of the lse).
 ROUNDINGS = 8
 
 
 def _bounded(got, expected, bound, what: str) -> None:
     """`got` against the float64 `expected` within the per-element absolute `bound`."""
-    from ..core.compare import compare_values
+    from .compare import compare_values
 
     result = compare_values(got, expected, bound.nan_to_num(nan=float("inf")), Tolerance(0.0, 1.0), what)
     assert result.ok, result.detail
@@ -207,7 +207,7 @@ def check_logsumexp(x: torch.Tensor, dim: int, *, backend: str, fused: dict | No
     """anysoftmax.logsumexp of `x` with the fused keywords against the float64 reference
     (keepdim and not; input unmodified; output dtype float32/float64)."""
     import anysoftmax
-    from ..core.compare import compare_logsumexp
+    from .compare import compare_logsumexp
     from ..core.lse_merge import describe_logsumexp, logsumexp_request
 
     fused = fused or {}
@@ -351,7 +351,7 @@ def check_merge_split(x: torch.Tensor, bounds: list, *, backend: str, lse_dtype=
     """merge(split(x)) == (softmax(x), logsumexp(x)) along the last dim: the segments'
     partials (`_partials`: lses in `lse_dtype`), laid out as `layout` says (`cases.SplitCase`),
     merged by the backend. Rows with nothing (every logit -inf) must merge to 0 and -inf."""
-    from ..core.compare import compare_merge
+    from .compare import compare_merge
     from ..core.lse_merge import MergeSpec
 
     outs, lses = _partials(x, bounds, backend, lse_dtype)

@@ -8,7 +8,7 @@ across ranks), against the float64 reference of the *global* function.
 Every rank makes the same global tensors from `seed`, takes its shard (uneven shards, empty
 ones, split points drawn per case), runs forward and backward (eagerly, or through torch.func,
 vmap or torch.compile: `ShardCase.mode`), and rank 0 checks the gathered shards with
-`anysoftmax.core.compare` (gradients of x, of an additive mask and of the sinks too). All
+`anysoftmax.testing.compare` (gradients of x, of an additive mask and of the sinks too). All
 ranks return the same list of failures.
 """
 
@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..core.compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
+from .compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
 from ..core.reference import prologue
 from ..core.spec import TOLERANCES, SoftmaxSpec
 from ..core.variant import keep_mask

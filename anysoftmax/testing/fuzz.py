@@ -14,7 +14,7 @@ request again with operands that differ only in address, alignment, storage offs
 (the memoised launcher must not care), backward through autograd, `softmax_backward` or torch's
 `_softmax_backward_data` under `anysoftmax.use`, double backward (small float64), and bad input
 that must raise TypeError/ValueError/IndexError naming its argument. Every result is checked
-against `core.compare`, outputs are NaN-poisoned (`poisoned_allocations`), inputs must come
+against `testing.compare`, outputs are NaN-poisoned (`poisoned_allocations`), inputs must come
 back unmodified, outputs must not alias inputs, and earlier results must not change later.
 
 A refusal (`UnsupportedRequestError`) skips its step. The run is replayed by its seed (printed
@@ -36,7 +36,7 @@ from dataclasses import MISSING, dataclass, field, fields
 
 import torch
 
-from ..core.compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
+from .compare import compare, compare_backward, compare_fused_backward, compare_mask_gradient
 from ..core.errors import UnsupportedRequestError
 from ..core.spec import SoftmaxSpec
 from .poison import poisoned_allocations

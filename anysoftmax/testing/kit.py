@@ -153,7 +153,7 @@ def _plain(case: Case, backend: str, device: str, log: bool, dtype, kind: str) -
 def _check_repeat(x1, x2, dim, backend, log, dtype) -> str | None:
     """Two calls of one request (same layout, new data): both results right after both ran,
     in two different buffers."""
-    from ..core.compare import compare
+    from .compare import compare
     from .checks import api_function, named_failure
 
     spec, reason = declared_refusal(backend, x1, dim, dtype, log)

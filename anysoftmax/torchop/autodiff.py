@@ -1,9 +1,6 @@
-"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode torch has:
-reverse mode (the `softmax_backward` operator: the backend's kernel or
-`core.reference.fused_backward`), higher orders (`torch.func.vjp` of the backward's formula in
-torch ops, `_backward_formula`; the sink share enters it with the derivative of its identity
-p_s = 1 - sum_j y_j), forward mode (`output_tangent`; the backward's by reverse mode twice) and
-torch.func (`generate_vmap_rule` over operators with vmap rules, `batching`).
+"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode: reverse
+(the `softmax_backward` operator), higher orders (`torch.func.vjp` of `_backward_formula` in
+torch ops), forward mode (`output_tangent`) and torch.func (`generate_vmap_rule`, `batching`).
 
 Why autograd.Functions beside the operators' `register_autograd`: in torch 2.13 an operator's
 registered autograd has neither `setup_context` (functorch refuses it) nor a jvp. So each formula

@@ -1,10 +1,8 @@
 """anysoftmax's softmax as PyTorch operators (`torch.library.custom_op`): ``anysoftmax::softmax``
--> (y, p_sink) and ``::softmax_backward`` -> (dx, ds), one per direction for softmax and
-log_softmax, plain and fused (a plain call is a fused one with nothing set); the schemas are the
-functions' signatures below (docs/kernels.md). p_sink and ds are [0]-shaped without sinks.
-Operators because torch.compile cannot trace into a backend: with fake implementations it sees
-shapes and dtypes only and keeps one graph. Outputs are fresh contiguous tensors. A leaf (it
-imports dispatch and core): `registration` adds autograd, vmap rules and torch.compile routing.
+-> (y, p_sink) and ``::softmax_backward`` -> (dx, ds), plain and fused (docs/kernels.md). Operators
+because torch.compile cannot trace into a backend: with fake implementations it sees shapes and
+dtypes only and keeps one graph. A leaf (it imports dispatch and core): `registration` adds
+autograd, vmap rules and torch.compile routing.
 """
 
 from __future__ import annotations

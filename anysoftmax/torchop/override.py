@@ -4,10 +4,8 @@
     with anysoftmax.use(backend="triton"):
         model(x).sum().backward()
 
-While on, aten's `_softmax`, `_log_softmax` and their backward ops are registered with
-`torch.library` for the dispatch keys of the devices served (docs/usage.md, "The override").
-A softmax that anysoftmax's own backends call while serving one (in this thread) is computed by
-torch's decomposition of the op: no recursion.
+aten's softmax ops registered with `torch.library` for the devices served; a softmax anysoftmax
+itself triggers runs torch's decomposition (docs/usage.md, "The override").
 """
 
 from __future__ import annotations

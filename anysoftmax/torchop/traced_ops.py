@@ -1,15 +1,8 @@
 """anysoftmax's Triton kernels inside torch.compile graphs: the `torch.library.triton_op`s
-``anysoftmax::softmax_triton`` and ``::softmax_backward_triton`` (the arguments of `ops`'
-operators), whose bodies launch the backend's kernels through `wrap_triton` so that Inductor
-compiles them as user-defined Triton kernels, and the targets of the rule (`registration`) that
-routes the public operators to them while AOTAutograd traces under `FunctionalTensorMode`.
-
-A request is routed when the backend selected for it exactly as eager dispatch selects says
-`traceable(spec)` (the `triton` backend; CPU tensors through the interpreter except when
-Inductor compiles), its shapes and strides are concrete ints, it is not empty, and
-$ANYSOFTMAX_COMPILE_KERNELS is not "0" (read at trace time); otherwise the opaque operator stays
-in the graph, and selection or planning errors surface when it runs. docs/kernels.md
-("torch.compile") tells the whole story.
+``anysoftmax::softmax_triton`` and ``::softmax_backward_triton``, whose bodies launch the
+backend's kernels through `wrap_triton`, and the targets of the rule (`registration`) that routes
+the public operators to them while AOTAutograd traces. Which requests are routed, and why the
+others keep the opaque operator: docs/kernels.md ("torch.compile").
 """
 
 from __future__ import annotations

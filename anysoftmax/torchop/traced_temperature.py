@@ -1,14 +1,8 @@
-"""`scale` and `softcap` that torch.compile traces as symbols (a float argument whose value
-changes between calls, or `dynamic=True`): a custom operator's float argument would specialise
-the symbol again (a recompile per temperature), so such a call applies the two steps in torch
-ops, checked in the graph when it runs, and hands the operator the scaled, capped logits in the
-accumulation dtype; a constant stays a kernel argument.
-
-The check is an operator of its own (``anysoftmax::check_temperature``) on a 0-dim CPU tensor
-of the value: it raises on the host, as eager mode does. A check in aten ops alone (an async
-assert) would be moved onto the GPU by Inductor, which runs a CPU scalar's pointwise work on the
-graph's device when every user is an aten or prims op, and fail there as a device-side assert,
-which ends the process's CUDA context; an operator outside aten is a user it never moves.
+"""`scale` and `softcap` that torch.compile traces as symbols: applied in torch ops before the
+operator (a custom operator's float argument would specialise the symbol again, a recompile per
+temperature) and checked when the graph runs by ``anysoftmax::check_temperature``, an operator
+outside aten so that Inductor never moves the check onto the GPU as a device-side assert
+(docs/kernels.md, "torch.compile").
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax.core import SoftmaxSpec, compare_backward
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare_backward
 from helpers import runnable_backends
 
 

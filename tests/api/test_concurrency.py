@@ -11,7 +11,8 @@ import torch
 
 import anysoftmax
 from anysoftmax.backends.triton import backend as triton_backend
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 from anysoftmax import dispatch
 from anysoftmax.backends._triton_common import launcher as launch
 from helpers import runnable_backends

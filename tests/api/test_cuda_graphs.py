@@ -11,7 +11,7 @@ import anysoftmax
 from anysoftmax.backends._triton_common import native_launch
 from anysoftmax.compat.vllm import merge_attn_states
 from anysoftmax.core import SoftmaxSpec
-from anysoftmax.core.compare import compare, compare_backward, compare_logsumexp, compare_merge
+from anysoftmax.testing.compare import compare, compare_backward, compare_logsumexp, compare_merge
 from anysoftmax.core.lse_merge import logsumexp_request
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,8 @@ import torch
 
 import anysoftmax
 from anysoftmax.torchop import ops, registration  # noqa: F401  (the operators with their autograd and routing)
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 from helpers import FUSED_PROBE, backend_devices, backends_that_run, takes_float64
 
 BACKEND_DEVICES = backend_devices()

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax.core import SoftmaxSpec, compare, compare_backward
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare, compare_backward
 from helpers import LONG_ROW_PATHS, runnable_backends
 
 INT32_MAX = 2**31 - 1

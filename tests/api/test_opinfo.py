@@ -10,7 +10,8 @@ pytest.importorskip("expecttest", reason="OpInfo samples need expecttest (pip in
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
 import anysoftmax  # noqa: E402
-from anysoftmax.core import SoftmaxSpec, compare_backward  # noqa: E402
+from anysoftmax.core import SoftmaxSpec  # noqa: E402
+from anysoftmax.testing.compare import compare_backward
 from helpers import check, runnable_backends  # noqa: E402
 
 BACKENDS = runnable_backends("cpu")

@@ -50,7 +50,8 @@ def test_entry_point_backend_is_listed_and_serves(tmp_path):
     env = _install(tmp_path, "[anysoftmax.backends]\ndummy = dummy_plugin:DummyBackend\n")
     code = textwrap.dedent('''
         import json, torch, anysoftmax, dummy_plugin
-        from anysoftmax.core import SoftmaxSpec, compare
+        from anysoftmax.core import SoftmaxSpec
+        from anysoftmax.testing.compare import compare
         names = [s.name for s in anysoftmax.list_backends()]
         x = torch.randn(4, 33) * 3
         y = anysoftmax.softmax(x, -1, backend="dummy")

@@ -181,7 +181,7 @@ def test_repeated_pieces_are_memo_hits_and_alignment_is_in_their_key(backend, ge
     """logsumexp and merge_states through dispatch's one memo: a repeated request is a hit
     (no new entry, the hit counter moves), a request that differs only in an operand's
     alignment or strides is a new entry, and every result matches the float64 reference."""
-    from anysoftmax.core.compare import compare_logsumexp
+    from anysoftmax.testing.compare import compare_logsumexp
     from anysoftmax.core.lse_merge import logsumexp_request, merge_formula
 
     x = torch.randn(SHAPE, generator=gen)
@@ -334,7 +334,7 @@ def test_plain_logsumexp_keys_in_the_plain_form(backend, monkeypatch, gen):
     softmax's: no keyword is read on a hit, no `FusedArgs` is built) and stays correct; a call
     with fused keywords keeps its own entry, and so does keepdim=False (its launcher allocates
     the result without dim)."""
-    from anysoftmax.core.compare import compare_logsumexp
+    from anysoftmax.testing.compare import compare_logsumexp
     from anysoftmax.core.lse_merge import logsumexp_request
     from anysoftmax.core.request import LSE, LSE_SQUEEZED
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 from anysoftmax.core.reference import with_row_scale
 from benchmarks import sampling_bench
 

@@ -13,7 +13,7 @@ from anysoftmax import dispatch
 from anysoftmax.backends.torch_eager import TorchBackend
 from anysoftmax.core import UnsupportedRequestError, registry
 from anysoftmax.core.backend import Backend
-from anysoftmax.core.compare import compare_logsumexp
+from anysoftmax.testing.compare import compare_logsumexp
 from anysoftmax.core.lse_merge import logsumexp_request, merge_formula
 from anysoftmax.core.reference import backward_from_output, reference
 from anysoftmax.core.spec import SoftmaxSpec

@@ -1,11 +1,12 @@
-"""The gradient comparison (`core.compare.compare_backward`) on torch's own gradients, and the
+"""The gradient comparison (`testing.compare.compare_backward`) on torch's own gradients, and the
 timing helpers of anysoftmax.perf."""
 
 import pytest
 import torch
 
 from anysoftmax import perf
-from anysoftmax.core import SoftmaxSpec, compare_backward
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare_backward
 from anysoftmax.matrix.conformance import make_input
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

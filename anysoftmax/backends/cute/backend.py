@@ -1,11 +1,6 @@
-"""The `cute` backend: CuTe DSL kernels for NVIDIA GPUs of compute capability 9.0+ (docs/cute.md).
-
-float32, float16 and bfloat16; softmax and log_softmax, forward and backward, over a contiguous
-dim with equally spaced rows (the row kernels, which also fuse `scale` and `softcap`) or over a
-strided dim followed by contiguous positions (the column kernels); logsumexp through the row
-kernels' first pass (`kernels.states_entry`), with scale, softcap and sinks. Everything else is
-refused with the reason. Its priority is below `triton`'s: the automatic choice takes it only
-where the device's selection table (`anysoftmax/configs/selection/<GPU>.yaml`) measured it faster.
+"""The `cute` backend: CuTe DSL kernels for NVIDIA GPUs of compute capability 9.0+. What it serves
+(row and column kernels, the fused prologue, logsumexp through the row kernels' first pass,
+`kernels.states_entry`), what it refuses, and why its priority is below `triton`'s: docs/cute.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """The CuTe DSL column kernels: softmax / log_softmax over a strided dim followed by contiguous
-positions, seen as (outer, n, inner) (`core.layout.ColumnView`; docs/cute.md).
-
-A cluster owns a strip of `lanes * vec` adjacent columns (a strip row is 32-128 contiguous bytes)
-over all `n` reduced positions, in registers from the loads to the stores. Thread t of CTA r
-holds column vector t % lanes; its vector k is at reduced index
-r * (threads // lanes) * vectors + k * (threads // lanes) + t // lanes. Each column's maximum,
-then its sum of exp(x - max) (maxima first: no rescaling), are reduced thread -> the lanes
-sharing the column (shuffles) -> the CTA (a shared row per warp) -> the cluster (the CTA's
-partial of each column stored into every peer by `st.async`, one word a peer and column).
-
-Numerics as the row kernels: float32 accumulation; a column with a NaN is NaN, a column of -inf
-(or with +inf) forms NaN, as torch does. Padding reads as -inf and adds nothing.
+positions, seen as (outer, n, inner) (`core.layout.ColumnView`; docs/cute.md: a cluster owns a
+strip of adjacent columns over all `n` reduced positions, in registers).
+Numerics as the row kernels; padding reads as -inf and adds nothing.
 """
 
 from types import SimpleNamespace

@@ -1,21 +1,10 @@
 """The CuTe DSL row kernels: softmax / log_softmax forward and backward, and logsumexp, over a
-thread-block cluster (docs/cute.md: the design and its measurements).
+thread-block cluster (docs/cute.md: the design and its measurements; special values as
+docs/semantics.md states them).
 
 Defined on first use (`entries()` imports `cutlass`); one kernel body serves every plan, whose
-numbers (`plan.KernelKey`) are compile-time constants. Thread t of CTA r holds vector k of tile i
-at row vector i * (cluster * threads * vectors) + r * (threads * vectors) + k * threads + t, so a
-warp touches 32 consecutive vectors. A row of one tile is read once and written from the
-registers; a longer one (`two_pass`) is reduced tile by tile (online max and sum), its first
-`staged` full tiles kept in shared memory (each thread its own vectors: no barrier) and the rest
-read again newest first (from L2), the last tile kept in registers; every two-pass tile is
-exponentiated again against the row's maximum. logsumexp (`states`) writes M + log(S) instead
-of the second pass.
-
-Numerics (`core.spec`): exp2((x - m) * log2(e)), x - m formed first; float32 accumulation. A
-thread of only -inf pivots at 0 (-inf - -inf would be NaN); partials combine as
-s1 * scale(m1) + s2 * scale(m2), scale(m) = 1 for the larger maximum, so infinite pairs form no
-NaN themselves; a NaN poisons its row; a row of -inf gives NaN, as torch does. logsumexp pivots
-a +inf maximum at 0 as well: lse = +inf (NaN with a NaN), -inf for a row of -inf.
+numbers (`plan.KernelKey`) are compile-time constants. Numerics: exp2((x - m) * log2(e)) with
+x - m formed first, float32 accumulation.
 """
 import math
 import threading
@@ -411,6 +400,8 @@ def _define() -> SimpleNamespace:
         n_vec = cute.size(gx, mode=[1])
         zero = _runtime_zero()
         per_cta = threads * vectors
+        # Thread t of CTA r holds vector k of tile i at i * (cluster * per_cta) + r * per_cta + k * threads
+        # + t: a warp touches 32 consecutive vectors.
         first = rank * per_cta + tidx  # this thread's first vector in tile 0
         frag = cute.make_layout((vec, vectors))
         fx = cute.make_rmem_tensor(frag, mX.element_type)

@@ -155,7 +155,8 @@ def keys_for(shapes, dtypes, out_dtypes, ops, variants, target, dim: int = -1) -
 
 def main(argv: list[str] | None = None) -> int:
     """Compile the requested kernels into the cache; print one line per kernel. Returns 0."""
-    p = argparse.ArgumentParser(prog="python -m anysoftmax.backends.wave.aot", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m anysoftmax.backends.wave.aot", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", type=_shapes, required=True, help="comma list of input shapes, e.g. 2x128,2x8x256x256")
     p.add_argument("--dim", type=int, default=-1, help="the softmax dim (default -1)")
     p.add_argument("--dtypes", type=_dtypes, default=["float32"], help="input dtypes (float32,float16,bfloat16)")

@@ -1,12 +1,7 @@
 """What the Wave kernel compiles for a request of the fused family: the request as the kernel reads
 it (`canonical`: x's reduced dim last, one workgroup per row) and its operands' index arithmetic
-(`Fusion`). A mask or a sink is read in place through its broadcast strides; row r, at index
-(i_0, ..., i_{k-1}) of the row dims, reads an operand element at
-
-    offset(r, j) = sum_t ((r // P_t) % d_t) * s_t + j * s_N          (P_t = d_{t+1} * ... * d_{k-1})
-
-with few divisions (`row_terms`). The outermost dim needs no modulo, so M stays dynamic except for
-causal rows of a 2-D input. Pure arithmetic on `SoftmaxSpec`s: no Wave import.
+(`Fusion`, `row_terms`: docs/wave.md, "The kernel"). Pure arithmetic on `SoftmaxSpec`s: no Wave
+import.
 """
 
 from __future__ import annotations

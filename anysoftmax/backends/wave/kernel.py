@@ -1,18 +1,6 @@
-"""The Wave (tkw) softmax kernel: Wave's `test_fused_softmax` (read -> max -> subtract -> exp -> sum
--> divide -> write, one row per wave) generalised:
-
-* any N: a row split over `waves` waves of one workgroup, `per_wave` columns each (a multiple of the
-  wave size); loads and stores past N are masked and padded lanes are -inf before the max. The
-  `block=True` reductions shuffle within a wave, then exchange once through shared memory;
-* any M: a dynamic symbol (one workgroup a row, grid y; at most `MAX_ROWS_PER_LAUNCH` rows a launch,
-  a fused kernel told the launch's first row, `ROW0`);
-* fp16 / bf16 / fp32 in and out, fp32 accumulation; log_softmax as (x - max) - log2(sum) * ln 2;
-* the fused family (`fusion.Fusion`): scale and softcap as run-time values; a mask read in place at
-  an index expression of the row (`fusion.row_terms`), bool (a select) or added; causal from the
-  row index; a sink joining the max and the denominator, its share a third output; empty rows
-  given their policy's value by a final select.
-
-`plan_row` is pure arithmetic; `build_kernel` imports wave_lang lazily.
+"""The Wave (tkw) softmax kernel: Wave's `test_fused_softmax` generalised to any N, any M, 16/32-bit
+dtypes, log_softmax and the fused family (docs/wave.md, "The kernel"). `plan_row` is pure
+arithmetic; `build_kernel` imports wave_lang lazily.
 """
 
 # No `from __future__ import annotations` here: Wave evaluates the kernel's type hints

@@ -1,14 +1,9 @@
-"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone (docs/wave.md).
-
-Each torch GPU gets one IREE HAL device (driver "hip" or "cuda", matched by the GPU's UUID), each
-(kernel, device) one loaded module; the entry point is Wave's asynchronous one (`kernel.ENTRY_POINT`).
-`ANYSOFTMAX_WAVE_TRANSFER` picks how a call meets torch: ``dlpack`` (default) imports the torch
-buffers themselves; IREE 3.9 can neither run on torch's CUDA stream nor exchange events with it, so
-torch's stream is synchronised first, the call signals the device's timeline semaphore, and the host
-waits for it (`wait`); IREE writes the outputs in place (checked once per kernel; else copied each
-call). ``host`` copies through host memory, about 100 times slower. Rows go at most
-`MAX_ROWS_PER_LAUNCH` a launch, chunk starts 64-byte aligned. The driver "local-sync" with CPU
-tensors serves the runtime's own tests.
+"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone: one IREE HAL device
+per torch GPU (matched by UUID), one loaded module per (kernel, device), the transfer that
+`ANYSOFTMAX_WAVE_TRANSFER` picks and the stream synchronisation IREE needs (docs/wave.md).
+IREE writes the outputs in place (checked once per kernel; else copied each call); rows go at
+most `MAX_ROWS_PER_LAUNCH` a launch, chunk starts 64-byte aligned. The driver "local-sync" with
+CPU tensors serves the runtime's own tests.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import torch
 import anysoftmax
 from anysoftmax.backends.cute import CuteBackend, compiler, env, launch
 from anysoftmax.backends.cute.backend import lse_rows_of, request_layout
-from anysoftmax.core import SoftmaxSpec, compare, compare_backward
-from anysoftmax.core.compare import compare_logsumexp
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare, compare_backward, compare_logsumexp
 from anysoftmax.core.lse_merge import logsumexp_request, row_shape
 from anysoftmax.core.reference import fused_backward, prologue
 from anysoftmax.core.variant import Variant

@@ -3,7 +3,7 @@ through the public API (a case the backend refuses must raise UnsupportedRequest
 long rows on every kernel path (one CTA, clusters of 2-16, two passes), special values across
 CTA boundaries, unaligned and strided rows, the backward kernels, and the fused prologue
 (scale, softcap) forward and backward. Every result is checked
-with `anysoftmax.core.compare` / `compare_backward` against the float64 reference, on fresh random
+with `anysoftmax.testing.compare` / `compare_backward` against the float64 reference, on fresh random
 data (the session's `gen`) into outputs poisoned with NaN.
 
 Skips with the backend's own reason where it is unavailable (no GPU, no sm_90, no DSL).
@@ -19,7 +19,8 @@ from helpers import check, check_variant, params
 
 import anysoftmax
 from anysoftmax.backends.cute import plan as cute_plan
-from anysoftmax.core import SoftmaxSpec, compare, compare_backward
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare, compare_backward
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,7 @@ values across CTAs; strided, unaligned, expanded and transposed inputs (dim not 
 refused requests (masks, causal, a strided reduced dim) raising with their reason; the kit's
 logsumexp cases. Every result goes through the kit's `check_logsumexp`: fresh random data (the
 session's `gen`), allocations poisoned with NaN, keepdim and flat results, the input unchanged,
-and the float64 reference (`core.lse_merge`) within `core.compare`'s tolerances.
+and the float64 reference (`core.lse_merge`) within `testing.compare`'s tolerances.
 
 Skips with the backend's own reason where it is unavailable (no GPU, no sm_90, no DSL).
 """

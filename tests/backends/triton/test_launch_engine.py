@@ -14,7 +14,7 @@ import torch
 
 import anysoftmax
 from anysoftmax.backends._triton_common.plan import runtime_params
-from anysoftmax.core.compare import compare_logsumexp, compare_merge
+from anysoftmax.testing.compare import compare_logsumexp, compare_merge
 from anysoftmax.core.lse_merge import MergeSpec, logsumexp_request
 from anysoftmax.core.registry import get_backend
 from helpers import active_launch_hook, bound_launchers, runnable_backends

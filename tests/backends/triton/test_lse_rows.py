@@ -14,7 +14,7 @@ import torch
 
 import anysoftmax
 from anysoftmax.backends.triton import heuristics
-from anysoftmax.core.compare import compare_logsumexp
+from anysoftmax.testing.compare import compare_logsumexp
 from anysoftmax.core.lse_merge import logsumexp_request
 from helpers import LONG_ROW_PATHS, runnable_backends
 

@@ -17,7 +17,8 @@ import torch
 
 import anysoftmax
 from anysoftmax.torchop import ops, registration  # noqa: F401  (the operators with their autograd and routing)
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 from anysoftmax.core.layout import allocate_rows
 from helpers import runnable_backends
 from helpers.compile import WRAPPERS, Capture, compiled

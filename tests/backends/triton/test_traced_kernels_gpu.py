@@ -16,7 +16,8 @@ import torch
 
 import anysoftmax
 from anysoftmax.bench.compiled_block import Attention  # the benchmark's block: QK^T -> softmax -> V
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 from anysoftmax.core.layout import allocate_rows
 
 pytestmark = pytest.mark.gpu

@@ -21,7 +21,7 @@ from anysoftmax import SoftmaxSpec
 from anysoftmax.backends._triton_common.interpreter import interpreting
 from anysoftmax.backends._triton_common.plan import KernelPlan, OnlinePlan, TilePlan
 from anysoftmax.backends.triton_ascend import install, npu, planning, settings
-from anysoftmax.core import compare
+from anysoftmax.testing.compare import compare
 from anysoftmax.testing.cases import randn
 from helpers.ascend import BACKEND, needs_interpreter, no_torch_npu, tile_of
 

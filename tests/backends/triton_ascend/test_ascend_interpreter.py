@@ -13,7 +13,7 @@ import anysoftmax
 from anysoftmax import SoftmaxSpec, UnsupportedRequestError
 from anysoftmax.backends._triton_common.launcher import bind
 from anysoftmax.backends.triton_ascend import settings
-from anysoftmax.core import compare
+from anysoftmax.testing.compare import compare
 from anysoftmax.core.layout import allocate_rows
 from anysoftmax.testing.cases import randn, with_specials
 from helpers import check, params

@@ -22,7 +22,8 @@ from anysoftmax.backends.wave.backend import f32_bits, flat, kernel_key
 from anysoftmax.backends.wave.cuda_mlir import CudaRewriteError, to_cuda
 from anysoftmax.backends.wave.kernel import max_row_length, max_waves, offset_expr, plan_row
 from anysoftmax.backends.wave.target import ENV_ON_CUDA, parse_target
-from anysoftmax.core import SoftmaxSpec, compare
+from anysoftmax.core import SoftmaxSpec
+from anysoftmax.testing.compare import compare
 
 
 def _has(module: str) -> bool:
@@ -533,6 +534,16 @@ def test_aot_rejects_float64_and_unknown_steps():
         aot.main(["--shapes", "128", "--dtypes", "float64", "--target", "sm_80"])
     with pytest.raises(SystemExit):
         aot.main(["--shapes", "4x128", "--variants", "temperature", "--target", "sm_80"])
+
+
+def test_aot_help_states_the_variant_grammar(capsys):
+    # `--variants` says "see above": --help must print the grammar it refers to.
+    from anysoftmax.backends.wave import aot
+
+    with pytest.raises(SystemExit):
+        aot.main(["--help"])
+    out = capsys.readouterr().out
+    assert "mask=bool|float16|bfloat16|float32[:SHAPE[/STRIDES]]" in out and "iree-base-runtime" in out
 
 
 # --- runtime: the asynchronous entry point on a CPU stand-in module (iree) ----------------------

@@ -1,5 +1,5 @@
 """Conformance of the `wave` backend on a GPU: AMD (ROCm torch), or NVIDIA through IREE's CUDA
-path with ANYSOFTMAX_WAVE_ON_CUDA=1. Every result is checked with `anysoftmax.core.compare`
+path with ANYSOFTMAX_WAVE_ON_CUDA=1. Every result is checked with `anysoftmax.testing.compare`
 against the one float64 reference, on fresh random data (the session's `gen`), into outputs
 poisoned with NaN: the shared cases (anysoftmax/testing/cases.py) through the public API, the Wave kernel's
 own edges (long rows, masked tails, more rows than one launch) through the backend, and every
@@ -31,8 +31,8 @@ from anysoftmax.backends.wave import WaveBackend, diskcache, runtime
 from anysoftmax.backends.wave.backend import as_rows, from_rows, kernel_key
 from anysoftmax.backends.wave.env import compiler_missing, runtime_missing
 from anysoftmax.backends.wave.target import detect_target, on_cuda_requested
-from anysoftmax.core import SoftmaxSpec, compare, dtype_name
-from anysoftmax.core.compare import PROLOGUE_ROUNDINGS, compare_fused_backward
+from anysoftmax.core import SoftmaxSpec, dtype_name
+from anysoftmax.testing.compare import PROLOGUE_ROUNDINGS, compare, compare_fused_backward
 from anysoftmax.core.reference import fused_forward, prologue
 from anysoftmax.testing.cases import CASES, LONG_ROW_CASES
 

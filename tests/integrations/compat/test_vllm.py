@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from anysoftmax.compat.vllm import merge_attn_states
-from anysoftmax.core.compare import compare_merge
+from anysoftmax.testing.compare import compare_merge
 from anysoftmax.core.spec import TOLERANCES
 
 

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .reference import (as_factor, backward_from_output, fused_backward, fused_forward, kept_values, prologue, reference,
+from ..core.lse_merge import logsumexp_formula, merge_formula, row_shape
+from ..core.reference import (as_factor, backward_from_output, fused_backward, fused_forward, kept_values, prologue, reference,
                         row_scale_gradient)
-from .spec import TOLERANCES, SoftmaxSpec
-from .variant import keep_mask
+from ..core.spec import TOLERANCES, SoftmaxSpec
+from ..core.variant import keep_mask
 
 # Roundings the fused prologue may add per unit of |z| (scale * x, the softcap's tanh, an added
 # mask): a few roundings of the accumulation dtype each, with a 2x margin.
@@ -299,7 +300,6 @@ def compare_logsumexp(lse: torch.Tensor, x: torch.Tensor, spec: SoftmaxSpec, mas
     Bound: the accumulation dtype's (atol, rtol) relative to |lse| plus the row's largest |z|
     (lse = m + log(sum exp(z - m)): each z carries ~|z| eps of rounding from the prologue and
     the subtraction)."""
-    from .lse_merge import reference_logsumexp, row_shape
 
     expected = reference_logsumexp(x, spec, mask, sinks, device)
     if lse.dtype != spec.acc_dtype:
@@ -326,7 +326,6 @@ def compare_merge(out: torch.Tensor, lse: torch.Tensor, outputs, lses, device: s
     float64 (out, lse): e.g. the unsplit row's softmax and logsumexp). out's bound is relative to
     sum_i p_i |out_i| (cancellation between partials) times `roundings` (the partials' own
     rounding and the merged result's); lse's to |lse| plus the largest |lse_i|."""
-    from .lse_merge import reference_merge
 
     ref_out, ref_lse = reference_merge(outputs, lses, device) if expected is None else expected
     o64 = [t.detach().to(device).to(torch.float64) for t in outputs]
@@ -342,3 +341,19 @@ def compare_merge(out: torch.Tensor, lse: torch.Tensor, outputs, lses, device: s
     Lf = torch.where(torch.isfinite(L), L.abs(), torch.zeros_like(L)).amax(0) if L.numel() else ref_lse.abs()
     return compare_values(lse, ref_lse, ref_lse.abs().nan_to_num(0.0, 0.0, 0.0) + 4 * Lf,
                           TOLERANCES[lse.dtype], "lse: ")
+
+
+def reference_logsumexp(x: torch.Tensor, spec: SoftmaxSpec, mask=None, sinks=None,
+                        device: str | torch.device = "cpu") -> torch.Tensor:
+    """The float64 logsumexp of `spec` on `x` (keepdim), evaluated on `device`."""
+    x64 = x.detach().to(device).to(torch.float64)
+    mask = None if mask is None else mask.detach().to(device)
+    sinks = None if sinks is None else sinks.detach().to(device)
+    return logsumexp_formula(x64, spec.variant, spec.dim, mask, sinks, torch.float64)
+
+
+def reference_merge(outputs, lses, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 (out, lse) of merge_states, evaluated on `device`."""
+    o64 = [t.detach().to(device).to(torch.float64) for t in outputs]
+    l64 = [t.detach().to(device).to(torch.float64) for t in lses]
+    return merge_formula(o64, l64, torch.float64, torch.float64, torch.float64)

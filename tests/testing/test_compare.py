@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import anysoftmax
-from anysoftmax.core import SoftmaxSpec, compare, registry
+from anysoftmax.core import SoftmaxSpec, registry
+from anysoftmax.testing.compare import compare
 from anysoftmax.core.layout import new_output
 from helpers import StubBackend
 
@@ -68,7 +69,7 @@ def test_poisoned_outputs_expose_unwritten_elements(gen):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("log", [False, True])
 def test_backward_correct_gradient_passes_and_perturbed_fails(dtype, log, gen):
-    from anysoftmax.core import compare_backward
+    from anysoftmax.testing.compare import compare_backward
     from anysoftmax.core.reference import backward_from_output
 
     x, spec, y = _case(gen, dtype, log)
@@ -95,7 +96,7 @@ def test_backward_correct_gradient_passes_and_perturbed_fails(dtype, log, gen):
 def test_backward_bound_is_per_element_not_per_row(gen):
     """An error the size of the row's whole |y * dy| sum at a tiny output must fail: the bound
     scales with y_i, not with the row."""
-    from anysoftmax.core import compare_backward
+    from anysoftmax.testing.compare import compare_backward
     from anysoftmax.core.reference import backward_from_output
 
     x, spec, y = _case(gen, torch.float32)
@@ -110,7 +111,7 @@ def test_backward_bound_is_per_element_not_per_row(gen):
 def test_fused_gradients_pass_and_a_wrong_one_names_its_worst_element(gen):
     """dx, dsinks and a floating mask's gradient from the float64 formulas pass; one perturbed
     element fails, and the message names the gradient, the element's value and the reference's."""
-    from anysoftmax.core.compare import compare_fused_backward, compare_mask_gradient
+    from anysoftmax.testing.compare import compare_fused_backward, compare_mask_gradient
     from anysoftmax.core.reference import fused_backward, fused_forward
 
     x = torch.randn(4, 3, 20, generator=gen)
@@ -137,7 +138,7 @@ def test_log_softmax_gradient_with_excluded_inputs_is_checked(gen):
     """An input of -inf (a masked logit) makes its log_softmax output -inf and its probability 0:
     that element's bound weighs (1 + |y|) by p = 0, so the exact gradient passes and a wrong one
     still fails."""
-    from anysoftmax.core import compare_backward
+    from anysoftmax.testing.compare import compare_backward
     from anysoftmax.core.reference import backward_from_output
 
     x = torch.randn(5, 30, generator=gen)
