@@ -13,8 +13,8 @@ warm-ups) of every kernel a call launches, for:
 * `probs_all`: `probs` with the three filters as numbers;
 * `logprobs1` / `lp_top20`: `logprobs` of one id per row, and with top_n = 20;
 * `lse`: `anysoftmax.logsumexp(x, -1)` (one read); `copy`: read the logits, write float32;
-* bfloat16 at V = 128256 only: `sample` with one scan program per multiprocessor (`1/SM`), with
-  smaller chunks (`c4096` at 8 warps, `c2048` at 4 warps), through the module functions'
+* bfloat16 at V = 128256 only: `sample` with one scan program per multiprocessor (`1/SM`), at
+  8 warps (`w8`; `w8_4/SM`: with twice the programs), with smaller chunks (`c4096` at 8 warps, `c2048` at 4 warps), through the module functions'
   `plan=`; and `sample` with one filter at a time (`s_plain`: temperature only, `s_topk`,
   `s_topp`, `s_minp`).
 
@@ -88,7 +88,9 @@ def calls(dtype, rows: int, vocab: int) -> dict:
         spec = SamplingSpec.from_request("sample", x, **keys, seed=seeds)
         base = triton_sampling.plan_for(rows, vocab, x.device)
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        variants = [("sample_1/SM", dataclasses.replace(base, grid=max(1, min(base.grid, sms))))]
+        variants = [("sample_1/SM", dataclasses.replace(base, grid=max(1, min(base.grid, sms)))),
+                    ("sample_w8", dataclasses.replace(base, num_warps=8)),
+                    ("sample_w8_4/SM", dataclasses.replace(base, num_warps=8, grid=max(1, min(2 * base.grid, 4 * sms))))]
         for chunk, warps in ((4096, 8), (2048, 4)):
             groups = -(-vocab // chunk)
             g2 = 1 << (groups - 1).bit_length()

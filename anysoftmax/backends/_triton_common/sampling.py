@@ -25,8 +25,9 @@ from .launcher import Binding, bind_kernel, per_stream
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_CHUNK = 8192  # elements of a row one program holds (16 warps: 16 float32 registers a thread)
 # Warps of a MAX_CHUNK program: 16 elements a thread, which the scan holds in 128 registers
-# without spilling (sm_90). On the H200, bf16 V = 128256, 8 warps measured 2-3% faster and 32
-# warps 4-7% slower (benchmarks/results/NVIDIA_H200/sampler_scan_variants.json: d2 w8, full w32).
+# without spilling (sm_90). bf16 V = 128256: on the H100 8 warps are 4-5% slower (scan 442 vs 421
+# us at B = 512, 28.9 vs 27.7 at B = 32: NVIDIA_H100_80GB_HBM3/sampler_kernels_probe.json), on the
+# H200 2-3% faster; 32 warps 4-7% slower (NVIDIA_H200/sampler_scan_variants.json).
 MAX_CHUNK_WARPS = 16
 MAX_SELECT_BLOCK = 4096  # candidates one select holds: chunks (to a power of two) x slots
 MIN_SLOTS, MAX_SLOTS = 32, 256

@@ -78,6 +78,9 @@ def test_repeated_draws_on_two_streams_match_the_torch_sampler():
     for i in range(6):
         kw = dict(temperature=torch.rand(3, device="cuda") + 0.5, top_k=50, top_p=0.9,
                   seed=torch.randint(0, 2**62, (3,), device="cuda"), offset=i)
+        # (the keyword tensors are made on the default stream: the side stream waits for them, as
+        # any program handing tensors across streams must)
+        streams[i % 2].wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(streams[i % 2]):
             got.append(sampling.sample(x, **kw, backend="triton"))
         torch.cuda.synchronize()
