@@ -491,6 +491,19 @@ def _determinism_check(what: str, sample_fn, device: str):
                 shared = _share_equal(ids[0], other)
                 assert shared >= 63 / 64, f"temperature and top_k as per-row tensors and as numbers of the same " \
                                           f"values drew the same id on only {shared:.0%} of 64 rows"
+        elif what == "one form on new logits, each call its own draw":
+            # What a sampler keeps between calls of one form (a workspace, statistics, bound
+            # launches) must never carry one call's logits into the next.
+            xa = _near_uniform(gen, vocab=89).to(device)  # (a shape no other check calls with)
+            xb = (torch.randn(64, 89, generator=gen) * 4).to(device)
+            kw = dict(seed=seeds, offset=offsets, top_k=20)
+            first, other, again = (sample_fn(v, **kw).cpu() for v in (xa, xb, xa))
+            assert torch.equal(first, again), "the same logits drawn again after other logits of the same shape " \
+                                              "gave other ids"
+            alone = sample_fn(xb[:17], seed=seeds[:17], offset=offsets[:17], top_k=20).cpu()
+            shared = _share_equal(other[:17], alone)
+            assert shared >= 16 / 17, f"rows drawn after a call on other logits of the same shape agree with the " \
+                                      f"same rows drawn alone on only {shared:.0%} of 17 (per-row seeds)"
         elif what == "another seed changes the draw":
             shared = _share_equal(sample_fn(x, seed=s), sample_fn(x, seed=s + 1))
             assert shared <= MAX_SHARED, f"seeds s and s+1 gave the same id on {shared:.0%} of 64 rows"
@@ -699,6 +712,7 @@ def sampler_checks(sample_fn, probs_fn=None, logprobs_fn=None, *, device: str = 
     for mode in ("int-seed", "per-row-seeds"):
         checks.append(Check(f"definition {mode}", "definition", _definition_check(mode, sample_fn, device)))
     for what in ("same seed and offset, same ids", "a keyword as a tensor, then as the same number, same ids",
+                 "one form on new logits, each call its own draw",
                  "another offset changes the draw", "another seed changes the draw",
                  "rows of one int seed draw independently"):
         checks.append(Check(f"determinism {what}", "determinism", _determinism_check(what, sample_fn, device)))

@@ -16,7 +16,7 @@ from anysoftmax.sampling import rng
 from anysoftmax.sampling.spec import SamplingSpec
 
 BUGS = ("topp-le", "topk-drops-ties", "temperature-after-softmax", "no-renorm-after-topk",
-        "random-reused-across-rows", "offset-ignored", "stale-bound-operands")
+        "random-reused-across-rows", "offset-ignored", "stale-bound-operands", "stale-workspace")
 
 
 class Sampler:
@@ -26,6 +26,7 @@ class Sampler:
         assert bug in BUGS + (None,), bug
         self.bug = bug
         self.bound = {}  # ("stale-bound-operands": which keywords were tensors, per logits shape)
+        self.kept = {}  # ("stale-workspace": the first call's distribution, per logits shape)
 
     def _distribution(self, logits: torch.Tensor, spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
         """(probs [rows, V] float32, invalid [rows, 1])."""
@@ -76,6 +77,9 @@ class Sampler:
             tensors = self.bound.setdefault(tuple(logits.shape), tuple(isinstance(v, torch.Tensor) for v in given))
             [v.data_ptr() for v, was in zip(given, tensors) if was]
         final, invalid = self._distribution(logits, spec)
+        if self.bug == "stale-workspace":
+            # Statistics kept per shape and not rewritten: a later call draws from the first one's.
+            final, invalid = self.kept.setdefault(tuple(logits.shape), (final, invalid))
         seeds, stream, offsets = rng.row_words(spec)
         if self.bug == "offset-ignored":
             offsets = torch.zeros_like(offsets)

@@ -46,6 +46,7 @@ PLANTED = {
     "random-reused-across-rows": "chi-square int-seed",
     "offset-ignored": "determinism another offset changes the draw",
     "stale-bound-operands": "determinism a keyword as a tensor, then as the same number, same ids",
+    "stale-workspace": "determinism one form on new logits, each call its own draw",
 }
 
 
