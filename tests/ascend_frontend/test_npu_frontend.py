@@ -135,3 +135,35 @@ def test_check_flags_the_div_mod_row_form():
     assert not div_mod.ok and any("ExtractedLoadOrStore" in line for line in div_mod.unbounded)
     flat = classify(compile_ttadapter(softmax_tile_kernel, args, {**meta, "FLAT_ROWS": True}))
     assert flat.ok and flat.bounded_copies == 1
+
+
+def test_sampler_kernels_lower(monkeypatch):
+    """The sampler's scan, select and probs kernels lower through triton-ascend's front end
+    (a scalar precise division once aborted its linalg conversion). The backend still refuses
+    to sample: their candidate scatter and gathers lower as discrete accesses, unverified on an
+    NPU (its `sampler_refusal`)."""
+    from anysoftmax.backends._triton_common import sampling as triton_sampling
+    from anysoftmax.sampling.spec import SamplingSpec
+
+    launches = []
+
+    def bind(b, **kw):  # (records each launch's operands instead of launching)
+        def record(args, values=b.values, per_call=()):
+            scratch = kw.get("scratch")
+            launches.append((b, (*args, *scratch(torch.device("cpu"))) if scratch else args, values, per_call))
+        return record
+
+    monkeypatch.setattr(triton_sampling, "bind_kernel", bind)
+    x = torch.randn(3, 300) * 3
+    plan = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=3, num_warps=4, tile=64)
+    for op, extra in (("sample", dict(seed=11)), ("probs", {})):
+        spec = SamplingSpec.from_request(op, x, temperature=0.9, top_k=12, top_p=0.9, min_p=0.05, **extra)
+        triton_sampling.runner(op, spec, plan=plan)(x, triton_sampling.keyword_values(spec))
+    lowered = set()
+    for b, args, values, per_call in launches:
+        kw = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values)),
+              **dict(zip(b.per_call, per_call or (0,) * len(b.per_call)))}
+        for meta in b.metas:
+            assert "func.func" in compile_ttadapter(b.kernel, (), {**kw, **meta})
+            lowered.add(b.kernel.fn.__name__)
+    assert lowered == {"scan_kernel", "select_kernel", "probs_kernel"}

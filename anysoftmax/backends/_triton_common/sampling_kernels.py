@@ -100,6 +100,14 @@ def _count2(mask):
 
 
 @triton.jit
+def _reciprocal(t):
+    """1 / t correctly rounded (z = x * (1/t) is then within an ulp or so of x / t), on a block
+    of two that no canonicalisation folds back to a scalar: triton-ascend 3.2's linalg conversion
+    aborts on a scalar precise division."""
+    return tl.max(tl.math.div_rn(tl.full([2], 1.0, tl.float32), tl.arange(0, 2) * 0.0 + t), 0)
+
+
+@triton.jit
 def _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags, temperature, top_p, min_p):
     """(inv_t, greedy, k, p, mp, bad) of `row`: 1 / temperature (1 on greedy rows), temperature
     0, the top-k bound in effect (0: off), top_p, min_p, and whether a per-row value is out of
@@ -118,8 +126,7 @@ def _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags, tempe
         mp = tl.load(mp_ptr + row * ((flags >> (FL_MP + 1)) & 1))
     ok = (t >= 0.0) & (t < float("inf")) & (k >= 0) & (p > 0.0) & (p <= 1.0) & (mp >= 0.0) & (mp <= 1.0)
     greedy = t == 0.0
-    # The correctly rounded reciprocal: z = x * (1/t) is within an ulp or so of x / t.
-    inv_t = tl.where(greedy | (ok == 0), 1.0, tl.math.div_rn(1.0, tl.where(t > 0.0, t, 1.0)))
+    inv_t = tl.where(greedy | (ok == 0), 1.0, _reciprocal(tl.where(t > 0.0, t, 1.0)))
     k_on = tl.where((k > 0) & (k < vocab_total), k, 0).to(tl.int32)
     return inv_t, greedy, k_on, p, mp, ok == 0
 
@@ -132,7 +139,7 @@ def _temperature(row, t_ptr, flags, temperature):
         t = tl.load(t_ptr + row * ((flags >> (FL_T + 1)) & 1))
     ok = (t >= 0.0) & (t < float("inf"))
     greedy = t == 0.0
-    inv_t = tl.where(greedy | (ok == 0), 1.0, tl.math.div_rn(1.0, tl.where(t > 0.0, t, 1.0)))
+    inv_t = tl.where(greedy | (ok == 0), 1.0, _reciprocal(tl.where(t > 0.0, t, 1.0)))
     return inv_t, greedy, ok == 0
 
 

@@ -96,10 +96,12 @@ class TritonAscendBackend(Backend):
     devices = ("npu",)  # CPU (interpreter) and CUDA (cross-check) tensors only when chosen explicitly
     priority = 100
     fused = True  # the fused family: the same shared kernels and prologue as `triton`
-    # The shared sampler kernels rely on GPU-scope acquire/release atomics and L2 cache
-    # modifiers that are unverified on Ascend's Triton.
-    sampler_refusal = ("no sampler kernels (the Triton sampler's GPU-scope atomics and cache modifiers are "
-                       "not verified on triton-ascend; use backend='torch', which runs on NPU tensors)")
+    # The shared sampler kernels lower through triton-ascend 3.2's front end
+    # (tests/ascend_frontend), but their candidate scatter and gathers become discrete accesses
+    # that read masked lanes too, and no plan sizes their blocks for the unified buffer.
+    sampler_refusal = ("no sampler kernels (the Triton sampler's kernels lower through triton-ascend's front end, "
+                       "but their candidate scatter and gathers lower to discrete accesses that are not verified "
+                       "on an NPU; use backend='torch', which runs on NPU tensors)")
 
     @staticmethod
     def needs_interpreter() -> bool:
