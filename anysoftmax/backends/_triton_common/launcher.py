@@ -400,20 +400,18 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     n_stats = plan.stats_numel(layout)
     counter_groups = plan.groups(layout) if plan.counted else 0
+    if n_stats or counter_groups:
+        # (a counters buffer since replaced in `row_counters` (grown, evicted) stays this launcher's own, zeroed)
+        return per_stream(lambda device: (torch.empty(max(n_stats, 1), dtype=acc, device=device),
+                                          row_counters(device, counter_groups)))
     placeholders: dict = {}
 
     def make(device) -> tuple:
-        if n_stats == 0 and counter_groups == 0:
-            pair = placeholders.get(device)
-            if pair is None:
-                pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
-                                               torch.zeros(2, dtype=torch.int32, device=device))
-            return pair
-        return kept(device)
-
-    # (a counters buffer since replaced in `row_counters` (grown, evicted) stays this launcher's own, zeroed)
-    kept = per_stream(lambda device: (torch.empty(max(n_stats, 1), dtype=acc, device=device),
-                                      row_counters(device, counter_groups)))
+        pair = placeholders.get(device)
+        if pair is None:
+            pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
+                                           torch.zeros(2, dtype=torch.int32, device=device))
+        return pair
     return make
 
 
