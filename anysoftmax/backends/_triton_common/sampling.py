@@ -5,13 +5,15 @@ the algorithm and the semantics: docs/sampling.md.
 
 Two launches for `sample` and `logprobs` (the scan, then the select of each row: the form a
 sharded vocabulary uses too, `scan_shard`, `select_shards`), three for `probs` (then the pass
-that writes the row). Per-call values (the keywords given as numbers, the seed and offset as
+that writes the row); two more before the scan where the runs pre-pass serves a call's top-k
+rows (`Bound.pass_one`). Per-call values (the keywords given as numbers, the seed and offset as
 32-bit words, which keywords come from tensors) are kernel arguments, never compiled in.
 Nothing reads a device value on the host.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -31,6 +33,13 @@ MAX_CHUNK = 8192  # elements of a row one program holds (16 warps: 16 float32 re
 MAX_CHUNK_WARPS = 16
 MAX_SELECT_BLOCK = 4096  # candidates one select holds: chunks (to a power of two) x slots
 MIN_SLOTS, MAX_SLOTS = 32, 256
+# The runs pre-pass (`runs_kernel`, `collect_kernel`) serves top-k bounds and top-n up to half of
+# a chunk's runs, on plans of full chunks up to RUNS_MAX_GROUPS chunks a row (the collect holds
+# the row's runs as one block), from RUNS_MIN_ROWS rows (below, the one-row collect's chain of
+# steps costs more than the scan it saves).
+RUN_CAP, RUNS_BLOCK = 128, 4096  # (sampling_kernels.RUN_CAP; elements a runs program reads)
+RUNS_MAX_GROUPS = 32
+RUNS_MIN_ROWS = 16
 STATE_WORDS, RESULT_WORDS = 16, 8  # (sampling_kernels.NS, NR)
 # Keyword flags (sampling_kernels.FL_*): bit 2i from a tensor, bit 2i + 1 one value per row.
 KEYWORD_BITS = {"temperature": 0, "top_k": 2, "top_p": 4, "min_p": 6, "seed": 8, "offset": 10}
@@ -56,6 +65,9 @@ class SamplingPlan:
     num_warps: int = 8
     select_warps: int = 8
     tile: int = 1024
+    runs: bool = False  # the runs pre-pass serves the top-k rows it can
+    run: int = 64  # elements of its runs (a power of two dividing `chunk`)
+    collect_warps: int = 8
 
     def chunks(self, vocab: int) -> int:
         return cdiv(vocab, self.chunk)
@@ -86,6 +98,17 @@ class Workspace:
     scr_off: int
     res_off: int
     words: int
+    # A plan with the runs pre-pass: per row the runs' max, sum and finite count, and scratch; the
+    # rows the collect left to the scan and those it served (each: a count, then the rows); the
+    # served rows' state words and candidates, one chunk of `slots` a row.
+    run_off: int = 0
+    left_off: int = 0
+    served_off: int = 0
+    compact_off: int = 0
+
+    def compact(self, rows: int, slots: int) -> tuple[int, int, int]:
+        """(state, candidates' z, their ids) offsets of the served rows' one-chunk layout."""
+        return self.compact_off, self.compact_off + rows * STATE_WORDS, self.compact_off + rows * (STATE_WORDS + slots)
 
     @property
     def shard_words(self) -> int:
@@ -98,7 +121,13 @@ class Workspace:
         ci = cz + items * plan.slots
         scr = ci + items * plan.slots
         res = scr + rows * 2 * plan.groups_pow2(vocab, shards) * plan.slots
-        return cls(0, cz, ci, scr, res, res + rows * RESULT_WORDS)
+        end = res + rows * RESULT_WORDS
+        if not plan.runs:
+            return cls(0, cz, ci, scr, res, end)
+        left = end + rows * (3 * plan.chunks(vocab) * (plan.chunk // plan.run) + RUN_CAP)
+        served = left + 1 + rows
+        compact = served + 1 + rows
+        return cls(0, cz, ci, scr, res, compact + rows * (STATE_WORDS + 2 * plan.slots), end, left, served, compact)
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,7 +152,8 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
         programs = programs_on(device.index if device.index is not None else torch.cuda.current_device()) \
             if device.type == "cuda" else items
     warps = MAX_CHUNK_WARPS if chunk >= MAX_CHUNK else 8 if chunk >= 4096 else 4
-    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)), num_warps=warps)
+    runs = chunk == MAX_CHUNK and groups <= RUNS_MAX_GROUPS and rows >= RUNS_MIN_ROWS
+    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)), num_warps=warps, runs=runs)
 
 
 def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = None) -> str | None:
@@ -158,6 +188,7 @@ def _seed_value(seed, device: torch.device):
 # ---- bound launchers -----------------------------------------------------------------------------
 
 SCAN_POINTERS = ("x_ptr", "ws_ptr", "t_ptr", "k_ptr", "p_ptr", "mp_ptr", "seed_ptr", "off_ptr")
+RUNS_POINTERS = SCAN_POINTERS[:6]
 SELECT_POINTERS = ("x_ptr", "gs_ptr", "ws_ptr", "out_i_ptr", "out_f_ptr", "out_f2_ptr", "ids_ptr", "t_ptr", "k_ptr",
                    "p_ptr", "mp_ptr", "seed_ptr", "off_ptr")
 PER_CALL = ("top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags")
@@ -196,13 +227,51 @@ def operand_pointers(operands: tuple):
 
 @dataclass(frozen=True)
 class Bound:
-    """A request's launchers: `scan`, `select`, `second` (probs' pass 2)."""
+    """A request's launchers: `scan`, `select`, `second` (probs' pass 2); with the runs
+    pre-pass, `runs`, `collect` and the scan that skips the rows the collect served."""
 
     plan: SamplingPlan
     space: Workspace
     scan: object
     select: object
     second: object
+    runs: object = None
+    collect: object = None  # (serving rows as one chunk each: `select_served` reads them)
+    collect_chunks: object = None  # (serving rows in the scan's layout: a sharded vocabulary's)
+    scan_rest: object = None
+    select_served: object = None
+    select_rest: object = None
+
+    def takes_runs(self, ints, top_n: int) -> bool:
+        """Whether the runs pre-pass serves this call: the plan has it, and the call has a top-k
+        bound (a tensor, or a number up to half a chunk's runs) or such a top-n."""
+        top_k, flags, cap = ints[0], ints[-1], self.plan.chunk // self.plan.run // 2
+        return self.runs is not None and (0 < top_n <= cap or (not top_n and (
+            flags & (1 << KEYWORD_BITS["top_k"]) or 0 < top_k <= cap)))
+
+    def pass_one(self, x, ws, tensors, floats, ints, top_n: int = 0) -> None:
+        """The scan, after the runs pre-pass where it serves the call: every row in the scan's
+        layout (what `select` and a sharded vocabulary's select read)."""
+        if self.takes_runs(ints, top_n):
+            self.runs((x, ws, *tensors[:4]), floats, ints)
+            self.collect_chunks((x, ws, *tensors[:4]), floats, ints)
+            self.scan_rest((x, ws, *tensors), floats, ints)
+        else:
+            self.scan((x, ws, *tensors), floats, ints)
+
+    def run(self, x, ws, tensors, floats, ints, outs, extra=(), top_n: int = 0) -> None:
+        """Pass one and the select of every row into `outs`; where the runs pre-pass serves the
+        call, the rows it served are selected from their one-chunk layout, the others as usual."""
+        selected = (x, ws, ws, *outs, *tensors)
+        if self.takes_runs(ints, top_n):
+            self.runs((x, ws, *tensors[:4]), floats, ints)
+            self.collect((x, ws, *tensors[:4]), floats, ints)
+            self.scan_rest((x, ws, *tensors), floats, ints)
+            self.select_served(selected, floats, ints)
+            self.select_rest(selected, floats, ints)
+        else:
+            self.scan((x, ws, *tensors), floats, ints)
+            self.select(selected, floats, ints)
 
 
 _bound = OnceCache(maxsize=128)
@@ -222,12 +291,45 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, 
     space = Workspace.of(plan, spec.rows, spec.vocab)
     ints = _static_ints(spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total)
     scan_ints = {n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks", "state_off",
-                                      "cz_off", "ci_off", "top_n")}
+                                      "cz_off", "ci_off")}
+    scan_ints.update(left_off=space.left_off, top_n=top_n, **dict.fromkeys(PER_CALL, 0))
     scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
     items = spec.rows * plan.chunks(spec.vocab)
-    scan = bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
-                               operand_pointers(SCAN_POINTERS), {**scan_ints, **dict.fromkeys(PER_CALL, 0)},
-                               (scan_meta,), FLOATS, DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
+
+    def scan_launcher(runs: bool):
+        return bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
+                                   operand_pointers(SCAN_POINTERS), scan_ints, ({**scan_meta, "RUNS": runs},), FLOATS,
+                                   DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
+    scan = scan_launcher(False)
+    runs = collect = collect_chunks = scan_rest = select_served = select_rest = None
+    if plan.runs:
+        block = min(RUNS_BLOCK, plan.chunk)
+        runs = bind_kernel(Binding(k.runs_kernel, items * (plan.chunk // block), RUNS_POINTERS,
+                                   operand_pointers(RUNS_POINTERS),
+                                   dict(vocab=spec.vocab, xs=xs, vocab_total=vocab_total, n_chunks=ints["n_chunks"],
+                                        run_off=space.run_off, left_off=space.left_off, served_off=space.served_off,
+                                        **dict.fromkeys(PER_CALL, 0)),
+                                   (dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4),), FLOATS,
+                                   DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
+        cstate, ccz, cci = space.compact(spec.rows, plan.slots)
+
+        def collect_launcher(compact: bool):
+            cints = {n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks")}
+            cints.update(state_off=cstate if compact else space.state_off, cz_off=ccz if compact else space.cz_off,
+                         ci_off=cci if compact else space.ci_off, run_off=space.run_off, left_off=space.left_off,
+                         served_off=space.served_off, top_n=top_n, **dict.fromkeys(PER_CALL, 0))
+            meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
+                        RUN=plan.run, COMPACT=compact, num_warps=plan.collect_warps)
+            return bind_kernel(Binding(k.collect_kernel, max(1, min(plan.grid, spec.rows)), RUNS_POINTERS,
+                                       operand_pointers(RUNS_POINTERS), cints, (meta,), FLOATS, DEFAULT_FLOATS,
+                                       PER_CALL), scratch=stand_ins, device=device)
+        collect, collect_chunks, scan_rest = collect_launcher(True), collect_launcher(False), scan_launcher(True)
+        compact_space = dataclasses.replace(space, state_off=cstate, cz_off=ccz, ci_off=cci)
+        select_served = _select_launcher(op, spec, dataclasses.replace(plan, chunk=next_power_of_2(spec.vocab)),
+                                         compact_space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device,
+                                         rows_off=space.served_off)
+        select_rest = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True,
+                                       device, rows_off=space.left_off)
     select = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device)
     second = None
     if op == "probs":
@@ -238,20 +340,22 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, 
                                      operand_pointers(second_pointers), pints,
                                      (dict(CHUNK=plan.chunk, num_warps=plan.num_warps),), ("temperature",), (1.0,),
                                      ("flags",)), scratch=stand_ins, device=device)
-    return Bound(plan, space, scan, select, second)
+    return Bound(plan, space, scan, select, second, runs, collect, collect_chunks, scan_rest, select_served,
+                 select_rest)
 
 
 def _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, shards, has_x, device,
-                     shard_stride: int = 0):
+                     shard_stride: int = 0, rows_off: int | None = None):
     from . import sampling_kernels as k
 
     ints = _static_ints(spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total)
     ints = {**{n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks")},
             "n_groups": plan.chunks(spec.vocab) * shards, "shard_stride": shard_stride,
-            **{n: ints[n] for n in ("state_off", "cz_off", "ci_off", "scr_off", "res_off", "n_ids", "top_n")},
+            **{n: ints[n] for n in ("state_off", "cz_off", "ci_off", "scr_off", "res_off")},
+            "rows_off": rows_off or 0, **{n: ints[n] for n in ("n_ids", "top_n")},
             **dict.fromkeys(PER_CALL, 0)}
     meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards), KP=plan.kp,
-                TILE=plan.tile, num_warps=plan.select_warps)
+                TILE=plan.tile, ROWS=rows_off is not None, num_warps=plan.select_warps)
     grid = max(1, min(spec.rows, plan.grid))
     return bind_kernel(Binding(k.select_kernel, grid, SELECT_POINTERS, operand_pointers(SELECT_POINTERS), ints, (meta,),
                                FLOATS, DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
@@ -390,8 +494,7 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
                 ored |= t.data_ptr()
         bound = launchers((x.stride(0), ored % 16 == 0 or _aligned(x, *present)), x, present)
         ws = workspace(bound.space.words)
-        bound.scan((x, ws, *tensors), floats, ints)
-        bound.select((x, ws, ws, *outs, *tensors), floats, ints)
+        bound.run(x, ws, tensors, floats, ints, outs, top_n=top_n)
         return bound, ws, tensors, floats, ints
     return select
 
@@ -464,8 +567,8 @@ def row_paths(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | 
     (no filter), "candidates", "general" (the whole row re-read), "none" (greedy, invalid).
     For tests and benchmarks: it runs the scan and the select, then reads the result (a sync)."""
     bound, ws, *_ = _selector("probs", spec, plan)(rows_view(logits, spec), (None,) * 4, keyword_values(spec))
-    words = ws[bound.space.res_off:].view(spec.rows, RESULT_WORDS)[:, 4].tolist()
-    return [PATHS[w] for w in words]
+    words = ws[bound.space.res_off:bound.space.res_off + spec.rows * RESULT_WORDS].view(spec.rows, RESULT_WORDS)[:, 4]
+    return [PATHS[w] for w in words.tolist()]
 
 
 # ---- a vocabulary sharded across ranks ------------------------------------------------------------
@@ -482,7 +585,7 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     tensors, floats, ints = _keyword_call(keyword_values(spec), op == "sample", spec.device)
     bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=logits_shard.device)
-    bound.scan((x, ws, *tensors), floats, ints)
+    bound.pass_one(x, ws, tensors, floats, ints)
     return ws, bound.space, plan
 
 

@@ -426,6 +426,179 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
             tl.store(st + I_BEST_ID, best_id)
 
 
+# ---- the runs pre-pass: a row's top-k candidates from its runs' maxima -------------------------------
+#
+# Two launches that replace the scan's per-chunk threshold search for top-k rows (and `logprobs`'
+# top-n): `runs_kernel` streams the row once and keeps, per run of RUN elements, the max of z, the
+# sum of exp(z - that max) and the finite count (reductions inside a warp, none across the
+# program: it runs at the speed of a read); `collect_kernel`, one row a program, finds from the
+# runs' maxima a threshold t0 <= the row's need-th largest z, re-reads the few runs whose max
+# reaches t0, and writes every chunk's state and candidates exactly as the scan would with t0 as
+# the threshold of every chunk. Rows it cannot serve (greedy, a NaN or +inf, too many runs or a
+# chunk's candidates past its slots) are left to the scan, which skips the rows it served.
+
+RUN_CAP = tl.constexpr(128)  # runs `collect_kernel` re-reads at most (RUN_CAP x RUN elements)
+
+
+@triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
+def runs_kernel(
+    x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
+    vocab, xs, vocab_total, n_chunks, run_off, left_off, served_off,
+    top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+    temperature, top_p, min_p,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
+):
+    """Per run of RUN elements of each row: (max z, sum of exp(z - max z), finite count), BLOCK
+    elements a program, programs row-major (grid: rows x chunks x CHUNK / BLOCK)."""
+    R: tl.constexpr = BLOCK // RUN
+    per_row = n_chunks * (CHUNK // BLOCK)
+    row = tl.program_id(0) // per_row
+    b = tl.program_id(0) % per_row
+    inv_t, _, _, _, _, _ = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags, temperature,
+                                     top_p, min_p)
+    cols = b * BLOCK + tl.arange(0, R)[:, None] * RUN + tl.arange(0, RUN)[None, :]
+    z = tl.load(x_ptr + row.to(tl.int64) * xs + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
+    mr = tl.max(z, 1)
+    m_sub = tl.where(mr > float("-inf"), tl.where(mr < float("inf"), mr, 0.0), 0.0)
+    sr = tl.sum(tl.exp(z - m_sub[:, None]), 1)
+    fr = tl.sum((z > float("-inf")).to(tl.int32), 1)
+    n_run = n_chunks * (CHUNK // RUN)
+    tab = ws_ptr + run_off + row.to(tl.int64) * (3 * n_run + RUN_CAP) + b * R + tl.arange(0, R)
+    tl.store(tab, mr.to(tl.int32, bitcast=True))
+    tl.store(tab + n_run, sr.to(tl.int32, bitcast=True))
+    tl.store(tab + 2 * n_run, fr)
+    if tl.program_id(0) == 0:  # (the collect that follows counts the rows it lists here)
+        tl.store(ws_ptr + left_off, 0)
+        tl.store(ws_ptr + served_off, 0)
+
+
+@triton.jit
+def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, state_off, cz_off, ci_off, run_off,
+                 CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, RUN: tl.constexpr,
+                 COMPACT: tl.constexpr):
+    """`collect_kernel` on one row: 1 when it wrote the row's chunk states and candidates (COMPACT:
+    the row as one chunk of C_SLOT slots, its state the row's)."""
+    RPC: tl.constexpr = CHUNK // RUN
+    n_run = n_chunks * RPC
+    g = tl.arange(0, G_P2)
+    okg = g < n_chunks
+    idx = g[:, None] * RPC + tl.arange(0, RPC)[None, :]
+    okr = okg[:, None] & (idx >= 0)
+    tab = ws_ptr + run_off + row.to(tl.int64) * (3 * n_run + RUN_CAP)
+    mr = tl.load(tab + idx, mask=okr, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
+    sr = tl.load(tab + n_run + idx, mask=okr, other=0, cache_modifier=".cg").to(tl.float32, bitcast=True)
+    fr = tl.load(tab + 2 * n_run + idx, mask=okr, other=0, cache_modifier=".cg")
+    m_c = tl.max(mr, 1)
+    m_sub = tl.where(m_c > float("-inf"), tl.where(m_c < float("inf"), m_c, 0.0), 0.0)
+    # (a run's sum is relative to its own max: rescaled to the chunk's; NaN stays NaN)
+    s_c = tl.sum(sr * tl.exp(mr - m_sub[:, None]), 1)
+    bad_c = (s_c != s_c) | (m_c == float("inf"))
+    n_fin_c = tl.sum(fr, 1)
+    n_fin = tl.sum(n_fin_c)
+    served = n_fin * 0
+    if (tl.max(bad_c.to(tl.int32)) == 0) & (n_fin > 0):
+        need = tl.minimum(need, n_fin)
+        # t0: the need-th largest of RPC group maxima (group j: run j of every chunk), so that at
+        # least `need` runs, hence `need` z, reach it; the runs whose max reaches t0 hold every z >= t0.
+        gm = tl.sort(tl.max(mr, 0), descending=True)
+        t0 = tl.max(tl.where(tl.arange(0, RPC) == need - 1, gm, float("-inf")))
+        cand = (mr >= t0) & (mr > float("-inf"))
+        n_cand = _count2(cand)
+        if n_cand <= RUN_CAP:
+            per = tl.sum(cand.to(tl.int32), 1)
+            at = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
+            scr = tab + 3 * n_run
+            tl.debug_barrier()
+            tl.store(scr + at, idx, mask=cand)
+            tl.debug_barrier()  # (every thread's stores visible to the reads that follow)
+            q = tl.arange(0, RUN_CAP)
+            live = q < n_cand
+            run = tl.load(scr + q, mask=live, other=0, cache_modifier=".cg")
+            cols = run[:, None] * RUN + tl.arange(0, RUN)[None, :]
+            z = tl.load(x_row + cols, mask=live[:, None] & (cols < vocab), other=float("-inf")).to(tl.float32) * inv_t
+            sel = live[:, None] & (z >= t0) & (z > float("-inf"))
+            cnt = tl.sum(sel.to(tl.int32), 1)
+            ch = run // RPC
+            tot = tl.sum(tl.where(ch[None, :] == g[:, None], cnt[None, :], 0), 1)
+            total = tl.sum(tot)
+            if COMPACT:
+                if total <= C_SLOT:
+                    pos = (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
+                    dst = row.to(tl.int64) * C_SLOT + pos
+                    tl.store(ws_ptr + cz_off + dst, z.to(tl.int32, bitcast=True), mask=sel)
+                    tl.store(ws_ptr + ci_off + dst, vocab_start + cols, mask=sel)
+                    # (the row's max and mass as `_row_merge` makes them of chunk states)
+                    m = tl.max(m_c)
+                    m_row = tl.where((m > float("-inf")) & (m < float("inf")), m, 0.0)
+                    mass = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - m_row), 0.0))
+                    st = ws_ptr + state_off + row.to(tl.int64) * NS
+                    _stf(st + F_MAX, m)
+                    _stf(st + F_SUM, mass)
+                    _stf(st + F_REST, mass * 0.0)
+                    _stf(st + F_THR, t0)
+                    tl.store(st + I_WRITTEN, total)
+                    tl.store(st + I_TOTAL, total)
+                    tl.store(st + I_TIES, total * 0)
+                    tl.store(st + I_BAD, total * 0)
+                    tl.store(st + I_FINITE, n_fin)
+                    served = served * 0 + 1
+            elif tl.max(tot) <= C_SLOT:
+                # each candidate's slot: its rank among its chunk's candidates (runs in index order)
+                first = tl.cumsum(tot, 0) - tot
+                earlier = tl.sum(tl.where(ch[:, None] == g[None, :], first[None, :], 0), 1)
+                pos = (tl.cumsum(cnt, 0) - cnt - earlier)[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
+                dst = (row.to(tl.int64) * n_chunks + ch)[:, None] * C_SLOT + pos
+                tl.store(ws_ptr + cz_off + dst, z.to(tl.int32, bitcast=True), mask=sel)
+                tl.store(ws_ptr + ci_off + dst, vocab_start + cols, mask=sel)
+                st = ws_ptr + state_off + (row.to(tl.int64) * n_chunks + g) * NS
+                zero = tot * 0
+                tl.store(st + F_MAX, m_c.to(tl.int32, bitcast=True), mask=okg)
+                tl.store(st + F_SUM, s_c.to(tl.int32, bitcast=True), mask=okg)
+                tl.store(st + F_REST, zero, mask=okg)  # (+0.0: a top-k row's select reads no rest)
+                tl.store(st + F_THR, (zero.to(tl.float32) + t0).to(tl.int32, bitcast=True), mask=okg)
+                tl.store(st + I_WRITTEN, tot, mask=okg)
+                tl.store(st + I_TOTAL, tot, mask=okg)
+                tl.store(st + I_TIES, zero, mask=okg)
+                tl.store(st + I_BAD, zero, mask=okg)
+                tl.store(st + I_FINITE, n_fin_c, mask=okg)
+                served = served * 0 + 1
+    return served
+
+
+@triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
+def collect_kernel(
+    x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
+    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, run_off, left_off,
+    served_off, top_n,
+    top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+    temperature, top_p, min_p,
+    OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, RUN: tl.constexpr,
+    COMPACT: tl.constexpr,
+):
+    """Each row's chunk states and candidates from its runs (see above), persistent over rows;
+    the rows it does not serve are listed for the scan (`left_off`: their count, then the rows,
+    in no particular order); COMPACT: the rows served as one chunk each (`_collect_row`), listed
+    alike at `served_off`."""
+    for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(r, tl.int32)
+        inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
+                                                       temperature, top_p, min_p)
+        if OP == OP_LOGPROBS:
+            need = top_n + row * 0
+        else:
+            need = tl.where(k_on <= C_SLOT // 2, k_on, 0)
+        served = row * 0
+        if (need > 0) & (need <= CHUNK // RUN // 2) & (greedy == 0) & (kw_bad == 0):
+            served = _collect_row(x_ptr + row.to(tl.int64) * xs, ws_ptr, row, inv_t, need, vocab, vocab_start,
+                                  n_chunks, state_off, cz_off, ci_off, run_off, CHUNK, C_SLOT, G_P2, RUN, COMPACT)
+        if served == 0:
+            at = tl.atomic_add(ws_ptr + left_off, 1)
+            tl.store(ws_ptr + left_off + 1 + at, row)
+        elif COMPACT:
+            at = tl.atomic_add(ws_ptr + served_off, 1)
+            tl.store(ws_ptr + served_off + 1 + at, row)
+
+
 # ---- the select: searches over the candidates -------------------------------------------------------
 
 @triton.jit
@@ -1008,45 +1181,67 @@ def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_pt
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def scan_kernel(
     x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
-    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, top_n,
+    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, left_off, top_n,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
-    OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, TILE: tl.constexpr,
+    OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, TILE: tl.constexpr, RUNS: tl.constexpr,
 ):
-    """Pass 1 over (row, chunk) work items, row-major: each chunk's state and candidates."""
+    """Pass 1 over (row, chunk) work items, row-major: each chunk's state and candidates
+    (RUNS: only the rows `collect_kernel` listed)."""
     SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
     n_items = n_rows * n_chunks
+    if RUNS:
+        n_items = tl.load(ws_ptr + left_off) * n_chunks
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         row = item // n_chunks
+        if RUNS:
+            row = tl.load(ws_ptr + left_off + 1 + row)
         c = item % n_chunks
-        inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
-                                                       temperature, top_p, min_p)
-        seed = tl.full((), 0, tl.int64)
-        stream = row * 0
-        olo = row * 0
-        ohi = row * 0
-        if OP == OP_SAMPLE:
-            seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
-        _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed, stream, olo, ohi,
-                    vocab, xs, vocab_start, n_chunks, state_off, cz_off, ci_off, top_n, OP, CHUNK, C_SLOT, SUB)
+        _scan_item(x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr, row, c, vocab, xs, vocab_start,
+                   vocab_total, n_chunks, state_off, cz_off, ci_off, top_n, top_k, seed_lo, seed_hi, off_lo, off_hi,
+                   flags, temperature, top_p, min_p, OP, CHUNK, C_SLOT, SUB)
+
+
+@triton.jit
+def _scan_item(x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr, row, c, vocab, xs, vocab_start,
+               vocab_total, n_chunks, state_off, cz_off, ci_off, top_n, top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+               temperature, top_p, min_p, OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr,
+               SUB: tl.constexpr):
+    """`_scan_chunk` of (row, chunk c) with the row's keywords and random words."""
+    inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
+                                                   temperature, top_p, min_p)
+    seed = tl.full((), 0, tl.int64)
+    stream = row * 0
+    olo = row * 0
+    ohi = row * 0
+    if OP == OP_SAMPLE:
+        seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
+    _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed, stream, olo, ohi,
+                vocab, xs, vocab_start, n_chunks, state_off, cz_off, ci_off, top_n, OP, CHUNK, C_SLOT, SUB)
 
 
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def select_kernel(
     x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
     n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off,
-    scr_off, res_off, n_ids, top_n,
+    scr_off, res_off, rows_off, n_ids, top_n,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
     OP: tl.constexpr, HAS_X: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, KP: tl.constexpr,
-    TILE: tl.constexpr,
+    TILE: tl.constexpr, ROWS: tl.constexpr,
 ):
     """The select of every row, persistent over rows. `gs_ptr`: the chunk states and candidates
     ([shards] blocks `shard_stride` words apart, `n_groups` = shards x n_chunks chunks per row);
     `ws_ptr`: this launch's scratch and row results. Without the logits (HAS_X False: a sharded
-    vocabulary), rows the candidates cannot decide get status ST_UNDECIDED and id -2."""
-    for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+    vocabulary), rows the candidates cannot decide get status ST_UNDECIDED and id -2. ROWS: only
+    the rows listed at `rows_off` in `ws_ptr` (their count, then the rows)."""
+    n = n_rows
+    if ROWS:
+        n = tl.load(ws_ptr + rows_off)
+    for r in tl.range(tl.program_id(0), n, tl.num_programs(0)):
         row = tl.cast(r, tl.int32)  # (the interpreter's loop gives Python ints)
+        if ROWS:
+            row = tl.load(ws_ptr + rows_off + 1 + row)
         if OP == OP_LOGPROBS:
             _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr,
                              vocab, xs, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off,

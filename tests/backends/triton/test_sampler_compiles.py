@@ -5,7 +5,8 @@ What this proves: `sampler_targets.py` runs the Triton sampler on CPU tensors wi
 recorded instead of made, and compiles each one with the specialization a real launch gives it:
 `sample`, `probs` (its second pass too) and `logprobs`; a sharded vocabulary's scan and select;
 the kernels around the one-read paths (`sampling_one_read`); every keyword as a number (its
-pointer operand absent, stood in for) and as a per-row tensor. Here bfloat16 logits and one
+pointer operand absent, stood in for) and as a per-row tensor; the runs pre-pass of top-k
+rows. Here bfloat16 logits and one
 vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
 compile checks, do not depend on either); the script's defaults add float16, float32 and a
 one-chunk vocabulary (`python tests/backends/triton/sampler_targets.py`, a few minutes).
@@ -30,7 +31,7 @@ from sampler_targets import OPS
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "sampler_targets.py"
 CHECKED = ("sm_90", "gfx942")
-DTYPE, SHAPE = "bfloat16", "2x20000"
+DTYPE, SHAPE = "bfloat16", "16x20000"  # (16 rows: the default plan has the runs pre-pass)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,8 @@ def test_every_sampler_launch_compiles(report, target):
     for op in OPS:
         assert {(op, "scan_kernel", DTYPE), (op, "select_kernel", DTYPE)} <= done, op
     assert {("probs", "probs_kernel", DTYPE), ("sample-sharded", "select_kernel", DTYPE)} <= done
+    for op in ("sample", "logprobs"):
+        assert {(op, "runs_kernel", DTYPE), (op, "collect_kernel", DTYPE)} <= done, op
     assert {("probs-one-read", "row_scale_kernel", DTYPE), ("probs-one-read", "probs_fixup_kernel", DTYPE),
             ("logprobs-one-read", "logprobs_gather_kernel", DTYPE)} <= done
     assert all(k["specialization"] == "jit-binder" for k in kernels), \

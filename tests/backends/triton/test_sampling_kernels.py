@@ -25,6 +25,7 @@ from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.kit import run_checks
 from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL, sampler_checks
 from helpers import runnable_backends
+from helpers.shards import sharded_sample
 
 pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
                                 reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
@@ -213,14 +214,7 @@ def test_a_vocabulary_in_equal_shards_draws_the_same_token(gen):
     kw = dict(temperature=torch.tensor([1.0, 0.7, 0.0, 1.2, 1.0]), top_k=torch.tensor([0, 10, 0, 5, 40]),
               top_p=torch.tensor([1.0, 0.9, 1.0, 0.8, 1.0]), seed=7, offset=2)
     want = sampling.sample(x, **kw, backend="torch")
-    parts = []
-    for lo in (0, 300):
-        shard = x[:, lo:lo + 300].contiguous()
-        ws, space, _ = triton_sampling.scan_shard(SamplingSpec.from_request("sample", shard, **kw), shard, lo, 600,
-                                                  plan=SMALL)
-        parts.append(ws[:space.shard_words])
-    spec = SamplingSpec.from_request("sample", x[:, :300], **kw)
-    ids = triton_sampling.select_shards(spec, torch.stack(parts), 2, 600, SMALL)
+    ids = sharded_sample(x, kw, SMALL)
     assert ids[:4].tolist() == want[:4].tolist() and ids[4] == -2
 
 

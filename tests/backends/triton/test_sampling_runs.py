@@ -1,0 +1,158 @@
+"""The sampler's runs pre-pass (`runs_kernel`, `collect_kernel` in `sampling_kernels.py`): a top-k
+row's candidates found from its runs' maxima instead of a search in every chunk. Through the
+interpreter with plans small enough to cut rows of a few hundred tokens into several chunks of
+several runs: the kit's sampler section with every request planned so; the same draws, probabilities
+and log-probabilities as the scan alone on rows the pre-pass serves and on rows it must leave to
+the scan (greedy, NaN, too many runs at the threshold, a chunk's candidates past its slots);
+which rows it served; a sharded vocabulary."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+import anysoftmax.sampling as sampling
+from anysoftmax.backends._triton_common import sampling as triton_sampling
+from anysoftmax.backends._triton_common import sampling_kernels
+from anysoftmax.sampling import api as sampling_api
+from anysoftmax.sampling.spec import SamplingSpec, check_ids
+from anysoftmax.testing.kit import run_checks
+from anysoftmax.testing.sampling import sampler_checks
+from helpers import runnable_backends
+from helpers.shards import sharded_sample
+
+pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
+                                reason="triton does not run on CPU here: TRITON_INTERPRET is not set")
+
+# Chunks of 128 in 16 runs of 8: top-k bounds up to 8 are served; 32 slots a chunk.
+SCAN = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, tile=64)
+RUNS = dataclasses.replace(SCAN, runs=True, run=8)
+GPU_ONLY_KINDS = ("chi-square", "definition", "position", "advancing")
+GPU_ONLY_NAMES = ("determinism same seed and offset, same ids", "determinism another offset changes the draw",
+                  "determinism another seed changes the draw")
+
+
+@pytest.fixture
+def served_rows(monkeypatch):
+    """How many rows `collect_kernel` served (the interpreter resolves its helper per call)."""
+    count = [0]
+    real = sampling_kernels._collect_row
+
+    def spy(*args, **kwargs):
+        served = real(*args, **kwargs)
+        count[0] += int(served)
+        return served
+    monkeypatch.setattr(sampling_kernels, "_collect_row", spy)
+    return count
+
+
+@pytest.fixture
+def runs_planned(monkeypatch):
+    """Every request of the API planned as RUNS (the remembered requests and launchers dropped
+    before and after)."""
+    def drop():
+        sampling_api._requests.clear()
+        triton_sampling._bound.clear()
+    drop()
+    monkeypatch.setattr(triton_sampling, "plan_for", lambda rows, vocab, device, programs=None: RUNS)
+    yield
+    monkeypatch.undo()
+    drop()
+
+
+def test_the_kit_sampler_section_with_the_runs_prepass(runs_planned, served_rows, seed):
+    triton = functools.partial(sampling.sample, backend="triton")
+    checks = [c for c in sampler_checks(triton, functools.partial(sampling.probs, backend="triton"),
+                                        functools.partial(sampling.logprobs, backend="triton"))
+              if c.kind not in GPU_ONLY_KINDS and c.name not in GPU_ONLY_NAMES]
+    report = run_checks(checks, "triton", "cpu", seed)
+    assert not report.failed and not report.skipped, report.text()
+    assert served_rows[0] > 20  # (the kit's top-k cases reach the pre-pass)
+
+
+def _cases(gen) -> list:
+    """(logits, keywords) that the pre-pass serves, and ones it must leave to the scan."""
+    rows, vocab = 6, 600  # 5 chunks (the last of 88 tokens: a run cut by the vocabulary's end)
+    x = torch.randn(rows, vocab, generator=gen) * 3
+    x[1, 200:420] = float("-inf")  # masked tokens across chunks
+    x[2, :] = x[2, :].round()  # ties at the k-th value
+    ties = torch.zeros(rows, vocab)
+    ties[:, ::7] = 1.0  # 86 tied maxima: more runs reach the threshold than RUN_CAP... or not: both ways checked
+    few = torch.full((rows, vocab), float("-inf"))
+    few[:, 3:6] = torch.randn(rows, 3, generator=gen)  # fewer finite tokens than k
+    nan = x.clone()
+    nan[4, 17] = float("nan")
+    crowd = torch.arange(vocab, 0, -1, dtype=torch.float32).repeat(rows, 1)  # the top k in one chunk's first runs
+    t = torch.tensor([1.0, 0.7, 0.0, 1.3, 1.0, 0.5])
+    k = torch.tensor([5, 8, 3, 1, 9, 0])
+    return [(x, dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05)),
+            (x, dict(temperature=t, top_k=k, top_p=0.95)),
+            (x.to(torch.bfloat16), dict(temperature=t, top_k=8, min_p=0.1)),
+            (ties, dict(top_k=4)),
+            (few, dict(top_k=8, temperature=t)),
+            (nan, dict(top_k=3)),
+            (crowd, dict(top_k=8, top_p=0.5))]
+
+
+def test_the_same_draws_and_probabilities_as_the_scan_alone(gen):
+    for i, (x, kw) in enumerate(_cases(gen)):
+        spec = SamplingSpec.from_request("sample", x, **kw, seed=i, offset=3)
+        ids, lp = triton_sampling.sample(spec, x, True, plan=RUNS)
+        want, want_lp = triton_sampling.sample(spec, x, True, plan=SCAN)
+        assert torch.equal(ids, want), (i, ids, want)
+        assert torch.allclose(lp, want_lp, atol=1e-5, rtol=1e-5, equal_nan=True), i
+        pspec = SamplingSpec.from_request("probs", x, **kw)
+        got, ref = triton_sampling.probs(pspec, x, plan=RUNS), triton_sampling.probs(pspec, x, plan=SCAN)
+        assert torch.equal(got > 0, ref > 0) and torch.allclose(got, ref, atol=1e-6, rtol=1e-5, equal_nan=True), i
+
+
+def test_logprobs_top_n_the_same_as_the_scan_alone(gen):
+    for x, _ in _cases(gen):
+        spec = SamplingSpec.from_request("logprobs", x, temperature=0.7)
+        ids = check_ids("logprobs", spec, torch.randint(0, x.shape[-1], (x.shape[0], 2), generator=gen))
+        got = triton_sampling.logprobs(spec, x, ids, 6, plan=RUNS)
+        want = triton_sampling.logprobs(spec, x, ids, 6, plan=SCAN)
+        assert torch.equal(got[2], want[2])
+        for a, b in zip(got[:2], want[:2]):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def _served(spec, x, plan=RUNS) -> list:
+    bound, ws, *_ = triton_sampling._selector("probs", spec, plan)(triton_sampling.rows_view(x, spec), (None,) * 4,
+                                                                     triton_sampling.keyword_values(spec))
+    left = ws[bound.space.left_off + 1:bound.space.left_off + 1 + int(ws[bound.space.left_off])].tolist()
+    return [int(r not in left) for r in range(spec.rows)]
+
+
+def test_which_rows_it_serves(gen):
+    x = torch.randn(6, 600, generator=gen) * 3
+    x[3, 9] = float("nan")
+    t = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    k = torch.tensor([8, 8, 9, 8, 0, 1])
+    # served: top-k <= 8 on a finite, non-greedy row; left: greedy, k = 9, NaN, no top-k
+    assert _served(SamplingSpec.from_request("probs", x, temperature=t, top_k=k), x) == [1, 0, 0, 0, 0, 1]
+    crowd = torch.arange(600, 0, -1, dtype=torch.float32).repeat(2, 1)
+    crowd[1] = crowd[1].flip(0)
+    # the largest values crowd one chunk's runs: the runs' 8th largest max lets 57 (row 0) or
+    # 25 + 32 (row 1) values through, past a chunk's 32 slots: left to the scan
+    assert _served(SamplingSpec.from_request("probs", crowd, top_k=8), crowd) == [0, 0]
+    spread = torch.zeros(2, 600)
+    spread[:, ::75] = torch.arange(8, dtype=torch.float32) + 1.0  # one of the top 8 in each of 8 runs
+    assert _served(SamplingSpec.from_request("probs", spread, top_k=8), spread) == [1, 1]
+    flat = torch.zeros(2, 600)  # every run at the threshold: more than RUN_CAP runs
+    assert _served(SamplingSpec.from_request("probs", flat, top_k=8), flat) == [0, 0]
+    # a chunk's candidates past its 32 slots: 40 ties at the threshold in one chunk
+    slots = torch.full((1, 600), -1.0)
+    slots[0, 128:168] = 1.0
+    assert _served(SamplingSpec.from_request("probs", slots, top_k=8), slots) == [0]
+    kept = triton_sampling.probs(SamplingSpec.from_request("probs", slots, top_k=8), slots, plan=RUNS)[0, 128:168]
+    assert float(kept.sum()) == pytest.approx(1.0)
+
+
+def test_a_sharded_vocabulary_with_the_runs_prepass(gen):
+    x = torch.randn(4, 1200, generator=gen) * 3
+    kw = dict(temperature=torch.tensor([1.0, 0.7, 0.9, 1.2]), top_k=torch.tensor([5, 8, 0, 3]), seed=7, offset=2)
+    assert torch.equal(sharded_sample(x, kw, RUNS), sampling.sample(x, **kw, backend="torch"))
