@@ -17,7 +17,8 @@ The checks (each named; a failure names its case):
   exactly (``mass strictly above == top_p``: dropped), top-p on the top-k *renormalised*
   distribution, min_p ties, greedy rows (lowest index among tied maxima), invalid rows (NaN,
   +inf, all -inf: NaN probabilities, id -1); and of random cases (per-row tensors, batch dims,
-  bfloat16 and float16 logits), where a token whose decision is within float32 rounding of its
+  bfloat16 and float16 logits; 16 rows of 20000 whose largest values crowd the first or the last
+  blocks, sit one per block, tie across blocks), where a token whose decision is within float32 rounding of its
   boundary in the reference may go either way (that row's values are then not compared).
   Values within ``PROB_ATOL + PROB_RTOL * p``; every drawn id in the kept set, its returned
   log-probability within ``LOGPROB_ATOL + LOGPROB_RTOL * |ref|``.
@@ -171,6 +172,26 @@ def _numbers(gen):
     return _randn(gen, (5, 300)), dict(temperature=1.3, top_k=40, top_p=0.8, min_p=0.02)
 
 
+def _vocabulary_rows(gen):
+    """16 rows of 20000 (not a multiple of any power of two above 32): a sampler that bounds the
+    k-th value by block maxima, or cuts rows into chunks, meets the largest values crowded into
+    the first or the last (partial) blocks, spread one per block, tied across block boundaries,
+    and rows mostly -inf."""
+    rows, vocab = 16, 20000
+    x = _randn(gen, (rows, vocab))
+    x[4] = x[4].sort(descending=True).values
+    x[5] = x[5].sort().values
+    x[6] = -5.0
+    x[6, 13::64] = torch.rand(x[6, 13::64].shape, generator=gen)
+    x[7] = (x[7] * 0.5).round()
+    x[8, : vocab // 2] = NEG
+    x[9, -40:] += 8.0
+    top_k = torch.tensor([50, 1, 64, 20, 50, 50, 8, 30, 10, 5, 0, 100, 3, 64, 65, 40])
+    top_p = torch.tensor([0.9, 1.0, 0.95, 0.5, 0.9, 0.9, 1.0, 0.8, 0.99, 1.0, 0.9, 0.7, 1.0, 0.6, 1.0, 0.9])
+    min_p = torch.tensor([0.05, 0.0, 0.0, 0.1, 0.0, 0.02, 0.0, 0.0, 0.05, 0.0, 0.0, 0.01, 0.0, 0.0, 0.2, 0.0])
+    return x, dict(temperature=torch.rand(rows, generator=gen) + 0.5, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
 FILTER_CASES = (
     FilterCase("topk-ties-at-kth", _topk_ties),
     FilterCase("topp-tie-group-straddles", _topp_tie_group),
@@ -185,6 +206,7 @@ FILTER_CASES = (
                dtypes=(torch.float32, torch.bfloat16, torch.float16)),
     FilterCase("batch-dims-v50", _batch_dims, exact=False),
     FilterCase("numbers-v300", _numbers, exact=False),
+    FilterCase("vocabulary-rows-v20000", _vocabulary_rows, exact=False, dtypes=(torch.float32, torch.bfloat16)),
 )
 
 

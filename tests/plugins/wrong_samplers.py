@@ -48,7 +48,12 @@ class Sampler:
         q = p * keep_k
         if self.bug != "no-renorm-after-topk":
             q = q / q.sum(-1, keepdim=True)
-        above = ((q[:, None, :] > q[:, :, None]) * q[:, None, :]).sum(-1)  # [r, i]: mass of the q_j > q_i
+        # [r, i]: the mass of the q_j > q_i, as the suffix sum of q in increasing order from the
+        # first value above q_i (the package sums a prefix in decreasing order instead)
+        ascending = q.sort(dim=-1).values
+        suffix = ascending.flip(-1).cumsum(-1).flip(-1)
+        first_above = torch.searchsorted(ascending, q.contiguous(), right=True)
+        above = torch.where(first_above < spec.vocab, suffix.gather(-1, first_above.clamp(max=spec.vocab - 1)), 0.0)
         top_p = spec.column("top_p", dtype=torch.float32)
         keep_p = (above <= top_p) if self.bug == "topp-le" else (above < top_p)
         keep_m = p >= spec.column("min_p", dtype=torch.float32) * p.amax(-1, keepdim=True)

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
 # Chunks of 128 in 16 runs of 8: top-k bounds up to 8 are served; 32 slots a chunk.
 SCAN = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, tile=64)
 RUNS = dataclasses.replace(SCAN, runs=True, run=8)
+# (the kit's rows of 20000 in chunks of 2048, runs of 64: top-k bounds up to 16 served)
+RUNS_WIDE = triton_sampling.SamplingPlan(chunk=2048, slots=64, grid=4, num_warps=4, tile=256, runs=True)
 GPU_ONLY_KINDS = ("chi-square", "definition", "position", "advancing")
 GPU_ONLY_NAMES = ("determinism same seed and offset, same ids", "determinism another offset changes the draw",
                   "determinism another seed changes the draw")
@@ -51,13 +53,14 @@ def served_rows(monkeypatch):
 
 @pytest.fixture
 def runs_planned(monkeypatch):
-    """Every request of the API planned as RUNS (the remembered requests and launchers dropped
-    before and after)."""
+    """Every request of the API planned as RUNS (RUNS_WIDE past 2048 tokens; the remembered
+    requests and launchers dropped before and after)."""
     def drop():
         sampling_api._requests.clear()
         triton_sampling._bound.clear()
     drop()
-    monkeypatch.setattr(triton_sampling, "plan_for", lambda rows, vocab, device, programs=None: RUNS)
+    monkeypatch.setattr(triton_sampling, "plan_for",
+                        lambda rows, vocab, device, programs=None: RUNS if vocab <= 2048 else RUNS_WIDE)
     yield
     monkeypatch.undo()
     drop()

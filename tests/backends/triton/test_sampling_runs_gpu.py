@@ -1,6 +1,5 @@
 """The sampler's runs pre-pass on a CUDA GPU: the kit's whole sampler section with every request
-planned with it (runs of 8 in chunks of 128, as through the interpreter in
-test_sampling_runs.py), and vocabulary-sized rows under the default plan drawing what the scan
+planned with it (as through the interpreter in test_sampling_runs.py), and vocabulary-sized rows under the default plan drawing what the scan
 alone draws."""
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from anysoftmax.testing.sampling import check_sampler
 pytestmark = pytest.mark.gpu
 
 RUNS = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, tile=64, runs=True, run=8)
+RUNS_WIDE = triton_sampling.SamplingPlan(chunk=2048, slots=64, grid=4, num_warps=4, tile=256, runs=True)
 
 
 def _needs_cuda():
@@ -31,7 +31,8 @@ def test_the_whole_kit_sampler_section_with_the_runs_prepass_on_the_gpu(monkeypa
     _needs_cuda()
     sampling_api._requests.clear()
     triton_sampling._bound.clear()
-    monkeypatch.setattr(triton_sampling, "plan_for", lambda rows, vocab, device, programs=None: RUNS)
+    monkeypatch.setattr(triton_sampling, "plan_for",
+                        lambda rows, vocab, device, programs=None: RUNS if vocab <= 2048 else RUNS_WIDE)
     try:
         report = check_sampler(functools.partial(sampling.sample, backend="triton"),
                                functools.partial(sampling.probs, backend="triton"),
