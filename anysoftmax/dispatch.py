@@ -22,17 +22,21 @@ from .core.cache import BoundedDict
 from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, lse_shape,
                              merge_formula, row_shape)
 from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, MERGE_EXACT, forward_key, layout_guard,
-                           request_key)
+                           merge_proof, request_key)
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
 # request key -> forward f(x) -> y; backward f(y, grad) -> dx; fused forward and backward
 # (launcher, plain: the request normalised to the plain softmax); logsumexp f(x, operands) -> lse;
 # merge_states (f(outputs, lses, out, lse_out) -> (out, lse), the guard of the operands' layouts
-# the key does not hold or None, whether that guard proves a call plain: `_merge_entry`).
+# the key does not hold or None, whether that guard proves a call plain, the proof of a repeat of
+# the request or None: `_merge_entry`).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
+# The (proof, launcher) of the last plain merge_states request that hit: a repeat of it (a decode
+# step's merges, layer after layer) is proved by `merge_proof`, in place of its key and lookup.
+_last_merge: list = [None]
 stats = {"hits": 0}  # (tests/test_layers.py checks that a hit validates, selects and reads nothing)
 
 
@@ -40,6 +44,7 @@ def refresh() -> None:
     """Forget every memoised request (they are re-validated and re-selected on their next
     call) and re-read $ANYSOFTMAX_BACKEND."""
     _memo.clear()
+    _last_merge[0] = None
     _state["generation"] = registry.generation()
 
 
@@ -237,13 +242,15 @@ def _merge_formula(spec: MergeSpec):
     return formula
 
 
-def _merge_entry(launcher, outputs, lses) -> tuple:
+def _merge_entry(launcher, outputs, lses, backend, out, lse_out) -> tuple:
     # A MERGE key's entry: (launcher, the guard of the other operands' layouts, whether the
     # guard also proves a call plain: its operands, whose types, grad requirement and dispatch
-    # state it checks, were plain tensors needing no gradient).
+    # state it checks, were plain tensors needing no gradient, and, for such a call, the proof
+    # that a later call is this very request (`merge_proof`), kept in `_last_merge` once used).
     same = layout_guard((*outputs, *lses))
     plain = same is not None and all(type(t) is torch.Tensor and not t.requires_grad for t in (*outputs, *lses))
-    return launcher, same, plain
+    proof = merge_proof(outputs, lses, backend, out, lse_out) if plain else None
+    return launcher, same, plain, proof
 
 
 def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None):
@@ -252,14 +259,21 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
     whether the call may run here rather than through the operator (the caller has checked the
     mode: eager, no forward-AD level); asked unless the request's memoised guard proves it, and
     when it says no, None is returned."""
+    last = _last_merge[0]
+    if last is not None and last[0](outputs, lses, backend, out, lse_out):
+        # The last plain request again (its proof checked every operand): no key, no lookup.
+        stats["hits"] += 1
+        return last[1](outputs, lses, out, lse_out)
     key = request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out)
     hit = _lookup(key)
     if hit is not None:
-        launcher, same_layouts, plain = hit
+        launcher, same_layouts, plain, proof = hit
         if same_layouts is None or same_layouts(*outputs, *lses):
             if eager is not None and not plain and not eager(*outputs, *lses):
                 return None
             stats["hits"] += 1
+            if proof is not None:
+                _last_merge[0] = (proof, launcher)
             return launcher(outputs, lses, out, lse_out)
         if eager is not None and not eager(*outputs, *lses):
             return None
@@ -279,7 +293,8 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
     launcher = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
         chosen.merge_states_launcher(outputs, lses, spec)
     if key is not None:
-        _memo.put(key, _merge_entry(launcher, outputs, lses) if key[0] is MERGE else (launcher, None, False))
+        _memo.put(key, _merge_entry(launcher, outputs, lses, backend, out, lse_out) if key[0] is MERGE
+                  else (launcher, None, False, None))
     return launcher(outputs, lses, out, lse_out)
 
 

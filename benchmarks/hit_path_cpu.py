@@ -7,7 +7,8 @@ launcher: every later call walks the whole hit path of a GPU process (api checks
 lookup, output allocation, argument assembly, stream lookup, launch-hook checks) and stops
 where the C launcher would start. merge_states (K=2 and K=8, 1 and 128 tokens of 32 heads x 128
 bf16, lses in vLLM's [heads, tokens] layout) likewise, its
-bound launcher's fast path around the no-op, and logsumexp on a tile plan (8x1024) and a split
+bound launcher's fast path around the no-op (a repeat of the last request is proved by its entry's
+proof, another request keyed), and logsumexp on a tile plan (8x1024) and a split
 plan (2x65536 fp32: 16 chunks a row). Printed: us per call of that path, of its pieces alone, and
 of torch's own CPU calls for scale.
 
@@ -113,9 +114,9 @@ def main() -> None:
             out = anysoftmax.merge_states(outs, lses, backend="triton")
             merge_key = core_request.request_key(core_request.MERGE, outs, lses, None, "triton", False, None, None,
                                                  None)
-            bound, *_ = memo.get(merge_key)
+            bound, *_, proof = memo.get(merge_key)
             assert _install_noop(bound, (*outs, *lses, *out)) == 1, "no merge launcher found to stub"
-            merges[k, tokens] = (outs, lses, bound)
+            merges[k, tokens] = (outs, lses, bound, proof)
     long = torch.randn(2, 65536)
     # (keepdim=False, as timed, keys apart from keepdim where the launcher allocates the result's shape)
     lse_direction = getattr(core_request, "LSE_SQUEEZED", core_request.LSE)
@@ -139,11 +140,13 @@ def main() -> None:
         ("  bound launcher alone (no-op launch)", lambda: memo.get(fwd_key)(x)),
         ("  torch.empty_like", lambda: torch.empty_like(x)),
         ("  torch.empty(shape, dtype=, device=)", lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
-        *[row for (k, tokens), (outs, lses, bound) in merges.items() for row in (
+        *[row for (k, tokens), (outs, lses, bound, proof) in merges.items() for row in (
             (f"anysoftmax.merge_states K={k} {tokens} tok (hit, no-op)",
              lambda outs=outs, lses=lses: anysoftmax.merge_states(outs, lses, backend="triton")),
             ("  bound merge launcher alone", lambda outs=outs, lses=lses, bound=bound: bound(outs, lses, None, None)),
-            ("  key alone (merge)", lambda outs=outs, lses=lses: core_request.request_key(
+            ("  proof alone (merge: a repeat of the last request)",
+             lambda outs=outs, lses=lses, proof=proof: proof(outs, lses, "triton", None, None)),
+            ("  key alone (merge: another request)", lambda outs=outs, lses=lses: core_request.request_key(
                 core_request.MERGE, outs, lses, None, "triton", False, None, None, None)))],
         ("anysoftmax.logsumexp 8x1024 (tile, hit, no-op)", lambda: anysoftmax.logsumexp(x, -1, backend="triton")),
         ("anysoftmax.logsumexp 2x65536 (split, hit, no-op)",
@@ -153,7 +156,7 @@ def main() -> None:
     print(f"hit path on the CPU, 8x1024 fp32, best of 5 x {n} calls (thread CPU time); merge_states K x "
           f"[tokens, 32, 128] bf16")
     for name, f in rows:
-        print(f"{name:44s} {per_call_us(f, n):7.2f} us/call")
+        print(f"{name:52s} {per_call_us(f, n):7.2f} us/call")
 
 
 if __name__ == "__main__":

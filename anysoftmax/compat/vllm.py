@@ -35,7 +35,7 @@ from .. import dispatch, sampling
 def _check(name: str, t, shape, device) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"merge_attn_states: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
+    if t.shape != shape:  # (torch.Size is a tuple: compared as one, no copies)
         raise ValueError(f"merge_attn_states: {name} has shape {list(t.shape)}, expected {list(shape)}")
     if t.device != device:
         raise ValueError(f"merge_attn_states: {name} is on {t.device}, output on {device}; one device")

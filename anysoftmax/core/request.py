@@ -154,6 +154,49 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
         return None
 
 
+def merge_proof(outputs, lses, backend, out, lse_out):
+    """`proves(outputs, lses, backend, out, lse_out) -> bool`: whether a call is the request of
+    this one (`_merge_key`'s, now with every operand's layout), checked without building its key:
+    K, the backend, the process state, which outputs are given, every operand's type, dtype,
+    device, shape, strides, grad requirement and dispatch state (torch's tensor guard, in C) and
+    every address 16-byte aligned. None where this call's operands are not all plain aligned
+    tensors or torch has no usable guard (the key then decides every call)."""
+    make = _guard_maker()
+    if make is None or type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
+            or len(outputs) != len(lses) or not outputs:
+        return None
+    given = [t for t in (out, lse_out) if t is not None]
+    tensors = (*outputs, *lses, *given)
+    if any(type(t) is not _Tensor for t in tensors):
+        return None
+    try:
+        if _reduce(_or, map(_address, tensors)) & _ALIGN_MASK:
+            return None
+    except RuntimeError:  # (no storage: a torch.func transform's)
+        return None
+    k, state, has_out, has_lse = len(outputs), _generation[0] if not _overrides_active[0] else _process_state(), \
+        out is not None, lse_out is not None
+    same = make(tensors)
+    kinds = (list, _tuple)
+
+    def proves(o, l_, b, y, z) -> bool:
+        # (K and the containers first: the guard's positions are the remembered ones only then)
+        if type(o) not in kinds or type(l_) not in kinds or len(o) != k or len(l_) != k or b != backend \
+                or (y is not None) is not has_out or (z is not None) is not has_lse \
+                or (_generation[0] if not _overrides_active[0] else _process_state()) != state:
+            return False
+        try:
+            if y is None and z is None:
+                return same(*o, *l_) and not (_reduce(_or, map(_address, l_), _reduce(_or, map(_address, o)))
+                                              & _ALIGN_MASK)
+            given_now = [t for t in (y, z) if t is not None]
+            return same(*o, *l_, *given_now) and not (_reduce(_or, map(_address, (*o, *l_, *given_now)))
+                                                      & _ALIGN_MASK)
+        except (TypeError, RuntimeError):  # (not a tensor, or no storage: the key path decides)
+            return False
+    return proves
+
+
 def layout_guard(tensors):
     """`same(*others) -> bool`: whether `others` (as many tensors) have, position by position,
     the Python types, dtypes, devices, shapes, strides, grad requirement and dispatch state of
@@ -202,4 +245,4 @@ def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) ->
 
 
 __all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "MERGE_EXACT", "SHARDED",
-           "SHARDED_LSE", "alignment", "forward_key", "layout_guard", "plan_key", "request_key"]
+           "SHARDED_LSE", "alignment", "forward_key", "layout_guard", "merge_proof", "plan_key", "request_key"]

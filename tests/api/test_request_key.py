@@ -41,6 +41,16 @@ def _close(out, want64, spec: SoftmaxSpec):
     torch.testing.assert_close(out.double(), want64, atol=tol.atol, rtol=tol.rtol)
 
 
+def _assert_merged(got, outputs, lses) -> None:
+    """(out, lse) of a float32 merge against the float64 reference."""
+    from anysoftmax.core.lse_merge import merge_formula
+
+    wo, wl = merge_formula([t.double() for t in outputs], [t.double() for t in lses], torch.float64, torch.float64,
+                           torch.float64)
+    torch.testing.assert_close(got[0].double(), wo, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1].double(), wl, atol=1e-5, rtol=1e-5)
+
+
 def _new_entries(call) -> int:
     before = len(dispatch._memo)
     call()
@@ -270,17 +280,12 @@ def test_merge_hit_with_other_layouts_past_the_first_operand_takes_their_path(ge
     and lse (same key): the entry's guard refuses it, so it is bound for its own layouts (strides,
     dtype, alignment) and matches the float64 reference, or, on another device, raises the
     validation's error naming the operand, on every call; the first request still hits after."""
-    from anysoftmax.core.lse_merge import merge_formula
 
     outs = [torch.randn(6, 2, 8, generator=gen) for _ in range(3)]
     lses = [torch.randn(6, 2, generator=gen) for _ in range(3)]
 
     def merge(os_, ls_):
-        o, l_ = anysoftmax.merge_states(os_, ls_, backend="triton")
-        wo, wl = merge_formula([t.double() for t in os_], [t.double() for t in ls_], torch.float64, torch.float64,
-                               torch.float64)
-        torch.testing.assert_close(o.double(), wo, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(l_.double(), wl, atol=1e-5, rtol=1e-5)
+        _assert_merged(anysoftmax.merge_states(os_, ls_, backend="triton"), os_, ls_)
 
     dispatch.refresh()
     merge(outs, lses)
@@ -380,3 +385,80 @@ def test_merge_hit_refuses_an_operand_moved_to_the_cpu(gen):
                 anysoftmax.merge_states(os_, ls_)
     hits = dispatch.stats["hits"]
     assert _new_entries(lambda: anysoftmax.merge_states(outs, lses)) == 0 and dispatch.stats["hits"] == hits + 1
+
+
+def test_merge_proof_tells_every_change_apart():
+    """The proof of a repeated merge request (`merge_proof`) passes new tensors of the same
+    layouts and alignment, and refuses a change to any one operand's shape, strides, dtype,
+    device or alignment, to K, to the backend, to which outputs are given (and their layouts),
+    to the process state, and arguments that are not lists of tensors."""
+    from anysoftmax.core.request import merge_proof
+
+    outs = [torch.randn(5, 2, 16) for _ in range(3)]
+    lses = [torch.randn(5, 2) for _ in range(3)]
+    proves = merge_proof(outs, lses, "triton", None, None)
+    assert proves([t.clone() for t in outs], [torch.randn(5, 2) for _ in range(3)], "triton", None, None)
+    assert not proves(outs, [torch.randn(2, 5).t() for _ in range(3)], "triton", None, None)
+    for name, change in _MERGE_CHANGES.items():
+        for i in range(3):
+            assert not proves([*outs[:i], change(outs[i]), *outs[i + 1:]], lses, "triton", None, None), (name, i)
+            assert not proves(outs, [*lses[:i], change(lses[i]), *lses[i + 1:]], "triton", None, None), (name, i)
+    assert not proves(outs[:2], lses[:2], "triton", None, None) and not proves(outs, lses[:2], "triton", None, None)
+    assert not proves([*outs, outs[0]], [*lses[:2]], "triton", None, None)  # (as many tensors, split otherwise)
+    assert not proves(outs, lses, "torch", None, None) and not proves(outs, lses, None, None, None)
+    assert not proves(outs, lses, "triton", torch.empty(5, 2, 16), None)
+    assert not proves(outs, lses, "triton", None, torch.empty(5, 2))
+    assert not proves(outs[0], lses, "triton", None, None) and not proves(outs, [*lses[:2], 1.0], "triton", None, None)
+    given = merge_proof(outs, lses, "triton", torch.empty(5, 2, 16), torch.empty(2, 5).t())
+    assert given(outs, lses, "triton", torch.empty(5, 2, 16), torch.empty(2, 5).t())
+    assert not given(outs, lses, "triton", torch.empty(5, 2, 16), torch.empty(5, 2))  # lse_out's strides
+    assert not given(outs, lses, "triton", _misaligned(torch.empty(5, 2, 16)), torch.empty(2, 5).t())
+    assert not given(outs, lses, "triton", None, torch.empty(2, 5).t())
+    from anysoftmax.core import registry
+
+    generation = registry.current_generation[0]
+    try:
+        registry.current_generation[0] = generation + 1  # (a backend registered since)
+        assert not proves(outs, lses, "triton", None, None)
+    finally:
+        registry.current_generation[0] = generation
+    # A misaligned operand gives no proof (its calls take the key path).
+    assert merge_proof([_misaligned(outs[0]), *outs[1:]], lses, "triton", None, None) is None
+
+
+def test_a_repeated_merge_is_proved_without_its_key_and_changes_still_rebind(gen, monkeypatch):
+    """The last plain merge request, repeated, is proved by its entry's proof: no key is built
+    and no memo read; every result matches the float64 reference. A call that changes any
+    operand's layout, alignment, K or the given outputs still takes the key (a new entry where
+    the request is new) and gets the right answer."""
+
+    outs = [torch.randn(6, 2, 8, generator=gen) for _ in range(3)]
+    lses = [torch.randn(2, 6, generator=gen).t() for _ in range(3)]
+
+    def merge(os_, ls_, **kw):
+        _assert_merged(dispatch.merge_states(os_, ls_, "triton", **kw), os_, ls_)
+
+    dispatch.refresh()
+    merge(outs, lses)
+    merge(outs, lses)  # (a key hit: its proof is kept)
+    keys = []
+    real = dispatch.request_key
+    monkeypatch.setattr(dispatch, "request_key", lambda *a: keys.append(a[0]) or real(*a))
+    hits = dispatch.stats["hits"]
+    merge([t.clone() for t in outs], [torch.randn(2, 6, generator=gen).t() for _ in range(3)])
+    assert keys == [] and dispatch.stats["hits"] == hits + 1
+    changed = {"strides": [lses[0], torch.randn(6, 2, generator=gen), lses[2]],
+               "alignment": [lses[0], _misaligned(lses[1]), lses[2]],
+               "dtype": [lses[0], lses[1].double(), lses[2]]}
+    for name, ls_ in changed.items():
+        keys.clear()
+        merge(outs, ls_)
+        assert keys, name
+    for os_, ls_ in (([outs[0], _misaligned(outs[1]), outs[2]], lses), (outs[:2], lses[:2]),
+                     ([outs[0], outs[1], torch.randn(2, 6, 8, generator=gen).transpose(0, 1)], lses)):
+        keys.clear()
+        merge(os_, ls_)
+        assert keys
+    keys.clear()
+    merge(outs, lses, out=torch.empty(6, 2, 8), lse_out=torch.empty(6, 2))
+    assert keys

@@ -218,18 +218,21 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
                                       device=spec.device, guard=guard)
         return outputs, lses, out, lse_out
 
+    bound = [None]  # (launch, prepare, new_out, new_lse) once bound: one read a call
+
     def run(outputs, lses, out, lse_out):
-        launch = state["launch"]
-        if launch is None:
+        hot = bound[0]
+        if hot is None:
             outputs, lses, out, lse_out = bind_first(outputs, lses, out, lse_out)
-            launch = state["launch"]
-        elif state["prepare"]:
+            hot = bound[0] = (state["launch"], state["prepare"], state["new_out"], state["new_lse"])
+        elif hot[1]:
             how = state["how"]
             outputs, lses = _prepared(outputs, how[0], how[1], acc), _prepared(lses, how[2], how[3], acc)
+        launch, _, new_out, new_lse = hot
         if out is None:
-            out = state["new_out"](outputs[0])
+            out = new_out(outputs[0])
         if lse_out is None:
-            lse_out = state["new_lse"]()
+            lse_out = new_lse()
         launch((*outputs, *lses, out, lse_out))
         return out, lse_out
 
