@@ -137,33 +137,73 @@ def test_check_flags_the_div_mod_row_form():
     assert flat.ok and flat.bounded_copies == 1
 
 
-def test_sampler_kernels_lower(monkeypatch):
-    """The sampler's scan, select and probs kernels lower through triton-ascend's front end
-    (a scalar precise division once aborted its linalg conversion). The backend still refuses
-    to sample: their candidate scatter and gathers lower as discrete accesses, unverified on an
-    NPU (its `sampler_refusal`)."""
-    from anysoftmax.backends._triton_common import sampling as triton_sampling
-    from anysoftmax.sampling.spec import SamplingSpec
-
+def _record_launches(monkeypatch, module):
+    """Replace `module`'s `bind_kernel` by one recording (binding, operands, floats, per-call
+    integers) instead of launching."""
     launches = []
 
-    def bind(b, **kw):  # (records each launch's operands instead of launching)
+    def bind(b, **kw):
         def record(args, values=b.values, per_call=()):
             scratch = kw.get("scratch")
             launches.append((b, (*args, *scratch(torch.device("cpu"))) if scratch else args, values, per_call))
         return record
 
-    monkeypatch.setattr(triton_sampling, "bind_kernel", bind)
-    x = torch.randn(3, 300) * 3
-    plan = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=3, num_warps=4, tile=64)
-    for op, extra in (("sample", dict(seed=11)), ("probs", {})):
-        spec = SamplingSpec.from_request(op, x, temperature=0.9, top_k=12, top_p=0.9, min_p=0.05, **extra)
-        triton_sampling.runner(op, spec, plan=plan)(x, triton_sampling.keyword_values(spec))
+    monkeypatch.setattr(module, "bind_kernel", bind)
+    return launches
+
+
+def _lower(launches) -> set:
+    """The names of the kernels launched, each launch's binding lowered with its constexprs."""
     lowered = set()
     for b, args, values, per_call in launches:
         kw = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values)),
               **dict(zip(b.per_call, per_call or (0,) * len(b.per_call)))}
         for meta in b.metas:
-            assert "func.func" in compile_ttadapter(b.kernel, (), {**kw, **meta})
+            assert "func.func" in compile_ttadapter(b.kernel, (), {**kw, **meta}), b.kernel.fn.__name__
             lowered.add(b.kernel.fn.__name__)
-    assert lowered == {"scan_kernel", "select_kernel", "probs_kernel"}
+    return lowered
+
+
+@pytest.mark.parametrize("ub", UB_BYTES)
+def test_sampler_kernels_lower_on_the_ascend_plan(monkeypatch, ub):
+    """Every kernel the backend's sampling plan launches (the scan, the select, probs' second pass)
+    lowers through triton-ascend's front end with that plan's constexprs (UB-sized chunks, slots,
+    tiles; several chunks a row), and so do the one-read paths' small kernels. Their candidate
+    scatter and gathers lower to discrete accesses (which touch every lane: the kernels clamp
+    masked lanes' offsets in range, checked through the interpreter in
+    tests/backends/triton_ascend/test_ascend_sampling.py); the IR does not say which offsets a
+    select clamped, so this checks the lowering only."""
+    import anysoftmax
+    from anysoftmax.backends._triton_common import sampling as triton_sampling
+    from anysoftmax.backends._triton_common import sampling_one_read
+    from anysoftmax.backends._triton_common import sampling_one_read_kernels as one_read
+    from anysoftmax.sampling.spec import SamplingSpec
+
+    backend = anysoftmax.get_backend("triton_ascend")
+    launches = _record_launches(monkeypatch, triton_sampling)
+    x = torch.randn(3, 5000) * 3
+    ids = torch.randint(0, 5000, (3, 4))
+    with settings.override(**({} if ub is None else {"ub_bytes": ub})):
+        for op, extra in (("sample", dict(seed=11)), ("probs", {}), ("logprobs", {})):
+            kw = dict(temperature=0.9) if op == "logprobs" else \
+                dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.05, **extra)
+            spec = SamplingSpec.from_request(op, x, **kw)
+            plan = backend.sampling_plan(spec)
+            assert plan.chunks(5000) > 1 and not plan.runs
+            run = triton_sampling.runner(op, spec, 4 if op == "logprobs" else 0, 4 if op == "logprobs" else 0,
+                                         plan=plan)
+            args = (x, triton_sampling.keyword_values(spec))
+            run(*args, ids) if op == "logprobs" else run(*args)
+    assert _lower(launches) == {"scan_kernel", "select_kernel", "probs_kernel"}
+    # The one-read paths' kernels (a row temperature's scale, probs' fix-up, logprobs' gather)
+    t, s, y, lse = torch.rand(3) + 0.3, torch.empty(3, 1), torch.empty_like(x), torch.empty(3, 1)
+    tile, block, id_block = sampling_one_read.TILE, sampling_one_read.SCALE_BLOCK, sampling_one_read.ID_BLOCK
+    for kernel, kw in (
+            (one_read.row_scale_kernel, dict(t_ptr=t, s_ptr=s, n_rows=3, t_stride=1, BLOCK=block)),
+            (one_read.probs_fixup_kernel, dict(x_ptr=x, y_ptr=y, t_ptr=t, n_rows=3, vocab=5000, xs=5000, ys=5000,
+                                               t_stride=1, TILE=tile)),
+            (one_read.logprobs_gather_kernel, dict(x_ptr=x, lse_ptr=lse, s_ptr=s, t_ptr=t, ids_ptr=ids,
+                                                   out_ptr=torch.empty(3, 4), n_rows=3, vocab=5000, xs=5000, n_ids=4,
+                                                   t_stride=1, temperature=1.0, scale=1.0, ROW_T=True, TILE=tile,
+                                                   ID_BLOCK=id_block))):
+        assert "func.func" in compile_ttadapter(kernel, (), kw), kernel.fn.__name__

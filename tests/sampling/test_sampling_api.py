@@ -281,7 +281,7 @@ def test_cpu_scalar_tensors_are_numbers_beside_other_devices():
         SamplingSpec.from_request("sample", x, seed=torch.ones(3, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("name", ["wave", "cute", "triton_ascend"])
+@pytest.mark.parametrize("name", ["wave", "cute"])
 def test_backends_without_a_sampler_say_why(name):
     for call in (lambda: sampling.sample(torch.randn(2, 5), seed=1, backend=name),
                  lambda: sampling.probs(torch.randn(2, 5), backend=name),

@@ -1,6 +1,7 @@
-"""The sampler on Triton (CUDA and HIP): plans, launchers bound through the launch engine, and
-`probs`, `sample`, `logprobs` taking the validated request (`anysoftmax.sampling.spec`); a
-backend hands them out through `sampling_one_read.Sampler`. Kernels: `sampling_kernels.py`;
+"""The sampler on Triton (CUDA and HIP; Ascend NPUs on `triton_ascend`'s own plan): plans,
+launchers bound through the launch engine, and `probs`, `sample`, `logprobs` taking the
+validated request (`anysoftmax.sampling.spec`); a backend hands them out through
+`sampling_one_read.Sampler`. Kernels: `sampling_kernels.py`;
 the algorithm and the semantics: docs/sampling.md.
 
 Two launches for `sample` and `logprobs` (the scan, then the select of each row: the form a

@@ -1,7 +1,11 @@
-"""The sampler's Triton kernels (`anysoftmax.sampling` on CUDA and HIP): `scan_kernel` (each
+"""The sampler's Triton kernels (`anysoftmax.sampling` on CUDA, HIP and Ascend NPUs): `scan_kernel` (each
 chunk's statistics, candidates and race winner), `select_kernel` (each row's kept set and draw)
 and `probs_kernel` (`probs`' second pass). Plans and launchers: `sampling.py`; the algorithm
 and its numerics: docs/sampling.md ("How the Triton sampler works").
+
+Every masked load or store whose offsets are data-dependent (a scatter or gather) gives its
+masked-off lanes an in-range offset too (`tl.where(mask, offset, 0)`): triton-ascend lowers such
+an access to a discrete one that touches every lane's address, masked or not.
 """
 
 from __future__ import annotations
@@ -280,7 +284,7 @@ def _write_candidates(z, cols, x_row, lo, vocab, vocab_start, inv_t, t, total, c
     if total <= CAP:
         sel = ((z > float("-inf")) & (z >= t)).to(tl.int32)
         per = tl.sum(sel, 1)
-        pos = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(sel, 1) - 1
+        pos = tl.where(sel != 0, (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(sel, 1) - 1, 0)
         tl.store(cz_ptr + pos, z.to(tl.int32, bitcast=True), mask=sel != 0)
         tl.store(ci_ptr + pos, vocab_start + cols, mask=sel != 0)
         n = total
@@ -289,18 +293,20 @@ def _write_candidates(z, cols, x_row, lo, vocab, vocab_start, inv_t, t, total, c
             sc = lo + s0 + tl.arange(0, SUB)
             zs = tl.load(x_row + sc, mask=sc < vocab, other=float("-inf")).to(tl.float32) * inv_t
             sel = (zs > float("-inf")) & (zs > t)
-            pos = n + tl.cumsum(sel.to(tl.int32), 0) - 1
+            pos = tl.where(sel, n + tl.cumsum(sel.to(tl.int32), 0) - 1, 0)
             tl.store(cz_ptr + pos, zs.to(tl.int32, bitcast=True), mask=sel)
             tl.store(ci_ptr + pos, vocab_start + sc, mask=sel)
             n += tl.sum(sel.to(tl.int32))
         for s0 in range(0, CHUNK, SUB):
             sc = lo + s0 + tl.arange(0, SUB)
             zs = tl.load(x_row + sc, mask=sc < vocab, other=float("-inf")).to(tl.float32) * inv_t
-            sel = zs == t
-            pos = n + tl.cumsum(sel.to(tl.int32), 0) - 1
-            tl.store(cz_ptr + pos, zs.to(tl.int32, bitcast=True), mask=sel & (pos < CAP))
-            tl.store(ci_ptr + pos, vocab_start + sc, mask=sel & (pos < CAP))
-            n += tl.sum(sel.to(tl.int32))
+            tie = zs == t
+            pos = n + tl.cumsum(tie.to(tl.int32), 0) - 1
+            sel = tie & (pos < CAP)
+            pos = tl.where(sel, pos, 0)
+            tl.store(cz_ptr + pos, zs.to(tl.int32, bitcast=True), mask=sel)
+            tl.store(ci_ptr + pos, vocab_start + sc, mask=sel)
+            n += tl.sum(tie.to(tl.int32))
         n = n * 0 + CAP
     return n
 
@@ -482,7 +488,7 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
     n_run = n_chunks * RPC
     g = tl.arange(0, G_P2)
     okg = g < n_chunks
-    idx = g[:, None] * RPC + tl.arange(0, RPC)[None, :]
+    idx = tl.where(okg, g, 0)[:, None] * RPC + tl.arange(0, RPC)[None, :]
     okr = okg[:, None] & (idx >= 0)
     tab = ws_ptr + run_off + row.to(tl.int64) * (3 * n_run + RUN_CAP)
     mr = tl.load(tab + idx, mask=okr, other=NEG_INF_BITS, cache_modifier=".cg").to(tl.float32, bitcast=True)
@@ -509,13 +515,14 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
             at = (tl.cumsum(per, 0) - per)[:, None] + tl.cumsum(cand.to(tl.int32), 1) - 1
             scr = tab + 3 * n_run
             tl.debug_barrier()
-            tl.store(scr + at, idx, mask=cand)
+            tl.store(scr + tl.where(cand, at, 0), idx, mask=cand)
             tl.debug_barrier()  # (every thread's stores visible to the reads that follow)
             q = tl.arange(0, RUN_CAP)
             live = q < n_cand
             run = tl.load(scr + q, mask=live, other=0, cache_modifier=".cg")
             cols = run[:, None] * RUN + tl.arange(0, RUN)[None, :]
-            z = tl.load(x_row + cols, mask=live[:, None] & (cols < vocab), other=float("-inf")).to(tl.float32) * inv_t
+            in_row = live[:, None] & (cols < vocab)
+            z = tl.load(x_row + tl.where(in_row, cols, 0), mask=in_row, other=float("-inf")).to(tl.float32) * inv_t
             sel = live[:, None] & (z >= t0) & (z > float("-inf"))
             cnt = tl.sum(sel.to(tl.int32), 1)
             ch = run // RPC
@@ -524,7 +531,7 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
             if COMPACT:
                 if total <= C_SLOT:
                     pos = (tl.cumsum(cnt, 0) - cnt)[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
-                    dst = row.to(tl.int64) * C_SLOT + pos
+                    dst = row.to(tl.int64) * C_SLOT + tl.where(sel, pos, 0)
                     tl.store(ws_ptr + cz_off + dst, z.to(tl.int32, bitcast=True), mask=sel)
                     tl.store(ws_ptr + ci_off + dst, vocab_start + cols, mask=sel)
                     # (the row's max and mass as `_row_merge` makes them of chunk states)
@@ -547,10 +554,10 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
                 first = tl.cumsum(tot, 0) - tot
                 earlier = tl.sum(tl.where(ch[:, None] == g[None, :], first[None, :], 0), 1)
                 pos = (tl.cumsum(cnt, 0) - cnt - earlier)[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
-                dst = (row.to(tl.int64) * n_chunks + ch)[:, None] * C_SLOT + pos
+                dst = tl.where(sel, (row.to(tl.int64) * n_chunks + ch)[:, None] * C_SLOT + pos, 0)
                 tl.store(ws_ptr + cz_off + dst, z.to(tl.int32, bitcast=True), mask=sel)
                 tl.store(ws_ptr + ci_off + dst, vocab_start + cols, mask=sel)
-                st = ws_ptr + state_off + (row.to(tl.int64) * n_chunks + g) * NS
+                st = ws_ptr + state_off + (row.to(tl.int64) * n_chunks + tl.where(okg, g, 0)) * NS
                 zero = tot * 0
                 tl.store(st + F_MAX, m_c.to(tl.int32, bitcast=True), mask=okg)
                 tl.store(st + F_SUM, s_c.to(tl.int32, bitcast=True), mask=okg)
@@ -744,7 +751,7 @@ def _compact(cz, ci, sel, scr_z, scr_i):
     (the last step before they are read back by other threads of the program); returns how many."""
     per_g = tl.sum(sel.to(tl.int32), 1)
     base = tl.cumsum(per_g, 0) - per_g
-    pos = base[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1
+    pos = tl.where(sel, base[:, None] + tl.cumsum(sel.to(tl.int32), 1) - 1, 0)
     tl.debug_barrier()
     tl.store(scr_z + pos, cz.to(tl.int32, bitcast=True), mask=sel)
     tl.store(scr_i + pos, ci, mask=sel)
@@ -923,7 +930,7 @@ def id_logprobs(x_row, ids_ptr, out_ptr, row_ids, n_ids, vocab, scale, lse, gree
         jok = j < n_ids
         idv = tl.load(ids_ptr + row_ids + j, mask=jok, other=0)
         inr = jok & (idv >= 0) & (idv < vocab)
-        z = tl.load(x_row + idv, mask=inr, other=0.0).to(tl.float32) * scale
+        z = tl.load(x_row + tl.where(inr, idv, 0), mask=inr, other=0.0).to(tl.float32) * scale
         lp = tl.where(greedy, tl.where(z == m, greedy_lp, float("-inf")), z - lse)
         tl.store(out_ptr + row_ids + j, tl.where(inr & (invalid == 0), lp, float("nan")), mask=jok)
 
@@ -936,8 +943,9 @@ def _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2: t
     mass (of exp(z - max)) and bad flag."""
     g = tl.arange(0, G_P2)
     ok = g < n_groups
-    item = (row.to(tl.int64) * n_chunks + g % n_chunks)
-    base = (g // n_chunks).to(tl.int64) * shard_stride + item * NS + state_off
+    gi = tl.where(ok, g, 0)
+    item = row.to(tl.int64) * n_chunks + gi % n_chunks
+    base = (gi // n_chunks).to(tl.int64) * shard_stride + item * NS + state_off
     ms = _ldf(gs_ptr + base + F_MAX, ok)
     m = tl.max(ms)
     m_sub = tl.where((m > float("-inf")) & (m < float("inf")), m, 0.0)
@@ -958,7 +966,7 @@ def _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT: tl.constexpr):
 def _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_SLOT: tl.constexpr):
     """The row's candidates' z as a [G_P2, C_SLOT] block, and which entries hold one."""
     valid = ok[:, None] & (tl.arange(0, C_SLOT)[None, :] < written[:, None])
-    offs = _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT)
+    offs = tl.where(valid, _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT), 0)
     cz = tl.load(gs_ptr + cz_off + offs, mask=valid, other=NEG_INF_BITS, cache_modifier=".cg")
     return cz.to(tl.float32, bitcast=True), valid
 
@@ -966,7 +974,7 @@ def _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_S
 @triton.jit
 def _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, valid, C_SLOT: tl.constexpr):
     """The candidates' global ids, loaded where needed (not held through the searches: registers)."""
-    offs = _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT)
+    offs = tl.where(valid, _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT), 0)
     return tl.load(gs_ptr + ci_off + offs, mask=valid, other=BIG_ID, cache_modifier=".cg")
 
 
@@ -1160,8 +1168,9 @@ def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_pt
             rank = tl.sum((qok[None, :] & before).to(tl.int32), 1)
             listed = qok & (rank < n_sel)
             vals = tl.where(greedy, greedy_lp, zq - lse_row)
-            tl.store(out_v + rank, vals, mask=listed)
-            tl.store(out_t + rank, iq.to(tl.int64), mask=listed)
+            at = tl.where(listed, rank, 0)
+            tl.store(out_v + at, vals, mask=listed)
+            tl.store(out_t + at, iq.to(tl.int64), mask=listed)
             if n_sel < top_n:
                 # slot r >= n_sel: the (r - n_sel)-th smallest id not among the n_sel listed
                 want = r - n_sel

@@ -57,7 +57,9 @@ def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
     return t if t.is_contiguous() else t.contiguous(), 1 if t.dim() else 0
 
 
-def _grid(rows: int, device: torch.device) -> int:
+def _grid(rows: int, device: torch.device, programs: int | None = None) -> int:
+    if programs is not None:
+        return max(1, min(rows, programs))
     if device.type != "cuda":
         return max(1, rows)
     return max(1, min(rows, sampling.programs_on(device.index if device.index is not None
@@ -96,10 +98,17 @@ def _stand_in_scale(rows: int, device: torch.device, row_tensor: bool):
 class Sampler:
     """`probs`, `sample` and `logprobs` (the signatures of `sampling.py`'s functions) of a
     backend whose `launcher(x, spec)` binds the softmax and `logsumexp_launcher(x, spec,
-    operands)` the logsumexp: the one read where the request allows it (see the module)."""
+    operands)` the logsumexp: the one read where the request allows it (see the module).
+    `plans(spec) -> SamplingPlan`: the backend's plan of a request (None: `sampling.plan_for`'s);
+    its grid also caps the one-read paths' kernels."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, plans=None):
         self.backend = backend
+        self.plans = plans
+
+    def plan(self, spec: SamplingSpec) -> sampling.SamplingPlan | None:
+        """The plan the backend gives `spec`, or None for `sampling.plan_for`'s."""
+        return None if self.plans is None else self.plans(spec)
 
     # ---- the API's functions: each through its form's runner ----
 
@@ -112,7 +121,7 @@ class Sampler:
     def sample(self, spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
                plan: sampling.SamplingPlan | None = None):
         """int64 token ids of shape ``logits.shape[:-1]`` (and their float32 log-probabilities)."""
-        return sampling.sample(spec, logits, return_logprobs, plan=plan)
+        return sampling.sample(spec, logits, return_logprobs, plan=plan or self.plan(spec))
 
     def logprobs(self, spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
                  plan: sampling.SamplingPlan | None = None):
@@ -126,7 +135,7 @@ class Sampler:
         """`sampling.runner`'s functions for every request of `spec`'s form, sending a call that
         needs no filter to the one read (see the module); which keywords are tensors is the
         form's, so only the numbers' values are looked at per call."""
-        scan = sampling.runner(op, spec, top_n, n_ids)
+        scan = sampling.runner(op, spec, top_n, n_ids, plan=self.plan(spec))
         row_t = isinstance(spec.temperature, torch.Tensor)
         if op == "probs":
             if not spec.rows or any(isinstance(v, torch.Tensor) for v in (spec.top_k, spec.top_p, spec.min_p)):
@@ -199,7 +208,7 @@ class Sampler:
     def _launchers(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
                    n_ids: int = 0) -> _Launchers:
         key = (id(self.backend), op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, row_t, t_stride, n_ids,
-               x.data_ptr() % 16 == 0)
+               x.data_ptr() % 16 == 0, self.plan(spec))
         return _bound.get(key, lambda: self._bind(op, spec, x, row_t, t_stride, n_ids))
 
     def _bind(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
@@ -209,7 +218,8 @@ class Sampler:
         device, rows = x.device, spec.rows
         scale = _scale_launcher(rows, t_stride, device) if row_t else None
         stand_in = _stand_in_scale(rows, device, row_t)
-        grid = _grid(rows, device)
+        plan = self.plan(spec)
+        grid = _grid(rows, device, None if plan is None else plan.grid)
         if op == "probs":
             soft, _ = SoftmaxSpec.from_request(x, -1, torch.float32, fused=dict(scale=stand_in))
             read = self.backend.launcher(x, soft)
@@ -229,9 +239,9 @@ class Sampler:
 
 
 @functools.lru_cache(maxsize=8)
-def sampler_for(backend) -> Sampler:
-    """The `Sampler` of `backend` (one per backend object)."""
-    return Sampler(backend)
+def sampler_for(backend, plans=None) -> Sampler:
+    """The `Sampler` of `backend` (one per backend object and plan function; `Sampler`'s `plans`)."""
+    return Sampler(backend, plans)
 
 
 __all__ = ["Sampler", "needs_no_filter", "sampler_for", "takes_probs"]

@@ -1,6 +1,7 @@
 """The `triton_ascend` backend: the shared Triton kernels (backends/_triton_common) on Ascend NPUs
 through triton-ascend, with what the NPU forces: a fixed grid (`settings`), tiles sized by the
 unified buffer (`planning`), the `multibuffer` launch option, the NPU host glue (`npu`); docs/ascend.md.
+The sampler is the shared Triton sampler on its own plan (`sampling_plan`).
 
 It serves `npu` tensors (automatic choice); `cpu` tensors through the Triton interpreter and `cuda`
 tensors with $ANYSOFTMAX_ASCEND_ON_CUDA=1, explicit choice only (how CI and GPUs check its plans).
@@ -19,7 +20,7 @@ from ...core.spec import SoftmaxSpec
 from .._triton_common import interpreter, softmax_launchers
 from .._triton_common.launcher import bind
 from .._triton_common.plan import PLAIN_SCALARS, Fusion, KernelPlan, flat_rows
-from . import install, npu, planning, settings, ub_retry
+from . import install, npu, planning, sampling_plan, settings, ub_retry
 
 # shape class -> halvings of the UB budget the NPU compiler accepted (ub_retry).
 _halvings = ub_retry.Halvings()
@@ -64,12 +65,17 @@ def _refusal(device: torch.device, dtypes) -> str | None:
 def _programs(t: torch.Tensor, halvings: int = 0) -> tuple[settings.Settings, int]:
     """The settings in force (the UB budget halved `halvings` times) and the programs to launch on
     `t`'s device (its live vector-core count where the grid asks for it)."""
+    return _device_programs(t.device, halvings)
+
+
+def _device_programs(device: torch.device, halvings: int = 0) -> tuple[settings.Settings, int]:
+    """`_programs` of `device`."""
     s = settings.current()
     if halvings:
         s = replace(s, ub_bytes=s.ub_bytes >> halvings)
     live = None
-    if t.device.type == "npu" and s.grid == settings.VECTOR_CORES:
-        live = npu.vector_cores(npu.device_index(t.device))
+    if device.type == "npu" and s.grid == settings.VECTOR_CORES:
+        live = npu.vector_cores(npu.device_index(device))
     return s, planning.resolve_programs(s, live)
 
 
@@ -96,12 +102,6 @@ class TritonAscendBackend(Backend):
     devices = ("npu",)  # CPU (interpreter) and CUDA (cross-check) tensors only when chosen explicitly
     priority = 100
     fused = True  # the fused family: the same shared kernels and prologue as `triton`
-    # The shared sampler kernels lower through triton-ascend 3.2's front end
-    # (tests/ascend_frontend), but their candidate scatter and gathers become discrete accesses
-    # that read masked lanes too, and no plan sizes their blocks for the unified buffer.
-    sampler_refusal = ("no sampler kernels (the Triton sampler's kernels lower through triton-ascend's front end, "
-                       "but their candidate scatter and gathers lower to discrete accesses that are not verified "
-                       "on an NPU; use backend='torch', which runs on NPU tensors)")
 
     @staticmethod
     def needs_interpreter() -> bool:
@@ -195,3 +195,28 @@ class TritonAscendBackend(Backend):
             return MergePlan(1, max(bd, 1), planning.grid_size(programs, n_rows * -(-d // max(bd, 1))))
 
         return merge_launcher(spec, plan_for, guard=npu.device_guard)(outputs, lses, out, lse_out)
+
+    # ---- the sampler (anysoftmax.sampling): the shared Triton sampler on the NPU's plan
+
+    def sampling_plan(self, spec):
+        """The sampler's plan for `spec` (a `sampling.spec.SamplingSpec`): UB-sized chunks, slots
+        and tiles on the NPU's grid, no runs pre-pass (`sampling_plan`); the same plan on every
+        device this backend serves."""
+        s, programs = _device_programs(spec.device)
+        return sampling_plan.plan_for(spec.rows, spec.vocab, s, programs)
+
+    def supports_sampling(self, spec, top_n: int = 0) -> str | None:
+        """None for fp16/bf16/fp32 logits on the devices above; `logprobs`' top_n up to half the
+        plan's slots (`sampling_plan.MAX_SLOTS` // 2 at most)."""
+        from .._triton_common import sampling
+
+        reason = _refusal(spec.device, (spec.dtype,))
+        return reason or sampling.supports(spec, top_n, self.sampling_plan(spec))
+
+    def sampler(self):
+        """The shared Triton sampler (`sampling_one_read.Sampler`) on this backend's plans: the scan
+        and select with `sampling_plan`, the one-read paths through this backend's softmax and
+        logsumexp."""
+        from .._triton_common import sampling_one_read
+
+        return sampling_one_read.sampler_for(self, self.sampling_plan)

@@ -23,8 +23,9 @@ from anysoftmax.sampling import rng
 from anysoftmax.sampling.reference import reference_distribution, reference_logprobs
 from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.kit import run_checks
-from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL, sampler_checks
+from anysoftmax.testing.sampling import PROB_ATOL, PROB_RTOL
 from helpers import runnable_backends
+from helpers.sampler_kit import interpreter_checks
 from helpers.shards import sharded_sample
 
 pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
@@ -34,10 +35,6 @@ triton_sample = functools.partial(sampling.sample, backend="triton")
 triton_probs = functools.partial(sampling.probs, backend="triton")
 triton_logprobs = functools.partial(sampling.logprobs, backend="triton")
 
-# Checks of the kit that draw thousands of rows: minutes through the interpreter, run on a GPU.
-GPU_ONLY_KINDS = ("chi-square", "definition", "position", "advancing")
-GPU_ONLY_NAMES = ("determinism same seed and offset, same ids", "determinism another offset changes the draw",
-                  "determinism another seed changes the draw")
 # A plan that cuts rows of a few hundred tokens into several chunks with few candidate slots
 # (k_cap = 16), so the interpreter runs the multi-chunk merge and each path of the select.
 SMALL = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, tile=64)
@@ -59,8 +56,7 @@ def _assert_probs(got, logits, spec):
 
 def test_the_kit_sampler_section_through_the_interpreter(seed):
     """Every kit check but those drawing thousands of rows (the whole section runs on a GPU: test_sampling_kit_gpu.py)."""
-    checks = [c for c in sampler_checks(triton_sample, triton_probs, triton_logprobs)
-              if c.kind not in GPU_ONLY_KINDS and c.name not in GPU_ONLY_NAMES]
+    checks = interpreter_checks(triton_sample, triton_probs, triton_logprobs)
     report = run_checks(checks, "triton", "cpu", seed)
     assert not report.failed and not report.skipped, report.text()
     assert len(report.passed) == len(checks) > 40

@@ -20,8 +20,8 @@ from anysoftmax.backends._triton_common import sampling_kernels
 from anysoftmax.sampling import api as sampling_api
 from anysoftmax.sampling.spec import SamplingSpec, check_ids
 from anysoftmax.testing.kit import run_checks
-from anysoftmax.testing.sampling import sampler_checks
 from helpers import runnable_backends
+from helpers.sampler_kit import interpreter_checks
 from helpers.shards import sharded_sample
 
 pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
@@ -32,9 +32,6 @@ SCAN = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, ti
 RUNS = dataclasses.replace(SCAN, runs=True, run=8)
 # (the kit's rows of 20000 in chunks of 2048, runs of 64: top-k bounds up to 16 served)
 RUNS_WIDE = triton_sampling.SamplingPlan(chunk=2048, slots=64, grid=4, num_warps=4, tile=256, runs=True)
-GPU_ONLY_KINDS = ("chi-square", "definition", "position", "advancing")
-GPU_ONLY_NAMES = ("determinism same seed and offset, same ids", "determinism another offset changes the draw",
-                  "determinism another seed changes the draw")
 
 
 @pytest.fixture
@@ -68,9 +65,8 @@ def runs_planned(monkeypatch):
 
 def test_the_kit_sampler_section_with_the_runs_prepass(runs_planned, served_rows, seed):
     triton = functools.partial(sampling.sample, backend="triton")
-    checks = [c for c in sampler_checks(triton, functools.partial(sampling.probs, backend="triton"),
-                                        functools.partial(sampling.logprobs, backend="triton"))
-              if c.kind not in GPU_ONLY_KINDS and c.name not in GPU_ONLY_NAMES]
+    checks = interpreter_checks(triton, functools.partial(sampling.probs, backend="triton"),
+                                functools.partial(sampling.logprobs, backend="triton"))
     report = run_checks(checks, "triton", "cpu", seed)
     assert not report.failed and not report.skipped, report.text()
     assert served_rows[0] > 20  # (the kit's top-k cases reach the pre-pass)

@@ -4,13 +4,17 @@ shapes included (tests/conftest.py skips `gpu` tests where no CUDA GPU is visibl
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 import anysoftmax
+import anysoftmax.sampling as sampling
 from anysoftmax import BackendUnavailableError, UnsupportedRequestError
 from anysoftmax.backends.triton_ascend import npu, settings
 from anysoftmax.testing.cases import CASES, randn
+from anysoftmax.testing.sampling import check_sampler
 from helpers import check, params
 from helpers.ascend import LOGS, NAME, SUBBLOCK_CASES, SUBBLOCK_UB, check_or_refused, plan_for, tile_of
 
@@ -68,3 +72,15 @@ def test_cuda_needs_the_crosscheck_switch(monkeypatch):
     monkeypatch.delenv(npu.ENV_ON_CUDA, raising=False)
     with pytest.raises((BackendUnavailableError, UnsupportedRequestError), match=npu.ENV_ON_CUDA):
         anysoftmax.softmax(torch.randn(3, 8, device="cuda"), 1, backend=NAME)
+
+
+@pytest.mark.gpu
+def test_the_whole_kit_sampler_section_in_the_cuda_crosscheck(monkeypatch):
+    """The sampler on its NPU plan (the kit's whole sampler section) on CUDA tensors."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
+    monkeypatch.setenv(npu.ENV_ON_CUDA, "1")
+    sample, probs, logprobs = (functools.partial(f, backend=NAME) for f in (sampling.sample, sampling.probs,
+                                                                            sampling.logprobs))
+    report = check_sampler(sample, probs, logprobs, device="cuda", name=NAME)
+    assert report.ok  # (check_sampler raises with the report's text when a check fails)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from anysoftmax import SoftmaxSpec
 from anysoftmax.backends._triton_common.interpreter import interpreting
 from anysoftmax.backends._triton_common.plan import KernelPlan, OnlinePlan, TilePlan
-from anysoftmax.backends.triton_ascend import install, npu, planning, settings
+from anysoftmax.backends.triton_ascend import install, npu, planning, sampling_plan, settings
+from anysoftmax.sampling.spec import SamplingSpec
 from anysoftmax.testing.compare import compare
 from anysoftmax.testing.cases import randn
 from helpers.ascend import BACKEND, needs_interpreter, no_torch_npu, tile_of
@@ -391,3 +392,21 @@ def test_backend_retries_overflow_and_remembers_the_shape_class(monkeypatch, gen
             assert compiled[0][1] * compiled[0][2] > 64 and len(compiled) > 1
         else:
             assert compiled == [("tile", 1, 64)], "the remembered halvings were not used"
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 5000, 128256, 151936, 1 << 20])
+@pytest.mark.parametrize("ub_bytes", [None, 16384])
+def test_the_plan_keeps_its_blocks_in_the_unified_buffer(vocab, ub_bytes):
+    with settings.override(**({} if ub_bytes is None else {"ub_bytes": ub_bytes})):
+        spec = SamplingSpec.from_request("sample", torch.empty(64, vocab, device="meta"), top_k=5)
+        plan = BACKEND.sampling_plan(spec)
+        s = settings.current()
+    budget = planning.tile_budget(s)
+    assert plan.chunk * sampling_plan.SCAN_BYTES <= budget or plan.chunk == 16
+    groups = plan.groups_pow2(vocab)
+    assert groups * plan.slots <= sampling_plan.MAX_SELECT or plan.slots == sampling_plan.MIN_SLOTS
+    assert sampling_plan.MIN_SLOTS <= plan.slots <= sampling_plan.MAX_SLOTS
+    assert plan.tile * sampling_plan.TILE_BYTES <= budget or plan.tile == sampling_plan.MIN_TILE
+    assert not plan.runs
+    assert plan.grid == planning.grid_size(planning.resolve_programs(s), 64 * plan.chunks(vocab))
+    assert BACKEND.sampling_plan(spec) is plan or ub_bytes is not None  # (memoised: launchers key by it)
