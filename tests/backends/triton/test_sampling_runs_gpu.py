@@ -1,6 +1,6 @@
 """The sampler's runs pre-pass on a CUDA GPU: the kit's whole sampler section with every request
-planned with it (as through the interpreter in test_sampling_runs.py), and vocabulary-sized rows under the default plan drawing what the scan
-alone draws."""
+planned with it (as through the interpreter in test_sampling_runs.py), and vocabulary-sized rows
+under the default plan drawing what the scan alone draws."""
 
 from __future__ import annotations
 
