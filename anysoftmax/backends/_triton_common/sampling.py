@@ -572,6 +572,19 @@ def row_paths(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | 
     return [PATHS[w] for w in words.tolist()]
 
 
+def runs_rows(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | None = None) -> tuple[list, list]:
+    """(rows the runs pre-pass served, rows it left to the scan) for `probs` of `spec`, each in no
+    particular order; both empty where the call does not take it. For tests and benchmarks: it
+    runs the passes, then reads the lists (a sync)."""
+    bound, ws, _, _, ints = _selector("probs", spec, plan)(rows_view(logits, spec), (None,) * 4, keyword_values(spec))
+    if not bound.takes_runs(ints, 0):
+        return [], []
+
+    def listed(at: int) -> list:
+        return ws[at + 1:at + 1 + int(ws[at])].tolist()
+    return listed(bound.space.served_off), listed(bound.space.left_off)
+
+
 # ---- a vocabulary sharded across ranks ------------------------------------------------------------
 
 def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, *,
@@ -613,5 +626,5 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
 
 
 __all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "keyword_values", "logprobs", "operand_pointers",
-           "plan_for", "probs", "programs_on", "remembered", "row_paths", "runner", "sample", "scan_shard",
+           "plan_for", "probs", "programs_on", "remembered", "row_paths", "runner", "runs_rows", "sample", "scan_shard",
            "select_shards", "stand_ins", "supports"]

@@ -120,10 +120,9 @@ def test_logprobs_top_n_the_same_as_the_scan_alone(gen):
 
 
 def _served(spec, x, plan=RUNS) -> list:
-    bound, ws, *_ = triton_sampling._selector("probs", spec, plan)(triton_sampling.rows_view(x, spec), (None,) * 4,
-                                                                     triton_sampling.keyword_values(spec))
-    left = ws[bound.space.left_off + 1:bound.space.left_off + 1 + int(ws[bound.space.left_off])].tolist()
-    return [int(r not in left) for r in range(spec.rows)]
+    served, left = triton_sampling.runs_rows(spec, x, plan=plan)
+    assert sorted(served + left) == list(range(spec.rows))
+    return [int(r in served) for r in range(spec.rows)]
 
 
 def test_which_rows_it_serves(gen):
