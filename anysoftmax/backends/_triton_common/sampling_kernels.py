@@ -939,8 +939,10 @@ def id_logprobs(x_row, ids_ptr, out_ptr, row_ids, n_ids, vocab, scale, lse, gree
 
 @triton.jit
 def _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2: tl.constexpr):
-    """Chunk-state addresses of `row` across shards ([G_P2] word offsets) and the row's max,
-    mass (of exp(z - max)) and bad flag."""
+    """(the row's chunks [G_P2], those past `n_groups` as chunk 0: in-range addresses for masked
+    lanes, which `_candidates` and `_candidate_ids` keep contiguous along the slots; which are
+    real; chunk-state addresses of `row` across shards as word offsets; the row's max, mass of
+    exp(z - max) and bad flag)."""
     g = tl.arange(0, G_P2)
     ok = g < n_groups
     gi = tl.where(ok, g, 0)
@@ -952,7 +954,7 @@ def _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2: t
     ss = tl.where(ok, _ldf(gs_ptr + base + F_SUM, ok), 0.0)
     mass = tl.sum(tl.where(ms > float("-inf"), ss * tl.exp(ms - m_sub), 0.0))
     bad = tl.max(_ldi(gs_ptr + base + I_BAD, ok))
-    return g, ok, base, ms, m, mass, bad
+    return gi, ok, base, ms, m, mass, bad
 
 
 @triton.jit
@@ -966,7 +968,7 @@ def _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT: tl.constexpr):
 def _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_SLOT: tl.constexpr):
     """The row's candidates' z as a [G_P2, C_SLOT] block, and which entries hold one."""
     valid = ok[:, None] & (tl.arange(0, C_SLOT)[None, :] < written[:, None])
-    offs = tl.where(valid, _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT), 0)
+    offs = _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT)
     cz = tl.load(gs_ptr + cz_off + offs, mask=valid, other=NEG_INF_BITS, cache_modifier=".cg")
     return cz.to(tl.float32, bitcast=True), valid
 
@@ -974,7 +976,7 @@ def _candidates(gs_ptr, g, ok, row, n_chunks, shard_stride, cz_off, written, C_S
 @triton.jit
 def _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, valid, C_SLOT: tl.constexpr):
     """The candidates' global ids, loaded where needed (not held through the searches: registers)."""
-    offs = tl.where(valid, _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT), 0)
+    offs = _candidate_offsets(g, row, n_chunks, shard_stride, C_SLOT)
     return tl.load(gs_ptr + ci_off + offs, mask=valid, other=BIG_ID, cache_modifier=".cg")
 
 
