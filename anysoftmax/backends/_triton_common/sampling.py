@@ -260,7 +260,7 @@ class Bound:
         else:
             self.scan((x, ws, *tensors), floats, ints)
 
-    def run(self, x, ws, tensors, floats, ints, outs, extra=(), top_n: int = 0) -> None:
+    def run(self, x, ws, tensors, floats, ints, outs, top_n: int = 0) -> None:
         """Pass one and the select of every row into `outs`; where the runs pre-pass serves the
         call, the rows it served are selected from their one-chunk layout, the others as usual."""
         selected = (x, ws, ws, *outs, *tensors)
