@@ -254,20 +254,21 @@ class Bound:
         """The scan, after the runs pre-pass where it serves the call: every row in the scan's
         layout (what `select` and a sharded vocabulary's select read)."""
         if self.takes_runs(ints, top_n):
-            self.runs((x, ws, *tensors[:4]), floats, ints)
-            self.collect_chunks((x, ws, *tensors[:4]), floats, ints)
-            self.scan_rest((x, ws, *tensors), floats, ints)
+            self._runs_then_scan(self.collect_chunks, x, ws, tensors, floats, ints)
         else:
             self.scan((x, ws, *tensors), floats, ints)
+
+    def _runs_then_scan(self, collect, x, ws, tensors, floats, ints) -> None:
+        self.runs((x, ws, *tensors[:4]), floats, ints)
+        collect((x, ws, *tensors[:4]), floats, ints)
+        self.scan_rest((x, ws, *tensors), floats, ints)
 
     def run(self, x, ws, tensors, floats, ints, outs, top_n: int = 0) -> None:
         """Pass one and the select of every row into `outs`; where the runs pre-pass serves the
         call, the rows it served are selected from their one-chunk layout, the others as usual."""
         selected = (x, ws, ws, *outs, *tensors)
         if self.takes_runs(ints, top_n):
-            self.runs((x, ws, *tensors[:4]), floats, ints)
-            self.collect((x, ws, *tensors[:4]), floats, ints)
-            self.scan_rest((x, ws, *tensors), floats, ints)
+            self._runs_then_scan(self.collect, x, ws, tensors, floats, ints)
             self.select_served(selected, floats, ints)
             self.select_rest(selected, floats, ints)
         else:

@@ -479,6 +479,23 @@ def runs_kernel(
 
 
 @triton.jit
+def _served_states(st, m, s, t0, written, n_fin, mask):
+    """The state words of a chunk the collect served (`st`: their address, or a block of them):
+    max `m`, sum `s`, threshold `t0`, every finite z >= t0 `written`, no rest (a top-k row's
+    select reads none), ties or bad values."""
+    zero = written * 0
+    tl.store(st + F_MAX, (zero.to(tl.float32) + m).to(tl.int32, bitcast=True), mask=mask)
+    tl.store(st + F_SUM, (zero.to(tl.float32) + s).to(tl.int32, bitcast=True), mask=mask)
+    tl.store(st + F_REST, zero, mask=mask)  # (the bits of +0.0)
+    tl.store(st + F_THR, (zero.to(tl.float32) + t0).to(tl.int32, bitcast=True), mask=mask)
+    tl.store(st + I_WRITTEN, written, mask=mask)
+    tl.store(st + I_TOTAL, written, mask=mask)
+    tl.store(st + I_TIES, zero, mask=mask)
+    tl.store(st + I_BAD, zero, mask=mask)
+    tl.store(st + I_FINITE, n_fin, mask=mask)
+
+
+@triton.jit
 def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, state_off, cz_off, ci_off, run_off,
                  CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, RUN: tl.constexpr,
                  COMPACT: tl.constexpr):
@@ -538,16 +555,7 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
                     m = tl.max(m_c)
                     m_row = tl.where((m > float("-inf")) & (m < float("inf")), m, 0.0)
                     mass = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - m_row), 0.0))
-                    st = ws_ptr + state_off + row.to(tl.int64) * NS
-                    _stf(st + F_MAX, m)
-                    _stf(st + F_SUM, mass)
-                    _stf(st + F_REST, mass * 0.0)
-                    _stf(st + F_THR, t0)
-                    tl.store(st + I_WRITTEN, total)
-                    tl.store(st + I_TOTAL, total)
-                    tl.store(st + I_TIES, total * 0)
-                    tl.store(st + I_BAD, total * 0)
-                    tl.store(st + I_FINITE, n_fin)
+                    _served_states(ws_ptr + state_off + row.to(tl.int64) * NS, m, mass, t0, total, n_fin, True)
                     served = served * 0 + 1
             elif tl.max(tot) <= C_SLOT:
                 # each candidate's slot: its rank among its chunk's candidates (runs in index order)
@@ -557,17 +565,8 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
                 dst = tl.where(sel, (row.to(tl.int64) * n_chunks + ch)[:, None] * C_SLOT + pos, 0)
                 tl.store(ws_ptr + cz_off + dst, z.to(tl.int32, bitcast=True), mask=sel)
                 tl.store(ws_ptr + ci_off + dst, vocab_start + cols, mask=sel)
-                st = ws_ptr + state_off + (row.to(tl.int64) * n_chunks + tl.where(okg, g, 0)) * NS
-                zero = tot * 0
-                tl.store(st + F_MAX, m_c.to(tl.int32, bitcast=True), mask=okg)
-                tl.store(st + F_SUM, s_c.to(tl.int32, bitcast=True), mask=okg)
-                tl.store(st + F_REST, zero, mask=okg)  # (+0.0: a top-k row's select reads no rest)
-                tl.store(st + F_THR, (zero.to(tl.float32) + t0).to(tl.int32, bitcast=True), mask=okg)
-                tl.store(st + I_WRITTEN, tot, mask=okg)
-                tl.store(st + I_TOTAL, tot, mask=okg)
-                tl.store(st + I_TIES, zero, mask=okg)
-                tl.store(st + I_BAD, zero, mask=okg)
-                tl.store(st + I_FINITE, n_fin_c, mask=okg)
+                _served_states(ws_ptr + state_off + (row.to(tl.int64) * n_chunks + tl.where(okg, g, 0)) * NS, m_c, s_c,
+                               t0, tot, n_fin_c, okg)
                 served = served * 0 + 1
     return served
 
