@@ -118,6 +118,12 @@ kw = dict(temperature=torch.tensor([0.7, 1.0, 1.3, 0.9]), top_k=50, top_p=0.9, s
 assert torch.equal(smp.sample(lg, backend="triton", **kw), smp.sample(lg, backend="torch", **kw))
 kw = dict(temperature=0.8, top_k=20)
 assert (smp.probs(lg, backend="triton", **kw) - smp.probs(lg, backend="torch", **kw)).abs().max() < 1e-5
+assert torch.equal(smp.sample(lg, backend="triton_ascend", seed=5, **kw), smp.sample(lg, backend="torch", seed=5, **kw))
+# 16 rows of two chunks: the runs pre-pass serves the top-k rows
+lg = torch.randn(16, 9000) * 3
+kw = dict(temperature=0.9, top_k=torch.arange(1, 17), seed=11)
+assert torch.equal(smp.sample(lg, backend="triton", **kw), smp.sample(lg, backend="torch", **kw))
+lg = lg[:4, :500]
 r = torch.rand(4, 1) + 0.5
 assert (anysoftmax.softmax(lg, -1, scale=r, backend="triton") - torch.softmax(lg * r, -1)).abs().max() < 1e-6
 import tempfile, torch.distributed as dist, anysoftmax.distributed as asd
