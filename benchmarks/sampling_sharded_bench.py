@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 import anysoftmax  # noqa: E402
 import anysoftmax.distributed as asd  # noqa: E402
 import anysoftmax.sampling as sampling  # noqa: E402
+from anysoftmax.distributed import kernel_sampling  # noqa: E402
 from anysoftmax.bench.report import gpu_dir_name  # noqa: E402
 from benchmarks.sampling_bench import run_grid  # noqa: E402
 
@@ -203,7 +204,9 @@ def run(args) -> dict | None:
                   "dtype": args.dtype, "keywords": KEYWORDS,
                   "reps": args.reps, "torch": torch.__version__, "anysoftmax": anysoftmax.__version__,
                   "unit": "us per call (median of reps; *_max_us: the largest rank's)", "shapes": [],
-                  "stopped_early": None}
+                  "stopped_early": None,
+                  # (how the workspaces crossed: the mailbox kernel, or why the all-gather did)
+                  "exchange": kernel_sampling.mailbox_refusal(device, world) or "the mailbox kernel"}
         timer = Timer(device, args.reps)
         began = time.perf_counter()
 

@@ -1,6 +1,8 @@
 """`anysoftmax.distributed.sample(..., backend="triton")`: the Triton sampler's shard forms
-(`scan_shard` on each rank, one all-gather of the workspaces' prefix, `select_shards` on every
-rank) over a vocabulary sharded across a group (docs/sampling.md, "A sharded vocabulary").
+(`scan_shard` on each rank, one exchange of the workspaces' prefix, `select_shards` on every
+rank) over a vocabulary sharded across a group (docs/sampling.md, "A sharded vocabulary"). On
+NVIDIA GPUs the exchange is one kernel writing into the peers' mailboxes (`mailbox.py`), else an
+all-gather.
 The torch-ops path (`sampling.py`) serves unequal shard sizes, requests the Triton sampler
 refuses, and rows the candidates cannot decide (id -2).
 """
@@ -8,6 +10,7 @@ refuses, and rows the candidates cannot decide (id -2).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import torch
@@ -15,7 +18,9 @@ import torch
 from ..core import registry
 from ..core.backend import as_backend
 from ..sampling.spec import SamplingSpec
+from . import one_read
 from .collective import gather_states
+from .mailbox import Mailbox, symmetric, symmetric_memory_missing
 
 KERNEL_BACKEND = "triton"
 UNDECIDED = -2  # (select_shards: a row whose candidates cannot decide it needs the whole row)
@@ -27,6 +32,8 @@ class KernelDraw(NamedTuple):
     spec: SamplingSpec
     ids: torch.Tensor
     logprobs: torch.Tensor
+    late: torch.Tensor | None = None  # (the mailbox exchange: == epoch when a peer never wrote)
+    epoch: int = 0
 
 
 def refusal(spec: SamplingSpec, sizes: tuple[int, ...]) -> str | None:
@@ -49,15 +56,71 @@ def agreed_seed(spec: SamplingSpec, world: int, group) -> SamplingSpec:
     return dataclasses.replace(spec, seed=gather_states(mine, world, group)[0, 0])
 
 
-def draw(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, world: int,
-         group) -> KernelDraw:
-    """Scan this rank's shard, all-gather the workspaces' shared prefix, select over every
+_symmetric_memory_missing = functools.cache(symmetric_memory_missing)
+_late: dict = {}  # device -> int64 [1]: the epoch of an exchange whose wait gave up
+
+
+def mailbox_refusal(device: torch.device, world: int) -> str | None:
+    """Why the workspaces cross by an all-gather instead of the mailbox kernel, or None."""
+    if not one_read.ENABLED:
+        return f"{one_read.ENV}=0"
+    if world < 2:
+        return "one rank: nothing to exchange"
+    if device.type != "cuda" or torch.version.hip is not None:
+        return "the mailbox needs NVIDIA GPUs (torch's symmetric memory over NVLink)"
+    if torch.cuda.is_current_stream_capturing():
+        return "a CUDA graph is being captured: the call's epoch is a launch argument"
+    return _symmetric_memory_missing()
+
+
+def exchange(prefix: torch.Tensor, rank: int, world: int, box: Mailbox):
+    """Every rank's `prefix` (int32 [W], the same W everywhere) as [world, W] in rank order,
+    through `box`: (gathered, late, epoch), `late` holding `epoch` where a peer never wrote."""
+    from ..backends._triton_common.exchange import exchange_launcher
+
+    n_words = prefix.numel()
+    key = ("exchange", n_words, rank)
+    run = box.launchers.get(key)
+    if run is None:
+        run = exchange_launcher(n_words, rank, world, box.words, box.peers)
+        box.launchers.put(key, run)
+    late = _late.get(prefix.device)
+    if late is None:
+        late = _late[prefix.device] = torch.zeros(1, dtype=torch.int64, device=prefix.device)
+    epoch, slot_base = box.next_call()
+    return run(prefix, late, epoch, slot_base), late, epoch
+
+
+def draw(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, rank: int,
+         world: int, group, box: Mailbox | None = None) -> KernelDraw:
+    """Scan this rank's shard, exchange the workspaces' shared prefix (`box`, default the
+    group's mailbox where `mailbox_refusal` says None, else an all-gather), select over every
     shard: ids (-1: an invalid row, `UNDECIDED`: a row needing the whole row) and their
     log-probabilities, the same on every rank. `refusal` must have said None."""
     from ..backends._triton_common import sampling as kernels
 
     spec = agreed_seed(spec, world, group)
     workspace, layout, plan = kernels.scan_shard(spec, logits_shard, vocab_start, vocab_total)
-    gathered = gather_states(workspace[:layout.shard_words], world, group)
+    prefix = workspace[:layout.shard_words]
+    late, epoch = None, 0
+    if box is None and mailbox_refusal(prefix.device, world) is None:
+        box = symmetric(group, prefix.device, layout.shard_words, world)
+    if box is None:
+        gathered = gather_states(prefix, world, group)
+    else:
+        gathered, late, epoch = exchange(prefix, rank, world, box)
     ids, lp = kernels.select_shards(spec, gathered, world, vocab_total, plan, return_logprobs=True)
-    return KernelDraw(spec, ids, lp)
+    return KernelDraw(spec, ids, lp, late, epoch)
+
+
+def undecided_rows(done: KernelDraw) -> torch.Tensor | None:
+    """The rows of `done` the torch-ops path must draw (None when there are none), read on the
+    host: one read, which also raises when the mailbox exchange gave up waiting for a peer."""
+    undecided = done.ids == UNDECIDED
+    if done.late is None:
+        return undecided if bool(undecided.any()) else None
+    some, late = torch.stack([undecided.any(), done.late[0] == done.epoch]).tolist()
+    if late:
+        raise RuntimeError("anysoftmax.distributed.sample: a peer rank wrote nothing into this rank's mailbox "
+                           "for seconds: every rank of the group must call sample together, in the same order")
+    return undecided if some else None

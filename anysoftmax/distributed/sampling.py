@@ -176,10 +176,10 @@ def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=No
     if not uses_kernels(backend, spec.device) or kernel_sampling.refusal(spec, shard[2]) is not None:
         return _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs)
     start, sizes = shard[3], shard[2]
-    done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), shard[1], group)
+    done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), shard[0], shard[1], group)
     ids, lp = done.ids, done.logprobs
-    undecided = ids == kernel_sampling.UNDECIDED
-    if bool(undecided.any()):  # (the host read: every rank reads the same ids, so all take this branch)
+    undecided = kernel_sampling.undecided_rows(done)
+    if undecided is not None:  # (every rank reads the same ids, so all take this branch)
         exact_ids, exact_lp = _torch_sample(who, logits_shard, done.spec, shard, group, keywords, True)
         ids, lp = torch.where(undecided, exact_ids, ids), torch.where(undecided, exact_lp, lp)
     return (ids, lp) if return_logprobs else ids

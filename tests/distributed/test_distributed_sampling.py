@@ -107,6 +107,19 @@ def test_triton_shard_kernels_draw_the_unsharded_ids(tmp_path, seed):
     assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
 
 
+def test_triton_shard_kernels_through_the_mailbox(tmp_path, seed):
+    """The same checks with the workspaces crossing through the mailbox exchange kernel (shared
+    memory standing in for NVLink) instead of the all-gather."""
+    from anysoftmax.testing.distributed import run_ranks
+    from helpers.distributed import kernel_sampler_checks
+
+    words_all = torch.zeros(2, 2 * 16384 * 2, dtype=torch.int64).share_memory_()
+    run_ranks(kernel_sampler_checks, 2, (2, f"file://{tmp_path}/rendezvous", str(tmp_path / "out"), seed, words_all),
+              240)
+    failures = [line for r in range(2) for line in (tmp_path / f"out.{r}").read_text().splitlines()]
+    assert failures == [], f"seed {seed}:\n" + "\n".join(failures)
+
+
 def test_unknown_backend_is_refused(one_rank, gen):
     import anysoftmax.distributed as asd
 

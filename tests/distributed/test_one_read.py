@@ -19,19 +19,14 @@ takes the one-launch form (PHASE 0) only for shard rows of one chunk.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parents[2]
 TRITON_MISSING = None
 try:
     import triton  # noqa: F401
@@ -200,16 +195,9 @@ print(json.dumps(out))
 
 
 def test_sharded_kernel_compiles_for_sm90_with_its_protocol():
-    import triton.backends
+    from helpers.sm90 import compile_script_json
 
-    if "nvidia" not in triton.backends.backends:
-        pytest.skip(f"Triton {triton.__version__} has no 'nvidia' backend: cannot compile for sm_90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = {d["phase"]: d for d in json.loads(proc.stdout.strip().splitlines()[-1])}
+    got = {d["phase"]: d for d in compile_script_json(COMPILE)}
     # PHASE 0 publishes and waits, PHASE 1 only publishes, PHASE 2 only waits.
     assert got[0]["publish"] >= 1 and got[0]["wait"] >= 1, got[0]
     assert got[1]["publish"] >= 1 and got[1]["wait"] == 0, got[1]

@@ -243,17 +243,32 @@ def sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> Non
     dist.destroy_process_group()
 
 
-def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> None:
+def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int, words_all=None) -> None:
     """`anysoftmax.distributed.sample(..., backend="triton")` on equal shards of distinct
     logits: the ids (the same on every rank) and log-probabilities equal the gathered logits'
     `anysoftmax.sampling.sample` and the torch-ops path's, for number and per-row keywords,
     greedy rows, per-row seeds, no seed, a row the candidates cannot decide (the kernels give
     -2 there and the exact path draws it) and unequal shards (the exact path). Records which
-    calls the kernels drew; writes the failures (one per line) to out.<rank>."""
+    calls the kernels drew; writes the failures (one per line) to out.<rank>. `words_all`
+    (int64 [world, words], shared memory): the workspaces cross through mailboxes in it (the
+    exchange kernel, interpreted) instead of the all-gather."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
     import anysoftmax.distributed as asd
     import anysoftmax.sampling as sampling
     from anysoftmax.distributed import kernel_sampling
+    from anysoftmax.distributed.mailbox import Mailbox
+
+    box = None
+    if words_all is not None:
+        cap = words_all.shape[1] // (2 * world)
+        box = Mailbox(words_all[rank], torch.tensor([w.data_ptr() for w in words_all], dtype=torch.int64), cap, world)
+
+        def shared(group, device, n_words, world_):
+            assert n_words <= cap, f"the test's mailbox holds {cap} words a rank, the call needs {n_words}"
+            return box
+
+        kernel_sampling.mailbox_refusal = lambda device, world_: None
+        kernel_sampling.symmetric = shared
 
     drawn = []  # (ids the kernels returned) per call that took them
     kernel_draw = kernel_sampling.draw
@@ -317,6 +332,8 @@ def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int)
         torch.manual_seed(seed)
         if not torch.equal(ids, sampling.sample(x, top_k=6, top_p=0.8)):
             failures.append("no seed: not the draw of rank 0's default generator")
+    if box is not None and box.epoch == 0:
+        failures.append("the mailbox exchange never ran")
     with open(f"{out}.{rank}", "w") as f:
         f.write("\n".join(failures))
     dist.destroy_process_group()
