@@ -154,3 +154,17 @@ def test_a_sharded_vocabulary_with_the_runs_prepass(gen):
     x = torch.randn(4, 1200, generator=gen) * 3
     kw = dict(temperature=torch.tensor([1.0, 0.7, 0.9, 1.2]), top_k=torch.tensor([5, 8, 0, 3]), seed=7, offset=2)
     assert torch.equal(sharded_sample(x, kw, RUNS), sampling.sample(x, **kw, backend="torch"))
+
+
+def test_the_default_plan_takes_the_prepass_with_the_warps_its_rows_need():
+    """The pre-pass from RUNS_MIN_ROWS rows on full chunks; the collect at 8 warps while every
+    row has a multiprocessor (half the persistent programs), at 4 beyond; its select at 4."""
+    from anysoftmax.backends._triton_common.sampling import RUNS_MIN_ROWS, plan_for
+
+    cpu, sms = torch.device("cpu"), 132
+    few = plan_for(RUNS_MIN_ROWS - 1, 128256, cpu, programs=2 * sms)
+    assert not few.runs and (few.collect_warps, few.select_warps) == (8, 8)
+    for rows, collect in ((RUNS_MIN_ROWS, 8), (sms, 8), (sms + 1, 4), (512, 4)):
+        p = plan_for(rows, 128256, cpu, programs=2 * sms)
+        assert p.runs and (p.collect_warps, p.select_warps) == (collect, 4), (rows, p)
+    assert not plan_for(512, 3000, cpu, programs=2 * sms).runs  # (a chunk below the full width)
