@@ -1,18 +1,9 @@
-"""Backward of softmax and log_softmax and of their fused family, shared by the Triton backends.
-
-    softmax:      dz = y * (dy - sum(y * dy))
-    log_softmax:  dz = dy - exp(y) * sum(dy)
-    fused:        the sums over kept positions only; excluded positions and empty rows get 0;
-                  dx = dz * (1 - tanh^2) (softcap, tanh recomputed from x) * scale;
-                  per row, the sinks' gradient -p_s * sum (p_s: the forward's sink share).
-
-A work item is a tile of BLOCK_M rows x CHUNK columns. With one chunk per row (SINGLE) the
-row sum is taken on chip: one read of y and dy and one write of dx. Longer rows are cut into
-chunks whose partial sums meet in `stats` as in the forward split kernel (PHASE 0/1/2 and its
-forms PREFETCH, RELAXED_DEPART, STAGES: `rows.softmax_split_kernel`; the wait in
-`rows.row_meet_sum`). y, dy, dx (and x) share one row layout (the launcher makes them
-contiguous alike); a mask is read through its own strides. Causal rows read y and dy only
-over their kept prefix (the rest of dx is written as 0).
+"""Backward of softmax, log_softmax and their fused family: softmax dz = y * (dy - sum(y * dy)),
+log_softmax dz = dy - exp(y) * sum(dy); fused: sums over kept positions only (excluded ones and
+empty rows get 0), dx = dz * (1 - tanh^2) (softcap, tanh from x) * scale, the sinks' gradient
+-p_s * sum per row. A work item is BLOCK_M rows x CHUNK columns: one chunk a row (SINGLE) sums on
+chip, longer rows meet in `stats` as in the forward split kernel (`rows.row_meet_sum`). y, dy, dx
+(and x) share one row layout; a mask has its own; causal rows read their kept prefix (dx 0 past it).
 """
 
 import triton
@@ -34,10 +25,8 @@ def _partial(y, dy, LOG: tl.constexpr):
 def _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
              BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, CAUSAL_VEC: tl.constexpr, MASK: tl.constexpr,
              CAUSAL: tl.constexpr, VEC: tl.constexpr):
-    """Where work item `item` lies: (rows, chunk, cols, row_ok, mask: in the tensor, loads: the
-    elements read, live: the kept prefix, off: element offsets shared by y, dy, dx and x).
-    No pointer goes in: torch.compile follows a store's address back through helper calls
-    (`rows.chunk_at` says why that matters)."""
+    """Where work item `item` lies: (rows, chunk, cols, row_ok, mask: in the tensor, loads: read,
+    live: the kept prefix, off: offsets of y, dy, dx and x); no pointer goes in (`rows.chunk_at`)."""
     item64 = tl.cast(item, tl.int64)
     rows = (item64 // n_chunks) * BLOCK_M + tl.arange(0, BLOCK_M)
     chunk = item64 % n_chunks
@@ -53,8 +42,7 @@ def _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s
     if CAUSAL:
         lim = col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL)
         live = row_ok[:, None] & (cols[None, :] < lim[:, None])
-        # (whole vectors of CAUSAL_VEC elements, as in the forward: the exact prefix is
-        # applied after the load)
+        # (whole vectors of CAUSAL_VEC elements, the exact prefix applied after the load)
         loads = row_ok[:, None] & whole_vectors(cols[None, :], lim[:, None], n_cols,
                                                 CAUSAL_VEC if CAUSAL_VEC > 0 else VEC)
     off = row_offsets(rows, S1, S2, s0, s1, s2)[:, None] + cols[None, :] * sn
@@ -65,8 +53,7 @@ def _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s
 def _item_loads(y_ptr, dy_ptr, item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
                 BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, CAUSAL_VEC: tl.constexpr, MASK: tl.constexpr,
                 CAUSAL: tl.constexpr, VEC: tl.constexpr):
-    """(y, dy) of work item `item` as stored (0 outside it, and everywhere past the last item):
-    the loads alone, so that they can be issued ahead of their use (PREFETCH)."""
+    """(y, dy) of item `item` (0 outside it), the loads alone: issued ahead (PREFETCH)."""
     _, _, _, _, _, loads, _, off = _item_at(item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
                                             BLOCK_M, CHUNK, CAUSAL_VEC, MASK, CAUSAL, VEC)
     return tl.load(y_ptr + off, mask=loads, other=0.0), tl.load(dy_ptr + off, mask=loads, other=0.0)
@@ -75,10 +62,7 @@ def _item_loads(y_ptr, dy_ptr, item, n_rows, n_cols, n_chunks, SQ, Q_DIV, C_OFF,
 @triton.jit
 def _item_loads_staged(y_ptr, dy_ptr, item, n_cols, n_chunks, SQ, Q_DIV, C_OFF, S1, S2, s0, s1, s2, sn,
                        CHUNK: tl.constexpr, CAUSAL_VEC: tl.constexpr, CAUSAL: tl.constexpr, VEC: tl.constexpr):
-    """`_item_loads` of a split row (BLOCK_M 1) for the pipelined loop (STAGES): the same
-    elements, the address and the mask built from scalars and the lanes alone, so that the
-    pipeliner carries only scalars from the loads to the item's later uses
-    (`rows._chunk_x_staged`). The causal bound is `fused.whole_vectors`' as one number."""
+    """`_item_loads` of a split row for the pipelined loop: address and mask from scalars and lanes alone."""
     item64 = tl.cast(item, tl.int64)
     row = item64 // n_chunks
     start = (item64 % n_chunks) * CHUNK
@@ -104,7 +88,6 @@ def softmax_bwd_kernel(
 ):
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     VEC: tl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
-    # The forms of the cooperative launch (split rows, PHASE 0) only.
     BARRIER: tl.constexpr = PHASE == 0 and not SINGLE
     PIPELINED: tl.constexpr = STAGES > 1 and BARRIER
     AHEAD: tl.constexpr = PREFETCH and BARRIER and not PIPELINED

@@ -1,7 +1,6 @@
-"""Softmax over a dim that is not the innermost one, viewed as (outer, N, inner), read in tiles of
-BLOCK_N reduction steps x BLOCK_I adjacent inner positions (coalesced, no transpose copy) reduced
-down axis 0: the whole reduction in one tile (`softmax_cols_kernel`), or the row split kernel's
-scheme transposed (`softmax_cols_split_kernel`). Numerics are the row kernels'.
+"""Softmax over a dim that is not the innermost, viewed as (outer, N, inner), in tiles of BLOCK_N
+reduction steps x BLOCK_I adjacent inner positions (coalesced, no transpose) reduced down axis 0:
+the whole reduction in one tile, or the row split kernel's scheme transposed (`softmax_cols_split_kernel`).
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from .rows import normalise_chunk, row_arrive, row_depart, row_wait
 
 @triton.jit
 def _tile_offsets(o, k, inner, so, sn, si, WIDE: tl.constexpr):
-    """Offsets of reduction steps `k` x inner positions `inner` of outer index `o` (inner
-    stride `si`: 1 for the input and output, anything for a broadcast mask)."""
+    """Offsets of steps `k` x inner positions `inner` of outer index `o` (inner stride `si`)."""
     if WIDE:
         k = k.to(tl.int64)
     return tl.cast(o, tl.int64) * so + k[:, None] * sn + inner[None, :] * si
@@ -28,9 +26,8 @@ def _column_logits(x_ptr, m_ptr, o, k, inner, n_red, n_inner, xso, xsn, mso, msn
                    scale_hi, scale_lo, cap_hi, cap_lo, acc_ty: tl.constexpr, WIDE: tl.constexpr,
                    HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                    ACC_FP64: tl.constexpr, PRECISE: tl.constexpr):
-    """(z, keep, live, mask pointers) of a tile: reduction steps `k` x inner positions `inner` of
-    outer index `o`, after the prologue. Under causal, inner position i of outer index o is the
-    logical row o * n_inner + i, whose kept prefix bounds the steps read."""
+    """(z, keep, live, mask pointers) of a tile after the prologue; under causal, inner position i
+    of outer index o is row o * n_inner + i, whose kept prefix bounds the steps read."""
     if CAUSAL:
         lim = col_limit(tl.cast(o, tl.int64) * n_inner + inner, n_red, SQ, 1, C_OFF, CAUSAL)
         live = (k[:, None] < lim[None, :]) & (inner < n_inner)[None, :]
@@ -90,8 +87,8 @@ def softmax_cols_split_kernel(
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
 ):
-    """Work item = (group of BLOCK_I inner positions of one outer index, chunk of N).
-    stats holds, per group, n_chunks x (max[BLOCK_I], sum[BLOCK_I][, kept count[BLOCK_I]])."""
+    """Work item = (BLOCK_I inner positions of one outer index, chunk of N); stats: per group n_chunks x
+    (max[BLOCK_I], sum[BLOCK_I][, kept[BLOCK_I]])."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
     k0 = tl.arange(0, CHUNK)

@@ -1,17 +1,10 @@
-"""The fused family's steps (`core.variant`) as Triton helpers shared by every kernel kind. Constexprs
-decide which steps exist; their values are runtime arguments (a new temperature never recompiles):
-
-* HAS_SCALE / HAS_CAP: z = scale * x, then z = softcap * tanh(z / softcap); the values come as
-  (hi, lo) float32 pairs (Triton passes floats as float32; hi + lo carries ~48 bits for fp64).
-* HAS_ROW_SCALE (with HAS_SCALE): one scale per row, loaded (`row_scale`) at the row's sink
-  offset from `r_ptr` and passed to `prologue` in place of hi (lo is then 0).
-* MASK: 0 none, 1 bool (read as uint8; nonzero = excluded), 2 additive (added in the
-  accumulation dtype).
-* CAUSAL: keep column j of a row with query q when j <= q + C_OFF (0: top left; sk - sq: bottom
-  right); q = (row // Q_DIV) % SQ (`core.layout.RowLayout.inner_div`).
-* HAS_SINK: one extra logit per row in the max and the denominator; its share p_s is written.
-* A bool mask or causal: rows with no kept column get the policy's value (EMPTY: 0 zero, 1 NaN,
-  2 uniform), decided by the kept prefix or count, never by values.
+"""The fused family's steps (`core.variant`) as Triton helpers of every kernel kind: constexprs
+decide which steps exist, their values are runtime arguments (a new temperature never recompiles).
+HAS_SCALE / HAS_CAP: z = scale * x, then softcap * tanh(z / softcap), values as float32 (hi, lo)
+pairs (~48 bits for fp64); HAS_ROW_SCALE: one scale per row (`row_scale`, at the sinks' offsets)
+in place of hi. MASK: 0 none, 1 bool (uint8, nonzero = excluded), 2 additive. CAUSAL: keep column
+j <= q + C_OFF, q = (row // Q_DIV) % SQ. HAS_SINK: one extra logit per row, its share written.
+Rows with no kept column (bool mask, causal) get EMPTY's value (0 zero, 1 NaN, 2 uniform).
 """
 
 from __future__ import annotations
@@ -24,11 +17,9 @@ from .interpreted_launch import interpreted, patch_each_launch_once
 
 @triton.jit
 def tanh(a, PRECISE: tl.constexpr, ACC_FP64: tl.constexpr):
-    """tanh from one exponential: sign(a) * (1 - e) / (1 + e), e = exp(-2|a|); +-inf give +-1,
-    NaN stays NaN. Near 0, 1 - e cancels (absolute error ~2^-22, a relative error of tanh that
-    float32 outputs would see), so with PRECISE an odd Taylor polynomial takes |a| < 0.3 (fp64:
-    < 0.05), where its first omitted term is below the precision. The float32 quotient is the
-    fast (2-ulp) division: the precise one made softcap instruction-bound."""
+    """tanh from one exponential: sign(a) * (1 - e) / (1 + e), e = exp(-2|a|). Near 0, 1 - e
+    cancels (~2^-22 absolute), so PRECISE takes an odd Taylor polynomial for |a| < 0.3 (fp64:
+    0.05). The fast (2-ulp) float32 division: the precise one made softcap instruction-bound."""
     ax = tl.abs(a)
     if ACC_FP64:
         e = tl.exp(-2.0 * ax)
@@ -58,18 +49,15 @@ def pair(hi, lo, ACC_FP64: tl.constexpr):
 
 @triton.jit
 def row_scale(r_ptr, offsets, ok, acc_ty: tl.constexpr):
-    """The row scales at `offsets` (one per row, where `ok`; 1 elsewhere) in the accumulation
-    dtype: a float64 scale stays exact in float64 kernels."""
+    """The row scales at `offsets` (where `ok`; 1 elsewhere) in the accumulation dtype."""
     return tl.load(r_ptr + offsets, mask=ok, other=1.0).to(acc_ty)
 
 
 @triton.jit
 def col_limit(rows, n_cols, SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
-    """Columns a row reads: all, or under causal the kept prefix clamp(q + C_OFF + 1, 0, n), q
-    the row's query (row // Q_DIV) % SQ."""
+    """Columns a row reads: all, or the causal prefix clamp(q + C_OFF + 1, 0, n)."""
     if CAUSAL:
-        # int32: compared with every column index, and a 64-bit compare per element costs
-        # twice the instructions (a row is shorter than 2^31 elements).
+        # int32: a 64-bit compare per column costs twice the instructions.
         q = ((rows // Q_DIV) % SQ).to(tl.int32)
         return tl.maximum(tl.minimum(q + C_OFF + 1, n_cols), 0)
     else:
@@ -84,10 +72,8 @@ def kept_by_mask(m_ptrs, live):
 
 @triton.jit
 def whole_vectors(cols, lim, n_cols, VEC: tl.constexpr):
-    """The load mask of a causal prefix widened to whole VEC-element (16-byte) vectors: a mask
-    that changes inside a vector makes Triton load element by element (docs/kernels.md). At
-    most VEC - 1 elements past the prefix are read, never past the row; the caller applies the
-    exact prefix to what it loaded. VEC 1 is the exact prefix, the form triton-ascend lowers."""
+    """A causal prefix's load mask widened to whole VEC-element vectors (a mask changing inside one
+    loads element by element), never past the row; VEC 1: the exact prefix (triton-ascend's form)."""
     if VEC == 1:
         return cols < lim
     else:
@@ -98,8 +84,7 @@ def whole_vectors(cols, lim, n_cols, VEC: tl.constexpr):
 def prologue(x, live, m_ptrs, scale_hi, scale_lo, cap_hi, cap_lo,
              HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, ACC_FP64: tl.constexpr,
              PRECISE: tl.constexpr):
-    """(z, keep) from loaded values `x` (-inf where not `live`): scale, softcap, the mask;
-    excluded positions become -inf. `keep`: the kept columns, for the empty-row epilogue."""
+    """(z, keep) from `x` (-inf where not `live`): scale, softcap, mask, excluded positions -inf."""
     z = x
     keep = live
     if HAS_SCALE:
@@ -152,10 +137,9 @@ def empty_fill(like, n_cols, LOG: tl.constexpr, EMPTY: tl.constexpr):
 
 @triton.jit
 def empty_rows_of(m, live, m_ptrs, lim, AXIS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr):
-    """Which rows of a tile have no kept column. Causal alone: an empty kept prefix. With a bool
-    mask the kept columns are counted, only in a tile where some row's max is -inf, from a
-    second read of the mask: holding the first read's flags across the reductions costs
-    registers (docs/kernels.md), and 16-bit rows cannot afford a third reduction either."""
+    """Which rows of a tile have no kept column: an empty causal prefix, or with a bool mask a
+    count from a second read of the mask, only in a tile where some row's max is -inf (holding
+    the first read's flags costs registers; 16-bit rows cannot afford a third reduction)."""
     if MASK == 1:
         empty = m < m  # all False (NaN included), the shape of a row statistic
         if tl.sum((m == float("-inf")).to(tl.int32), axis=0) > 0:
@@ -169,10 +153,9 @@ def empty_rows_of(m, live, m_ptrs, lim, AXIS: tl.constexpr, MASK: tl.constexpr, 
 @triton.jit
 def close_tile(z, live, m_ptrs, sink, n_cols, lim, AXIS: tl.constexpr, LOG: tl.constexpr, ACC_FP64: tl.constexpr,
                HAS_SINK: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, EMPTY: tl.constexpr):
-    """(y, p_sink): softmax (log_softmax) of a tile held on chip, reduced along AXIS (1: rows,
-    0: the column kernel's columns), the sink in the max and the denominator, and the empty-row
-    epilogue (`lim`: the causal prefixes; `live`, `m_ptrs`: the positions read and the bool
-    mask's). p_sink is meaningless without HAS_SINK."""
+    """(y, p_sink): softmax (log_softmax) of a tile on chip along AXIS (1: rows, 0: the column
+    kernel's), the sink in the max and denominator, and the empty-row epilogue (`lim`: causal
+    prefixes; `live`, `m_ptrs`: positions read, the bool mask's). p_sink only with HAS_SINK."""
     m_raw = tl.max(z, axis=AXIS)
     m = m_raw
     if HAS_SINK:
@@ -198,9 +181,8 @@ def close_tile(z, live, m_ptrs, sink, n_cols, lim, AXIS: tl.constexpr, LOG: tl.c
 
 @triton.jit
 def merge_stats(ms, ss, valid, sink, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
-    """(max to subtract, denominator) of a row from its pieces' maxima `ms` and sums of
-    exp(x - max) `ss` along axis 0 (chunks of a split row, lanes of an online row; a second
-    axis holds the column kernel's inner positions); `valid` masks padding; the sink joins."""
+    """(max to subtract, denominator) of a row from its pieces' maxima `ms` and sums `ss` along
+    axis 0 (a split row's chunks, an online row's lanes); `valid` masks padding; the sink joins."""
     m = tl.max(ms, axis=0)
     if HAS_SINK:
         m = tl.maximum(m, sink)
@@ -217,9 +199,7 @@ def sink_share(sink, m_sub, total, empty, ACC_FP64: tl.constexpr):
     return tl.where(empty, 0.0, exp_acc(sink - m_sub, ACC_FP64) / total)
 
 
-# ---- logsumexp (`lse_rows.py`, `logsumexp.py`) ----
-# Softmax subtracts finite_or_zero(max): a row holding +inf becomes NaN, softmax's answer;
-# logsumexp's is +inf (`core.lse_merge`), so these subtract 0 for a max of either infinity.
+# ---- logsumexp: softmax's row holding +inf is NaN, logsumexp's +inf: these subtract 0 for +-inf.
 
 
 @triton.jit
@@ -231,22 +211,20 @@ def lse_sub(m):
 @triton.jit
 def lse_rescale(s, m_old, m_new, ACC_FP64: tl.constexpr):
     """s (a sum of exp(z - lse_sub(m_old))) re-based on m_new; 0 while nothing was summed
-    (guards 0 * inf), unless a NaN was (fmax may have hidden it from m; the sum keeps it)."""
+    (0 * inf), unless a NaN was (fmax may have hidden it from m)."""
     return tl.where((m_old == float("-inf")) & (s == s), 0.0, s * exp_acc(lse_sub(m_old) - lse_sub(m_new), ACC_FP64))
 
 
 @triton.jit
 def close_lse(m, s):
-    """lse = lse_sub(m) + log(s) from the row max m and s = sum of exp(z - lse_sub(m)): -inf
-    for nothing kept, NaN when s holds one, +inf for a +inf max (unless a NaN joined s)."""
+    """lse = lse_sub(m) + log(s): -inf for nothing kept, +inf for a +inf max, NaN kept."""
     lse = lse_sub(m) + tl.log(s)
     return tl.where((m == float("inf")) & (s == s), float("inf"), lse)
 
 
 @triton.jit
 def tile_lse(z, sink, AXIS: tl.constexpr, HAS_SINK: tl.constexpr, ACC_FP64: tl.constexpr):
-    """The logsumexp along AXIS of values held on chip (1: each row of a tile; 0: one row's
-    chunk lses), the sink joining the max and the sum: one exp per element."""
+    """logsumexp along AXIS of values on chip (1: a tile's rows, 0: chunk lses), sink joining."""
     m = tl.max(z, axis=AXIS)
     if HAS_SINK:
         m = tl.maximum(m, sink)

@@ -1,7 +1,6 @@
-"""Triton's interpreter: which kernels it runs (`interpreted`), and patching `triton.language`
-once per launch: as Triton ships it, it patches the language's builtins again on every call of a
-`@triton.jit` helper inside a launch (a scan that finds them patched already), half of an
-interpreted launch's time. `patch_each_launch_once` (called by `fused.py`) skips that.
+"""Triton's interpreter: which kernels it runs (`interpreted`), and `patch_each_launch_once`
+(called by `fused.py`): as shipped, it patches `triton.language` again on every `@triton.jit`
+helper call inside a launch, half of an interpreted launch's time.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ def interpreted(kernel) -> bool:
 
 class OncePerLaunch:
     """`patch_lang(fn)` stands for the interpreter's `_patch_lang` (`real`), `call` for
-    `GridExecutor.__call__` (`real_call`). Inside this thread's launch, a device function's
-    patch is skipped when the launch already patched every language module its globals hold
-    (`langs_of`); other patches go to `real`, all undone when the launch ends."""
+    `GridExecutor.__call__` (`real_call`): inside this thread's launch, a device function's patch
+    is skipped where the launch patched its modules (`langs_of`) already; all undone at its end."""
 
     def __init__(self, real, real_call, scope_type, langs_of):
         self.real, self.real_call, self.scope_type, self.langs_of = real, real_call, scope_type, langs_of
@@ -39,8 +37,8 @@ class OncePerLaunch:
         if not launch.first:  # a device call's patch of another module: undone with the launch's
             launch.inner.append(scope)
             return scope
-        # The launch's own patch, which the executor restores when the grid is done: the device
-        # calls' patches first, last one first (Triton drops them, leaving those modules patched).
+        # The launch's own patch, restored when the grid is done: the device calls' patches first,
+        # last one first (Triton drops them, leaving those modules patched).
         launch.first, inner, restore = False, [], scope.restore
         launch.inner = inner
 
@@ -64,9 +62,8 @@ class OncePerLaunch:
 
 @functools.lru_cache(maxsize=None)
 def patch_each_launch_once() -> OncePerLaunch | None:
-    """Make Triton's interpreter patch `triton.language` once per launch (a logsumexp test: 65 s,
-    30 s with it): the installed `OncePerLaunch`, or None where the interpreter lacks the
-    internals it replaces."""
+    """Make Triton's interpreter patch `triton.language` once per launch (a test: 65 s, 30 s with
+    it): the installed `OncePerLaunch`, or None where the interpreter lacks those internals."""
     try:
         from triton.runtime import interpreter as ti
 

@@ -1,6 +1,5 @@
 """Whether Triton kernels run compiled or through Triton's CPU interpreter: Triton decides when a
-kernel is defined (TRITON_INTERPRET=1), process-wide, so it is decided once, here, before the
-kernel modules are imported (the CLI, the matrix workers and the tests ask `use_interpreter_if_no_device()`).
+kernel is defined (TRITON_INTERPRET=1), so it is decided here once, before any kernel is imported.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ TRITON_EXTRA = "pip install 'anysoftmax[triton]'"
 
 
 def triton_missing(extra: str = TRITON_EXTRA) -> str | None:
-    """Why the `triton` package cannot be imported here, naming what to install (`extra`), or
-    None. Located without importing it: importing `triton` fixes the interpreter choice."""
+    """Why the `triton` package cannot be imported here, naming what to install (`extra`), or None
+    (found without importing it: that would fix the interpreter choice)."""
     try:
         if importlib.util.find_spec("triton") is not None:
             return None
@@ -29,24 +28,19 @@ def triton_missing(extra: str = TRITON_EXTRA) -> str | None:
 
 
 def kernels_imported() -> bool:
-    """True once Triton or any kernel module was imported: the interpreter choice is then fixed
-    (Triton's own library functions, such as `tl.cdiv`, are defined when `triton` is imported)."""
+    """True once Triton (its library functions are kernels too) or a kernel module was imported."""
     return "triton" in sys.modules or any(f"{__package__}.{m}" in sys.modules for m in KERNEL_MODULES)
 
 
 def needs_interpreter() -> bool:
-    """True when the Triton kernels can run here only through the interpreter: no CUDA/ROCm GPU
-    and no Ascend NPU stack (found by `torch_npu` being installed, never by importing it:
-    without CANN that import breaks)."""
+    """True when the kernels run here only interpreted: no CUDA/ROCm GPU, no `torch_npu` (not imported)."""
     import torch
 
     return not torch.cuda.is_available() and importlib.util.find_spec("torch_npu") is None
 
 
 def use_interpreter_if_no_device() -> str | None:
-    """Set TRITON_INTERPRET=1 when no Triton device is visible and neither the user (the
-    variable is set) nor an earlier import (kernels already defined) decided; return a line
-    saying so, or None when nothing changed."""
+    """Set TRITON_INTERPRET=1 where no Triton device is visible, undecided yet; a line saying so, or None."""
     if ENV in os.environ or kernels_imported() or not needs_interpreter():
         return None
     os.environ[ENV] = "1"
@@ -69,9 +63,8 @@ def status_note() -> str:
 
 @functools.lru_cache(maxsize=None)
 def interpreter_problem() -> str | None:
-    """Why this machine's Triton interpreter cannot run the kernels, or None: probed once on a
-    tiny CPU tensor, since some Triton/numpy pairs break the interpreter (Triton 3.6 with numpy
-    >= 2.4), which must read as "unavailable, because", not as a wrong or crashing backend."""
+    """Why this machine's Triton interpreter cannot run the kernels, or None: probed once on a tiny
+    tensor (some Triton/numpy pairs break it) so that it reads as unavailable, not as wrong."""
     import torch
     import triton
 

@@ -1,8 +1,7 @@
-"""The one launch engine: a Triton kernel bound by name to one request's operands (`Binding`,
-`bind_kernel`), and a `KernelPlan` bound through it (`bind`). Every shared kernel launches here:
-the first launch through Triton's JIT entry point (it compiles, under the kernel's lock: Triton
-has none, so two threads would compile a new shape twice), later ones through Triton's low-level
-launcher or the native one with only the addresses, the stream and the per-call values assembled.
+"""The one launch engine: a Triton kernel bound by name to one request (`Binding`, `bind_kernel`),
+a `KernelPlan` bound through it (`bind`). The first launch goes through Triton's JIT entry point
+(it compiles, under the kernel's lock: Triton has none), later ones through Triton's low-level
+launcher or the native one, with only the addresses, the stream and the per-call values assembled.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from . import native_launch
 from .interpreted_launch import interpreted
 from .plan import PLAIN_SCALARS, VALUE_NAMES, KernelPlan, runtime_params
 
-# (device, stream) -> counters, least recently used first; bounded: a program that makes
-# streams on the fly must not grow it forever.
+# (device, stream) -> counters, least recently used first; bounded (streams made on the fly).
 _counters: OrderedDict = OrderedDict()
 _counters_lock = threading.Lock()
 MAX_COUNTER_STREAMS = 64
@@ -53,9 +51,8 @@ def _raw_stream(device: torch.device) -> int:
 
 
 def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
-    """Zeroed (arrived, departed) int32 counters for `n_rows` rows, reused across launches: the
-    kernels leave them zero again, so they are zeroed once per (device, stream) and grown when
-    needed (one buffer per stream: launches on different streams may overlap)."""
+    """Zeroed (arrived, departed) int32 counters for `n_rows` rows, one buffer per (device, stream)
+    (launches on different streams may overlap), grown when needed: the kernels leave them zero."""
     n = max(2 * n_rows, 2)
     key = (str(device), _raw_stream(device) if device.type == "cuda" else 0)
     with _counters_lock:
@@ -72,9 +69,7 @@ def row_counters(device: torch.device, n_rows: int) -> torch.Tensor:
 
 
 def per_stream(make):
-    """`get(device)`: `make(device)` kept for the current stream of `device` (the CPU: one), for
-    scratch a launch fills and reads: launches on one stream run in order, so a launch never
-    sees another's writes before it is done with its own, and nothing is allocated per call."""
+    """`get(device)`: `make(device)` kept per current stream of `device` (launches on one run in order)."""
     kept: dict = {}
 
     def get(device: torch.device):
@@ -89,8 +84,7 @@ def per_stream(make):
 
 
 def device_guard(device: torch.device):
-    """Context making a CUDA/ROCm `device` current for a launch (Triton launches on the current
-    device), entered only when it is not current already; nothing for other devices."""
+    """Context making a CUDA/ROCm `device` current (Triton launches there) where it is not already."""
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
     return contextlib.nullcontext()
@@ -108,16 +102,13 @@ def _guard_for(device: torch.device | None, guard):
 @dataclass(frozen=True)
 class Binding:
     """A kernel bound by name to one request: all a launch needs but the call's tensors and
-    per-call values (the fast path passes arguments positionally only where the kernel's
-    signature lists them in this order: pointers, integers, floats)."""
+    per-call values (the fast path needs the signature's order: pointers, integers, floats)."""
 
     kernel: Any
     grid: int
     pointer_names: tuple
-    # The call's arguments (tensors, None for an absent operand, then the scratch) -> the kernel's
-    # pointer arguments in `pointer_names` order, an absent operand stood in for by another of
-    # those arguments (the scratch included): it must only pick, since the fast path maps the
-    # arguments' positions through it to find each pointer's address.
+    # The call's arguments (tensors, None where absent, then the scratch) -> the kernel's pointers
+    # in `pointer_names` order; it must only pick (the fast path maps positions through it).
     pointers: Callable
     ints: dict  # integer arguments by name (a per-call one's value here is only a placeholder)
     metas: tuple  # one launch per entry (PHASEs): its constexprs and launch options
@@ -144,9 +135,7 @@ class FastPath(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def _forwards_varargs(launcher_type) -> bool:
-    """Whether a CUDA launcher's `__call__(gridX, gridY, gridZ, stream, function, *args)` hands
-    its arguments to its extension's `launch` in the order `_fast_calls` calls it with (Triton
-    3.2-3.6; later launchers take named metadata and are called through `__call__`)."""
+    """Whether a CUDA launcher's `__call__` forwards to its extension's `launch` in `_fast_calls`' order."""
     import inspect
 
     params = list(inspect.signature(launcher_type.__call__).parameters.values())[1:]
@@ -155,11 +144,10 @@ def _forwards_varargs(launcher_type) -> bool:
 
 
 def _fast_calls(compiled_kernels: list, tails: list, grid: int) -> list:
-    """[(launch, before, after, constexpr tail)] launching compiled kernels through Triton's
-    low-level launcher as `launch(*before, stream, *after, *pointers, *integers, *floats, *tail)`:
-    what `kernel[grid](...)` does after its first call, minus the argument binding, key and cache
-    lookup (tens of microseconds of Python). Valid for one request: the same integers and 16-byte
-    alignment of every pointer (the memo key guarantees both)."""
+    """[(launch, before, after, constexpr tail)] calling Triton's low-level launcher as
+    `launch(*before, stream, *after, *pointers, *integers, *floats, *tail)`: `kernel[grid](...)`
+    minus its argument binding, key and cache lookup (tens of microseconds). Valid for one request:
+    the same integers and 16-byte alignment of every pointer (the memo key guarantees both)."""
     calls = []
     for k, tail in zip(compiled_kernels, tails):
         run = k.run
@@ -206,9 +194,8 @@ _address = torch.Tensor.data_ptr
 
 
 def _address_reader(index: tuple, n_args: int) -> Callable:
-    """`f(args) -> the kernel's pointers`: the address of `args[i]` for each `i` of `index` (the
-    kernel's pointer arguments), each tensor read once. One or two tensors are read by name and
-    all of them in one C loop (`map`): the generic pick-then-map costs twice that at one or two."""
+    """`f(args) -> the kernel's pointers`: the address of `args[i]` for each `i` of `index`, each
+    tensor read once; one or two by name (pick-then-map costs twice that), all in one `map`."""
     read = sorted(set(index))
     positions = [read.index(i) for i in index]
     order = itemgetter(*positions) if len(positions) > 1 else (lambda p, i=positions[0]: (p[i],))
@@ -227,17 +214,14 @@ def _address_reader(index: tuple, n_args: int) -> Callable:
 
 
 def accepted_tensors(args: tuple, index: tuple) -> list[bool]:
-    """Per argument position of a bound launch, whether later calls may pass a tensor there:
-    every position the kernel reads (`index`) and every one that held a tensor when it was bound
-    (the scratch tensors appended to each call, read or not). A position that was None (an absent
-    operand) refuses a tensor: the kernel was specialised without it and would ignore it."""
+    """Per argument position of a bound launch, whether later calls may pass a tensor there: read by
+    the kernel (`index`) or a tensor when bound (a None there was specialised away)."""
     read = set(index)
     return [i in read or a is not None for i, a in enumerate(args)]
 
 
 def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
-    """(launcher, reason): `native_launch.make`'s launcher of `compiled`, or None and why not (a
-    user who named `native` is warned once per reason)."""
+    """(launcher, reason): `native_launch.make`'s, or None and why (warned if `native` was named)."""
     try:
         if any(type(c.run).__name__ != "CudaLauncher" for c in compiled):
             raise native_launch.NativeUnavailable("the kernels are not launched by Triton's CUDA launcher")
@@ -260,15 +244,13 @@ def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
 
 def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device | None = None, guard=None):
     """`launch(args, values=b.values, per_call=())` launching `b.kernel` once per entry of `b.metas`
-    on the current stream: `args` the call's tensors (None where absent), `values` the per-call
-    floats, `per_call` the per-call integers (none: `b.ints`' placeholders); `scratch(device)`:
-    tensors appended to `args`. Later launches take the fast path while no launch hook is active
-    (a profiler's needs Triton's path), through the native launcher where it was made.
-    `replan()`: the launcher to use when the driver refuses a cooperative grid (MPS SM limits,
-    green contexts). `device` is made current around each launch by `guard` (default
-    `device_guard` where several GPUs are visible). `launch.prime(compiled, args, stream_of=None)`
-    does what a first launch does after compiling (tests give it stand-ins); `launch.state`
-    holds what it set up, `launch.binding` is `b`."""
+    on the current stream: `args` the call's tensors (None where absent) to which `scratch(device)`
+    is appended, `values` the per-call floats, `per_call` the per-call integers (default: `b.ints`'
+    placeholders). Later launches take the fast path while no launch hook (a profiler's) is active.
+    `replan()`: the launcher to use when the driver refuses a cooperative grid (MPS, green
+    contexts). `guard(device)` is entered around each launch (default `device_guard` where several
+    GPUs are visible). `launch.prime(compiled, args, stream_of=None)` does what a first launch does
+    after compiling (tests give it stand-ins); `launch.state`: what it set up; `launch.binding`: `b`."""
     kernel, grid, metas, default = b.kernel, (b.grid,), b.metas, b.values
     lock = launch_lock(kernel)
     interpreting = lock is _interpreter_lock
@@ -394,9 +376,7 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
 
 
 def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
-    """`make(device) -> (stats, counts)`: a launch's partial statistics (`plan.stats_numel`) and
-    row counters; a plan using neither (whole-row backward: the kernel still takes both pointers)
-    gets one small placeholder pair per device."""
+    """`make(device) -> (stats, counts)`: a launch's scratch (placeholders for a whole-row backward)."""
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     n_stats = plan.stats_numel(layout)
     counter_groups = plan.groups(layout) if plan.counted else 0
@@ -404,24 +384,18 @@ def scratch_maker(plan: KernelPlan, layout: RowLayout, out_dtype: torch.dtype):
         # (a counters buffer since replaced in `row_counters` (grown, evicted) stays this launcher's own, zeroed)
         return per_stream(lambda device: (torch.empty(max(n_stats, 1), dtype=acc, device=device),
                                           row_counters(device, counter_groups)))
-    placeholders: dict = {}
 
-    def make(device) -> tuple:
-        pair = placeholders.get(device)
-        if pair is None:
-            pair = placeholders[device] = (torch.empty(1, dtype=acc, device=device),
-                                           torch.zeros(2, dtype=torch.int32, device=device))
-        return pair
-    return make
+    @functools.lru_cache(maxsize=None)
+    def placeholders(device) -> tuple:
+        return torch.empty(1, dtype=acc, device=device), torch.zeros(2, dtype=torch.int32, device=device)
+    return placeholders
 
 
 def bind(plan: KernelPlan, layout: RowLayout, log: bool, out_dtype: torch.dtype, device=None, guard=None):
-    """`bind_kernel`'s launcher of `plan` on tensors laid out as `layout`: `launch(tensors,
-    values=PLAIN_SCALARS)`, `tensors` as `plan.tensors` takes them (None for an absent operand),
-    `values` the per-call floats (`plan.scalars`). A cooperative plan the driver refuses falls
-    back to its two-launch form."""
+    """`bind_kernel`'s launcher of `plan` on tensors laid out as `layout`: `launch(tensors as
+    `plan.tensors` takes them, values=PLAIN_SCALARS)`; a refused cooperative plan falls back to two."""
     n = 7 if plan.backward else 6
-    needs_scratch = plan.split or plan.backward
+    needs_scratch = plan.split or plan.backward  # (`plan.head` appends the scratch)
     opts = plan.launch_options()
     binding = Binding(plan.kernel(), plan.grid, plan.pointer_names(),
                       (lambda a: plan.head(plan.tensors(a[:n]), *a[n:])) if needs_scratch else plan.tensors,

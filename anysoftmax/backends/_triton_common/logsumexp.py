@@ -1,8 +1,7 @@
-"""logsumexp's own kernel, shared by `triton` (column plans; row plans: `lse_rows.py`) and
-`triton_ascend`: `lse_kernel` and its bound launcher, the tiles and grid the backend's (`LsePlan`).
-Persistent over blocks of BLOCK_M rows, each read once in BLOCK_N-wide sub-blocks (fused prologue,
-running max and rescaled sum). Long rows among few may be cut into CHUNKS pieces held by different
-programs, each writing its own lse, reduced on the host (`torch.logsumexp` over a few per row).
+"""logsumexp's own kernel (`triton`'s column plans, `triton_ascend`) and its bound launcher, the
+backend choosing tiles and grid (`LsePlan`): persistent over BLOCK_M rows, each read once in
+BLOCK_N sub-blocks; long rows among few cut into CHUNKS pieces on different programs, each
+writing its own lse, reduced on the host (`torch.logsumexp` over a few per row).
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ def lse_kernel(
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SINK: tl.constexpr, PRECISE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
-    """o[row * CHUNKS + c] = log(sum over the kept columns of chunk c of exp(z)) (+ the sink in
-    chunk 0): CHUNKS = 1 gives the row's logsumexp itself. HAS_ROW_SCALE: each row's scale is
-    read at its sink offset (`r_ptr`) in place of the scalar one."""
+    """o[row * CHUNKS + c] = log(sum of exp(z) over chunk c's kept columns) (+ the sink in chunk
+    0). HAS_ROW_SCALE: each row's scale read at its sink offset (`r_ptr`)."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     cols0 = tl.arange(0, BLOCK_N)
     n_work = tl.cdiv(n_rows, BLOCK_M) * CHUNKS
@@ -52,9 +50,8 @@ def lse_kernel(
             scale = row_scale(r_ptr, row_offsets(rows, S1, S2, ss0, ss1, ss2), row_ok, acc_ty)[:, None]
         lo = c * chunk_cols
         hi = tl.minimum(lim, lo + chunk_cols)
-        # Per row: the running max m and the sum s of exp(z - lse_sub(m)), rescaled once per
-        # sub-block (one exp per element; the per-lane form of the row kernels costs two, and
-        # at ~1.5 G bf16 elements/s the H100's exp units would be the limit).
+        # Per row: running max m and sum s of exp(z - lse_sub(m)), rescaled once per sub-block
+        # (one exp per element; the row kernels' per-lane form costs two: H100's exp limit).
         m = tl.full([BLOCK_M], float("-inf"), acc_ty)
         s = tl.zeros([BLOCK_M], acc_ty)
         for start in tl.range(lo, lo + chunk_cols, BLOCK_N):
@@ -91,27 +88,22 @@ class LsePlan:
 
 
 def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None, shape: tuple | None = None):
-    """`f(x, operands) -> lse` (accumulation dtype; keepdim, or `shape`: x's without dim) bound
-    to requests like `spec` (x's strides as this x's), through `lse_kernel` with the tiles and
-    grid of `plan_for(n_rows, n_cols) -> LsePlan`. `guard`: the device guard (`launcher.bind_kernel`)."""
+    """`f(x, operands) -> lse` (accumulation dtype; keepdim, or `shape`) bound to requests like
+    `spec` through `lse_kernel`, on `plan_for(n_rows, n_cols) -> LsePlan`; `guard`: `bind_kernel`'s."""
     v = spec.variant
     per_row = v.sinks is not None or v.row_scale is not None  # (a row scale: read at the sinks' offsets)
-    copy, layout = logical_rows(spec.shape, tuple(x.stride()), spec.dim, None if v.mask is None else v.mask.strides,
-                                per_row)
+    copy, layout, operand_args = logical_rows(spec.shape, tuple(x.stride()), spec.dim,
+                                              None if v.mask is None else v.mask.strides, per_row)
     n_rows, n_cols = layout.n_rows, layout.n_cols
     plan = plan_for(n_rows, n_cols)
     chunk_cols = cdiv(cdiv(n_cols, max(1, plan.chunks)), plan.block_n) * plan.block_n  # whole sub-blocks
     chunks = cdiv(n_cols, chunk_cols)
-    (m_rows, m_col), k = ((layout.op_row_strides[0], layout.op_col_strides[0]), 1) if v.mask is not None else \
-        (((0, 0, 0), 0), 0)
-    s_rows = layout.op_row_strides[k] if per_row else (0, 0, 0)
     _, s1, s2 = layout.row_sizes
     fusion = Fusion.of(spec)
     sq, q_div, c_off = fusion.causal_args(layout)
     ints = dict(n_rows=n_rows, n_cols=n_cols, chunk_cols=chunk_cols, S1=s1, S2=s2,
                 **dict(zip(("xs0", "xs1", "xs2"), layout.in_row_strides)), xsn=layout.in_col_stride,
-                **dict(zip(("ms0", "ms1", "ms2"), m_rows)), msn=m_col, **dict(zip(("ss0", "ss1", "ss2"), s_rows)),
-                SQ=sq, Q_DIV=q_div, C_OFF=c_off)
+                **operand_args, SQ=sq, Q_DIV=q_div, C_OFF=c_off)
     meta = dict(ACC_FP64=spec.acc_dtype == torch.float64, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CHUNKS=chunks,
                 **fusion.constexprs(spec.out_dtype, backward=True), HAS_ROW_SCALE=fusion.has_row_scale)
     if plan.num_warps is not None:
@@ -121,8 +113,7 @@ def launcher(x: torch.Tensor, spec: SoftmaxSpec, plan_for, guard=None, shape: tu
                                  lambda a: (a[0], a[1], a[0] if a[2] is None else a[2], a[1] if a[3] is None else a[3],
                                             a[0] if a[4] is None else a[4]),
                                  ints, (meta,), VALUE_NAMES, PLAIN_SCALARS), device=spec.device, guard=guard)
-    # Rows are numbered over x's row dims in logical order (outer to inner), as the result's: one
-    # chunk a row writes the result itself (no view to take per call), more write the partials.
+    # Rows in logical order, as the result's: one chunk a row writes the result itself.
     shape = row_shape(spec.shape, spec.dim) if shape is None else shape
     new_partials = output_maker(shape if chunks == 1 else (n_rows * chunks,), spec.acc_dtype, spec.device)
     plain_values = v.scale is None and v.softcap is None and v.row_scale is None

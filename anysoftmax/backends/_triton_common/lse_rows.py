@@ -1,7 +1,7 @@
 """logsumexp from the softmax forward's row kernels (docs/speed.md): the softmax's own plan launched
-with STATES_ONLY, the kernels storing each row's ``lse = m + log(s)`` instead of the row (split
-plans: their statistics pass alone, the row's last chunk combining the chunks' lses and the sink).
-Column plans have no such form: the caller keeps `logsumexp.lse_kernel` for them.
+with STATES_ONLY, storing each row's ``lse = m + log(s)`` instead of the row (split plans: their
+statistics pass alone, the row's last chunk combining the chunks). Column plans have no such form
+(`ROW_KINDS`): the caller keeps `logsumexp.lse_kernel` for them.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ ROW_KINDS = ("tile", "online", "split")
 
 
 def layouts(x: torch.Tensor, spec: SoftmaxSpec):
-    """(x, planning layout, launch layout, materialise). The planning layout is the softmax's
-    own (a contiguous output of x's shape), so logsumexp shares the softmax's plan and memo
-    entry; the launch layout reads x and the operands the same way but writes through the
-    result's strides. x is copied (contiguous) only when its row dims do not fit three strided
-    dims, the operands materialised only when theirs do not either."""
+    """(x, planning layout, launch layout, materialise): the planning layout is the softmax's own
+    (logsumexp shares its plan and memo entry), the launch layout the same but writing through
+    the result's strides. x is copied only when its row dims do not fit three strided dims, the
+    operands materialised only when theirs do not either."""
     shape, dim = spec.shape, spec.dim
     y_like, out = contiguous_strides(shape), row_operand_strides(shape, dim)
     for materialise in (False, True):
@@ -44,46 +43,30 @@ def layouts(x: torch.Tensor, spec: SoftmaxSpec):
     raise ValueError(f"logsumexp: no row layout for shape {list(shape)}")  # (contiguous always has one)
 
 
-def launcher_for(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool, copy_x: bool,
-                 shape: tuple | None = None):
-    """`launcher(...)` when `plan` (a forward softmax plan) has the STATES_ONLY form, else None."""
-    if plan.kind not in ROW_KINDS or plan.backward:
-        return None
-    return launcher(plan, layout, spec, materialise, copy_x, shape)
-
-
 def launcher(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool, copy_x: bool = False,
              shape: tuple | None = None):
-    """`f(x, operands) -> lse` (accumulation dtype; keepdim, or `shape`: x's without dim) for
-    requests like `spec`, through `plan`'s row kernel in its STATES_ONLY form; x read as `layout`
-    (`layouts`), through a contiguous copy with `copy_x`."""
+    """`f(x, operands) -> lse` (accumulation dtype; keepdim, or `shape`) for requests like `spec`
+    through the forward row `plan`'s STATES_ONLY form, x read as `layout` (a copy with `copy_x`)."""
     plan = replace(plan.non_cooperative(), states_only=True)
     # Constexprs from the softmax's output dtype: the same PRECISE (softcap's tanh) and
     # accumulation as the softmax; the store converts to the result's dtype.
     launch = bind(plan, layout, False, spec.out_dtype, spec.device)
-    # (the kernel writes through `layout`'s result strides, those of a contiguous keepdim result:
-    # the same memory as a contiguous result without dim)
+    # (`layout`'s result strides, a contiguous keepdim result's, write a result without dim alike)
     new_lse = output_maker(row_shape(spec.shape, spec.dim) if shape is None else shape, spec.acc_dtype, spec.device)
     v = spec.variant
     plain_values = v.scale is None and v.softcap is None and v.row_scale is None
-    if plain_values and v.mask is None and v.sinks is None:  # (the request key says the operands are absent)
-        def run_plain(x: torch.Tensor, operands: Operands) -> torch.Tensor:
-            if copy_x:
-                x = x.contiguous()
-            out = new_lse()
-            launch((x, out, None, None, None, None))
-            return out
-
-        return run_plain
+    plain = plain_values and v.mask is None and v.sinks is None  # (the request key says they are absent)
 
     def run(x: torch.Tensor, operands: Operands) -> torch.Tensor:
         if copy_x:
             x = x.contiguous()
         out = new_lse()
-        # (PLAIN_SCALARS itself: the bound launcher's fast path passes it pre-joined)
-        launch((x, out, mask_operand(operands.mask, spec, materialise), sinks_operand(operands.sinks, spec), None,
-                row_scale_operand(operands, spec)),
-               PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
+        if plain:
+            launch((x, out, None, None, None, None))
+        else:  # (PLAIN_SCALARS itself: the bound launcher's fast path passes it pre-joined)
+            launch((x, out, mask_operand(operands.mask, spec, materialise),
+                    sinks_operand(operands.sinks, spec), None, row_scale_operand(operands, spec)),
+                   PLAIN_SCALARS if plain_values else scalars(operands.scale, operands.softcap))
         return out
 
     return run

@@ -1,8 +1,6 @@
-"""merge_states as a Triton kernel shared by `triton` and `triton_ascend`: `merge_kernel` (K
-partial results into one) and its bound launcher; the backends size the tiles and grid
-(`MergePlan`). Persistent over (BLOCK_R rows x BLOCK_D) tiles of the output, up to MAX_K partials
-unrolled (K a constexpr); more are merged MAX_K - 1 at a time into a float32/64 intermediate.
-Accumulation in fp32 (fp64 for fp64); special values as `core.lse_merge` states them.
+"""merge_states for `triton` and `triton_ascend`: `merge_kernel` (K <= MAX_K partials into one,
+persistent over BLOCK_R x BLOCK_D tiles; more merged MAX_K - 1 at a time into an fp32/64
+intermediate) and its bound launcher on the backend's `MergePlan`; special values as `core.lse_merge`.
 """
 
 from __future__ import annotations
@@ -35,16 +33,14 @@ def _load_part(o_ptr, l_ptr, o_off, l_off, cols, osd, live, row_ok, ACC_FP64: tl
 def _add_part(lse, o, m_sub, s, acc, ACC_FP64: tl.constexpr):
     w = exp_acc(lse - m_sub, ACC_FP64)
     w = tl.where(lse == float("-inf"), 0.0, w)
-    # A partial of weight 0 is selected away, so what an empty segment's output holds (NaN
-    # too) never reaches the sums.
+    # A partial of weight 0 is selected away: an empty segment's output (NaN too) never counts.
     acc += tl.where((w == 0)[:, None], 0.0, w[:, None] * o.to(acc.dtype))
     return s + w, acc
 
 
 @triton.jit
 def _as_element_of(v, ptr):
-    """v converted to the element type of `ptr`, float64 to a narrower type through float32 (the
-    interpreter's float64 -> bfloat16 cast gives NaN; the compiled kernel takes the same path)."""
+    """v as `ptr`'s element type, fp64 through fp32 (the interpreter's fp64 -> bf16 is NaN)."""
     ty = ptr.dtype.element_ty
     if v.dtype == tl.float64:
         if ty != tl.float64:
@@ -58,13 +54,10 @@ def merge_kernel(
     n_rows, D, S1, os0, os1, osd, ls0, ls1, ys0, ys1, ysd, zs0, zs1,
     K: tl.constexpr, ACC_FP64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, WIDE: tl.constexpr,
 ):
-    """out = sum_i exp(l_i - lse) o_i, lse = log sum_i exp(l_i): rows r = (r // S1, r % S1)
-    through (stride0, stride1) per tensor kind (partials, their lses, out, lse out).
-
-    Every partial and lse of a tile is loaded before the first is used (one memory round trip
-    per tile). Offsets are 32-bit unless an operand spans 2**31 elements (`WIDE`): the merge is
-    issue-bound at decode sizes, and 64-bit row arithmetic was most of its instructions
-    (docs/speed.md)."""
+    """out = sum_i exp(l_i - lse) o_i, lse = log sum_i exp(l_i); row r at (r // S1, r % S1) of
+    each tensor kind's two strides. Every partial of a tile is loaded before the first is used
+    (one round trip). 32-bit offsets unless an operand spans 2**31 elements (`WIDE`): 64-bit row
+    arithmetic was most of the issue-bound merge's instructions (docs/speed.md)."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     n_dt = tl.cdiv(D, BLOCK_D)
     n_tiles = tl.cdiv(n_rows, BLOCK_R) * n_dt
@@ -154,10 +147,8 @@ class MergePlan:
 
 
 def merge_launcher(spec: MergeSpec, plan_for, guard=None):
-    """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one merge request (its key fixes
-    every operand's shape, strides, dtype and alignment); `plan_for(k, n_rows, d) -> MergePlan`,
-    `guard` the device guard (`launcher.bind_kernel`). More than MAX_K partials are merged in
-    groups, each through its own launcher."""
+    """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one merge request on `plan_for(k, n_rows,
+    d) -> MergePlan`; more than MAX_K partials are merged in groups, each through its own launcher."""
     acc, k, steps = spec.acc_dtype, spec.k, []
     while k > MAX_K:
         steps.append(_group_launcher(MAX_K, acc, acc, spec, plan_for, guard))
@@ -185,12 +176,11 @@ def _prepared(ts: list, cast: bool, copy: bool, acc: torch.dtype) -> list:
 
 
 def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, guard):
-    """`f(outputs, lses, out, lse_out) -> (out, lse)` of k <= MAX_K partials into `out_dtype` /
-    `lse_dtype` (allocated when not given). The first call works out from its own tensors which
-    inputs are converted or copied, the plan and the arguments, and binds `merge_kernel`
-    (`f.state["launch"]`)."""
+    """`f(outputs, lses, out, lse_out) -> (out, lse)` of k <= MAX_K partials; the first call decides
+    from its tensors which are converted or copied and binds `merge_kernel` (`f.state["launch"]`)."""
     lead, acc, pad = len(spec.shape) - 1, spec.acc_dtype, MAX_K - k
-    state = {"launch": None, "how": None, "prepare": False, "new_out": None, "new_lse": None}
+    state = {"launch": None, "how": None}
+    bound = [None]  # (launch, prepare, new_out, new_lse) once bound: one read a call
 
     def pointers(a):  # (partials and lses past K stand in as the first ones: never read, K being a constexpr)
         return (*a[:k], *a[:1] * pad, *a[k:2 * k], *a[k:k + 1] * pad, a[2 * k], a[2 * k + 1])
@@ -200,12 +190,7 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
         outputs, lses = _prepared(outputs, cast_o, False, acc), _prepared(lses, cast_l, False, acc)
         copy_o, copy_l = _shared_strides(outputs, lead) is None, _shared_strides(lses, lead) is None
         outputs, lses = _prepared(outputs, False, copy_o, acc), _prepared(lses, False, copy_l, acc)
-        state["how"] = (cast_o, copy_o, cast_l, copy_l)
-        state["prepare"] = any(state["how"])
-        # The lse is one value per row (small): an empty_like of a kept template, the cheapest
-        # allocation; the output is as large as a partial, so none is kept for it.
-        state["new_out"] = _allocator(outputs[0], out_dtype)
-        state["new_lse"] = output_maker(tuple(lses[0].shape), lse_dtype, lses[0].device)
+        state["how"] = how = (cast_o, copy_o, cast_l, copy_l)
         out = new_output_like(outputs[0], out_dtype) if out is None else out
         lse_out = new_output_like(lses[0], lse_dtype) if lse_out is None else lse_out
         ints = _row_args(outputs, lses, out, lse_out, lead)
@@ -214,17 +199,18 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
                     WIDE=_wide(outputs[0], lses[0], out, lse_out, rows=ints["n_rows"] + plan.block_r))
         if plan.num_warps is not None:
             meta["num_warps"] = plan.num_warps
-        state["launch"] = bind_kernel(Binding(merge_kernel, max(1, plan.grid), POINTERS, pointers, ints, (meta,)),
-                                      device=spec.device, guard=guard)
+        binding = Binding(merge_kernel, max(1, plan.grid), POINTERS, pointers, ints, (meta,))
+        state["launch"] = launch = bind_kernel(binding, device=spec.device, guard=guard)
+        # A kept template for the (small) lse, the cheapest allocation; none for the output.
+        bound[0] = (launch, any(how), _allocator(outputs[0], out_dtype),
+                    output_maker(tuple(lses[0].shape), lse_dtype, lses[0].device))
         return outputs, lses, out, lse_out
-
-    bound = [None]  # (launch, prepare, new_out, new_lse) once bound: one read a call
 
     def run(outputs, lses, out, lse_out):
         hot = bound[0]
         if hot is None:
             outputs, lses, out, lse_out = bind_first(outputs, lses, out, lse_out)
-            hot = bound[0] = (state["launch"], state["prepare"], state["new_out"], state["new_lse"])
+            hot = bound[0]
         elif hot[1]:
             how = state["how"]
             outputs, lses = _prepared(outputs, how[0], how[1], acc), _prepared(lses, how[2], how[3], acc)
@@ -241,17 +227,15 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
 
 
 def _allocator(t: torch.Tensor, dtype: torch.dtype):
-    """`f(like) -> a new contiguous tensor of like's shape and device in dtype`, for every `like`
-    laid out as `t` (the request key fixes that): `empty_like` alone where t already is one
-    (keywords for the dtype and memory format cost it a third more host time)."""
+    """`f(like)`: a new contiguous tensor of `like`'s shape in dtype, for tensors laid out as `t`
+    (`empty_like` alone where t is one: its dtype and format keywords cost a third more)."""
     if not POISON_OUTPUTS and t.dtype == dtype and tuple(t.stride()) == contiguous_strides(tuple(t.shape)):
         return torch.empty_like
     return lambda like: new_output_like(like, dtype)
 
 
 def _two_row_dims(t: torch.Tensor, lead: int) -> tuple[int, int] | None:
-    """(stride of r // S1, stride of r % S1) of t's first `lead` dims as rows (S1 the size of
-    the last of them), or None when the outer ones do not chain into one stride."""
+    """(stride of r // S1, of r % S1) of t's first `lead` dims, or None if the outer ones don't chain."""
     if lead == 0:
         return 0, 0
     shape, st = t.shape, t.stride()
@@ -274,17 +258,14 @@ def _shared_strides(ts, lead):
 
 
 def _wide(*tensors, rows: int) -> bool:
-    """Whether merge_kernel needs 64-bit offsets: a tensor's furthest element (the partials
-    share the first's strides, the lses the first lse's) or the row count pass 2**31 - 1."""
+    """Whether merge_kernel needs 64-bit offsets: a tensor's furthest element or the rows past 2**31 - 1."""
     reach = max(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n) for t in tensors)
     return max(reach, rows) > INT32_MAX
 
 
 def _row_args(outputs, lses, out, lse_out, lead: int) -> dict:
-    """`merge_kernel`'s integer arguments by name for operands whose row dims collapse into two
-    strides. Rows are numbered in the operands' own order (vLLM's [heads, tokens] lses
-    included): a tile's rows are adjacent in the partials, which beat head-major numbering at
-    every shape measured (docs/speed.md)."""
+    """`merge_kernel`'s integer arguments by name, rows numbered in the partials' own order (a
+    tile's rows adjacent: faster than head-major at every shape measured, docs/speed.md)."""
     y_st, z_st = _two_row_dims(out, lead), _two_row_dims(lse_out, lead)
     if y_st is None or z_st is None:
         raise ValueError("merge_states: the output tensors' row dims do not collapse into two strides")

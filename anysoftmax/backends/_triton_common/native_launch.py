@@ -1,9 +1,8 @@
-"""The native launcher: Triton-compiled CUDA kernels launched by one C++ call (`native_launch.cc`,
-through TVM-FFI, the torch tensors as DLPack views, torch's current stream; docs/speed.md).
-`$ANYSOFTMAX_LAUNCHER`: `triton`, `native` or `auto` (`AUTO`). Compiled once per machine into
-`config.cache_dir("native")`; where apache-tvm-ffi, the compiler or the build is missing, or a
-kernel needs what it does not do (scratch, clusters), Triton's launcher is used and the reason
-kept (`unavailable()`, the bound launcher's `state["native_reason"]`).
+"""The native launcher: Triton-compiled CUDA kernels launched by one C++ call (`native_launch.cc`
+through TVM-FFI; docs/speed.md), chosen by `$ANYSOFTMAX_LAUNCHER` (`triton`, `native`, `auto`), built
+once per machine into `config.cache_dir("native")`. Where it cannot be built or a kernel needs what
+it does not do (scratch, clusters), Triton's launcher is used and the reason kept (`unavailable()`,
+the bound launcher's `state["native_reason"]`).
 """
 
 from __future__ import annotations
@@ -30,11 +29,10 @@ AUTO = "native"
 DL_CUDA = 2
 # Parameter kinds of `native_launch.cc`'s kernel description.
 CONSTANT, POINTER, FLOAT32, FLOAT64, INT, UINT = 0, 1, 2, 3, 4, 5
-# The two pointers Triton's CUDA launcher appends to every kernel's parameters (null when the
-# kernel needs no scratch, the only kernels launched here).
+# The two pointers Triton's CUDA launcher appends to every kernel's parameters (null: no scratch).
 SCRATCH = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
-# Triton's parameter types (its launcher's `ty_to_cpp`) -> struct formats; floats are passed
-# per call (fp16/bf16 values would need their own packing: such kernels are refused).
+# Triton's parameter types (its launcher's `ty_to_cpp`) -> struct formats; floats come per call
+# (fp16/bf16 values would need their own packing: such kernels are refused).
 INT_FORMATS = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "q", "u1": "B", "u8": "B", "u16": "H",
                "u32": "I", "u64": "Q"}
 FLOAT_KINDS = {"fp32": (FLOAT32, "f"), "f32": (FLOAT32, "f"), "fp64": (FLOAT64, "d")}
@@ -47,15 +45,14 @@ class NativeUnavailable(RuntimeError):
 
 
 def choose(value: str | None) -> str:
-    """The launcher a value of $ANYSOFTMAX_LAUNCHER names, "triton" or "native" (unset, empty
-    or "auto": `AUTO`); ValueError for any other value."""
+    """The launcher $ANYSOFTMAX_LAUNCHER names (unset or "auto": `AUTO`), else ValueError."""
     v = (value or "").strip().lower() or "auto"
     if v not in LAUNCHERS:
         raise ValueError(f"${ENV_LAUNCHER}={value!r}: expected one of {', '.join(LAUNCHERS)}")
     return AUTO if v == "auto" else v
 
 
-# Read at import, like ANYSOFTMAX_FAST_LAUNCH; a bound launcher reads it when it is bound.
+# Read at import, like ANYSOFTMAX_FAST_LAUNCH, by launchers when bound.
 LAUNCHER = choose(os.environ.get(ENV_LAUNCHER))
 # The user named `native` (a failure to provide it is then warned about, not only recorded).
 EXPLICIT = os.environ.get(ENV_LAUNCHER, "").strip().lower() == "native"
@@ -65,8 +62,7 @@ _loaded: dict = {}
 
 
 def module():
-    """The compiled extension, built and loaded once per process (thread-safe); raises
-    NativeUnavailable with the reason, the same one on every later call."""
+    """The extension, built and loaded once per process, or NativeUnavailable (the same reason each call)."""
     with _lock:
         if not _loaded:
             try:
@@ -87,20 +83,8 @@ def unavailable() -> str | None:
     return None
 
 
-def _cuda_include() -> Path:
-    # cuda.h as Triton ships it for its own launchers (no CUDA toolkit needed).
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not spec.submodule_search_locations:
-        raise NativeUnavailable("triton is not installed")
-    inc = Path(list(spec.submodule_search_locations)[0]) / "backends" / "nvidia" / "include"
-    if not (inc / "cuda.h").is_file():
-        raise NativeUnavailable(f"no cuda.h in {inc}")
-    return inc
-
-
 def build_command(source: Path, output: Path) -> list[str]:
-    """The command building `source` into the shared library `output` against TVM-FFI (`$CXX`,
-    else c++ / g++ / clang++ on PATH)."""
+    """The command building `source` into the library `output` against TVM-FFI."""
     try:
         import tvm_ffi  # noqa: F401
         from tvm_ffi import libinfo
@@ -109,8 +93,15 @@ def build_command(source: Path, output: Path) -> list[str]:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise NativeUnavailable("no C++ compiler ($CXX, c++, g++ or clang++)")
+    # cuda.h as Triton ships it for its own launchers (no CUDA toolkit needed).
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        raise NativeUnavailable("triton is not installed")
+    cuda = Path(list(spec.submodule_search_locations)[0]) / "backends" / "nvidia" / "include"
+    if not (cuda / "cuda.h").is_file():
+        raise NativeUnavailable(f"no cuda.h in {cuda}")
     lib = Path(libinfo.find_libtvm_ffi()).parent
-    includes = [libinfo.find_include_path(), libinfo.find_dlpack_include_path(), str(_cuda_include())]
+    includes = [libinfo.find_include_path(), libinfo.find_dlpack_include_path(), str(cuda)]
     return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", *(f"-I{i}" for i in includes), str(source),
             f"-L{lib}", "-ltvm_ffi", f"-Wl,-rpath,{lib}", "-ldl", "-o", str(output)]
 
@@ -126,8 +117,8 @@ def _load():
     path = folder / f"native_launch_{key}.so"
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        # Built beside its final name and renamed into place: processes building at once
-        # never load a half-written library.
+        # Built beside its final name, then renamed: processes building at once never load a
+        # half-written library.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         try:
@@ -142,15 +133,13 @@ def _load():
 
 
 def kernel_params(compiled) -> list[tuple[str, str]]:
-    """(name, Triton type) of every parameter the compiled kernel's binary takes, in order: the
-    signature's entries that are not "constexpr" (constexprs and integers specialised to a
-    constant, such as 1, are compiled in), then the scratch pointers Triton appends."""
+    """(name, Triton type) of the compiled kernel binary's parameters: the signature's but "constexpr"
+    (constexprs and integers specialised to a constant are compiled in), then Triton's scratch."""
     return [(n, t) for n, t in compiled.src.signature.items() if t != "constexpr"] + list(SCRATCH)
 
 
 def refusal(compiled) -> str | None:
-    """Why `compiled` must keep Triton's launcher (scratch, clusters, tensor descriptors,
-    instrumentation), or None."""
+    """Why `compiled` must keep Triton's launcher (scratch, clusters, ...), or None."""
     md = compiled.metadata
     if md.global_scratch_size or md.profile_scratch_size:
         return f"{md.name} needs global/profile scratch"
@@ -172,11 +161,10 @@ def _bits(fmt: str, value) -> int:
 
 def describe(params: list, pointers: dict, ints: dict, floats: dict,
              per_call: tuple = ()) -> list[tuple[int, int, int]]:
-    """(kind, index, bits) of each parameter (`kernel_params`), found by name: `pointers` name
-    -> tensor argument index, `per_call` the names of the integers each call passes (their
-    order), `ints` name -> value of the others, `floats` name -> (float argument index, default
-    value). NativeUnavailable for a parameter found nowhere or of a type not handled, and for a
-    per-call integer the kernel was compiled for one value of (no parameter of the binary)."""
+    """(kind, index, bits) of each parameter (`kernel_params`), found by name: `pointers` name ->
+    tensor argument index, `per_call` the integers each call passes (in order), `ints` name ->
+    value of the others, `floats` name -> (float argument index, default). NativeUnavailable for a
+    parameter found nowhere or of a type not handled, or a per-call integer compiled in."""
     taken = {name for name, _ in params}
     fixed = [name for name in per_call if name not in taken]
     if fixed:
@@ -204,11 +192,10 @@ def describe(params: list, pointers: dict, ints: dict, floats: dict,
 
 def make(compiled_kernels: list, grid: int, device: int, pointers: dict, ints: dict, floats: dict,
          used: list, run: bool = True, device_type: int = DL_CUDA, per_call: tuple = ()):
-    """The native launcher of one bound request, launching `compiled_kernels` one after the other
-    on `grid` programs: `f(*tensors)` or `f(*tensors, *floats)`, or with `per_call` integer names
-    `f(*tensors, *floats, *ints)` (every float given, then those integers in that order; each
-    must fit the type the kernel was compiled for); `used[i]`: tensor argument i is read.
-    `run=False` returns the packed parameters without launching (tests, no GPU).
+    """The native launcher of one bound request, launching `compiled_kernels` in turn on `grid`
+    programs: `f(*tensors)`, `f(*tensors, *floats)`, or with `per_call` integer names
+    `f(*tensors, *floats, *ints)` (each fitting the type compiled for); `used[i]`: tensor argument
+    i is read. `run=False` returns the packed parameters without launching (tests, no GPU).
     NativeUnavailable when the extension or a kernel cannot be used."""
     mod = module()
     spec = []
@@ -230,8 +217,7 @@ _stream_checked: dict = {}
 
 
 def follows_torch_stream(tensor) -> bool:
-    """True when the extension sees torch's current stream of `tensor`'s device (checked once per
-    device type, on a stream that is not the default one)."""
+    """Whether the extension sees torch's current stream (checked once per device type)."""
     import torch
 
     dev = tensor.device

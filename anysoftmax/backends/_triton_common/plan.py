@@ -1,12 +1,7 @@
-"""Kernel plans: which shared kernel, with which tile, on how many programs — one type per
-kernel kind, each building its own launch arguments. Pure data and arithmetic: no launches,
-no process state (that is `launcher.py`), no device queries (that is the backend's planner).
-
-A backend decides a plan from the request, the device and its tuning table; `launcher.bind`
-turns a plan into a launcher for one request layout. Kinds (docs/kernels.md): forward "tile",
-"online", "split" (`cooperative`: one launch with a per-row barrier, else two), "cols" /
-"cols_split" (a reduction over a non-innermost dim, `core.layout.ColumnView`: BLOCK_N reduction
-steps x BLOCK_M contiguous inner positions); backward "tile" and "split".
+"""Kernel plans: which shared kernel, with which tile, on how many programs, one type per kind, each
+building its launch arguments; pure data (no launches, no device queries). Kinds (docs/kernels.md):
+forward "tile", "online", "split" (`cooperative`: one launch with a per-row barrier, else two),
+"cols" / "cols_split" (a reduction over a non-innermost dim); backward "tile" and "split".
 """
 
 from __future__ import annotations
@@ -26,10 +21,8 @@ EMPTY_CODES = {"zero": 0, "nan": 1, "uniform": 2}
 
 @dataclass(frozen=True)
 class Fusion:
-    """The fused family's part of a plan (`fused.py`): which steps the kernels compile in
-    (constexprs) and the causal geometry (integer arguments). Operand strides live in the
-    layout (`RowLayout.op_row_strides`), values (scale, softcap) are passed per call. A row
-    scale keeps HAS_SCALE on: each row's value stands in for the scalar one in `fused.prologue`."""
+    """The fused family's part of a plan (`fused.py`): the steps compiled in and the causal geometry;
+    a row scale keeps HAS_SCALE on (each row's value stands in for the scalar one)."""
 
     has_scale: bool = False
     has_cap: bool = False
@@ -55,27 +48,20 @@ class Fusion:
                    v.sinks is not None, EMPTY_CODES[v.empty_rows] if v.has_empty_rows else 0, sq, c_off, row_scale)
 
     @property
-    def has_empty(self) -> bool:
-        return self.mask == 1 or self.causal
-
-    @property
     def stats_per_chunk(self) -> int:
-        """Statistics a split kernel keeps per chunk: max and sum, and with a bool mask the
-        count of kept columns (an empty row is decided by the mask, not by values)."""
+        """Per chunk: max and sum, and with a bool mask the kept count (empty rows decided by the mask)."""
         return 3 if self.mask == 1 else 2
 
     def constexprs(self, out_dtype: torch.dtype, backward: bool = False) -> dict:
-        """The kernels' flags; PRECISE (float32/64 outputs) asks `fused.tanh` for its
-        accurate small-argument form."""
+        """The kernels' flags (PRECISE: `fused.tanh`'s accurate form, for fp32/64 outputs)."""
         flags = dict(HAS_SCALE=self.has_scale, HAS_CAP=self.has_cap, MASK=self.mask, CAUSAL=self.causal,
                      HAS_SINK=self.has_sink, PRECISE=out_dtype.itemsize > 2)
-        return flags if backward else dict(flags, HAS_EMPTY=self.has_empty, EMPTY=self.empty,
+        return flags if backward else dict(flags, HAS_EMPTY=self.mask == 1 or self.causal, EMPTY=self.empty,
                                            HAS_ROW_SCALE=self.has_row_scale)
 
     def operand_strides(self, layout: RowLayout) -> tuple[tuple, tuple, tuple]:
-        """((mask row strides, mask column stride), sink row strides, p_sink row strides)
-        from the layout (`core.layout.operand_strides` order), zeros for an absent operand.
-        A row scale is read with the sinks' row strides (both one contiguous value per row)."""
+        """((mask row strides, mask column stride), sink row strides, p_sink row strides), zeros
+        for an absent operand; a row scale is read with the sinks' row strides."""
         ops_rows, ops_cols = list(layout.op_row_strides), list(layout.op_col_strides)
         zero = (0,) * len(layout.row_sizes)
         per_row = self.has_sink or self.has_row_scale
@@ -95,8 +81,7 @@ PLAIN_SCALARS = (1.0, 0.0, 1.0, 0.0)
 
 
 def split_value(v: float) -> tuple[float, float]:
-    """`v` as float32 hi + lo (Triton passes float arguments as float32; float64 kernels add
-    the two back, ~48 bits)."""
+    """`v` as float32 hi + lo (float arguments are float32; fp64 kernels add them back)."""
     import struct
 
     hi = struct.unpack("f", struct.pack("f", v))[0]
@@ -104,8 +89,7 @@ def split_value(v: float) -> tuple[float, float]:
 
 
 def scalars(scale, softcap: float) -> tuple[float, float, float, float]:
-    """The per-call float arguments of a fused launch; a row scale (a tensor, which the kernel
-    reads through `r_ptr`) passes 1.0: hi 1 and lo 0, each row's value replacing hi."""
+    """The per-call floats of a fused launch (a row scale, a tensor read via `r_ptr`, passes 1.0)."""
     return (*split_value(1.0 if isinstance(scale, torch.Tensor) else scale), *split_value(softcap))
 
 
@@ -122,8 +106,7 @@ VALUE_NAMES = ("scale_hi", "scale_lo", "cap_hi", "cap_lo")
 
 
 def runtime_params(kernel) -> tuple[str, ...]:
-    """The names of `kernel`'s arguments that are not constexprs, in its signature's order
-    (a JITFunction says it; an interpreted one is read from its Python signature)."""
+    """`kernel`'s non-constexpr argument names in order (a JITFunction's, or an interpreted signature's)."""
     params = getattr(kernel, "params", None)
     if params is not None:
         return tuple(p.name for p in params if not p.is_constexpr)
@@ -134,8 +117,7 @@ def runtime_params(kernel) -> tuple[str, ...]:
 
 
 def by_name(kernel, named: dict) -> tuple:
-    """`named` (every runtime argument of `kernel`, by parameter name) in the kernel's
-    positional order; ValueError naming what is missing or unknown."""
+    """`named` (runtime arguments by name) in `kernel`'s order; ValueError naming missing or unknown ones."""
     names = runtime_params(kernel)
     missing = [n for n in names if n not in named]
     unknown = [n for n in named if n not in names]
@@ -156,24 +138,20 @@ def wide_cols(layout: RowLayout, block_n: int) -> bool:
     return extent > INT32_MAX
 
 
-# Options that reach the kernel as constexprs, not as launch options: the elements per
-# causal-prefix load of the tile and backward kernels (0: 16 bytes' worth); the forms of the
-# cooperative split kernels' PHASE 0 (`rows.softmax_split_kernel`; backward: all but
-# hold_input): switches, and `stages`, the pipeline depth of the item loop (1: none).
+# Options passed as constexprs, not launch options: elements per causal-prefix load (0: 16 bytes'
+# worth), and the cooperative split kernels' PHASE 0 forms (`stages`: the item loop's pipeline depth).
 PHASE0_FORMS = ("prefetch", "relaxed_depart", "hold_input", "stages")
 PLAN_CONSTEXPR_OPTIONS = ("causal_vec", *PHASE0_FORMS)
 
 
 def _split_forms(options: dict, *names: str) -> dict:
-    """The split kernels' PHASE 0 forms as constexprs (False unless the plan's options set them),
-    and STAGES (1 unless they set it)."""
+    """The split kernels' PHASE 0 forms as constexprs (default False; STAGES default 1)."""
     return dict({name.upper(): bool(options.get(name, False)) for name in names}, STAGES=int(options.get("stages", 1)))
 
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """Common fields of every plan. `options` are launch options the backend needs
-    (`num_warps` on GPUs, `multibuffer` on Ascend; `causal_vec` is passed as a constexpr)."""
+    """Common fields of every plan; `options`: launch options (`num_warps`, `multibuffer`), `causal_vec`."""
 
     block_m: int
     block_n: int
@@ -182,31 +160,30 @@ class KernelPlan:
     chunks: int = 1
     cooperative: bool = False
     fusion: Fusion = NO_FUSION
-    # The forward row kernels' logsumexp form (`lse_rows.py`): the row statistics are closed
-    # into lse and written in place of the output row (tile, online and split plans only).
-    states_only: bool = False
+    states_only: bool = False  # the row kernels' logsumexp form (`lse_rows.py`): lse in place of the row
 
     kind: ClassVar[str] = ""
+    kernel_name: ClassVar[str] = ""  # in bwd.py (backward), cols.py (cols kinds) or rows.py
     split: ClassVar[bool] = False  # programs of one row (group) combine partial statistics
     backward: ClassVar[bool] = False
 
     def kernel(self):
-        """The @triton.jit function this plan launches (imported on first use: Triton decides
-        at definition time whether kernels run compiled or interpreted)."""
-        raise NotImplementedError
+        """The @triton.jit function (imported late: Triton decides at definition if it is interpreted)."""
+        from . import bwd, cols, rows
+
+        module = bwd if self.backward else cols if self.kind.startswith("cols") else rows
+        return getattr(module, self.kernel_name)
 
     def launch_options(self) -> dict:
         return {k: v for k, v in self.options.items() if k not in PLAN_CONSTEXPR_OPTIONS}
 
     def non_cooperative(self) -> "KernelPlan":
-        """This plan without the cooperative grid: a split plan's two launches (statistics, then
-        normalisation), which wait on nothing; the one-launch forms (`PHASE0_FORMS`) go with it."""
+        """This plan without the cooperative grid (two launches, waiting on nothing) nor `PHASE0_FORMS`."""
         return replace(self, cooperative=False, options={k: v for k, v in self.options.items()
                                                          if k != "launch_cooperative_grid" and k not in PHASE0_FORMS})
 
     def phases(self) -> tuple:
-        """PHASE values of the launches: one fused launch (0), or statistics then
-        normalisation (1, 2) for a split plan that is not cooperative."""
+        """PHASE values of the launches: one launch (0), or statistics then normalisation (1, 2)."""
         if self.states_only:  # a split plan's chunk states are its statistics pass alone
             return (1,) if self.split else (0,)
         return (1, 2) if self.split and not self.cooperative else (0,)
@@ -217,13 +194,12 @@ class KernelPlan:
 
     @property
     def counted(self) -> bool:
-        """Whether the launch uses the row counters (`launcher.row_counters`): the cooperative
-        barrier, or a split logsumexp's last chunk of each row combining the row."""
+        """Whether the launch uses the row counters: the cooperative barrier, a split lse's last chunk."""
         return self.cooperative or (self.split and self.states_only)
 
     def work_items(self, layout: RowLayout) -> int:
-        """The most programs that can have work."""
-        return cdiv(layout.n_rows, self.block_m)
+        """The most programs that can have work (a split kernel's item is one chunk of a row)."""
+        return cdiv(layout.n_rows, 1 if self.split else self.block_m) * self.chunks
 
     def stats_numel(self, layout: RowLayout) -> int:
         """Elements (fp32; fp64 for fp64 outputs) of partial statistics the launch needs."""
@@ -251,14 +227,12 @@ class KernelPlan:
         return names + ("stats_ptr", "count_ptr") if self.split else names
 
     def arguments(self, head: tuple, layout: RowLayout, values: tuple = PLAIN_SCALARS) -> dict:
-        """Every runtime argument of a launch by name: the pointers (`head`), the integers
-        (`static_args`) and the per-call floats (`values`)."""
+        """Every runtime argument of a launch by name: pointers, integers, per-call floats."""
         return {**dict(zip(self.pointer_names(), head)), **self.static_args(layout), **dict(zip(VALUE_NAMES, values))}
 
     def tensors(self, given: tuple) -> tuple:
-        """The kernel's tensor arguments from the launcher's: forward (x, y, mask, sinks,
-        p_sink, row scale), backward (y, dy, dx, x, mask, p_sink, dsinks); an absent operand
-        (None) is stood in for by x (read) or the output (written): the kernel never touches it."""
+        """The kernel's tensor arguments from the launcher's (forward: x, y, mask, sinks, p_sink, row scale;
+        backward: y, dy, dx, x, mask, p_sink, dsinks), x or the output standing in for an absent one."""
         if self.backward:
             y, dy, dx, x, m, p, ds = given
             return (y, dy, dx, y if x is None else x, y if m is None else m, dx if p is None else p,
@@ -268,7 +242,7 @@ class KernelPlan:
 
     def head(self, tensors: tuple, stats, counts) -> tuple:
         """The pointer arguments: the tensors, then the scratch where the kernel takes it."""
-        return (*tensors, stats, counts) if self.split else tensors
+        return (*tensors, stats, counts) if self.split or self.backward else tensors
 
     def fusion_args(self, layout: RowLayout) -> dict:
         """Mask, sink and p_sink strides and the causal geometry of the row kernels."""
@@ -279,9 +253,7 @@ class KernelPlan:
 
     def calls(self, tensors: tuple, layout: RowLayout, log: bool, out_dtype: torch.dtype,
               stats=None, counts=None, values: tuple = PLAIN_SCALARS) -> list:
-        """[(kernel, args, constexprs)] of the launches that run this plan (`tensors` as the
-        kernel takes them, see `tensors`; `values` the per-call floats); `args` are bound by
-        name (`arguments`) and given in the kernel's positional order."""
+        """[(kernel, positional args, constexprs)] of the launches running this plan on `tensors`."""
         kernel = self.kernel()
         args = by_name(kernel, self.arguments(self.head(tensors, stats, counts), layout, values))
         return [(kernel, args, self.constexprs(layout, log, out_dtype, p)) for p in self.phases()]
@@ -290,10 +262,7 @@ class KernelPlan:
 @dataclass(frozen=True)
 class TilePlan(KernelPlan):
     kind: ClassVar[str] = "tile"
-
-    def kernel(self):
-        from .rows import softmax_tile_kernel
-        return softmax_tile_kernel
+    kernel_name: ClassVar[str] = "softmax_tile_kernel"
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return self.row_constexprs(layout, log, out_dtype, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
@@ -303,10 +272,7 @@ class TilePlan(KernelPlan):
 @dataclass(frozen=True)
 class OnlinePlan(KernelPlan):
     kind: ClassVar[str] = "online"
-
-    def kernel(self):
-        from .rows import softmax_online_kernel
-        return softmax_online_kernel
+    kernel_name: ClassVar[str] = "softmax_online_kernel"
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         return self.row_constexprs(layout, log, out_dtype, BLOCK_N=self.block_n)
@@ -315,14 +281,8 @@ class OnlinePlan(KernelPlan):
 @dataclass(frozen=True)
 class SplitPlan(KernelPlan):
     kind: ClassVar[str] = "split"
+    kernel_name: ClassVar[str] = "softmax_split_kernel"
     split: ClassVar[bool] = True
-
-    def kernel(self):
-        from .rows import softmax_split_kernel
-        return softmax_split_kernel
-
-    def work_items(self, layout):
-        return layout.n_rows * self.chunks
 
     def stats_numel(self, layout):
         per_chunk = 1 if self.states_only else self.fusion.stats_per_chunk  # lse, or (max, sum[, kept])
@@ -337,10 +297,7 @@ class SplitPlan(KernelPlan):
 @dataclass(frozen=True)
 class ColsPlan(KernelPlan):
     kind: ClassVar[str] = "cols"
-
-    def kernel(self):
-        from .cols import softmax_cols_kernel
-        return softmax_cols_kernel
+    kernel_name: ClassVar[str] = "softmax_cols_kernel"
 
     def groups(self, layout):
         v = column_view(layout)
@@ -349,58 +306,42 @@ class ColsPlan(KernelPlan):
     def work_items(self, layout):
         return self.groups(layout) * self.chunks
 
-    def _sizes(self, layout) -> dict:
-        v = column_view(layout)
-        return dict(n_outer=v.n_outer, n_red=v.n_red, n_inner=v.n_inner)
-
-    def _strides(self, layout) -> dict:
-        v = column_view(layout)
-        return dict(xso=v.in_outer_stride, xsn=v.in_red_stride, yso=v.out_outer_stride, ysn=v.out_red_stride)
-
     def fusion_args(self, layout):
-        """Mask (outer, reduction, inner) and sink (outer, inner) strides, causal geometry
-        (rows in logical order here: p_sink at outer * n_inner + inner)."""
+        """Mask (outer, reduction, inner) and sink (outer, inner) strides, causal geometry (logical rows)."""
         (m_rows, m_col), s_rows, _ = self.fusion.operand_strides(layout)
         return dict(mso=m_rows[1], msn=m_col, msi=m_rows[2], sso=s_rows[1], ssi=s_rows[2], SQ=self.fusion.sq,
                     C_OFF=self.fusion.c_off)
 
     def static_args(self, layout):
-        return dict(**self._sizes(layout), **self._strides(layout), **self.fusion_args(layout))
+        v = column_view(layout)
+        chunks = dict(n_chunks=self.chunks) if self.split else {}
+        return dict(n_outer=v.n_outer, n_red=v.n_red, n_inner=v.n_inner, **chunks, xso=v.in_outer_stride,
+                    xsn=v.in_red_stride, yso=v.out_outer_stride, ysn=v.out_red_stride,
+                    **self.fusion_args(layout))
 
-    def _common_constexprs(self, layout, log, out_dtype) -> dict:
+    def constexprs(self, layout, log, out_dtype, phase=0):
         # Reduction steps past N are masked but still multiplied by the stride: cover the tile.
         reach = max(layout.n_cols, self.block_n * self.chunks) + layout.row_sizes[2]
         strides = [layout.in_col_stride, layout.out_col_stride]
         (m_rows, m_col), _, _ = self.fusion.operand_strides(layout)
         if self.fusion.mask:
             strides += [m_col, m_rows[1], m_rows[2]]
-        stride = max(max(abs(s) for s in strides), 1)
-        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE=reach * stride > INT32_MAX,
+        wide = reach * max(max(abs(s) for s in strides), 1) > INT32_MAX
+        own = dict(CHUNK=self.block_n, G_POW2=next_power_of_2(self.chunks), PHASE=phase) if self.split else \
+            dict(BLOCK_N=self.block_n)
+        return dict(LOG=log, ACC_FP64=out_dtype == torch.float64, WIDE=wide, BLOCK_I=self.block_m, **own,
                     **self.fusion.constexprs(out_dtype))
-
-    def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(self._common_constexprs(layout, log, out_dtype), BLOCK_N=self.block_n, BLOCK_I=self.block_m)
 
 
 @dataclass(frozen=True)
 class ColsSplitPlan(ColsPlan):
     kind: ClassVar[str] = "cols_split"
+    kernel_name: ClassVar[str] = "softmax_cols_split_kernel"
     split: ClassVar[bool] = True
-
-    def kernel(self):
-        from .cols import softmax_cols_split_kernel
-        return softmax_cols_split_kernel
 
     def stats_numel(self, layout):
         # (max, sum[, kept]) per inner position
         return self.groups(layout) * self.chunks * self.fusion.stats_per_chunk * self.block_m
-
-    def static_args(self, layout):
-        return dict(**self._sizes(layout), n_chunks=self.chunks, **self._strides(layout), **self.fusion_args(layout))
-
-    def constexprs(self, layout, log, out_dtype, phase=0):
-        return dict(self._common_constexprs(layout, log, out_dtype), CHUNK=self.block_n, BLOCK_I=self.block_m,
-                    G_POW2=next_power_of_2(self.chunks), PHASE=phase)
 
 
 @dataclass(frozen=True)
@@ -408,14 +349,8 @@ class BackwardTilePlan(KernelPlan):
     """dx from (y, dy): whole rows, BLOCK_M rows per step."""
 
     kind: ClassVar[str] = "tile"
+    kernel_name: ClassVar[str] = "softmax_bwd_kernel"
     backward: ClassVar[bool] = True
-
-    def kernel(self):
-        from .bwd import softmax_bwd_kernel
-        return softmax_bwd_kernel
-
-    def head(self, tensors, stats, counts):
-        return (*tensors, stats, counts)  # the one backward kernel always takes the scratch
 
     def static_args(self, layout):
         _, s1, s2 = layout.row_sizes
@@ -441,9 +376,6 @@ class BackwardSplitPlan(BackwardTilePlan):
 
     kind: ClassVar[str] = "split"
     split: ClassVar[bool] = True
-
-    def work_items(self, layout):
-        return layout.n_rows * self.chunks
 
     def stats_numel(self, layout):
         return layout.n_rows * self.chunks

@@ -1,13 +1,9 @@
-"""The forward row kernels shared by `triton` (CUDA/HIP) and `triton_ascend` (NPU):
-`softmax_tile_kernel` (whole rows, BLOCK_M per step), `softmax_online_kernel` (a row walked in
-BLOCK_N sub-blocks) and `softmax_split_kernel` (a row's chunks on several programs), all
-persistent (a grid-stride loop over the work), reading rows through `core.layout.RowLayout`
-and the fused family's steps (`fused.py`). STATES_ONLY: their logsumexp form (`lse_rows.py`).
-How each works: docs/kernels.md.
-
-Numerics: fp32 accumulation (fp64 for fp64 outputs); -inf - -inf is kept out of the running
-rescale factors so a sub-block of -inf entries does not poison a row, while an all -inf row
-still ends as 0/0 = NaN, as torch gives it.
+"""The forward row kernels of `triton` and `triton_ascend`, persistent over rows laid out as
+`core.layout.RowLayout` with the fused family's steps (`fused.py`); docs/kernels.md:
+`softmax_tile_kernel` (whole rows, BLOCK_M a step), `softmax_online_kernel` (BLOCK_N sub-blocks
+of a row), `softmax_split_kernel` (a row's chunks on several programs). STATES_ONLY: their
+logsumexp form (`lse_rows.py`). Accumulation in fp32 (fp64 for fp64 outputs); -inf - -inf is kept
+out of the rescale factors (an all -inf row still ends as 0/0 = NaN, as torch gives it).
 """
 
 from __future__ import annotations
@@ -42,30 +38,25 @@ def softmax_tile_kernel(
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
     STATES_ONLY: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
-    """STATES_ONLY: the rows' logsumexp (`fused.tile_lse`) is written at y_ptr + the row's y offset
-    instead of the softmax (`lse_rows.py`): same tiles and loads, no output row."""
+    """STATES_ONLY: each row's logsumexp (`fused.tile_lse`) at its y offset instead (`lse_rows.py`)."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     # Elements per 16-byte vector of x.
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
     cols = tl.arange(0, BLOCK_N)
     if MASK == 1:
-        # One register layout for x and the uint8 mask: left alone, Triton gives the mask 16
-        # elements per thread (its 16 bytes) and x 8 (bf16), and converts between the two
-        # through shared memory (6 more barriers per tile; bool-mask rows of 1024 ran at 0.80
-        # of copy where additive masks ran at 0.95).
+        # One register layout for x and the uint8 mask: else Triton converts between them
+        # through shared memory (bool-mask rows of 1024 ran at 0.80 of copy, additive at 0.95).
         cols = tl.max_contiguous(cols, VEC)
     if WIDE_COLS:
         cols = cols.to(tl.int64)
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
-    # No software pipelining: the loop body is one load, and the programs resident on an SM
-    # already overlap their loads (an H200 sweep: 1 stage 0.89 of copy at 32768x1024 fp32, 4
-    # stages 0.83).
+    # No software pipelining: the programs resident on an SM already overlap their one load each
+    # (H200, 32768x1024 fp32: 1 stage 0.89 of copy, 4 stages 0.83).
     for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=1):
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         if FLAT_ROWS:
-            # One row dimension (S0 = S1 = 1): offsets `rows * stride`, which triton-ascend's
-            # front end lowers to one bounded 2-D load; the div/mod form below it lowers to
-            # per-row loads of the full tile width, reading past the tensor (ascend.md).
+            # One row dim: `rows * stride` lowers to one bounded 2-D load on triton-ascend; the
+            # div/mod form to per-row loads of the full tile width, past the tensor (ascend.md).
             x_off = rows * xs2
             y_off = rows * ys2
             m_off = rows * ms2
@@ -156,9 +147,8 @@ def softmax_online_kernel(
                 kept += keep.to(tl.int32)
         sink = 0.0
         if HAS_SINK:
-            # A one-element tile under a row bound rather than a scalar load: triton-ascend lowers
-            # this form to a copy clamped by the bound (tests/ascend_frontend), a scalar load to
-            # an element access and a constant-true mask to an unclamped copy.
+            # A one-element tile under a row bound: triton-ascend lowers it to a clamped copy
+            # (tests/ascend_frontend), a scalar load to an element access.
             one = tl.arange(0, 1)
             sink = tl.max(tl.load(s_ptr + row_offsets(row64, S1, S2, ss0, ss1, ss2) + one, mask=row64 + one < n_rows,
                                   other=0.0).to(acc_ty), axis=0)
@@ -172,8 +162,7 @@ def softmax_online_kernel(
             if HAS_SINK:
                 tl.store(p_ptr + row_offsets(row64, S1, S2, ps0, ps1, ps2),
                          sink_share(sink, m_sub, total, empty, ACC_FP64).to(p_ptr.dtype.element_ty))
-            # log_softmax subtracts m and log(sum) separately: folding them into one shift would
-            # round m + log(sum) at the magnitude of m and lose the small outputs' precision.
+            # m and log(sum) subtracted apart: m + log(sum) would round at m's magnitude.
             log_total = tl.log(total)
             inv = 1.0 / total
             # Pass 2: normalise every column (those past a causal prefix are written too).
@@ -196,11 +185,10 @@ def softmax_online_kernel(
 @triton.jit
 def normalise_chunk(x, e, m_raw, m_chunk, m_sub, total, LOG: tl.constexpr, REUSE_EXP: tl.constexpr,
                      ACC_FP64: tl.constexpr):
-    """A chunk's output from the row statistics (m_sub, total). With REUSE_EXP the chunk's own
-    exp(x - m_chunk) `e` is rescaled instead of taking a second exp per element (the
-    special-function unit, not memory, limits 16-bit rows otherwise); a chunk of only -inf
-    contributes 0 (NaN when the whole row is -inf: 0/0). Statistics broadcast over x's
-    leading axis (the column kernel's reduction steps)."""
+    """A chunk's output from the row statistics (m_sub, total). REUSE_EXP rescales the chunk's own
+    exp(x - m_chunk) `e` instead of a second exp per element (the special-function unit limits
+    16-bit rows); a chunk of only -inf gives 0 (a whole -inf row NaN: 0/0). Statistics broadcast
+    over x's leading axis (the column kernel's reduction steps)."""
     if LOG:
         return (x - m_sub) - tl.log(total)
     elif REUSE_EXP:
@@ -224,8 +212,7 @@ def row_wait(count_ptr, row, arrived, n_chunks):
 
 @triton.jit
 def row_depart(count_ptr, row, n_chunks):
-    """Leave the row's barrier; the last program out resets both counters to zero, so the
-    counter buffer is reused by the next launch on this stream without a memset kernel."""
+    """Leave the row's barrier; the last program out zeroes both counters (no memset)."""
     departed = tl.atomic_add(count_ptr + 2 * row + 1, 1, sem="acq_rel", scope="gpu") + 1
     if departed == n_chunks:
         tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
@@ -234,18 +221,14 @@ def row_depart(count_ptr, row, n_chunks):
 
 @triton.jit
 def row_leave(count_ptr, row):
-    """Leave the row's barrier without ordering anything around it (relaxed): nothing this
-    program does later waits for the count, which `row_reset` checks once the chunk is stored.
-    An acquire or release here would also wait for a prefetched load still in flight. Safe:
-    a program leaves only after its wait saw every chunk arrive, so when the count reaches
-    n_chunks no program of the row still reads the arrival counter."""
+    """Leave the row's barrier relaxed (an acquire or release would wait for a prefetched load): safe,
+    the wait saw every chunk arrive, and `row_reset` checks the count once the chunk is stored."""
     return tl.atomic_add(count_ptr + 2 * row + 1, 1, sem="relaxed", scope="gpu") + 1
 
 
 @triton.jit
 def row_reset(count_ptr, row, departed, n_chunks):
-    """The last program out of a row (`departed`, `row_leave`'s count, equals n_chunks) zeroes
-    its counters for the next launch; release: after the count it read."""
+    """The last program out (`departed` == n_chunks) zeroes the row's counters (release: after the count)."""
     if departed == n_chunks:
         tl.atomic_xchg(count_ptr + 2 * row, 0, sem="release", scope="gpu")
         tl.atomic_xchg(count_ptr + 2 * row + 1, 0, sem="relaxed", scope="gpu")
@@ -253,12 +236,10 @@ def row_reset(count_ptr, row, departed, n_chunks):
 
 @triton.jit
 def _row_wait_polled(count_ptr, row, n_chunks):
-    """Arrive at `row`'s barrier and wait until every chunk of the row has arrived, crossing no
-    value between threads through shared memory (`row_meet` says why): the arrival's count
-    is not read back, every thread polls the counter itself (a volatile load); then one
-    thread's acquire, which reads the complete count, and the block's barrier (bar.sync)
-    order every thread's later reads after the other programs' statistics, as in `row_wait`.
-    The acquire is an `or` of 0 (the count unchanged): Triton drops an unused add of 0."""
+    """Arrive at `row`'s barrier and wait for every chunk, crossing no value between threads
+    through shared memory (`row_meet` says why): every thread polls the counter (volatile), then
+    one thread's acquire and the block's bar.sync order the later reads, as in `row_wait`. The
+    acquire is an `or` of 0: Triton drops an unused add of 0."""
     tl.atomic_add(count_ptr + 2 * row, 1, sem="acq_rel", scope="gpu")
     seen = tl.load(count_ptr + 2 * row, volatile=True)
     while seen < n_chunks:
@@ -273,12 +254,10 @@ def row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2: tl.constexpr, NS
     """The pipelined loop's barrier (`softmax_split_kernel` STAGES): arrive, wait for the row's
     other chunks, read their statistics (NSTAT per chunk at `stats_row`) and merge them with
     the sink as `fused.merge_stats` does: (m_sub, total, kept columns (NSTAT 3, else 0))."""
-    # Not inlined: the software pipeliner steps over a call, so none of the statistics' loads
-    # (written by other programs) can move above the wait that makes them valid. No shared
-    # memory in here: Triton before 3.9 places a callee's shared memory at offset 0, over the
-    # caller's pipelined buffers (triton-lang/triton#11267). So the wait crosses no value between
-    # threads (`_row_wait_polled`) and the statistics are reduced GROUP at a time, a tensor one
-    # warp holds whole (every warp a copy), which Triton reduces with shuffles.
+    # Not inlined: the pipeliner steps over a call, so no statistics load moves above the wait.
+    # No shared memory: Triton before 3.9 places a callee's at offset 0, over the caller's
+    # pipelined buffers (triton-lang/triton#11267); so the wait polls (`_row_wait_polled`) and
+    # the statistics are reduced GROUP at a time, a tensor one warp holds whole (shuffles).
     _row_wait_polled(count_ptr, row, n_chunks)
     GROUP: tl.constexpr = 32 if G_POW2 > 32 else G_POW2
     m = float("-inf")
@@ -307,9 +286,7 @@ def row_meet(count_ptr, row, n_chunks, stats_row, sink, G_POW2: tl.constexpr, NS
 
 @triton.jit(noinline=True)
 def row_meet_sum(count_ptr, row, n_chunks, stats_row, G_POW2: tl.constexpr):
-    """`row_meet` of the backward's split rows: arrive, wait, and the sum of the row's
-    n_chunks partial sums at `stats_row` (for the reasons given there, not inlined and
-    without shared memory)."""
+    """`row_meet` of the backward's split rows: the sum of the row's partial sums at `stats_row`."""
     _row_wait_polled(count_ptr, row, n_chunks)
     GROUP: tl.constexpr = 32 if G_POW2 > 32 else G_POW2
     total = tl.load(stats_row) * 0.0
@@ -333,23 +310,16 @@ def softmax_split_kernel(
     STATES_ONLY: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
     """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
-
-    PHASE 0 (one cooperative launch): each program publishes its chunk's (max, sum[, kept
-    count]) to `stats`, waits at the row's barrier, then normalises the chunk it still holds;
-    the launcher keeps the grid co-resident (a multiple of n_chunks, no larger than the GPU
-    holds, items row-major). PHASE 1 / PHASE 2: the same work as two launches (statistics, then
-    normalisation re-reading x), which needs no co-residency. PREFETCH, RELAXED_DEPART,
-    HOLD_INPUT (16-bit x) and STAGES are the plan's forms of PHASE 0 (docs/kernels.md, "split");
-    STAGES replaces PREFETCH (`heuristics.phase0_forms` refuses both).
-
-    STATES_ONLY (launched as PHASE 1 alone, `lse_rows.py`): each chunk's own logsumexp (no
-    sink) goes to stats[row * n_chunks + chunk]; the row's last chunk to arrive (its counter,
-    left zero again) combines them with the sink into the row's lse at y_ptr + the row's y offset.
+    PHASE 0 (one cooperative launch, the grid co-resident, items row-major): each program
+    publishes its chunk's (max, sum[, kept]) to `stats`, waits at the row's barrier, normalises
+    the chunk it holds. PHASE 1 / 2: the same as two launches (normalisation re-reads x).
+    PREFETCH, RELAXED_DEPART, HOLD_INPUT (16-bit x) and STAGES (never with PREFETCH) are forms of
+    PHASE 0 (docs/kernels.md). STATES_ONLY (PHASE 1 alone, `lse_rows.py`): each chunk's lse goes
+    to stats[item]; the row's last chunk to arrive combines them and the sink into the row's lse.
     """
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2
-    # The forms of PHASE 0 apply to the cooperative launch only.
     PIPELINED: tl.constexpr = STAGES > 1 and PHASE == 0
     AHEAD: tl.constexpr = PREFETCH and PHASE == 0 and not PIPELINED
     LATE_DEPART: tl.constexpr = RELAXED_DEPART and PHASE == 0
@@ -392,8 +362,8 @@ def softmax_split_kernel(
             m_raw = tl.max(z, axis=0)
             s_chunk = tl.sum(exp_acc(z - lse_sub(m_raw), ACC_FP64), axis=0)
             tl.store(stats_ptr + item, close_lse(m_raw, s_chunk))
-            # The row's last chunk to arrive combines the row's chunk lses: nothing waits, so
-            # no co-residency is needed; its acquire (and .cg, as PHASE 0) sees the others' stores.
+            # The row's last chunk to arrive combines the chunk lses (nothing waits); its acquire
+            # and .cg see the others' stores.
             if row_arrive(count_ptr, row) == n_chunks:
                 tl.atomic_xchg(count_ptr + 2 * row, 0, sem="relaxed", scope="gpu")
                 g = tl.arange(0, G_POW2)
@@ -477,11 +447,8 @@ def softmax_split_kernel(
 
 @triton.jit
 def _widen_again(x):
-    """x (16-bit) as float32 once more after the barrier. bfloat16 is widened by shifting its
-    bits: the same value as `x.to(tl.float32)`, but not the same operation, so the compiler
-    cannot merge it with the conversion before the barrier and keep that float32 copy live
-    across the wait (which HOLD_INPUT exists to avoid). float16 has no such form: its second
-    conversion may be merged with the first."""
+    """x (16-bit) as float32 again after the barrier: bfloat16 by a bit shift, which the compiler cannot
+    merge with the first conversion and keep live across the wait (HOLD_INPUT); float16's may be."""
     if x.dtype.is_bf16():
         return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
@@ -490,10 +457,8 @@ def _widen_again(x):
 
 @triton.jit
 def chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
-    """(row, chunk index, columns) of work item `item`. Kept apart from the load: torch.compile's
-    analysis of which arguments a kernel writes follows a store's address back through helper
-    calls, and an address computed inside a call that also takes `x_ptr` marks `x` as written
-    (graph inputs that look mutated keep a model out of CUDA graphs)."""
+    """(row, chunk index, columns) of item `item`, apart from the load: torch.compile marks `x` written
+    where a store's address is computed in a call taking `x_ptr` (keeping a model out of CUDA graphs)."""
     item64 = tl.cast(item, tl.int64)
     row = item64 // n_chunks
     chunk = item64 % n_chunks
@@ -502,8 +467,7 @@ def chunk_at(item, n_chunks, offs, CHUNK: tl.constexpr):
 
 @triton.jit
 def _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
-    """The columns of work item `item`'s row that are read: the row (or its causal prefix),
-    none past the last item."""
+    """The columns of item `item`'s row read: all (or the causal prefix), none past the last item."""
     return tl.where(tl.cast(item, tl.int64) < n_items, col_limit(row, n_cols, SQ, Q_DIV, C_OFF, CAUSAL), 0)
 
 
@@ -516,9 +480,8 @@ def _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn):
 @triton.jit
 def chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn,
              SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
-    """Work item `item`'s chunk of x as stored, in x's dtype (-inf outside the row, past a
-    causal prefix and everywhere past the last item): the load alone, so that it can be issued
-    ahead of its use (PREFETCH) without waiting for it."""
+    """Work item `item`'s chunk of x in x's dtype (-inf outside the row or its causal prefix and
+    past the last item): the load alone, so that it can be issued ahead (PREFETCH)."""
     row, _, cols = chunk_at(item, n_chunks, offs, CHUNK)
     live = cols < _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
     return _load_chunk(x_ptr, row, cols, live, S1, S2, xs0, xs1, xs2, xsn)
@@ -527,21 +490,17 @@ def chunk_x(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S
 @triton.jit
 def _chunk_x_staged(x_ptr, item, n_items, n_cols, n_chunks, offs, CHUNK: tl.constexpr, S1, S2, xs0, xs1, xs2, xsn,
                     SQ, Q_DIV, C_OFF, CAUSAL: tl.constexpr):
-    """`chunk_x` for the pipelined loop (STAGES): the same elements, 0 where `chunk_x` gives
-    -inf (the caller applies -inf with its own mask). The pipeliner issues this load STAGES - 1
-    items ahead and carries every value it shares with the item's later uses across the
-    stages, live through the barrier's call: so the address and the mask are built from
-    scalars and `offs` alone (shared column indices or an -inf fill would carry a register per
-    element and stage), from an item count of the loop's own (`loaded`: sharing the row and
-    chunk arithmetic of `item` would carry its scalars, about 40 more registers per thread
-    at three stages on sm_90)."""
+    """`chunk_x` for the pipelined loop (STAGES), 0 where it gives -inf (the caller masks). The
+    pipeliner carries every value this load shares with the item's later uses across the
+    stages: so the address and mask come from scalars and `offs` alone (shared column indices
+    or an -inf fill would cost a register per element and stage), from the loop's own item count
+    (`loaded`: sharing `item`'s arithmetic cost ~40 registers per thread at 3 stages, sm_90)."""
     row, chunk, _ = chunk_at(item, n_chunks, offs, CHUNK)
     start = chunk * CHUNK
     lim = _chunk_limit(item, n_items, n_cols, row, SQ, Q_DIV, C_OFF, CAUSAL)
     if CAUSAL:
-        # A causal prefix in whole 16-byte vectors (`fused.whole_vectors`; the caller cuts the
-        # exact prefix): a bound inside a vector loads 16-bit elements one by one, narrower
-        # than an async copy takes (4 bytes at least), and the load would not be pipelined.
+        # A causal prefix in whole 16-byte vectors (the caller cuts the exact prefix): a bound
+        # inside a vector loads 16-bit elements one by one, too narrow for an async copy.
         per_load: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
         lim = tl.minimum(tl.cdiv(lim, per_load) * per_load, n_cols)
     span = lim - start

@@ -1,12 +1,9 @@
-"""A row sharded across GPUs, normalised with one read of each shard (docs/kernels.md): the
-split kernel's row barrier extended to the row's pieces on other ranks. A rank publishes its lse
-of a row into every peer's mailbox (`anysoftmax.distributed.mailbox`) as one word, `epoch << 32 |
-float32 bits`, valid by itself; a reader spins until every peer's word of the row carries this
-call's epoch and normalises its chunk with the peers' lses and the sink as the row's sink. The
-epoch's parity picks the mailbox half: a rank is at most one call ahead of another, so a word of
-the next call never overwrites one still to be read. PHASE 0 (one cooperative launch, rows in
-ascending order per program) keeps the chunk in registers across the exchange; PHASE 1 / 2 (the
-last chunk publishing; then wait and normalise, re-reading x) serve rows that outgrow the GPU.
+"""A row sharded across GPUs, normalised with one read of each shard (docs/kernels.md): the split
+kernel's barrier extended to other ranks. A rank publishes its lse of a row into every peer's
+mailbox (`anysoftmax.distributed.mailbox`) as one word, `epoch << 32 | float32 bits`; a reader spins
+until every peer's word carries this call's epoch (its parity picks the mailbox half: a rank is at
+most one call ahead). PHASE 0 (one cooperative launch) keeps the chunk in registers across the
+exchange; PHASE 1 / 2 (the last chunk publishes; wait and normalise, re-reading x) larger rows.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ LOW32 = tl.constexpr(0xFFFFFFFF)  # the float32 bits of a word
 
 @triton.jit
 def _local_lse(stats_row, n_chunks, G_POW2: tl.constexpr):
-    """This rank's lse of a row from its local chunks' (max, sum) in `stats_row` (read through
-    L2: other programs wrote them before the row's barrier)."""
+    """This rank's lse of a row from its chunks' (max, sum) at `stats_row` (through L2: others wrote them)."""
     g = tl.arange(0, G_POW2)
     ms = tl.load(stats_row + 2 * g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
     ss = tl.load(stats_row + 2 * g + 1, mask=g < n_chunks, other=0.0, cache_modifier=".cg")
@@ -35,8 +31,7 @@ def _local_lse(stats_row, n_chunks, G_POW2: tl.constexpr):
 @triton.jit
 def _publish(peers_ptr, slot, lse, epoch, ranks, others, go):
     """Write this rank's `lse` of a row, tagged with `epoch`, into slot `slot` of every other
-    rank's mailbox (where `go`): one relaxed system-scope exchange per peer, single-copy atomic,
-    so a reader sees either the old word or the whole new one."""
+    rank's mailbox (where `go`): one relaxed system-scope exchange per peer (single-copy atomic)."""
     bits = lse.to(tl.int32, bitcast=True).to(tl.int64) & LOW32
     word = (tl.cast(epoch, tl.int64) << 32) | bits
     base = tl.load(peers_ptr + ranks, mask=others, other=0)
@@ -56,8 +51,8 @@ def _gather_rest(words_ptr, slot_row, epoch, ranks, others, sink, HAS_SINK: tl.c
     return tile_lse(peer, sink, 0, HAS_SINK, False)
 
 
-# The epoch and the mailbox half change every call: never specialised on (a value of 1 or a
-# multiple of 16 would otherwise compile another kernel, and a fast launch would reuse the wrong one).
+# The epoch and the mailbox half change every call: never specialised on (1 or a multiple of 16
+# would compile another kernel, which a fast launch would not use).
 @triton.jit(do_not_specialize=["epoch", "slot_base"])
 def sharded_split_kernel(
     x_ptr, y_ptr, m_ptr, s_ptr, lse_ptr, stats_ptr, count_ptr, words_ptr, peers_ptr,
@@ -69,12 +64,10 @@ def sharded_split_kernel(
     HAS_SCALE: tl.constexpr, HAS_CAP: tl.constexpr, MASK: tl.constexpr, HAS_SINK: tl.constexpr,
     WRITE_LSE: tl.constexpr, PRECISE: tl.constexpr,
 ):
-    """This rank's shard of a row-sharded softmax (module docstring), accumulated in float32 (the
-    words carry float32 lses: float64 shards keep the all-gather path). Rows are numbered in
-    logical order on every rank (row r's mailbox slot is the same everywhere); MASK is 0 or 2 (a
-    bool mask's empty rows would need every rank's kept count); WRITE_LSE stores the row's global
-    lse at lse_ptr + row (the sinks' gradient reads it). PREFETCH (PHASE 0): the next chunk's
-    load is issued before waiting on this one's row, in flight while the states cross NVLink."""
+    """This rank's shard of a row-sharded softmax in float32 (the words carry float32 lses), rows
+    in logical order on every rank; MASK 0 or 2 (a bool mask's empty rows would need every rank's
+    count); WRITE_LSE stores the row's global lse at lse_ptr + row (the sinks' gradient reads
+    it). PREFETCH (PHASE 0): the next chunk's load in flight while the states cross NVLink."""
     acc_ty = tl.float32
     offs = tl.arange(0, CHUNK)
     if WIDE_COLS:

@@ -1,9 +1,7 @@
-"""The softmax's launchers bound to one request, shared by the `triton` and `triton_ascend`
-backends: they lay the operands out as a plan's kernels read them and launch through
-`launcher.bind` (the traced path, `traced.launch`, takes the same tensors).
-
-Plain requests: `f(x) -> y` and `f(y, grad) -> dx`. Fused ones (`core.variant`):
-`f(x, operands) -> (y, p_sink)` and `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`.
+"""The softmax's launchers of one request, shared by `triton` and `triton_ascend`: the operands
+laid out as a plan's kernels read them (the traced path, `traced.launch`, takes the same tensors),
+launched through `launcher.bind`. Plain: `f(x) -> y`, `f(y, grad) -> dx`; fused (`core.variant`):
+`f(x, operands) -> (y, p_sink)`, `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`.
 """
 
 from __future__ import annotations
@@ -12,23 +10,17 @@ import torch
 
 from ...core.layout import (POISON_OUTPUTS, RowLayout, allocate_rows, contiguous_strides, mask_fastest, new_output,
                             operand_strides, row_operand_strides)
+from ...core.lse_merge import row_shape
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .launcher import bind
 from .plan import KernelPlan, scalars
 
 
-def row_shape(spec: SoftmaxSpec) -> tuple:
-    """The shape of per-row statistics: the input's with size 1 in `dim`."""
-    return tuple(1 if d == spec.dim else s for d, s in enumerate(spec.shape))
-
-
 def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool,
                  as_bytes: bool = True) -> torch.Tensor | None:
-    """The mask as the kernels read it: a bool mask as bytes (nonzero = excluded); with
-    `materialise`, the broadcast view copied to the input's shape. `as_bytes=False` keeps a bool
-    mask bool (the kernels load a byte either way): Inductor cannot lower a dtype view of a bool
-    graph input."""
+    """The mask as the kernels read it: bool as bytes (nonzero = excluded) unless `as_bytes=False`
+    (Inductor cannot lower a bool input's dtype view); `materialise`: copied to the input's shape."""
     if mask is None:
         return None
     if materialise:
@@ -37,16 +29,14 @@ def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool
 
 
 def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec) -> torch.Tensor | None:
-    """The sinks (or a row scale) as the kernels read them: one value per row, contiguous over
-    the input's row shape (`core.layout.operand_strides` says why; no copy when they already are)."""
+    """The sinks (or a row scale) as the kernels read them: contiguous over the input's row shape."""
     if sinks is None:
         return None
-    return sinks.expand(row_shape(spec)).contiguous()
+    return sinks.expand(row_shape(spec.shape, spec.dim)).contiguous()
 
 
 def materialised_strides(spec: SoftmaxSpec) -> tuple:
-    """`core.layout.operand_strides` of the operands copied to the input's shape (the mask,
-    contiguous) and row shape (the sinks and their per-row output)."""
+    """`core.layout.operand_strides` of the operands copied to x's shape (mask) or row shape (sinks)."""
     v = spec.variant
     out = [contiguous_strides(spec.shape)] if v.mask is not None else []
     if v.sinks is not None or v.row_scale is not None:
@@ -54,9 +44,20 @@ def materialised_strides(spec: SoftmaxSpec) -> tuple:
     return tuple(out)
 
 
+def stand_in_operands(spec: SoftmaxSpec, device, full: bool = False) -> tuple:
+    """(mask, sinks, p_sink, row scale) of the variant's dtypes for a first compile, zero-filled:
+    16 elements (the code depends on dtypes, not sizes), or with `full` the shapes the request reads."""
+    v = spec.variant
+    shape, rows = (spec.shape, row_shape(spec.shape, spec.dim)) if full else ((16,), (16,))
+    dtypes = (None if v.mask is None else torch.uint8 if v.mask_kind == "bool" else v.mask.dtype,
+              None if v.sinks is None else v.sinks.dtype, None if v.sinks is None else spec.acc_dtype,
+              None if v.row_scale is None else v.row_scale.dtype)
+    return tuple(None if d is None else torch.zeros(size, dtype=d, device=device)
+                 for d, size in zip(dtypes, (shape, rows, rows, rows)))
+
+
 def forward_layout(x: torch.Tensor, spec: SoftmaxSpec):
-    """(x, y, layout, materialise): `allocate_rows`, and when the operands' own strides need more
-    than three row dims even after that, the layout of materialised (contiguous) operands."""
+    """(x, y, layout, materialise): `allocate_rows`'s, else a contiguous x and materialised operands."""
     x, y, layout = allocate_rows(x, spec)
     if layout is not None:
         return x, y, layout, False
@@ -76,28 +77,30 @@ def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool
     return RowLayout.from_strides(spec.shape, st, st, spec.dim, materialised_strides(spec)), True
 
 
-def logical_rows(shape: tuple, x_strides: tuple, dim: int, mask_strides, has_sink: bool) -> tuple[bool, RowLayout]:
-    """(copy, layout): x's rows in logical order read through x's and the mask's strides (None:
-    no mask), the sinks (`has_sink`: or a row scale) one value per row, the output contiguous;
-    `copy`: x and the mask are read
-    as contiguous copies instead, their strides leaving more row dims than the kernels take."""
+def logical_rows(shape: tuple, x_strides: tuple, dim: int, mask_strides, has_sink: bool) -> tuple:
+    """(copy, layout, operand strides): x's rows in logical order through x's and the mask's strides
+    (None: no mask), the sinks (or a row scale) one value per row, the output contiguous; `copy`: x
+    and the mask are read as contiguous copies (their strides leave more row dims than the kernels
+    take); the mask's (ms0..ms2, msn) and the sinks' (ss0..ss2) strides by name, zeros if absent."""
     ops = [] if mask_strides is None else [mask_strides]
     if has_sink:
         ops.append(row_operand_strides(shape, dim))
     out = contiguous_strides(shape)
-    layout = RowLayout.from_strides(shape, x_strides, out, dim, tuple(ops))
-    if layout is not None:
-        return False, layout
-    if mask_strides is not None:
-        ops[0] = out
-    return True, RowLayout.from_strides(shape, out, out, dim, tuple(ops))
+    copy, layout = False, RowLayout.from_strides(shape, x_strides, out, dim, tuple(ops))
+    if layout is None:
+        if mask_strides is not None:
+            ops[0] = out
+        copy, layout = True, RowLayout.from_strides(shape, out, out, dim, tuple(ops))
+    (ms0, ms1, ms2), msn = ((layout.op_row_strides[0], layout.op_col_strides[0]) if mask_strides is not None
+                            else ((0, 0, 0), 0))
+    ss0, ss1, ss2 = layout.op_row_strides[-1] if has_sink else (0, 0, 0)
+    return copy, layout, dict(ms0=ms0, ms1=ms1, ms2=ms2, msn=msn, ss0=ss0, ss1=ss1, ss2=ss2)
 
 
 def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: bool = False, guard=None,
             materialise: bool = False):
-    """`f(x) -> y` (plain) or `f(x, operands) -> (y, p_sink)` (fused) for requests like `spec`,
-    launching `plan` on the current stream; `contiguous`: x is copied first (the one copy
-    `core.layout.allocate_rows` makes); `materialise`: the operands' broadcast views are copied."""
+    """`f(x) -> y` (plain) or `f(x, operands) -> (y, p_sink)` (fused) for requests like `spec`;
+    `contiguous`: x is copied first; `materialise`: the operands' broadcast views are copied."""
     launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
 
@@ -121,7 +124,7 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
 
         return run
 
-    p_shape = row_shape(spec) if plan.fusion.has_sink else None
+    p_shape = row_shape(shape, spec.dim) if plan.fusion.has_sink else None
 
     def run_fused(x: torch.Tensor, ops: Operands):
         t = forward_tensors(x.contiguous() if contiguous else x, new_output(shape, dtype, device), ops, spec, p_shape,
@@ -133,8 +136,7 @@ def forward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, contiguous: 
 
 
 def forward_tensors(x, y, ops: Operands, spec: SoftmaxSpec, p_shape, materialise: bool, as_bytes: bool = True):
-    """(x, y, mask, sinks, p_sink, row scale) as a fused forward launch takes them; p_sink
-    allocated here (`p_shape`: `row_shape(spec)` with sinks, else None)."""
+    """(x, y, mask, sinks, p_sink of `p_shape`, row scale) as a fused forward launch takes them."""
     p = None if p_shape is None else torch.empty(p_shape, dtype=spec.acc_dtype, device=x.device)
     return (x, y, mask_operand(ops.mask, spec, materialise, as_bytes), sinks_operand(ops.sinks, spec), p,
             row_scale_operand(ops, spec))
@@ -145,10 +147,9 @@ def row_scale_operand(ops: Operands, spec: SoftmaxSpec) -> torch.Tensor | None:
     return sinks_operand(ops.scale, spec) if spec.variant.row_scale is not None else None
 
 
-def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None, materialise: bool = False):
-    """`f(y, grad) -> dx` (plain) or `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` (fused)
-    for requests like `spec` (y contiguous, row layout `layout`)."""
-    launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device, guard)
+def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, materialise: bool = False):
+    """`f(y, grad) -> dx` (plain) or `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` (fused)."""
+    launch = bind(plan, layout, spec.log, spec.out_dtype, spec.device)
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
 
     if spec.is_plain:
@@ -161,7 +162,7 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None,
 
         return run
 
-    has_cap, ds_shape = plan.fusion.has_cap, row_shape(spec) if plan.fusion.has_sink else None
+    has_cap, ds_shape = plan.fusion.has_cap, row_shape(shape, spec.dim) if plan.fusion.has_sink else None
 
     def run_fused(grad: torch.Tensor, y: torch.Tensor, x, ops: Operands, p_sink):
         t = backward_tensors(grad, y, x, ops, p_sink, spec, has_cap, ds_shape, materialise)
@@ -173,9 +174,8 @@ def backward(plan: KernelPlan, layout: RowLayout, spec: SoftmaxSpec, guard=None,
 
 def backward_tensors(grad, y, x, ops: Operands, p_sink, spec: SoftmaxSpec, has_cap: bool, ds_shape,
                      materialise: bool, as_bytes: bool = True) -> tuple:
-    """(y, grad, dx, x, mask, p_sink, ds_rows) as a fused backward launch takes them: y and grad
-    as `backward_operands` makes them, x (read with softcap) in y's dtype, dx and ds_rows
-    allocated here (`ds_shape`: `row_shape(spec)` with sinks, else None)."""
+    """(y, grad, dx, x, mask, p_sink, ds_rows) as a fused backward launch takes them: x (read with
+    softcap) in y's dtype, dx and ds_rows of `ds_shape` (None: no sinks) allocated here."""
     dtype = spec.out_dtype
     y, grad = backward_operands(y, grad, dtype)
     dx = new_output(spec.shape, dtype, y.device)

@@ -1,9 +1,7 @@
 """The shared kernels as torch.compile sees them (docs/kernels.md): `launch` runs a plan with torch
-ops and `wrap_triton(kernel)[grid](...)` only, so each launch is a user-defined Triton kernel node.
-Split plans run their two-launch form: torch's kernel tracing passes only the launch options it
-knows (`SPECIAL_CONFIG_NAMES`, torch/_higher_order_ops/triton_kernel_wrap.py), not
-`launch_cooperative_grid`, and without co-residency the row barrier could wait forever. Scratch
-is allocated per call: no process-wide state (the reused row counters) enters a CUDA graph.
+ops and `wrap_triton(kernel)[grid](...)` only. Split plans run their two launches (torch's tracing
+drops `launch_cooperative_grid`: without co-residency a row barrier could wait forever); scratch
+is allocated per call (no process-wide state in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ from .plan import PLAIN_SCALARS, KernelPlan
 
 
 def no_tracing():
-    """A context where tensors are real again (torch.compile's fake/functional modes off):
-    planning compiles a kernel once per shape class with small real tensors."""
+    """A context where tensors are real again (torch.compile's modes off), for planning's compile."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
@@ -27,9 +24,8 @@ _twins: dict = {}
 
 
 def traceable(kernel):
-    """`kernel` as `wrap_triton` accepts it: a compiled kernel as is; an interpreted one (which
-    `wrap_triton` passes through untraced) as a `JITFunction` twin of the same source whose
-    launches run through the interpreter, so a compiled graph's kernel nodes execute on CPU."""
+    """`kernel` as `wrap_triton` accepts it: an interpreted one (which it passes through untraced)
+    as a `JITFunction` twin running through the interpreter, so a graph's kernel nodes run on CPU."""
     if not interpreted(kernel):
         return kernel
     twin = _twins.get(kernel)
@@ -61,25 +57,22 @@ _OUTPUTS = {False: (1, 4), True: (2, 6)}
 
 def launch(plan: KernelPlan, tensors: tuple, layout: RowLayout, log: bool, out_dtype: torch.dtype,
            values: tuple = PLAIN_SCALARS) -> None:
-    """Launch `plan` on `tensors` (as `KernelPlan.tensors` takes them: forward (x, y, mask,
-    sinks, p_sink), backward (y, dy, dx, x, mask, p_sink, dsinks); None where absent) with the
-    per-call floats `values`. Traceable by torch.compile; runs eagerly on real tensors too."""
+    """Launch `plan` on `tensors` (`KernelPlan.tensors`' order) with floats `values`: traceable, eager too."""
     from torch.library import wrap_triton
 
     plan = traced_plan(plan)
     kernel = plan.kernel()
     if interpreted(kernel):
-        # Without a GPU driver torch cannot read the kernel's TTIR to learn which arguments it
-        # writes, and assumes all of them: copies keep the caller's tensors out of that.
+        # Without a GPU driver torch assumes the kernel writes every argument: copies keep the
+        # caller's tensors out of that.
         outputs = _OUTPUTS[plan.backward]
         tensors = tuple(t if t is None or i in outputs else t.clone() for i, t in enumerate(tensors))
     device = tensors[0].device
-    # Absent operands get small tensors of their own rather than another argument standing in
-    # (`KernelPlan.tensors`): a functionalized kernel call copies every argument it may write,
-    # and two arguments aliasing one tensor would each get their own copy.
+    # Absent operands get tensors of their own, not another argument: a functionalized call
+    # copies every argument it may write (two aliases of one tensor would get a copy each).
     tensors = tuple(torch.empty(1, dtype=tensors[0].dtype, device=device) if t is None else t for t in tensors)
     stats = counts = None
-    if plan.split or plan.backward:
+    if plan.split or plan.backward:  # (the kernel takes the scratch)
         acc = torch.float64 if out_dtype == torch.float64 else torch.float32
         stats = torch.empty(max(plan.stats_numel(layout), 1), dtype=acc, device=device)
         counts = torch.empty(2, dtype=torch.int32, device=device)  # PHASE 0 only: never read here

@@ -1,7 +1,6 @@
-"""The `triton` backend: the shared persistent kernels on CUDA and ROCm GPUs (and, with
-TRITON_INTERPRET=1 set before the kernels are imported, on CPU tensors through the interpreter:
-how CI tests them). It plans (request + device properties + `tuning.yaml` -> kernel, tile, grid)
-and hands the plan to the shared launchers (`backends/_triton_common`).
+"""The `triton` backend: the shared persistent kernels on CUDA and ROCm GPUs (CPU tensors through
+the interpreter with TRITON_INTERPRET=1: how CI tests them). It plans (request, device properties
+and `tuning.yaml` -> kernel, tile, grid) for the shared launchers (`backends/_triton_common`).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import torch
 from ...core.backend import Backend
 from ...core.cache import OnceCache
 from ...core.layout import RowLayout, cdiv, next_power_of_2
-from ...core.lse_merge import lse_shape
+from ...core.lse_merge import lse_shape, row_shape
 from ...core.request import BWD, FWD, plan_key
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, runtime_values
@@ -29,27 +28,14 @@ _occupancy: OnceCache[int] = OnceCache(maxsize=512)
 _plans: OnceCache[KernelPlan] = OnceCache(maxsize=4096)
 
 
-def _operand_stand_ins(spec: SoftmaxSpec, device) -> tuple:
-    """(mask, sinks, p_sink, row scale) of the variant's dtypes as the kernels take them, small:
-    what a compile for the occupancy model needs (its code depends on the dtypes, not the sizes)."""
-    v = spec.variant
-    mask = None if v.mask is None else torch.empty(16, dtype=torch.uint8 if v.mask_kind == "bool" else v.mask.dtype,
-                                                   device=device)
-    sinks = None if v.sinks is None else torch.empty(16, dtype=v.sinks.dtype, device=device)
-    p = None if v.sinks is None else torch.empty(16, dtype=spec.acc_dtype, device=device)
-    scale = None if v.row_scale is None else torch.empty(16, dtype=v.row_scale.dtype, device=device)
-    return mask, sinks, p, scale
-
-
 def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpec, index: int) -> int:
     """The occupancy model applied to the plan's kernel, compiled once per shape class."""
     from .._triton_common.launcher import scratch_maker
 
-    log = spec.log
-    phase = plan.phases()[0]
-    meta = plan.constexprs(layout, log, y.dtype, phase)
+    meta = plan.constexprs(layout, spec.log, y.dtype, plan.phases()[0])
     opts = plan.launch_options()
-    operand_dtypes = tuple(None if t is None else t.dtype for t in _operand_stand_ins(spec, "meta"))
+    stand_ins = softmax_launchers.stand_in_operands(spec, "meta")
+    operand_dtypes = tuple(None if t is None else t.dtype for t in stand_ins)
     key = (plan.kind, plan.backward, tuple(sorted(meta.items())), tuple(sorted(opts.items())), x.dtype, y.dtype,
            operand_dtypes, index)
 
@@ -57,11 +43,12 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
         nonlocal x, y
         # Fake tensors (a traced call) get small real stand-ins of the same dtypes: the
         # specialization depends on dtypes, integers and 16-byte alignment, not on sizes.
-        x, y = _stand_in(x), _stand_in(y)
-        mask, sinks, p, scale = _operand_stand_ins(spec, x.device)
+        x, y = (t if type(t) is torch.Tensor else torch.empty(16, dtype=t.dtype, device=t.device)
+                for t in (x, y))
+        mask, sinks, p, scale = softmax_launchers.stand_in_operands(spec, x.device)
         stats, counts = scratch_maker(replace(plan, cooperative=False), layout, y.dtype)(x.device)
         given = (x, x, y, x, mask, p, p) if plan.backward else (x, y, mask, sinks, p, scale)
-        kernel, args, _ = plan.calls(plan.tensors(given), layout, log, y.dtype, stats, counts)[0]
+        kernel, args, _ = plan.calls(plan.tensors(given), layout, spec.log, y.dtype, stats, counts)[0]
         return compiled_programs_per_sm(kernel, index, *args, **meta, **opts)
 
     return _occupancy.get(key, compile_and_measure)
@@ -71,16 +58,9 @@ def _values(args) -> tuple:
     return scalars(*runtime_values(args.scale, args.softcap))
 
 
-def _stand_in(t: torch.Tensor) -> torch.Tensor:
-    return t if type(t) is torch.Tensor else torch.empty(16, dtype=t.dtype, device=t.device)
-
-
 def _resident(draft: KernelPlan, props: DeviceProps, programs_per_sm) -> tuple[KernelPlan, int]:
-    """(plan, programs resident on the whole GPU): `draft`, or, where its pipelined item loop
-    (`stages`, shared memory per stage) does not fit, the same plan without it. It does not fit
-    when its kernel needs more shared memory than a program may have (Triton raises
-    OutOfResources when it loads it), or when its shared memory leaves fewer resident programs
-    than a row has chunks (the row would go to the two launches because of the form)."""
+    """(plan, programs resident on the GPU): `draft`, or without its pipelined item loop (`stages`) where
+    that needs too much shared memory (OutOfResources) or leaves fewer programs than a row's chunks."""
     staged = draft.options.get("stages", 1) > 1
     try:
         resident = props.multiprocessor_count * programs_per_sm(draft)
@@ -98,9 +78,8 @@ def _resident(draft: KernelPlan, props: DeviceProps, programs_per_sm) -> tuple[K
 
 def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, backward: bool = False,
                fusion: Fusion = Fusion(), out_bytes: int | None = None) -> KernelPlan:
-    """Kernel, tile, warps and cooperation for `layout` (x of `elem_bytes`, the forward's y of
-    `out_bytes`) on a GPU with `props` (None: the interpreter, never cooperative); the grid (it
-    needs the compiled kernel's occupancy) is 1."""
+    """Kernel, tile, warps and cooperation for `layout` (x of `elem_bytes`, y of `out_bytes`) on a GPU
+    with `props` (None: the interpreter); grid 1 (decided from the compiled kernel's occupancy)."""
     tile = heuristics.choose_kernel(layout, elem_bytes, props.multiprocessor_count if props else None, backward,
                                     out_bytes)
     common = dict(chunks=tile["chunks"], backward=backward, fusion=fusion)
@@ -114,14 +93,13 @@ def draft_plan(layout: RowLayout, elem_bytes: int, props: DeviceProps | None, ba
         options["causal_vec"] = heuristics.causal_vec(elem_bytes, backward)
     cooperative = tile["kind"] in ("split", "cols_split") and bool(heuristics.table()["cooperative"])
     if cooperative:
-        # The driver guarantees co-residency of a cooperative grid (and refuses one that cannot
-        # be): the row barrier can then never wait on a program that is not running.
+        # The driver guarantees a cooperative grid's co-residency (or refuses it): the row barrier
+        # never waits on a program that is not running.
         options["launch_cooperative_grid"] = True
         options.update(tile.get("forms", {}))
         if props.is_hip:
-            # No pipelined item loop on AMD: Triton 3.6's AMD pipeliner stops compiling at the
-            # barrier's call ("pipeliner doesn't know how to predicate this op"), and later ones
-            # hold the next chunks in registers (no LDS), the prefetch form again.
+            # No pipelined item loop on AMD: Triton 3.6's AMD pipeliner fails at the barrier's call,
+            # later ones hold the next chunks in registers (the prefetch form again).
             options.pop("stages", None)
     return make_plan(tile["kind"], tile["block_m"], tile["block_n"], 1, options=options, cooperative=cooperative,
                      **common)
@@ -164,8 +142,7 @@ class TritonBackend(Backend):
 
     def plan(self, x: torch.Tensor, y: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec,
              backward: bool = False) -> KernelPlan:
-        """The kernel, tile and grid for this request (cached per request: `core.request.plan_key`;
-        `layout` and x's dtype follow from the spec)."""
+        """The kernel, tile and grid for this request (cached by `core.request.plan_key`)."""
         key = plan_key(spec, BWD if backward else FWD, x)
         return _plans.get(key, lambda: self._make_plan(x, y, layout, spec, backward))
 
@@ -176,8 +153,8 @@ class TritonBackend(Backend):
                            out_bytes=spec.out_dtype.itemsize)
         n_items = draft.work_items(layout)
         if props is None:
-            # Programs run one after another here: few of them, each looping over several
-            # work items, and never the cooperative split (its barrier would never open).
+            # Programs run one after another: few, each looping over several items, never the
+            # cooperative split (its barrier would never open).
             return replace(draft, grid=max(min(n_items, heuristics.table()["interpreter_programs"]), 1))
         draft, resident = _resident(draft, props, lambda plan: _programs_per_sm(plan, x, y, layout, spec, index))
         if draft.cooperative and resident >= draft.chunks:
@@ -188,12 +165,11 @@ class TritonBackend(Backend):
         return replace(draft, grid=max(min(n_items, resident * per_slot), 1))
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
-        """`f(x) -> y` bound to this request (dispatch memoises it); for a fused spec
-        `f(x, operands) -> (y, p_sink)`."""
+        """`f(x) -> y` bound to this request; for a fused spec `f(x, operands) -> (y, p_sink)`."""
         given = x
         x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
         return softmax_launchers.forward(self.plan(x, y, layout, spec), layout, spec, contiguous=x is not given,
-                               materialise=materialise)
+                                         materialise=materialise)
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, dy and dx share one contiguous layout."""
@@ -202,21 +178,18 @@ class TritonBackend(Backend):
         return softmax_launchers.backward(self.plan(y, y, layout, spec, backward=True), layout, spec,
                                           materialise=materialise)
 
-    def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows)` bound to this fused request."""
-        return self.backward_launcher(y, spec)
+    # A fused spec's: `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`.
+    fused_backward_launcher = backward_launcher
 
     # ---- torch.compile: the kernels as user-defined Triton kernels (anysoftmax.torchop.traced_ops) ----
 
     @staticmethod
     def traceable(spec: SoftmaxSpec) -> bool:
-        """Whether a compiled graph may call this backend's kernels directly for `spec`: GPU
-        tensors, and CPU tensors under the interpreter (how CI traces them)."""
+        """Whether a compiled graph may call the kernels for `spec` (GPU, or interpreted CPU)."""
         return spec.device.type == "cuda" or (spec.device.type == "cpu" and interpreter.interpreting())
 
     def traced_forward(self, x: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
-        """Softmax of `x` per `spec` as torch ops and `wrap_triton` launches: the body of the
-        `anysoftmax::softmax_triton` operator (traced on fake tensors, run eagerly on real ones)."""
+        """Softmax of `x` per `spec` through `wrap_triton` launches: `anysoftmax::softmax_triton`'s body."""
         return self.traced_fused_forward(x, spec, NO_OPERANDS)[0]
 
     def traced_backward(self, y: torch.Tensor, grad: torch.Tensor, spec: SoftmaxSpec) -> torch.Tensor:
@@ -224,11 +197,10 @@ class TritonBackend(Backend):
         return self.traced_fused_backward(grad, y, None, spec, NO_OPERANDS, None)[0]
 
     def traced_fused_forward(self, x: torch.Tensor, spec: SoftmaxSpec, args) -> tuple:
-        """The fused family, traceable like `traced_forward`: (y, p_sink or None). `args` are
-        the call's `dispatch.FusedArgs` (scale and softcap become the launch's float arguments)."""
+        """The fused family, traceable: (y, p_sink or None); `args`: `dispatch.FusedArgs`."""
         x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
         plan = self._traced_plan(x, y, layout, spec, False)
-        p_shape = softmax_launchers.row_shape(spec) if plan.fusion.has_sink else None
+        p_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.forward_tensors(x, y, args, spec, p_shape, materialise, as_bytes=False)
         traced.launch(plan, t, layout, spec.log, y.dtype, _values(args))
         return t[1], t[4]
@@ -238,7 +210,7 @@ class TritonBackend(Backend):
         y = y.contiguous()
         layout, materialise = softmax_launchers.backward_layout(y, spec)
         plan = self._traced_plan(y, y, layout, spec, True)
-        ds_shape = softmax_launchers.row_shape(spec) if plan.fusion.has_sink else None
+        ds_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.backward_tensors(grad, y, x, args, p_sink, spec, plan.fusion.has_cap, ds_shape,
                                                materialise, as_bytes=False)
         traced.launch(plan, t, layout, spec.log, spec.out_dtype, _values(args))
@@ -249,13 +221,9 @@ class TritonBackend(Backend):
         with traced.no_tracing():
             return self.plan(x, y, layout, spec, backward=backward)
 
-    # ---- logsumexp and merge_states (core.lse_merge) ----
+    # ---- logsumexp and merge_states (core.lse_merge): wherever the softmax runs ----
 
-    def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
-        return self.supports(spec)
-
-    def supports_merge_states(self, spec) -> str | None:
-        return self.supports(spec)
+    supports_logsumexp = supports_merge_states = supports
 
     # ---- the sampler (anysoftmax.sampling; kernels in _triton_common/sampling.py, sampling_kernels.py) ----
 
@@ -265,8 +233,7 @@ class TritonBackend(Backend):
         return self.supports(spec) or sampling.supports(spec, top_n)
 
     def sampler(self):
-        """The Triton sampler: `probs`, `sample`, `logprobs` on validated requests (those that
-        need no filter read the logits once, through this backend's softmax and logsumexp)."""
+        """The Triton sampler (the one-read paths through this backend's softmax and logsumexp)."""
         from .._triton_common import sampling_one_read
 
         return sampling_one_read.sampler_for(self)
@@ -275,26 +242,23 @@ class TritonBackend(Backend):
         return None if interpreter.interpreting() else device_props(device_index(t.device)).multiprocessor_count
 
     def logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands):
-        """`f(x, operands) -> lse` bound to one request: a row plan runs the softmax forward's own
-        plan in its STATES_ONLY form (`lse_rows`), a column plan `lse_kernel`."""
+        """`f(x, operands) -> lse`: the row plan's STATES_ONLY form (`lse_rows`), else `lse_kernel`."""
         return self.shaped_logsumexp_launcher(x, spec, operands, True)
 
     def shaped_logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands, keepdim: bool):
-        """`logsumexp_launcher`'s, allocating the result in `lse_shape(spec, keepdim)` (the kernels
-        write a contiguous result by row number: either shape is the same memory)."""
+        """`logsumexp_launcher`'s, the result allocated in `lse_shape(spec, keepdim)`."""
         from .._triton_common import logsumexp, lse_rows
 
         shape = lse_shape(spec, keepdim)
         xr, planning, layout, materialise = lse_rows.layouts(x, spec)
-        run = lse_rows.launcher_for(self.plan(xr, xr, planning, spec), layout, spec, materialise, xr is not x, shape)
-        if run is not None:
-            return run
+        plan = self.plan(xr, xr, planning, spec)
+        if plan.kind in lse_rows.ROW_KINDS:
+            return lse_rows.launcher(plan, layout, spec, materialise, xr is not x, shape)
         sms, item = self._sms(x), x.element_size()
         return logsumexp.launcher(x, spec, lambda n_rows, n_cols: lse_plan(n_rows, n_cols, item, sms), shape=shape)
 
     def merge_states_launcher(self, outputs, lses, spec):
-        """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request
-        (`merge_states.merge_launcher`), the device's SM count read once."""
+        """`f(outputs, lses, out, lse_out) -> (out, lse)` bound to one request."""
         from .._triton_common.merge_states import merge_launcher
 
         sms, item = self._sms(outputs[0]), spec.dtype.itemsize
@@ -302,8 +266,7 @@ class TritonBackend(Backend):
 
     @staticmethod
     def sharded_softmax_launcher(x: torch.Tensor, dim: int, **kwargs):
-        """The launcher of this rank's shard of a softmax whose `dim` is sharded across GPUs
-        (`sharded.launcher`, `anysoftmax.distributed.one_read`)."""
+        """The launcher of this rank's shard of a softmax sharded across GPUs along `dim`."""
         from . import sharded
 
         return sharded.launcher(x, dim, **kwargs)
@@ -311,10 +274,10 @@ class TritonBackend(Backend):
 
 def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: int | None = None,
              programs_per_sm: int = 8, num_warps: int | None = None):
-    """Tiles and grid of `lse_kernel`: ~16 KB of input per step (`elems`: 16 elements a thread of
-    8 warps, 16-byte loads) over BLOCK_M short rows or a long row's sub-blocks; rows leaving
-    fewer than two work items per SM are cut into chunks; 8 programs per SM keep loads in
-    flight. The keywords override the choices (`anysoftmax.bench.tune_triton`'s lse sweep)."""
+    """Tiles and grid of `lse_kernel`: ~16 KB of input a step (`elems`: 16 elements a thread of 8
+    warps) over BLOCK_M short rows or a long row's sub-blocks; rows leaving fewer than two items
+    per SM are cut into chunks; 8 programs per SM keep loads in flight. The keywords override the
+    choices (`anysoftmax.bench.tune_triton`)."""
     from .._triton_common.logsumexp import LsePlan
 
     if sms is None:  # the interpreter: small tiles, few programs, chunks exercised on long rows
@@ -335,10 +298,8 @@ def lse_plan(n_rows: int, n_cols: int, elem_bytes: int, sms: int | None, elems: 
 
 
 def merge_plan(k: int, n_rows: int, d: int, elem_bytes: int, sms: int | None):
-    """Tiles and grid of `merge_kernel`: a whole head (D <= 256) per tile row, one warp per
-    program, each thread reading 32 bytes of every partial for K <= 4 and 8 bytes for more,
-    one program per tile (persistent only past 256 programs per SM); tiles shrink towards one
-    row while that leaves fewer than 4 programs per SM (docs/speed.md)."""
+    """Tiles and grid of `merge_kernel`: a whole head (D <= 256) a tile row, threads reading 32 bytes of
+    each partial (K > 4: 8), one program a tile, tiles shrunk while under 4 per SM (docs/speed.md)."""
     from .._triton_common.merge_states import MergePlan
 
     if sms is None:

@@ -27,18 +27,13 @@ def device_props(index: int) -> DeviceProps:
     tp = torch.cuda.get_device_properties(index)
     hip = torch.version.hip is not None
     arch = getattr(tp, "gcnArchName", "") if hip else ""
-    return DeviceProps(
-        name=tp.name,
-        multiprocessor_count=p["multiprocessor_count"],
-        max_num_regs=p["max_num_regs"],
-        max_shared_mem=p["max_shared_mem"],
-        warp_size=p.get("warpSize", tp.warp_size if hasattr(tp, "warp_size") else 32),
-        max_threads_per_sm=p.get("max_threads_per_sm", tp.max_threads_per_multi_processor),
-        is_hip=hip,
-        is_cdna=hip and is_cdna(arch),
-        shared_mem_per_sm=getattr(tp, "shared_memory_per_multiprocessor", 0),
-        reserved_shared_per_program=CUDA_RESERVED_SHARED if not hip and tp.major >= 8 else 0,
-    )
+    return DeviceProps(name=tp.name, multiprocessor_count=p["multiprocessor_count"],
+                       max_num_regs=p["max_num_regs"], max_shared_mem=p["max_shared_mem"],
+                       warp_size=p.get("warpSize", tp.warp_size if hasattr(tp, "warp_size") else 32),
+                       max_threads_per_sm=p.get("max_threads_per_sm", tp.max_threads_per_multi_processor),
+                       is_hip=hip, is_cdna=hip and is_cdna(arch),
+                       shared_mem_per_sm=getattr(tp, "shared_memory_per_multiprocessor", 0),
+                       reserved_shared_per_program=CUDA_RESERVED_SHARED if not hip and tp.major >= 8 else 0)
 
 
 def device_index(device: torch.device) -> int:
@@ -47,8 +42,7 @@ def device_index(device: torch.device) -> int:
 
 
 def sgprs(compiled) -> int:
-    """Scalar registers per wave of a kernel compiled for an AMD GPU (0 elsewhere): its
-    amdgcn assembly's `.sgpr_count` (they limit CDNA occupancy: `occupancy.programs_per_sm`)."""
+    """Scalar registers per wave of a kernel compiled for AMD (0 elsewhere): its amdgcn `.sgpr_count`."""
     asm = getattr(compiled, "asm", None)
     text = asm.get("amdgcn", "") if isinstance(asm, dict) else ""
     m = re.search(r"^\s*\.sgpr_count:\s*(\d+)", text, re.MULTILINE)
@@ -56,9 +50,8 @@ def sgprs(compiled) -> int:
 
 
 def compiled_programs_per_sm(kernel, index: int, *args, **kwargs) -> int:
-    """Programs per SM of GPU `index` that `kernel` compiled for these arguments holds (the
-    occupancy model applied to its registers and shared memory): compiled once with
-    `kernel.warmup` under its first-launch lock; `kwargs` name the constexprs and `num_warps`."""
+    """Programs per SM of GPU `index` that `kernel` compiled for these arguments (constexprs and
+    `num_warps` in `kwargs`) holds: compiled once with `kernel.warmup` under its first-launch lock."""
     from .._triton_common.launcher import launch_lock
 
     with launch_lock(kernel):

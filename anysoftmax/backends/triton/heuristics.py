@@ -1,11 +1,8 @@
 """Kernel choice by shape for the `triton` backend; the numbers live in `tuning.yaml` beside it.
-
-`override(...)` replaces table values for the duration of a `with` block: tests use it to
-lower `max_tile_elems` so the long-row path runs on small CPU tensors.
+`override(...)` replaces table values in a `with` block (tests force the long-row paths with it).
 """
 
 from __future__ import annotations
-
 
 from ...config import Overrides, load_tuning
 from ...core.layout import ColumnView, RowLayout, column_view, next_power_of_2
@@ -20,22 +17,18 @@ def table() -> dict:
 
 
 def by_bound(rows: list, value: int):
-    """The value of the first [upper bound, value] row of a tuning table whose bound holds
-    `value` (the last row's beyond them all)."""
+    """The value of the first [upper bound, value] row whose bound holds `value` (else the last)."""
     return next((v for bound, v in rows if value <= bound), rows[-1][1])
 
 
 def by_elem_size(value, elem_bytes: int):
-    """A table value that may depend on the element size: the value itself, or by_bound of its
-    [element bytes bound, value] rows."""
+    """A table value, or by_bound of its [element bytes bound, value] rows."""
     return by_bound(value, elem_bytes) if isinstance(value, list) else value
 
 
 def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = None, backward: bool = False,
                   out_bytes: int | None = None) -> dict:
-    """The kernel for a request (x of `elem_bytes`, the forward's y of `out_bytes`, default
-    x's): column tiles for a reduction across contiguous rows (forward only), else the row
-    kernels; the backward has two forms, whole rows or split rows."""
+    """The kernel for a request: column tiles for a reduction across contiguous rows (forward), else rows."""
     view = None if backward else column_view(layout)
     if view is not None and view.n_inner >= table()["cols_min_inner"]:
         return choose_cols_tile(view, elem_bytes, sm_count)
@@ -65,11 +58,8 @@ def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = N
 
 def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None, backward: bool = False,
                out_bytes: int | None = None) -> dict:
-    """Rows cut into chunks held by different programs: `split_chunk_bytes` each
-    (`bwd_split_chunk_bytes` backward) of the wider of x's `elem_bytes` and the forward's
-    `out_bytes`, halved (down to `split_min_chunk_elems`) while there are too few chunks to
-    fill `sm_count` SMs; `forms`: the cooperative kernel's forms of its one launch that the
-    table turns on (`phase0_forms`, by x's element size)."""
+    """Rows cut into chunks on different programs: `split_chunk_bytes` (backward: `bwd_...`) of the wider
+    of x's and y's elements, halved while too few to fill `sm_count` SMs; `forms`: `phase0_forms`."""
     t = table()
     prefix = "bwd_split_" if backward else "split_"
     wide = max(elem_bytes, out_bytes or elem_bytes)
@@ -85,10 +75,8 @@ def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = No
 
 
 def phase0_forms(elem_bytes: int, backward: bool = False) -> dict:
-    """The forms of the cooperative split kernels' one launch (`rows.softmax_split_kernel`) the
-    table turns on for x (backward: y) of `elem_bytes` bytes: {name: True}, and {"stages": n}
-    for a software-pipelined item loop (n > 1). ValueError when the table asks for both ways of
-    loading ahead (prefetch into registers, stages into shared memory)."""
+    """The cooperative split kernels' PHASE 0 forms on for x (backward: y) of `elem_bytes`: {name: True},
+    {"stages": n} for a pipelined item loop; ValueError for both prefetch and stages."""
     t = table()
     prefix = "bwd_split_" if backward else "split_"
     forms = dict(prefetch=by_elem_size(t[prefix + "prefetch"], elem_bytes),
@@ -106,11 +94,9 @@ def phase0_forms(elem_bytes: int, backward: bool = False) -> dict:
 
 
 def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = None) -> dict:
-    """Tile for a reduction across contiguous rows (`ColumnView`): BLOCK_M = inner positions
-    per tile (`cols_block_bytes` of them, fewer when the inner dim is shorter), BLOCK_N =
-    reduction steps. The whole reduction in one tile when it fits in `cols_tile_bytes`, else
-    chunks of `cols_chunk_bytes` and `cols_split_block_i` positions split across programs
-    like long rows."""
+    """Tile for a reduction across contiguous rows (`ColumnView`): BLOCK_M inner positions
+    (`cols_block_bytes` of them), BLOCK_N reduction steps; the whole reduction in one tile when
+    it fits `cols_tile_bytes`, else split across programs like long rows (`cols_chunk_bytes`)."""
     t = table()
     block_i = min(max(t["cols_block_bytes"] // elem_bytes, 1), next_power_of_2(view.n_inner))
     red = next_power_of_2(max(view.n_red, 1))

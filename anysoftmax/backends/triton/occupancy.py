@@ -1,7 +1,6 @@
-"""Occupancy model: how many persistent programs to launch (pure functions, unit-tested with the
-properties of GPUs we do not have). Triton's fused-softmax tutorial's CUDA and HIP rules, capped
-by shared memory and, because the cooperative split kernels need every launched program
-resident, by threads per SM (docs/kernels.md).
+"""Occupancy model: how many persistent programs to launch (pure, tested with other GPUs'
+properties): Triton's fused-softmax tutorial's CUDA and HIP rules, capped by shared memory and by
+threads per SM (the cooperative split kernels need every program resident; docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -38,11 +37,9 @@ class KernelResources:
 # Registers per thread allocated at a time (CUDA: 256 a warp; CDNA: 8 VGPRs). sm_90's bf16
 # column-split kernel uses 84: unrounded, 3 programs of 8 warps an H100 SM; it holds 2 (88).
 REGISTER_GRANULE = 8
-# CDNA's scalar registers (SGPRs) per SIMD, and how a wave's count is rounded (granule, plus
-# the registers the hardware reserves: VCC, flat scratch, XNACK, trap). Fitted to the gfx942
-# compiler's own occupancy (waves per SIMD) for the kernels of tests/backends/triton/test_compile_targets.py:
-# the fused-family kernels take 86-106 SGPRs (their ~30 scalar arguments) and the compiler
-# gives 7 waves at 86 and 6 at 104-106 where their VGPRs alone would allow 8.
+# CDNA's scalar registers (SGPRs) per SIMD, a wave's rounding granule and the reserved ones (VCC,
+# flat scratch, XNACK, trap), fitted to gfx942's own occupancy for the fused-family kernels
+# (86-106 SGPRs: 7 waves at 86, 6 at 104-106, where VGPRs alone allow 8).
 CDNA_SGPRS_PER_SIMD, CDNA_SGPR_GRANULE, CDNA_SGPR_RESERVED = 800, 16, 16
 
 
@@ -61,13 +58,9 @@ def programs_per_sm(dev: DeviceProps, k: KernelResources) -> int:
         occ = dev.max_num_regs // (n_regs * dev.warp_size * k.num_warps)
         occ = min(occ, dev.max_threads_per_sm // (dev.warp_size * k.num_warps))
     if k.shared_mem > 0:
-        occ = min(occ, shared_programs(dev, k.shared_mem))
+        per_program = k.shared_mem + dev.reserved_shared_per_program
+        occ = min(occ, (dev.shared_mem_per_sm or dev.max_shared_mem) // per_program)
     return max(occ, 1)
-
-
-def shared_programs(dev: DeviceProps, shared_mem: int) -> int:
-    """Programs using `shared_mem` bytes of shared memory each that one SM (CU) holds."""
-    return (dev.shared_mem_per_sm or dev.max_shared_mem) // (shared_mem + dev.reserved_shared_per_program)
 
 
 def persistent_programs(dev: DeviceProps, k: KernelResources, n_work: int) -> int:

@@ -1,10 +1,7 @@
-"""The `triton` backend's one-read sharded softmax: plan and launch of
-`_triton_common/sharded.sharded_split_kernel` for `anysoftmax.distributed`.
-
-The plan is the split kernel's (`heuristics.split_tile`), one cooperative launch when every local
-chunk of a row fits on the GPU at once, else the two-launch form. Each rank plans its own shard
-(the mailbox protocol is per row, so ranks may take different chunkings and phases). A request is
-bound through the launch engine once; the call's epoch and mailbox half are per-call integers.
+"""The `triton` backend's one-read sharded softmax (`anysoftmax.distributed`): plan and launch of
+`_triton_common/sharded.sharded_split_kernel` with the split kernel's chunks (`heuristics.split_tile`),
+one cooperative launch when a row's local chunks fit on the GPU at once, else two. Each rank plans
+its own shard (the mailbox protocol is per row); the epoch and mailbox half are per-call integers.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ _occupancy: OnceCache[int] = OnceCache(maxsize=256)
 
 
 def plan(layout: RowLayout, elem_bytes: int, device: torch.device, resident_of) -> ShardedPlan:
-    """The chunking and grid of one shard (`resident_of(chunk, chunks, warps)`: programs the
-    GPU holds at once; not asked under the interpreter)."""
+    """Chunks and grid of one shard (`resident_of(chunk, chunks, warps)`: programs resident)."""
     interpreted = device.type != "cuda" or interpreter.interpreting()
     sms = None if interpreted else device_props(device_index(device)).multiprocessor_count
     tile = heuristics.split_tile(layout, elem_bytes, sms)
@@ -51,9 +47,8 @@ def plan(layout: RowLayout, elem_bytes: int, device: torch.device, resident_of) 
     warps = heuristics.by_bound(heuristics.table()["split_warps_by_chunk"], chunk)
     items = layout.n_rows * chunks
     if interpreted:
-        # Programs run one after another: never the row barrier of several local chunks. A
-        # one-chunk row has none, and a program waits only on the peers' same rows, so the
-        # one-launch form runs there.
+        # Programs run one after another: never a barrier of several local chunks (a one-chunk
+        # row has none; a program waits only on the peers' same rows).
         grid = max(1, min(items, heuristics.table()["interpreter_programs"]))
         return ShardedPlan(chunk, chunks, grid, warps, (0,) if chunks == 1 else (1, 2))
     resident = resident_of(chunk, chunks, warps)
@@ -64,25 +59,21 @@ def plan(layout: RowLayout, elem_bytes: int, device: torch.device, resident_of) 
 
 def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: bool, mask, has_sink: bool,
              want_lse: bool, rank: int, world: int, words: torch.Tensor, peers: torch.Tensor):
-    """The launcher of one request, bound to one mailbox: `f(x, mask, sinks, scale, softcap, epoch,
-    slot_base) -> (y, lse)`, this rank's shard of the global softmax / log_softmax in x's dtype
-    and the rows' global lse in float32 (x's shape with size 1 in `dim`; None unless
-    `want_lse`). `words`: this rank's mailbox (int64), `peers`: every rank's `words` address
-    (int64 [world]); `mask`: additive, broadcastable to x; sinks broadcastable to x's rows;
-    16/32-bit x. The caller memoises it under the request's key (`core.request`)."""
+    """The launcher of one request bound to one mailbox: `f(x, mask, sinks, scale, softcap, epoch,
+    slot_base) -> (y, lse)`, this rank's shard of the global softmax in x's dtype and the rows'
+    global lse in float32 (keepdim; None unless `want_lse`). `words`: this rank's int64 mailbox,
+    `peers`: every rank's `words` address; `mask`: additive, broadcastable to x; 16/32-bit x."""
     from .._triton_common.sharded import sharded_split_kernel as kernel
 
     device, dtype, shape = x.device, x.dtype, tuple(x.shape)
     keep = row_shape(shape, dim)
     mask = None if mask is None else mask.expand(shape)
-    copy, layout = logical_rows(shape, tuple(x.stride()), dim, None if mask is None else tuple(mask.stride()), has_sink)
+    copy, layout, operand_args = logical_rows(shape, tuple(x.stride()), dim,
+                                              None if mask is None else tuple(mask.stride()), has_sink)
     flags = dict(LOG=log, W_POW2=next_power_of_2(world), HAS_SCALE=has_scale, HAS_CAP=has_cap,
                  MASK=0 if mask is None else 2, HAS_SINK=has_sink, WRITE_LSE=want_lse, PRECISE=x.dtype.itemsize > 2)
-    (ms0, ms1, ms2), msn = (layout.op_row_strides[0], layout.op_col_strides[0]) if mask is not None else \
-        ((0, 0, 0), 0)
-    ss0, ss1, ss2 = layout.op_row_strides[-1] if has_sink else (0, 0, 0)
     ints = dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=1, rank=rank, world=world, epoch=1,
-                slot_base=0, **row_strides(layout), ms0=ms0, ms1=ms1, ms2=ms2, msn=msn, ss0=ss0, ss1=ss1, ss2=ss2)
+                slot_base=0, **row_strides(layout), **operand_args)
     prefetch = bool(heuristics.table()["sharded_prefetch_32bit" if x.element_size() == 4 else
                                        "sharded_prefetch_16bit"])
 
@@ -124,10 +115,9 @@ def launcher(x: torch.Tensor, dim: int, *, log: bool, has_scale: bool, has_cap: 
     compiled = device.type == "cuda" and not interpreter.interpreting()
     options = dict(num_warps=p.num_warps) if compiled else {}
     if p.phases == (0,) and compiled:
-        # One cooperative launch; where the driver refuses it (MPS limits, green contexts), the
-        # two-launch form, which waits on nothing on this GPU.
-        two = p._replace(grid=max(1, min(layout.n_rows * p.chunks, p.grid)), phases=(1, 2))
-        launch = bound(p, (0,), dict(options, launch_cooperative_grid=True), lambda: bound(two, (1, 2), options))
+        # One cooperative launch; where the driver refuses it (MPS, green contexts), two launches.
+        cooperative = dict(options, launch_cooperative_grid=True)
+        launch = bound(p, (0,), cooperative, lambda: bound(p, (1, 2), options))
     else:
         launch = bound(p, p.phases, options)
 

@@ -1,11 +1,7 @@
-"""The `triton_ascend` backend: the shared Triton kernels (backends/_triton_common) on Ascend NPUs
-through triton-ascend, with what the NPU forces: a fixed grid (`settings`), tiles sized by the
-unified buffer (`planning`), the `multibuffer` launch option, the NPU host glue (`npu`); docs/ascend.md.
-The sampler is the shared Triton sampler on its own plan (`sampling_plan`).
-
-It serves `npu` tensors (automatic choice); `cpu` tensors through the Triton interpreter and `cuda`
-tensors with $ANYSOFTMAX_ASCEND_ON_CUDA=1, explicit choice only (how CI and GPUs check its plans).
-float64 is refused everywhere: the NPU's vector unit has no fp64 exp or max (Atlas A2/A3).
+"""The `triton_ascend` backend: the shared Triton kernels on Ascend NPUs through triton-ascend, with
+a fixed grid (`settings`), tiles sized by the unified buffer (`planning`), the `multibuffer` option,
+the NPU host glue (`npu`), the sampler's own plan (`sampling_plan`); docs/ascend.md. `cpu`
+(interpreter) and `cuda` ($ANYSOFTMAX_ASCEND_ON_CUDA=1) tensors when chosen explicitly; no float64.
 """
 
 from __future__ import annotations
@@ -30,19 +26,18 @@ _FP64_REASON = ("float64 is not supported: the NPU's vector unit has no fp64 exp
 
 
 def plan_for(layout: RowLayout, spec: SoftmaxSpec, s: settings.Settings, programs: int, on_npu: bool) -> KernelPlan:
-    """The plan for rows of `layout` under settings `s` on `programs` programs (pure: the
-    front-end test compiles exactly these)."""
-    # Causal rows read a prefix of their own length: a per-row bound over several rows lowers to
-    # an unbounded load of the full tile in triton-ascend's front end; one row a step stays bounded.
+    """The plan for rows of `layout` under `s` on `programs` programs (pure)."""
+    # Causal rows: a per-row bound over several rows lowers to an unbounded load of the full tile
+    # in triton-ascend's front end; one row a step stays bounded.
     several_rows = flat_rows(layout) and spec.variant.causal == "none"
     plan = planning.plan_rows(layout.n_rows, layout.n_cols, programs, spec.in_dtype.itemsize,
                               spec.out_dtype.itemsize, spec.acc_dtype.itemsize, s, several_rows,
                               planning.operand_bytes(spec))
-    # causal_vec 1: a causal prefix is loaded under its exact bound (`fused.whole_vectors`):
-    # the NPU copies by DMA under a bound, and whole-vector masks would lower to unbounded loads.
-    plan = replace(plan, fusion=Fusion.of(spec), options={"causal_vec": 1})
+    # causal_vec 1: a causal prefix loaded under its exact bound (the NPU copies by DMA under a
+    # bound; whole-vector masks would lower to unbounded loads).
     # `multibuffer` is a triton-ascend option, which stock Triton (interpreter, CUDA) rejects.
-    return replace(plan, options={**plan.options, "multibuffer": s.multibuffer}) if on_npu else plan
+    options = {"causal_vec": 1, "multibuffer": s.multibuffer} if on_npu else {"causal_vec": 1}
+    return replace(plan, fusion=Fusion.of(spec), options=options)
 
 
 def _refusal(device: torch.device, dtypes) -> str | None:
@@ -62,14 +57,8 @@ def _refusal(device: torch.device, dtypes) -> str | None:
     return f"device type {kind!r} is not supported (npu; cpu with TRITON_INTERPRET=1; cuda with ${npu.ENV_ON_CUDA}=1)"
 
 
-def _programs(t: torch.Tensor, halvings: int = 0) -> tuple[settings.Settings, int]:
-    """The settings in force (the UB budget halved `halvings` times) and the programs to launch on
-    `t`'s device (its live vector-core count where the grid asks for it)."""
-    return _device_programs(t.device, halvings)
-
-
-def _device_programs(device: torch.device, halvings: int = 0) -> tuple[settings.Settings, int]:
-    """`_programs` of `device`."""
+def _programs(device: torch.device, halvings: int = 0) -> tuple[settings.Settings, int]:
+    """(settings with the UB budget halved `halvings` times, programs to launch on `device`)."""
     s = settings.current()
     if halvings:
         s = replace(s, ub_bytes=s.ub_bytes >> halvings)
@@ -82,19 +71,6 @@ def _device_programs(device: torch.device, halvings: int = 0) -> tuple[settings.
 def compile_may_overflow(device: torch.device) -> bool:
     """Only the NPU compiler decides the real unified-buffer use (and may refuse a tile)."""
     return device.type == "npu"
-
-
-def _stand_in_operands(spec: SoftmaxSpec, device) -> tuple:
-    """(mask, sinks, p_sink, row scale) for a first compile: the variant's dtypes, zero-filled, of
-    the shapes the request reads (compiling is what may overflow the unified buffer); no row scale
-    (this backend does not declare one)."""
-    v = spec.variant
-    rows = softmax_launchers.row_shape(spec)
-    mask = None if v.mask is None else torch.zeros(spec.shape, dtype=torch.uint8 if v.mask_kind == "bool"
-                                                   else v.mask.dtype, device=device)
-    sinks = None if v.sinks is None else torch.zeros(rows, dtype=v.sinks.dtype, device=device)
-    p = None if v.sinks is None else torch.empty(rows, dtype=spec.acc_dtype, device=device)
-    return mask, sinks, p, None
 
 
 class TritonAscendBackend(Backend):
@@ -132,22 +108,21 @@ class TritonAscendBackend(Backend):
         return _refusal(spec.device, (spec.in_dtype, spec.out_dtype))
 
     def plan(self, x: torch.Tensor, layout: RowLayout, spec: SoftmaxSpec, halvings: int = 0) -> KernelPlan:
-        """Kernel, tile, grid and launch options for rows of `layout` (x on its device), with the
-        unified-buffer budget halved `halvings` times (after a compile-time overflow)."""
-        s, programs = _programs(x, halvings)
+        """Kernel, tile, grid and options for rows of `layout`, the UB budget halved `halvings` times."""
+        s, programs = _programs(x.device, halvings)
         return plan_for(layout, spec, s, programs, x.device.type == "npu")
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
-        """`f(x) -> y` bound to this request, on the device's current stream (dispatch memoises
-        it). On an NPU the first plan is compiled here: a unified-buffer overflow halves the
-        tile and retries (`ub_retry`), and the halvings are remembered per shape class."""
+        """`f(x) -> y` bound to this request. On an NPU the first plan is compiled here: a
+        unified-buffer overflow halves the tile and retries (`ub_retry`), remembered per shape class."""
         given = x
         x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
         cls = ub_retry.shape_class(spec.in_dtype, spec.out_dtype, spec.log, layout.n_cols, flat_rows(layout),
                                    spec.variant.key())
         if compile_may_overflow(x.device):
             def attempt(plan: KernelPlan) -> None:  # the first launch compiles: an overflow shows here
-                tensors = (x, y, *_stand_in_operands(spec, x.device))
+                # (operands of the request's shapes: compiling is what may overflow the unified buffer)
+                tensors = (x, y, *softmax_launchers.stand_in_operands(spec, x.device, full=True))
                 bind(plan, layout, spec.log, spec.out_dtype)(tensors, PLAIN_SCALARS)
 
             with npu.device_guard(x.device):
@@ -161,18 +136,16 @@ class TritonAscendBackend(Backend):
 
     # ---- logsumexp and merge_states (core.lse_merge): the shared kernels, on the NPU's grid and UB tiles
 
-    def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
-        return self.supports(spec)
+    supports_logsumexp = supports
 
     def supports_merge_states(self, spec) -> str | None:
         return _refusal(spec.device, (spec.dtype, *spec.lse_dtypes))
 
     def run_logsumexp(self, x: torch.Tensor, spec: SoftmaxSpec, operands) -> torch.Tensor:
-        """logsumexp through `lse_kernel`: one row a step (bounded loads on the NPU), sub-blocks sized
-        by the UB budget for the input and three accumulator lanes (max, sum, NaN count)."""
+        """logsumexp through `lse_kernel`: one row a step, sub-blocks sized by the UB budget."""
         from .._triton_common.logsumexp import LsePlan, launcher
 
-        s, programs = _programs(x)
+        s, programs = _programs(x.device)
         per_elem = x.element_size() + 3 * 4
 
         def plan_for(n_rows: int, n_cols: int) -> LsePlan:
@@ -183,11 +156,10 @@ class TritonAscendBackend(Backend):
         return launcher(x, spec, plan_for, guard=npu.device_guard)(x, operands)
 
     def run_merge_states(self, outputs, lses, spec, out=None, lse_out=None):
-        """merge_states through `merge_kernel`: one row a step, the head tiled by the UB budget
-        (accumulator, one partial and the output per element)."""
+        """merge_states through `merge_kernel`: one row a step, the head tiled by the UB budget."""
         from .._triton_common.merge_states import MergePlan, merge_launcher
 
-        s, programs = _programs(outputs[0])
+        s, programs = _programs(outputs[0].device)
         per_elem = 4 + 2 * spec.dtype.itemsize
 
         def plan_for(k, n_rows, d):
@@ -199,24 +171,19 @@ class TritonAscendBackend(Backend):
     # ---- the sampler (anysoftmax.sampling): the shared Triton sampler on the NPU's plan
 
     def sampling_plan(self, spec):
-        """The sampler's plan for `spec` (a `sampling.spec.SamplingSpec`): UB-sized chunks, slots
-        and tiles on the NPU's grid, no runs pre-pass (`sampling_plan`); the same plan on every
-        device this backend serves."""
-        s, programs = _device_programs(spec.device)
+        """The sampler's plan for a `SamplingSpec`: UB-sized chunks, slots and tiles on the NPU's grid."""
+        s, programs = _programs(spec.device)
         return sampling_plan.plan_for(spec.rows, spec.vocab, s, programs)
 
     def supports_sampling(self, spec, top_n: int = 0) -> str | None:
-        """None for fp16/bf16/fp32 logits on the devices above; `logprobs`' top_n up to half the
-        plan's slots (`sampling_plan.MAX_SLOTS` // 2 at most)."""
+        """None for fp16/bf16/fp32 logits on the devices above; `logprobs`' top_n up to half the slots."""
         from .._triton_common import sampling
 
         reason = _refusal(spec.device, (spec.dtype,))
         return reason or sampling.supports(spec, top_n, self.sampling_plan(spec))
 
     def sampler(self):
-        """The shared Triton sampler (`sampling_one_read.Sampler`) on this backend's plans: the scan
-        and select with `sampling_plan`, the one-read paths through this backend's softmax and
-        logsumexp."""
+        """The shared Triton sampler on `sampling_plan`."""
         from .._triton_common import sampling_one_read
 
         return sampling_one_read.sampler_for(self, self.sampling_plan)

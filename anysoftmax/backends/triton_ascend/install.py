@@ -1,6 +1,5 @@
-"""Which installed distribution provides the `triton` package, and the fix when it is not triton-ascend
-alone: both install as `triton` and the last one installed overwrites the other's files, but
-`importlib.metadata` records every owner. Pure functions of the distribution list, tested anywhere.
+"""Which installed distributions provide the `triton` package (both triton-ascend and stock Triton
+install as `triton`, the last overwriting the other's files), and the fix when not triton-ascend alone.
 """
 
 from __future__ import annotations
@@ -10,8 +9,7 @@ import re
 from collections.abc import Mapping
 
 DIST = "triton-ascend"
-# The versions tested together upstream (triton-ascend 3.2.0 release notes): keep in step
-# with requirements-ascend.txt and docs/ascend.md.
+# Tested together upstream (triton-ascend 3.2.0): in step with requirements-ascend.txt, docs/ascend.md.
 PINS = {"triton-ascend": "3.2.0", "torch": "2.7.1", "torch-npu": "2.7.1", "CANN": "8.5.0"}
 FIX = ("pip uninstall -y triton triton-ascend && pip install --no-deps --force-reinstall "
        f"triton-ascend=={PINS['triton-ascend']}, then anysoftmax without its dependencies (pip install --no-deps "
@@ -33,8 +31,7 @@ def triton_owners() -> list[str]:
 
 
 def owner_problem(owners: list[str], versions: Mapping[str, str]) -> str | None:
-    """None when triton-ascend alone provides `triton` (`owners`: `triton_owners()`), else what is
-    wrong and the exact fix; `versions`: distribution name -> installed version."""
+    """None when triton-ascend alone provides `triton`, else what is wrong and the fix (`versions`)."""
     owners = sorted({_norm(o) for o in owners})
     if owners == [DIST]:
         return None

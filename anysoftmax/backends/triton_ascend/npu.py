@@ -1,8 +1,7 @@
 """Host glue for Ascend NPUs: finding triton-ascend, CANN and torch_npu, the device and its cores.
-torch_npu is imported only once triton-ascend and CANN were found: without CANN it cannot be
-imported (and its `torch.backends` entry point breaks `import torch` unless
-TORCH_DEVICE_BACKEND_AUTOLOAD=0). triton-ascend launches on the current NPU's current stream, so
-`device_guard` makes the tensor's device current for a launch.
+torch_npu is imported only once triton-ascend and CANN were found: without CANN its import breaks
+(its `torch.backends` entry point breaks `import torch` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0).
+triton-ascend launches on the current NPU: `device_guard` makes the tensor's device current.
 """
 
 from __future__ import annotations
@@ -25,25 +24,18 @@ def crosscheck_on_cuda() -> bool:
     return os.environ.get(ENV_ON_CUDA, "").strip() == "1"
 
 
-def _triton_package_dir() -> str | None:
-    # Located without importing it: importing `triton` defines its library functions, which
-    # must wait until the interpreter is decided (`_triton_common.interpreter`).
-    spec = importlib.util.find_spec("triton")
-    return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
-
-
 def _triton_is_ascend() -> bool:
-    # triton-ascend installs as the `triton` package with its NPU backend under
-    # triton/backends/ascend (older releases: triton/backends/huawei); stock Triton has neither.
-    root = _triton_package_dir()
+    # triton-ascend installs as `triton` with triton/backends/ascend (older: huawei). Located
+    # without importing it: the interpreter is decided before `triton` is imported.
+    spec = importlib.util.find_spec("triton")
+    root = os.path.dirname(spec.origin) if spec is not None and spec.origin else None
     return root is not None and any(os.path.isdir(os.path.join(root, "backends", name))
                                     for name in ("ascend", "huawei"))
 
 
 @lru_cache(maxsize=1)
 def missing_reason() -> str | None:
-    """Why Ascend NPUs cannot be used here, or None when triton-ascend, CANN, torch_npu and an
-    NPU are all present (checked once per process)."""
+    """Why Ascend NPUs cannot be used here, or None (checked once per process)."""
     missing = []
     problem = install.triton_problem()
     if problem is None and not _triton_is_ascend():

@@ -1,8 +1,7 @@
-"""Grid and tile arithmetic of the `triton_ascend` backend, pure (tested on any machine). The NPU's
-rules (docs/ascend.md): a fixed number of persistent programs, at most 65535 and never more than
-the work items; a tile (input, output and the fp32 copies the kernel keeps live, `acc_copies`) in
-the vector core's unified buffer, halved by multibuffer, else the online sub-block kernel; a tile
-never narrower than one 32-byte vector of its narrowest dtype (the UB pads the last axis to it).
+"""Grid and tile arithmetic of the `triton_ascend` backend, pure (docs/ascend.md): a fixed number of
+persistent programs (at most 65535, never more than the work items); a tile (input, output and the
+live fp32 copies, `acc_copies`) in the unified buffer, halved by multibuffer, else the online
+kernel's sub-blocks; never narrower than one 32-byte vector (the UB pads the last axis to it).
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ def min_block_n(s: Settings, in_bytes: int, out_bytes: int) -> int:
 
 
 def resolve_programs(s: Settings, device_vector_cores: int | None = None) -> int:
-    """Programs to launch before clamping: the configured count, or one per vector core (the
-    live device's count when given, else the selected profile's)."""
+    """Programs before clamping: `s.grid`, or the live device's (else profile's) vector cores."""
     if s.grid != VECTOR_CORES:
         return s.grid
     if device_vector_cores is not None:
@@ -56,9 +54,8 @@ def grid_size(programs: int, n_work: int) -> int:
 
 
 def operand_bytes(spec) -> int:
-    """UB bytes per tile element that the fused family's operands add: the mask tile (1 byte
-    per element for a bool mask, its dtype's size for an additive one) and, with softcap, one
-    more accumulator copy (tanh keeps its argument and its exponential live at once)."""
+    """UB bytes per tile element the fused family's operands add: the mask's element and, with
+    softcap, one more accumulator copy (tanh keeps its argument and its exponential live)."""
     v = getattr(spec, "variant", None)
     if v is None or spec.is_plain:
         return 0
@@ -72,11 +69,8 @@ def operand_bytes(spec) -> int:
 
 def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes: int, acc_bytes: int,
               s: Settings, flat_rows: bool = True, extra_bytes: int = 0) -> KernelPlan:
-    """Kernel, tile and grid for `n_rows` rows of `n_cols` elements (no launch options); `extra_bytes`:
-    what a fused request's operands add per element (`operand_bytes`). Rows that are not one (size,
-    stride) dim (`flat_rows` False) take one row a step: the several-row form's div/mod addressing
-    lowers to unbounded loads in triton-ascend. ValueError when the UB cannot hold the narrowest
-    sub-block."""
+    """Kernel, tile and grid for `n_rows` rows of `n_cols`; `extra_bytes`: `operand_bytes`. Rows not one
+    (size, stride) dim (not `flat_rows`) take one a step; ValueError when no sub-block fits the UB."""
     budget = tile_budget(s)
     narrowest = min_block_n(s, in_bytes, out_bytes)
     block_n = max(next_power_of_2(n_cols), narrowest)

@@ -1,8 +1,7 @@
-"""Settings of the `triton_ascend` backend. Precedence, lowest first: `tuning.yaml` beside this file,
-the device profile of `profiles.yaml` (`profile:` or $ANYSOFTMAX_ASCEND_PROFILE: its `grid` and
-`ub_bytes`), `override(...)` (tests, for a `with` block), then $ANYSOFTMAX_ASCEND_GRID and
-$ANYSOFTMAX_ASCEND_UB_BYTES. Every value is checked when read; an error names the setting, where
-its value came from and what is allowed.
+"""Settings of the `triton_ascend` backend, lowest precedence first: `tuning.yaml`, the device
+profile of `profiles.yaml` (`profile:` or $ANYSOFTMAX_ASCEND_PROFILE: its `grid` and `ub_bytes`),
+`override(...)`, $ANYSOFTMAX_ASCEND_GRID and $ANYSOFTMAX_ASCEND_UB_BYTES. Every value is checked
+when read; an error names the setting, where its value came from and what is allowed.
 """
 
 from __future__ import annotations
@@ -53,11 +52,6 @@ def load_profiles() -> dict:
 override = Overrides("triton_ascend")
 
 
-def key() -> tuple:
-    """What `current()` depends on besides the tables: overrides and environment (a cache key)."""
-    return (override.key(), os.environ.get(ENV_GRID), os.environ.get(ENV_UB_BYTES), os.environ.get(ENV_PROFILE))
-
-
 def current() -> Settings:
     """The settings in force now (table, profile, overrides and environment)."""
     return resolve(load_tuning("triton_ascend"), override.active(), os.environ,
@@ -99,10 +93,9 @@ def resolve(table: Mapping, overrides: Mapping, env: Mapping[str, str], profiles
                 put(key, profile[key], f"device profile {name!r} in {DEVICES}")
     for key, value in overrides.items():
         put(key, value, f"override({key}=...)")
-    if env.get(ENV_GRID, "").strip():
-        put("grid", _env_value(env[ENV_GRID]), f"${ENV_GRID}")
-    if env.get(ENV_UB_BYTES, "").strip():
-        put("ub_bytes", _env_value(env[ENV_UB_BYTES]), f"${ENV_UB_BYTES}")
+    for key, name in (("grid", ENV_GRID), ("ub_bytes", ENV_UB_BYTES)):
+        if env.get(name, "").strip():
+            put(key, _env_value(env[name]), f"${name}")
     return _validated(values, sources, profile)
 
 

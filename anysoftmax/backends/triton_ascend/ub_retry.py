@@ -1,8 +1,6 @@
-"""Unified-buffer overflow at compile time: the NPU compiler (bishengir-compile) decides the real
-buffer use, and fails with "ub overflow, requires N bits while 1572864 bits available" where the
-planner's estimate was short. The backend then plans again with half the budget until the compiler
-accepts it, and keeps the count per shape class for the process. Pure logic (the compile is a
-callable): tested on a CPU with an injected failure.
+"""Unified-buffer overflow at compile time: where the planner's estimate was short, the NPU compiler
+fails with "ub overflow, requires N bits while M bits available"; the backend plans again with half
+the budget until it compiles, the count kept per shape class. Pure (the compile is a callable).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ class UBOverflowError(RuntimeError):
 
 
 def overflow_in(exc: BaseException) -> tuple[int, int] | None:
-    """(required, available) bits when `exc` (its text, or a subprocess error's stderr) is the
-    compiler's UB overflow, else None."""
+    """(required, available) bits when `exc` (its text or stderr) is a UB overflow, else None."""
     texts = [str(exc)]
     stderr = getattr(exc, "stderr", None)
     if stderr:
@@ -36,8 +33,7 @@ def overflow_in(exc: BaseException) -> tuple[int, int] | None:
 
 
 def shape_class(in_dtype, out_dtype, log: bool, n_cols: int, flat_rows: bool, variant_key: tuple = ()) -> tuple:
-    """Requests that compile to the same tile kernel shape share one halving count (the fused
-    variant's steps and operand dtypes change what a tile holds)."""
+    """The key of requests compiling to the same tile shape, which share one halving count."""
     return (str(in_dtype), str(out_dtype), bool(log), next_power_of_2(max(n_cols, 1)), bool(flat_rows),
             variant_key)
 
@@ -60,9 +56,8 @@ class Halvings:
 
 def fit_plan(plan_at: Callable[[int], KernelPlan], attempt: Callable[[KernelPlan], None],
              start: int = 0) -> tuple[KernelPlan, int]:
-    """The first plan from `start` halvings of the budget on that `attempt` (compile and launch)
-    accepts, and its halving count. Only UB overflows are retried, and an unchanged plan is not
-    compiled again; `UBOverflowError` when not even the narrowest tile fits."""
+    """(plan, halvings): the first plan from `start` halvings that `attempt` (compile and launch)
+    accepts, retrying UB overflows only; `UBOverflowError` when not even the narrowest tile fits."""
     halvings, failed, last = start, None, None
     while True:
         try:
