@@ -1,11 +1,8 @@
 """Calling a compiled kernel on torch tensors, bound once per request: the per-call path.
-
-The calling convention is chosen at compile time (`KernelKey.tvm_ffi`): TVM-FFI takes torch
-tensors as they are (it reads and checks their pointers, shapes and strides and launches on
-torch's current stream: a few microseconds a call); the DLPack fallback wraps each tensor with
-`cute.runtime.from_dlpack` and passes the stream (tens of microseconds). Kernels see views of the
-request's tensors, never copies: (rows, n) with unit column stride (`rows_view`), or
-(outer, n, inner) with unit inner stride (`_columns`).
+TVM-FFI (`KernelKey.tvm_ffi`) takes torch tensors as they are and launches on torch's current
+stream (a few microseconds a call); the DLPack fallback wraps each tensor (tens of microseconds).
+Kernels see views of the request's tensors, never copies: (rows, n) or (outer, n, inner), unit
+last stride.
 """
 
 from __future__ import annotations
