@@ -78,21 +78,14 @@ def lse_rows_of(spec: SoftmaxSpec, in_strides: tuple[int, ...]) -> tuple[int, in
     return _equally_spaced(layout)
 
 
-def _fused_steps(spec: SoftmaxSpec, sinks: bool = False) -> tuple[bool, bool] | str:
-    """(scaled, capped) of `spec`, or why its variant is not served (masks and causal never; sinks
-    only where the caller folds them in, `sinks`: logsumexp)."""
+def _refusal(spec: SoftmaxSpec, sinks: bool = False) -> str | None:
+    """Why the kernels cannot take `spec`'s variant (masks and causal never; sinks only where the
+    caller folds them in, `sinks`: logsumexp), device or dtypes, or None."""
     v = spec.variant
-    if spec.is_plain:
-        return False, False
     if v.mask is not None or v.causal != CAUSAL_NONE or (v.sinks is not None and not sinks):
         what, rest = (("cute's logsumexp takes scale, softcap and sinks", "masks and causal") if sinks else
                       ("cute fuses scale and softcap", "masks, causal and sinks"))
         return f"{what} only, not {v.describe()} ({rest}: backend 'triton')"
-    return v.scale is not None, v.softcap is not None
-
-
-def _device_and_dtypes(spec: SoftmaxSpec) -> str | None:
-    """Why the kernels cannot take `spec`'s device or dtypes, or None."""
     if spec.device.type != "cuda":
         return f"device type {spec.device.type!r} is not supported (NVIDIA sm_90+ GPUs)"
     for dtype in (spec.in_dtype, spec.out_dtype):
@@ -129,17 +122,14 @@ class CuteBackend(Backend):
         return env.dsl_missing(check_import=False) or env.device_missing() or env.dsl_missing()
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
-        fused = _fused_steps(spec)
-        if isinstance(fused, str):
-            return fused
-        reason = _device_and_dtypes(spec)
+        reason = _refusal(spec)
         if reason is not None or spec.numel == 0:  # nothing to launch: the API returns the empty result
             return reason
         got = request_layout(spec, spec.strides)
         if isinstance(got, str):
             return got
         if isinstance(got, ColumnView):
-            if any(fused):
+            if spec.variant.scale is not None or spec.variant.softcap is not None:
                 return (f"the fused steps ({spec.variant.describe()}) run in the row kernels only, and the reduced "
                         f"dim {spec.dim} of {list(spec.shape)} is strided; backend 'triton' fuses them over any dim")
             # Both directions need a kernel: the forward's input strides, the backward's contiguous operands.
@@ -153,9 +143,9 @@ class CuteBackend(Backend):
     def plan(self, backward: bool, spec: SoftmaxSpec, n_cols: int, align_elems: int, states: bool = False) -> KernelKey:
         """The row kernel's key for this request (memoised); `states`: the logsumexp kernel of the forward's plan."""
         def make(in_dtype, out_dtype, arch, tvm_ffi):
-            scaled, capped = _fused_steps(spec, sinks=states)
             return make_plan(backward, in_dtype, out_dtype, spec.log, n_cols, align_elems, arch, tvm_ffi,
-                             scaled=scaled, capped=capped, states=states)
+                             scaled=spec.variant.scale is not None, capped=spec.variant.softcap is not None,
+                             states=states)
         return _memo(spec, LSE if states else BWD if backward else FWD, align_elems, "rows", make)
 
     def column_plan(self, backward: bool, spec: SoftmaxSpec, view: ColumnView, align_elems: int) -> KernelKey | str:
@@ -189,16 +179,12 @@ class CuteBackend(Backend):
         return launch.backward(self._bound(key), spec, n_rows, n_cols, key.vec * y.element_size(), fused=key.fused,
                                reads_x=key.capped)
 
-    def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(grad, y, x, operands, p_sink) -> (dx, None)`: the row kernels' (fused columns are refused)."""
-        return self.backward_launcher(y, spec)
+    # `f(grad, y, x, operands, p_sink) -> (dx, None)`: the row kernels' (fused columns are refused).
+    fused_backward_launcher = backward_launcher
 
     def supports_logsumexp(self, spec: SoftmaxSpec) -> str | None:
         """The rows `lse_rows_of` reads, plain or with scale, softcap and sinks; else the reason."""
-        fused = _fused_steps(spec, sinks=True)
-        if isinstance(fused, str):
-            return fused
-        reason = _device_and_dtypes(spec)
+        reason = _refusal(spec, sinks=True)
         if reason is not None or spec.numel == 0:
             return reason
         got = lse_rows_of(spec, spec.strides)

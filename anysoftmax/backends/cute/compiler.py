@@ -1,10 +1,8 @@
 """Compiling a `KernelKey` with `cute.compile`, for this machine's GPU or, without one, for
-$CUTE_DSL_ARCH (sm_90a by default: how CI checks every kernel kind).
-
-Row counts, lengths and strides are run-time arguments: one kernel serves a shape class. The
-fake tensors state what the compiler may assume: the last extent and the other strides are
-multiples of `vec` and the pointers aligned to a vector (each vector load one 16-byte
-instruction). TVM-FFI checks these at each call; the planner never hands it a tensor that breaks them.
+$CUTE_DSL_ARCH (sm_90a by default: how CI checks every kernel kind). Row counts, lengths and
+strides are run-time arguments: one kernel serves a shape class. The fake tensors state what the
+compiler may assume: the last extent and the other strides are multiples of `vec` and the pointers
+aligned to a vector (each vector load one 16-byte instruction); TVM-FFI checks these at each call.
 """
 
 from __future__ import annotations
@@ -45,18 +43,17 @@ def compile_kernel(key: KernelKey, keep: bool = False):
         options += ["--keep-ptx", "--keep-cubin"]
     if key.arch:
         options.append(f"--gpu-arch={key.arch}")
+    shape = (key.cluster, key.threads, key.vec, key.vectors)
     if key.states:  # logsumexp: x in, one float32 a row out
-        consts = (key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.scaled, key.capped)
-        entry = kernels.states_entry
+        consts, entry = (*shape, key.two_pass, key.scaled, key.capped), kernels.states_entry
     elif key.lanes:  # a column kernel
-        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.lanes)
+        consts = (key.log, *shape, key.lanes)
         entry = kernels.columns_backward_entry if key.backward else kernels.columns_forward_entry
     elif key.fused:
-        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.staged, key.scaled,
-                  key.capped)
+        consts = (key.log, *shape, key.two_pass, key.staged, key.scaled, key.capped)
         entry = kernels.fused_backward_entry if key.backward else kernels.fused_forward_entry
     else:
-        consts = (key.log, key.cluster, key.threads, key.vec, key.vectors, key.two_pass, key.staged)
+        consts = (key.log, *shape, key.two_pass, key.staged)
         entry = kernels.backward_entry if key.backward else kernels.forward_entry
     tensors = tuple(_fake(d, key.vec, 3 if key.lanes else 2) for d in key.operand_dtypes)
     if key.states:  # the lse: a vector of one float32 a row

@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
-import threading
-from dataclasses import dataclass
 from functools import lru_cache
 
 from ...config import install_hint
@@ -35,11 +33,11 @@ def dsl_missing(check_import: bool = True) -> str | None:
     and how to install it."""
     if not _importable("cutlass"):
         return f"nvidia-cutlass-dsl is not installed ({install_hint('cute')})"
-    if not check_import:
-        return None
-    problem = _import_problem()
-    if problem is not None:
-        return f"nvidia-cutlass-dsl does not import: {problem} ({install_hint('cute')})"
+    if check_import:
+        try:
+            import_dsl()
+        except Exception as exc:  # a broken install: reported as the reason, never raised from a probe
+            return f"nvidia-cutlass-dsl does not import: {type(exc).__name__}: {exc} ({install_hint('cute')})"
     return None
 
 
@@ -48,27 +46,17 @@ def tvm_ffi_available() -> bool:
     return _importable("tvm_ffi")
 
 
-@dataclass(frozen=True)
-class Gpu:
-    """What planning needs to know of one GPU."""
-
-    name: str
-    capability: tuple[int, int]
-
-    @property
-    def arch(self) -> str:
-        """The DSL's target name: sm_90a for Hopper (its `a` features: clusters, setmaxnreg)."""
-        major, minor = self.capability
-        return f"sm_{major}{minor}a"
-
-
 @lru_cache(maxsize=None)
-def gpu(index: int) -> Gpu:
-    """GPU `index`'s properties (queried once per process)."""
+def gpu(index: int) -> tuple[str, tuple[int, int]]:
+    """GPU `index`'s name and compute capability (queried once per process)."""
     import torch
 
     p = torch.cuda.get_device_properties(index)
-    return Gpu(p.name, (p.major, p.minor))
+    return p.name, (p.major, p.minor)
+
+
+def _sm(capability: tuple[int, int]) -> str:
+    return f"sm_{capability[0]}{capability[1]}"
 
 
 def device_missing() -> str | None:
@@ -81,8 +69,8 @@ def device_missing() -> str | None:
     if torch.version.hip is not None:
         return "needs an NVIDIA GPU (sm_90+); this is a ROCm build of torch"
     found = [gpu(i) for i in range(torch.cuda.device_count())]
-    if not any(g.capability >= MIN_CAPABILITY for g in found):
-        names = ", ".join(f"{g.name} (sm_{g.capability[0]}{g.capability[1]})" for g in found)
+    if not any(capability >= MIN_CAPABILITY for _, capability in found):
+        names = ", ".join(f"{name} ({_sm(capability)})" for name, capability in found)
         return f"needs an sm_90+ GPU (thread-block clusters); this machine has {names}"
     return None
 
@@ -94,49 +82,34 @@ def capable(device) -> str | None:
     if not torch.cuda.is_available():
         return device_missing()
     index = device.index if device.index is not None else torch.cuda.current_device()
-    g = gpu(index)
-    if g.capability < MIN_CAPABILITY:
-        return f"GPU {index} ({g.name}) is sm_{g.capability[0]}{g.capability[1]}; the cute kernels need sm_90+"
+    name, capability = gpu(index)
+    if capability < MIN_CAPABILITY:
+        return f"GPU {index} ({name}) is {_sm(capability)}; the cute kernels need sm_90+"
     return None
 
 
-_import_lock = threading.Lock()
-_imported: dict = {}
-
-
-def _import_problem() -> str | None:
-    try:
-        import_dsl()
-    except Exception as exc:  # a broken install: reported as the reason, never raised from a probe
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def import_dsl(arch: str | None = None):
+@lru_cache(maxsize=None)
+def import_dsl():
     """Import `cutlass.cute` (once) and return it, $CUTE_DSL_ARCH set first unless the user set it
-    (`arch`, else this GPU's or sm_90a: without a GPU the DSL cannot detect one)."""
-    with _import_lock:
-        if "cute" in _imported:
-            return _imported["cute"]
-        if ARCH_ENV not in os.environ:
-            os.environ[ARCH_ENV] = arch or _detected_arch()
-        # Kept PTX/cubin files (compile_kernel(keep=True)) go to a scratch folder, not the working directory.
-        if DUMP_ENV not in os.environ:  # (the DSL needs the folder to exist)
-            os.environ[DUMP_ENV] = os.path.join(tempfile.gettempdir(), f"anysoftmax-cute-{os.getpid()}")
-            os.makedirs(os.environ[DUMP_ENV], exist_ok=True)
-        import cutlass.cute as cute
+    (this GPU's, with its `a` features, or sm_90a: without a GPU the DSL cannot detect one)."""
+    if ARCH_ENV not in os.environ:
+        os.environ[ARCH_ENV] = _detected_arch()
+    # Kept PTX/cubin files (compile_kernel(keep=True)) go to a scratch folder, not the working directory.
+    if DUMP_ENV not in os.environ:  # (the DSL needs the folder to exist)
+        os.environ[DUMP_ENV] = os.path.join(tempfile.gettempdir(), f"anysoftmax-cute-{os.getpid()}")
+        os.makedirs(os.environ[DUMP_ENV], exist_ok=True)
+    import cutlass.cute as cute
 
-        _imported["cute"] = cute
-        return cute
+    return cute
 
 
 def _detected_arch() -> str:
     import torch
 
     if torch.cuda.is_available() and torch.version.hip is None:
-        g = gpu(torch.cuda.current_device())
-        if g.capability >= MIN_CAPABILITY:
-            return g.arch
+        capability = gpu(torch.cuda.current_device())[1]
+        if capability >= MIN_CAPABILITY:
+            return _sm(capability) + "a"
     return DEFAULT_ARCH
 
 

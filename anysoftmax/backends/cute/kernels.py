@@ -7,27 +7,19 @@ numbers (`plan.KernelKey`) are compile-time constants. Numerics: exp2((x - m) * 
 x - m formed first, float32 accumulation.
 """
 import math
-import threading
+from functools import lru_cache
 from types import SimpleNamespace
 
 LOG2_E = math.log2(math.e)
 WARP = 32
 # Shuffle distances of a full-warp butterfly reduction.
 BUTTERFLY = (16, 8, 4, 2, 1)
-_lock = threading.Lock()
-_built: list = []
 
 
+@lru_cache(maxsize=None)
 def entries() -> SimpleNamespace:
     """The `cute.compile` entry points of the row kernels (`forward_entry`, `backward_entry`, their
-    `fused_*` forms, `states_entry`) and of the column kernels (`columns_*`)."""
-    with _lock:
-        if not _built:
-            _built.append(_define())
-        return _built[0]
-
-
-def _define() -> SimpleNamespace:
+    `fused_*` forms, `states_entry`) and of the column kernels (`columns_*`), defined once."""
     # The DSL, imported for the architecture chosen by `env` (sm_90a without a GPU).
     from .env import import_dsl
 
@@ -370,6 +362,18 @@ def _define() -> SimpleNamespace:
         if tidx + rank == 0:
             mL[row] = big + cute.math.log(total, fastmath=False)
 
+    def _row_slots(cluster: int, warps: int, slot_bytes: int):
+        """(allocator, slots, mbarrier) of a row kernel: a (cluster * warps, 2) float32 slot a warp
+        of the cluster; with a cluster, the mbarrier expects `slot_bytes` from each, set up before
+        the relaxed cluster arrive that the first `st.async` waits for."""
+        smem = cutlass.memory.SmemAllocator()
+        slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
+        mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
+        if cluster > 1:
+            _expect_bytes(mbar, cluster * warps * slot_bytes)
+            cute.arch.cluster_arrive_relaxed()
+        return smem, slots, mbar
+
     def _vectors(t: cute.Tensor, row: Int32, vec: int) -> cute.Tensor:
         """Row `row` of the (rows, n) tensor `t` as (vec, n // vec) vectors."""
         return cute.zipped_divide(t[row, None], (vec,))
@@ -388,12 +392,7 @@ def _define() -> SimpleNamespace:
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
-        mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
-        if const_expr(cluster > 1):
-            _expect_bytes(mbar, cluster * warps * 8)  # a slot from every warp of the cluster
-            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first st.async
+        smem, slots, mbar = _row_slots(cluster, warps, 8)  # (max, sum) from every warp of the cluster
         rank = bidx % cluster
         row = bidx // cluster
         gx = _vectors(mX, row, vec)
@@ -483,12 +482,7 @@ def _define() -> SimpleNamespace:
         warps = threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        slots = smem.allocate_tensor(Float32, cute.make_layout((cluster * warps, 2), stride=(2, 1)), byte_alignment=16)
-        mbar = smem.allocate_array(cutlass.Int64, num_elems=1)
-        if const_expr(cluster > 1):
-            _expect_bytes(mbar, cluster * warps * 4)  # a slot from every warp of the cluster
-            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first st.async
+        smem, slots, mbar = _row_slots(cluster, warps, 4)  # a sum from every warp of the cluster
         rank = bidx % cluster
         row = bidx // cluster
         gy, gg, gd, gx = (_vectors(mY, row, vec), _vectors(mG, row, vec), _vectors(mD, row, vec),

@@ -1,11 +1,8 @@
 """Calling a compiled kernel on torch tensors, bound once per request: the per-call path.
-
-The calling convention is chosen at compile time (`KernelKey.tvm_ffi`): TVM-FFI takes torch
-tensors as they are (it reads and checks their pointers, shapes and strides and launches on
-torch's current stream: a few microseconds a call); the DLPack fallback wraps each tensor with
-`cute.runtime.from_dlpack` and passes the stream (tens of microseconds). Kernels see views of the
-request's tensors, never copies: (rows, n) with unit column stride (`rows_view`), or
-(outer, n, inner) with unit inner stride (`_columns`).
+TVM-FFI (`KernelKey.tvm_ffi`) takes torch tensors as they are and launches on torch's current
+stream (a few microseconds a call); the DLPack fallback wraps each tensor (tens of microseconds).
+Kernels see views of the request's tensors, never copies: (rows, n) or (outer, n, inner), unit
+last stride.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ...core.layout import POISON_OUTPUTS, new_output
+from ...core.layout import new_output, new_output_like
 from ...core.lse_merge import row_shape
 from .plan import DTYPE_BYTES, KernelKey
 
@@ -68,15 +65,14 @@ def guarded(call: Callable, device: torch.device) -> Callable:
 
 def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int, fused: bool = False) -> Callable:
     """`f(x) -> y` for requests like `spec` read as rows; with `fused` (the scale/softcap prologue)
-    `f(x, operands) -> (y, None)`. A 2-D input needs no view and a contiguous one of the output's
-    dtype gets `empty_like`: each view or allocation saved is about a microsecond a call."""
-    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    call = guarded(call, device)
+    `f(x, operands) -> (y, None)`. A 2-D input needs no view, and y is made `empty_like` x: each
+    view or allocation saved is about a microsecond a call."""
+    shape, dtype = spec.shape, spec.out_dtype
+    call = guarded(call, spec.device)
     flat = len(shape) == 2 and spec.strides[1] == 1 and shape == (n_rows, n_cols)
-    like_input = not POISON_OUTPUTS and flat and spec.in_dtype == dtype and spec.strides[0] == n_cols
 
     def run(x: torch.Tensor, *values: float) -> torch.Tensor:
-        y = torch.empty_like(x) if like_input else new_output(shape, dtype, device)
+        y = new_output_like(x, dtype)
         call(x if flat else rows_view(x, n_rows, n_cols, x_row_stride), y if flat else y.view(n_rows, n_cols), *values)
         return y
 
@@ -121,7 +117,7 @@ def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int, f
 
     def run(y: torch.Tensor, grad: torch.Tensor, *extra) -> torch.Tensor:  # extra: a fused kernel's x, values
         y, grad = backward_operands(y, grad, dtype, align_bytes)
-        dx = new_output(shape, dtype, device) if POISON_OUTPUTS else torch.empty_like(y)
+        dx = new_output_like(y, dtype)
         tensors = (y, grad, dx, *extra[:1])
         call(*(tensors if flat else (t.view(n_rows, n_cols) for t in tensors)), *extra[1:])
         return dx

@@ -98,9 +98,7 @@ class KernelKey:
 
 def table() -> dict:
     """The tuning table with the active overrides applied."""
-    base = load_tuning(TABLE)
-    active = overrides.active()
-    return {**base, **active} if active else base
+    return {**load_tuning(TABLE), **overrides.active()}
 
 
 def vector_width(n_cols: int, align_elems: int, elem_bytes: int) -> int:
@@ -125,18 +123,17 @@ def _entry(t: dict, name: str, kind: str, bits: int) -> int:
     return value if isinstance(value, int) else value[kind][bits]
 
 
-def _max_vectors(t: dict, kind_bits: tuple[str, int], vec: int, entry: str = "elems_per_thread") -> int:
+def _max_vectors(t: dict, kind_bits: tuple[str, int], vec: int, entry: str) -> int:
     """Vectors one thread holds (per tensor), from the table's `entry`."""
     return max(1, int(_entry(t, entry, *kind_bits) * t["elems_scale"]) // vec)
 
 
-def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int,
-              arch: str, tvm_ffi: bool, tuning: dict | None = None, scaled: bool = False,
-              capped: bool = False, states: bool = False) -> KernelKey:
+def make_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_cols: int, align_elems: int, arch: str,
+              tvm_ffi: bool, scaled: bool = False, capped: bool = False, states: bool = False) -> KernelKey:
     """The kernel for rows of `n_cols` elements aligned to `align_elems` (pointers and row strides),
     with the prologue's steps `scaled` / `capped`; `states`: the logsumexp kernel of the forward's
     plan (no tiles held: it reads every tile once)."""
-    t = table() if tuning is None else tuning
+    t = table()
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_cols, align_elems, elem_bytes)
     n_vec = n_cols // vec
@@ -183,12 +180,12 @@ def stage_budget(t: dict, threads: int) -> int:
 
 
 def make_column_plan(backward: bool, in_dtype: str, out_dtype: str, log: bool, n_red: int, n_inner: int,
-                     align_elems: int, arch: str, tvm_ffi: bool, tuning: dict | None = None) -> KernelKey | str:
+                     align_elems: int, arch: str, tvm_ffi: bool) -> KernelKey | str:
     """The column kernel for `n_red` strided positions of `n_inner` contiguous columns aligned to
     `align_elems`, or why there is none: a column longer than the largest cluster holds (one pass
     only; a second would read the strip again, as the triton column kernels do). Strips are the
     widest of `column_strip_bytes` that holds the column, no wider than the columns."""
-    t = table() if tuning is None else tuning
+    t = table()
     elem_bytes = max(DTYPE_BYTES[in_dtype], DTYPE_BYTES[out_dtype])
     vec = vector_width(n_inner, align_elems, elem_bytes)
     max_vectors = _max_vectors(t, _kind_bits(backward, log, in_dtype, out_dtype, vec), vec, "column_elems_per_thread")

@@ -24,6 +24,7 @@ point $ANYSOFTMAX_CACHE_DIR at its parent's parent to run there without a compil
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -137,19 +138,15 @@ def keys_for(shapes, dtypes, out_dtypes, ops, variants, target, dim: int = -1) -
     """Every kernel the command line asks for (duplicates, e.g. plain shapes of one row
     length, collapse: M is dynamic)."""
     keys = {}
-    for shape in shapes:
-        for d in dtypes:
-            for out in [d, *(o for o in out_dtypes if o != d)]:
-                for log in ops:
-                    for item in variants:
-                        x = torch.empty(shape, dtype=parse_dtype(d), device="meta")
-                        try:
-                            spec, _ = SoftmaxSpec.from_request(x, dim, parse_dtype(out), log=log,
-                                                               fused=fused_kwargs(item, shape, dim))
-                        except (TypeError, ValueError) as exc:
-                            raise SystemExit(f"--variants {item!r} on shape {list(shape)}: {exc}") from None
-                        key = KernelKey(canonical(spec), target)
-                        keys.setdefault(key, key)
+    for shape, d in itertools.product(shapes, dtypes):
+        x = torch.empty(shape, dtype=parse_dtype(d), device="meta")
+        for out, log, item in itertools.product([d, *(o for o in out_dtypes if o != d)], ops, variants):
+            try:
+                fused = fused_kwargs(item, shape, dim)
+                spec, _ = SoftmaxSpec.from_request(x, dim, parse_dtype(out), log=log, fused=fused)
+            except (TypeError, ValueError) as exc:
+                raise SystemExit(f"--variants {item!r} on shape {list(shape)}: {exc}") from None
+            keys.setdefault(KernelKey(canonical(spec), target))
     return list(keys)
 
 

@@ -133,14 +133,11 @@ class Fusion:
         return "-".join(parts) or "plain"
 
 
-PLAIN_FUSION = Fusion()
-
-
 def fusion_of(spec: SoftmaxSpec) -> Fusion:
     """The `Fusion` of a canonical spec (`canonical(spec)`)."""
     v = spec.variant
     if spec.is_plain:
-        return PLAIN_FUSION
+        return Fusion()
     row_shape = spec.shape[:-1]
     fields: dict = {"scale": v.scale is not None, "softcap": v.softcap is not None, "empty_rows": v.empty_rows}
     if v.mask is not None:

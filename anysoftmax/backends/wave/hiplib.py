@@ -6,8 +6,8 @@ and passed with IREE's `--hip_dylib_path` flag (docs/wave.md).
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 
 LIB = "libamdhip64.so"
@@ -39,19 +39,12 @@ def find_hip_dylib(dirs: Sequence[Path]) -> Path:
         f"Set $ROCM_PATH to the ROCm install (its lib/ holds {LIB})")
 
 
-_configured: list[Path] = []
-_lock = threading.Lock()
-
-
+@lru_cache(maxsize=None)
 def configure() -> Path:
     """Find the library and hand it to IREE (once per process, before the first hip device)."""
-    with _lock:
-        if _configured:
-            return _configured[0]
-        import iree.runtime as rt
-        import torch
+    import iree.runtime as rt
+    import torch
 
-        path = find_hip_dylib(search_dirs(os.environ, str(Path(torch.__file__).parent / "lib")))
-        rt.flags.parse_flags(f"{FLAG}={path}")
-        _configured.append(path)
-        return path
+    path = find_hip_dylib(search_dirs(os.environ, str(Path(torch.__file__).parent / "lib")))
+    rt.flags.parse_flags(f"{FLAG}={path}")
+    return path

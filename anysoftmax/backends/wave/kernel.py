@@ -236,8 +236,10 @@ def build_kernel(key: KernelKey):
 def _signature(tkw, tkl, constraints, body, f: Fusion, in_t, out_t, types, M, N, MASK_LEN, SINK_LEN, GLOBAL):
     """The @tkw.wave function for `f`'s arguments, generated: Wave traces it through torch.fx, which
     reads the parameters from the code object (no *args) and their types from the annotations."""
-    x_t, y_t = tkl.Memory[M, N, GLOBAL, in_t], tkl.Memory[M, N, GLOBAL, out_t]
-    hints = {"x": x_t, "y": y_t}
+    # Scale and softcap arrive as a float32's bits in an i32: IREE's Python runtime pushes floats as
+    # f64, which its VM does not convert to an f32 argument (it reads 0) and iree-compile demotes.
+    hints = {"x": tkl.Memory[M, N, GLOBAL, in_t], "y": tkl.Memory[M, N, GLOBAL, out_t],
+             "p_sink": tkl.Memory[M, GLOBAL, tkl.f32], "scale": tkl.i32, "softcap": tkl.i32, "row0": tkl.i32}
     if f.mask != "none":
         # A mask that is one row for all rows is read like x (an [N] Memory, no index
         # expression); any other is a flat buffer read through its offsets.
@@ -245,16 +247,7 @@ def _signature(tkw, tkl, constraints, body, f: Fusion, in_t, out_t, types, M, N,
         hints["mask"] = tkl.Memory[length, GLOBAL, types[f.mask_dtype]]
     if f.sink_dtype:
         hints["sinks"] = tkl.Memory[SINK_LEN, GLOBAL, types[f.sink_dtype]]
-        hints["p_sink"] = tkl.Memory[M, GLOBAL, tkl.f32]
-    # Scale and softcap arrive as a float32's bits in an i32: IREE's Python runtime pushes floats as
-    # f64, which its VM does not convert to an f32 argument (it reads 0) and iree-compile demotes.
-    if f.scale:
-        hints["scale"] = tkl.i32
-    if f.softcap:
-        hints["softcap"] = tkl.i32
-    if f.needs_row:
-        hints["row0"] = tkl.i32
-    names = argument_names(f)
+    names = argument_names(f)  # the hints of these only
     call = ", ".join(f"{k}={k if k in names else None}"
                      for k in ("x", "mask", "sinks", "y", "p_sink", "scale", "softcap", "row0"))
     source = f"def softmax({', '.join(names)}):\n    _body({call})\n"
@@ -274,7 +267,3 @@ def argument_names(f: Fusion) -> tuple[str, ...]:
     names += ["p_sink"] if f.sink_dtype else []
     names += (["scale"] if f.scale else []) + (["softcap"] if f.softcap else []) + (["row0"] if f.needs_row else [])
     return tuple(names)
-
-
-__all__ = ["DTYPES", "ENTRY_POINT", "KernelKey", "MAX_ROWS_PER_LAUNCH", "RowPlan", "argument_names", "build_kernel",
-           "max_row_length", "max_waves", "offset_expr", "plan_row"]

@@ -191,9 +191,7 @@ def invoke(kernel: LoadedKernel, inputs: list, outputs: list[torch.Tensor], valu
 
     dev = kernel.device
     args = rt.VmVariantList(len(inputs) + len(outputs) + len(values) + 2)
-    for view in inputs:
-        args.push_ref(view)
-    for view in outputs:
+    for view in (*inputs, *outputs):
         args.push_ref(view)
     for value in values:
         args.push_int(value)
