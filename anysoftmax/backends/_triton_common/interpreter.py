@@ -1,6 +1,5 @@
 """Whether Triton kernels run compiled or through Triton's CPU interpreter: Triton decides when a
-kernel is defined (TRITON_INTERPRET=1), so it is decided here once, before any kernel is imported.
-"""
+kernel is defined (TRITON_INTERPRET=1), so it is decided here once, before any kernel is imported."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import os
 import sys
 
 ENV = "TRITON_INTERPRET"
-KERNEL_MODULES = ("rows", "cols", "bwd", "sharded")
 # Triton is an extra: CUDA and ROCm builds of torch bring it, the CPU build does not.
 TRITON_EXTRA = "pip install 'anysoftmax[triton]'"
 
@@ -27,11 +25,6 @@ def triton_missing(extra: str = TRITON_EXTRA) -> str | None:
     return f"the `triton` package is not installed{why}: {extra}"
 
 
-def kernels_imported() -> bool:
-    """True once Triton (its library functions are kernels too) or a kernel module was imported."""
-    return "triton" in sys.modules or any(f"{__package__}.{m}" in sys.modules for m in KERNEL_MODULES)
-
-
 def needs_interpreter() -> bool:
     """True when the kernels run here only interpreted: no CUDA/ROCm GPU, no `torch_npu` (not imported)."""
     import torch
@@ -41,7 +34,8 @@ def needs_interpreter() -> bool:
 
 def use_interpreter_if_no_device() -> str | None:
     """Set TRITON_INTERPRET=1 where no Triton device is visible, undecided yet; a line saying so, or None."""
-    if ENV in os.environ or kernels_imported() or not needs_interpreter():
+    # (too late once Triton is imported: every kernel, its library's too, was defined compiled)
+    if ENV in os.environ or "triton" in sys.modules or not needs_interpreter():
         return None
     os.environ[ENV] = "1"
     return ("no GPU or NPU visible: Triton kernels run on the CPU through the Triton interpreter "

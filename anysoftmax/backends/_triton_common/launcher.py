@@ -1,8 +1,6 @@
-"""The one launch engine: a Triton kernel bound by name to one request (`Binding`, `bind_kernel`),
-a `KernelPlan` bound through it (`bind`). The first launch goes through Triton's JIT entry point
-(it compiles, under the kernel's lock: Triton has none), later ones through Triton's low-level
-launcher or the native one, with only the addresses, the stream and the per-call values assembled.
-"""
+"""The one launch engine: a Triton kernel bound by name to one request (`bind_kernel`; plans: `bind`).
+The first launch compiles through Triton's JIT entry point under the kernel's lock; later ones call
+Triton's low-level launcher or the native one with only addresses, stream and per-call values."""
 
 from __future__ import annotations
 
@@ -144,10 +142,9 @@ def _forwards_varargs(launcher_type) -> bool:
 
 
 def _fast_calls(compiled_kernels: list, tails: list, grid: int) -> list:
-    """[(launch, before, after, constexpr tail)] calling Triton's low-level launcher as
-    `launch(*before, stream, *after, *pointers, *integers, *floats, *tail)`: `kernel[grid](...)`
-    minus its argument binding, key and cache lookup (tens of microseconds). Valid for one request:
-    the same integers and 16-byte alignment of every pointer (the memo key guarantees both)."""
+    """[(launch, before, after, constexpr tail)]: `launch(*before, stream, *after, *pointers, *integers,
+    *floats, *tail)` is `kernel[grid](...)` minus its binding, key and cache lookup (tens of µs); valid
+    for one request (same integers and 16-byte pointer alignment: the memo key guarantees both)."""
     calls = []
     for k, tail in zip(compiled_kernels, tails):
         run = k.run
@@ -164,17 +161,13 @@ def _fast_calls(compiled_kernels: list, tails: list, grid: int) -> list:
     return calls
 
 
-# A launch hook that is no HookChain: always active (a non-empty list, see `_hook_calls`).
-_ACTIVE_HOOK = [True]
-
-
 def _hook_calls(hook) -> list:
     # The list a launch hook is checked by per call, empty while inactive: a HookChain's own
-    # `calls` (changed in place), [] for no hook, a non-empty list for any other hook.
+    # `calls` (changed in place), [] for no hook, a non-empty list for any other (always active).
     if hook is None:
         return []
     calls = getattr(hook, "calls", None)
-    return calls if isinstance(calls, list) else _ACTIVE_HOOK
+    return calls if isinstance(calls, list) else [True]
 
 
 def _constexpr_tails(kernel, n_positional: int, metas) -> list | None:
@@ -243,14 +236,12 @@ def _native(b: Binding, compiled: list, args: tuple, index: tuple) -> tuple:
 
 
 def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device | None = None, guard=None):
-    """`launch(args, values=b.values, per_call=())` launching `b.kernel` once per entry of `b.metas`
-    on the current stream: `args` the call's tensors (None where absent) to which `scratch(device)`
-    is appended, `values` the per-call floats, `per_call` the per-call integers (default: `b.ints`'
-    placeholders). Later launches take the fast path while no launch hook (a profiler's) is active.
-    `replan()`: the launcher to use when the driver refuses a cooperative grid (MPS, green
-    contexts). `guard(device)` is entered around each launch (default `device_guard` where several
-    GPUs are visible). `launch.prime(compiled, args, stream_of=None)` does what a first launch does
-    after compiling (tests give it stand-ins); `launch.state`: what it set up; `launch.binding`: `b`."""
+    """`launch(args, values=b.values, per_call=())`: `b.kernel` once per entry of `b.metas` on the current
+    stream; `args` the call's tensors (None where absent), `scratch(device)` appended; `per_call`: the
+    per-call integers (default `b.ints`' placeholders). Fast path while no launch hook is active.
+    `replan()`: the launcher when the driver refuses a cooperative grid (MPS, green contexts);
+    `guard(device)` around each launch (default `device_guard` where several GPUs are visible).
+    `launch.prime(compiled, args, stream_of=None)`: a first launch's set-up after compiling (tests)."""
     kernel, grid, metas, default = b.kernel, (b.grid,), b.metas, b.values
     lock = launch_lock(kernel)
     interpreting = lock is _interpreter_lock
@@ -330,20 +321,19 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
             args = (*args, *scratch(device_of(args)))
         kw = {**dict(zip(b.pointer_names, b.pointers(args))), **b.ints, **dict(zip(b.floats, values)),
               **dict(zip(b.per_call, per_call))}
-        if state["compiled"] is not None and not interpreting:  # (no fast path, or a launch hook is active)
+        if interpreting:  # (compiles nothing: no fast path follows)
+            import numpy
+
+            # The kernels compute masked lanes as -inf - (-inf) and log(0) by design, then discard them.
+            with lock, numpy.errstate(invalid="ignore", divide="ignore"):
+                for meta in metas:
+                    kernel[grid](**kw, **meta)
+        elif state["compiled"] is not None:  # (no fast path, or a launch hook is active)
             for meta in metas:
                 kernel[grid](**kw, **meta)
-            return None
-        with lock:  # a first launch compiles: one thread at a time per kernel
-            if interpreting:  # (compiles nothing: no fast path follows)
-                import numpy
-
-                # The kernels compute masked lanes as -inf - (-inf) and log(0) by design, then discard them.
-                with numpy.errstate(invalid="ignore", divide="ignore"):
-                    for meta in metas:
-                        kernel[grid](**kw, **meta)
-                return None
-            primed([kernel[grid](**kw, **meta) for meta in metas], args, None)
+        else:
+            with lock:  # a first launch compiles: one thread at a time per kernel
+                primed([kernel[grid](**kw, **meta) for meta in metas], args, None)
         return None
 
     run = launch

@@ -1,8 +1,6 @@
-"""Kernel plans: which shared kernel, with which tile, on how many programs, one type per kind, each
-building its launch arguments; pure data (no launches, no device queries). Kinds (docs/kernels.md):
-forward "tile", "online", "split" (`cooperative`: one launch with a per-row barrier, else two),
-"cols" / "cols_split" (a reduction over a non-innermost dim); backward "tile" and "split".
-"""
+"""Kernel plans, pure data: which shared kernel, tile and grid, one type per kind (docs/kernels.md),
+each building its launch arguments. Forward "tile", "online", "split" (`cooperative`: one launch with
+a per-row barrier, else two), "cols" / "cols_split" (a non-innermost dim); backward "tile", "split"."""
 
 from __future__ import annotations
 
@@ -89,7 +87,7 @@ def split_value(v: float) -> tuple[float, float]:
 
 
 def scalars(scale, softcap: float) -> tuple[float, float, float, float]:
-    """The per-call floats of a fused launch (a row scale, a tensor read via `r_ptr`, passes 1.0)."""
+    """The per-call floats of a fused launch (a row scale, read via `r_ptr`, passes 1.0)."""
     return (*split_value(1.0 if isinstance(scale, torch.Tensor) else scale), *split_value(softcap))
 
 
@@ -204,9 +202,6 @@ class KernelPlan:
     def stats_numel(self, layout: RowLayout) -> int:
         """Elements (fp32; fp64 for fp64 outputs) of partial statistics the launch needs."""
         return 0
-
-    def constexprs(self, layout: RowLayout, log: bool, out_dtype: torch.dtype, phase: int = 0) -> dict:
-        raise NotImplementedError
 
     def row_constexprs(self, layout: RowLayout, log: bool, out_dtype: torch.dtype, **own) -> dict:
         """The forward row kernels' constexprs: the ones they share around the kind's `own`."""
@@ -353,12 +348,10 @@ class BackwardTilePlan(KernelPlan):
     backward: ClassVar[bool] = True
 
     def static_args(self, layout):
-        _, s1, s2 = layout.row_sizes
-        s0_, s1_, s2_ = layout.in_row_strides
-        f = self.fusion_args(layout)
-        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=self.chunks, S1=s1, S2=s2, s0=s0_, s1=s1_,
-                    s2=s2_, sn=layout.in_col_stride, **{k: f[k] for k in ("ms0", "ms1", "ms2", "msn", "ps0", "ps1",
-                                                                          "ps2", "SQ", "Q_DIV", "C_OFF")})
+        r = row_strides(layout)  # (y, dy, dx and x share x's row layout; no sinks read)
+        fusion = {k: v for k, v in self.fusion_args(layout).items() if not k.startswith("ss")}
+        return dict(n_rows=layout.n_rows, n_cols=layout.n_cols, n_chunks=self.chunks, S1=r["S1"], S2=r["S2"],
+                    s0=r["xs0"], s1=r["xs1"], s2=r["xs2"], sn=r["xsn"], **fusion)
 
     def constexprs(self, layout, log, out_dtype, phase=0):
         single = not self.split

@@ -1,7 +1,5 @@
-"""The `triton` backend: the shared persistent kernels on CUDA and ROCm GPUs (CPU tensors through
-the interpreter with TRITON_INTERPRET=1: how CI tests them). It plans (request, device properties
-and `tuning.yaml` -> kernel, tile, grid) for the shared launchers (`backends/_triton_common`).
-"""
+"""The `triton` backend: the shared persistent kernels on CUDA and ROCm GPUs (CPU tensors through the
+interpreter with TRITON_INTERPRET=1), planned from the request, device properties and `tuning.yaml`."""
 
 from __future__ import annotations
 
@@ -199,7 +197,8 @@ class TritonBackend(Backend):
     def traced_fused_forward(self, x: torch.Tensor, spec: SoftmaxSpec, args) -> tuple:
         """The fused family, traceable: (y, p_sink or None); `args`: `dispatch.FusedArgs`."""
         x, y, layout, materialise = softmax_launchers.forward_layout(x, spec)
-        plan = self._traced_plan(x, y, layout, spec, False)
+        with traced.no_tracing():  # (the occupancy model's compile needs real stand-in tensors)
+            plan = self.plan(x, y, layout, spec)
         p_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.forward_tensors(x, y, args, spec, p_shape, materialise, as_bytes=False)
         traced.launch(plan, t, layout, spec.log, y.dtype, _values(args))
@@ -209,17 +208,13 @@ class TritonBackend(Backend):
         """Gradients of the fused family, traceable: (dx, ds_rows or None)."""
         y = y.contiguous()
         layout, materialise = softmax_launchers.backward_layout(y, spec)
-        plan = self._traced_plan(y, y, layout, spec, True)
+        with traced.no_tracing():
+            plan = self.plan(y, y, layout, spec, backward=True)
         ds_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.backward_tensors(grad, y, x, args, p_sink, spec, plan.fusion.has_cap, ds_shape,
                                                materialise, as_bytes=False)
         traced.launch(plan, t, layout, spec.log, spec.out_dtype, _values(args))
         return t[2], t[6]
-
-    def _traced_plan(self, x, y, layout: RowLayout, spec: SoftmaxSpec, backward: bool) -> KernelPlan:
-        # Outside the tracing modes: the occupancy model's compile needs real stand-in tensors.
-        with traced.no_tracing():
-            return self.plan(x, y, layout, spec, backward=backward)
 
     # ---- logsumexp and merge_states (core.lse_merge): wherever the softmax runs ----
 

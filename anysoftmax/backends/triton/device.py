@@ -9,13 +9,10 @@ import torch
 
 from .occupancy import CUDA_RESERVED_SHARED, DeviceProps, KernelResources, programs_per_sm
 
-# CDNA architectures (accumulation VGPRs usable as general-purpose ones).
-CDNA_ARCHS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
-
-
 def is_cdna(arch: str) -> bool:
-    """True for an AMD CDNA architecture name such as 'gfx942:sramecc+:xnack-'."""
-    return arch.split(":")[0] in CDNA_ARCHS
+    """True for an AMD CDNA architecture name such as 'gfx942:sramecc+:xnack-' (accumulation VGPRs
+    usable as general-purpose ones)."""
+    return arch.split(":")[0] in ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
 
 
 @lru_cache(maxsize=None)

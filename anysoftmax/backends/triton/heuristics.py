@@ -1,11 +1,10 @@
 """Kernel choice by shape for the `triton` backend; the numbers live in `tuning.yaml` beside it.
-`override(...)` replaces table values in a `with` block (tests force the long-row paths with it).
-"""
+`override(...)` replaces table values in a `with` block (tests force the long-row paths with it)."""
 
 from __future__ import annotations
 
 from ...config import Overrides, load_tuning
-from ...core.layout import ColumnView, RowLayout, column_view, next_power_of_2
+from ...core.layout import ColumnView, RowLayout, cdiv, column_view, next_power_of_2
 
 override = Overrides("triton")
 
@@ -28,31 +27,23 @@ def by_elem_size(value, elem_bytes: int):
 
 def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = None, backward: bool = False,
                   out_bytes: int | None = None) -> dict:
-    """The kernel for a request: column tiles for a reduction across contiguous rows (forward), else rows."""
-    view = None if backward else column_view(layout)
-    if view is not None and view.n_inner >= table()["cols_min_inner"]:
-        return choose_cols_tile(view, elem_bytes, sm_count)
-    if backward:
-        t = table()
-        padded = next_power_of_2(max(layout.n_cols, 1))
-        if padded * elem_bytes > t["bwd_max_tile_bytes"] or padded > t["max_tile_elems"]:
-            return split_tile(layout, elem_bytes, sm_count, backward=True)
-    return choose_tile(layout, elem_bytes, sm_count, out_bytes)
-
-
-def choose_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = None,
-                out_bytes: int | None = None) -> dict:
-    """Kernel kind and tile for rows of `layout`: {kind, block_m, block_n, num_warps, chunks}."""
+    """{kind, block_m, block_n, num_warps, chunks} for a request: column tiles for a reduction across
+    contiguous rows (forward), whole rows in one tile, else the online or split kernel."""
     t = table()
+    view = None if backward else column_view(layout)
+    if view is not None and view.n_inner >= t["cols_min_inner"]:
+        return choose_cols_tile(view, elem_bytes, sm_count)
     block_n = next_power_of_2(max(layout.n_cols, 1))
+    if backward:
+        if block_n * elem_bytes > t["bwd_max_tile_bytes"] or block_n > t["max_tile_elems"]:
+            return split_tile(layout, elem_bytes, sm_count, backward=True)
     if block_n <= t["max_tile_elems"]:
-        block_m = max(1, t["rows_tile_elems"] // block_n)
-        block_m = min(block_m, next_power_of_2(layout.n_rows))
-        return dict(kind="tile", block_m=block_m, block_n=block_n, num_warps=by_bound(t["warps_by_tile_elems"], block_m * block_n),
-                    chunks=1)
+        block_m = min(max(1, t["rows_tile_elems"] // block_n), next_power_of_2(layout.n_rows))
+        return dict(kind="tile", block_m=block_m, block_n=block_n, chunks=1,
+                    num_warps=by_bound(t["warps_by_tile_elems"], block_m * block_n))
     if t["long_rows"] == "online":
-        block_n = min(t["online_block_n"], t["max_tile_elems"])
-        return dict(kind="online", block_m=1, block_n=block_n, num_warps=t["online_warps"], chunks=1)
+        return dict(kind="online", block_m=1, block_n=min(t["online_block_n"], t["max_tile_elems"]),
+                    num_warps=t["online_warps"], chunks=1)
     return split_tile(layout, elem_bytes, sm_count, out_bytes=out_bytes)
 
 
@@ -67,11 +58,11 @@ def split_tile(layout: RowLayout, elem_bytes: int = 4, sm_count: int | None = No
     chunk = min(max(chunk_bytes // wide, 1), t["max_tile_elems"])
     if sm_count:
         wanted = t["split_items_per_sm"] * sm_count
-        while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * -(-layout.n_cols // chunk) < wanted:
+        while chunk // 2 >= t["split_min_chunk_elems"] and layout.n_rows * cdiv(layout.n_cols, chunk) < wanted:
             chunk //= 2
     warps = by_bound(t[prefix + "warps_by_chunk"], chunk)
     return dict(kind="split", block_m=1, block_n=chunk, num_warps=warps,
-                chunks=-(-layout.n_cols // chunk), forms=phase0_forms(elem_bytes, backward))
+                chunks=cdiv(layout.n_cols, chunk), forms=phase0_forms(elem_bytes, backward))
 
 
 def phase0_forms(elem_bytes: int, backward: bool = False) -> dict:
@@ -100,17 +91,18 @@ def choose_cols_tile(view: ColumnView, elem_bytes: int, sm_count: int | None = N
     t = table()
     block_i = min(max(t["cols_block_bytes"] // elem_bytes, 1), next_power_of_2(view.n_inner))
     red = next_power_of_2(max(view.n_red, 1))
+    warps = t["cols_warps_by_tile_elems"]
     if red * block_i * elem_bytes <= t["cols_tile_bytes"]:
-        return dict(kind="cols", block_m=block_i, block_n=red, num_warps=by_bound(t["cols_warps_by_tile_elems"], red * block_i),
-                    chunks=1)
+        return dict(kind="cols", block_m=block_i, block_n=red, num_warps=by_bound(warps, red * block_i), chunks=1)
     block_i = min(t["cols_split_block_i"], next_power_of_2(view.n_inner))
     steps = max(1, t["cols_chunk_bytes"] // (block_i * elem_bytes))
     if sm_count:  # a few groups still spread over the whole GPU
-        groups = view.n_outer * -(-view.n_inner // block_i)
-        while steps // 2 * block_i >= t["split_min_chunk_elems"] and groups * -(-view.n_red // steps) < t["split_items_per_sm"] * sm_count:
+        groups = view.n_outer * cdiv(view.n_inner, block_i)
+        while steps // 2 * block_i >= t["split_min_chunk_elems"] and \
+                groups * cdiv(view.n_red, steps) < t["split_items_per_sm"] * sm_count:
             steps //= 2
-    return dict(kind="cols_split", block_m=block_i, block_n=steps, num_warps=by_bound(t["cols_warps_by_tile_elems"], steps * block_i),
-                chunks=-(-view.n_red // steps))
+    return dict(kind="cols_split", block_m=block_i, block_n=steps, num_warps=by_bound(warps, steps * block_i),
+                chunks=cdiv(view.n_red, steps))
 
 
 def fused_tile_warps(tile_bytes: int, plain_warps: int) -> int:

@@ -1,7 +1,6 @@
 """Unified-buffer overflow at compile time: where the planner's estimate was short, the NPU compiler
 fails with "ub overflow, requires N bits while M bits available"; the backend plans again with half
-the budget until it compiles, the count kept per shape class. Pure (the compile is a callable).
-"""
+the budget until it compiles, the count kept per shape class. Pure (the compile is a callable)."""
 
 from __future__ import annotations
 
@@ -21,15 +20,9 @@ class UBOverflowError(RuntimeError):
 
 def overflow_in(exc: BaseException) -> tuple[int, int] | None:
     """(required, available) bits when `exc` (its text or stderr) is a UB overflow, else None."""
-    texts = [str(exc)]
-    stderr = getattr(exc, "stderr", None)
-    if stderr:
-        texts.append(stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr))
-    for text in texts:
-        m = OVERFLOW.search(text)
-        if m:
-            return int(m.group(1)), int(m.group(2))
-    return None
+    stderr = getattr(exc, "stderr", None) or ""
+    m = OVERFLOW.search(f"{exc}\n{stderr.decode(errors='replace') if isinstance(stderr, bytes) else stderr}")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def shape_class(in_dtype, out_dtype, log: bool, n_cols: int, flat_rows: bool, variant_key: tuple = ()) -> tuple:
