@@ -3,8 +3,7 @@ log_softmax dz = dy - exp(y) * sum(dy); fused: sums over kept positions only (ex
 empty rows get 0), dx = dz * (1 - tanh^2) (softcap, tanh from x) * scale, the sinks' gradient
 -p_s * sum per row. A work item is BLOCK_M rows x CHUNK columns: one chunk a row (SINGLE) sums on
 chip, longer rows meet in `stats` as in the forward split kernel (`rows.row_meet_sum`). y, dy, dx
-(and x) share one row layout; a mask has its own; causal rows read their kept prefix (dx 0 past it).
-"""
+(and x) share one row layout; a mask has its own; causal rows read their kept prefix (dx 0 past it)."""
 
 import triton
 import triton.language as tl

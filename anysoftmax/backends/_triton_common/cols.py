@@ -1,7 +1,6 @@
 """Softmax over a dim that is not the innermost, viewed as (outer, N, inner), in tiles of BLOCK_N
 reduction steps x BLOCK_I adjacent inner positions (coalesced, no transpose) reduced down axis 0:
-the whole reduction in one tile, or the row split kernel's scheme transposed (`softmax_cols_split_kernel`).
-"""
+the whole reduction in one tile, or the row split kernel's scheme transposed (`softmax_cols_split_kernel`)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ HAS_SCALE / HAS_CAP: z = scale * x, then softcap * tanh(z / softcap), values as 
 pairs (~48 bits for fp64); HAS_ROW_SCALE: one scale per row (`row_scale`, at the sinks' offsets)
 in place of hi. MASK: 0 none, 1 bool (uint8, nonzero = excluded), 2 additive. CAUSAL: keep column
 j <= q + C_OFF, q = (row // Q_DIV) % SQ. HAS_SINK: one extra logit per row, its share written.
-Rows with no kept column (bool mask, causal) get EMPTY's value (0 zero, 1 NaN, 2 uniform).
-"""
+Rows with no kept column (bool mask, causal) get EMPTY's value (0 zero, 1 NaN, 2 uniform)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Triton's interpreter: which kernels it runs (`interpreted`), and `patch_each_launch_once`
 (called by `fused.py`): as shipped, it patches `triton.language` again on every `@triton.jit`
-helper call inside a launch, half of an interpreted launch's time.
-"""
+helper call inside a launch, half of an interpreted launch's time."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""logsumexp's own kernel (`triton`'s column plans, `triton_ascend`) and its bound launcher, the
-backend choosing tiles and grid (`LsePlan`): persistent over BLOCK_M rows, each read once in
-BLOCK_N sub-blocks; long rows among few cut into CHUNKS pieces on different programs, each
-writing its own lse, reduced on the host (`torch.logsumexp` over a few per row).
-"""
+"""logsumexp's own kernel (`triton`'s column plans, `triton_ascend`) and its launcher on the backend's
+`LsePlan`: persistent over BLOCK_M rows read once in BLOCK_N sub-blocks; long rows among few cut
+into CHUNKS pieces on different programs, their lses reduced on the host."""
 
 from __future__ import annotations
 

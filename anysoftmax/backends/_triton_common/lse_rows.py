@@ -1,8 +1,6 @@
-"""logsumexp from the softmax forward's row kernels (docs/speed.md): the softmax's own plan launched
-with STATES_ONLY, storing each row's ``lse = m + log(s)`` instead of the row (split plans: their
-statistics pass alone, the row's last chunk combining the chunks). Column plans have no such form
-(`ROW_KINDS`): the caller keeps `logsumexp.lse_kernel` for them.
-"""
+"""logsumexp from the softmax forward's row kernels (docs/speed.md): the softmax's own plan with
+STATES_ONLY stores each row's lse instead of the row (split: the statistics pass, the last chunk
+combining). Column plans have no such form (`ROW_KINDS`): `logsumexp.lse_kernel` serves them."""
 
 from __future__ import annotations
 

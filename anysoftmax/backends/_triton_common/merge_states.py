@@ -1,7 +1,6 @@
 """merge_states for `triton` and `triton_ascend`: `merge_kernel` (K <= MAX_K partials into one,
 persistent over BLOCK_R x BLOCK_D tiles; more merged MAX_K - 1 at a time into an fp32/64
-intermediate) and its bound launcher on the backend's `MergePlan`; special values as `core.lse_merge`.
-"""
+intermediate) and its bound launcher on the backend's `MergePlan`; special values as `core.lse_merge`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""The forward row kernels of `triton` and `triton_ascend`, persistent over rows laid out as
-`core.layout.RowLayout` with the fused family's steps (`fused.py`); docs/kernels.md:
-`softmax_tile_kernel` (whole rows, BLOCK_M a step), `softmax_online_kernel` (BLOCK_N sub-blocks
-of a row), `softmax_split_kernel` (a row's chunks on several programs). STATES_ONLY: their
-logsumexp form (`lse_rows.py`). Accumulation in fp32 (fp64 for fp64 outputs); -inf - -inf is kept
-out of the rescale factors (an all -inf row still ends as 0/0 = NaN, as torch gives it).
-"""
+"""The forward row kernels, persistent over `core.layout.RowLayout` rows with the fused family's steps
+(docs/kernels.md): tile (whole rows, BLOCK_M a step), online (BLOCK_N sub-blocks of a row), split (a
+row's chunks on several programs); STATES_ONLY: their logsumexp form (`lse_rows.py`). Accumulation in
+fp32 (fp64 for fp64 outputs); -inf - -inf is kept out of the rescale factors (an all -inf row still
+ends as 0/0 = NaN, as torch gives it)."""
 
 from __future__ import annotations
 
@@ -44,14 +42,12 @@ def softmax_tile_kernel(
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
     cols = tl.arange(0, BLOCK_N)
     if MASK == 1:
-        # One register layout for x and the uint8 mask: else Triton converts between them
-        # through shared memory (bool-mask rows of 1024 ran at 0.80 of copy, additive at 0.95).
+        # One register layout for x and the uint8 mask, else converted through shared memory (slower).
         cols = tl.max_contiguous(cols, VEC)
     if WIDE_COLS:
         cols = cols.to(tl.int64)
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
-    # No software pipelining: the programs resident on an SM already overlap their one load each
-    # (H200, 32768x1024 fp32: 1 stage 0.89 of copy, 4 stages 0.83).
+    # No software pipelining: the programs resident on an SM already overlap their one load each.
     for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=1):
         rows = tl.cast(blk, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         if FLAT_ROWS:

@@ -3,8 +3,7 @@ kernel's barrier extended to other ranks. A rank publishes its lse of a row into
 mailbox (`anysoftmax.distributed.mailbox`) as one word, `epoch << 32 | float32 bits`; a reader spins
 until every peer's word carries this call's epoch (its parity picks the mailbox half: a rank is at
 most one call ahead). PHASE 0 (one cooperative launch) keeps the chunk in registers across the
-exchange; PHASE 1 / 2 (the last chunk publishes; wait and normalise, re-reading x) larger rows.
-"""
+exchange; PHASE 1 / 2 (the last chunk publishes; wait and normalise, re-reading x) larger rows."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The softmax's launchers of one request, shared by `triton` and `triton_ascend`: the operands
-laid out as a plan's kernels read them (the traced path, `traced.launch`, takes the same tensors),
-launched through `launcher.bind`. Plain: `f(x) -> y`, `f(y, grad) -> dx`; fused (`core.variant`):
-`f(x, operands) -> (y, p_sink)`, `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`.
-"""
+"""The softmax's launchers of one request (`launcher.bind`), the operands laid out as the plan's
+kernels (and `traced.launch`) read them. Plain: `f(x) -> y`, `f(y, grad) -> dx`; fused:
+`f(x, operands) -> (y, p_sink)`, `f(grad, y, x, operands, p_sink) -> (dx, ds_rows)`."""
 
 from __future__ import annotations
 

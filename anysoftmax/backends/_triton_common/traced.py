@@ -1,8 +1,6 @@
 """The shared kernels as torch.compile sees them (docs/kernels.md): `launch` runs a plan with torch
-ops and `wrap_triton(kernel)[grid](...)` only. Split plans run their two launches (torch's tracing
-drops `launch_cooperative_grid`: without co-residency a row barrier could wait forever); scratch
-is allocated per call (no process-wide state in a CUDA graph).
-"""
+ops and `wrap_triton` launches only; split plans as two launches (tracing drops
+`launch_cooperative_grid`: a row barrier could wait forever); scratch allocated per call."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Occupancy model: how many persistent programs to launch (pure, tested with other GPUs'
 properties): Triton's fused-softmax tutorial's CUDA and HIP rules, capped by shared memory and by
-threads per SM (the cooperative split kernels need every program resident; docs/kernels.md).
-"""
+threads per SM (the cooperative split kernels need every program resident; docs/kernels.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The `triton` backend's one-read sharded softmax (`anysoftmax.distributed`): plan and launch of
-`_triton_common/sharded.sharded_split_kernel` with the split kernel's chunks (`heuristics.split_tile`),
-one cooperative launch when a row's local chunks fit on the GPU at once, else two. Each rank plans
-its own shard (the mailbox protocol is per row); the epoch and mailbox half are per-call integers.
-"""
+"""The `triton` backend's one-read sharded softmax (`anysoftmax.distributed`): `sharded_split_kernel`
+with the split kernel's chunks, one cooperative launch where a row's local chunks fit on the GPU at
+once, else two; the epoch and mailbox half are per-call integers."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The `triton_ascend` backend: the shared Triton kernels on Ascend NPUs through triton-ascend, with
-a fixed grid (`settings`), tiles sized by the unified buffer (`planning`), the `multibuffer` option,
-the NPU host glue (`npu`), the sampler's own plan (`sampling_plan`); docs/ascend.md. `cpu`
-(interpreter) and `cuda` ($ANYSOFTMAX_ASCEND_ON_CUDA=1) tensors when chosen explicitly; no float64.
-"""
+"""The `triton_ascend` backend: the shared Triton kernels on Ascend NPUs through triton-ascend
+(docs/ascend.md): a fixed grid (`settings`), tiles sized by the unified buffer (`planning`). `cpu`
+(interpreter) and `cuda` ($ANYSOFTMAX_ASCEND_ON_CUDA=1) tensors when chosen explicitly; no float64."""
 
 from __future__ import annotations
 

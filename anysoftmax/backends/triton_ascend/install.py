@@ -1,6 +1,5 @@
 """Which installed distributions provide the `triton` package (both triton-ascend and stock Triton
-install as `triton`, the last overwriting the other's files), and the fix when not triton-ascend alone.
-"""
+install as `triton`, the last overwriting the other's files), and the fix when not triton-ascend alone."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Host glue for Ascend NPUs: finding triton-ascend, CANN and torch_npu, the device and its cores.
 torch_npu is imported only once triton-ascend and CANN were found: without CANN its import breaks
 (its `torch.backends` entry point breaks `import torch` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0).
-triton-ascend launches on the current NPU: `device_guard` makes the tensor's device current.
-"""
+triton-ascend launches on the current NPU: `device_guard` makes the tensor's device current."""
 
 from __future__ import annotations
 

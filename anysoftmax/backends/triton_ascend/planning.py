@@ -1,8 +1,6 @@
-"""Grid and tile arithmetic of the `triton_ascend` backend, pure (docs/ascend.md): a fixed number of
-persistent programs (at most 65535, never more than the work items); a tile (input, output and the
-live fp32 copies, `acc_copies`) in the unified buffer, halved by multibuffer, else the online
-kernel's sub-blocks; never narrower than one 32-byte vector (the UB pads the last axis to it).
-"""
+"""Grid and tile arithmetic of `triton_ascend`, pure (docs/ascend.md): a fixed number of programs
+(at most 65535, never more than the work items); a tile (input, output, `acc_copies` fp32 copies)
+in the unified buffer, halved by multibuffer, else online sub-blocks; at least one 32-byte vector."""
 
 from __future__ import annotations
 
