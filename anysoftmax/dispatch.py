@@ -1,12 +1,8 @@
 """From a call to a launcher: the one request memo, validation and backend selection.
 
-    api (public functions) ─┐
-    ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
-
-A miss validates the call (`core.spec`, `core.lse_merge`), selects a backend
-(`core.registry.select`; the environment is read then) and memoises the launcher the backend
-binds to the request: a hit costs the key, a dict lookup and the launch. `refresh()` forgets the
-memo. docs/backends.md ("How a call flows").
+A miss validates the call (`core.spec`, `core.lse_merge`), selects a backend (`core.registry.select`;
+the environment is read then) and memoises the launcher the backend binds to the request: a hit costs
+the key, a dict lookup and the launch. docs/backends.md ("How a call flows").
 """
 
 from __future__ import annotations
@@ -26,11 +22,8 @@ from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, 
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
-# request key -> forward f(x) -> y; backward f(y, grad) -> dx; fused forward and backward
-# (launcher, plain: the request normalised to the plain softmax); logsumexp f(x, operands) -> lse;
-# merge_states (f(outputs, lses, out, lse_out) -> (out, lse), the guard of the operands' layouts
-# the key does not hold or None, whether that guard proves a call plain, the proof of a repeat of
-# the request or None: `_merge_entry`).
+# request key -> the launcher (fused: (launcher, whether the request is plain); merge_states:
+# `_merge_entry`'s tuple).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
@@ -49,8 +42,7 @@ def refresh() -> None:
 
 
 def _fresh() -> None:
-    # On a miss: load the backends (the first request of a process), then drop the memo if the
-    # registry changed since it was filled (memoised selections are stale).
+    # On a miss: load the backends, then drop the memo if the registry changed since it was filled.
     if _state["generation"] != registry.generation():
         refresh()
 
@@ -129,12 +121,6 @@ def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor,
     return _narrowed(x, SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())[0])
 
 
-def empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, p_sink or None) of a fused request with no elements: nothing to compute."""
-    p = torch.empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype, device=device) if with_sinks else None
-    return torch.empty(spec.shape, dtype=spec.out_dtype, device=device), p
-
-
 def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The fused family without autograd: (y, p_sink), p_sink being each row's sink share in
     the accumulation dtype (None without sinks; the backward's dsinks needs it)."""
@@ -148,8 +134,9 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
         _fresh()
         prepared, spec = prepare_fused(x, dim, dtype, log, a)
         chosen = registry.select(spec, backend)
-        if spec.numel == 0:
-            return empty_outputs(spec, x.device, a.sinks is not None)
+        if spec.numel == 0:  # nothing to compute
+            p = None if a.sinks is None else x.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype)
+            return x.new_empty(spec.shape, dtype=spec.out_dtype), p
         launcher, plain = chosen.launcher(prepared, spec), spec.is_plain  # (a plain launcher takes x alone)
         if key is not None and prepared is x:
             _memo.put(key, (launcher, plain))
@@ -298,5 +285,5 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
     return launcher(outputs, lses, out, lse_out)
 
 
-__all__ = ["FusedArgs", "backward", "backward_fused", "empty_outputs", "forward", "forward_fused", "logsumexp",
+__all__ = ["FusedArgs", "backward", "backward_fused", "forward", "forward_fused", "logsumexp",
            "merge_states", "prepare", "prepare_fused", "refresh", "stats"]

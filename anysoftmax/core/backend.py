@@ -1,12 +1,9 @@
 """The backend protocol and its defaults: what dispatch calls on every backend (docs/plugins.md).
 
-A backend has a `name`, the device types it serves, a `priority`, `is_available()`,
-`supports(spec)` and `run(x, spec)`; everything else has a default below, which a backend
-replaces where it has something faster (a `launcher` bound to a request, a backward kernel) or
-more (`fused = True`, and `row_scale = True` for a tensor `scale`; logsumexp and merge_states, declared by defining their kernels; the
-sampler, by `sampler()`: docs/sampling.md). An
-object written to the duck-typed protocol (the README's `MyBackend`, no base class) is wrapped
-once, when registered, in `PluginBackend`: dispatch never probes a backend per call.
+Required: `name`, `devices`, `priority`, `is_available()`, `supports(spec)` and `run(x, spec)`;
+every other member has a default below that a backend replaces where it has something faster or
+more. An object written to the duck-typed protocol (the README's `MyBackend`) is wrapped once, when
+registered, in `PluginBackend`: dispatch never probes a backend per call.
 """
 
 from __future__ import annotations
@@ -34,6 +31,12 @@ def _pair(result):
     return result if isinstance(result, tuple) else (result, None)
 
 
+# Each op's refusal attribute and the members that define its kernel (defining one declares the op).
+_KERNELS = {"logsumexp_refusal": ("run_logsumexp", "logsumexp_launcher"),
+            "merge_states_refusal": ("run_merge_states", "merge_states_launcher"),
+            "sampler_refusal": ("sampler",)}
+
+
 class Backend(metaclass=_Protocol):
     """A backend, with the protocol's defaults (see the module docstring)."""
 
@@ -50,12 +53,9 @@ class Backend(metaclass=_Protocol):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         own = vars(cls)
-        if "logsumexp_refusal" not in own and ("run_logsumexp" in own or "logsumexp_launcher" in own):
-            cls.logsumexp_refusal = None
-        if "merge_states_refusal" not in own and ("run_merge_states" in own or "merge_states_launcher" in own):
-            cls.merge_states_refusal = None
-        if "sampler_refusal" not in own and "sampler" in own:
-            cls.sampler_refusal = None
+        for refusal, kernels in _KERNELS.items():
+            if refusal not in own and any(k in own for k in kernels):
+                setattr(cls, refusal, None)
 
     def is_available(self) -> str | None:
         """None when it can run here, else why not (a missing package, device or driver)."""
@@ -88,8 +88,8 @@ class Backend(metaclass=_Protocol):
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` (y's dtype) bound to this request. Default: `run_backward` when
         defined, else torch's formula in the accumulation dtype."""
-        if type(self).run_backward is not Backend.run_backward:
-            run_backward = self.run_backward
+        run_backward = self.run_backward
+        if getattr(run_backward, "__func__", None) is not Backend.run_backward:
             return lambda y_, g: run_backward(y_, g, spec)
         dim, log, acc = spec.dim if spec.shape else 0, spec.log, spec.acc_dtype
         return lambda y_, g: backward_from_output(y_, g, dim, log, acc).to(y_.dtype)
@@ -153,11 +153,9 @@ class Backend(metaclass=_Protocol):
             raise NotImplementedError(f"backend {self.name!r}: {self.merge_states_refusal}")
         return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
-
     def supports_sampling(self, spec, top_n: int = 0) -> str | None:
         """None when its sampler runs `spec` (a `sampling.spec.SamplingSpec`; `top_n` of
-        `logprobs`), else why not. Decided by the request's form (dtypes, shapes, device, which
-        keywords are tensors, `top_n`), never by keyword values: the answer is remembered per form."""
+        `logprobs`), else why not: decided by the request's form, never by keyword values."""
         return self.sampler_refusal
 
     def sampler(self):
@@ -166,9 +164,9 @@ class Backend(metaclass=_Protocol):
 
 
 # The optional methods a duck-typed backend may define in place of the defaults.
-_OPTIONAL = ("status_note", "launcher", "backward_launcher", "fused_backward_launcher", "supports_logsumexp",
-             "logsumexp_launcher", "run_logsumexp", "supports_merge_states", "merge_states_launcher",
-             "run_merge_states", "supports_sampling", "sampler")
+_OPTIONAL = ("status_note", "launcher", "backward_launcher", "run_backward", "fused_backward_launcher",
+             "supports_logsumexp", "logsumexp_launcher", "run_logsumexp", "supports_merge_states",
+             "merge_states_launcher", "run_merge_states", "supports_sampling", "sampler")
 
 
 class PluginBackend(Backend):
@@ -184,15 +182,9 @@ class PluginBackend(Backend):
             method = getattr(plugin, member, None)
             if method is not None:
                 setattr(self, member, method)
-        run_backward = getattr(plugin, "run_backward", None)
-        if run_backward is not None and getattr(plugin, "backward_launcher", None) is None:
-            self.backward_launcher = lambda y, spec: (lambda y_, g: run_backward(y_, g, spec))
-        for op in ("logsumexp", "merge_states"):
-            has_kernel = getattr(plugin, f"run_{op}", None) or getattr(plugin, f"{op}_launcher", None)
-            setattr(self, f"{op}_refusal", None if has_kernel else getattr(plugin, f"{op}_refusal", None)
-                    or f"no {op} kernel")
-        self.sampler_refusal = None if getattr(plugin, "sampler", None) is not None else \
-            getattr(plugin, "sampler_refusal", None) or "no sampler kernels"
+        for refusal, kernels in _KERNELS.items():
+            defined = any(getattr(plugin, k, None) is not None for k in kernels)
+            setattr(self, refusal, None if defined else getattr(plugin, refusal, None) or getattr(Backend, refusal))
 
 
 def as_backend(obj) -> Backend:

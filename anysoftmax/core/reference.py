@@ -1,9 +1,8 @@
 """The single reference every backend is checked against: torch in float64, on the CPU.
 
-The fused family's formulas (`fused_forward`, `fused_backward`) spell out each step of
-`core.variant` in torch ops, in a dtype of the caller's choice: float64 for the reference, the
-accumulation dtype for the `torch` backend and for backends without a backward kernel of their
-own. One formula, so the reference and the fallback cannot drift apart.
+The fused family's formulas (`fused_forward`, `fused_backward`) are evaluated in float64 for the
+reference and in the accumulation dtype by the `torch` backend and the default backward: one
+formula, so the reference and the fallback cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,19 +12,14 @@ import math
 import torch
 
 from .spec import SoftmaxSpec
-from .variant import MASK_ADDITIVE, Variant, keep_mask
+from .variant import MASK_ADDITIVE, Variant, keep_mask, row_shape
 
 
 def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu", mask: torch.Tensor | None = None,
               sinks: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Exact-as-possible result of `spec` on `x`, as a float64 tensor on `device` (the CPU by
-    default; benchmarks of large tensors evaluate it on the GPU, in float64 all the same).
-
-    The input is first converted to the output dtype (torch's `dtype=` semantics: this rounds
-    when it narrows), then to float64, and the softmax is evaluated in float64. A fused spec
-    needs its operands: `mask` and `sinks` as given to the call, and `scale` when it is a row
-    scale (a tensor: `spec.variant.row_scale`).
-    """
+    """Exact-as-possible result of `spec` on `x`, as a float64 tensor on `device`. The input is
+    first converted to the output dtype (torch's `dtype=`: this rounds when it narrows). A fused
+    spec needs its operands: `mask` and `sinks` as given to the call, and a row scale's `scale`."""
     x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
     if spec.is_plain:
         op = torch.log_softmax if spec.log else torch.softmax
@@ -45,11 +39,6 @@ def with_row_scale(variant: Variant, scale: torch.Tensor | None) -> Variant:
     if not isinstance(scale, torch.Tensor):
         raise ValueError("reference: a request with a row scale needs its `scale` tensor")
     return variant.with_values(scale.detach(), variant.softcap)
-
-
-def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
-    """`shape` with size 1 in `dim` (a per-row statistic with keepdim; () for a 0-dim input)."""
-    return tuple(1 if d == dim else s for d, s in enumerate(shape))
 
 
 def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -1,8 +1,6 @@
-"""Registration and selection of backends (`core.backend.Backend`); docs/backends.md ("How the
-automatic choice is made") states the order: ``backend=`` in the call, then $ANYSOFTMAX_BACKEND
-(both explicit: never a silent fallback), then automatic (`decide`: the device's measured
-selection table, `core.selection`, then priority). `select`, `select_op`, `explain`, `runners`
-and `anysoftmax backends --explain` all decide there.
+"""Registration and selection of backends (`core.backend.Backend`). The order (docs/backends.md,
+"How the automatic choice is made"): ``backend=``, then $ANYSOFTMAX_BACKEND (both explicit: never a
+silent fallback), then automatic (`decide`: the device's selection table, then priority).
 """
 
 from __future__ import annotations
@@ -133,11 +131,16 @@ def unavailable_reason(name: str) -> str | None:
     return _availability(get_backend(name))
 
 
-def _availability(backend) -> str | None:
+def _probe(what: str, call, *args):
+    """`call(*args)`, or why it failed: a probe of a backend must never take the caller down."""
     try:
-        return backend.is_available()
-    except Exception as exc:  # an availability probe must never take the caller down
-        return f"availability check failed: {type(exc).__name__}: {exc}"
+        return call(*args)
+    except Exception as exc:
+        return f"{what} failed: {type(exc).__name__}: {exc}"
+
+
+def _availability(backend) -> str | None:
+    return _probe("availability check", backend.is_available)
 
 
 def list_backends() -> BackendTable:
@@ -146,12 +149,7 @@ def list_backends() -> BackendTable:
     rows = BackendTable()
     for b in _adapted():
         reason = _availability(b)
-        note = ""
-        if reason is None:
-            try:
-                note = b.status_note() or ""
-            except Exception as exc:  # a note must never take the listing down
-                note = f"status note failed: {type(exc).__name__}: {exc}"
+        note = (_probe("status note", b.status_note) or "") if reason is None else ""
         rows.append(BackendStatus(b.name, reason is None, reason or "", tuple(b.devices), note))
     return rows
 
@@ -168,14 +166,11 @@ def fused_refusal(backend, spec: SoftmaxSpec) -> str | None:
     return row_scale_refusal(b, spec)
 
 
-ROW_SCALE_GATE = "takes a number as scale only (it does not declare `row_scale = True`): no tensor scale"
-
-
 def row_scale_refusal(backend, spec: SoftmaxSpec) -> str | None:
     """Why `backend` cannot take `spec`'s tensor scale (one value per row), or None."""
     if spec.variant.row_scale is None or _protocol(backend).row_scale:
         return None
-    return ROW_SCALE_GATE
+    return "takes a number as scale only (it does not declare `row_scale = True`): no tensor scale"
 
 
 def refusal(backend, spec: SoftmaxSpec) -> str | None:
@@ -213,10 +208,7 @@ def device_refusal(backend, device_type: str) -> str | None:
     reasons = []
     for dtype in _PROBE_DTYPES:
         spec = replace(SoftmaxSpec.from_tensor(torch.empty(2, 8, dtype=dtype, device="meta"), -1), device=device)
-        try:
-            reason = backend.supports(spec)
-        except Exception as exc:  # a probe must never take the caller down
-            reason = f"supports() failed: {type(exc).__name__}: {exc}"
+        reason = _probe("supports()", backend.supports, spec)
         if reason is None:
             return None
         reasons.append(reason)
@@ -224,7 +216,6 @@ def device_refusal(backend, device_type: str) -> str | None:
 
 
 def _by_priority(device_type: str) -> list[Backend]:
-    """The registered backends serving `device_type`, highest priority first."""
     return sorted((b for b in _adapted() if "*" in b.devices or device_type in b.devices), key=lambda b: -b.priority)
 
 
@@ -233,7 +224,7 @@ def _describe(op: str, spec) -> str:
 
 
 def _explicit(name: str, spec, op: str, source: str) -> Backend:
-    """The backend `name` when it runs `op` on `spec` here, else the error naming it and why."""
+    # The backend `name` when it runs `op` on `spec` here, else the error naming it and why.
     try:
         chosen = _protocol(get_backend(name))
     except ValueError as exc:
@@ -308,9 +299,8 @@ def decide(spec, direction: str | None = "fwd", device_name: str | None = None, 
 
 def _from_table(spec, candidates: list, direction: str, device_name: str | None, refuses,
                 available) -> tuple[Backend | None, str]:
-    """The backend the device's selection table (or that of the device named `device_name`)
-    names for `spec` if it can run it (`available`, `refuses`: see `decide`), and why (or why
-    not); (None, reason) sends the choice on to the priority order."""
+    # (the backend the selection table names for `spec` when it runs it, why); (None, why not)
+    # sends the choice on to the priority order.
     try:
         rule, table = selection.lookup(spec, direction, device_name)
     except Exception as exc:  # a broken table must not take softmax down: priority decides
@@ -335,17 +325,14 @@ def _from_table(spec, candidates: list, direction: str, device_name: str | None,
 
 
 def _assumed_available(backend: Backend) -> None:
-    """Availability on a device that is not here: not knowable here, so assumed."""
-    return None
+    return None  # availability on a device that is not here: not knowable, so assumed
 
 
 def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None = None) -> tuple[str, str]:
     """(backend name, why) of the automatic choice for `spec`, decided by `decide` as `select`
     decides; ("", why) when none can run it. `device_name` answers for that device's table: one
     that is not here is judged by what the backends declare (the fused family) alone."""
-    from .selection import device_name as name_of
-
-    if device_name is not None and device_name != name_of(spec.device):
+    if device_name is not None and device_name != selection.device_name(spec.device):
         chosen, why = decide(spec, direction, device_name, refuses=fused_refusal, available=_assumed_available)
         why += "; on that device: its backends assumed available (not checkable here)"
     else:

@@ -30,6 +30,7 @@ MERGE, MERGE_EXACT = "merge", "merge_exact"
 SHARDED, SHARDED_LSE = "sharded", "sharded_lse"  # anysoftmax.distributed's requests
 
 _Tensor = torch.Tensor
+_TENSOR_ONLY = frozenset((_Tensor,))  # (`issuperset(map(type, ...))`: every one a tensor, in a C loop)
 _tuple = tuple
 _address = torch.Tensor.data_ptr
 _reduce, _or = functools.reduce, operator.or_
@@ -60,14 +61,10 @@ def _operand(t):
 def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = False, grad=None, fused=None,
                 saved=None, p_sink=None):
     """The key of one call, or None when an argument is not of an exact type (such a call is
-    validated, and its errors raised, every time).
-
-    `x` is the input (forward) or the forward's output (backward); `grad` the output gradient
-    (backward); `fused` the call's `FusedArgs` (fused family); `saved` and `p_sink` the
-    forward's input and sink shares a fused backward reads. logsumexp (`LSE`; `LSE_SQUEEZED`
-    with keepdim=False) passes its fused keywords as `fused`; merge_states (`MERGE`,
-    `MERGE_EXACT`) its K partials as `x`, its K lses as `dim`, and its optional `out` and
-    `lse_out` as `grad` and `saved`."""
+    validated every time). `x`: the input (forward) or output (backward); `grad`: the output
+    gradient; `fused`: the call's `FusedArgs`; `saved`, `p_sink`: the forward's input and sink
+    shares a fused backward reads. merge_states passes its partials as `x`, its lses as `dim`,
+    `out` as `grad` and `lse_out` as `saved`."""
     if type(x) is not _Tensor:
         if direction is MERGE:
             return _merge_key(x, dim, backend, grad, saved)
@@ -137,12 +134,8 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
     if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
             or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
         return None
-    for t in outputs:
-        if type(t) is not _Tensor:
-            return None
-    for t in lses:
-        if type(t) is not _Tensor:
-            return None
+    if not (_TENSOR_ONLY.issuperset(map(type, outputs)) and _TENSOR_ONLY.issuperset(map(type, lses))):
+        return None
     # (`_operand` written out: a call per tensor would be a third of the key's cost at K = 8)
     try:
         return (MERGE_EXACT,
@@ -155,19 +148,17 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
 
 
 def merge_proof(outputs, lses, backend, out, lse_out):
-    """`proves(outputs, lses, backend, out, lse_out) -> bool`: whether a call is the request of
-    this one (`_merge_key`'s, now with every operand's layout), checked without building its key:
-    K, the backend, the process state, which outputs are given, every operand's type, dtype,
-    device, shape, strides, grad requirement and dispatch state (torch's tensor guard, in C) and
-    every address 16-byte aligned. None where this call's operands are not all plain aligned
-    tensors or torch has no usable guard (the key then decides every call)."""
+    """`proves(outputs, lses, backend, out, lse_out) -> bool`: whether a call is this very
+    request, checked without building its key (K, backend, process state, which outputs are
+    given, every operand's layout through torch's tensor guard, every address aligned). None
+    where the operands are not all plain aligned tensors or torch has no usable guard."""
     make = _guard_maker()
     if make is None or type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
             or len(outputs) != len(lses) or not outputs:
         return None
     given = [t for t in (out, lse_out) if t is not None]
     tensors = (*outputs, *lses, *given)
-    if any(type(t) is not _Tensor for t in tensors):
+    if not _TENSOR_ONLY.issuperset(map(type, tensors)):
         return None
     try:
         if _reduce(_or, map(_address, tensors)) & _ALIGN_MASK:
@@ -198,10 +189,9 @@ def merge_proof(outputs, lses, backend, out, lse_out):
 
 
 def layout_guard(tensors):
-    """`same(*others) -> bool`: whether `others` (as many tensors) have, position by position,
-    the Python types, dtypes, devices, shapes, strides, grad requirement and dispatch state of
-    `tensors`, checked in C by torch's own tensor guard (torch.compile's); None where this torch
-    has no guard that passes `_guard_maker`'s probe."""
+    """`same(*others) -> bool`: whether `others` match `tensors` position by position (type, dtype,
+    device, shape, strides, grad requirement, dispatch state), checked in C by torch.compile's
+    tensor guard; None where this torch has no guard that passes `_guard_maker`'s probe."""
     make = _guard_maker()
     return None if make is None else make(tensors)
 

@@ -1,11 +1,9 @@
 """The fused family: `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`, validated
-(`build`) and described (`Variant`, held by `SoftmaxSpec.variant`). What the steps compute, the
-row scale's contract and the gradients: docs/semantics.md ("The fused family").
+(`build`) and described (`Variant`, held by `SoftmaxSpec.variant`); semantics: docs/semantics.md.
 
-A `Variant` holds its operands' metadata (shape, strides after broadcasting to x, dtype), never
-the tensors, so it is hashable and `kernel_key()` tells apart differently laid-out operands.
-`scale` and `softcap` values are kernel arguments (a new temperature never recompiles):
-`kernel_key()` keeps only whether they are present, and a row scale's metadata.
+A `Variant` holds its operands' metadata, never the tensors, so it is hashable. `scale` and
+`softcap` values are kernel arguments (a new temperature never recompiles): `key()` keeps only
+whether they are present.
 """
 
 from __future__ import annotations
@@ -41,10 +39,14 @@ class OperandMeta:
         return cls(tuple(t.shape), broadcast_strides(tuple(t.shape), tuple(t.stride()), shape), t.dtype)
 
 
+def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """`shape` with size 1 in `dim` (a per-row statistic with keepdim; () for a 0-dim input)."""
+    return tuple(1 if d == dim else s for d, s in enumerate(shape))
+
+
 def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], to: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a tensor of `shape`/`strides` expanded to `to` (right-aligned, as
-    `Tensor.expand`: 0 where a size-1 or missing dim is broadcast). Computed from metadata
-    alone: it also runs on tensors torch.compile is tracing."""
+    """The strides of a tensor of `shape`/`strides` expanded to `to` (as `Tensor.expand`: 0 where
+    a size-1 or missing dim is broadcast), from metadata alone (it runs on traced tensors too)."""
     lead = len(to) - len(shape)
     out = []
     for d, size in enumerate(to):
@@ -161,19 +163,13 @@ def is_row_scale(scale) -> bool:
     return isinstance(scale, torch.Tensor) and scale.dim() > 0
 
 
-def _row_scale_meta(scale: torch.Tensor, x_shape: tuple[int, ...], device: torch.device, dim: int) -> OperandMeta:
-    check_row_scale(scale, x_shape, device, dim)
-    return OperandMeta.of(scale, x_shape)
-
-
 def check_row_scale(scale: torch.Tensor, x_shape: tuple[int, ...], device: torch.device, dim: int) -> None:
     """Raise unless the row scale `scale` is floating, on the input's device and broadcasts
     against the input with size 1 in the normalised `dim` (metadata only: torch.compile traces it)."""
     if not scale.dtype.is_floating_point:
         raise TypeError(f"softmax: scale dtype {scale.dtype} is not supported: a float, or a floating tensor "
                         f"with one value per row")
-    row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
-    _check_broadcast("scale", scale, row_shape, device,
+    _check_broadcast("scale", scale, row_shape(x_shape, dim), device,
                      f"a tensor scale broadcasts against the input with size 1 in dim {dim}: one value per row")
 
 
@@ -222,7 +218,8 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
     normalised `dim`, and return its `Variant` and `Operands`. Errors name the argument."""
     row_scale = None
     if is_row_scale(scale):
-        row_scale, row_values, scale = _row_scale_meta(scale, x_shape, device, dim), scale, None
+        check_row_scale(scale, x_shape, device, dim)
+        row_scale, row_values, scale = OperandMeta.of(scale, x_shape), scale, None
     elif scale is not None:
         scale = _finite_float("scale", scale)
     if softcap is not None:
@@ -247,8 +244,7 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
         mask_meta = OperandMeta.of(mask, x_shape)
     sink_meta = None
     if sinks is not None:
-        row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
-        _check_broadcast("sinks", sinks, row_shape, device,
+        _check_broadcast("sinks", sinks, row_shape(x_shape, dim), device,
                          f"sinks broadcast against the input with size 1 in dim {dim}: one logit per row"
                          f"{_sinks_hint(sinks, x_shape, dim)}")
         if not sinks.dtype.is_floating_point:
@@ -288,9 +284,7 @@ def runtime_values(scale, softcap) -> tuple[float, float]:
         return _traced_value("scale", scale), _traced_value("softcap", softcap)
     if scale is None:
         s = 1.0
-    elif type(scale) is float and math.isfinite(scale):
-        s = scale
-    elif is_row_scale(scale):  # (a row scale's layout was checked with its request)
+    elif (type(scale) is float and math.isfinite(scale)) or is_row_scale(scale):  # (a row scale: checked once)
         s = scale
     else:
         s = _finite_float("scale", scale)

@@ -1,12 +1,10 @@
-"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode: reverse
-(the `softmax_backward` operator), higher orders (`torch.func.vjp` of `_backward_formula` in
-torch ops), forward mode (`output_tangent`) and torch.func (`generate_vmap_rule`, `batching`).
+"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode: reverse,
+higher orders (`torch.func.vjp` of `_backward_formula`), forward mode (`output_tangent`), torch.func.
 
-Why autograd.Functions beside the operators' `register_autograd`: in torch 2.13 an operator's
-registered autograd has neither `setup_context` (functorch refuses it) nor a jvp. So each formula
-is written once here, and both the Functions (eager autograd, torch.func) and the operators'
-registrations (what torch.compile traces) call it. A Function's forward on plain eager tensors
-calls dispatch itself: the operator's dispatcher round trip costs more than a small softmax.
+autograd.Functions beside the operators' `register_autograd` because in torch 2.13 an operator's
+registered autograd has neither `setup_context` (functorch refuses it) nor a jvp: both call the one
+formula here. A Function's forward on plain eager tensors calls dispatch itself (the operator's
+dispatcher round trip costs more than a small softmax).
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ def _functorch_active() -> bool:
 
 
 class Args:
-    """The non-tensor arguments of a call, normalised once (dim in range) and kept on the
-    autograd context; `variant` (the `core.variant.Variant` with its values, which the torch
-    formulas need) is built on first use only: the kernel paths never need it."""
+    """The non-tensor arguments of a call (dim normalised), kept on the autograd context;
+    `variant`, which only the torch formulas need, is built on first use."""
 
     __slots__ = ("dim", "dtype", "log", "scale", "softcap", "causal", "empty_rows", "backend", "_shape", "_device",
                  "_mask", "_sinks", "_variant")
@@ -273,12 +270,10 @@ def softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows,
 
 
 def _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-    # Under torch.compile: the operator (its autograd registered; AOTAutograd replaces it by
-    # the backend's Triton kernels where `traced_ops` routes it, else it stays opaque). Inside
-    # a torch.func transform, functorch cannot use an operator's registered autograd and dynamo
-    # traces neither a custom jvp nor (correctly) a Function's forward under torch.func in
-    # torch 2.13, so that call runs eagerly: one graph break. A scale or softcap that Dynamo
-    # traces as a symbol is applied before the operator (`traced_temperature`).
+    # Under torch.compile: the operator (AOTAutograd routes it to Triton kernels, `traced_ops`).
+    # Inside a torch.func transform dynamo traces neither an operator's registered autograd nor a
+    # custom jvp (torch 2.13): that call runs eagerly, one graph break. A scale or softcap traced
+    # as a symbol is applied before the operator (`traced_temperature`).
     if _functorch_active():
         return _eager_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     if traced_as_symbols(scale, softcap):
@@ -291,11 +286,9 @@ def _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, e
 
 
 def _row_scaled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-    # A row scale where a derivative may be wanted (or under torch.compile / torch.func):
-    # z = softcap(scale * x) in torch ops, then the fused softmax of z. Every autograd mode
-    # then differentiates x and the scale (double backward, forward mode, vmap included), and
-    # a new scale tensor of the same layout reuses a compiled graph. It reads x twice; eager
-    # inference applies the scale in the backend's kernel instead (`dispatch.forward_fused`).
+    # A row scale where a derivative may be wanted: z = softcap(scale * x) in torch ops, then the
+    # fused softmax of z, so every autograd mode differentiates x and the scale. It reads x twice;
+    # eager inference applies the scale in the backend's kernel instead.
     if torch.compiler.is_compiling():  # (dynamo traces no spec; the operator's fake checks the rest)
         check_row_scale(scale, tuple(x.shape), x.device, dim % max(x.dim(), 1))
         out_dtype = x.dtype if dtype is None else dtype

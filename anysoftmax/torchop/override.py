@@ -11,6 +11,7 @@ itself triggers runs torch's decomposition (docs/usage.md, "The override").
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 
@@ -31,48 +32,40 @@ _inside = threading.local()  # set while anysoftmax serves a call in this thread
 calls = {"forward": 0, "backward": 0, "reentrant": 0}  # served, served, decomposed (tests read them)
 
 
-def _decomposed(name: str):
-    from torch._decomp import decompositions
-
-    return getattr(decompositions, name)
+def _forward(log_form: bool, x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    return dispatch.forward(x, dim, torch.float32 if half_to_float else None, _active.get("backend"), log_form)
 
 
-@contextlib.contextmanager
-def _serving():
-    _inside.on = True
-    try:
-        yield
-    finally:
-        _inside.on = False
+def _backward(log_form: bool, grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype) -> torch.Tensor:
+    dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
+    return dx if dx.dtype == input_dtype else dx.to(input_dtype)
 
 
-def _forward_impl(log_form: bool):
-    name = "_log_softmax" if log_form else "_softmax"
+# aten op -> (the `calls` counter, anysoftmax's implementation)
+_SERVED = {"_softmax": ("forward", functools.partial(_forward, False)),
+           "_log_softmax": ("forward", functools.partial(_forward, True)),
+           "_softmax_backward_data": ("backward", functools.partial(_backward, False)),
+           "_log_softmax_backward_data": ("backward", functools.partial(_backward, True))}
 
-    def impl(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+
+def _impl(name: str):
+    # The kernel registered for aten's `name`: anysoftmax's, or torch's decomposition for a softmax
+    # anysoftmax itself triggers (this thread is inside a served call).
+    counter, serve = _SERVED[name]
+
+    def impl(*args):
         if getattr(_inside, "on", False):
+            from torch._decomp import decompositions
+
             calls["reentrant"] += 1
-            return _decomposed(name)(x, dim, half_to_float)
-        out_dtype = torch.float32 if half_to_float else None
-        with _serving():
-            y = dispatch.forward(x, dim, out_dtype, _active.get("backend"), log_form)
-        calls["forward"] += 1
-        return y
-
-    return impl
-
-
-def _backward_impl(log_form: bool):
-    name = "_log_softmax_backward_data" if log_form else "_softmax_backward_data"
-
-    def impl(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
-        if getattr(_inside, "on", False):
-            calls["reentrant"] += 1
-            return _decomposed(name)(grad, output, dim, input_dtype)
-        with _serving():
-            dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
-        calls["backward"] += 1
-        return dx if dx.dtype == input_dtype else dx.to(input_dtype)
+            return getattr(decompositions, name)(*args)
+        _inside.on = True
+        try:
+            out = serve(*args)
+        finally:
+            _inside.on = False
+        calls[counter] += 1
+        return out
 
     return impl
 
@@ -141,11 +134,8 @@ def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=OVERRIDE_WARNING, category=UserWarning)
             for device in devices:
-                key = DISPATCH_KEYS[device]
-                lib.impl("_softmax", _forward_impl(False), key)
-                lib.impl("_log_softmax", _forward_impl(True), key)
-                lib.impl("_softmax_backward_data", _backward_impl(False), key)
-                lib.impl("_log_softmax_backward_data", _backward_impl(True), key)
+                for name in _SERVED:
+                    lib.impl(name, _impl(name), DISPATCH_KEYS[device])
         _active.update(lib=lib, backend=backend, devices=devices)
     return devices
 

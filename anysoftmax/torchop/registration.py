@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from . import autodiff, batching, ops
 
@@ -52,33 +54,24 @@ def _export_keeps_ops() -> bool:
     return custom_triton_ops_decomposition_disabled()
 
 
-def _routing_rule(target_of):
+def _routing_rule(target: str):
     """A torch_dispatch rule for FunctionalTensorMode (AOTAutograd's tracing mode): run the
-    matching `triton_op` (`target_of(traced_ops)` picks it for the call's arguments, or None)
-    instead of the opaque operator; otherwise trace the operator as it is. `triton_op`'s own
-    decomposition is the model (and, like it, nothing is decomposed for torch.export)."""
+    `triton_op` that `traced_ops.<target>` picks for the call's arguments instead of the opaque
+    operator, else trace the operator as it is (as `triton_op`'s own decomposition does, and like
+    it, nothing is decomposed for torch.export)."""
 
     def rule(mode, op, types, args, kwargs):
-        target = None
-        plain = all(issubclass(t, (torch._subclasses.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor))
-                    or t is torch.Tensor for t in types)
-        if plain and not _export_keeps_ops():
-            target = target_of(traced_ops())(*args, **kwargs)
-        if target is None:
+        target_op = None
+        if all(issubclass(t, (FakeTensor, FunctionalTensor)) or t is torch.Tensor for t in types) \
+                and not _export_keeps_ops():
+            target_op = getattr(traced_ops(), target)(*args, **kwargs)
+        if target_op is None:
             return mode.__torch_dispatch__(op, types, args, kwargs)
         with mode:
-            return target(*args, **kwargs)
+            return target_op(*args, **kwargs)
 
     return rule
 
 
-def _install_routing() -> None:
-    try:
-        from torch._subclasses.functional_tensor import FunctionalTensorMode
-    except ImportError:  # pragma: no cover
-        return
-    ops.softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule(lambda m: m.forward_target))
-    ops.softmax_backward_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule(lambda m: m.backward_target))
-
-
-_install_routing()
+ops.softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("forward_target"))
+ops.softmax_backward_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("backward_target"))

@@ -1,8 +1,7 @@
-"""anysoftmax's Triton kernels inside torch.compile graphs: the `torch.library.triton_op`s
-``anysoftmax::softmax_triton`` and ``::softmax_backward_triton``, whose bodies launch the
-backend's kernels through `wrap_triton`, and the targets of the rule (`registration`) that routes
-the public operators to them while AOTAutograd traces. Which requests are routed, and why the
-others keep the opaque operator: docs/kernels.md ("torch.compile").
+"""anysoftmax's Triton kernels inside torch.compile graphs: the `triton_op`s
+``anysoftmax::softmax_triton`` and ``::softmax_backward_triton``, and the targets of the rule
+(`registration`) that routes the public operators to them while AOTAutograd traces (which requests
+are routed: docs/kernels.md, "torch.compile").
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ def _inductor_compiles() -> bool:
 
 def _backend_for(spec: SoftmaxSpec, backend: Optional[str]):
     """The backend that serves `spec` when it can run traced, else None. Selection runs with
-    torch.compile's tracing modes off: availability probes (the interpreter check) run small
-    real kernels, and their verdict is cached."""
+    tracing modes off: availability probes run small real kernels."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     if spec.device.type == "cpu" and _inductor_compiles():
