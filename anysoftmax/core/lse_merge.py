@@ -1,10 +1,7 @@
-"""Softmax in pieces: the row state `logsumexp` and `merge_states`, the merge of partial results.
-
-Their semantics, special values and derivatives are docs/semantics.md's ("Softmax in pieces"):
-logsumexp is the log of the fused softmax's denominator (sinks included) in the accumulation
-dtype; merge_states combines K partials with their lses so that
-``merge(split(x)) == (softmax(x), logsumexp(x))``. Here: their validation, and their formulas in
-torch ops (the float64 reference; in the accumulation dtype, the `torch` backend and the autograd).
+"""Softmax in pieces: the row state `logsumexp` and `merge_states`, the merge of partial results
+(``merge(split(x)) == (softmax(x), logsumexp(x))``; semantics: docs/semantics.md, "Softmax in
+pieces"). Here: their validation, and their formulas in torch ops (the float64 reference; in the
+accumulation dtype, the `torch` backend and the autograd).
 """
 
 from __future__ import annotations
@@ -116,14 +113,10 @@ class MergeSpec:
         return cls(len(outputs), shape, first.dtype, tuple(t.dtype for t in lses), first.device)
 
 
-# ---- formulas in torch ops: the float64 reference, and in fp32 the torch backend --------------
-
 def logsumexp_formula(x: torch.Tensor, variant: Variant, dim: int, mask, sinks, dtype: torch.dtype) -> torch.Tensor:
     """lse of the fused input with keepdim (x's shape with size 1 in `dim`), evaluated in `dtype`."""
     if x.dim() == 0:
-        x = x.reshape(1)
-        out = logsumexp_formula(x, variant, 0, mask, sinks, dtype)
-        return out.reshape(())
+        return logsumexp_formula(x.reshape(1), variant, 0, mask, sinks, dtype).reshape(())
     z = prologue(x, variant, mask, dtype)
     keep = keep_mask(tuple(z.shape), variant, mask, z.device)
     if keep is not None:

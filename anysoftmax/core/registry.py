@@ -198,9 +198,8 @@ _PROBE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 def device_refusal(backend, device_type: str) -> str | None:
     """Why `backend` runs no request on tensors of `device_type` here (its `supports` refuses a
-    small request of every floating dtype on that device type), or None. Availability is
-    `unavailable_reason`'s; a device type torch cannot name here (no extension for it) is not
-    judged (None)."""
+    small request of every floating dtype there), or None; also None for a device type torch
+    cannot name here (no extension for it). Availability is `unavailable_reason`'s."""
     try:
         device = torch.device(device_type)
     except RuntimeError:  # e.g. "npu" without torch_npu: nothing of that type can exist here
@@ -208,11 +207,8 @@ def device_refusal(backend, device_type: str) -> str | None:
     reasons = []
     for dtype in _PROBE_DTYPES:
         spec = replace(SoftmaxSpec.from_tensor(torch.empty(2, 8, dtype=dtype, device="meta"), -1), device=device)
-        reason = _probe("supports()", backend.supports, spec)
-        if reason is None:
-            return None
-        reasons.append(reason)
-    return reasons[0]
+        reasons.append(_probe("supports()", backend.supports, spec))
+    return None if None in reasons else reasons[0]
 
 
 def _by_priority(device_type: str) -> list[Backend]:

@@ -1,12 +1,7 @@
-"""Softmax, log_softmax and logsumexp over a dim sharded across the ranks of a
-`torch.distributed` group (a tensor-parallel vocabulary, a context-parallel row):
-
-    import anysoftmax.distributed as asd
-    y = asd.softmax(x_shard, -1)               # this rank's shard of softmax(cat(shards), -1)
-    lse = asd.logsumexp(x_shard, -1, group=tp_group)
-
-`x` is this rank's shard, in rank order; the contract: docs/semantics.md ("A dim sharded across
-ranks"). `sample` and `logprobs` sample over a vocabulary sharded the same way (docs/sampling.md).
+"""Softmax, log_softmax and logsumexp over a dim sharded across the ranks of a `torch.distributed`
+group (a tensor-parallel vocabulary, a context-parallel row): `x` is this rank's shard, in rank
+order (docs/semantics.md, "A dim sharded across ranks"). `sample` and `logprobs` sample over a
+vocabulary sharded the same way (docs/sampling.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The autograd Functions of the sharded softmax, log_softmax and logsumexp: one for eager
-autograd, one for torch.func's transforms (grad, vjp, jacrev, vmap and vmap of grad: a
-`setup_context`, and vmap rules generated over the operators of `ops.py`), each pair sharing
-its forward, saved tensors and backward.
-
-On plain tensors a Function runs the formulas of `functions.py` itself (in eager mode the
-forward may read the shard once, `one_read`); on tensors a torch.func transform wraps, it calls
-the operators, whose vmap rules batch. A backward that is itself differentiated raises
-(`refuse_double_backward`).
+autograd, one for torch.func's transforms (vmap rules generated over the operators of `ops.py`),
+each pair sharing its forward, saved tensors and backward. On plain tensors a Function runs
+`functions.py` itself; on tensors a transform wraps, the operators. A backward that is itself
+differentiated raises (`refuse_double_backward`).
 """
 
 from __future__ import annotations

@@ -51,18 +51,12 @@ def refuse_causal(who: str, causal) -> None:
                          f"keys' global positions); pass the shard of a bool mask instead")
 
 
-def refuse_row_scale(who: str, scale) -> None:
-    """A tensor scale (one value per row) is refused over a sharded dim: its gradient would need
-    a reduction across the ranks that the sharded functions do not make."""
-    if is_row_scale(scale):
-        raise ValueError(f"{who}: scale as a tensor (one value per row) is not supported over a sharded dim; "
-                         f"pass a number, or scale the shard first (x * scale)")
-
-
 def prepare(who, direction, x, dim, dtype, log, keepdim, group, scale, mask, causal, softcap, sinks, empty_rows,
             backend) -> tuple[torch.Tensor, Call, Checked]:
     """(x converted to `dtype=`, the call, what validating it left)."""
-    refuse_row_scale(who, scale)
+    if is_row_scale(scale):  # (its gradient would need a reduction across the ranks)
+        raise ValueError(f"{who}: scale as a tensor (one value per row) is not supported over a sharded dim; "
+                         f"pass a number, or scale the shard first (x * scale)")
     rank, world = group_rank_and_size(group, who)
     refuse_causal(who, causal)
     a = FusedArgs(scale, mask, False, softcap, sinks, empty_rows)

@@ -1,10 +1,8 @@
 """The mailbox of the one-read sharded softmax (`one_read.py`): per rank an int64 buffer
-[2, capacity, world] that every rank of the group can write over NVLink (torch's symmetric
-memory), and the addresses of every rank's buffer as this rank maps them. A kernel writes a
-row's state, tagged with the call's epoch, into each peer's buffer and reads the peers' words
-from its own (docs/kernels.md). Mailboxes are made once per (group, device) by a collective,
-grown (a new collective, on the same call everywhere) when a call has more rows, and never
-freed while the process lives: a peer's kernel still in flight may write into an old one.
+[2, capacity, world] every rank can write over NVLink (torch's symmetric memory), into which a
+kernel writes each row's state tagged with the call's epoch (docs/kernels.md). Made per (group,
+device) by a collective, grown when a call has more rows, never freed while the process lives: a
+peer's kernel still in flight may write into an old one.
 """
 
 from __future__ import annotations

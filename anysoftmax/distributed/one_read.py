@@ -1,9 +1,7 @@
-"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel,
-through a mailbox of symmetric memory (`mailbox.py`), instead of a logsumexp kernel, an
-all-gather and a second kernel that reads the shard again (`states.exchange`). When it is taken
-(`refusal`): docs/semantics.md. The decision depends only on what every rank shares, never on a
-shard's length or strides, so the ranks of a group take the same path.
-ANYSOFTMAX_SHARDED_ONE_READ=0 turns it off (read once, at import).
+"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel
+through a mailbox of symmetric memory (`mailbox.py`), instead of `states.exchange` and a second
+read. `refusal` depends only on what every rank shares, never on a shard's length or strides, so
+the ranks of a group take the same path. ANYSOFTMAX_SHARDED_ONE_READ=0 (read at import) turns it off.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Row states of a softmax whose dim is sharded across ranks: each rank's log-sum-exp per row
-(and with a bool mask whether it kept anything), gathered in one collective, merged on every
-rank into the global log-denominator and `rest`, the log of everything outside this rank's
-shard (the other ranks and the sinks). A local fused softmax with `rest` as its sink *is* this
-rank's shard of the global softmax. `rest` is a log-sum-exp of the other ranks' states, never
-exp(G) − exp(lse_local): no cancellation.
+(with a bool mask, whether it kept anything), gathered in one collective and merged on every rank
+into the global lse and `rest`, the log of everything outside this shard (other ranks, sinks): a
+local fused softmax with `rest` as its sink *is* this rank's shard. `rest` is a log-sum-exp of
+the other ranks' states, never exp(G) − exp(lse_local): no cancellation.
 """
 
 from __future__ import annotations

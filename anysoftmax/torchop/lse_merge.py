@@ -17,6 +17,7 @@ from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_r
 from ..core.variant import build, causal_name, check_row_scale, is_row_scale, runtime_values
 from .batching import front
 from .grad_mode import eager_mode, plain_eager, plain_eager_one, refuse_forward_over_forward
+from .ops import fresh
 from .traced_temperature import scaled_logits, traced_as_symbols
 
 
@@ -27,8 +28,7 @@ def logsumexp_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[
                  scale: Optional[float], softcap: Optional[float], causal: str,
                  backend: Optional[str] = None) -> torch.Tensor:
     """`anysoftmax.logsumexp` with keepdim as an operator (accumulation dtype)."""
-    out = dispatch.logsumexp(x, dim, backend, True, scale, mask, causal, softcap, sinks)
-    return out.contiguous().clone() if out.data_ptr() == x.data_ptr() else out.contiguous()
+    return fresh(dispatch.logsumexp(x, dim, backend, True, scale, mask, causal, softcap, sinks), inputs=(x,))[0]
 
 
 @logsumexp_op.register_fake
@@ -134,11 +134,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
 def merge_states_op(outputs: list[torch.Tensor], lses: list[torch.Tensor],
                     backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`anysoftmax.merge_states` as an operator."""
-    out, lse = dispatch.merge_states(outputs, lses, backend)
-    inputs = {t.data_ptr() for t in (*outputs, *lses) if t.numel()}
-    out = out.clone() if out.numel() and out.data_ptr() in inputs else out.contiguous()
-    lse = lse.clone() if lse.numel() and lse.data_ptr() in inputs else lse.contiguous()
-    return out, lse
+    return fresh(*dispatch.merge_states(outputs, lses, backend), inputs=(*outputs, *lses))
 
 
 @merge_states_op.register_fake

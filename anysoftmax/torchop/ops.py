@@ -44,6 +44,20 @@ def run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, caus
                                    p_sink if sinks is not None else None, backend)
 
 
+def fresh(*outputs: torch.Tensor, inputs=()) -> tuple[torch.Tensor, ...]:
+    """`outputs`, contiguous, none sharing memory with another or with `inputs`: an operator's
+    outputs are new tensors (a result may be a view of an input, two results one tensor)."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None}
+    out = []
+    for t in outputs:
+        t = t.contiguous()
+        if t.untyped_storage().data_ptr() in seen:  # (empty tensors' storages all read 0: cloned, cheaply)
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out.append(t)
+    return tuple(out)
+
+
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
     # Backends return row-major outputs already; this only guards the fake/real contract.
     return t if t.is_contiguous() else t.contiguous()
