@@ -8,6 +8,7 @@ the key, a dict lookup and the launch. docs/backends.md ("How a call flows").
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -16,7 +17,7 @@ from . import plugins  # noqa: F401  (registers the backends' loader with the re
 from .core import registry
 from .core.cache import BoundedDict
 from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, lse_shape,
-                             merge_formula, row_shape)
+                             merge_into, row_shape)
 from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, MERGE_EXACT, forward_key, layout_guard,
                            merge_proof, request_key)
 from .core.spec import SoftmaxSpec, check_backward_args
@@ -158,8 +159,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
         launcher, plain = hit
     else:
         _fresh()
-        check_backward_args(y, grad, dim, log)
-        spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs(), op="softmax_backward", arg="y")
+        spec = check_backward_args(y, grad, dim, log, a.as_kwargs())
         if a.softcap is not None and (not isinstance(x, torch.Tensor) or x.shape != y.shape):
             raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
         if a.sinks is not None and p_sink is None:
@@ -221,14 +221,6 @@ def logsumexp(x, dim, backend=None, keepdim=True, scale=None, mask=None, causal=
     return hit(x, Operands(mask, sinks, s, c))
 
 
-def _merge_formula(spec: MergeSpec):
-    # Nothing to merge (no rows, or empty heads): the formula, no kernel to launch.
-    def formula(outputs, lses, out, lse_out):
-        o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
-        return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
-    return formula
-
-
 def _merge_entry(launcher, outputs, lses, backend, out, lse_out) -> tuple:
     # A MERGE key's entry: (launcher, the guard of the other operands' layouts, whether the
     # guard also proves a call plain: its operands, whose types, grad requirement and dispatch
@@ -277,7 +269,8 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
     _fresh()
     spec = MergeSpec.from_tensors(outputs, lses)
     chosen = registry.select_op(MERGE_STATES, spec, backend)
-    launcher = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
+    # (nothing to merge, no rows or empty heads: the formula, no kernel to launch)
+    launcher = partial(merge_into, spec) if spec.n_rows == 0 or spec.head_size == 0 else \
         chosen.merge_states_launcher(outputs, lses, spec)
     if key is not None:
         _memo.put(key, _merge_entry(launcher, outputs, lses, backend, out, lse_out) if key[0] is MERGE

@@ -183,8 +183,10 @@ class PluginBackend(Backend):
             if method is not None:
                 setattr(self, member, method)
         for refusal, kernels in _KERNELS.items():
-            defined = any(getattr(plugin, k, None) is not None for k in kernels)
-            setattr(self, refusal, None if defined else getattr(plugin, refusal, None) or getattr(Backend, refusal))
+            if any(getattr(plugin, k, None) is not None for k in kernels):
+                setattr(self, refusal, None)
+            else:
+                setattr(self, refusal, getattr(plugin, refusal, None) or getattr(Backend, refusal))
 
 
 def as_backend(obj) -> Backend:

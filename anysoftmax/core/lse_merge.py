@@ -208,6 +208,13 @@ def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dty
     return out.to(out_dtype), lse.to(lse_out_dtype)
 
 
+def merge_into(spec: MergeSpec, outputs, lses, out=None, lse_out=None):
+    """(out, lse) of merge_states by `merge_formula` in `spec`'s accumulation dtype, copied into
+    `out` / `lse_out` when given."""
+    o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+    return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
+
+
 def merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, acc):
     """(d outputs, d lses) of merge_states from (out, lse) and their gradients, in `acc`;
     differentiable again in every tensor."""
@@ -245,4 +252,4 @@ def merge_tangent(t_outs, t_lses, outputs, lses, out, lse, acc):
 
 __all__ = ["LOGSUMEXP", "MERGE_STATES", "MergeSpec", "OPS", "describe_logsumexp", "logsumexp_backward_formula",
            "logsumexp_formula", "logsumexp_request", "logsumexp_tangent", "lse_dtype", "merge_backward_formula",
-           "lse_shape", "merge_formula", "merge_tangent", "row_shape"]
+           "lse_shape", "merge_formula", "merge_into", "merge_tangent", "row_shape"]

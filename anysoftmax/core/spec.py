@@ -1,9 +1,7 @@
 """`SoftmaxSpec`: the one statement of what every backend computes, torch's semantics
-(docs/semantics.md: dtypes, `dim`, special values), and the per-dtype `TOLERANCES`.
-
-``dtype=`` converts the input first: a widening conversion is exact, so kernels may fold it into
-their loads; a narrowing one rounds, and the public API performs it once on the host
-(`needs_input_cast`).
+(docs/semantics.md), and the per-dtype `TOLERANCES`. ``dtype=`` converts the input first: a
+widening conversion is exact (kernels fold it into their loads), a narrowing one rounds, once, on
+the host (`needs_input_cast`).
 """
 
 from __future__ import annotations
@@ -207,8 +205,9 @@ class SoftmaxSpec:
         )
 
 
-def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
-    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec."""
+def check_backward_args(y, grad, dim, log: bool = False, fused: dict | None = None) -> SoftmaxSpec:
+    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec, with
+    the variant of the fused keywords `fused` (as in `from_request`) when given."""
     spec = SoftmaxSpec.from_tensor(y, dim, log=log, op="softmax_backward", arg="y")
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")
@@ -220,4 +219,6 @@ def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
                          f"both must be on one device")
     if not grad.dtype.is_floating_point:
         raise TypeError(f"softmax_backward: grad dtype {grad.dtype} is not floating")
-    return spec
+    if fused is None:
+        return spec
+    return SoftmaxSpec.from_request(y, dim, log=log, fused=fused, op="softmax_backward", arg="y")[0]

@@ -284,7 +284,7 @@ def runtime_values(scale, softcap) -> tuple[float, float]:
         return _traced_value("scale", scale), _traced_value("softcap", softcap)
     if scale is None:
         s = 1.0
-    elif (type(scale) is float and math.isfinite(scale)) or is_row_scale(scale):  # (a row scale: checked once)
+    elif (type(scale) is float and math.isfinite(scale)) or is_row_scale(scale):  # (row scale: checked once)
         s = scale
     else:
         s = _finite_float("scale", scale)

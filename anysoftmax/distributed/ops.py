@@ -91,8 +91,9 @@ def softmax_backward_op(gy: _Tensor, y: _Tensor, x: Optional[_Tensor], mask: Opt
 
 def _grads_fake(ref: _Tensor, mask, sinks) -> tuple[_Tensor, _Tensor, _Tensor]:
     # A backward operator's (dx, dmask, dsinks): a placeholder where there is no such gradient.
-    dmask = mask.new_empty(mask.shape) if mask is not None and mask.dtype.is_floating_point else ref.new_empty(0)
-    return ref.new_empty(ref.shape), dmask, ref.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape)
+    floating_mask = mask is not None and mask.dtype.is_floating_point
+    return (ref.new_empty(ref.shape), mask.new_empty(mask.shape) if floating_mask else ref.new_empty(0),
+            ref.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 @softmax_backward_op.register_fake

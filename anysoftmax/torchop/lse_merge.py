@@ -28,7 +28,8 @@ def logsumexp_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[
                  scale: Optional[float], softcap: Optional[float], causal: str,
                  backend: Optional[str] = None) -> torch.Tensor:
     """`anysoftmax.logsumexp` with keepdim as an operator (accumulation dtype)."""
-    return fresh(dispatch.logsumexp(x, dim, backend, True, scale, mask, causal, softcap, sinks), inputs=(x,))[0]
+    out = dispatch.logsumexp(x, dim, backend, True, scale, mask, causal, softcap, sinks)
+    return fresh(out, inputs=(x,))[0]
 
 
 @logsumexp_op.register_fake

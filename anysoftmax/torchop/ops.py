@@ -58,30 +58,16 @@ def fresh(*outputs: torch.Tensor, inputs=()) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    # Backends return row-major outputs already; this only guards the fake/real contract.
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _second(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return no_sinks(like) if t is None else _contiguous(t)
-
-
 def forward_spec(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows) -> SoftmaxSpec:
     """The forward request's spec (its variant included), validated as in eager mode."""
-    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
-        return SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
     fused = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows).as_kwargs()
     return SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=fused)[0]
 
 
 def backward_spec(grad, y, dim, log, mask, sinks, scale, softcap, causal, empty_rows) -> SoftmaxSpec:
     """The backward request's spec (of y), validated as in eager mode."""
-    spec = check_backward_args(y, grad, dim, log)
-    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
-        return spec
     fused = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows).as_kwargs()
-    return SoftmaxSpec.from_request(y, dim, log=log, fused=fused, op="softmax_backward", arg="y")[0]
+    return check_backward_args(y, grad, dim, log, fused)
 
 
 def sinks_rows(t: torch.Tensor, spec: SoftmaxSpec, sinks) -> torch.Tensor:
@@ -96,7 +82,7 @@ def softmax_op(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, l
                empty_rows: str = "zero", backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`anysoftmax.softmax` (`log_softmax` with `log`) as an operator: (y, p_sink)."""
     y, p = run_forward(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
-    return _contiguous(y), _second(p, x)
+    return fresh(y, no_sinks(x) if p is None else p)
 
 
 @softmax_op.register_fake
@@ -115,7 +101,7 @@ def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool
     """Gradients of `softmax` from its output `y` and the output gradient `grad`: (dx in y's
     dtype, ds)."""
     dx, ds = run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, causal, empty_rows, backend)
-    return _contiguous(dx), _second(ds, y)
+    return fresh(dx, no_sinks(y) if ds is None else ds)
 
 
 @softmax_backward_op.register_fake

@@ -1,11 +1,6 @@
-"""Opt-in: serve an unmodified model's softmax calls with anysoftmax (FlagGems-style).
-
-    anysoftmax.enable()                 # until anysoftmax.disable()
-    with anysoftmax.use(backend="triton"):
-        model(x).sum().backward()
-
-aten's softmax ops registered with `torch.library` for the devices served; a softmax anysoftmax
-itself triggers runs torch's decomposition (docs/usage.md, "The override").
+"""Opt-in: serve an unmodified model's softmax calls with anysoftmax (`enable()`, `use()`): aten's
+softmax ops registered with `torch.library` for the devices served; a softmax anysoftmax itself
+triggers runs torch's decomposition (docs/usage.md, "The override").
 """
 
 from __future__ import annotations
@@ -32,11 +27,12 @@ _inside = threading.local()  # set while anysoftmax serves a call in this thread
 calls = {"forward": 0, "backward": 0, "reentrant": 0}  # served, served, decomposed (tests read them)
 
 
-def _forward(log_form: bool, x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
-    return dispatch.forward(x, dim, torch.float32 if half_to_float else None, _active.get("backend"), log_form)
+def _forward(log_form: bool, x, dim: int, half_to_float: bool) -> torch.Tensor:
+    out_dtype = torch.float32 if half_to_float else None
+    return dispatch.forward(x, dim, out_dtype, _active.get("backend"), log_form)
 
 
-def _backward(log_form: bool, grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype) -> torch.Tensor:
+def _backward(log_form: bool, grad, output, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
     dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
     return dx if dx.dtype == input_dtype else dx.to(input_dtype)
 

@@ -1,8 +1,6 @@
-"""Registration on top of the operator definitions (`ops`, a leaf): their autograd (`autodiff`),
-vmap rules (`batching`) and the torch.compile routing to the Triton kernels' `triton_op`s
-(`traced_ops`, imported on the first traced call). Imported by `api` on the first call that
-needs a derivative or is compiled (the operators pull in torch._dynamo); nothing here runs on
-the eager path.
+"""The operators' (`ops`) autograd (`autodiff`), vmap rules (`batching`) and torch.compile routing
+to the `triton_op`s (`traced_ops`, imported on the first traced call). Imported on the first call
+that needs a derivative or is compiled; nothing here runs on the eager path.
 """
 
 from __future__ import annotations
