@@ -148,9 +148,8 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
 
 
 def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=None):
-    """Gradients of the fused family from its output `y`: (dx in y's dtype, per-row dsinks in
-    the accumulation dtype or None). `x` is the forward's input (read with softcap only), `p_sink` the
-    forward's sink shares (with sinks only)."""
+    """Gradients of the fused family from its output `y`: (dx in y's dtype, per-row dsinks or None).
+    `x` is the forward's input (read with softcap), `p_sink` its sink shares (with sinks)."""
     saved = x if a.softcap is not None else None
     key = request_key(FUSED_BWD, y, dim, None, backend, log, grad, a, saved, p_sink)
     hit = _lookup(key)
@@ -233,11 +232,10 @@ def _merge_entry(launcher, outputs, lses, backend, out, lse_out) -> tuple:
 
 
 def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None):
-    """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` when given
-    (validated by the caller: shapes [..., D] / [...], any strides). `eager(*outputs, *lses)`:
-    whether the call may run here rather than through the operator (the caller has checked the
-    mode: eager, no forward-AD level); asked unless the request's memoised guard proves it, and
-    when it says no, None is returned."""
+    """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` (validated by the
+    caller) when given. `eager(*outputs, *lses)`: whether the tensors may run here rather than
+    through the operator (the caller checked the mode), asked unless the memoised guard proves
+    it; None is returned when it says no."""
     last = _last_merge[0]
     if last is not None and last[0](outputs, lses, backend, out, lse_out):
         # The last plain request again (its proof checked every operand): no key, no lookup.

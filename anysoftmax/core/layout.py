@@ -139,9 +139,8 @@ class RowLayout:
 
 @dataclass(frozen=True)
 class ColumnView:
-    """A reduction over a non-innermost dim, seen as (n_outer, n_red, n_inner) with the inner
-    positions contiguous (stride 1) in input and output: the layout the column kernels read
-    in coalesced tiles."""
+    """A reduction over a non-innermost dim as (n_outer, n_red, n_inner), the inner positions
+    contiguous in input and output: what the column kernels read in coalesced tiles."""
 
     n_outer: int
     n_red: int
@@ -186,9 +185,8 @@ def row_operand_strides(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
 
 
 def mask_fastest(spec, in_strides, out_strides) -> int | None:
-    """`fastest_where_zero` for a request: the mask (operand 0) when there is one and the
-    reduction is over the last, contiguous dim (row kernels; the column kernels number rows in
-    logical order), else None."""
+    """`fastest_where_zero` for a request: the mask (operand 0) when the reduction is over the
+    last, contiguous dim (the column kernels number rows in logical order), else None."""
     v = getattr(spec, "variant", None)
     if v is None or v.mask is None or not spec.shape or spec.dim != len(spec.shape) - 1:
         return None

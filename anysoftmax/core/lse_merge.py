@@ -128,10 +128,9 @@ def logsumexp_formula(x: torch.Tensor, variant: Variant, dim: int, mask, sinks, 
 
 def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
                                mask, sinks, dtype: torch.dtype):
-    """(dx, dmask_full, dsinks_rows): the gradients of lse (keepdim) given its gradient `g`
-    (keepdim shape), in `dtype`; dmask_full is the gradient of the additive mask before it is
-    summed to the mask's shape (None without one), dsinks_rows per row (None without sinks).
-    Differentiable again (double backward) in g, lse and x."""
+    """(dx, dmask_full, dsinks_rows): the gradients of lse (keepdim) given its gradient `g`, in
+    `dtype`; an additive mask's before it is summed to its shape, the sinks' per row (None
+    without them). Differentiable again in g, lse and x."""
     scalar = x.dim() == 0
     if scalar:
         x, g, lse, dim = x.reshape(1), g.reshape(1), lse.reshape(1), 0

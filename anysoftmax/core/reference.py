@@ -68,19 +68,15 @@ def as_factor(scale, like: torch.Tensor):
 
 
 def kept_values(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """`x` with 0 where `keep` (None: everywhere kept) excludes a position. An excluded
-    position is outside the softmax, but a derivative read there would still multiply its 0
-    by the prologue's factor at that value: 0 * (1 - tanh(NaN)^2) is NaN, and so is the
-    double backward through an exp of it. The formulas read only kept values."""
+    """`x` with 0 where `keep` (None: everywhere kept) excludes a position: a derivative read there
+    would multiply its 0 by the prologue's factor at that value (0 * (1 - tanh(NaN)^2) is NaN)."""
     return x if keep is None else x.masked_fill(~keep, 0)
 
 
 def prologue_chain(dz: torch.Tensor, x: torch.Tensor, scale: float | None, softcap: float | None,
                    keep: torch.Tensor | None) -> torch.Tensor:
-    """The gradient (or tangent) of x from that of the logits after softcap, `dz`: times
-    softcap's 1 - tanh(scale * x / softcap)^2 (recomputed from x) and scale. The factor is
-    read from kept values only (`kept_values`): what x holds at an excluded position (NaN,
-    inf) never enters, so a `dz` of 0 there stays 0."""
+    """The gradient (or tangent) of x from that of the logits after softcap, `dz`: times softcap's
+    1 - tanh(scale * x / softcap)^2, recomputed from kept values of x only (`kept_values`), and scale."""
     du = capped_chain(dz, x, scale, softcap, keep)
     return du if scale is None else du * as_factor(scale, du)
 
@@ -154,12 +150,10 @@ def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: 
 def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, variant: Variant, dim: int,
                    log: bool, mask: torch.Tensor | None, p_sink: torch.Tensor | None, dtype: torch.dtype,
                    want_dz: bool = False):
-    """Gradients of the fused family from its output `y`, evaluated in `dtype`:
-    (dx, ds, dz) with dx of x's shape, ds the per-row sink gradient -p_sink * sum(y * grad)
-    (log: -p_sink * sum(grad)) or None without `p_sink`, and dz (the gradient of the logits
-    after softcap, which a floating mask receives) when `want_dz`. `x` is needed with softcap
-    only (its derivative 1 - tanh^2 is recomputed from x). Excluded positions and empty rows
-    get 0, whatever x holds at an excluded position (NaN, inf)."""
+    """Gradients of the fused family from its output `y`, evaluated in `dtype`: (dx, ds, dz), ds the
+    per-row sink gradient -p_sink * sum(y * grad) (log: -p_sink * sum(grad)) or None without
+    `p_sink`, dz (the logits' gradient after softcap: a floating mask's) when `want_dz`. `x` is read
+    with softcap only. Excluded positions and empty rows get 0, whatever x holds there."""
     g = grad.to(dtype)
     yy = y.to(dtype)
     keep = keep_mask(tuple(y.shape), variant, mask, g.device)
@@ -185,9 +179,7 @@ def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, 
 def backward_from_output(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool = False,
                          dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The input gradient of softmax (log_softmax with `log`) from its output `y` and the output
-    gradient `dy`, evaluated in `dtype`: y * (dy - sum(y * dy)), or dy - exp(y) * sum(dy).
-    The float64 reference of backward kernels, and in fp32/fp64 the backward of backends
-    without a kernel of their own."""
+    gradient `dy`, evaluated in `dtype`: y * (dy - sum(y * dy)), or dy - exp(y) * sum(dy)."""
     y, dy = y.to(dtype), dy.to(dtype)
     if log:
         return dy - torch.exp(y) * dy.sum(dim, keepdim=True)

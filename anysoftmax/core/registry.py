@@ -36,8 +36,7 @@ class BackendStatus:
 
 
 class BackendTable(list):
-    """What `list_backends()` returns: a list of `BackendStatus`, printed as a table with one
-    backend per line (name, availability, devices, reason or note)."""
+    """What `list_backends()` returns: a list of `BackendStatus` that prints as a table."""
 
     HEADER = ("backend", "available", "devices", "reason / note")
 
@@ -60,8 +59,7 @@ current_generation = [0]
 
 
 def generation() -> int:
-    """A number that changes whenever a backend is registered or removed (the backends are
-    loaded first)."""
+    """A number that changes whenever a backend is registered or removed."""
     _load_builtins()
     return current_generation[0]
 
@@ -100,8 +98,7 @@ def did_you_mean(name: str, known) -> str:
 
 
 def get_backend(name: str):
-    """The backend called `name`, as registered; ValueError naming the known ones (and the
-    closest) otherwise."""
+    """The backend called `name`, as registered; ValueError naming the known ones otherwise."""
     backends = registered()
     if name not in backends:
         raise ValueError(f"unknown backend {name!r}{did_you_mean(name, backends)}; "
@@ -144,8 +141,7 @@ def _availability(backend) -> str | None:
 
 
 def list_backends() -> BackendTable:
-    """Every registered backend with its availability on this machine and the reason if not (a
-    list of `BackendStatus` that prints as a table)."""
+    """Every registered backend with its availability here and the reason if not (a table)."""
     rows = BackendTable()
     for b in _adapted():
         reason = _availability(b)
@@ -174,15 +170,13 @@ def row_scale_refusal(backend, spec: SoftmaxSpec) -> str | None:
 
 
 def refusal(backend, spec: SoftmaxSpec) -> str | None:
-    """Why `backend` does not serve `spec` on an available device (the fused-family gate, then
-    its own `supports`), or None."""
+    """Why `backend` does not serve `spec` (the fused-family gate, then its `supports`), or None."""
     return fused_refusal(backend, spec) or backend.supports(spec)
 
 
 def op_refusal(backend, op: str, spec) -> str | None:
-    """Why `backend` does not serve `op` ("softmax", "logsumexp" or "merge_states") for `spec`
-    (a SoftmaxSpec, a `core.lse_merge.MergeSpec` for merge_states), or None: no kernel for the
-    op, the fused-family gate, then its own `supports` / `supports_<op>`."""
+    """Why `backend` does not serve `op` ("softmax", "logsumexp" or "merge_states": `spec` a
+    `MergeSpec`) for `spec`, or None: no kernel, the fused-family gate, then `supports[_<op>]`."""
     b = _protocol(backend)
     if op == LOGSUMEXP:
         return b.logsumexp_refusal or fused_refusal(b, spec) or b.supports_logsumexp(spec)
@@ -237,9 +231,8 @@ def _explicit(name: str, spec, op: str, source: str) -> Backend:
 
 
 def select(spec, backend: str | None = None, direction: str | None = "fwd", op: str = SOFTMAX) -> Backend:
-    """The backend for `op` on `spec`: explicit name, then $ANYSOFTMAX_BACKEND (both raising
-    with the reason), then automatic (`decide`: the device's selection table, whose rows
-    `direction` picks ("fwd", "bwd" or "lse"; None reads none), then priority)."""
+    """The backend for `op` on `spec`: explicit name, then $ANYSOFTMAX_BACKEND (both raising with
+    the reason), then `decide` (`direction` picks the selection table's rows; None reads none)."""
     if backend is not None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
@@ -254,25 +247,22 @@ def select(spec, backend: str | None = None, direction: str | None = "fwd", op: 
 
 
 def select_op(op: str, spec, backend: str | None = None) -> Backend:
-    """`select` for the pieces op `op` ("logsumexp": the selection table's `lse` rows, measured
-    by `anysoftmax.bench.lse_merge`; "merge_states": priority alone)."""
+    """`select` for the pieces op `op` (logsumexp: the table's `lse` rows; merge_states: priority)."""
     return select(spec, backend, "lse" if op == LOGSUMEXP else None, op)
 
 
 def runners(spec, op: str = SOFTMAX) -> list[str]:
-    """The backends the automatic choice takes `op` on `spec` from here, by priority: those that
-    serve its device type and run it (what the benchmarks time one by one)."""
+    """The backends that run `op` on `spec` here, by priority (what the benchmarks time)."""
     return [b.name for b in _by_priority(spec.device.type)
             if _availability(b) is None and op_refusal(b, op, spec) is None]
 
 
 def decide(spec, direction: str | None = "fwd", device_name: str | None = None, refuses=refusal,
            available=_availability, what: str | None = None) -> tuple[Backend | None, str]:
-    """(backend, why) of the automatic choice for `spec`: the selection table's rule (the table
-    of `spec.device` or of the device named `device_name`; `direction` "fwd", "bwd" or "lse"
-    picks its rows, None reads none) if its backend runs the request, else the first by priority
-    that does; (None, why none can). `available(b)` / `refuses(b, spec)` say why b cannot run
-    here / the request; `what` names the request in messages."""
+    """(backend, why) of the automatic choice for `spec`: the selection table's rule (of
+    `spec.device`'s table or `device_name`'s; `direction` picks its rows) if its backend runs the
+    request, else the first by priority that does; (None, why none can). `available(b)` /
+    `refuses(b, spec)` say why b cannot run here / the request; `what` names the request."""
     candidates = _by_priority(spec.device.type)
     table_why = ""
     if direction is not None:
@@ -325,9 +315,8 @@ def _assumed_available(backend: Backend) -> None:
 
 
 def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None = None) -> tuple[str, str]:
-    """(backend name, why) of the automatic choice for `spec`, decided by `decide` as `select`
-    decides; ("", why) when none can run it. `device_name` answers for that device's table: one
-    that is not here is judged by what the backends declare (the fused family) alone."""
+    """(backend name, why) of the automatic choice for `spec` ("" when none runs it). For a device
+    `device_name` that is not here, backends are judged by what they declare alone."""
     if device_name is not None and device_name != selection.device_name(spec.device):
         chosen, why = decide(spec, direction, device_name, refuses=fused_refusal, available=_assumed_available)
         why += "; on that device: its backends assumed available (not checkable here)"
@@ -341,8 +330,8 @@ _loaders: list = []  # callables that register backends, run once on first use o
 
 
 def add_loader(load) -> None:
-    """Run `load()` (which registers backends) before the registry is next read. `core` knows no
-    backend: `anysoftmax.plugins` adds the loader of the built-in and entry-point backends."""
+    """Run `load()` (which registers backends) before the registry is next read (`core` knows no
+    backend: `anysoftmax.plugins` adds the built-in and entry-point backends' loader)."""
     with _loader_lock:
         _loaders.append(load)
 

@@ -90,9 +90,8 @@ class SoftmaxSpec:
         return self.variant is PLAIN or self.variant.is_plain
 
     def kernel_key(self) -> tuple:
-        """Everything a plan or a compiled kernel depends on (the variant's steps and operand
-        layouts included; not the values of `scale`/`softcap`, kernel arguments). Backends key
-        on `core.request.plan_key`, which adds direction, alignments and tuning overrides."""
+        """Everything a plan or a compiled kernel depends on (backends key on `core.request.plan_key`,
+        which adds direction, alignments and tuning overrides)."""
         return (self.shape, self.strides, self.in_dtype, self.out_dtype, self.dim, self.log, self.device,
                 self.variant.key())
 
@@ -149,9 +148,8 @@ class SoftmaxSpec:
     def from_request(cls, x: object, dim: object, dtype: object = None, log: bool = False,
                      fused: dict | None = None, *, op: str | None = None,
                      arg: str = "input") -> tuple["SoftmaxSpec", object]:
-        """`from_tensor` plus the fused keywords (`scale, mask, causal, softcap, sinks,
-        empty_rows` in `fused`): returns (spec, `core.variant.Operands`). Errors name the
-        argument (see `core.variant.build`) and begin with `op` (as in `from_tensor`)."""
+        """`from_tensor` plus the fused keywords in `fused` (`core.variant.build`): (spec,
+        `Operands`). Errors name the argument and begin with `op` (as in `from_tensor`)."""
         op = op or ("log_softmax" if log else "softmax")
         spec = cls.from_tensor(x, dim, dtype, log=log, op=op, arg=arg)
         try:
@@ -165,13 +163,9 @@ class SoftmaxSpec:
     @classmethod
     def from_tensor(cls, x: object, dim: object, dtype: object = None, log: bool = False, *,
                     op: str | None = None, arg: str = "input") -> "SoftmaxSpec":
-        """Validate a user request and describe it; raises before anything is launched.
-
-        TypeError: `x` is not a tensor, its dtype is not floating, `dim` is not an int, or
-        `dtype` is not a floating dtype. IndexError: `dim` out of range. The message begins
-        with `op` (the public function: softmax or log_softmax by `log` unless given) and calls
-        `x` by `arg`, the function's name for it.
-        """
+        """Validate a user request and describe it (TypeError for a non-tensor `x`, a non-floating
+        dtype or a non-int `dim`; IndexError for `dim` out of range). The message begins with `op`
+        (softmax or log_softmax by `log` unless given) and calls `x` by `arg`."""
         op = op or ("log_softmax" if log else "softmax")
         allowed = ", ".join(map(dtype_name, FLOAT_DTYPES))
         if not isinstance(x, torch.Tensor):

@@ -25,9 +25,8 @@ _CAUSAL_NAMES = {False: CAUSAL_NONE, None: CAUSAL_NONE, True: TOP_LEFT, TOP_LEFT
 
 @dataclass(frozen=True)
 class OperandMeta:
-    """A broadcast operand (mask or sinks) as a kernel reads it: its dtype and its strides
-    after broadcasting to the input's shape (0 on broadcast dims: never materialised). `shape`
-    is the operand's own shape (for gradients summed back to it)."""
+    """A broadcast operand as a kernel reads it: its own shape, its strides broadcast to the
+    input's shape (0 on broadcast dims: never materialised) and its dtype."""
 
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # of the broadcast view, one per input dim
@@ -80,9 +79,8 @@ class Variant:
         return self.mask_kind == MASK_BOOL or self.causal != CAUSAL_NONE
 
     def key(self) -> tuple:
-        """Everything a compiled kernel depends on: which steps are present, the operands'
-        layouts and dtypes, the causal form and the empty-row policy — not the values of
-        `scale` and `softcap`, which are runtime arguments."""
+        """Everything a compiled kernel depends on: not the values of `scale` and `softcap`,
+        which are runtime arguments."""
         return (self.scale is not None, self.softcap is not None, self.mask_kind, self.mask, self.causal,
                 self.sinks, self.empty_rows if self.has_empty_rows else "zero", self.row_scale)
 
@@ -120,10 +118,8 @@ PLAIN = Variant()
 
 
 class Operands(NamedTuple):
-    """The tensors and values of one fused call: `mask` and `sinks` as the caller gave them
-    (None when absent; `Variant.mask` / `.sinks` say how they broadcast), `scale` and `softcap`
-    the float arguments (1.0 where absent); `scale` is the caller's tensor for a row scale
-    (`Variant.row_scale` says how it broadcasts)."""
+    """The tensors and values of one fused call: `mask` and `sinks` as the caller gave them (None
+    when absent), `scale` (a row scale's tensor) and `softcap` (1.0 where absent)."""
 
     mask: torch.Tensor | None
     sinks: torch.Tensor | None
@@ -259,9 +255,8 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
 
 def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None,
               device: torch.device | str | None = None) -> torch.Tensor | None:
-    """The kept positions (bool, `shape`, on `device`: the mask's by default) the bool mask and
-    causal leave, or None when every position is kept. `mask` is the mask operand (any
-    broadcastable view)."""
+    """The positions (bool, `shape`, on `device`: the mask's by default) the bool mask `mask` and
+    causal keep, or None when every position is kept."""
     device = device if device is not None else (mask.device if mask is not None else "cpu")
     keep = None
     if variant.mask_kind == MASK_BOOL:
@@ -277,9 +272,8 @@ def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | Non
 
 
 def runtime_values(scale, softcap) -> tuple[float, float]:
-    """(scale, softcap) as the kernel arguments of one call, validated on every call (a
-    memoised request skips `build`, not these checks): 1.0 where absent. While torch.compile
-    traces, a float or int passes unchecked (it may be a symbol): the operator checks it."""
+    """(scale, softcap) as one call's kernel arguments (1.0 where absent), validated on every call
+    (a memoised request skips `build`); while tracing a number may be a symbol: the operator checks it."""
     if torch.compiler.is_compiling():
         return _traced_value("scale", scale), _traced_value("softcap", softcap)
     if scale is None:

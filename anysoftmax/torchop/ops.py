@@ -1,8 +1,7 @@
-"""anysoftmax's softmax as PyTorch operators (`torch.library.custom_op`): ``anysoftmax::softmax``
--> (y, p_sink) and ``::softmax_backward`` -> (dx, ds), plain and fused (docs/kernels.md). Operators
-because torch.compile cannot trace into a backend: with fake implementations it sees shapes and
-dtypes only and keeps one graph. A leaf (it imports dispatch and core): `registration` adds
-autograd, vmap rules and torch.compile routing.
+"""anysoftmax's softmax as PyTorch operators: ``anysoftmax::softmax`` -> (y, p_sink) and
+``::softmax_backward`` -> (dx, ds), plain and fused; with fake implementations torch.compile sees
+shapes and dtypes only and keeps one graph. A leaf: `registration` adds autograd, vmap rules and
+torch.compile routing.
 """
 
 from __future__ import annotations
