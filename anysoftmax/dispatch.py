@@ -221,10 +221,9 @@ def logsumexp(x, dim, backend=None, keepdim=True, scale=None, mask=None, causal=
 
 
 def _merge_entry(launcher, outputs, lses, backend, out, lse_out) -> tuple:
-    # A MERGE key's entry: (launcher, the guard of the other operands' layouts, whether the
-    # guard also proves a call plain: its operands, whose types, grad requirement and dispatch
-    # state it checks, were plain tensors needing no gradient, and, for such a call, the proof
-    # that a later call is this very request (`merge_proof`), kept in `_last_merge` once used).
+    # A MERGE key's entry: (launcher, the guard of the other operands' layouts, whether passing
+    # the guard proves a call plain (no gradient wanted), the proof of a repeat of this very
+    # request (`merge_proof`), kept in `_last_merge` once used).
     same = layout_guard((*outputs, *lses))
     plain = same is not None and all(type(t) is torch.Tensor and not t.requires_grad for t in (*outputs, *lses))
     proof = merge_proof(outputs, lses, backend, out, lse_out) if plain else None

@@ -31,20 +31,9 @@ class Tolerance:
     rtol: float
 
 
-# Derivation. `expected` is the exact result correctly rounded to the output dtype. A kernel
-# computes in the accumulation dtype and rounds once at the store, so it may land one ulp
-# away from `expected` when its (tiny) accumulation error crosses a rounding midpoint: rtol is
-# one ulp at 1.0 (2**-10 for float16, 2**-7 for bfloat16) with a 2x margin.
-# float32 outputs carry the accumulation error itself: exp2((x - m) * log2(e)) multiplies the
-# rounding of the product by |x - m| (<= ~20 for outputs above atol) and Hopper's ex2.approx
-# adds ~2**-22; the row sum adds ~log2(N) roundings: a few 1e-6 relative, hence rtol 1e-5.
-# float64 accumulates in float64: rtol 1e-10 leaves room for N-term sums of 1e-16 roundings.
-# atol only matters for outputs near zero (softmax outputs below ~1e-6, float16 subnormals
-# spaced 6e-8 apart).
-# log_softmax = x - max - log(sum): a relative error d in the sum is an *absolute* error d in
-# every output, so outputs near 0 (the row's largest entries) get an absolute allowance of rtol
-# too (`SoftmaxSpec.tolerance`): seen with torch's own CPU fp32 log_softmax over a 1823-long
-# strided dim (|err| 3.4e-6 at -0.066).
+# A kernel rounds once at the store, so it may land one ulp from the rounded reference: 16-bit
+# rtol is one ulp at 1.0 with a 2x margin; float32 and float64 carry the accumulation error
+# itself. The derivation of each number: docs/semantics.md ("The reference and the tolerances").
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float16: Tolerance(atol=1e-5, rtol=2 * 2.0**-10),
     torch.bfloat16: Tolerance(atol=1e-5, rtol=2 * 2.0**-7),

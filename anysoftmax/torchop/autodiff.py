@@ -32,25 +32,20 @@ class Args:
     """The non-tensor arguments of a call (dim normalised), kept on the autograd context;
     `variant`, which only the torch formulas need, is built on first use."""
 
-    __slots__ = ("dim", "dtype", "log", "scale", "softcap", "causal", "empty_rows", "backend", "_shape", "_device",
-                 "_mask", "_sinks", "_variant")
+    __slots__ = ("dim", "log", "tail", "_shape", "_device", "_mask", "_sinks", "_variant")
 
-    def __init__(self, shape, device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-        self.dim, self.dtype, self.log, self.scale, self.softcap = dim % max(len(shape), 1), dtype, log, scale, softcap
-        self.causal, self.empty_rows, self.backend = causal, empty_rows, backend
+    def __init__(self, shape, device, dim, log, mask, sinks, tail):
+        # `tail`: (scale, softcap, causal, empty_rows, backend), the operators' last arguments
+        self.dim, self.log, self.tail = dim % max(len(shape), 1), log, tuple(tail)
         self._shape, self._device, self._mask, self._sinks, self._variant = tuple(shape), device, mask, sinks, None
 
     @property
     def variant(self) -> Variant:
         if self._variant is None:
-            self._variant = build(self._shape, self._device, self.dim, scale=self.scale, mask=self._mask,
-                                  causal=self.causal, softcap=self.softcap, sinks=self._sinks,
-                                  empty_rows=self.empty_rows)[0]
+            scale, softcap, causal, empty_rows, _ = self.tail
+            self._variant = build(self._shape, self._device, self.dim, scale=scale, mask=self._mask, causal=causal,
+                                  softcap=softcap, sinks=self._sinks, empty_rows=empty_rows)[0]
         return self._variant
-
-    def tail(self) -> tuple:
-        """(scale, softcap, causal, empty_rows, backend): the operators' last arguments."""
-        return self.scale, self.softcap, self.causal, self.empty_rows, self.backend
 
 
 # ---- the formulas ---------------------------------------------------------------------------
@@ -111,7 +106,7 @@ def _backward_values(grad, y, dim, log, x, p, mask, sinks, *tail):
 
 def _call_backward(grad, y, x, p, mask, sinks, a: Args):
     """(dx, ds_rows or None) through the backward, differentiable again when that is needed."""
-    args = (grad, y, a.dim, a.log, x, p, mask, sinks, *a.tail())
+    args = (grad, y, a.dim, a.log, x, p, mask, sinks, *a.tail)
     if not torch.compiler.is_compiling() and wants_autodiff(grad, y, x, mask, sinks):
         out = _SoftmaxBackward.apply(*args)
         return (out, None) if sinks is None else out
@@ -121,10 +116,11 @@ def _call_backward(grad, y, x, p, mask, sinks, a: Args):
 def setup_op_forward(ctx, inputs, output) -> tuple:
     """setup_context of the `softmax` operator's registered autograd and of `_Softmax`, for the
     output (y, p_sink or None): returns the saved tensors."""
-    x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
+    x, dim, _dtype, log, mask, sinks, *tail = inputs
     y, p = output
-    ctx.args = Args(x.shape, x.device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    ctx.args = Args(x.shape, x.device, dim, log, mask, sinks, tail)
     ctx.x_dtype = x.dtype
+    softcap = tail[1]  # (its derivative reads x)
     saved = (y, p if sinks is not None else None, x if softcap is not None else None, mask, sinks)
     ctx.save_for_backward(*saved)
     return saved
@@ -153,8 +149,8 @@ def op_forward_backward(ctx, grad, *_) -> tuple:
 def setup_op_backward(ctx, inputs, output=None) -> tuple:
     """setup_context of the `softmax_backward` operator's registered autograd and of
     `_SoftmaxBackward`: returns the saved tensors."""
-    grad, y, dim, log, x, p, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
-    ctx.args = Args(y.shape, y.device, dim, None, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    grad, y, dim, log, x, p, mask, sinks, *tail = inputs
+    ctx.args = Args(y.shape, y.device, dim, log, mask, sinks, tail)
     saved = (grad, y, x, mask, p if sinks is not None else None)
     ctx.save_for_backward(*saved)
     return saved
