@@ -273,7 +273,3 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
         _memo.put(key, _merge_entry(launcher, outputs, lses, backend, out, lse_out) if key[0] is MERGE
                   else (launcher, None, False, None))
     return launcher(outputs, lses, out, lse_out)
-
-
-__all__ = ["FusedArgs", "backward", "backward_fused", "forward", "forward_fused", "logsumexp",
-           "merge_states", "prepare", "prepare_fused", "refresh", "stats"]

@@ -198,6 +198,3 @@ def as_backend(obj) -> Backend:
         missing = [m for m in REQUIRED if not hasattr(obj, m)]
         raise TypeError(f"{obj!r} does not implement the Backend protocol (missing {', '.join(missing)})")
     return PluginBackend(obj)
-
-
-__all__ = ["Backend", "PluginBackend", "REQUIRED", "as_backend"]

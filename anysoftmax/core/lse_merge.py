@@ -247,8 +247,3 @@ def merge_tangent(t_outs, t_lses, outputs, lses, out, lse, acc):
         if t_outs[i] is not None:
             t_out = t_out + p.unsqueeze(-1) * t_outs[i].to(acc)
     return t_out.to(out.dtype), t_lse.to(lse.dtype)
-
-
-__all__ = ["LOGSUMEXP", "MERGE_STATES", "MergeSpec", "OPS", "describe_logsumexp", "logsumexp_backward_formula",
-           "logsumexp_formula", "logsumexp_request", "logsumexp_tangent", "lse_dtype", "merge_backward_formula",
-           "lse_shape", "merge_formula", "merge_into", "merge_tangent", "row_shape"]

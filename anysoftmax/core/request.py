@@ -232,7 +232,3 @@ def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) ->
     overrides, and `extra`: facts of the process the backend plans from (its compile target)."""
     aligns = tuple(a if type(a) is int else alignment(a) for a in operands)
     return (spec.kernel_key(), direction, aligns, overrides_key(), extra)
-
-
-__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "MERGE_EXACT", "SHARDED",
-           "SHARDED_LSE", "alignment", "forward_key", "layout_guard", "merge_proof", "plan_key", "request_key"]

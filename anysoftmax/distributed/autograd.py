@@ -17,11 +17,9 @@ from .functions import NO_DOUBLE_BACKWARD, logsumexp_backward, logsumexp_forward
 
 
 def refuse_double_backward(*tensors) -> None:
-    """Raise where this backward is itself differentiated: in eager mode, with grad mode on
-    (`create_graph=True`) and a tensor it reads requiring a gradient; under torch.func, where a
-    reverse-mode level outside the one this backward serves is live (grad of grad, jacrev of
-    jacrev: the level of the saved tensors, or a dead one when a vjp is called after its
-    transform returned). A single grad, vjp or jacrev, and vmap of them, run."""
+    """Raise where this backward is itself differentiated: in eager mode, with `create_graph=True`
+    and a tensor it reads requiring a gradient; under torch.func, where a reverse-mode level
+    outside the one this backward serves is live (grad of grad, jacrev of jacrev)."""
     if not torch.is_grad_enabled():
         return
     stack = get_interpreter_stack()
@@ -62,10 +60,9 @@ def _backward(ctx, grad, formula, operator, tail: tuple):
 
 
 def _functions(name: str, outputs, save, grad):
-    """The Functions of one sharded op, for eager autograd (`grad_mode.eager_form`) and for
-    torch.func: apply(x, mask, sinks, call) -> (result, row states...), the row states not
-    differentiable. `outputs(x, mask, sinks, c)` computes them, `save(ctx, x, mask, sinks, c,
-    *outputs)` keeps what `grad(ctx, g)` reads."""
+    """(eager, torch.func) Functions of one sharded op: apply(x, mask, sinks, call) -> (result, row
+    states...), computed by `outputs`; `save(ctx, x, mask, sinks, c, *outputs)` keeps what
+    `grad(ctx, g)` reads."""
 
     class Func(torch.autograd.Function):
         generate_vmap_rule = True

@@ -44,9 +44,8 @@ def group_rank_and_size(group, who: str) -> tuple[int, int]:
 
 
 def group_name(group) -> str:
-    """`group` as an operator argument (`ops.py`: a schema type, that torch.compile reads from
-    a group object without running anything): its name, "" for None (the default group that
-    is current when the call runs)."""
+    """`group` as an operator argument (a schema type torch.compile reads without running
+    anything): its name, "" for None (the default group current when the call runs)."""
     return "" if group is None else group.group_name
 
 
@@ -64,9 +63,8 @@ _list_form_groups: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def gather_states(state: torch.Tensor, world: int, group) -> torch.Tensor:
-    """[world, K] of every rank's `state` ([K], the same K on every rank), in rank order: one
-    collective into one new tensor (the tensor form; the list form of views into the same
-    tensor where the group's backend lacks it)."""
+    """[world, K] of every rank's `state` ([K] on every rank), in rank order: one collective into
+    one new tensor (the list form of its views where the group's backend lacks the tensor form)."""
     state = state.contiguous()
     if world == 1:
         return state.unsqueeze(0)

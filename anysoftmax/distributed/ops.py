@@ -272,7 +272,3 @@ def _logsumexp_backward_vmap(info, in_dims, g, x, mask, sinks, out, rest, empty,
         _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
         backend, group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)
-
-
-__all__ = ["logsumexp_backward_op", "logsumexp_op", "softmax_backward_op",
-           "softmax_op"]

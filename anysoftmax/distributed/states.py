@@ -52,10 +52,9 @@ def _others(lses: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 def exchange(x: torch.Tensor, dim: int, *, scale, mask, softcap, sinks, backend, rank: int, world: int,
              group, eager: bool, want_length: bool = False, want_lse: bool = True) -> RowStates:
-    """This shard's row states, every rank's gathered (the forward's one collective: [world,
-    rows (+ rows kept flags) (+ 2)] floats) and merged; `lse` only when `want_lse`. Nothing
-    here reads a value on the host (a sync between the collectives would serialise the ranks'
-    streams), and nothing records a gradient."""
+    """This shard's row states, every rank's gathered (one collective) and merged; `lse` only when
+    `want_lse`. Nothing here reads a value on the host (a sync between the collectives would
+    serialise the ranks' streams), and nothing records a gradient."""
     local = _local_lse(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend, eager=eager)
     acc, rows, keep_shape = local.dtype, local.numel(), local.shape
     bool_mask = mask is not None and mask.dtype == torch.bool

@@ -114,8 +114,7 @@ def _call_backward(grad, y, x, p, mask, sinks, a: Args):
 
 
 def setup_op_forward(ctx, inputs, output) -> tuple:
-    """setup_context of the `softmax` operator's registered autograd and of `_Softmax`, for the
-    output (y, p_sink or None): returns the saved tensors."""
+    """setup_context of the `softmax` operator and of `_Softmax`: returns the saved tensors."""
     x, dim, _dtype, log, mask, sinks, *tail = inputs
     y, p = output
     ctx.args = Args(x.shape, x.device, dim, log, mask, sinks, tail)
@@ -127,8 +126,7 @@ def setup_op_forward(ctx, inputs, output) -> tuple:
 
 
 def op_forward_backward(ctx, grad, *_) -> tuple:
-    """Backward of the `softmax` operator (and `_Softmax`): the forward's input gradients (the
-    operator's argument order) for y's gradient `grad`."""
+    """Backward of the `softmax` operator (and `_Softmax`), in the operator's argument order."""
     y, p, x, mask, sinks = ctx.saved_tensors
     # (an operator's call omits trailing arguments equal to their defaults: no gradient there)
     a, needs = ctx.args, (*ctx.needs_input_grad, False, False, False, False, False)
@@ -147,8 +145,7 @@ def op_forward_backward(ctx, grad, *_) -> tuple:
 
 
 def setup_op_backward(ctx, inputs, output=None) -> tuple:
-    """setup_context of the `softmax_backward` operator's registered autograd and of
-    `_SoftmaxBackward`: returns the saved tensors."""
+    """setup_context of the `softmax_backward` operator and of `_SoftmaxBackward`."""
     grad, y, dim, log, x, p, mask, sinks, *tail = inputs
     ctx.args = Args(y.shape, y.device, dim, log, mask, sinks, tail)
     saved = (grad, y, x, mask, p if sinks is not None else None)
@@ -157,8 +154,7 @@ def setup_op_backward(ctx, inputs, output=None) -> tuple:
 
 
 def _formula_vjp(ctx):
-    """The backward's formula at (grad, y, x): (its value, its vjp, those primals, whether x
-    was given)."""
+    """The backward's formula at (grad, y, x): (value, vjp, those primals, whether x was given)."""
     a = ctx.args
     grad, y, x, mask, p = ctx.saved_tensors
     primals = (grad, y, x if x is not None else torch.zeros_like(y))
@@ -167,8 +163,7 @@ def _formula_vjp(ctx):
 
 
 def op_backward_backward(ctx, gdx, gds=None) -> tuple:
-    """Backward of the `softmax_backward` operator (and `_SoftmaxBackward`): double backward,
-    the backward's input gradients in the operator's argument order."""
+    """Double backward: of the `softmax_backward` operator (and `_SoftmaxBackward`)."""
     out, vjp, (_, y, _), has_x = _formula_vjp(ctx)
     gdx = torch.zeros_like(y) if gdx is None else gdx
     if isinstance(out, tuple):  # with sinks: ds_rows has a cotangent too
@@ -244,8 +239,7 @@ class _SoftmaxBackward(torch.autograd.Function):
 # ---- entry points (`api`) ----------------------------------------------------------------------
 
 def op_arguments(scale, softcap, causal):
-    """(scale, softcap, causal) as the operators' schema takes them: floats or None (validated)
-    and the causal form's name."""
+    """(scale, softcap, causal) as the operators' schema takes them (validated)."""
     if scale is not None or softcap is not None:
         s, c = runtime_values(scale, softcap)
         scale, softcap = (None if scale is None else s), (None if softcap is None else c)
@@ -253,8 +247,7 @@ def op_arguments(scale, softcap, causal):
 
 
 def softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend) -> torch.Tensor:
-    """Differentiable softmax (log_softmax with `log`), plain or fused: what `anysoftmax.softmax`
-    runs when its call may not go straight to dispatch."""
+    """Differentiable softmax (log_softmax with `log`): `anysoftmax.softmax` when not straight to dispatch."""
     if is_row_scale(scale):
         return _row_scaled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     if torch.compiler.is_compiling():
@@ -301,13 +294,8 @@ def _eager_softmax(*args):
 
 
 def softmax_backward(grad, y, dim, log, backend) -> torch.Tensor:
-    """Differentiable `softmax_backward` (plain): what `anysoftmax.softmax_backward` runs when
-    its call may not go straight to dispatch."""
+    """Differentiable `softmax_backward` (plain): when not straight to dispatch."""
     args = (grad, y, dim, log, None, None, None, None, None, None, "none", "zero", backend)
     if torch.compiler.is_compiling():
         return ops.softmax_backward_op(*args)[0]
     return _SoftmaxBackward.apply(*args)
-
-
-__all__ = ["op_backward_backward", "op_forward_backward", "setup_op_backward", "setup_op_forward",
-           "softmax", "softmax_backward"]

@@ -1,8 +1,6 @@
-"""`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: docs/semantics.md), and their
-operators ``torch.ops.anysoftmax.logsumexp`` / ``.merge_states`` with fake implementations,
-autograd and forward mode (the formulas of `core.lse_merge` in torch ops: they differentiate again)
-and vmap rules. Eager inference calls `dispatch` directly; anything that may want a derivative,
-a torch.func transform or torch.compile goes through the operators.
+"""`anysoftmax.logsumexp` and `anysoftmax.merge_states`, and their operators (``anysoftmax::logsumexp``,
+``::merge_states``) with fakes, autograd, forward mode (`core.lse_merge`'s formulas) and vmap rules.
+Eager inference calls `dispatch` directly; a derivative, torch.func or torch.compile, the operators.
 """
 
 from __future__ import annotations
@@ -70,9 +68,8 @@ def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backen
 
 
 class _Logsumexp(torch.autograd.Function):
-    """The operator under eager autograd, forward mode and torch.func transforms (an operator's
-    registered autograd does not run under torch.func.grad and has no jvp; a Function with a
-    generated vmap rule over an operator with a vmap rule does)."""
+    """The operator under eager autograd, forward mode and torch.func (an operator's registered
+    autograd does not run under torch.func.grad and has no jvp)."""
 
     generate_vmap_rule = True
 
@@ -104,8 +101,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
               keepdim: bool = False, backend: str | None = None) -> torch.Tensor:
     """log of the fused softmax's denominator along `dim` (sinks included): float32 for 16/32-bit
     inputs, float64 for float64; -inf for rows with nothing kept. The fused keywords as in
-    `anysoftmax.softmax`; `keepdim` as in `torch.logsumexp`. Differentiable (the gradient is the
-    fused softmax). Semantics: docs/semantics.md."""
+    `anysoftmax.softmax`, `keepdim` as in `torch.logsumexp`; differentiable."""
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     # (one operand's check where mask, sinks and a tensor scale are absent; the launcher allocates
@@ -202,10 +198,9 @@ def _merge_vmap(info, in_dims, outputs, lses, backend=None):
 
 
 def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge K partial results (`outputs[i]` `[..., D]`, each normalised within its segment,
-    `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
-    out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
-    -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: docs/semantics.md."""
+    """Merge K partial results (`outputs[i]` [..., D] normalised within its segment, `lses[i]` [...]
+    its log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse) out_i in the outputs' dtype,
+    lse = logsumexp_i(lse_i) in float32 (float64 when every lse is). Semantics: docs/semantics.md."""
     # Arguments that are not lists go straight to dispatch (its validation names them), and so do
     # plain eager tensors: a repeated request's guard proves them plain, others are checked.
     if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
@@ -218,6 +213,3 @@ def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Te
         return merge_states_op(list(outputs), list(lses), backend)
     MergeSpec.from_tensors(outputs, lses)
     return _MergeStates.apply(len(outputs), backend, *outputs, *lses)
-
-
-__all__ = ["logsumexp", "logsumexp_op", "merge_states", "merge_states_op"]

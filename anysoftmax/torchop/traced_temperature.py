@@ -71,6 +71,3 @@ def scaled_logits(x: torch.Tensor, out_dtype: torch.dtype, scale, softcap, mask,
     keep = keep_mask(tuple(x.shape), Variant(mask_kind=kind, causal=causal_name(causal)), mask, x.device)
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     return scaled_and_capped(kept_values(x, keep).to(acc), scale, softcap)
-
-
-__all__ = ["scaled_logits", "traced_as_symbols"]
