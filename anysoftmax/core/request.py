@@ -1,6 +1,5 @@
 """A request's key: the only cache key (dispatch's memo; backends derive their plans' from it).
-What it holds, per direction: docs/backends.md ("How a call flows"). No other module builds a
-cache key by hand (tests/core/test_one_key.py).
+What it holds: docs/backends.md ("How a call flows").
 """
 
 from __future__ import annotations
@@ -209,9 +208,8 @@ _guard_state: list = []  # [the guard maker or None], decided on first use
 
 
 def _guard_maker():
-    """`_tensor_guard`, once a probe has shown that its guard accepts a tensor of the same layout
-    and refuses another shape, strides, dtype and device; None where it fails or is missing (a
-    private torch API: merge_states then keys every operand, `_exact_merge_key`)."""
+    """`_tensor_guard`, once a probe has shown that it tells layouts, dtypes and devices apart;
+    None where it fails or is missing (a private torch API: merge_states then keys every operand)."""
     if _guard_state:
         return _guard_state[0]
     try:
@@ -226,9 +224,8 @@ def _guard_maker():
 
 
 def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) -> tuple:
-    """What a backend's plan for this request depends on: the spec's `kernel_key()` (layout,
-    dtypes, dim, log, device, live fused steps and their operands' layouts), the direction, the
-    operands' alignments (tensors, or alignments already worked out as ints), the active tuning
-    overrides, and `extra`: facts of the process the backend plans from (its compile target)."""
+    """What a backend's plan for this request depends on: the spec's `kernel_key()`, the direction,
+    the operands' alignments (tensors, or ints), the active tuning overrides, and `extra`: facts of
+    the process the backend plans from (its compile target)."""
     aligns = tuple(a if type(a) is int else alignment(a) for a in operands)
     return (spec.kernel_key(), direction, aligns, overrides_key(), extra)

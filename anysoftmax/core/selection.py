@@ -62,10 +62,7 @@ class Table:
 
     def lookup(self, direction: str, dtype: str, dim: str, n: int, rows: int) -> Rule | None:
         """The first rule matching the request, None when none does."""
-        for rule in self.rules:
-            if rule.matches(direction, dtype, dim, n, rows):
-                return rule
-        return None
+        return next((rule for rule in self.rules if rule.matches(direction, dtype, dim, n, rows)), None)
 
 
 def _within(value: int, span: tuple[int, int | None]) -> bool:
@@ -187,8 +184,7 @@ def device_name(device) -> str:
 
 
 def lookup(spec: SoftmaxSpec, direction: str = "fwd", device: str | None = None) -> tuple[Rule | None, Table | None]:
-    """The rule for `spec` in the table of its device (or of the device named `device`), and
-    the table; (None, table) when no rule matches, (None, None) without a table."""
+    """(the rule for `spec` or None, the table or None) in the table of its device or of `device`."""
     name = device if device is not None else device_name(spec.device)
     table = load_table(name) if name else None
     return (None if table is None else table.lookup(direction, *request_class(spec))), table

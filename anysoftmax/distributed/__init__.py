@@ -45,7 +45,7 @@ def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None 
             mask: torch.Tensor | None = None, causal: bool | str = False, softcap: float | None = None,
             sinks: torch.Tensor | None = None, empty_rows: str = "zero", backend: str | None = None) -> torch.Tensor:
     """This rank's shard of the softmax over `dim`, sharded across `group` (None: the default
-    group); the fused keywords as in `anysoftmax.softmax` (module docstring: what a shard means)."""
+    group); the fused keywords as in `anysoftmax.softmax`."""
     return _softmax("anysoftmax.distributed.softmax", False, x, dim, group, dtype, scale, mask, causal, softcap, sinks,
                     empty_rows, backend)
 
@@ -62,10 +62,8 @@ def log_softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | N
 def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = None, mask: torch.Tensor | None = None,
               causal: bool | str = False, softcap: float | None = None, sinks: torch.Tensor | None = None,
               keepdim: bool = False, backend: str | None = None) -> torch.Tensor:
-    """The log of the global fused softmax's denominator per row (sinks included), on every
-    rank: float32 for 16/32-bit x, float64 for float64; -inf for rows a bool mask leaves empty
-    on every rank (their sink s with sinks, as `anysoftmax.logsumexp`). Its gradient is the
-    global softmax (no collective in the backward)."""
+    """The log of the global fused softmax's denominator per row (sinks included), on every rank,
+    as `anysoftmax.logsumexp`: -inf (s with sinks) for rows a bool mask leaves empty on every rank."""
     who = "anysoftmax.distributed.logsumexp"
     if torch.compiler.is_compiling():
         refuse_causal(who, causal)

@@ -1,6 +1,5 @@
-"""Validating a call of the sharded functions: its keywords checked as `anysoftmax.softmax`
-checks them, memoised by the request's key (a repeated eager request is not validated again),
-and the `functions.Call` the formulas, the Functions and the operators take."""
+"""Validating a call of the sharded functions as `anysoftmax.softmax` validates it, memoised by the
+request's key, and the `functions.Call` the formulas, Functions and operators take."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from .functions import Call
 
 
 class Checked(NamedTuple):
-    """What validating a request leaves, for every call of it (scale's and softcap's values
-    are the call's, checked on every call; the group's rank and size are the group's)."""
+    """What validating a request leaves for every call of it (scale's and softcap's values are
+    checked per call)."""
 
     dim: int  # normalised
     cast: torch.dtype | None  # dtype= to convert x to first

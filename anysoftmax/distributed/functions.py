@@ -71,9 +71,7 @@ def softmax_forward(x, mask, sinks, c: Call):
     if one is not None:
         return one
     want_length = c.empty_rows == "uniform" and mask is not None and mask.dtype == torch.bool
-    st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                  rank=c.rank, world=c.world, group=c.group, eager=c.eager, want_length=want_length,
-                  want_lse=sinks is not None)
+    st = exchange(x, mask, sinks, c, want_length=want_length, want_lse=sinks is not None)
     y = _local_softmax(x, c, mask, st.rest)
     if st.empty is not None and c.empty_rows != "zero":
         if want_length:  # (a device tensor: torch.where, as masked_fill would read it on the host)
@@ -87,8 +85,7 @@ def softmax_forward(x, mask, sinks, c: Call):
 
 def logsumexp_forward(x, mask, sinks, c: Call):
     """(the global logsumexp per row, the row states), without autograd (as `softmax_forward`)."""
-    st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                  rank=c.rank, world=c.world, group=c.group, eager=c.eager)
+    st = exchange(x, mask, sinks, c)
     # A row no rank keeps anything of is -inf, or its sink s with sinks (the merge gives s there).
     out = st.lse if st.empty is None or sinks is not None else st.lse.masked_fill(st.empty, -math.inf)
     return (out if c.keepdim else out.squeeze(c.dim)), st

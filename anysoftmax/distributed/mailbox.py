@@ -19,9 +19,8 @@ MAX_EPOCH = 2**31 - 1
 
 
 class Mailbox:
-    """This rank's mailbox `words` (int64 [2 * capacity * world]), `peers` (int64 [world]: every
-    rank's `words` address in this process), the epoch of the last call, `keep` (what keeps the
-    mapping alive) and `launchers` (the backend's, bound to this mailbox, by request key)."""
+    """This rank's mailbox `words`, `peers` (every rank's `words` address in this process), the
+    epoch of the last call, `keep` (what keeps the mapping alive) and the `launchers` bound to it."""
 
     __slots__ = ("words", "peers", "capacity", "world", "epoch", "keep", "launchers")
 

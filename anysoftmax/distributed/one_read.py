@@ -59,14 +59,9 @@ def refusal(x: torch.Tensor, mask, c) -> str | None:
 _symmetric_memory_missing = functools.cache(symmetric_memory_missing)
 
 
-def _rows(x: torch.Tensor, dim: int) -> int:
-    return math.prod(s for d, s in enumerate(x.shape) if d != dim)
-
-
 def sharded_softmax(x: torch.Tensor, mask, sinks, c, box: Mailbox) -> tuple[torch.Tensor, RowStates]:
-    """(this rank's shard of the global softmax / log_softmax, its row states: the global lse
-    with sinks, their gradient's one reader) through the mailbox `box`: one launch of the
-    triton backend's sharded kernel (two where a shard row outgrows the GPU)."""
+    """(this rank's shard of the global softmax / log_softmax, its row states: the global lse with
+    sinks) through the mailbox `box`: one launch of the triton backend's sharded kernel."""
     fused = FusedArgs(c.scale, mask, False, c.softcap, sinks)
     key = request_key(SHARDED, x, c.dim, None, c.backend, c.log, None, fused)
     launch = box.launchers.get(key) if key is not None else None
@@ -89,4 +84,5 @@ def forward(x: torch.Tensor, mask, sinks, c) -> tuple[torch.Tensor, RowStates] |
     """`sharded_softmax` through the group's symmetric mailbox, or None where `refusal` says no."""
     if refusal(x, mask, c) is not None:
         return None
-    return sharded_softmax(x, mask, sinks, c, symmetric(c.group, x.device, _rows(x, c.dim), c.world))
+    rows = math.prod(s for d, s in enumerate(x.shape) if d != c.dim)
+    return sharded_softmax(x, mask, sinks, c, symmetric(c.group, x.device, rows, c.world))

@@ -174,8 +174,7 @@ def _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group
 def logsumexp_backward_op(g: _Tensor, x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], out: _Tensor,
                           rest: _Tensor, empty: _Tensor, dim: int, scale: Optional[float], softcap: Optional[float],
                           keepdim: bool, backend: Optional[str], group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """(dx, dmask, dsinks) of `logsumexp_op` from its result `out` (`functions.logsumexp_backward`);
-    `dim` normalised."""
+    """(dx, dmask, dsinks) of `logsumexp_op` from its result `out`; `dim` normalised."""
     c = _backward_call(dim, False, scale, softcap, keepdim, backend, group)
     dx, dmask, dsinks = logsumexp_backward(g, x, mask, sinks, out, rest if _has_rest(sinks, c.world) else None,
                                            empty if _bool(mask) else None, c)

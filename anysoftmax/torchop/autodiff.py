@@ -92,16 +92,9 @@ def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
 
 # ---- the two directions, through dispatch or the operators ------------------------------------
 
-def _forward_values(x, dim, dtype, log, mask, sinks, *tail):
-    if plain_eager(x, mask, sinks, gradients=False):
-        return ops.run_forward(x, dim, dtype, log, mask, sinks, *tail)
-    return ops.softmax_op(x, dim, dtype, log, mask, sinks, *tail)
-
-
 def _backward_values(grad, y, dim, log, x, p, mask, sinks, *tail):
-    if plain_eager(grad, y, x, p, mask, sinks, gradients=False):
-        return ops.run_backward(grad, y, dim, log, x, p, mask, sinks, *tail)
-    return ops.softmax_backward_op(grad, y, dim, log, x, p, mask, sinks, *tail)
+    run = ops.run_backward if plain_eager(grad, y, x, p, mask, sinks, gradients=False) else ops.softmax_backward_op
+    return run(grad, y, dim, log, x, p, mask, sinks, *tail)
 
 
 def _call_backward(grad, y, x, p, mask, sinks, a: Args):
@@ -182,7 +175,8 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def forward(x, dim, dtype, log, mask, sinks, *tail):
-        y, p = _forward_values(x, dim, dtype, log, mask, sinks, *tail)
+        run = ops.run_forward if plain_eager(x, mask, sinks, gradients=False) else ops.softmax_op
+        y, p = run(x, dim, dtype, log, mask, sinks, *tail)
         return y if sinks is None else (y, p)
 
     @staticmethod

@@ -97,8 +97,7 @@ def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool
                         mask: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
                         scale: Optional[float] = None, softcap: Optional[float] = None, causal: str = "none",
                         empty_rows: str = "zero", backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of `softmax` from its output `y` and the output gradient `grad`: (dx in y's
-    dtype, ds)."""
+    """Gradients of `softmax` from its output `y` and `grad`: (dx in y's dtype, ds)."""
     dx, ds = run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, causal, empty_rows, backend)
     return fresh(dx, no_sinks(y) if ds is None else ds)
 

@@ -103,11 +103,10 @@ def _warn_if_nothing_served(backend: str | None, devices: tuple[str, ...], stack
 
 
 def enable(backend: str | None = None, devices: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """Route torch's softmax ops on the served devices through anysoftmax (see the module doc);
-    returns the device types served. Calling it again while on replaces the choice. A named
-    backend must run here: BackendUnavailableError when it is not available, ValueError when it
-    runs no tensor of a device type in `devices`. Warns (RuntimeWarning) when none of the served
-    device types is present here."""
+    """Route torch's softmax ops on the served devices through anysoftmax; returns the device
+    types served (called again while on, it replaces the choice). A named backend must run here
+    (BackendUnavailableError, or ValueError when it runs no tensor of a type in `devices`); a
+    RuntimeWarning when no served device type is present here."""
     return _enable(backend, devices, stacklevel=4)  # (warnings name the caller's line)
 
 
@@ -168,8 +167,7 @@ def enabled() -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def use(backend: str | None = None, devices: tuple[str, ...] | None = None):
-    """`enable(backend, devices)` for the duration of a `with` block; the state before the
-    block (off, or another choice) is restored after it."""
+    """`enable(backend, devices)` for a `with` block; the state before it is restored after it."""
     before = dict(_active)
     _enable(backend, devices, stacklevel=5)
     try:

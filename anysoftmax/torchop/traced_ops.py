@@ -123,8 +123,7 @@ def _routed(spec: SoftmaxSpec, backend: Optional[str], traced_method: str) -> bo
 
 def forward_target(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None, softcap=None, causal="none",
                    empty_rows="zero", backend=None):
-    """`softmax_triton` to trace instead of the `softmax` operator called with these
-    arguments, or None."""
+    """`softmax_triton` to trace instead of the `softmax` operator with these arguments, or None."""
     if os.environ.get(ENV, "1") == "0" or not isinstance(x, torch.Tensor) or not _concrete(x, mask, sinks):
         return None
     try:
@@ -140,8 +139,7 @@ def forward_target(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=N
 
 def backward_target(grad, y, dim, log=False, x=None, p_sink=None, mask=None, sinks=None, scale=None, softcap=None,
                     causal="none", empty_rows="zero", backend=None):
-    """`softmax_backward_triton` to trace instead of the `softmax_backward` operator called
-    with these arguments, or None."""
+    """`softmax_backward_triton` to trace instead of `softmax_backward` with these arguments, or None."""
     if os.environ.get(ENV, "1") == "0" or not all(isinstance(t, torch.Tensor) for t in (grad, y)) \
             or not _concrete(grad, y, x, mask, sinks, p_sink):
         return None
