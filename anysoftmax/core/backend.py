@@ -70,8 +70,7 @@ class Backend(metaclass=_Protocol):
         return ""
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
-        """One call, unmemoised: y for a plain spec, (y, p_sink or None) for a fused one (default:
-        through `launcher`; define either)."""
+        """One call, unmemoised: y, or (y, p_sink or None) for a fused spec (default: `launcher`)."""
         if type(self).launcher is Backend.launcher:
             raise NotImplementedError(f"backend {self.name!r} defines neither run nor launcher")
         f = self.launcher(x, spec)
@@ -86,8 +85,7 @@ class Backend(metaclass=_Protocol):
         return lambda t, ops: _pair(run(t, spec, ops))
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(y, grad) -> dx` (y's dtype) bound to this request. Default: `run_backward` when
-        defined, else torch's formula in the accumulation dtype."""
+        """`f(y, grad) -> dx` (y's dtype) bound to this request. Default: `run_backward`, or torch's formula."""
         run_backward = self.run_backward
         if getattr(run_backward, "__func__", None) is not Backend.run_backward:
             return lambda y_, g: run_backward(y_, g, spec)
@@ -99,8 +97,8 @@ class Backend(metaclass=_Protocol):
         return self.backward_launcher(y, spec)(y, grad)
 
     def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request.
-        Default: `core.reference.fused_backward` in the accumulation dtype."""
+        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request
+        (default: `core.reference.fused_backward`)."""
         v, dim, log, acc = spec.variant, spec.dim, spec.log, spec.acc_dtype
 
         def run(grad, y_, x, ops: Operands, p_sink):
@@ -170,8 +168,7 @@ _OPTIONAL = ("status_note", "launcher", "backward_launcher", "run_backward", "fu
 
 
 class PluginBackend(Backend):
-    """A duck-typed backend (`plugin`: no `Backend` base), its members read once: its methods
-    take the place of the defaults."""
+    """A duck-typed backend, its members read once: its methods take the place of the defaults."""
 
     def __init__(self, plugin):
         self.name, self.devices, self.priority = plugin.name, plugin.devices, plugin.priority
@@ -190,8 +187,7 @@ class PluginBackend(Backend):
 
 
 def as_backend(obj) -> Backend:
-    """`obj` itself when it subclasses `Backend`, else `obj` wrapped in `PluginBackend`;
-    TypeError when it lacks a required member."""
+    """`obj` as a `Backend` (wrapped in `PluginBackend` unless a subclass); TypeError when it lacks a member."""
     if issubclass(type(obj), Backend):
         return obj
     if not isinstance(obj, Backend):

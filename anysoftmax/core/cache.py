@@ -48,9 +48,8 @@ class OnceCache(Generic[V]):
 
 
 class BoundedDict(Generic[V]):
-    """A lock-free memo for hot paths: plain dict reads (atomic under the GIL), at most
-    `maxsize` entries, the oldest dropped first. Values must be cheap to recompute: two
-    threads may both compute and store the same key."""
+    """A lock-free memo for hot paths: plain dict reads, at most `maxsize` entries, the oldest
+    dropped first. Values must be cheap to recompute: two threads may both store the same key."""
 
     def __init__(self, maxsize: int = 1024):
         self.maxsize = maxsize

@@ -152,8 +152,7 @@ class ColumnView:
 
 
 def column_view(layout: RowLayout) -> ColumnView | None:
-    """`layout` as a `ColumnView`, or None when its innermost row dim is not contiguous in
-    both input and output or a third row dim remains."""
+    """`layout` as a `ColumnView`, or None when it is not one."""
     s0, s1, s2 = layout.row_sizes
     if s0 != 1 or s2 < 2 or layout.in_row_strides[2] != 1 or layout.out_row_strides[2] != 1:
         return None
@@ -178,8 +177,7 @@ def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
 
 
 def row_operand_strides(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
-    """Strides over `shape` of a per-row operand laid out contiguously over `shape` with size 1
-    in `dim` (one value per row, 0 along `dim`): how the kernels read the sinks."""
+    """Strides of a per-row operand contiguous over `shape` with size 1 in `dim` (0 along `dim`)."""
     rows = contiguous_strides(tuple(1 if d == dim else s for d, s in enumerate(shape)))
     return tuple(0 if d == dim else st for d, st in enumerate(rows))
 

@@ -25,8 +25,7 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def logsumexp_request(x, dim, *, scale=None, mask=None, causal=False, softcap=None, sinks=None):
-    """Validate a logsumexp request exactly as softmax's (`SoftmaxSpec.from_request`):
-    (spec, `core.variant.Operands`). Errors name the argument."""
+    """Validate a logsumexp request as softmax's (`SoftmaxSpec.from_request`): (spec, operands)."""
     fused = dict(scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
     return SoftmaxSpec.from_request(x, dim, None, log=False, fused=fused, op="logsumexp", arg="x")
 
@@ -208,15 +207,13 @@ def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dty
 
 
 def merge_into(spec: MergeSpec, outputs, lses, out=None, lse_out=None):
-    """(out, lse) of merge_states by `merge_formula` in `spec`'s accumulation dtype, copied into
-    `out` / `lse_out` when given."""
+    """(out, lse) of merge_states by `merge_formula`, copied into `out` / `lse_out` when given."""
     o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
     return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
 
 
 def merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, acc):
-    """(d outputs, d lses) of merge_states from (out, lse) and their gradients, in `acc`;
-    differentiable again in every tensor."""
+    """(d outputs, d lses) of merge_states from (out, lse) and their gradients; differentiable again."""
     go = None if g_out is None else g_out.to(acc)
     gl = None if g_lse is None else g_lse.to(acc)
     d_outs, d_lses = [], []

@@ -31,9 +31,8 @@ def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "
 
 
 def with_row_scale(variant: Variant, scale: torch.Tensor | None) -> Variant:
-    """`variant` carrying a row scale's values (`scale`, detached) for the formulas; the variant
-    itself when it has no row scale. A row-scale variant without its values is refused: its
-    formulas would silently skip the scale."""
+    """`variant` carrying a row scale's values (`scale`, detached) for the formulas (refused without
+    them: the formulas would silently skip the scale); the variant itself without a row scale."""
     if variant.row_scale is None or isinstance(variant.scale, torch.Tensor):
         return variant
     if not isinstance(scale, torch.Tensor):
@@ -52,8 +51,7 @@ def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype
 
 
 def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
-    """Steps 1-2 of the family: softcap * tanh(scale * z / softcap), a step skipped where its
-    value is None."""
+    """Steps 1-2 of the family: softcap * tanh(scale * z / softcap), a step skipped where None."""
     if scale is not None:
         z = z * as_factor(scale, z)
     if softcap is not None:
@@ -62,8 +60,7 @@ def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
 
 
 def as_factor(scale, like: torch.Tensor):
-    """`scale` ready to multiply `like`: a number as it is, a row scale's tensor in `like`'s
-    dtype and device (broadcasting against it: one value per row)."""
+    """`scale` ready to multiply `like`: a number as it is, a row scale in `like`'s dtype and device."""
     return scale.to(like.device, like.dtype) if isinstance(scale, torch.Tensor) else scale
 
 
@@ -83,8 +80,7 @@ def prologue_chain(dz: torch.Tensor, x: torch.Tensor, scale: float | None, softc
 
 def capped_chain(dz: torch.Tensor, x: torch.Tensor, scale, softcap: float | None,
                  keep: torch.Tensor | None) -> torch.Tensor:
-    """The gradient of u = scale * x from that of the logits after softcap, `dz`: times
-    softcap's 1 - tanh(u / softcap)^2 (recomputed from kept values of x); `dz` without softcap."""
+    """The gradient of u = scale * x from `dz`: times softcap's 1 - tanh(u / softcap)^2 (from kept x)."""
     if softcap is None:
         return dz
     t = torch.tanh(kept_values(x, keep).to(dz.dtype) * (1.0 if scale is None else as_factor(scale, dz)) / softcap)
@@ -93,9 +89,8 @@ def capped_chain(dz: torch.Tensor, x: torch.Tensor, scale, softcap: float | None
 
 def row_scale_gradient(dz: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
                        keep: torch.Tensor | None) -> torch.Tensor:
-    """A row scale's gradient per row (x's shape with size 1 in `dim`): sum_j x_j du_j, du the
-    gradient of u = scale * x (`capped_chain` of `dz`, the gradient of the logits after
-    softcap). Only kept positions enter (`dz` is 0 elsewhere, and x is read there as 0)."""
+    """A row scale's gradient per row: sum_j x_j du_j, du the gradient of u = scale * x
+    (`capped_chain` of `dz`). Only kept positions enter (`dz` is 0 elsewhere, x read there as 0)."""
     du = capped_chain(dz, x, variant.scale, variant.softcap, keep)
     return (kept_values(x, keep).to(du.dtype) * du).sum(dim, keepdim=True)
 
@@ -111,9 +106,8 @@ def empty_row_value(policy: str, n: int, log: bool) -> float:
 
 def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: torch.Tensor | None,
                   sinks: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, p_sink) of the fused family evaluated in `dtype` (float64: the reference). `p_sink`
-    is the sink's share of each row, exp(s - m) / denominator (shape of x with size 1 in
-    `dim`), None without sinks. Differentiable in x, sinks and a floating mask."""
+    """(y, p_sink) of the fused family evaluated in `dtype`, p_sink the sink's share of each row
+    (None without sinks). Differentiable in x, sinks and a floating mask."""
     keep = keep_mask(tuple(x.shape), variant, mask, x.device)
     z = prologue(kept_values(x, keep), variant, mask, dtype)
     empty = None

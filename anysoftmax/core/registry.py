@@ -65,8 +65,7 @@ def generation() -> int:
 
 
 def register(backend):
-    """Add a backend (replacing one of the same name) and return it. An object written to the
-    duck-typed protocol (no `Backend` base) is wrapped once, here (`core.backend.as_backend`)."""
+    """Add a backend (replacing one of the same name) and return it; a duck-typed one is wrapped once, here."""
     adapted = as_backend(backend)
     with _lock:
         _given[adapted.name] = backend
@@ -151,8 +150,8 @@ def list_backends() -> BackendTable:
 
 
 def fused_refusal(backend, spec: SoftmaxSpec) -> str | None:
-    """Why `backend` cannot take a fused request (it does not declare `fused = True`, or the
-    request has a tensor scale and it does not declare `row_scale = True`), or None."""
+    """Why `backend` cannot take a fused request (no `fused = True`, or a tensor scale and no
+    `row_scale = True`), or None."""
     if spec.is_plain:
         return None
     b = _protocol(backend)

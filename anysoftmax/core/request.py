@@ -45,8 +45,7 @@ def _process_state() -> tuple:
 
 
 def alignment(t) -> int:
-    """`t`'s address modulo `ALIGN_BYTES` (0 for None and for tensors without storage, such as
-    torch.compile's fake tensors, which are planned as aligned)."""
+    """`t`'s address modulo `ALIGN_BYTES` (0 for None and for fake tensors: planned as aligned)."""
     if t is None or type(t) is not _Tensor:
         return 0
     return t.data_ptr() & _ALIGN_MASK
@@ -93,8 +92,7 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
 
 
 def forward_key(x, dim, dtype, backend, log):
-    """`request_key(FWD, x, dim, dtype, backend, log)` with positional arguments only and no
-    branch on the form: the plain forward's hit path (the most frequent call)."""
+    """`request_key(FWD, x, dim, dtype, backend, log)` with no branch: the plain forward's hit path."""
     if type(x) is not _Tensor or type(dim) is not int:
         return None
     return (FWD, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,

@@ -117,8 +117,7 @@ def _folders() -> list[Path]:
 
 
 def table_path(device: str) -> Path | None:
-    """The table of device `device` (a name or its key), the override folder's first; None when
-    there is none."""
+    """The table of device `device` (a name or its key), the override folder's first, or None."""
     name = f"{device_key(device)}.yaml"
     return next((folder / name for folder in _folders() if (folder / name).is_file()), None)
 

@@ -24,8 +24,7 @@ DTYPE_NAMES: dict[str, torch.dtype] = {
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Allowed |out - expected| <= atol + rtol * |expected|, `expected` being the float64
-    reference rounded once to the output dtype."""
+    """Allowed |out - expected| <= atol + rtol * |expected|, `expected` the rounded float64 reference."""
 
     atol: float
     rtol: float
@@ -112,8 +111,8 @@ class SoftmaxSpec:
 
     @property
     def needs_input_cast(self) -> bool:
-        """True when the input must be converted to `out_dtype` on the host first: `dtype=`
-        narrows it (torch rounds the input first, so must we) or it is not floating."""
+        """True when the input is converted to `out_dtype` on the host first: `dtype=` narrows it
+        (torch rounds the input first, so must we) or it is not floating."""
         if self.in_dtype not in FLOAT_DTYPES:
             return True
         return self.out_dtype != self.in_dtype and self.out_dtype.itemsize <= self.in_dtype.itemsize

@@ -56,8 +56,7 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], to: tupl
 
 @dataclass(frozen=True)
 class Variant:
-    """One member of the fused family (see the module docstring). `Variant()` is the plain
-    softmax."""
+    """One member of the fused family; `Variant()` is the plain softmax."""
 
     scale: float | None = None
     softcap: float | None = None
@@ -154,8 +153,7 @@ def _finite_float(name: str, value) -> float:
 
 
 def is_row_scale(scale) -> bool:
-    """True when `scale` is a tensor of one value per row (at least one dim); a 0-dim tensor is
-    a number."""
+    """True when `scale` is a tensor of one value per row (a 0-dim tensor is a number)."""
     return isinstance(scale, torch.Tensor) and scale.dim() > 0
 
 
@@ -210,8 +208,7 @@ def _sinks_hint(sinks, x_shape: tuple[int, ...], dim: int) -> str:
 
 def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=None, mask=None, causal=False,
           softcap=None, sinks=None, empty_rows: str = "zero") -> tuple[Variant, Operands]:
-    """Validate the fused keywords of a request on an input of `x_shape` reduced over the
-    normalised `dim`, and return its `Variant` and `Operands`. Errors name the argument."""
+    """Validate the fused keywords of a request (`dim` normalised): (`Variant`, `Operands`)."""
     row_scale = None
     if is_row_scale(scale):
         check_row_scale(scale, x_shape, device, dim)

@@ -44,8 +44,7 @@ def _softmax(who, log, x, dim, group, dtype, scale, mask, causal, softcap, sinks
 def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None = None, scale: float | None = None,
             mask: torch.Tensor | None = None, causal: bool | str = False, softcap: float | None = None,
             sinks: torch.Tensor | None = None, empty_rows: str = "zero", backend: str | None = None) -> torch.Tensor:
-    """This rank's shard of the softmax over `dim`, sharded across `group` (None: the default
-    group); the fused keywords as in `anysoftmax.softmax`."""
+    """This rank's shard of the softmax over `dim`, sharded across `group` (None: the default one)."""
     return _softmax("anysoftmax.distributed.softmax", False, x, dim, group, dtype, scale, mask, causal, softcap, sinks,
                     empty_rows, backend)
 

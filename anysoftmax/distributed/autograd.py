@@ -47,8 +47,7 @@ def _or_none(grad, wanted: bool):
 
 
 def _backward(ctx, grad, formula, operator, tail: tuple):
-    """A Function's backward: (dx, dmask, dsinks, None) from the formula on plain tensors, else
-    from the backward operator (`tail`: its non-tensor arguments)."""
+    """A Function's backward: (dx, dmask, dsinks, None) by the formula on plain tensors, else the operator."""
     saved = ctx.saved_tensors
     refuse_double_backward(grad, *saved)
     needs = ctx.needs_input_grad

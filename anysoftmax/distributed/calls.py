@@ -18,8 +18,7 @@ from .functions import Call
 
 
 class Checked(NamedTuple):
-    """What validating a request leaves for every call of it (scale's and softcap's values are
-    checked per call)."""
+    """What validating a request leaves for every call of it."""
 
     dim: int  # normalised
     cast: torch.dtype | None  # dtype= to convert x to first

@@ -95,8 +95,7 @@ _shard_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def shard_sizes(size: int, world: int, group, device: torch.device) -> tuple[int, ...]:
-    """Every rank's shard size in rank order: gathered on the first call with this rank's
-    `size` (one small collective; every rank calls with new sizes together), then remembered."""
+    """Every rank's shard size in rank order: gathered on the first call with this `size`, then remembered."""
     known = _shard_sizes.get(_group_object(group)) if world > 1 else {size: (size,)}
     if known is not None and size in known:
         return known[size]

@@ -57,8 +57,7 @@ def _local_softmax(x, c: Call, mask, sink, dtype=None) -> torch.Tensor:
 
 
 def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call, mask) -> torch.Tensor:
-    """dz (gradient of the logits after softcap) to dx: softcap's 1 - tanh², scale's factor
-    (read at the positions a bool mask keeps: an excluded x may be NaN)."""
+    """dz to dx: softcap's 1 - tanh² (read where a bool mask keeps: an excluded x may be NaN), scale."""
     keep = ~mask.expand(dz.shape) if mask is not None and mask.dtype == torch.bool else None
     return prologue_chain(dz, x, c.scale, c.softcap, keep)
 

@@ -78,9 +78,8 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
 
 def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,
                      backend: str | None = None) -> torch.Tensor:
-    """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward
-    output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in
-    y's dtype."""
+    """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward output
+    `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in y's dtype."""
     if plain_eager(y, grad):
         return dispatch.backward(y, grad, dim, log, backend)  # (positional: no keyword parsing)
     from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)

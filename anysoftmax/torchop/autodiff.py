@@ -168,8 +168,7 @@ def op_backward_backward(ctx, gdx, gds=None) -> tuple:
 # ---- autograd.Functions: eager autograd, forward mode and torch.func -------------------------
 
 class _Softmax(torch.autograd.Function):
-    """The softmax operator's work, with reverse, forward and vmap rules. Outputs y (with
-    sinks: (y, p_sink), p_sink not differentiable)."""
+    """The softmax operator's work, with reverse, forward and vmap rules: y, or (y, p_sink)."""
 
     generate_vmap_rule = True
 
@@ -200,8 +199,7 @@ _EagerSoftmax = eager_form(_Softmax)
 
 
 class _SoftmaxBackward(torch.autograd.Function):
-    """The backward operator's work, differentiable again (through `_backward_formula`) in
-    every mode. Outputs dx (with sinks: (dx, ds_rows))."""
+    """The backward operator's work, differentiable again in every mode: dx, or (dx, ds_rows)."""
 
     generate_vmap_rule = True
 

@@ -11,8 +11,7 @@ from ..core.spec import SoftmaxSpec
 
 
 def _physical_dim(x: torch.Tensor, dim: int, dtype=None, log: bool = False) -> int:
-    """`dim` of the per-sample tensor (x without its leading batch dimension) as a dim of x,
-    validated like an unbatched call (same errors, in the sample's terms)."""
+    """`dim` of a sample (x without its leading batch dim) as a dim of x, validated as unbatched."""
     sample = torch.empty(x.shape[1:], dtype=x.dtype, device="meta")
     return SoftmaxSpec.from_tensor(sample, dim, dtype, log=log).dim + 1
 

@@ -17,8 +17,7 @@ _is_compiling, _grad_enabled = torch.compiler.is_compiling, torch.is_grad_enable
 
 
 def eager_mode() -> bool:
-    """Whether calls run eagerly: not compiling, no forward-AD level open (the mode part of
-    `plain_eager`; its tensors' part is for the caller to prove)."""
+    """Whether calls run eagerly: not compiling, no forward-AD level open (`plain_eager`'s mode part)."""
     return not _is_compiling() and _fwad._current_level < 0
 
 
@@ -63,8 +62,7 @@ def transform_active() -> bool:
 
 
 def wants_autodiff(*tensors) -> bool:
-    """True when a call on `tensors` (None where absent) must be differentiable: a tensor
-    needs a gradient, a torch.func transform wraps one, or a forward-AD level is open."""
+    """True when a call on `tensors` must be differentiable (a gradient, a transform, forward AD)."""
     if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return True
     return _fwad._current_level >= 0 or any(t is not None and is_functorch_wrapped_tensor(t) for t in tensors)

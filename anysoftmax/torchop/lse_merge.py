@@ -162,8 +162,7 @@ merge_states_op.register_autograd(_merge_backward, setup_context=_merge_setup)
 
 
 class _MergeStates(torch.autograd.Function):
-    """merge_states under eager autograd, forward mode and torch.func (as `_Logsumexp`); tensors
-    flattened: (k, backend, *outputs, *lses)."""
+    """merge_states as `_Logsumexp`, its arguments flattened: (k, backend, *outputs, *lses)."""
 
     generate_vmap_rule = True
 

@@ -31,9 +31,8 @@ _traced = []
 
 
 def traced_ops():
-    """`traced_ops`, imported (and its operators' autograd and vmap rules registered, the same
-    as the public operators') on first use: registering a triton_op imports Triton, which
-    waits until a graph is traced."""
+    """`traced_ops`, imported and its operators registered as the public ones on first use
+    (registering a triton_op imports Triton, which waits until a graph is traced)."""
     with _traced_lock:
         if not _traced:
             from . import traced_ops as module
@@ -54,9 +53,8 @@ def _export_keeps_ops() -> bool:
 
 def _routing_rule(target: str):
     """A torch_dispatch rule for FunctionalTensorMode (AOTAutograd's tracing mode): run the
-    `triton_op` that `traced_ops.<target>` picks for the call's arguments instead of the opaque
-    operator, else trace the operator as it is (as `triton_op`'s own decomposition does, and like
-    it, nothing is decomposed for torch.export)."""
+    `triton_op` that `traced_ops.<target>` picks for the call instead of the opaque operator, as
+    `triton_op`'s own decomposition does (and, like it, never for torch.export)."""
 
     def rule(mode, op, types, args, kwargs):
         target_op = None

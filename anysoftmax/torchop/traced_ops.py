@@ -30,8 +30,7 @@ def _inductor_compiles() -> bool:
 
 
 def _backend_for(spec: SoftmaxSpec, backend: Optional[str]):
-    """The backend that serves `spec` when it can run traced, else None. Selection runs with
-    tracing modes off: availability probes run small real kernels."""
+    """The backend that serves `spec` when it can run traced, else None (selected with tracing off)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     if spec.device.type == "cpu" and _inductor_compiles():
