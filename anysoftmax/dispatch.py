@@ -35,8 +35,7 @@ stats = {"hits": 0}  # (tests/test_layers.py checks that a hit validates, select
 
 
 def refresh() -> None:
-    """Forget every memoised request (they are re-validated and re-selected on their next
-    call) and re-read $ANYSOFTMAX_BACKEND."""
+    """Forget every memoised request (re-validated and re-selected on its next call)."""
     _memo.clear()
     _last_merge[0] = None
     _state["generation"] = registry.generation()
@@ -62,8 +61,7 @@ def _narrowed(x, spec: SoftmaxSpec) -> tuple[torch.Tensor, SoftmaxSpec]:
 
 
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
-    """Softmax (log_softmax) of `x` along `dim` without autograd: the operators' implementation
-    and the eager inference path."""
+    """Softmax (log_softmax) of `x` along `dim` without autograd: the eager inference path."""
     key = forward_key(x, dim, dtype, backend, log)
     hit = _lookup(key)
     if hit is not None:
@@ -123,8 +121,7 @@ def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor,
 
 
 def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The fused family without autograd: (y, p_sink), p_sink being each row's sink share in
-    the accumulation dtype (None without sinks; the backward's dsinks needs it)."""
+    """The fused family without autograd: (y, p_sink: each row's sink share, None without sinks)."""
     key = request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a)
     hit = _lookup(key)
     if hit is not None:
@@ -193,8 +190,7 @@ def _logsumexp_formula(spec: SoftmaxSpec, keepdim: bool):
 
 def logsumexp(x, dim, backend=None, keepdim=True, scale=None, mask=None, causal=False, softcap=None,
               sinks=None) -> torch.Tensor:
-    """logsumexp in the accumulation dtype, no autograd: x's shape with size 1 in `dim`
-    (keepdim) or without `dim` (the launcher allocates either; a 0-dim x gives a 0-dim result)."""
+    """logsumexp in the accumulation dtype, no autograd, with keepdim or without `dim` (0-dim: 0-dim)."""
     # A call without fused keywords keys as a plain forward (no keywords to read): its hit path
     # costs what the softmax's does.
     plain = scale is None and mask is None and causal is False and softcap is None and sinks is None

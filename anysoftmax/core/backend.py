@@ -1,9 +1,7 @@
 """The backend protocol and its defaults: what dispatch calls on every backend (docs/plugins.md).
-
-Required: `name`, `devices`, `priority`, `is_available()`, `supports(spec)` and `run(x, spec)`;
-every other member has a default below that a backend replaces where it has something faster or
-more. An object written to the duck-typed protocol (the README's `MyBackend`) is wrapped once, when
-registered, in `PluginBackend`: dispatch never probes a backend per call.
+Every member beyond `REQUIRED` has a default below that a backend replaces where it has something
+faster or more. A duck-typed backend (the README's `MyBackend`) is wrapped once, when registered,
+in `PluginBackend`: dispatch never probes a backend per call.
 """
 
 from __future__ import annotations
@@ -97,8 +95,7 @@ class Backend(metaclass=_Protocol):
         return self.backward_launcher(y, spec)(y, grad)
 
     def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request
-        (default: `core.reference.fused_backward`)."""
+        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request."""
         v, dim, log, acc = spec.variant, spec.dim, spec.log, spec.acc_dtype
 
         def run(grad, y_, x, ops: Operands, p_sink):
@@ -117,8 +114,7 @@ class Backend(metaclass=_Protocol):
         return lambda t, ops: run(t, spec, ops)
 
     def shaped_logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands, keepdim: bool):
-        """`logsumexp_launcher`'s, returning `lse_shape(spec, keepdim)` (dispatch's call): a view a
-        call without keepdim, unless the backend allocates that shape itself."""
+        """`logsumexp_launcher`'s, returning `lse_shape(spec, keepdim)` (a view, unless overridden)."""
         run = self.logsumexp_launcher(x, spec, operands)
         if keepdim:
             return run

@@ -10,8 +10,7 @@ V = TypeVar("V")
 
 
 class OnceCache(Generic[V]):
-    """LRU cache of at most `maxsize` entries whose factory runs once per key even when many
-    threads ask for the same new key at once (the others wait for the first one's result)."""
+    """LRU cache of at most `maxsize` entries whose factory runs once per key, even across threads."""
 
     def __init__(self, maxsize: int = 256):
         self.maxsize = maxsize

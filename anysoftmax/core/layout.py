@@ -1,9 +1,7 @@
 """Shape normalisation shared by every kernel: a request as rows of `n_cols` strided elements.
-
-Every dim but `dim` is a row dim; adjacent row dims whose strides chain in every tensor merge and
-size-1 dims drop out, so a contiguous tensor has at most two. Kernels index rows through up to
-`MAX_ROW_DIMS` (size, stride) pairs: transposed, step-sliced and expanded inputs need no copy; only
-a layout irregular in more dims than that is copied once (`RowLayout.from_strides` returns None).
+Row dims whose strides chain in every tensor merge, size-1 dims drop out; kernels index rows
+through up to `MAX_ROW_DIMS` (size, stride) pairs, so transposed, sliced and expanded inputs need
+no copy; only a layout irregular in more dims is copied once (`RowLayout.from_strides`: None).
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ def new_output(shape, dtype, device):
 
 
 def output_maker(shape, dtype, device):
-    """`make() -> a new output of shape, dtype and device` (`new_output`'s poisoning), for small
-    outputs: `empty_like` of a template costs the host half of `torch.empty` with a shape."""
+    """`make() -> a new small output` (`new_output`'s poisoning): `empty_like` of a template costs
+    the host half of `torch.empty` with a shape."""
     template = new_output(shape, dtype, device)
     if POISON_OUTPUTS:
         return functools.partial(torch.full_like, template, float("nan"))
@@ -46,8 +44,7 @@ def new_output_like(t: torch.Tensor, dtype):
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1), as `triton.next_power_of_2` (planning
-    imports no Triton: it must not be imported before the interpreter is decided)."""
+    """The smallest power of two >= n, as `triton.next_power_of_2` (planning imports no Triton)."""
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
@@ -90,11 +87,10 @@ class RowLayout:
                      out_strides: tuple[int, ...], dim: int,
                      operands: tuple[tuple[int, ...], ...] = (), fastest_where_zero: int | None = None
                      ) -> "RowLayout | None":
-        """Normalise; None when more than `MAX_ROW_DIMS` irregular row dims remain. `operands`:
-        strides of broadcast operands read beside the input (0 where broadcast).
-        `fastest_where_zero`: an operand whose broadcast row dims are to vary fastest, so that
-        consecutive rows share its row (the heads of one query share a [B, 1, Sq, Sk] mask row)
-        and it is read from memory once, not per head."""
+        """Normalise; None when more than `MAX_ROW_DIMS` irregular row dims remain. `operands`: the
+        strides of broadcast operands. `fastest_where_zero`: an operand whose broadcast row dims
+        vary fastest, so that consecutive rows share its row (the heads of one query share a
+        [B, 1, Sq, Sk] mask row) and it is read from memory once, not per head."""
         if not shape:  # 0-dim: one row of one element
             zeros = (0,) * MAX_ROW_DIMS
             return cls(1, 1, (1,) * MAX_ROW_DIMS, zeros, zeros, 0, 0, tuple(zeros for _ in operands),
@@ -139,8 +135,7 @@ class RowLayout:
 
 @dataclass(frozen=True)
 class ColumnView:
-    """A reduction over a non-innermost dim as (n_outer, n_red, n_inner), the inner positions
-    contiguous in input and output: what the column kernels read in coalesced tiles."""
+    """A reduction over a non-innermost dim as (n_outer, n_red, n_inner), the inner dim contiguous."""
 
     n_outer: int
     n_red: int

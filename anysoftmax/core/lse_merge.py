@@ -149,16 +149,13 @@ def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tens
     if sinks is not None:
         s = sinks.to(dtype).expand(tuple(lw.shape))
         ds = (gw * torch.exp(s - live_lse)).masked_fill(dead, 0.0)
-    if scalar:
-        dx = dx.reshape(())
-    return dx, dmask, ds
+    return (dx.reshape(()) if scalar else dx), dmask, ds
 
 
 def logsumexp_tangent(tx, tmask, tsinks, lse: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
                       mask, sinks, dtype: torch.dtype) -> torch.Tensor:
-    """The jvp of lse (keepdim) for tangents of x, an additive mask and the sinks (None: zero),
-    in `dtype`: sum_j (d lse / d z_j) t_z_j + p_s t_s, the derivatives of
-    `logsumexp_backward_formula` at g = 1; rows at -inf and excluded positions give 0."""
+    """The jvp of lse (keepdim) for tangents of x, an additive mask and the sinks (None: zero), in
+    `dtype`: sum_j (d lse / d z_j) t_z_j + p_s t_s; rows at -inf and excluded positions give 0."""
     one = torch.ones(lse.shape, dtype=dtype, device=lse.device)
     dx, dmask, ds = logsumexp_backward_formula(one, lse, x, variant, dim, mask, sinks, dtype)
     tangent = torch.zeros(lse.shape, dtype=dtype, device=lse.device)

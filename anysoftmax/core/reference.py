@@ -1,8 +1,6 @@
-"""The single reference every backend is checked against: torch in float64, on the CPU.
-
-The fused family's formulas (`fused_forward`, `fused_backward`) are evaluated in float64 for the
-reference and in the accumulation dtype by the `torch` backend and the default backward: one
-formula, so the reference and the fallback cannot drift apart.
+"""The single reference every backend is checked against: torch in float64, on the CPU. The fused
+family's formulas run in float64 for it and in the accumulation dtype for the `torch` backend and
+the default backward: one formula, so the reference and the fallback cannot drift apart.
 """
 
 from __future__ import annotations
@@ -106,8 +104,7 @@ def empty_row_value(policy: str, n: int, log: bool) -> float:
 
 def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: torch.Tensor | None,
                   sinks: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, p_sink) of the fused family evaluated in `dtype`, p_sink the sink's share of each row
-    (None without sinks). Differentiable in x, sinks and a floating mask."""
+    """(y, each row's sink share or None) of the fused family in `dtype`; differentiable in x, sinks, mask."""
     keep = keep_mask(tuple(x.shape), variant, mask, x.device)
     z = prologue(kept_values(x, keep), variant, mask, dtype)
     empty = None

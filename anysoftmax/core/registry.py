@@ -112,8 +112,7 @@ def _adapted() -> list[Backend]:
 
 
 def _protocol(backend) -> Backend:
-    # `backend` as a `Backend`: itself when it is one, else its adapter made at registration (a
-    # plugin object is read once), else adapted now (an object that was never registered).
+    # `backend` as a `Backend`: itself, else its adapter made at registration, else adapted now.
     if issubclass(type(backend), Backend):
         return backend
     with _lock:
@@ -150,8 +149,7 @@ def list_backends() -> BackendTable:
 
 
 def fused_refusal(backend, spec: SoftmaxSpec) -> str | None:
-    """Why `backend` cannot take a fused request (no `fused = True`, or a tensor scale and no
-    `row_scale = True`), or None."""
+    """Why `backend` cannot take a fused request (no `fused` or, for a tensor scale, `row_scale`), or None."""
     if spec.is_plain:
         return None
     b = _protocol(backend)
@@ -258,10 +256,9 @@ def runners(spec, op: str = SOFTMAX) -> list[str]:
 
 def decide(spec, direction: str | None = "fwd", device_name: str | None = None, refuses=refusal,
            available=_availability, what: str | None = None) -> tuple[Backend | None, str]:
-    """(backend, why) of the automatic choice for `spec`: the selection table's rule (of
-    `spec.device`'s table or `device_name`'s; `direction` picks its rows) if its backend runs the
-    request, else the first by priority that does; (None, why none can). `available(b)` /
-    `refuses(b, spec)` say why b cannot run here / the request; `what` names the request."""
+    """(backend, why) of the automatic choice for `spec`: the rule of the selection table (of
+    `spec.device` or `device_name`) if its backend runs the request, else the first by priority
+    that does; (None, why none can). `available`, `refuses`: why b cannot run here / the request."""
     candidates = _by_priority(spec.device.type)
     table_why = ""
     if direction is not None:
@@ -329,8 +326,7 @@ _loaders: list = []  # callables that register backends, run once on first use o
 
 
 def add_loader(load) -> None:
-    """Run `load()` (which registers backends) before the registry is next read (`core` knows no
-    backend: `anysoftmax.plugins` adds the built-in and entry-point backends' loader)."""
+    """Run `load()` (which registers backends) before the registry is next read."""
     with _loader_lock:
         _loaders.append(load)
 

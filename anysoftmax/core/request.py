@@ -14,17 +14,15 @@ from ..config import overrides_key
 from . import registry
 from .spec import SoftmaxSpec
 
-# Bytes of pointer divisibility the compilers specialise on: Triton vectorises a pointer divisible by
-# 16 bytes, CuTe's vector width follows the alignment of pointers and row strides capped at 16 bytes
-# (`backends/cute/plan.py`). Wave's runtime checks its 64-byte alignment on every call: nothing to key.
+# Bytes of pointer divisibility the compilers specialise on (Triton vectorises a 16-byte aligned
+# pointer, CuTe's vector width is capped at 16 bytes); Wave checks its alignment on every call.
 ALIGN_BYTES = 16
 _ALIGN_MASK = ALIGN_BYTES - 1
 
 FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
 LSE = "lse"  # logsumexp keys as a fused forward
 LSE_SQUEEZED = "lse_squeezed"  # logsumexp with keepdim=False: its launcher allocates the result without dim
-# merge_states: by its first partial's and lse's layouts and every operand's alignment, the rest
-# proved by the entry's `layout_guard` (MERGE); or by every operand's layout (MERGE_EXACT)
+# merge_states: by its first operands' layouts, the rest proved by a guard; or by every layout
 MERGE, MERGE_EXACT = "merge", "merge_exact"
 SHARDED, SHARDED_LSE = "sharded", "sharded_lse"  # anysoftmax.distributed's requests
 
@@ -100,10 +98,9 @@ def forward_key(x, dim, dtype, backend, log):
 
 
 def _merge_key(outputs, lses, backend, out, lse_out):
-    # merge_states, where torch's layout guard is usable: the first partial's and first lse's layout,
-    # K, every partial's and lse's alignment, then the optional outputs. The other operands'
-    # layouts are proved by the memoised entry's guard (`layout_guard`), in C: read here, they
-    # were most of a K = 8 call's host time.
+    # merge_states, where torch's layout guard is usable: the first partial's and lse's layouts, K
+    # and every alignment; the other layouts are proved by the entry's guard, in C (read here, they
+    # were most of a K = 8 call's host time).
     if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) or not outputs or not lses \
             or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
         return None

@@ -78,8 +78,7 @@ class SoftmaxSpec:
         return self.variant is PLAIN or self.variant.is_plain
 
     def kernel_key(self) -> tuple:
-        """Everything a plan or a compiled kernel depends on (backends key on `core.request.plan_key`,
-        which adds direction, alignments and tuning overrides)."""
+        """Everything a plan or a compiled kernel depends on (`core.request.plan_key` adds the rest)."""
         return (self.shape, self.strides, self.in_dtype, self.out_dtype, self.dim, self.log, self.device,
                 self.variant.key())
 
@@ -111,8 +110,7 @@ class SoftmaxSpec:
 
     @property
     def needs_input_cast(self) -> bool:
-        """True when the input is converted to `out_dtype` on the host first: `dtype=` narrows it
-        (torch rounds the input first, so must we) or it is not floating."""
+        """True when the input is converted to `out_dtype` on the host first (narrowing, or not floating)."""
         if self.in_dtype not in FLOAT_DTYPES:
             return True
         return self.out_dtype != self.in_dtype and self.out_dtype.itemsize <= self.in_dtype.itemsize
@@ -136,8 +134,7 @@ class SoftmaxSpec:
     def from_request(cls, x: object, dim: object, dtype: object = None, log: bool = False,
                      fused: dict | None = None, *, op: str | None = None,
                      arg: str = "input") -> tuple["SoftmaxSpec", object]:
-        """`from_tensor` plus the fused keywords in `fused` (`core.variant.build`): (spec,
-        `Operands`). Errors name the argument and begin with `op` (as in `from_tensor`)."""
+        """`from_tensor` plus the fused keywords in `fused` (`core.variant.build`): (spec, `Operands`)."""
         op = op or ("log_softmax" if log else "softmax")
         spec = cls.from_tensor(x, dim, dtype, log=log, op=op, arg=arg)
         try:
@@ -167,14 +164,10 @@ class SoftmaxSpec:
             raise TypeError(f"{op}: {arg} dtype {x.dtype} is not supported; allowed: {allowed}{cast}")
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
-        if dtype is None:
-            out_dtype = x.dtype
-        elif not isinstance(dtype, torch.dtype):
+        if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"{op}: dtype must be a torch.dtype or None, got {dtype!r}")
-        elif dtype not in FLOAT_DTYPES:
+        if dtype is not None and dtype not in FLOAT_DTYPES:
             raise TypeError(f"{op}: dtype={dtype} is not supported; allowed: {allowed}")
-        else:
-            out_dtype = dtype
         ndim = x.dim()
         lo, hi = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
         if not lo <= dim <= hi:
@@ -183,13 +176,12 @@ class SoftmaxSpec:
                 f"(expected to be in range of [{lo}, {hi}])")
         return cls(
             shape=tuple(x.shape), strides=tuple(x.stride()), in_dtype=x.dtype,
-            dim=dim % max(ndim, 1), out_dtype=out_dtype, log=log, device=x.device,
+            dim=dim % max(ndim, 1), out_dtype=x.dtype if dtype is None else dtype, log=log, device=x.device,
         )
 
 
 def check_backward_args(y, grad, dim, log: bool = False, fused: dict | None = None) -> SoftmaxSpec:
-    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec, with
-    the variant of the fused keywords `fused` (as in `from_request`) when given."""
+    """Validate `softmax_backward`'s arguments: y's spec, with the variant of the keywords `fused`."""
     spec = SoftmaxSpec.from_tensor(y, dim, log=log, op="softmax_backward", arg="y")
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")

@@ -1,9 +1,6 @@
-"""The fused family: `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`, validated
-(`build`) and described (`Variant`, held by `SoftmaxSpec.variant`); semantics: docs/semantics.md.
-
-A `Variant` holds its operands' metadata, never the tensors, so it is hashable. `scale` and
-`softcap` values are kernel arguments (a new temperature never recompiles): `key()` keeps only
-whether they are present.
+"""The fused family (`scale`, `mask`, `causal`, `softcap`, `sinks`, `empty_rows`; docs/semantics.md)
+validated (`build`) and described (`Variant`: its operands' metadata, never the tensors, so it is
+hashable; `scale` and `softcap` values are kernel arguments: a new temperature never recompiles).
 """
 
 from __future__ import annotations
@@ -78,14 +75,13 @@ class Variant:
         return self.mask_kind == MASK_BOOL or self.causal != CAUSAL_NONE
 
     def key(self) -> tuple:
-        """Everything a compiled kernel depends on: not the values of `scale` and `softcap`,
-        which are runtime arguments."""
+        """Everything a compiled kernel depends on (not the values of `scale` and `softcap`)."""
         return (self.scale is not None, self.softcap is not None, self.mask_kind, self.mask, self.causal,
                 self.sinks, self.empty_rows if self.has_empty_rows else "zero", self.row_scale)
 
     def with_values(self, scale, softcap: float) -> "Variant":
-        """This variant with one call's `scale` and `softcap` values (absent steps stay absent):
-        the formulas' form, which for a row scale holds the tensor in `scale` (never a key)."""
+        """This variant with one call's `scale` / `softcap` values, for the formulas (a row scale's
+        tensor in `scale`); absent steps stay absent."""
         return replace(self, scale=None if self.scale is None and self.row_scale is None else scale,
                        softcap=None if self.softcap is None else softcap)
 
@@ -252,8 +248,7 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
 
 def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None,
               device: torch.device | str | None = None) -> torch.Tensor | None:
-    """The positions (bool, `shape`, on `device`: the mask's by default) the bool mask `mask` and
-    causal keep, or None when every position is kept."""
+    """The positions (bool, `shape`) the bool mask `mask` and causal keep, or None for all of them."""
     device = device if device is not None else (mask.device if mask is not None else "cpu")
     keep = None
     if variant.mask_kind == MASK_BOOL:

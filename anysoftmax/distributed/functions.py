@@ -64,8 +64,8 @@ def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call, mask) -> torch.Tensor:
 
 def softmax_forward(x, mask, sinks, c: Call):
     """(this rank's shard of the global softmax / log_softmax, the row states), recording no
-    gradient: one read of the shard where `one_read` takes the call, else the states' all-gather
-    and a second read. The global lse is merged only with sinks (their gradient reads it)."""
+    gradient: one read of the shard where `one_read` takes the call, else the all-gather and a
+    second read."""
     one = one_read.forward(x, mask, sinks, c)
     if one is not None:
         return one

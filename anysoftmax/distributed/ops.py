@@ -1,9 +1,7 @@
-"""The sharded functions as torch operators: ``anysoftmax::sharded_softmax`` (softmax and
-log_softmax), ``::sharded_logsumexp`` and their backwards, with fake implementations (dynamo cannot
-trace collectives), autograd (a backward operator refuses to be differentiated) and vmap rules (a
-batch dim is one more row dim). torch.compile calls the forward operators, torch.func reaches them
-through `autograd.py`. They run `functions.py` through the all-gather (never `one_read`, whose
-epochs are per eager call). An output an operator does not have is an empty placeholder.
+"""The sharded functions as torch operators (``anysoftmax::sharded_softmax``, ``::sharded_logsumexp``
+and their backwards) with fakes (dynamo cannot trace collectives), autograd and vmap rules: what
+torch.compile and torch.func (through `autograd.py`) call. They run `functions.py` through the
+all-gather, never `one_read` (its epochs are per eager call). A missing output is an empty placeholder.
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ _SPLIT = 2**20
 
 
 def _local_lse(x: torch.Tensor, mask, c) -> torch.Tensor:
-    """This shard's logsumexp with keepdim, without the sinks (they count once, in the global
-    merge): one `anysoftmax.logsumexp` call (`c.eager`: straight to dispatch)."""
+    """This shard's logsumexp (keepdim) without the sinks, which count once, in the global merge."""
     if c.eager:
         return dispatch.logsumexp(x, c.dim, c.backend, scale=c.scale, mask=mask, softcap=c.softcap)
     return logsumexp(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, keepdim=True, backend=c.backend)

@@ -1,10 +1,7 @@
-"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode: reverse,
-higher orders (`torch.func.vjp` of `_backward_formula`), forward mode (`output_tangent`), torch.func.
-
-autograd.Functions beside the operators' `register_autograd` because in torch 2.13 an operator's
-registered autograd has neither `setup_context` (functorch refuses it) nor a jvp: both call the one
-formula here. A Function's forward on plain eager tensors calls dispatch itself (the operator's
-dispatcher round trip costs more than a small softmax).
+"""Derivatives of the softmax operators (`ops`) in every autograd mode. autograd.Functions beside
+the operators' `register_autograd` because in torch 2.13 an operator's registered autograd has
+neither `setup_context` (functorch refuses it) nor a jvp; both call the one formula here. On plain
+eager tensors a Function calls dispatch itself (the dispatcher round trip costs more than a small softmax).
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from .traced_temperature import scaled_logits, traced_as_symbols
 from ..core.lse_merge import lse_dtype as acc_dtype
 from ..core.reference import fused_backward, prologue_chain
 from ..core.spec import SoftmaxSpec
-from ..core.variant import (MASK_ADDITIVE, Variant, build, causal_name, check_row_scale, is_row_scale, keep_mask,
-                            runtime_values)
+from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, check_row_scale, is_row_scale, keep_mask
 
 
 @torch._dynamo.assume_constant_result
@@ -29,8 +25,7 @@ def _functorch_active() -> bool:
 
 
 class Args:
-    """The non-tensor arguments of a call (dim normalised), kept on the autograd context;
-    `variant`, which only the torch formulas need, is built on first use."""
+    """A call's non-tensor arguments (dim normalised) on the autograd context; `variant` built on use."""
 
     __slots__ = ("dim", "log", "tail", "_shape", "_device", "_mask", "_sinks", "_variant")
 
@@ -230,21 +225,13 @@ class _SoftmaxBackward(torch.autograd.Function):
 
 # ---- entry points (`api`) ----------------------------------------------------------------------
 
-def op_arguments(scale, softcap, causal):
-    """(scale, softcap, causal) as the operators' schema takes them (validated)."""
-    if scale is not None or softcap is not None:
-        s, c = runtime_values(scale, softcap)
-        scale, softcap = (None if scale is None else s), (None if softcap is None else c)
-    return scale, softcap, causal_name(causal)
-
-
 def softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend) -> torch.Tensor:
     """Differentiable softmax (log_softmax with `log`): `anysoftmax.softmax` when not straight to dispatch."""
     if is_row_scale(scale):
         return _row_scaled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     if torch.compiler.is_compiling():
         return _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
-    scale, softcap, causal = op_arguments(scale, softcap, causal)
+    scale, softcap, causal = ops.op_arguments(scale, softcap, causal)
     function = _Softmax if transform_active() else _EagerSoftmax
     out = function.apply(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     return out if sinks is None else out[0]
@@ -262,7 +249,7 @@ def _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, e
         z = scaled_logits(x, out_dtype, scale, softcap, mask, causal)
         y, _ = ops.softmax_op(z, dim, None, log, mask, sinks, None, None, causal_name(causal), empty_rows, backend)
         return y.to(out_dtype)
-    scale, softcap, causal = op_arguments(scale, softcap, causal)
+    scale, softcap, causal = ops.op_arguments(scale, softcap, causal)
     return ops.softmax_op(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)[0]
 
 

@@ -12,10 +12,10 @@ import torch
 from .. import dispatch
 from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
                               merge_backward_formula, merge_tangent, row_shape)
-from ..core.variant import build, causal_name, check_row_scale, is_row_scale, runtime_values
+from ..core.variant import build, check_row_scale, is_row_scale
 from .batching import front
 from .grad_mode import eager_mode, plain_eager, plain_eager_one, refuse_forward_over_forward
-from .ops import fresh
+from .ops import fresh, op_arguments
 from .traced_temperature import scaled_logits, traced_as_symbols
 
 
@@ -68,8 +68,7 @@ def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backen
 
 
 class _Logsumexp(torch.autograd.Function):
-    """The operator under eager autograd, forward mode and torch.func (an operator's registered
-    autograd does not run under torch.func.grad and has no jvp)."""
+    """The operator under eager autograd, forward mode and torch.func (see `autodiff`)."""
 
     generate_vmap_rule = True
 
@@ -116,13 +115,9 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
         # (see `traced_temperature`; a row scale as `autodiff` applies it, differentiable)
         x = scaled_logits(x, x.dtype, scale, softcap, mask, causal)
         scale = softcap = None
-    s, c = runtime_values(scale, softcap)
-    args = (x, mask, sinks, dim, None if scale is None else s, None if softcap is None else c,
-            causal_name(causal), backend)
+    args = (x, mask, sinks, dim, *op_arguments(scale, softcap, causal), backend)
     out = logsumexp_op(*args) if torch.compiler.is_compiling() else _Logsumexp.apply(*args)
-    if keepdim or x.dim() == 0:
-        return out
-    return out.squeeze(dim % x.dim())
+    return out if keepdim or x.dim() == 0 else out.squeeze(dim % x.dim())
 
 
 # ---- merge_states -----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import torch
 from .. import dispatch
 from ..core.lse_merge import row_shape
 from ..core.spec import SoftmaxSpec, check_backward_args
+from ..core.variant import causal_name, runtime_values
 from ..dispatch import FusedArgs
 
 
@@ -43,9 +44,16 @@ def run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, caus
                                    p_sink if sinks is not None else None, backend)
 
 
+def op_arguments(scale, softcap, causal):
+    """(scale, softcap, causal) as the operators' schema takes them (validated)."""
+    if scale is not None or softcap is not None:
+        s, c = runtime_values(scale, softcap)
+        scale, softcap = (None if scale is None else s), (None if softcap is None else c)
+    return scale, softcap, causal_name(causal)
+
+
 def fresh(*outputs: torch.Tensor, inputs=()) -> tuple[torch.Tensor, ...]:
-    """`outputs`, contiguous, none sharing memory with another or with `inputs`: an operator's
-    outputs are new tensors (a result may be a view of an input, two results one tensor)."""
+    """`outputs`, contiguous, none sharing memory with another or with `inputs` (as an operator's)."""
     seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None}
     out = []
     for t in outputs:

@@ -69,8 +69,7 @@ def _impl(name: str):
 def served_devices(backend: str | None) -> tuple[str, ...]:
     """Device types the override routes to anysoftmax for `backend` (see the module doc)."""
     if backend is not None:
-        chosen = registry.get_backend(backend)
-        devices = tuple(chosen.devices)
+        devices = tuple(registry.get_backend(backend).devices)
         return ("cpu", "cuda") if "*" in devices else devices
     found = []
     for status in registry.list_backends():

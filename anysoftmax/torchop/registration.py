@@ -31,8 +31,7 @@ _traced = []
 
 
 def traced_ops():
-    """`traced_ops`, imported and its operators registered as the public ones on first use
-    (registering a triton_op imports Triton, which waits until a graph is traced)."""
+    """`traced_ops`, imported and registered on first use (registering a triton_op imports Triton)."""
     with _traced_lock:
         if not _traced:
             from . import traced_ops as module

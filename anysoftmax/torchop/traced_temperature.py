@@ -32,8 +32,7 @@ def traced_as_symbols(scale, softcap) -> bool:
 
 @torch.library.custom_op("anysoftmax::check_temperature", mutates_args=())
 def check_temperature(value: torch.Tensor, name: str) -> torch.Tensor:
-    """Raise eager mode's ValueError unless `value` (a one-element tensor) is a valid `name`
-    ("scale": finite; "softcap": finite and > 0); return True as a 0-dim bool tensor."""
+    """Raise eager mode's ValueError unless the one-element `value` is a valid `name`; else True."""
     if name not in ("scale", "softcap"):
         raise ValueError(f"check_temperature: name must be 'scale' or 'softcap', got {name!r}")
     if value.numel() != 1:

@@ -1,6 +1,5 @@
-"""The `torch` backend: eager `torch.softmax` / `torch.log_softmax` on whatever device, and
-the fused family as `core.reference.fused_forward` evaluated in the accumulation dtype (the
-reference's own formula: what every other backend is checked against, computed in fp32)."""
+"""The `torch` backend: eager `torch.softmax` / `torch.log_softmax` on any device, and the fused
+family and the pieces as the reference's own formulas, evaluated in the accumulation dtype."""
 
 from __future__ import annotations
 
