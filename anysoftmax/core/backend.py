@@ -83,7 +83,7 @@ class Backend(metaclass=_Protocol):
         return lambda t, ops: _pair(run(t, spec, ops))
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(y, grad) -> dx` (y's dtype) bound to this request. Default: `run_backward`, or torch's formula."""
+        """`f(y, grad) -> dx` bound to this request (default: `run_backward`, or torch's formula)."""
         run_backward = self.run_backward
         if getattr(run_backward, "__func__", None) is not Backend.run_backward:
             return lambda y_, g: run_backward(y_, g, spec)
@@ -183,7 +183,7 @@ class PluginBackend(Backend):
 
 
 def as_backend(obj) -> Backend:
-    """`obj` as a `Backend` (wrapped in `PluginBackend` unless a subclass); TypeError when it lacks a member."""
+    """`obj` as a `Backend` (wrapped in `PluginBackend` unless a subclass); TypeError when incomplete."""
     if issubclass(type(obj), Backend):
         return obj
     if not isinstance(obj, Backend):
