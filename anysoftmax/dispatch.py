@@ -1,17 +1,14 @@
 """From a call to a launcher: the one request memo, validation and backend selection.
 
-    api (public functions) ─┐
-    ops (torch operators)  ─┴→ dispatch → core.registry → backend (plans) → launcher → kernel
-
-A miss validates the call (`core.spec`, `core.lse_merge`), selects a backend
-(`core.registry.select`; the environment is read then) and memoises the launcher the backend
-binds to the request: a hit costs the key, a dict lookup and the launch. `refresh()` forgets the
-memo. docs/backends.md ("How a call flows").
+A miss validates the call (`core.spec`, `core.lse_merge`), selects a backend (`core.registry.select`;
+the environment is read then) and memoises the launcher the backend binds to the request: a hit costs
+the key, a dict lookup and the launch. docs/backends.md ("How a call flows").
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -20,17 +17,14 @@ from . import plugins  # noqa: F401  (registers the backends' loader with the re
 from .core import registry
 from .core.cache import BoundedDict
 from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, lse_shape,
-                             merge_formula, row_shape)
+                             merge_into, row_shape)
 from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, MERGE_EXACT, forward_key, layout_guard,
                            merge_proof, request_key)
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
-# request key -> forward f(x) -> y; backward f(y, grad) -> dx; fused forward and backward
-# (launcher, plain: the request normalised to the plain softmax); logsumexp f(x, operands) -> lse;
-# merge_states (f(outputs, lses, out, lse_out) -> (out, lse), the guard of the operands' layouts
-# the key does not hold or None, whether that guard proves a call plain, the proof of a repeat of
-# the request or None: `_merge_entry`).
+# request key -> the launcher (fused: (launcher, whether the request is plain); merge_states:
+# `_merge_entry`'s tuple).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
@@ -41,16 +35,14 @@ stats = {"hits": 0}  # (tests/test_layers.py checks that a hit validates, select
 
 
 def refresh() -> None:
-    """Forget every memoised request (they are re-validated and re-selected on their next
-    call) and re-read $ANYSOFTMAX_BACKEND."""
+    """Forget every memoised request (re-validated and re-selected on its next call)."""
     _memo.clear()
     _last_merge[0] = None
     _state["generation"] = registry.generation()
 
 
 def _fresh() -> None:
-    # On a miss: load the backends (the first request of a process), then drop the memo if the
-    # registry changed since it was filled (memoised selections are stale).
+    # On a miss: load the backends, then drop the memo if the registry changed since it was filled.
     if _state["generation"] != registry.generation():
         refresh()
 
@@ -69,8 +61,7 @@ def _narrowed(x, spec: SoftmaxSpec) -> tuple[torch.Tensor, SoftmaxSpec]:
 
 
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
-    """Softmax (log_softmax) of `x` along `dim` without autograd: the operators' implementation
-    and the eager inference path."""
+    """Softmax (log_softmax) of `x` along `dim` without autograd: the eager inference path."""
     key = forward_key(x, dim, dtype, backend, log)
     hit = _lookup(key)
     if hit is not None:
@@ -129,15 +120,8 @@ def prepare_fused(x, dim, dtype, log: bool, a: FusedArgs) -> tuple[torch.Tensor,
     return _narrowed(x, SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=a.as_kwargs())[0])
 
 
-def empty_outputs(spec: SoftmaxSpec, device, with_sinks: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, p_sink or None) of a fused request with no elements: nothing to compute."""
-    p = torch.empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype, device=device) if with_sinks else None
-    return torch.empty(spec.shape, dtype=spec.out_dtype, device=device), p
-
-
 def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The fused family without autograd: (y, p_sink), p_sink being each row's sink share in
-    the accumulation dtype (None without sinks; the backward's dsinks needs it)."""
+    """The fused family without autograd: (y, p_sink: each row's sink share, None without sinks)."""
     key = request_key(FUSED_FWD, x, dim, dtype, backend, log, None, a)
     hit = _lookup(key)
     if hit is not None:
@@ -148,8 +132,9 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
         _fresh()
         prepared, spec = prepare_fused(x, dim, dtype, log, a)
         chosen = registry.select(spec, backend)
-        if spec.numel == 0:
-            return empty_outputs(spec, x.device, a.sinks is not None)
+        if spec.numel == 0:  # nothing to compute
+            p = None if a.sinks is None else x.new_empty(row_shape(spec.shape, spec.dim), dtype=spec.acc_dtype)
+            return x.new_empty(spec.shape, dtype=spec.out_dtype), p
         launcher, plain = chosen.launcher(prepared, spec), spec.is_plain  # (a plain launcher takes x alone)
         if key is not None and prepared is x:
             _memo.put(key, (launcher, plain))
@@ -160,9 +145,8 @@ def forward_fused(x, dim, dtype, backend, log: bool, a: FusedArgs) -> tuple[torc
 
 
 def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=None):
-    """Gradients of the fused family from its output `y`: (dx in y's dtype, per-row dsinks in
-    the accumulation dtype or None). `x` is the forward's input (read with softcap only), `p_sink` the
-    forward's sink shares (with sinks only)."""
+    """Gradients of the fused family from its output `y`: (dx in y's dtype, per-row dsinks or None).
+    `x` is the forward's input (read with softcap), `p_sink` its sink shares (with sinks)."""
     saved = x if a.softcap is not None else None
     key = request_key(FUSED_BWD, y, dim, None, backend, log, grad, a, saved, p_sink)
     hit = _lookup(key)
@@ -171,8 +155,7 @@ def backward_fused(grad, y, x, dim, log: bool, a: FusedArgs, p_sink, backend=Non
         launcher, plain = hit
     else:
         _fresh()
-        check_backward_args(y, grad, dim, log)
-        spec, _ = SoftmaxSpec.from_request(y, dim, log=log, fused=a.as_kwargs(), op="softmax_backward", arg="y")
+        spec = check_backward_args(y, grad, dim, log, a.as_kwargs())
         if a.softcap is not None and (not isinstance(x, torch.Tensor) or x.shape != y.shape):
             raise ValueError("softmax_backward: a softcap gradient needs the forward's input x, of the output's shape")
         if a.sinks is not None and p_sink is None:
@@ -207,8 +190,7 @@ def _logsumexp_formula(spec: SoftmaxSpec, keepdim: bool):
 
 def logsumexp(x, dim, backend=None, keepdim=True, scale=None, mask=None, causal=False, softcap=None,
               sinks=None) -> torch.Tensor:
-    """logsumexp in the accumulation dtype, no autograd: x's shape with size 1 in `dim`
-    (keepdim) or without `dim` (the launcher allocates either; a 0-dim x gives a 0-dim result)."""
+    """logsumexp in the accumulation dtype, no autograd, with keepdim or without `dim` (0-dim: 0-dim)."""
     # A call without fused keywords keys as a plain forward (no keywords to read): its hit path
     # costs what the softmax's does.
     plain = scale is None and mask is None and causal is False and softcap is None and sinks is None
@@ -234,19 +216,10 @@ def logsumexp(x, dim, backend=None, keepdim=True, scale=None, mask=None, causal=
     return hit(x, Operands(mask, sinks, s, c))
 
 
-def _merge_formula(spec: MergeSpec):
-    # Nothing to merge (no rows, or empty heads): the formula, no kernel to launch.
-    def formula(outputs, lses, out, lse_out):
-        o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
-        return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
-    return formula
-
-
 def _merge_entry(launcher, outputs, lses, backend, out, lse_out) -> tuple:
-    # A MERGE key's entry: (launcher, the guard of the other operands' layouts, whether the
-    # guard also proves a call plain: its operands, whose types, grad requirement and dispatch
-    # state it checks, were plain tensors needing no gradient, and, for such a call, the proof
-    # that a later call is this very request (`merge_proof`), kept in `_last_merge` once used).
+    # A MERGE key's entry: (launcher, the guard of the other operands' layouts, whether passing
+    # the guard proves a call plain (no gradient wanted), the proof of a repeat of this very
+    # request (`merge_proof`), kept in `_last_merge` once used).
     same = layout_guard((*outputs, *lses))
     plain = same is not None and all(type(t) is torch.Tensor and not t.requires_grad for t in (*outputs, *lses))
     proof = merge_proof(outputs, lses, backend, out, lse_out) if plain else None
@@ -254,11 +227,10 @@ def _merge_entry(launcher, outputs, lses, backend, out, lse_out) -> tuple:
 
 
 def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None):
-    """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` when given
-    (validated by the caller: shapes [..., D] / [...], any strides). `eager(*outputs, *lses)`:
-    whether the call may run here rather than through the operator (the caller has checked the
-    mode: eager, no forward-AD level); asked unless the request's memoised guard proves it, and
-    when it says no, None is returned."""
+    """(out, lse) of merge_states, no autograd; written into `out` / `lse_out` (validated by the
+    caller) when given. `eager(*outputs, *lses)`: whether the tensors may run here rather than
+    through the operator (the caller checked the mode), asked unless the memoised guard proves
+    it; None is returned when it says no."""
     last = _last_merge[0]
     if last is not None and last[0](outputs, lses, backend, out, lse_out):
         # The last plain request again (its proof checked every operand): no key, no lookup.
@@ -290,13 +262,10 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
     _fresh()
     spec = MergeSpec.from_tensors(outputs, lses)
     chosen = registry.select_op(MERGE_STATES, spec, backend)
-    launcher = _merge_formula(spec) if spec.n_rows == 0 or spec.head_size == 0 else \
+    # (nothing to merge, no rows or empty heads: the formula, no kernel to launch)
+    launcher = partial(merge_into, spec) if spec.n_rows == 0 or spec.head_size == 0 else \
         chosen.merge_states_launcher(outputs, lses, spec)
     if key is not None:
         _memo.put(key, _merge_entry(launcher, outputs, lses, backend, out, lse_out) if key[0] is MERGE
                   else (launcher, None, False, None))
     return launcher(outputs, lses, out, lse_out)
-
-
-__all__ = ["FusedArgs", "backward", "backward_fused", "empty_outputs", "forward", "forward_fused", "logsumexp",
-           "merge_states", "prepare", "prepare_fused", "refresh", "stats"]

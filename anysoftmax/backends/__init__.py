@@ -1,8 +1,5 @@
-"""Built-in backends, registered on first use of the registry.
-
-Each backend lives in its own package and declares what it supports; importing a backend's
-package must never fail because its hardware or optional packages are missing: it reports
-that through `is_available()` instead.
+"""Built-in backends, registered on first use of the registry. Importing a backend's package never
+fails for missing hardware or packages: it reports that through `is_available()`.
 """
 
 from ..core.registry import register

@@ -1,12 +1,7 @@
 """The backend protocol and its defaults: what dispatch calls on every backend (docs/plugins.md).
-
-A backend has a `name`, the device types it serves, a `priority`, `is_available()`,
-`supports(spec)` and `run(x, spec)`; everything else has a default below, which a backend
-replaces where it has something faster (a `launcher` bound to a request, a backward kernel) or
-more (`fused = True`, and `row_scale = True` for a tensor `scale`; logsumexp and merge_states, declared by defining their kernels; the
-sampler, by `sampler()`: docs/sampling.md). An
-object written to the duck-typed protocol (the README's `MyBackend`, no base class) is wrapped
-once, when registered, in `PluginBackend`: dispatch never probes a backend per call.
+Every member beyond `REQUIRED` has a default below that a backend replaces where it has something
+faster or more. A duck-typed backend (the README's `MyBackend`) is wrapped once, when registered,
+in `PluginBackend`: dispatch never probes a backend per call.
 """
 
 from __future__ import annotations
@@ -34,6 +29,12 @@ def _pair(result):
     return result if isinstance(result, tuple) else (result, None)
 
 
+# Each op's refusal attribute and the members that define its kernel (defining one declares the op).
+_KERNELS = {"logsumexp_refusal": ("run_logsumexp", "logsumexp_launcher"),
+            "merge_states_refusal": ("run_merge_states", "merge_states_launcher"),
+            "sampler_refusal": ("sampler",)}
+
+
 class Backend(metaclass=_Protocol):
     """A backend, with the protocol's defaults (see the module docstring)."""
 
@@ -50,12 +51,9 @@ class Backend(metaclass=_Protocol):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         own = vars(cls)
-        if "logsumexp_refusal" not in own and ("run_logsumexp" in own or "logsumexp_launcher" in own):
-            cls.logsumexp_refusal = None
-        if "merge_states_refusal" not in own and ("run_merge_states" in own or "merge_states_launcher" in own):
-            cls.merge_states_refusal = None
-        if "sampler_refusal" not in own and "sampler" in own:
-            cls.sampler_refusal = None
+        for refusal, kernels in _KERNELS.items():
+            if refusal not in own and any(k in own for k in kernels):
+                setattr(cls, refusal, None)
 
     def is_available(self) -> str | None:
         """None when it can run here, else why not (a missing package, device or driver)."""
@@ -70,8 +68,7 @@ class Backend(metaclass=_Protocol):
         return ""
 
     def run(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands = NO_OPERANDS):
-        """One call, unmemoised: y for a plain spec, (y, p_sink or None) for a fused one (default:
-        through `launcher`; define either)."""
+        """One call, unmemoised: y, or (y, p_sink or None) for a fused spec (default: `launcher`)."""
         if type(self).launcher is Backend.launcher:
             raise NotImplementedError(f"backend {self.name!r} defines neither run nor launcher")
         f = self.launcher(x, spec)
@@ -86,10 +83,9 @@ class Backend(metaclass=_Protocol):
         return lambda t, ops: _pair(run(t, spec, ops))
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(y, grad) -> dx` (y's dtype) bound to this request. Default: `run_backward` when
-        defined, else torch's formula in the accumulation dtype."""
-        if type(self).run_backward is not Backend.run_backward:
-            run_backward = self.run_backward
+        """`f(y, grad) -> dx` bound to this request (default: `run_backward`, or torch's formula)."""
+        run_backward = self.run_backward
+        if getattr(run_backward, "__func__", None) is not Backend.run_backward:
             return lambda y_, g: run_backward(y_, g, spec)
         dim, log, acc = spec.dim if spec.shape else 0, spec.log, spec.acc_dtype
         return lambda y_, g: backward_from_output(y_, g, dim, log, acc).to(y_.dtype)
@@ -99,8 +95,7 @@ class Backend(metaclass=_Protocol):
         return self.backward_launcher(y, spec)(y, grad)
 
     def fused_backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
-        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request.
-        Default: `core.reference.fused_backward` in the accumulation dtype."""
+        """`f(grad, y, x, operands, p_sink) -> (dx, ds_rows or None)` bound to this fused request."""
         v, dim, log, acc = spec.variant, spec.dim, spec.log, spec.acc_dtype
 
         def run(grad, y_, x, ops: Operands, p_sink):
@@ -119,8 +114,7 @@ class Backend(metaclass=_Protocol):
         return lambda t, ops: run(t, spec, ops)
 
     def shaped_logsumexp_launcher(self, x: torch.Tensor, spec: SoftmaxSpec, operands: Operands, keepdim: bool):
-        """`logsumexp_launcher`'s, returning `lse_shape(spec, keepdim)` (dispatch's call): a view a
-        call without keepdim, unless the backend allocates that shape itself."""
+        """`logsumexp_launcher`'s, returning `lse_shape(spec, keepdim)` (a view, unless overridden)."""
         run = self.logsumexp_launcher(x, spec, operands)
         if keepdim:
             return run
@@ -153,11 +147,9 @@ class Backend(metaclass=_Protocol):
             raise NotImplementedError(f"backend {self.name!r}: {self.merge_states_refusal}")
         return self.merge_states_launcher(outputs, lses, spec)(outputs, lses, out, lse_out)
 
-
     def supports_sampling(self, spec, top_n: int = 0) -> str | None:
         """None when its sampler runs `spec` (a `sampling.spec.SamplingSpec`; `top_n` of
-        `logprobs`), else why not. Decided by the request's form (dtypes, shapes, device, which
-        keywords are tensors, `top_n`), never by keyword values: the answer is remembered per form."""
+        `logprobs`), else why not: decided by the request's form, never by keyword values."""
         return self.sampler_refusal
 
     def sampler(self):
@@ -166,14 +158,13 @@ class Backend(metaclass=_Protocol):
 
 
 # The optional methods a duck-typed backend may define in place of the defaults.
-_OPTIONAL = ("status_note", "launcher", "backward_launcher", "fused_backward_launcher", "supports_logsumexp",
-             "logsumexp_launcher", "run_logsumexp", "supports_merge_states", "merge_states_launcher",
-             "run_merge_states", "supports_sampling", "sampler")
+_OPTIONAL = ("status_note", "launcher", "backward_launcher", "run_backward", "fused_backward_launcher",
+             "supports_logsumexp", "logsumexp_launcher", "run_logsumexp", "supports_merge_states",
+             "merge_states_launcher", "run_merge_states", "supports_sampling", "sampler")
 
 
 class PluginBackend(Backend):
-    """A duck-typed backend (`plugin`: no `Backend` base), its members read once: its methods
-    take the place of the defaults."""
+    """A duck-typed backend, its members read once: its methods take the place of the defaults."""
 
     def __init__(self, plugin):
         self.name, self.devices, self.priority = plugin.name, plugin.devices, plugin.priority
@@ -184,26 +175,18 @@ class PluginBackend(Backend):
             method = getattr(plugin, member, None)
             if method is not None:
                 setattr(self, member, method)
-        run_backward = getattr(plugin, "run_backward", None)
-        if run_backward is not None and getattr(plugin, "backward_launcher", None) is None:
-            self.backward_launcher = lambda y, spec: (lambda y_, g: run_backward(y_, g, spec))
-        for op in ("logsumexp", "merge_states"):
-            has_kernel = getattr(plugin, f"run_{op}", None) or getattr(plugin, f"{op}_launcher", None)
-            setattr(self, f"{op}_refusal", None if has_kernel else getattr(plugin, f"{op}_refusal", None)
-                    or f"no {op} kernel")
-        self.sampler_refusal = None if getattr(plugin, "sampler", None) is not None else \
-            getattr(plugin, "sampler_refusal", None) or "no sampler kernels"
+        for refusal, kernels in _KERNELS.items():
+            if any(getattr(plugin, k, None) is not None for k in kernels):
+                setattr(self, refusal, None)
+            else:
+                setattr(self, refusal, getattr(plugin, refusal, None) or getattr(Backend, refusal))
 
 
 def as_backend(obj) -> Backend:
-    """`obj` itself when it subclasses `Backend`, else `obj` wrapped in `PluginBackend`;
-    TypeError when it lacks a required member."""
+    """`obj` as a `Backend` (wrapped in `PluginBackend` unless a subclass); TypeError when incomplete."""
     if issubclass(type(obj), Backend):
         return obj
     if not isinstance(obj, Backend):
         missing = [m for m in REQUIRED if not hasattr(obj, m)]
         raise TypeError(f"{obj!r} does not implement the Backend protocol (missing {', '.join(missing)})")
     return PluginBackend(obj)
-
-
-__all__ = ["Backend", "PluginBackend", "REQUIRED", "as_backend"]

@@ -10,8 +10,7 @@ V = TypeVar("V")
 
 
 class OnceCache(Generic[V]):
-    """LRU cache of at most `maxsize` entries whose factory runs once per key even when many
-    threads ask for the same new key at once (the others wait for the first one's result)."""
+    """LRU cache of at most `maxsize` entries whose factory runs once per key, even across threads."""
 
     def __init__(self, maxsize: int = 256):
         self.maxsize = maxsize
@@ -48,9 +47,8 @@ class OnceCache(Generic[V]):
 
 
 class BoundedDict(Generic[V]):
-    """A lock-free memo for hot paths: plain dict reads (atomic under the GIL), at most
-    `maxsize` entries, the oldest dropped first. Values must be cheap to recompute: two
-    threads may both compute and store the same key."""
+    """A lock-free memo for hot paths: plain dict reads, at most `maxsize` entries, the oldest
+    dropped first. Values must be cheap to recompute: two threads may both store the same key."""
 
     def __init__(self, maxsize: int = 1024):
         self.maxsize = maxsize

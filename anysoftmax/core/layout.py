@@ -1,13 +1,7 @@
 """Shape normalisation shared by every kernel: a request as rows of `n_cols` strided elements.
-
-Every dimension but `dim` is a row dimension. Adjacent row dimensions whose strides chain
-(``stride[i] == size[i+1] * stride[i+1]`` in the input *and* the output) merge into one, and
-size-1 dimensions drop out, so a contiguous tensor reduced over any dim has at most two row
-dimensions (the ones before and after `dim`). Kernels index rows through up to
-`MAX_ROW_DIMS` (size, stride) pairs, which covers transposed, step-sliced and expanded (stride 0)
-inputs without a copy; only a layout that stays irregular in more dimensions than that needs
-the one documented copy (`RowLayout.from_strides` returns None and the caller makes the input
-contiguous).
+Row dims whose strides chain in every tensor merge, size-1 dims drop out; kernels index rows
+through up to `MAX_ROW_DIMS` (size, stride) pairs, so transposed, sliced and expanded inputs need
+no copy; only a layout irregular in more dims is copied once (`RowLayout.from_strides`: None).
 """
 
 from __future__ import annotations
@@ -21,11 +15,9 @@ import torch
 
 MAX_ROW_DIMS = 3
 
-# Debug mode: every output a kernel is about to write is filled with NaN first, so an element
-# it forgets to write shows up. Read once at import (the hot path reads no environment); the
-# test suite sets it for every test.
-POISON_ENV = "ANYSOFTMAX_POISON_OUTPUTS"
-POISON_OUTPUTS = os.environ.get(POISON_ENV) == "1"
+# Debug mode: every output is NaN-filled before a kernel writes it, so an element it forgets
+# shows up. Read once at import (the hot path reads no environment); the test suite sets it.
+POISON_OUTPUTS = os.environ.get("ANYSOFTMAX_POISON_OUTPUTS") == "1"
 
 
 def new_output(shape, dtype, device):
@@ -36,9 +28,8 @@ def new_output(shape, dtype, device):
 
 
 def output_maker(shape, dtype, device):
-    """`make() -> a new output of shape, dtype and device` (contiguous; `new_output`'s poisoning),
-    for small outputs such as per-row statistics: it keeps one as a template, and `empty_like`
-    of that costs half of `torch.empty` with a shape, dtype and device."""
+    """`make() -> a new small output` (`new_output`'s poisoning): `empty_like` of a template costs
+    the host half of `torch.empty` with a shape."""
     template = new_output(shape, dtype, device)
     if POISON_OUTPUTS:
         return functools.partial(torch.full_like, template, float("nan"))
@@ -46,16 +37,14 @@ def output_maker(shape, dtype, device):
 
 
 def new_output_like(t: torch.Tensor, dtype):
-    """A contiguous output of `t`'s shape and device in `dtype` (`new_output`'s poisoning):
-    `empty_like` costs the host half of `torch.empty` with a shape, dtype and device."""
+    """A contiguous output of `t`'s shape and device in `dtype` (`new_output`'s poisoning)."""
     if POISON_OUTPUTS:
         return torch.full_like(t, float("nan"), dtype=dtype, memory_format=torch.contiguous_format)
     return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1), as `triton.next_power_of_2`; here so that
-    planning imports no Triton (it must not be imported before the interpreter is decided)."""
+    """The smallest power of two >= n, as `triton.next_power_of_2` (planning imports no Triton)."""
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
@@ -98,12 +87,10 @@ class RowLayout:
                      out_strides: tuple[int, ...], dim: int,
                      operands: tuple[tuple[int, ...], ...] = (), fastest_where_zero: int | None = None
                      ) -> "RowLayout | None":
-        """Normalise; None when more than `MAX_ROW_DIMS` irregular row dimensions remain.
-        `operands`: strides of broadcast operands (one per dim of `shape`, 0 where broadcast)
-        that the kernels read beside the input; dims merge only where every tensor chains.
-        `fastest_where_zero`: the index of an operand whose broadcast row dims (stride 0) are
-        to vary fastest: consecutive rows then share that operand's row (the heads of one
-        query share a [B, 1, Sq, Sk] mask row), so it is read from memory once, not per head."""
+        """Normalise; None when more than `MAX_ROW_DIMS` irregular row dims remain. `operands`: the
+        strides of broadcast operands. `fastest_where_zero`: an operand whose broadcast row dims
+        vary fastest, so that consecutive rows share its row (the heads of one query share a
+        [B, 1, Sq, Sk] mask row) and it is read from memory once, not per head."""
         if not shape:  # 0-dim: one row of one element
             zeros = (0,) * MAX_ROW_DIMS
             return cls(1, 1, (1,) * MAX_ROW_DIMS, zeros, zeros, 0, 0, tuple(zeros for _ in operands),
@@ -148,9 +135,7 @@ class RowLayout:
 
 @dataclass(frozen=True)
 class ColumnView:
-    """A reduction over a non-innermost dim, seen as (n_outer, n_red, n_inner) with the inner
-    positions contiguous (stride 1) in input and output: the layout the column kernels read
-    in coalesced tiles."""
+    """A reduction over a non-innermost dim as (n_outer, n_red, n_inner), the inner dim contiguous."""
 
     n_outer: int
     n_red: int
@@ -162,8 +147,7 @@ class ColumnView:
 
 
 def column_view(layout: RowLayout) -> ColumnView | None:
-    """`layout` as a `ColumnView`, or None when its innermost row dim is not contiguous in
-    both input and output or a third row dim remains."""
+    """`layout` as a `ColumnView`, or None when it is not one."""
     s0, s1, s2 = layout.row_sizes
     if s0 != 1 or s2 < 2 or layout.in_row_strides[2] != 1 or layout.out_row_strides[2] != 1:
         return None
@@ -174,11 +158,10 @@ def column_view(layout: RowLayout) -> ColumnView | None:
 
 
 def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
-    """The strides the kernels read the fused operands with: the mask's broadcast view over
-    the input's shape (read in place, never materialised), and with sinks two per-row tensors
-    contiguous over the input's shape with size 1 in `dim`: the sinks as the kernels read them
-    (copied to that layout: docs/kernels.md says why) and the sink shares they write. A row
-    scale, copied to that layout too, is read with the sinks' strides (the same pair)."""
+    """The strides the kernels read the fused operands with: the mask's broadcast view (read in
+    place), and with sinks or a row scale two per-row tensors contiguous over the input's shape
+    with size 1 in `dim` (the operand, copied to that layout: docs/kernels.md says why, and the
+    sink shares the kernels write)."""
     v = getattr(spec, "variant", None)
     if v is None:
         return ()
@@ -189,16 +172,14 @@ def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
 
 
 def row_operand_strides(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
-    """Strides over `shape` of a per-row operand laid out contiguously over `shape` with size 1
-    in `dim` (one value per row, 0 along `dim`): how the kernels read the sinks."""
+    """Strides of a per-row operand contiguous over `shape` with size 1 in `dim` (0 along `dim`)."""
     rows = contiguous_strides(tuple(1 if d == dim else s for d, s in enumerate(shape)))
     return tuple(0 if d == dim else st for d, st in enumerate(rows))
 
 
 def mask_fastest(spec, in_strides, out_strides) -> int | None:
-    """`fastest_where_zero` for a request: the mask (operand 0) when there is one and the
-    reduction is over the last, contiguous dim (row kernels; the column kernels number rows in
-    logical order), else None."""
+    """`fastest_where_zero` for a request: the mask (operand 0) when the reduction is over the
+    last, contiguous dim (the column kernels number rows in logical order), else None."""
     v = getattr(spec, "variant", None)
     if v is None or v.mask is None or not spec.shape or spec.dim != len(spec.shape) - 1:
         return None
@@ -206,10 +187,9 @@ def mask_fastest(spec, in_strides, out_strides) -> int | None:
 
 
 def allocate_rows(x, spec):
-    """(x, y, layout): the output (contiguous, `spec.out_dtype`) and input, output and fused
-    operands described as rows. `x` is unchanged unless its row dims need more than
-    `MAX_ROW_DIMS`: then it is the one copy this library makes (`x.contiguous()`). `layout` is
-    None when a broadcast operand's own strides still need more (the caller copies it)."""
+    """(x, y, layout): a new contiguous output and the tensors described as rows. `x` is the one
+    copy this library makes (`x.contiguous()`) when its row dims need more than `MAX_ROW_DIMS`;
+    `layout` is None when a broadcast operand's own strides still need more (the caller copies it)."""
     y = new_output(spec.shape, spec.out_dtype, x.device)
     ops = operand_strides(spec)
     layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim, ops,

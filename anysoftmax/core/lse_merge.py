@@ -1,10 +1,7 @@
-"""Softmax in pieces: the row state `logsumexp` and `merge_states`, the merge of partial results.
-
-Their semantics, special values and derivatives are docs/semantics.md's ("Softmax in pieces"):
-logsumexp is the log of the fused softmax's denominator (sinks included) in the accumulation
-dtype; merge_states combines K partials with their lses so that
-``merge(split(x)) == (softmax(x), logsumexp(x))``. Here: their validation, and their formulas in
-torch ops (the float64 reference; in the accumulation dtype, the `torch` backend and the autograd).
+"""Softmax in pieces: the row state `logsumexp` and `merge_states`, the merge of partial results
+(``merge(split(x)) == (softmax(x), logsumexp(x))``; semantics: docs/semantics.md, "Softmax in
+pieces"). Here: their validation, and their formulas in torch ops (the float64 reference; in the
+accumulation dtype, the `torch` backend and the autograd).
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def logsumexp_request(x, dim, *, scale=None, mask=None, causal=False, softcap=None, sinks=None):
-    """Validate a logsumexp request exactly as softmax's (`SoftmaxSpec.from_request`):
-    (spec, `core.variant.Operands`). Errors name the argument."""
+    """Validate a logsumexp request as softmax's (`SoftmaxSpec.from_request`): (spec, operands)."""
     fused = dict(scale=scale, mask=mask, causal=causal, softcap=softcap, sinks=sinks)
     return SoftmaxSpec.from_request(x, dim, None, log=False, fused=fused, op="logsumexp", arg="x")
 
@@ -116,14 +112,10 @@ class MergeSpec:
         return cls(len(outputs), shape, first.dtype, tuple(t.dtype for t in lses), first.device)
 
 
-# ---- formulas in torch ops: the float64 reference, and in fp32 the torch backend --------------
-
 def logsumexp_formula(x: torch.Tensor, variant: Variant, dim: int, mask, sinks, dtype: torch.dtype) -> torch.Tensor:
     """lse of the fused input with keepdim (x's shape with size 1 in `dim`), evaluated in `dtype`."""
     if x.dim() == 0:
-        x = x.reshape(1)
-        out = logsumexp_formula(x, variant, 0, mask, sinks, dtype)
-        return out.reshape(())
+        return logsumexp_formula(x.reshape(1), variant, 0, mask, sinks, dtype).reshape(())
     z = prologue(x, variant, mask, dtype)
     keep = keep_mask(tuple(z.shape), variant, mask, z.device)
     if keep is not None:
@@ -135,10 +127,9 @@ def logsumexp_formula(x: torch.Tensor, variant: Variant, dim: int, mask, sinks, 
 
 def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
                                mask, sinks, dtype: torch.dtype):
-    """(dx, dmask_full, dsinks_rows): the gradients of lse (keepdim) given its gradient `g`
-    (keepdim shape), in `dtype`; dmask_full is the gradient of the additive mask before it is
-    summed to the mask's shape (None without one), dsinks_rows per row (None without sinks).
-    Differentiable again (double backward) in g, lse and x."""
+    """(dx, dmask_full, dsinks_rows): the gradients of lse (keepdim) given its gradient `g`, in
+    `dtype`; an additive mask's before it is summed to its shape, the sinks' per row (None
+    without them). Differentiable again in g, lse and x."""
     scalar = x.dim() == 0
     if scalar:
         x, g, lse, dim = x.reshape(1), g.reshape(1), lse.reshape(1), 0
@@ -158,16 +149,13 @@ def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tens
     if sinks is not None:
         s = sinks.to(dtype).expand(tuple(lw.shape))
         ds = (gw * torch.exp(s - live_lse)).masked_fill(dead, 0.0)
-    if scalar:
-        dx = dx.reshape(())
-    return dx, dmask, ds
+    return (dx.reshape(()) if scalar else dx), dmask, ds
 
 
 def logsumexp_tangent(tx, tmask, tsinks, lse: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
                       mask, sinks, dtype: torch.dtype) -> torch.Tensor:
-    """The jvp of lse (keepdim) for tangents of x, an additive mask and the sinks (None: zero),
-    in `dtype`: sum_j (d lse / d z_j) t_z_j + p_s t_s, the derivatives of
-    `logsumexp_backward_formula` at g = 1; rows at -inf and excluded positions give 0."""
+    """The jvp of lse (keepdim) for tangents of x, an additive mask and the sinks (None: zero), in
+    `dtype`: sum_j (d lse / d z_j) t_z_j + p_s t_s; rows at -inf and excluded positions give 0."""
     one = torch.ones(lse.shape, dtype=dtype, device=lse.device)
     dx, dmask, ds = logsumexp_backward_formula(one, lse, x, variant, dim, mask, sinks, dtype)
     tangent = torch.zeros(lse.shape, dtype=dtype, device=lse.device)
@@ -215,9 +203,14 @@ def merge_formula(outputs, lses, acc: torch.Tensor.dtype, out_dtype, lse_out_dty
     return out.to(out_dtype), lse.to(lse_out_dtype)
 
 
+def merge_into(spec: MergeSpec, outputs, lses, out=None, lse_out=None):
+    """(out, lse) of merge_states by `merge_formula`, copied into `out` / `lse_out` when given."""
+    o, lse = merge_formula(list(outputs), list(lses), spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
+    return (o if out is None else out.copy_(o)), (lse if lse_out is None else lse_out.copy_(lse))
+
+
 def merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, acc):
-    """(d outputs, d lses) of merge_states from (out, lse) and their gradients, in `acc`;
-    differentiable again in every tensor."""
+    """(d outputs, d lses) of merge_states from (out, lse) and their gradients; differentiable again."""
     go = None if g_out is None else g_out.to(acc)
     gl = None if g_lse is None else g_lse.to(acc)
     d_outs, d_lses = [], []
@@ -248,8 +241,3 @@ def merge_tangent(t_outs, t_lses, outputs, lses, out, lse, acc):
         if t_outs[i] is not None:
             t_out = t_out + p.unsqueeze(-1) * t_outs[i].to(acc)
     return t_out.to(out.dtype), t_lse.to(lse.dtype)
-
-
-__all__ = ["LOGSUMEXP", "MERGE_STATES", "MergeSpec", "OPS", "describe_logsumexp", "logsumexp_backward_formula",
-           "logsumexp_formula", "logsumexp_request", "logsumexp_tangent", "lse_dtype", "merge_backward_formula",
-           "lse_shape", "merge_formula", "merge_tangent", "row_shape"]

@@ -1,9 +1,6 @@
-"""The single reference every backend is checked against: torch in float64, on the CPU.
-
-The fused family's formulas (`fused_forward`, `fused_backward`) spell out each step of
-`core.variant` in torch ops, in a dtype of the caller's choice: float64 for the reference, the
-accumulation dtype for the `torch` backend and for backends without a backward kernel of their
-own. One formula, so the reference and the fallback cannot drift apart.
+"""The single reference every backend is checked against: torch in float64, on the CPU. The fused
+family's formulas run in float64 for it and in the accumulation dtype for the `torch` backend and
+the default backward: one formula, so the reference and the fallback cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,19 +10,14 @@ import math
 import torch
 
 from .spec import SoftmaxSpec
-from .variant import MASK_ADDITIVE, Variant, keep_mask
+from .variant import MASK_ADDITIVE, Variant, keep_mask, row_shape
 
 
 def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "cpu", mask: torch.Tensor | None = None,
               sinks: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Exact-as-possible result of `spec` on `x`, as a float64 tensor on `device` (the CPU by
-    default; benchmarks of large tensors evaluate it on the GPU, in float64 all the same).
-
-    The input is first converted to the output dtype (torch's `dtype=` semantics: this rounds
-    when it narrows), then to float64, and the softmax is evaluated in float64. A fused spec
-    needs its operands: `mask` and `sinks` as given to the call, and `scale` when it is a row
-    scale (a tensor: `spec.variant.row_scale`).
-    """
+    """Exact-as-possible result of `spec` on `x`, as a float64 tensor on `device`. The input is
+    first converted to the output dtype (torch's `dtype=`: this rounds when it narrows). A fused
+    spec needs its operands: `mask` and `sinks` as given to the call, and a row scale's `scale`."""
     x64 = x.detach().to(device).to(spec.out_dtype).to(torch.float64)
     if spec.is_plain:
         op = torch.log_softmax if spec.log else torch.softmax
@@ -37,19 +29,13 @@ def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "
 
 
 def with_row_scale(variant: Variant, scale: torch.Tensor | None) -> Variant:
-    """`variant` carrying a row scale's values (`scale`, detached) for the formulas; the variant
-    itself when it has no row scale. A row-scale variant without its values is refused: its
-    formulas would silently skip the scale."""
+    """`variant` carrying a row scale's values (`scale`, detached) for the formulas (refused without
+    them: the formulas would silently skip the scale); the variant itself without a row scale."""
     if variant.row_scale is None or isinstance(variant.scale, torch.Tensor):
         return variant
     if not isinstance(scale, torch.Tensor):
         raise ValueError("reference: a request with a row scale needs its `scale` tensor")
     return variant.with_values(scale.detach(), variant.softcap)
-
-
-def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
-    """`shape` with size 1 in `dim` (a per-row statistic with keepdim; () for a 0-dim input)."""
-    return tuple(1 if d == dim else s for d, s in enumerate(shape))
 
 
 def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -63,8 +49,7 @@ def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype
 
 
 def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
-    """Steps 1-2 of the family: softcap * tanh(scale * z / softcap), a step skipped where its
-    value is None."""
+    """Steps 1-2 of the family: softcap * tanh(scale * z / softcap), a step skipped where None."""
     if scale is not None:
         z = z * as_factor(scale, z)
     if softcap is not None:
@@ -73,33 +58,27 @@ def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
 
 
 def as_factor(scale, like: torch.Tensor):
-    """`scale` ready to multiply `like`: a number as it is, a row scale's tensor in `like`'s
-    dtype and device (broadcasting against it: one value per row)."""
+    """`scale` ready to multiply `like`: a number as it is, a row scale in `like`'s dtype and device."""
     return scale.to(like.device, like.dtype) if isinstance(scale, torch.Tensor) else scale
 
 
 def kept_values(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """`x` with 0 where `keep` (None: everywhere kept) excludes a position. An excluded
-    position is outside the softmax, but a derivative read there would still multiply its 0
-    by the prologue's factor at that value: 0 * (1 - tanh(NaN)^2) is NaN, and so is the
-    double backward through an exp of it. The formulas read only kept values."""
+    """`x` with 0 where `keep` (None: everywhere kept) excludes a position: a derivative read there
+    would multiply its 0 by the prologue's factor at that value (0 * (1 - tanh(NaN)^2) is NaN)."""
     return x if keep is None else x.masked_fill(~keep, 0)
 
 
 def prologue_chain(dz: torch.Tensor, x: torch.Tensor, scale: float | None, softcap: float | None,
                    keep: torch.Tensor | None) -> torch.Tensor:
-    """The gradient (or tangent) of x from that of the logits after softcap, `dz`: times
-    softcap's 1 - tanh(scale * x / softcap)^2 (recomputed from x) and scale. The factor is
-    read from kept values only (`kept_values`): what x holds at an excluded position (NaN,
-    inf) never enters, so a `dz` of 0 there stays 0."""
+    """The gradient (or tangent) of x from that of the logits after softcap, `dz`: times softcap's
+    1 - tanh(scale * x / softcap)^2, recomputed from kept values of x only (`kept_values`), and scale."""
     du = capped_chain(dz, x, scale, softcap, keep)
     return du if scale is None else du * as_factor(scale, du)
 
 
 def capped_chain(dz: torch.Tensor, x: torch.Tensor, scale, softcap: float | None,
                  keep: torch.Tensor | None) -> torch.Tensor:
-    """The gradient of u = scale * x from that of the logits after softcap, `dz`: times
-    softcap's 1 - tanh(u / softcap)^2 (recomputed from kept values of x); `dz` without softcap."""
+    """The gradient of u = scale * x from `dz`: times softcap's 1 - tanh(u / softcap)^2 (from kept x)."""
     if softcap is None:
         return dz
     t = torch.tanh(kept_values(x, keep).to(dz.dtype) * (1.0 if scale is None else as_factor(scale, dz)) / softcap)
@@ -108,9 +87,8 @@ def capped_chain(dz: torch.Tensor, x: torch.Tensor, scale, softcap: float | None
 
 def row_scale_gradient(dz: torch.Tensor, x: torch.Tensor, variant: Variant, dim: int,
                        keep: torch.Tensor | None) -> torch.Tensor:
-    """A row scale's gradient per row (x's shape with size 1 in `dim`): sum_j x_j du_j, du the
-    gradient of u = scale * x (`capped_chain` of `dz`, the gradient of the logits after
-    softcap). Only kept positions enter (`dz` is 0 elsewhere, and x is read there as 0)."""
+    """A row scale's gradient per row: sum_j x_j du_j, du the gradient of u = scale * x
+    (`capped_chain` of `dz`). Only kept positions enter (`dz` is 0 elsewhere, x read there as 0)."""
     du = capped_chain(dz, x, variant.scale, variant.softcap, keep)
     return (kept_values(x, keep).to(du.dtype) * du).sum(dim, keepdim=True)
 
@@ -126,9 +104,7 @@ def empty_row_value(policy: str, n: int, log: bool) -> float:
 
 def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: torch.Tensor | None,
                   sinks: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, p_sink) of the fused family evaluated in `dtype` (float64: the reference). `p_sink`
-    is the sink's share of each row, exp(s - m) / denominator (shape of x with size 1 in
-    `dim`), None without sinks. Differentiable in x, sinks and a floating mask."""
+    """(y, each row's sink share or None) of the fused family in `dtype`; differentiable in x, sinks, mask."""
     keep = keep_mask(tuple(x.shape), variant, mask, x.device)
     z = prologue(kept_values(x, keep), variant, mask, dtype)
     empty = None
@@ -165,12 +141,10 @@ def fused_forward(x: torch.Tensor, variant: Variant, dim: int, log: bool, mask: 
 def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, variant: Variant, dim: int,
                    log: bool, mask: torch.Tensor | None, p_sink: torch.Tensor | None, dtype: torch.dtype,
                    want_dz: bool = False):
-    """Gradients of the fused family from its output `y`, evaluated in `dtype`:
-    (dx, ds, dz) with dx of x's shape, ds the per-row sink gradient -p_sink * sum(y * grad)
-    (log: -p_sink * sum(grad)) or None without `p_sink`, and dz (the gradient of the logits
-    after softcap, which a floating mask receives) when `want_dz`. `x` is needed with softcap
-    only (its derivative 1 - tanh^2 is recomputed from x). Excluded positions and empty rows
-    get 0, whatever x holds at an excluded position (NaN, inf)."""
+    """Gradients of the fused family from its output `y`, evaluated in `dtype`: (dx, ds, dz), ds the
+    per-row sink gradient -p_sink * sum(y * grad) (log: -p_sink * sum(grad)) or None without
+    `p_sink`, dz (the logits' gradient after softcap: a floating mask's) when `want_dz`. `x` is read
+    with softcap only. Excluded positions and empty rows get 0, whatever x holds there."""
     g = grad.to(dtype)
     yy = y.to(dtype)
     keep = keep_mask(tuple(y.shape), variant, mask, g.device)
@@ -196,9 +170,7 @@ def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, 
 def backward_from_output(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool = False,
                          dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The input gradient of softmax (log_softmax with `log`) from its output `y` and the output
-    gradient `dy`, evaluated in `dtype`: y * (dy - sum(y * dy)), or dy - exp(y) * sum(dy).
-    The float64 reference of backward kernels, and in fp32/fp64 the backward of backends
-    without a kernel of their own."""
+    gradient `dy`, evaluated in `dtype`: y * (dy - sum(y * dy)), or dy - exp(y) * sum(dy)."""
     y, dy = y.to(dtype), dy.to(dtype)
     if log:
         return dy - torch.exp(y) * dy.sum(dim, keepdim=True)

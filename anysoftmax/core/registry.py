@@ -1,8 +1,6 @@
-"""Registration and selection of backends (`core.backend.Backend`); docs/backends.md ("How the
-automatic choice is made") states the order: ``backend=`` in the call, then $ANYSOFTMAX_BACKEND
-(both explicit: never a silent fallback), then automatic (`decide`: the device's measured
-selection table, `core.selection`, then priority). `select`, `select_op`, `explain`, `runners`
-and `anysoftmax backends --explain` all decide there.
+"""Registration and selection of backends (`core.backend.Backend`). The order (docs/backends.md,
+"How the automatic choice is made"): ``backend=``, then $ANYSOFTMAX_BACKEND (both explicit: never a
+silent fallback), then automatic (`decide`: the device's selection table, then priority).
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ class BackendStatus:
 
 
 class BackendTable(list):
-    """What `list_backends()` returns: a list of `BackendStatus`, printed as a table with one
-    backend per line (name, availability, devices, reason or note)."""
+    """What `list_backends()` returns: a list of `BackendStatus` that prints as a table."""
 
     HEADER = ("backend", "available", "devices", "reason / note")
 
@@ -62,15 +59,13 @@ current_generation = [0]
 
 
 def generation() -> int:
-    """A number that changes whenever a backend is registered or removed (the backends are
-    loaded first)."""
+    """A number that changes whenever a backend is registered or removed."""
     _load_builtins()
     return current_generation[0]
 
 
 def register(backend):
-    """Add a backend (replacing one of the same name) and return it. An object written to the
-    duck-typed protocol (no `Backend` base) is wrapped once, here (`core.backend.as_backend`)."""
+    """Add a backend (replacing one of the same name) and return it; a duck-typed one is wrapped once, here."""
     adapted = as_backend(backend)
     with _lock:
         _given[adapted.name] = backend
@@ -102,8 +97,7 @@ def did_you_mean(name: str, known) -> str:
 
 
 def get_backend(name: str):
-    """The backend called `name`, as registered; ValueError naming the known ones (and the
-    closest) otherwise."""
+    """The backend called `name`, as registered; ValueError naming the known ones otherwise."""
     backends = registered()
     if name not in backends:
         raise ValueError(f"unknown backend {name!r}{did_you_mean(name, backends)}; "
@@ -118,8 +112,7 @@ def _adapted() -> list[Backend]:
 
 
 def _protocol(backend) -> Backend:
-    # `backend` as a `Backend`: itself when it is one, else its adapter made at registration (a
-    # plugin object is read once), else adapted now (an object that was never registered).
+    # `backend` as a `Backend`: itself, else its adapter made at registration, else adapted now.
     if issubclass(type(backend), Backend):
         return backend
     with _lock:
@@ -133,32 +126,30 @@ def unavailable_reason(name: str) -> str | None:
     return _availability(get_backend(name))
 
 
-def _availability(backend) -> str | None:
+def _probe(what: str, call, *args):
+    """`call(*args)`, or why it failed: a probe of a backend must never take the caller down."""
     try:
-        return backend.is_available()
-    except Exception as exc:  # an availability probe must never take the caller down
-        return f"availability check failed: {type(exc).__name__}: {exc}"
+        return call(*args)
+    except Exception as exc:
+        return f"{what} failed: {type(exc).__name__}: {exc}"
+
+
+def _availability(backend) -> str | None:
+    return _probe("availability check", backend.is_available)
 
 
 def list_backends() -> BackendTable:
-    """Every registered backend with its availability on this machine and the reason if not (a
-    list of `BackendStatus` that prints as a table)."""
+    """Every registered backend with its availability here and the reason if not (a table)."""
     rows = BackendTable()
     for b in _adapted():
         reason = _availability(b)
-        note = ""
-        if reason is None:
-            try:
-                note = b.status_note() or ""
-            except Exception as exc:  # a note must never take the listing down
-                note = f"status note failed: {type(exc).__name__}: {exc}"
+        note = (_probe("status note", b.status_note) or "") if reason is None else ""
         rows.append(BackendStatus(b.name, reason is None, reason or "", tuple(b.devices), note))
     return rows
 
 
 def fused_refusal(backend, spec: SoftmaxSpec) -> str | None:
-    """Why `backend` cannot take a fused request (it does not declare `fused = True`, or the
-    request has a tensor scale and it does not declare `row_scale = True`), or None."""
+    """Why `backend` cannot take a fused request (no `fused` or, for a tensor scale, `row_scale`), or None."""
     if spec.is_plain:
         return None
     b = _protocol(backend)
@@ -168,26 +159,21 @@ def fused_refusal(backend, spec: SoftmaxSpec) -> str | None:
     return row_scale_refusal(b, spec)
 
 
-ROW_SCALE_GATE = "takes a number as scale only (it does not declare `row_scale = True`): no tensor scale"
-
-
 def row_scale_refusal(backend, spec: SoftmaxSpec) -> str | None:
     """Why `backend` cannot take `spec`'s tensor scale (one value per row), or None."""
     if spec.variant.row_scale is None or _protocol(backend).row_scale:
         return None
-    return ROW_SCALE_GATE
+    return "takes a number as scale only (it does not declare `row_scale = True`): no tensor scale"
 
 
 def refusal(backend, spec: SoftmaxSpec) -> str | None:
-    """Why `backend` does not serve `spec` on an available device (the fused-family gate, then
-    its own `supports`), or None."""
+    """Why `backend` does not serve `spec` (the fused-family gate, then its `supports`), or None."""
     return fused_refusal(backend, spec) or backend.supports(spec)
 
 
 def op_refusal(backend, op: str, spec) -> str | None:
-    """Why `backend` does not serve `op` ("softmax", "logsumexp" or "merge_states") for `spec`
-    (a SoftmaxSpec, a `core.lse_merge.MergeSpec` for merge_states), or None: no kernel for the
-    op, the fused-family gate, then its own `supports` / `supports_<op>`."""
+    """Why `backend` does not serve `op` ("softmax", "logsumexp" or "merge_states": `spec` a
+    `MergeSpec`) for `spec`, or None: no kernel, the fused-family gate, then `supports[_<op>]`."""
     b = _protocol(backend)
     if op == LOGSUMEXP:
         return b.logsumexp_refusal or fused_refusal(b, spec) or b.supports_logsumexp(spec)
@@ -203,9 +189,8 @@ _PROBE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 def device_refusal(backend, device_type: str) -> str | None:
     """Why `backend` runs no request on tensors of `device_type` here (its `supports` refuses a
-    small request of every floating dtype on that device type), or None. Availability is
-    `unavailable_reason`'s; a device type torch cannot name here (no extension for it) is not
-    judged (None)."""
+    small request of every floating dtype there), or None; also None for a device type torch
+    cannot name here (no extension for it). Availability is `unavailable_reason`'s."""
     try:
         device = torch.device(device_type)
     except RuntimeError:  # e.g. "npu" without torch_npu: nothing of that type can exist here
@@ -213,18 +198,11 @@ def device_refusal(backend, device_type: str) -> str | None:
     reasons = []
     for dtype in _PROBE_DTYPES:
         spec = replace(SoftmaxSpec.from_tensor(torch.empty(2, 8, dtype=dtype, device="meta"), -1), device=device)
-        try:
-            reason = backend.supports(spec)
-        except Exception as exc:  # a probe must never take the caller down
-            reason = f"supports() failed: {type(exc).__name__}: {exc}"
-        if reason is None:
-            return None
-        reasons.append(reason)
-    return reasons[0]
+        reasons.append(_probe("supports()", backend.supports, spec))
+    return None if None in reasons else reasons[0]
 
 
 def _by_priority(device_type: str) -> list[Backend]:
-    """The registered backends serving `device_type`, highest priority first."""
     return sorted((b for b in _adapted() if "*" in b.devices or device_type in b.devices), key=lambda b: -b.priority)
 
 
@@ -233,7 +211,7 @@ def _describe(op: str, spec) -> str:
 
 
 def _explicit(name: str, spec, op: str, source: str) -> Backend:
-    """The backend `name` when it runs `op` on `spec` here, else the error naming it and why."""
+    # The backend `name` when it runs `op` on `spec` here, else the error naming it and why.
     try:
         chosen = _protocol(get_backend(name))
     except ValueError as exc:
@@ -250,9 +228,8 @@ def _explicit(name: str, spec, op: str, source: str) -> Backend:
 
 
 def select(spec, backend: str | None = None, direction: str | None = "fwd", op: str = SOFTMAX) -> Backend:
-    """The backend for `op` on `spec`: explicit name, then $ANYSOFTMAX_BACKEND (both raising
-    with the reason), then automatic (`decide`: the device's selection table, whose rows
-    `direction` picks ("fwd", "bwd" or "lse"; None reads none), then priority)."""
+    """The backend for `op` on `spec`: explicit name, then $ANYSOFTMAX_BACKEND (both raising with
+    the reason), then `decide` (`direction` picks the selection table's rows; None reads none)."""
     if backend is not None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a backend name (str) or None, got {type(backend).__name__}")
@@ -267,25 +244,21 @@ def select(spec, backend: str | None = None, direction: str | None = "fwd", op: 
 
 
 def select_op(op: str, spec, backend: str | None = None) -> Backend:
-    """`select` for the pieces op `op` ("logsumexp": the selection table's `lse` rows, measured
-    by `anysoftmax.bench.lse_merge`; "merge_states": priority alone)."""
+    """`select` for the pieces op `op` (logsumexp: the table's `lse` rows; merge_states: priority)."""
     return select(spec, backend, "lse" if op == LOGSUMEXP else None, op)
 
 
 def runners(spec, op: str = SOFTMAX) -> list[str]:
-    """The backends the automatic choice takes `op` on `spec` from here, by priority: those that
-    serve its device type and run it (what the benchmarks time one by one)."""
+    """The backends that run `op` on `spec` here, by priority (what the benchmarks time)."""
     return [b.name for b in _by_priority(spec.device.type)
             if _availability(b) is None and op_refusal(b, op, spec) is None]
 
 
 def decide(spec, direction: str | None = "fwd", device_name: str | None = None, refuses=refusal,
            available=_availability, what: str | None = None) -> tuple[Backend | None, str]:
-    """(backend, why) of the automatic choice for `spec`: the selection table's rule (the table
-    of `spec.device` or of the device named `device_name`; `direction` "fwd", "bwd" or "lse"
-    picks its rows, None reads none) if its backend runs the request, else the first by priority
-    that does; (None, why none can). `available(b)` / `refuses(b, spec)` say why b cannot run
-    here / the request; `what` names the request in messages."""
+    """(backend, why) of the automatic choice for `spec`: the rule of the selection table (of
+    `spec.device` or `device_name`) if its backend runs the request, else the first by priority
+    that does; (None, why none can). `available`, `refuses`: why b cannot run here / the request."""
     candidates = _by_priority(spec.device.type)
     table_why = ""
     if direction is not None:
@@ -308,9 +281,8 @@ def decide(spec, direction: str | None = "fwd", device_name: str | None = None, 
 
 def _from_table(spec, candidates: list, direction: str, device_name: str | None, refuses,
                 available) -> tuple[Backend | None, str]:
-    """The backend the device's selection table (or that of the device named `device_name`)
-    names for `spec` if it can run it (`available`, `refuses`: see `decide`), and why (or why
-    not); (None, reason) sends the choice on to the priority order."""
+    # (the backend the selection table names for `spec` when it runs it, why); (None, why not)
+    # sends the choice on to the priority order.
     try:
         rule, table = selection.lookup(spec, direction, device_name)
     except Exception as exc:  # a broken table must not take softmax down: priority decides
@@ -335,17 +307,13 @@ def _from_table(spec, candidates: list, direction: str, device_name: str | None,
 
 
 def _assumed_available(backend: Backend) -> None:
-    """Availability on a device that is not here: not knowable here, so assumed."""
-    return None
+    return None  # availability on a device that is not here: not knowable, so assumed
 
 
 def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None = None) -> tuple[str, str]:
-    """(backend name, why) of the automatic choice for `spec`, decided by `decide` as `select`
-    decides; ("", why) when none can run it. `device_name` answers for that device's table: one
-    that is not here is judged by what the backends declare (the fused family) alone."""
-    from .selection import device_name as name_of
-
-    if device_name is not None and device_name != name_of(spec.device):
+    """(backend name, why) of the automatic choice for `spec` ("" when none runs it). For a device
+    `device_name` that is not here, backends are judged by what they declare alone."""
+    if device_name is not None and device_name != selection.device_name(spec.device):
         chosen, why = decide(spec, direction, device_name, refuses=fused_refusal, available=_assumed_available)
         why += "; on that device: its backends assumed available (not checkable here)"
     else:
@@ -358,8 +326,7 @@ _loaders: list = []  # callables that register backends, run once on first use o
 
 
 def add_loader(load) -> None:
-    """Run `load()` (which registers backends) before the registry is next read. `core` knows no
-    backend: `anysoftmax.plugins` adds the loader of the built-in and entry-point backends."""
+    """Run `load()` (which registers backends) before the registry is next read."""
     with _loader_lock:
         _loaders.append(load)
 

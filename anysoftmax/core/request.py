@@ -1,6 +1,5 @@
 """A request's key: the only cache key (dispatch's memo; backends derive their plans' from it).
-What it holds, per direction: docs/backends.md ("How a call flows"). No other module builds a
-cache key by hand (tests/core/test_one_key.py).
+What it holds: docs/backends.md ("How a call flows").
 """
 
 from __future__ import annotations
@@ -15,21 +14,20 @@ from ..config import overrides_key
 from . import registry
 from .spec import SoftmaxSpec
 
-# Bytes of pointer divisibility the compilers specialise on: Triton vectorises a pointer divisible by
-# 16 bytes, CuTe's vector width follows the alignment of pointers and row strides capped at 16 bytes
-# (`backends/cute/plan.py`). Wave's runtime checks its 64-byte alignment on every call: nothing to key.
+# Bytes of pointer divisibility the compilers specialise on (Triton vectorises a 16-byte aligned
+# pointer, CuTe's vector width is capped at 16 bytes); Wave checks its alignment on every call.
 ALIGN_BYTES = 16
 _ALIGN_MASK = ALIGN_BYTES - 1
 
 FWD, BWD, FUSED_FWD, FUSED_BWD = "fwd", "bwd", "fused_fwd", "fused_bwd"
 LSE = "lse"  # logsumexp keys as a fused forward
 LSE_SQUEEZED = "lse_squeezed"  # logsumexp with keepdim=False: its launcher allocates the result without dim
-# merge_states: by its first partial's and lse's layouts and every operand's alignment, the rest
-# proved by the entry's `layout_guard` (MERGE); or by every operand's layout (MERGE_EXACT)
+# merge_states: by its first operands' layouts, the rest proved by a guard; or by every layout
 MERGE, MERGE_EXACT = "merge", "merge_exact"
 SHARDED, SHARDED_LSE = "sharded", "sharded_lse"  # anysoftmax.distributed's requests
 
 _Tensor = torch.Tensor
+_TENSOR_ONLY = frozenset((_Tensor,))  # (`issuperset(map(type, ...))`: every one a tensor, in a C loop)
 _tuple = tuple
 _address = torch.Tensor.data_ptr
 _reduce, _or = functools.reduce, operator.or_
@@ -45,8 +43,7 @@ def _process_state() -> tuple:
 
 
 def alignment(t) -> int:
-    """`t`'s address modulo `ALIGN_BYTES` (0 for None and for tensors without storage, such as
-    torch.compile's fake tensors, which are planned as aligned)."""
+    """`t`'s address modulo `ALIGN_BYTES` (0 for None and for fake tensors: planned as aligned)."""
     if t is None or type(t) is not _Tensor:
         return 0
     return t.data_ptr() & _ALIGN_MASK
@@ -60,14 +57,10 @@ def _operand(t):
 def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = False, grad=None, fused=None,
                 saved=None, p_sink=None):
     """The key of one call, or None when an argument is not of an exact type (such a call is
-    validated, and its errors raised, every time).
-
-    `x` is the input (forward) or the forward's output (backward); `grad` the output gradient
-    (backward); `fused` the call's `FusedArgs` (fused family); `saved` and `p_sink` the
-    forward's input and sink shares a fused backward reads. logsumexp (`LSE`; `LSE_SQUEEZED`
-    with keepdim=False) passes its fused keywords as `fused`; merge_states (`MERGE`,
-    `MERGE_EXACT`) its K partials as `x`, its K lses as `dim`, and its optional `out` and
-    `lse_out` as `grad` and `saved`."""
+    validated every time). `x`: the input (forward) or output (backward); `grad`: the output
+    gradient; `fused`: the call's `FusedArgs`; `saved`, `p_sink`: the forward's input and sink
+    shares a fused backward reads. merge_states passes its partials as `x`, its lses as `dim`,
+    `out` as `grad` and `lse_out` as `saved`."""
     if type(x) is not _Tensor:
         if direction is MERGE:
             return _merge_key(x, dim, backend, grad, saved)
@@ -97,8 +90,7 @@ def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = Fa
 
 
 def forward_key(x, dim, dtype, backend, log):
-    """`request_key(FWD, x, dim, dtype, backend, log)` with positional arguments only and no
-    branch on the form: the plain forward's hit path (the most frequent call)."""
+    """`request_key(FWD, x, dim, dtype, backend, log)` with no branch: the plain forward's hit path."""
     if type(x) is not _Tensor or type(dim) is not int:
         return None
     return (FWD, x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & _ALIGN_MASK, dim, dtype, backend, log,
@@ -106,10 +98,9 @@ def forward_key(x, dim, dtype, backend, log):
 
 
 def _merge_key(outputs, lses, backend, out, lse_out):
-    # merge_states, where torch's layout guard is usable: the first partial's and first lse's layout,
-    # K, every partial's and lse's alignment, then the optional outputs. The other operands'
-    # layouts are proved by the memoised entry's guard (`layout_guard`), in C: read here, they
-    # were most of a K = 8 call's host time.
+    # merge_states, where torch's layout guard is usable: the first partial's and lse's layouts, K
+    # and every alignment; the other layouts are proved by the entry's guard, in C (read here, they
+    # were most of a K = 8 call's host time).
     if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) or not outputs or not lses \
             or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
         return None
@@ -137,12 +128,8 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
     if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
             or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
         return None
-    for t in outputs:
-        if type(t) is not _Tensor:
-            return None
-    for t in lses:
-        if type(t) is not _Tensor:
-            return None
+    if not (_TENSOR_ONLY.issuperset(map(type, outputs)) and _TENSOR_ONLY.issuperset(map(type, lses))):
+        return None
     # (`_operand` written out: a call per tensor would be a third of the key's cost at K = 8)
     try:
         return (MERGE_EXACT,
@@ -155,19 +142,17 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
 
 
 def merge_proof(outputs, lses, backend, out, lse_out):
-    """`proves(outputs, lses, backend, out, lse_out) -> bool`: whether a call is the request of
-    this one (`_merge_key`'s, now with every operand's layout), checked without building its key:
-    K, the backend, the process state, which outputs are given, every operand's type, dtype,
-    device, shape, strides, grad requirement and dispatch state (torch's tensor guard, in C) and
-    every address 16-byte aligned. None where this call's operands are not all plain aligned
-    tensors or torch has no usable guard (the key then decides every call)."""
+    """`proves(outputs, lses, backend, out, lse_out) -> bool`: whether a call is this very
+    request, checked without building its key (K, backend, process state, which outputs are
+    given, every operand's layout through torch's tensor guard, every address aligned). None
+    where the operands are not all plain aligned tensors or torch has no usable guard."""
     make = _guard_maker()
     if make is None or type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
             or len(outputs) != len(lses) or not outputs:
         return None
     given = [t for t in (out, lse_out) if t is not None]
     tensors = (*outputs, *lses, *given)
-    if any(type(t) is not _Tensor for t in tensors):
+    if not _TENSOR_ONLY.issuperset(map(type, tensors)):
         return None
     try:
         if _reduce(_or, map(_address, tensors)) & _ALIGN_MASK:
@@ -198,10 +183,9 @@ def merge_proof(outputs, lses, backend, out, lse_out):
 
 
 def layout_guard(tensors):
-    """`same(*others) -> bool`: whether `others` (as many tensors) have, position by position,
-    the Python types, dtypes, devices, shapes, strides, grad requirement and dispatch state of
-    `tensors`, checked in C by torch's own tensor guard (torch.compile's); None where this torch
-    has no guard that passes `_guard_maker`'s probe."""
+    """`same(*others) -> bool`: whether `others` match `tensors` position by position (type, dtype,
+    device, shape, strides, grad requirement, dispatch state), checked in C by torch.compile's
+    tensor guard; None where this torch has no guard that passes `_guard_maker`'s probe."""
     make = _guard_maker()
     return None if make is None else make(tensors)
 
@@ -219,9 +203,8 @@ _guard_state: list = []  # [the guard maker or None], decided on first use
 
 
 def _guard_maker():
-    """`_tensor_guard`, once a probe has shown that its guard accepts a tensor of the same layout
-    and refuses another shape, strides, dtype and device; None where it fails or is missing (a
-    private torch API: merge_states then keys every operand, `_exact_merge_key`)."""
+    """`_tensor_guard`, once a probe has shown that it tells layouts, dtypes and devices apart;
+    None where it fails or is missing (a private torch API: merge_states then keys every operand)."""
     if _guard_state:
         return _guard_state[0]
     try:
@@ -236,13 +219,8 @@ def _guard_maker():
 
 
 def plan_key(spec: SoftmaxSpec, direction: str, *operands, extra: tuple = ()) -> tuple:
-    """What a backend's plan for this request depends on: the spec's `kernel_key()` (layout,
-    dtypes, dim, log, device, live fused steps and their operands' layouts), the direction, the
-    operands' alignments (tensors, or alignments already worked out as ints), the active tuning
-    overrides, and `extra`: facts of the process the backend plans from (its compile target)."""
+    """What a backend's plan for this request depends on: the spec's `kernel_key()`, the direction,
+    the operands' alignments (tensors, or ints), the active tuning overrides, and `extra`: facts of
+    the process the backend plans from (its compile target)."""
     aligns = tuple(a if type(a) is int else alignment(a) for a in operands)
     return (spec.kernel_key(), direction, aligns, overrides_key(), extra)
-
-
-__all__ = ["ALIGN_BYTES", "BWD", "FUSED_BWD", "FUSED_FWD", "FWD", "LSE", "MERGE", "MERGE_EXACT", "SHARDED",
-           "SHARDED_LSE", "alignment", "forward_key", "layout_guard", "merge_proof", "plan_key", "request_key"]

@@ -1,8 +1,6 @@
 """Measured per-device selection tables (`configs/selection/<device>.yaml`): which backend the
-automatic choice takes for a shape, and `build_table`, which `anysoftmax select` writes them with.
-The table format and how a rule is chosen: docs/backends.md ("How the automatic choice is made").
-A request no rule matches, or whose rule's backend is unavailable or refuses it, goes to the
-priority order (`core.registry`).
+automatic choice takes for a shape. The format and how a rule is chosen: docs/backends.md ("How
+the automatic choice is made"); a request no rule serves goes to the priority order (`core.registry`).
 """
 
 from __future__ import annotations
@@ -10,11 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+
+import torch
 
 from ..config import ENV_CONFIG_DIR, read_yaml_mapping
 from .spec import SoftmaxSpec, dtype_name
@@ -63,10 +62,7 @@ class Table:
 
     def lookup(self, direction: str, dtype: str, dim: str, n: int, rows: int) -> Rule | None:
         """The first rule matching the request, None when none does."""
-        for rule in self.rules:
-            if rule.matches(direction, dtype, dim, n, rows):
-                return rule
-        return None
+        return next((rule for rule in self.rules if rule.matches(direction, dtype, dim, n, rows)), None)
 
 
 def _within(value: int, span: tuple[int, int | None]) -> bool:
@@ -113,25 +109,23 @@ def parse_table(data: dict, path: str) -> Table:
     return Table(str(data.get("device", "")), path, tuple(rules))
 
 
-def table_path(device: str) -> Path | None:
-    """The table of device `device` (a name or its key): the override folder first, then the
-    shipped one; None when neither has one."""
-    name = f"{device_key(device)}.yaml"
+def _folders() -> list[Path]:
+    # The override folder ($ANYSOFTMAX_CONFIG_DIR/selection) first, then the shipped one.
     over = os.environ.get(ENV_CONFIG_DIR)
-    if over and (Path(over) / "selection" / name).is_file():
-        return Path(over) / "selection" / name
-    shipped = Path(str(resources.files("anysoftmax") / "configs" / "selection" / name))
-    return shipped if shipped.is_file() else None
+    shipped = Path(str(resources.files("anysoftmax") / "configs" / "selection"))
+    return [Path(over) / "selection", shipped] if over else [shipped]
+
+
+def table_path(device: str) -> Path | None:
+    """The table of device `device` (a name or its key), the override folder's first, or None."""
+    name = f"{device_key(device)}.yaml"
+    return next((folder / name for folder in _folders() if (folder / name).is_file()), None)
 
 
 def table_names() -> list[str]:
     """The device names of every table there is: the override folder's, then the shipped ones."""
-    folders = [Path(str(resources.files("anysoftmax") / "configs" / "selection"))]
-    over = os.environ.get(ENV_CONFIG_DIR)
-    if over:
-        folders.insert(0, Path(over) / "selection")
     names: list[str] = []
-    for folder in folders:
+    for folder in _folders():
         for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
             try:
                 name = str(read_yaml_mapping(path).get("device") or path.stem)
@@ -158,9 +152,6 @@ def resolve_name(text: str) -> str:
     raise ValueError(f"no selection table for {text!r}; tables: {shipped}")
 
 
-_lock = threading.Lock()
-
-
 @lru_cache(maxsize=64)
 def _load(path: str, mtime: float) -> Table:
     return parse_table(read_yaml_mapping(Path(path)), path)
@@ -169,18 +160,13 @@ def _load(path: str, mtime: float) -> Table:
 def load_table(device: str) -> Table | None:
     """The parsed table of `device` (re-read when the file changes), None when it has none."""
     path = table_path(device)
-    if path is None:
-        return None
-    with _lock:
-        return _load(str(path), path.stat().st_mtime)
+    return None if path is None else _load(str(path), path.stat().st_mtime)
 
 
 @lru_cache(maxsize=16)
 def _device_name(device_type: str, index: int | None) -> str:
     if device_type == "cpu":
         return "cpu"
-    import torch
-
     module = getattr(torch, device_type, None)
     if module is None or not module.is_available():
         return ""
@@ -197,12 +183,7 @@ def device_name(device) -> str:
 
 
 def lookup(spec: SoftmaxSpec, direction: str = "fwd", device: str | None = None) -> tuple[Rule | None, Table | None]:
-    """The rule for `spec` in the table of its device (or of the device named `device`), and
-    the table; (None, table) when no rule matches, (None, None) without a table."""
+    """(the rule for `spec` or None, the table or None) in the table of its device or of `device`."""
     name = device if device is not None else device_name(spec.device)
-    if not name:
-        return None, None
-    table = load_table(name)
-    if table is None:
-        return None, None
-    return table.lookup(direction, *request_class(spec)), table
+    table = load_table(name) if name else None
+    return (None if table is None else table.lookup(direction, *request_class(spec))), table

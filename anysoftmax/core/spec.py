@@ -1,9 +1,7 @@
 """`SoftmaxSpec`: the one statement of what every backend computes, torch's semantics
-(docs/semantics.md: dtypes, `dim`, special values), and the per-dtype `TOLERANCES`.
-
-``dtype=`` converts the input first: a widening conversion is exact, so kernels may fold it into
-their loads; a narrowing one rounds, and the public API performs it once on the host
-(`needs_input_cast`).
+(docs/semantics.md), and the per-dtype `TOLERANCES`. ``dtype=`` converts the input first: a
+widening conversion is exact (kernels fold it into their loads), a narrowing one rounds, once, on
+the host (`needs_input_cast`).
 """
 
 from __future__ import annotations
@@ -26,27 +24,15 @@ DTYPE_NAMES: dict[str, torch.dtype] = {
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Allowed |out - expected| <= atol + rtol * |expected|, `expected` being the float64
-    reference rounded once to the output dtype."""
+    """Allowed |out - expected| <= atol + rtol * |expected|, `expected` the rounded float64 reference."""
 
     atol: float
     rtol: float
 
 
-# Derivation. `expected` is the exact result correctly rounded to the output dtype. A kernel
-# computes in the accumulation dtype and rounds once at the store, so it may land one ulp
-# away from `expected` when its (tiny) accumulation error crosses a rounding midpoint: rtol is
-# one ulp at 1.0 (2**-10 for float16, 2**-7 for bfloat16) with a 2x margin.
-# float32 outputs carry the accumulation error itself: exp2((x - m) * log2(e)) multiplies the
-# rounding of the product by |x - m| (<= ~20 for outputs above atol) and Hopper's ex2.approx
-# adds ~2**-22; the row sum adds ~log2(N) roundings: a few 1e-6 relative, hence rtol 1e-5.
-# float64 accumulates in float64: rtol 1e-10 leaves room for N-term sums of 1e-16 roundings.
-# atol only matters for outputs near zero (softmax outputs below ~1e-6, float16 subnormals
-# spaced 6e-8 apart).
-# log_softmax = x - max - log(sum): a relative error d in the sum is an *absolute* error d in
-# every output, so outputs near 0 (the row's largest entries) get an absolute allowance of rtol
-# too (`SoftmaxSpec.tolerance`): seen with torch's own CPU fp32 log_softmax over a 1823-long
-# strided dim (|err| 3.4e-6 at -0.066).
+# A kernel rounds once at the store, so it may land one ulp from the rounded reference: 16-bit
+# rtol is one ulp at 1.0 with a 2x margin; float32 and float64 carry the accumulation error
+# itself. The derivation of each number: docs/semantics.md ("The reference and the tolerances").
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float16: Tolerance(atol=1e-5, rtol=2 * 2.0**-10),
     torch.bfloat16: Tolerance(atol=1e-5, rtol=2 * 2.0**-7),
@@ -92,9 +78,7 @@ class SoftmaxSpec:
         return self.variant is PLAIN or self.variant.is_plain
 
     def kernel_key(self) -> tuple:
-        """Everything a plan or a compiled kernel depends on (the variant's steps and operand
-        layouts included; not the values of `scale`/`softcap`, kernel arguments). Backends key
-        on `core.request.plan_key`, which adds direction, alignments and tuning overrides."""
+        """Everything a plan or a compiled kernel depends on (`core.request.plan_key` adds the rest)."""
         return (self.shape, self.strides, self.in_dtype, self.out_dtype, self.dim, self.log, self.device,
                 self.variant.key())
 
@@ -126,8 +110,7 @@ class SoftmaxSpec:
 
     @property
     def needs_input_cast(self) -> bool:
-        """True when the input must be converted to `out_dtype` on the host first: `dtype=`
-        narrows it (torch rounds the input first, so must we) or it is not floating."""
+        """True when the input is converted to `out_dtype` on the host first (narrowing, or not floating)."""
         if self.in_dtype not in FLOAT_DTYPES:
             return True
         return self.out_dtype != self.in_dtype and self.out_dtype.itemsize <= self.in_dtype.itemsize
@@ -151,9 +134,7 @@ class SoftmaxSpec:
     def from_request(cls, x: object, dim: object, dtype: object = None, log: bool = False,
                      fused: dict | None = None, *, op: str | None = None,
                      arg: str = "input") -> tuple["SoftmaxSpec", object]:
-        """`from_tensor` plus the fused keywords (`scale, mask, causal, softcap, sinks,
-        empty_rows` in `fused`): returns (spec, `core.variant.Operands`). Errors name the
-        argument (see `core.variant.build`) and begin with `op` (as in `from_tensor`)."""
+        """`from_tensor` plus the fused keywords in `fused` (`core.variant.build`): (spec, `Operands`)."""
         op = op or ("log_softmax" if log else "softmax")
         spec = cls.from_tensor(x, dim, dtype, log=log, op=op, arg=arg)
         try:
@@ -167,13 +148,9 @@ class SoftmaxSpec:
     @classmethod
     def from_tensor(cls, x: object, dim: object, dtype: object = None, log: bool = False, *,
                     op: str | None = None, arg: str = "input") -> "SoftmaxSpec":
-        """Validate a user request and describe it; raises before anything is launched.
-
-        TypeError: `x` is not a tensor, its dtype is not floating, `dim` is not an int, or
-        `dtype` is not a floating dtype. IndexError: `dim` out of range. The message begins
-        with `op` (the public function: softmax or log_softmax by `log` unless given) and calls
-        `x` by `arg`, the function's name for it.
-        """
+        """Validate a user request and describe it (TypeError for a non-tensor `x`, a non-floating
+        dtype or a non-int `dim`; IndexError for `dim` out of range). The message begins with `op`
+        (softmax or log_softmax by `log` unless given) and calls `x` by `arg`."""
         op = op or ("log_softmax" if log else "softmax")
         allowed = ", ".join(map(dtype_name, FLOAT_DTYPES))
         if not isinstance(x, torch.Tensor):
@@ -187,14 +164,10 @@ class SoftmaxSpec:
             raise TypeError(f"{op}: {arg} dtype {x.dtype} is not supported; allowed: {allowed}{cast}")
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise TypeError(f"{op}: dim must be an int, got {type(dim).__name__}")
-        if dtype is None:
-            out_dtype = x.dtype
-        elif not isinstance(dtype, torch.dtype):
+        if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"{op}: dtype must be a torch.dtype or None, got {dtype!r}")
-        elif dtype not in FLOAT_DTYPES:
+        if dtype is not None and dtype not in FLOAT_DTYPES:
             raise TypeError(f"{op}: dtype={dtype} is not supported; allowed: {allowed}")
-        else:
-            out_dtype = dtype
         ndim = x.dim()
         lo, hi = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
         if not lo <= dim <= hi:
@@ -203,12 +176,12 @@ class SoftmaxSpec:
                 f"(expected to be in range of [{lo}, {hi}])")
         return cls(
             shape=tuple(x.shape), strides=tuple(x.stride()), in_dtype=x.dtype,
-            dim=dim % max(ndim, 1), out_dtype=out_dtype, log=log, device=x.device,
+            dim=dim % max(ndim, 1), out_dtype=x.dtype if dtype is None else dtype, log=log, device=x.device,
         )
 
 
-def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
-    """Validate `softmax_backward`'s arguments (before anything runs) and return y's spec."""
+def check_backward_args(y, grad, dim, log: bool = False, fused: dict | None = None) -> SoftmaxSpec:
+    """Validate `softmax_backward`'s arguments: y's spec, with the variant of the keywords `fused`."""
     spec = SoftmaxSpec.from_tensor(y, dim, log=log, op="softmax_backward", arg="y")
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"softmax_backward: grad must be a torch.Tensor, got {type(grad).__name__}")
@@ -220,4 +193,6 @@ def check_backward_args(y, grad, dim, log: bool = False) -> SoftmaxSpec:
                          f"both must be on one device")
     if not grad.dtype.is_floating_point:
         raise TypeError(f"softmax_backward: grad dtype {grad.dtype} is not floating")
-    return spec
+    if fused is None:
+        return spec
+    return SoftmaxSpec.from_request(y, dim, log=log, fused=fused, op="softmax_backward", arg="y")[0]

@@ -1,11 +1,6 @@
-"""The fused family: `scale`, `mask`, `causal`, `softcap`, `sinks` and `empty_rows`, validated
-(`build`) and described (`Variant`, held by `SoftmaxSpec.variant`). What the steps compute, the
-row scale's contract and the gradients: docs/semantics.md ("The fused family").
-
-A `Variant` holds its operands' metadata (shape, strides after broadcasting to x, dtype), never
-the tensors, so it is hashable and `kernel_key()` tells apart differently laid-out operands.
-`scale` and `softcap` values are kernel arguments (a new temperature never recompiles):
-`kernel_key()` keeps only whether they are present, and a row scale's metadata.
+"""The fused family (`scale`, `mask`, `causal`, `softcap`, `sinks`, `empty_rows`; docs/semantics.md)
+validated (`build`) and described (`Variant`: its operands' metadata, never the tensors, so it is
+hashable; `scale` and `softcap` values are kernel arguments: a new temperature never recompiles).
 """
 
 from __future__ import annotations
@@ -27,9 +22,8 @@ _CAUSAL_NAMES = {False: CAUSAL_NONE, None: CAUSAL_NONE, True: TOP_LEFT, TOP_LEFT
 
 @dataclass(frozen=True)
 class OperandMeta:
-    """A broadcast operand (mask or sinks) as a kernel reads it: its dtype and its strides
-    after broadcasting to the input's shape (0 on broadcast dims: never materialised). `shape`
-    is the operand's own shape (for gradients summed back to it)."""
+    """A broadcast operand as a kernel reads it: its own shape, its strides broadcast to the
+    input's shape (0 on broadcast dims: never materialised) and its dtype."""
 
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # of the broadcast view, one per input dim
@@ -41,10 +35,14 @@ class OperandMeta:
         return cls(tuple(t.shape), broadcast_strides(tuple(t.shape), tuple(t.stride()), shape), t.dtype)
 
 
+def row_shape(shape: tuple[int, ...], dim: int) -> tuple[int, ...]:
+    """`shape` with size 1 in `dim` (a per-row statistic with keepdim; () for a 0-dim input)."""
+    return tuple(1 if d == dim else s for d, s in enumerate(shape))
+
+
 def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], to: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a tensor of `shape`/`strides` expanded to `to` (right-aligned, as
-    `Tensor.expand`: 0 where a size-1 or missing dim is broadcast). Computed from metadata
-    alone: it also runs on tensors torch.compile is tracing."""
+    """The strides of a tensor of `shape`/`strides` expanded to `to` (as `Tensor.expand`: 0 where
+    a size-1 or missing dim is broadcast), from metadata alone (it runs on traced tensors too)."""
     lead = len(to) - len(shape)
     out = []
     for d, size in enumerate(to):
@@ -55,8 +53,7 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], to: tupl
 
 @dataclass(frozen=True)
 class Variant:
-    """One member of the fused family (see the module docstring). `Variant()` is the plain
-    softmax."""
+    """One member of the fused family; `Variant()` is the plain softmax."""
 
     scale: float | None = None
     softcap: float | None = None
@@ -78,15 +75,13 @@ class Variant:
         return self.mask_kind == MASK_BOOL or self.causal != CAUSAL_NONE
 
     def key(self) -> tuple:
-        """Everything a compiled kernel depends on: which steps are present, the operands'
-        layouts and dtypes, the causal form and the empty-row policy — not the values of
-        `scale` and `softcap`, which are runtime arguments."""
+        """Everything a compiled kernel depends on (not the values of `scale` and `softcap`)."""
         return (self.scale is not None, self.softcap is not None, self.mask_kind, self.mask, self.causal,
                 self.sinks, self.empty_rows if self.has_empty_rows else "zero", self.row_scale)
 
     def with_values(self, scale, softcap: float) -> "Variant":
-        """This variant with one call's `scale` and `softcap` values (absent steps stay absent):
-        the formulas' form, which for a row scale holds the tensor in `scale` (never a key)."""
+        """This variant with one call's `scale` / `softcap` values, for the formulas (a row scale's
+        tensor in `scale`); absent steps stay absent."""
         return replace(self, scale=None if self.scale is None and self.row_scale is None else scale,
                        softcap=None if self.softcap is None else softcap)
 
@@ -118,10 +113,8 @@ PLAIN = Variant()
 
 
 class Operands(NamedTuple):
-    """The tensors and values of one fused call: `mask` and `sinks` as the caller gave them
-    (None when absent; `Variant.mask` / `.sinks` say how they broadcast), `scale` and `softcap`
-    the float arguments (1.0 where absent); `scale` is the caller's tensor for a row scale
-    (`Variant.row_scale` says how it broadcasts)."""
+    """The tensors and values of one fused call: `mask` and `sinks` as the caller gave them (None
+    when absent), `scale` (a row scale's tensor) and `softcap` (1.0 where absent)."""
 
     mask: torch.Tensor | None
     sinks: torch.Tensor | None
@@ -156,14 +149,8 @@ def _finite_float(name: str, value) -> float:
 
 
 def is_row_scale(scale) -> bool:
-    """True when `scale` is a tensor of one value per row (at least one dim); a 0-dim tensor is
-    a number."""
+    """True when `scale` is a tensor of one value per row (a 0-dim tensor is a number)."""
     return isinstance(scale, torch.Tensor) and scale.dim() > 0
-
-
-def _row_scale_meta(scale: torch.Tensor, x_shape: tuple[int, ...], device: torch.device, dim: int) -> OperandMeta:
-    check_row_scale(scale, x_shape, device, dim)
-    return OperandMeta.of(scale, x_shape)
 
 
 def check_row_scale(scale: torch.Tensor, x_shape: tuple[int, ...], device: torch.device, dim: int) -> None:
@@ -172,8 +159,7 @@ def check_row_scale(scale: torch.Tensor, x_shape: tuple[int, ...], device: torch
     if not scale.dtype.is_floating_point:
         raise TypeError(f"softmax: scale dtype {scale.dtype} is not supported: a float, or a floating tensor "
                         f"with one value per row")
-    row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
-    _check_broadcast("scale", scale, row_shape, device,
+    _check_broadcast("scale", scale, row_shape(x_shape, dim), device,
                      f"a tensor scale broadcasts against the input with size 1 in dim {dim}: one value per row")
 
 
@@ -218,11 +204,11 @@ def _sinks_hint(sinks, x_shape: tuple[int, ...], dim: int) -> str:
 
 def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=None, mask=None, causal=False,
           softcap=None, sinks=None, empty_rows: str = "zero") -> tuple[Variant, Operands]:
-    """Validate the fused keywords of a request on an input of `x_shape` reduced over the
-    normalised `dim`, and return its `Variant` and `Operands`. Errors name the argument."""
+    """Validate the fused keywords of a request (`dim` normalised): (`Variant`, `Operands`)."""
     row_scale = None
     if is_row_scale(scale):
-        row_scale, row_values, scale = _row_scale_meta(scale, x_shape, device, dim), scale, None
+        check_row_scale(scale, x_shape, device, dim)
+        row_scale, row_values, scale = OperandMeta.of(scale, x_shape), scale, None
     elif scale is not None:
         scale = _finite_float("scale", scale)
     if softcap is not None:
@@ -247,8 +233,7 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
         mask_meta = OperandMeta.of(mask, x_shape)
     sink_meta = None
     if sinks is not None:
-        row_shape = tuple(1 if d == dim else s for d, s in enumerate(x_shape))
-        _check_broadcast("sinks", sinks, row_shape, device,
+        _check_broadcast("sinks", sinks, row_shape(x_shape, dim), device,
                          f"sinks broadcast against the input with size 1 in dim {dim}: one logit per row"
                          f"{_sinks_hint(sinks, x_shape, dim)}")
         if not sinks.dtype.is_floating_point:
@@ -263,9 +248,7 @@ def build(x_shape: tuple[int, ...], device: torch.device, dim: int, *, scale=Non
 
 def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | None,
               device: torch.device | str | None = None) -> torch.Tensor | None:
-    """The kept positions (bool, `shape`, on `device`: the mask's by default) the bool mask and
-    causal leave, or None when every position is kept. `mask` is the mask operand (any
-    broadcastable view)."""
+    """The positions (bool, `shape`) the bool mask `mask` and causal keep, or None for all of them."""
     device = device if device is not None else (mask.device if mask is not None else "cpu")
     keep = None
     if variant.mask_kind == MASK_BOOL:
@@ -281,16 +264,13 @@ def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | Non
 
 
 def runtime_values(scale, softcap) -> tuple[float, float]:
-    """(scale, softcap) as the kernel arguments of one call, validated on every call (a
-    memoised request skips `build`, not these checks): 1.0 where absent. While torch.compile
-    traces, a float or int passes unchecked (it may be a symbol): the operator checks it."""
+    """(scale, softcap) as one call's kernel arguments (1.0 where absent), validated on every call
+    (a memoised request skips `build`); while tracing a number may be a symbol: the operator checks it."""
     if torch.compiler.is_compiling():
         return _traced_value("scale", scale), _traced_value("softcap", softcap)
     if scale is None:
         s = 1.0
-    elif type(scale) is float and math.isfinite(scale):
-        s = scale
-    elif is_row_scale(scale):  # (a row scale's layout was checked with its request)
+    elif (type(scale) is float and math.isfinite(scale)) or is_row_scale(scale):  # (row scale: checked once)
         s = scale
     else:
         s = _finite_float("scale", scale)

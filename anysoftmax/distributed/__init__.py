@@ -1,12 +1,7 @@
-"""Softmax, log_softmax and logsumexp over a dim sharded across the ranks of a
-`torch.distributed` group (a tensor-parallel vocabulary, a context-parallel row):
-
-    import anysoftmax.distributed as asd
-    y = asd.softmax(x_shard, -1)               # this rank's shard of softmax(cat(shards), -1)
-    lse = asd.logsumexp(x_shard, -1, group=tp_group)
-
-`x` is this rank's shard, in rank order; the contract: docs/semantics.md ("A dim sharded across
-ranks"). `sample` and `logprobs` sample over a vocabulary sharded the same way (docs/sampling.md).
+"""Softmax, log_softmax and logsumexp over a dim sharded across the ranks of a `torch.distributed`
+group (a tensor-parallel vocabulary, a context-parallel row): `x` is this rank's shard, in rank
+order (docs/semantics.md, "A dim sharded across ranks"). `sample` and `logprobs` sample over a
+vocabulary sharded the same way (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ def _softmax(who, log, x, dim, group, dtype, scale, mask, causal, softcap, sinks
 def softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | None = None, scale: float | None = None,
             mask: torch.Tensor | None = None, causal: bool | str = False, softcap: float | None = None,
             sinks: torch.Tensor | None = None, empty_rows: str = "zero", backend: str | None = None) -> torch.Tensor:
-    """This rank's shard of the softmax over `dim`, sharded across `group` (None: the default
-    group); the fused keywords as in `anysoftmax.softmax` (module docstring: what a shard means)."""
+    """This rank's shard of the softmax over `dim`, sharded across `group` (None: the default one)."""
     return _softmax("anysoftmax.distributed.softmax", False, x, dim, group, dtype, scale, mask, causal, softcap, sinks,
                     empty_rows, backend)
 
@@ -67,10 +61,8 @@ def log_softmax(x: torch.Tensor, dim: int, *, group=None, dtype: torch.dtype | N
 def logsumexp(x: torch.Tensor, dim: int, *, group=None, scale: float | None = None, mask: torch.Tensor | None = None,
               causal: bool | str = False, softcap: float | None = None, sinks: torch.Tensor | None = None,
               keepdim: bool = False, backend: str | None = None) -> torch.Tensor:
-    """The log of the global fused softmax's denominator per row (sinks included), on every
-    rank: float32 for 16/32-bit x, float64 for float64; -inf for rows a bool mask leaves empty
-    on every rank (their sink s with sinks, as `anysoftmax.logsumexp`). Its gradient is the
-    global softmax (no collective in the backward)."""
+    """The log of the global fused softmax's denominator per row (sinks included), on every rank,
+    as `anysoftmax.logsumexp`: -inf (s with sinks) for rows a bool mask leaves empty on every rank."""
     who = "anysoftmax.distributed.logsumexp"
     if torch.compiler.is_compiling():
         refuse_causal(who, causal)

@@ -1,12 +1,8 @@
 """The autograd Functions of the sharded softmax, log_softmax and logsumexp: one for eager
-autograd, one for torch.func's transforms (grad, vjp, jacrev, vmap and vmap of grad: a
-`setup_context`, and vmap rules generated over the operators of `ops.py`), each pair sharing
-its forward, saved tensors and backward.
-
-On plain tensors a Function runs the formulas of `functions.py` itself (in eager mode the
-forward may read the shard once, `one_read`); on tensors a torch.func transform wraps, it calls
-the operators, whose vmap rules batch. A backward that is itself differentiated raises
-(`refuse_double_backward`).
+autograd, one for torch.func's transforms (vmap rules generated over the operators of `ops.py`),
+each pair sharing its forward, saved tensors and backward. On plain tensors a Function runs
+`functions.py` itself; on tensors a transform wraps, the operators. A backward that is itself
+differentiated raises (`refuse_double_backward`).
 """
 
 from __future__ import annotations
@@ -21,11 +17,9 @@ from .functions import NO_DOUBLE_BACKWARD, logsumexp_backward, logsumexp_forward
 
 
 def refuse_double_backward(*tensors) -> None:
-    """Raise where this backward is itself differentiated: in eager mode, with grad mode on
-    (`create_graph=True`) and a tensor it reads requiring a gradient; under torch.func, where a
-    reverse-mode level outside the one this backward serves is live (grad of grad, jacrev of
-    jacrev: the level of the saved tensors, or a dead one when a vjp is called after its
-    transform returned). A single grad, vjp or jacrev, and vmap of them, run."""
+    """Raise where this backward is itself differentiated: in eager mode, with `create_graph=True`
+    and a tensor it reads requiring a gradient; under torch.func, where a reverse-mode level
+    outside the one this backward serves is live (grad of grad, jacrev of jacrev)."""
     if not torch.is_grad_enabled():
         return
     stack = get_interpreter_stack()
@@ -53,8 +47,7 @@ def _or_none(grad, wanted: bool):
 
 
 def _backward(ctx, grad, formula, operator, tail: tuple):
-    """A Function's backward: (dx, dmask, dsinks, None) from the formula on plain tensors, else
-    from the backward operator (`tail`: its non-tensor arguments)."""
+    """A Function's backward: (dx, dmask, dsinks, None) by the formula on plain tensors, else the operator."""
     saved = ctx.saved_tensors
     refuse_double_backward(grad, *saved)
     needs = ctx.needs_input_grad
@@ -66,10 +59,9 @@ def _backward(ctx, grad, formula, operator, tail: tuple):
 
 
 def _functions(name: str, outputs, save, grad):
-    """The Functions of one sharded op, for eager autograd (`grad_mode.eager_form`) and for
-    torch.func: apply(x, mask, sinks, call) -> (result, row states...), the row states not
-    differentiable. `outputs(x, mask, sinks, c)` computes them, `save(ctx, x, mask, sinks, c,
-    *outputs)` keeps what `grad(ctx, g)` reads."""
+    """(eager, torch.func) Functions of one sharded op: apply(x, mask, sinks, call) -> (result, row
+    states...), computed by `outputs`; `save(ctx, x, mask, sinks, c, *outputs)` keeps what
+    `grad(ctx, g)` reads."""
 
     class Func(torch.autograd.Function):
         generate_vmap_rule = True

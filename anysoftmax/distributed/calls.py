@@ -1,6 +1,5 @@
-"""Validating a call of the sharded functions: its keywords checked as `anysoftmax.softmax`
-checks them, memoised by the request's key (a repeated eager request is not validated again),
-and the `functions.Call` the formulas, the Functions and the operators take."""
+"""Validating a call of the sharded functions as `anysoftmax.softmax` validates it, memoised by the
+request's key, and the `functions.Call` the formulas, Functions and operators take."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from .functions import Call
 
 
 class Checked(NamedTuple):
-    """What validating a request leaves, for every call of it (scale's and softcap's values
-    are the call's, checked on every call; the group's rank and size are the group's)."""
+    """What validating a request leaves for every call of it."""
 
     dim: int  # normalised
     cast: torch.dtype | None  # dtype= to convert x to first
@@ -51,18 +49,12 @@ def refuse_causal(who: str, causal) -> None:
                          f"keys' global positions); pass the shard of a bool mask instead")
 
 
-def refuse_row_scale(who: str, scale) -> None:
-    """A tensor scale (one value per row) is refused over a sharded dim: its gradient would need
-    a reduction across the ranks that the sharded functions do not make."""
-    if is_row_scale(scale):
-        raise ValueError(f"{who}: scale as a tensor (one value per row) is not supported over a sharded dim; "
-                         f"pass a number, or scale the shard first (x * scale)")
-
-
 def prepare(who, direction, x, dim, dtype, log, keepdim, group, scale, mask, causal, softcap, sinks, empty_rows,
             backend) -> tuple[torch.Tensor, Call, Checked]:
     """(x converted to `dtype=`, the call, what validating it left)."""
-    refuse_row_scale(who, scale)
+    if is_row_scale(scale):  # (its gradient would need a reduction across the ranks)
+        raise ValueError(f"{who}: scale as a tensor (one value per row) is not supported over a sharded dim; "
+                         f"pass a number, or scale the shard first (x * scale)")
     rank, world = group_rank_and_size(group, who)
     refuse_causal(who, causal)
     a = FusedArgs(scale, mask, False, softcap, sinks, empty_rows)

@@ -1,6 +1,5 @@
-"""The two collectives of the sharded softmax, over a `torch.distributed` group: a gather of
-each rank's row states (forward) and a sum of one float per row (backward). Contiguous tensors
-only, so gloo (CPU) and NCCL (GPU) both take them."""
+"""The collectives of the sharded softmax: a gather of each rank's row states (forward) and a sum of
+one float per row (backward), on contiguous tensors only, so gloo (CPU) and NCCL (GPU) take them."""
 
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ except ImportError:  # pragma: no cover - a torch built without distributed
     _resolve_process_group = None
 
 
-def _group_object(group):
+def group_object(group):
+    """`group` itself, the default group for None."""
     return dist.group.WORLD if group is None else group
 
 
@@ -27,7 +27,7 @@ _ranks: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def group_rank_and_size(group, who: str) -> tuple[int, int]:
     """(this rank's index in `group`, the group's size); `group` None is the default group."""
     try:
-        return _ranks[_group_object(group)]
+        return _ranks[group_object(group)]
     except (KeyError, TypeError, AttributeError):  # (new; None: uninitialised; no torch.distributed)
         pass
     if not dist.is_available():
@@ -39,14 +39,12 @@ def group_rank_and_size(group, who: str) -> tuple[int, int]:
     if rank < 0:
         raise ValueError(f"{who}: this process is not a member of group={group!r}")
     got = rank, dist.get_world_size(group)
-    _ranks[_group_object(group)] = got
+    _ranks[group_object(group)] = got
     return got
 
 
 def group_name(group) -> str:
-    """`group` as an operator argument (`ops.py`: a schema type, that torch.compile reads from
-    a group object without running anything): its name, "" for None (the default group that
-    is current when the call runs)."""
+    """`group` as an operator argument: its name ("" for None, the default group when the call runs)."""
     return "" if group is None else group.group_name
 
 
@@ -64,21 +62,20 @@ _list_form_groups: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def gather_states(state: torch.Tensor, world: int, group) -> torch.Tensor:
-    """[world, K] of every rank's `state` ([K], the same K on every rank), in rank order: one
-    collective into one new tensor (the tensor form; the list form of views into the same
-    tensor where the group's backend lacks it)."""
+    """[world, K] of every rank's `state` ([K] on every rank), in rank order: one collective into
+    one new tensor (the list form of its views where the group's backend lacks the tensor form)."""
     state = state.contiguous()
     if world == 1:
         return state.unsqueeze(0)
     out = torch.empty((world, state.numel()), dtype=state.dtype, device=state.device)
-    if _gather_single is not None and _group_object(group) not in _list_form_groups:
+    if _gather_single is not None and group_object(group) not in _list_form_groups:
         try:
             _gather_single(out.view(-1), state, group=group)
             return out
         except (RuntimeError, NotImplementedError) as exc:  # (refused before any rank sent anything)
             if "support" not in str(exc):
                 raise
-            _list_form_groups.add(_group_object(group))
+            _list_form_groups.add(group_object(group))
     dist.all_gather(list(out.unbind(0)), state, group=group)
     return out
 
@@ -97,18 +94,17 @@ _shard_sizes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def shard_sizes(size: int, world: int, group, device: torch.device) -> tuple[int, ...]:
-    """Every rank's shard size in rank order: gathered on the first call with this rank's
-    `size` (one small collective; every rank calls with new sizes together), then remembered."""
-    known = _shard_sizes.get(_group_object(group)) if world > 1 else {size: (size,)}
+    """Every rank's shard size in rank order: gathered on the first call with this `size`, then remembered."""
+    known = _shard_sizes.get(group_object(group)) if world > 1 else {size: (size,)}
     if known is not None and size in known:
         return known[size]
     sizes = tuple(int(s) for s in gather_states(torch.tensor([size], dtype=torch.int64, device=device), world,
                                                      group)[:, 0].tolist())
     if min(sizes) > 0:
-        _shard_sizes.setdefault(_group_object(group), {})[size] = sizes
+        _shard_sizes.setdefault(group_object(group), {})[size] = sizes
     return sizes
 
 
 def forget_shard_sizes(group) -> None:
     """Drop the remembered sizes (every rank does, after a call found them changed)."""
-    _shard_sizes.pop(_group_object(group), None)
+    _shard_sizes.pop(group_object(group), None)

@@ -1,11 +1,8 @@
-"""The sharded softmax, log_softmax and logsumexp as formulas without autograd: the forwards
-and backwards that the autograd Functions (`autograd.py`) and the operators (`ops.py`) run.
-
-Forward: `states.exchange` (one gather of row states), then one local fused softmax whose sink
-is `rest`, the log of everything outside the shard. Backward: softmax and log_softmax sum one
-float per row across the ranks (Σ y·g, resp. Σ g); logsumexp needs no collective (its gradient
-is the global softmax, recomputed locally from the saved `rest`). Each rank's sinks gradient is
-the whole one (sinks are replicated); a floating mask's is this rank's part.
+"""The sharded softmax, log_softmax and logsumexp without autograd: the forwards and backwards
+that `autograd.py` and `ops.py` run. Forward: `states.exchange` (one gather of row states), then a
+local fused softmax whose sink is `rest`, the log of everything outside the shard. Backward: one
+float per row summed across the ranks (Σ y·g, resp. Σ g); logsumexp's needs no collective. Each
+rank's sinks gradient is the whole one (sinks are replicated); a floating mask's is this rank's part.
 """
 
 from __future__ import annotations
@@ -49,11 +46,9 @@ class Call(NamedTuple):
 
 
 def _local_softmax(x, c: Call, mask, sink, dtype=None) -> torch.Tensor:
-    """The shard's local fused softmax (log_softmax with `c.log`), recording no gradient:
-    straight to dispatch when `c.eager` (what the public function would find), else through
-    the public function (torch.compile, torch.func, forward AD, tensor subclasses). With `rest`
-    as its sink it is the global softmax's shard. Empty rows stay "zero" locally: a row empty
-    here may be kept on another rank (the caller applies the policy to rows empty everywhere)."""
+    """The shard's local fused softmax (log_softmax with `c.log`), recording no gradient: straight
+    to dispatch when `c.eager`, else through the public function. Empty rows stay "zero" locally: a
+    row empty here may be kept on another rank (the caller applies the policy to rows empty everywhere)."""
     if c.eager:
         return dispatch.forward_fused(x, c.dim, dtype, c.backend, c.log,
                                       dispatch.FusedArgs(c.scale, mask, False, c.softcap, sink))[0]
@@ -62,25 +57,20 @@ def _local_softmax(x, c: Call, mask, sink, dtype=None) -> torch.Tensor:
 
 
 def _chain(dz: torch.Tensor, x: torch.Tensor, c: Call, mask) -> torch.Tensor:
-    """dz (gradient of the logits after softcap) to dx: softcap's 1 - tanh², scale's factor
-    (read at the positions a bool mask keeps: an excluded x may be NaN)."""
+    """dz to dx: softcap's 1 - tanh² (read where a bool mask keeps: an excluded x may be NaN), scale."""
     keep = ~mask.expand(dz.shape) if mask is not None and mask.dtype == torch.bool else None
     return prologue_chain(dz, x, c.scale, c.softcap, keep)
 
 
 def softmax_forward(x, mask, sinks, c: Call):
-    """(this rank's shard of the global softmax / log_softmax, the row states): the forward
-    without autograd (the Function's forward, and the whole call when nothing needs a gradient:
-    either way nothing here records one, without a no_grad block's cost): one read of the shard
-    where `one_read` takes the call, else the states' all-gather and a second read.
-    The global lse is merged only with sinks (their gradient reads it)."""
+    """(this rank's shard of the global softmax / log_softmax, the row states), recording no
+    gradient: one read of the shard where `one_read` takes the call, else the all-gather and a
+    second read."""
     one = one_read.forward(x, mask, sinks, c)
     if one is not None:
         return one
     want_length = c.empty_rows == "uniform" and mask is not None and mask.dtype == torch.bool
-    st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                  rank=c.rank, world=c.world, group=c.group, eager=c.eager, want_length=want_length,
-                  want_lse=sinks is not None)
+    st = exchange(x, mask, sinks, c, want_length=want_length, want_lse=sinks is not None)
     y = _local_softmax(x, c, mask, st.rest)
     if st.empty is not None and c.empty_rows != "zero":
         if want_length:  # (a device tensor: torch.where, as masked_fill would read it on the host)
@@ -94,18 +84,16 @@ def softmax_forward(x, mask, sinks, c: Call):
 
 def logsumexp_forward(x, mask, sinks, c: Call):
     """(the global logsumexp per row, the row states), without autograd (as `softmax_forward`)."""
-    st = exchange(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, sinks=sinks, backend=c.backend,
-                  rank=c.rank, world=c.world, group=c.group, eager=c.eager)
+    st = exchange(x, mask, sinks, c)
     # A row no rank keeps anything of is -inf, or its sink s with sinks (the merge gives s there).
     out = st.lse if st.empty is None or sinks is not None else st.lse.masked_fill(st.empty, -math.inf)
     return (out if c.keepdim else out.squeeze(c.dim)), st
 
 
 def softmax_backward(gy, y, x, mask, sinks, lse, empty, c: Call, needs=(True, True, True)):
-    """(dx, dmask, dsinks) of the sharded softmax / log_softmax from its gradient `gy`, its
-    result `y` and the row states (`lse` with sinks, `empty` with a bool mask); `x` only with
-    softcap. `needs`: which of the three are wanted (None where not, or where the operand is
-    absent or a bool mask). The backward's one collective: one float per row."""
+    """(dx, dmask, dsinks) of the sharded softmax / log_softmax from `gy`, `y` and the row states
+    (`lse` with sinks, `empty` with a bool mask; `x` with softcap); None where not in `needs` or
+    without such a gradient. The one collective: one float per row."""
     acc = lse_dtype(y.dtype)
     g, yy = gy.to(acc), y.to(acc)
     excluded = None
@@ -125,12 +113,9 @@ def softmax_backward(gy, y, x, mask, sinks, lse, empty, c: Call, needs=(True, Tr
 
 
 def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True, True, True)):
-    """(dx, dmask, dsinks) of the sharded logsumexp from its gradient `g` and its result `out`
-    (read with sinks: there it is the global lse of every row), as `softmax_backward`. No
-    collective: d lse / d z is the global softmax, the local fused softmax with `rest` as its
-    sink (0 at excluded positions and in rows empty everywhere), in the accumulation dtype
-    (`dtype=` widens inside the kernel's loads): dx is rounded once, not twice. A row with
-    nothing kept but its sink s is s: the sink's gradient there is g."""
+    """(dx, dmask, dsinks) of the sharded logsumexp from `g` and its result `out` (read with sinks),
+    as `softmax_backward`. No collective: d lse / d z is the local fused softmax with `rest` as its
+    sink, computed in the accumulation dtype so that dx is rounded once."""
     acc = lse_dtype(x.dtype)
     g = g.to(acc) if c.keepdim else g.to(acc).unsqueeze(c.dim)
     c = c._replace(log=False, eager=plain_eager(x, mask, sinks, gradients=False))  # (this backward's modes)

@@ -1,10 +1,8 @@
 """The mailbox of the one-read sharded softmax (`one_read.py`): per rank an int64 buffer
-[2, capacity, world] that every rank of the group can write over NVLink (torch's symmetric
-memory), and the addresses of every rank's buffer as this rank maps them. A kernel writes a
-row's state, tagged with the call's epoch, into each peer's buffer and reads the peers' words
-from its own (docs/kernels.md). Mailboxes are made once per (group, device) by a collective,
-grown (a new collective, on the same call everywhere) when a call has more rows, and never
-freed while the process lives: a peer's kernel still in flight may write into an old one.
+[2, capacity, world] every rank can write over NVLink (torch's symmetric memory), into which a
+kernel writes each row's state tagged with the call's epoch (docs/kernels.md). Made per (group,
+device) by a collective, grown when a call has more rows, never freed while the process lives: a
+peer's kernel still in flight may write into an old one.
 """
 
 from __future__ import annotations
@@ -15,15 +13,15 @@ import weakref
 import torch
 
 from ..core.cache import BoundedDict
+from .collective import group_object
 
 # A word holds the epoch in its upper 32 bits, below the sign bit.
 MAX_EPOCH = 2**31 - 1
 
 
 class Mailbox:
-    """This rank's mailbox `words` (int64 [2 * capacity * world]), `peers` (int64 [world]: every
-    rank's `words` address in this process), the epoch of the last call, `keep` (what keeps the
-    mapping alive) and `launchers` (the backend's, bound to this mailbox, by request key)."""
+    """This rank's mailbox `words`, `peers` (every rank's `words` address in this process), the
+    epoch of the last call, `keep` (what keeps the mapping alive) and the `launchers` bound to it."""
 
     __slots__ = ("words", "peers", "capacity", "world", "epoch", "keep", "launchers")
 
@@ -39,8 +37,7 @@ class Mailbox:
         self.launchers = BoundedDict(maxsize=256)
 
     def next_call(self) -> tuple[int, int]:
-        """(epoch, slot base) of the next call: the epoch every rank's words of it carry, and the
-        offset of the mailbox half it uses (a rank is never more than one call ahead)."""
+        """(epoch, offset of the mailbox half) of the next call (a rank is never more than one ahead)."""
         if self.epoch >= MAX_EPOCH:
             raise RuntimeError(f"anysoftmax.distributed: this mailbox has served {MAX_EPOCH} calls, the most "
                                f"its 32-bit epochs tell apart; set ANYSOFTMAX_SHARDED_ONE_READ=0 to go on with "
@@ -65,16 +62,14 @@ _lock = threading.Lock()
 
 
 def _rendezvous(group, device: torch.device, capacity: int, world: int) -> Mailbox:
-    import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    pg = dist.group.WORLD if group is None else group
     n = 2 * capacity * world
     words = symm_mem.empty(n, dtype=torch.int64, device=device)
     # Zeroed before the rendezvous: no peer writes into it before every rank has joined.
     words.zero_()
     torch.cuda.synchronize(device)
-    handle = symm_mem.rendezvous(words, pg)
+    handle = symm_mem.rendezvous(words, group)
     peers = torch.tensor([handle.get_buffer(r, (n,), torch.int64).data_ptr() for r in range(world)],
                          dtype=torch.int64, device=device)
     return Mailbox(words, peers, capacity, world, keep=handle)
@@ -83,11 +78,9 @@ def _rendezvous(group, device: torch.device, capacity: int, world: int) -> Mailb
 def symmetric(group, device: torch.device, rows: int, world: int) -> Mailbox:
     """The mailbox of `group` on `device` holding at least `rows` rows (a collective the first
     time, and when a call has more rows than the mailbox: every rank calls it on the same call)."""
-    import torch.distributed as dist
-
-    dist_group = dist.group.WORLD if group is None else group
+    group = group_object(group)
     with _lock:
-        per_device = _boxes.setdefault(dist_group, {})
+        per_device = _boxes.setdefault(group, {})
         box = per_device.get(device)
         if box is not None and box.capacity >= rows:
             return box

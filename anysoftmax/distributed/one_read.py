@@ -1,9 +1,7 @@
-"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel,
-through a mailbox of symmetric memory (`mailbox.py`), instead of a logsumexp kernel, an
-all-gather and a second kernel that reads the shard again (`states.exchange`). When it is taken
-(`refusal`): docs/semantics.md. The decision depends only on what every rank shares, never on a
-shard's length or strides, so the ranks of a group take the same path.
-ANYSOFTMAX_SHARDED_ONE_READ=0 turns it off (read once, at import).
+"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel
+through a mailbox of symmetric memory (`mailbox.py`), instead of `states.exchange` and a second
+read. `refusal` depends only on what every rank shares, never on a shard's length or strides, so
+the ranks of a group take the same path. ANYSOFTMAX_SHARDED_ONE_READ=0 (read at import) turns it off.
 """
 
 from __future__ import annotations
@@ -61,14 +59,9 @@ def refusal(x: torch.Tensor, mask, c) -> str | None:
 _symmetric_memory_missing = functools.cache(symmetric_memory_missing)
 
 
-def _rows(x: torch.Tensor, dim: int) -> int:
-    return math.prod(s for d, s in enumerate(x.shape) if d != dim)
-
-
 def sharded_softmax(x: torch.Tensor, mask, sinks, c, box: Mailbox) -> tuple[torch.Tensor, RowStates]:
-    """(this rank's shard of the global softmax / log_softmax, its row states: the global lse
-    with sinks, their gradient's one reader) through the mailbox `box`: one launch of the
-    triton backend's sharded kernel (two where a shard row outgrows the GPU)."""
+    """(this rank's shard of the global softmax / log_softmax, its row states: the global lse with
+    sinks) through the mailbox `box`: one launch of the triton backend's sharded kernel."""
     fused = FusedArgs(c.scale, mask, False, c.softcap, sinks)
     key = request_key(SHARDED, x, c.dim, None, c.backend, c.log, None, fused)
     launch = box.launchers.get(key) if key is not None else None
@@ -91,4 +84,5 @@ def forward(x: torch.Tensor, mask, sinks, c) -> tuple[torch.Tensor, RowStates] |
     """`sharded_softmax` through the group's symmetric mailbox, or None where `refusal` says no."""
     if refusal(x, mask, c) is not None:
         return None
-    return sharded_softmax(x, mask, sinks, c, symmetric(c.group, x.device, _rows(x, c.dim), c.world))
+    rows = math.prod(s for d, s in enumerate(x.shape) if d != c.dim)
+    return sharded_softmax(x, mask, sinks, c, symmetric(c.group, x.device, rows, c.world))

@@ -1,12 +1,7 @@
-"""The sharded functions as torch operators: ``torch.ops.anysoftmax.sharded_softmax`` (softmax
-and log_softmax), ``.sharded_logsumexp`` and their backwards, with fake implementations (dynamo
-cannot trace the collectives: torch.compile keeps one graph around the operator), autograd (a
-backward operator refuses to be differentiated) and vmap rules (a batch dim is one more row dim,
-which every rank batches alike). torch.compile calls the forward operators; torch.func reaches
-them through `autograd.py`'s Functions. Each runs `functions.py` on plain tensors through the
-all-gather of the row states (never `one_read`, whose epochs are per eager call). An output an
-operator does not have (the lse without sinks, the empty rows without a bool mask, a bool mask's
-or absent sinks' gradient) is an empty placeholder: operators return tensors only.
+"""The sharded functions as torch operators (``anysoftmax::sharded_softmax``, ``::sharded_logsumexp``
+and their backwards) with fakes (dynamo cannot trace collectives), autograd and vmap rules: what
+torch.compile and torch.func (through `autograd.py`) call. They run `functions.py` through the
+all-gather, never `one_read` (its epochs are per eager call). A missing output is an empty placeholder.
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ from ..core.reference import row_shape
 from ..core.request import SHARDED, SHARDED_LSE
 from ..dispatch import FusedArgs
 from ..torchop.batching import front
+from ..torchop.ops import fresh
 from . import calls
 from .collective import group_of, group_rank_and_size
 from .functions import (NO_DOUBLE_BACKWARD, Call, logsumexp_backward, logsumexp_forward, softmax_backward,
@@ -31,21 +27,6 @@ _LSE = "anysoftmax.distributed.logsumexp"
 
 def _bool(mask) -> bool:
     return mask is not None and mask.dtype == torch.bool
-
-
-def _fresh(*outputs: _Tensor, inputs=()) -> tuple[_Tensor, ...]:
-    """`outputs`, contiguous, none sharing memory with another or with `inputs` (an operator's
-    outputs are new tensors: a row state may be a view of the sinks, a gradient the same
-    tensor as another)."""
-    seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
-    out = []
-    for t in outputs:
-        t = t.contiguous()
-        if t.numel() and t.untyped_storage().data_ptr() in seen:
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        out.append(t)
-    return tuple(out)
 
 
 def _prepare(who, direction, x, dim, dtype, log, keepdim, group, scale, mask, softcap, sinks, empty_rows, backend):
@@ -79,7 +60,7 @@ def softmax_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], di
     y, st = softmax_forward(x, mask, sinks, c)
     lse = st.lse if sinks is not None else x.new_empty(0, dtype=checked.acc)
     empty = st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool)
-    return _fresh(y, lse, empty, inputs=(x, mask, sinks))
+    return fresh(y, lse, empty, inputs=(x, mask, sinks))
 
 
 @softmax_op.register_fake
@@ -98,28 +79,24 @@ def softmax_backward_op(gy: _Tensor, y: _Tensor, x: Optional[_Tensor], mask: Opt
                         group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
     """(dx, dmask, dsinks) of `softmax_op` (`functions.softmax_backward`); `dim` normalised."""
     c = _backward_call(dim, log, scale, softcap, False, None, group)
-    if _no_rows(y, dim):
-        dx, dmask, dsinks = torch.zeros_like(y), None, None
-        if mask is not None and mask.dtype.is_floating_point:
-            dmask = torch.zeros_like(mask)
-        if sinks is not None:
-            dsinks = torch.zeros_like(sinks)
-    else:
-        dx, dmask, dsinks = softmax_backward(gy, y, x, mask, sinks, lse if sinks is not None else None,
-                                             empty if _bool(mask) else None, c)
-    return _fresh(dx, y.new_empty(0) if dmask is None else dmask, y.new_empty(0) if dsinks is None else dsinks,
+    if _no_rows(y, dim):  # (nothing to compute: zero gradients)
+        return tuple(t.zero_() for t in _grads_fake(y, mask, sinks))
+    dx, dmask, dsinks = softmax_backward(gy, y, x, mask, sinks, lse if sinks is not None else None,
+                                         empty if _bool(mask) else None, c)
+    return fresh(dx, y.new_empty(0) if dmask is None else dmask, y.new_empty(0) if dsinks is None else dsinks,
                   inputs=(gy, y, x, mask, sinks, lse, empty))
+
+
+def _grads_fake(ref: _Tensor, mask, sinks) -> tuple[_Tensor, _Tensor, _Tensor]:
+    # A backward operator's (dx, dmask, dsinks): a placeholder where there is no such gradient.
+    floating_mask = mask is not None and mask.dtype.is_floating_point
+    return (ref.new_empty(ref.shape), mask.new_empty(mask.shape) if floating_mask else ref.new_empty(0),
+            ref.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 @softmax_backward_op.register_fake
 def _softmax_backward_fake(gy, y, x, mask, sinks, lse, empty, dim, log, scale, softcap, group):
-    return (y.new_empty(y.shape), _operand_grad_fake(y, mask, floating_only=True), _operand_grad_fake(y, sinks))
-
-
-def _operand_grad_fake(ref, t, floating_only=False):
-    if t is None or (floating_only and not t.dtype.is_floating_point):
-        return ref.new_empty(0)
-    return t.new_empty(t.shape)
+    return _grads_fake(y, mask, sinks)
 
 
 def _softmax_setup(ctx, inputs, output):
@@ -169,7 +146,7 @@ def logsumexp_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], 
     if checked.no_rows:  # (nothing to compute: the fake's empty outputs)
         return _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group)
     out, st = logsumexp_forward(x, mask, sinks, c)
-    return _fresh(out, st.rest if _has_rest(sinks, c.world) else x.new_empty(0, dtype=checked.acc),
+    return fresh(out, st.rest if _has_rest(sinks, c.world) else x.new_empty(0, dtype=checked.acc),
                   st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
 
 
@@ -195,18 +172,17 @@ def _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group
 def logsumexp_backward_op(g: _Tensor, x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], out: _Tensor,
                           rest: _Tensor, empty: _Tensor, dim: int, scale: Optional[float], softcap: Optional[float],
                           keepdim: bool, backend: Optional[str], group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
-    """(dx, dmask, dsinks) of `logsumexp_op` from its result `out` (`functions.logsumexp_backward`);
-    `dim` normalised."""
+    """(dx, dmask, dsinks) of `logsumexp_op` from its result `out`; `dim` normalised."""
     c = _backward_call(dim, False, scale, softcap, keepdim, backend, group)
     dx, dmask, dsinks = logsumexp_backward(g, x, mask, sinks, out, rest if _has_rest(sinks, c.world) else None,
                                            empty if _bool(mask) else None, c)
-    return _fresh(dx, x.new_empty(0) if dmask is None else dmask, x.new_empty(0) if dsinks is None else dsinks,
+    return fresh(dx, x.new_empty(0) if dmask is None else dmask, x.new_empty(0) if dsinks is None else dsinks,
                   inputs=(g, x, mask, sinks, out, rest, empty))
 
 
 @logsumexp_backward_op.register_fake
 def _logsumexp_backward_fake(g, x, mask, sinks, out, rest, empty, dim, scale, softcap, keepdim, backend, group):
-    return x.new_empty(x.shape), _operand_grad_fake(x, mask, floating_only=True), _operand_grad_fake(x, sinks)
+    return _grads_fake(x, mask, sinks)
 
 
 def _logsumexp_setup(ctx, inputs, output):
@@ -293,7 +269,3 @@ def _logsumexp_backward_vmap(info, in_dims, g, x, mask, sinks, out, rest, empty,
         _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
         backend, group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)
-
-
-__all__ = ["logsumexp_backward_op", "logsumexp_op", "softmax_backward_op",
-           "softmax_op"]

@@ -1,9 +1,8 @@
 """Row states of a softmax whose dim is sharded across ranks: each rank's log-sum-exp per row
-(and with a bool mask whether it kept anything), gathered in one collective, merged on every
-rank into the global log-denominator and `rest`, the log of everything outside this rank's
-shard (the other ranks and the sinks). A local fused softmax with `rest` as its sink *is* this
-rank's shard of the global softmax. `rest` is a log-sum-exp of the other ranks' states, never
-exp(G) − exp(lse_local): no cancellation.
+(with a bool mask, whether it kept anything), gathered in one collective and merged on every rank
+into the global lse and `rest`, the log of everything outside this shard (other ranks, sinks): a
+local fused softmax with `rest` as its sink *is* this rank's shard. `rest` is a log-sum-exp of
+the other ranks' states, never exp(G) − exp(lse_local): no cancellation.
 """
 
 from __future__ import annotations
@@ -20,12 +19,11 @@ from .collective import gather_states
 _SPLIT = 2**20
 
 
-def _local_lse(x: torch.Tensor, dim: int, *, scale, mask, softcap, backend, eager: bool) -> torch.Tensor:
-    """This shard's logsumexp with keepdim, without the sinks (they count once, in the global
-    merge): one `anysoftmax.logsumexp` call (`eager`: straight to dispatch)."""
-    if eager:
-        return dispatch.logsumexp(x, dim, backend, scale=scale, mask=mask, softcap=softcap)
-    return logsumexp(x, dim, scale=scale, mask=mask, softcap=softcap, keepdim=True, backend=backend)
+def _local_lse(x: torch.Tensor, mask, c) -> torch.Tensor:
+    """This shard's logsumexp (keepdim) without the sinks, which count once, in the global merge."""
+    if c.eager:
+        return dispatch.logsumexp(x, c.dim, c.backend, scale=c.scale, mask=mask, softcap=c.softcap)
+    return logsumexp(x, c.dim, scale=c.scale, mask=mask, softcap=c.softcap, keepdim=True, backend=c.backend)
 
 
 class RowStates(NamedTuple):
@@ -51,13 +49,12 @@ def _others(lses: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return torch.logsumexp(others, 0)
 
 
-def exchange(x: torch.Tensor, dim: int, *, scale, mask, softcap, sinks, backend, rank: int, world: int,
-             group, eager: bool, want_length: bool = False, want_lse: bool = True) -> RowStates:
-    """This shard's row states, every rank's gathered (the forward's one collective: [world,
-    rows (+ rows kept flags) (+ 2)] floats) and merged; `lse` only when `want_lse`. Nothing
-    here reads a value on the host (a sync between the collectives would serialise the ranks'
-    streams), and nothing records a gradient."""
-    local = _local_lse(x, dim, scale=scale, mask=mask, softcap=softcap, backend=backend, eager=eager)
+def exchange(x: torch.Tensor, mask, sinks, c, want_length: bool = False, want_lse: bool = True) -> RowStates:
+    """This shard's row states for the call `c` (`functions.Call`), every rank's gathered (one
+    collective) and merged; `lse` only when `want_lse`. Nothing here reads a value on the host (a
+    sync between the collectives would serialise the ranks' streams), nor records a gradient."""
+    dim, rank, world = c.dim, c.rank, c.world
+    local = _local_lse(x, mask, c)
     acc, rows, keep_shape = local.dtype, local.numel(), local.shape
     bool_mask = mask is not None and mask.dtype == torch.bool
     s = None if sinks is None else sinks.detach().to(acc)
@@ -67,7 +64,7 @@ def exchange(x: torch.Tensor, dim: int, *, scale, mask, softcap, sinks, backend,
     if want_length:  # (device fills, never a host list copied over)
         n = x.shape[dim]
         parts += [local.new_full((1,), n // _SPLIT), local.new_full((1,), n % _SPLIT)]
-    every = gather_states(parts[0] if len(parts) == 1 else torch.cat(parts), world, group)
+    every = gather_states(parts[0] if len(parts) == 1 else torch.cat(parts), world, c.group)
     if world == 1:  # nothing outside the shard but the sinks
         rest = None if s is None else s.expand(keep_shape)
     else:

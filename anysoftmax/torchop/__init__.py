@@ -1,4 +1,3 @@
-"""anysoftmax as a torch operator: the public functions (`api`, `lse_merge`), the `torch.library`
-operators (`ops`, `traced_ops`) with their autograd, vmap rules and registration, and the
-override of torch's own softmax (`override`). Everything here sits above `anysoftmax.dispatch`.
+"""anysoftmax as a torch operator: the public functions, the `torch.library` operators with their
+autograd and vmap rules, and the override of torch's own softmax; all above `anysoftmax.dispatch`.
 """

@@ -1,13 +1,7 @@
-"""Public functions: `softmax` and `log_softmax`, drop-ins for `torch.softmax` /
-`torch.nn.functional.softmax` (and the log forms): same positions, keywords and results —
-plus the fused family's keywords (`core.variant` states what they mean):
-
-    anysoftmax.softmax(input, dim=None, dtype=None, *, scale=None, mask=None, causal=False,
-                       softcap=None, sinks=None, empty_rows="zero", backend=None)
-
-A third positional argument is `dtype` as in `torch.softmax(x, 1, torch.float32)`; an int there
-is `F.softmax`'s `_stacklevel` (then a fourth positional is `dtype`). `dim=None` picks torch's
-implicit dim with torch's deprecation warning, as `F.softmax` does.
+"""Public functions: `softmax` and `log_softmax`, drop-ins for `torch.softmax` / `F.softmax` (and
+the log forms) plus the fused family's keywords (`core.variant`). A third positional argument is
+`dtype`; an int there is `F.softmax`'s `_stacklevel` (then a fourth positional is `dtype`).
+`dim=None` picks torch's implicit dim with torch's deprecation warning, as `F.softmax` does.
 """
 
 from __future__ import annotations
@@ -18,24 +12,14 @@ from .. import dispatch
 from .grad_mode import plain_eager, plain_eager_one
 
 
-def _implicit_dim(name: str, ndim: int, stacklevel: int) -> int:
-    # torch's own rule and warning (F.softmax: dim 0 for 0-, 1- and 3-d inputs, else 1).
-    get = getattr(torch.nn.functional, "_get_softmax_dim", None)
-    if get is not None:
-        return get(name, ndim, stacklevel + 1)
-    import warnings
-    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include "
-                  f"dim=X as an argument.", stacklevel=stacklevel + 1)
-    return 0 if ndim in (0, 1, 3) else 1
-
-
 def _normalise(name: str, input, dim, dtype, stacklevel):
     if isinstance(dtype, int) and not isinstance(dtype, bool):  # F.softmax(x, dim, _stacklevel, dtype)
         stacklevel, dtype = dtype, (stacklevel if isinstance(stacklevel, torch.dtype) else None)
     if dim is None:
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"{name}: input must be a torch.Tensor, got {type(input).__name__}")
-        dim = _implicit_dim(name, input.dim(), stacklevel + 1)
+        # torch's own rule and deprecation warning (F.softmax: dim 0 for 0-, 1- and 3-d inputs, else 1)
+        dim = torch.nn.functional._get_softmax_dim(name, input.dim(), stacklevel + 1)
     return dim, dtype
 
 
@@ -56,11 +40,9 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
     denominator and `empty_rows` for rows the mask leaves empty (`anysoftmax.core.variant`).
 
     `mask`: bool (True = excluded) or floating (added), broadcastable to `input`; `causal`:
-    True/"top_left" or "bottom_right" over the last two dims; `softcap` > 0; `sinks`: one
-    logit per row, broadcasting against `input` with size 1 in `dim`; `empty_rows`: "zero",
-    "nan" or "uniform". `backend` names a backend explicitly (see `list_backends()`);
-    otherwise $ANYSOFTMAX_BACKEND or the automatic choice for the tensor's device is used.
-    """
+    True/"top_left" or "bottom_right"; `softcap` > 0; `sinks`: one logit per row; `empty_rows`:
+    "zero", "nan" or "uniform". `backend` names a backend (else $ANYSOFTMAX_BACKEND or the
+    automatic choice)."""
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
     # Eager inference goes straight to dispatch: the hot path (plain_eager is constant under torch.compile).
@@ -96,9 +78,8 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
 
 def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,
                      backend: str | None = None) -> torch.Tensor:
-    """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward
-    output `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in
-    y's dtype."""
+    """Gradient of softmax (log_softmax with `log=True`) w.r.t. its input, given the forward output
+    `y` and the output gradient `grad`: y * (grad - sum(y * grad)) along `dim`, in y's dtype."""
     if plain_eager(y, grad):
         return dispatch.backward(y, grad, dim, log, backend)  # (positional: no keyword parsing)
     from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)

@@ -1,12 +1,7 @@
-"""Derivatives of the softmax operators (`ops`), plain and fused, in every autograd mode: reverse
-(the `softmax_backward` operator), higher orders (`torch.func.vjp` of `_backward_formula` in
-torch ops), forward mode (`output_tangent`) and torch.func (`generate_vmap_rule`, `batching`).
-
-Why autograd.Functions beside the operators' `register_autograd`: in torch 2.13 an operator's
-registered autograd has neither `setup_context` (functorch refuses it) nor a jvp. So each formula
-is written once here, and both the Functions (eager autograd, torch.func) and the operators'
-registrations (what torch.compile traces) call it. A Function's forward on plain eager tensors
-calls dispatch itself: the operator's dispatcher round trip costs more than a small softmax.
+"""Derivatives of the softmax operators (`ops`) in every autograd mode. autograd.Functions beside
+the operators' `register_autograd` because in torch 2.13 an operator's registered autograd has
+neither `setup_context` (functorch refuses it) nor a jvp; both call the one formula here. On plain
+eager tensors a Function calls dispatch itself (the dispatcher round trip costs more than a small softmax).
 """
 
 from __future__ import annotations
@@ -19,8 +14,7 @@ from .traced_temperature import scaled_logits, traced_as_symbols
 from ..core.lse_merge import lse_dtype as acc_dtype
 from ..core.reference import fused_backward, prologue_chain
 from ..core.spec import SoftmaxSpec
-from ..core.variant import (MASK_ADDITIVE, Variant, build, causal_name, check_row_scale, is_row_scale, keep_mask,
-                            runtime_values)
+from ..core.variant import MASK_ADDITIVE, Variant, build, causal_name, check_row_scale, is_row_scale, keep_mask
 
 
 @torch._dynamo.assume_constant_result
@@ -31,29 +25,22 @@ def _functorch_active() -> bool:
 
 
 class Args:
-    """The non-tensor arguments of a call, normalised once (dim in range) and kept on the
-    autograd context; `variant` (the `core.variant.Variant` with its values, which the torch
-    formulas need) is built on first use only: the kernel paths never need it."""
+    """A call's non-tensor arguments (dim normalised) on the autograd context; `variant` built on use."""
 
-    __slots__ = ("dim", "dtype", "log", "scale", "softcap", "causal", "empty_rows", "backend", "_shape", "_device",
-                 "_mask", "_sinks", "_variant")
+    __slots__ = ("dim", "log", "tail", "_shape", "_device", "_mask", "_sinks", "_variant")
 
-    def __init__(self, shape, device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-        self.dim, self.dtype, self.log, self.scale, self.softcap = dim % max(len(shape), 1), dtype, log, scale, softcap
-        self.causal, self.empty_rows, self.backend = causal, empty_rows, backend
+    def __init__(self, shape, device, dim, log, mask, sinks, tail):
+        # `tail`: (scale, softcap, causal, empty_rows, backend), the operators' last arguments
+        self.dim, self.log, self.tail = dim % max(len(shape), 1), log, tuple(tail)
         self._shape, self._device, self._mask, self._sinks, self._variant = tuple(shape), device, mask, sinks, None
 
     @property
     def variant(self) -> Variant:
         if self._variant is None:
-            self._variant = build(self._shape, self._device, self.dim, scale=self.scale, mask=self._mask,
-                                  causal=self.causal, softcap=self.softcap, sinks=self._sinks,
-                                  empty_rows=self.empty_rows)[0]
+            scale, softcap, causal, empty_rows, _ = self.tail
+            self._variant = build(self._shape, self._device, self.dim, scale=scale, mask=self._mask, causal=causal,
+                                  softcap=softcap, sinks=self._sinks, empty_rows=empty_rows)[0]
         return self._variant
-
-    def tail(self) -> tuple:
-        """(scale, softcap, causal, empty_rows, backend): the operators' last arguments."""
-        return self.scale, self.softcap, self.causal, self.empty_rows, self.backend
 
 
 # ---- the formulas ---------------------------------------------------------------------------
@@ -100,21 +87,14 @@ def output_tangent(tx, tmask, tsinks, y, p, x, mask, a: Args) -> torch.Tensor:
 
 # ---- the two directions, through dispatch or the operators ------------------------------------
 
-def _forward_values(x, dim, dtype, log, mask, sinks, *tail):
-    if plain_eager(x, mask, sinks, gradients=False):
-        return ops.run_forward(x, dim, dtype, log, mask, sinks, *tail)
-    return ops.softmax_op(x, dim, dtype, log, mask, sinks, *tail)
-
-
 def _backward_values(grad, y, dim, log, x, p, mask, sinks, *tail):
-    if plain_eager(grad, y, x, p, mask, sinks, gradients=False):
-        return ops.run_backward(grad, y, dim, log, x, p, mask, sinks, *tail)
-    return ops.softmax_backward_op(grad, y, dim, log, x, p, mask, sinks, *tail)
+    run = ops.run_backward if plain_eager(grad, y, x, p, mask, sinks, gradients=False) else ops.softmax_backward_op
+    return run(grad, y, dim, log, x, p, mask, sinks, *tail)
 
 
 def _call_backward(grad, y, x, p, mask, sinks, a: Args):
     """(dx, ds_rows or None) through the backward, differentiable again when that is needed."""
-    args = (grad, y, a.dim, a.log, x, p, mask, sinks, *a.tail())
+    args = (grad, y, a.dim, a.log, x, p, mask, sinks, *a.tail)
     if not torch.compiler.is_compiling() and wants_autodiff(grad, y, x, mask, sinks):
         out = _SoftmaxBackward.apply(*args)
         return (out, None) if sinks is None else out
@@ -122,20 +102,19 @@ def _call_backward(grad, y, x, p, mask, sinks, a: Args):
 
 
 def setup_op_forward(ctx, inputs, output) -> tuple:
-    """setup_context of the `softmax` operator's registered autograd and of `_Softmax`, for the
-    output (y, p_sink or None): returns the saved tensors."""
-    x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
+    """setup_context of the `softmax` operator and of `_Softmax`: returns the saved tensors."""
+    x, dim, _dtype, log, mask, sinks, *tail = inputs
     y, p = output
-    ctx.args = Args(x.shape, x.device, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    ctx.args = Args(x.shape, x.device, dim, log, mask, sinks, tail)
     ctx.x_dtype = x.dtype
+    softcap = tail[1]  # (its derivative reads x)
     saved = (y, p if sinks is not None else None, x if softcap is not None else None, mask, sinks)
     ctx.save_for_backward(*saved)
     return saved
 
 
 def op_forward_backward(ctx, grad, *_) -> tuple:
-    """Backward of the `softmax` operator (and `_Softmax`): the forward's input gradients (the
-    operator's argument order) for y's gradient `grad`."""
+    """Backward of the `softmax` operator (and `_Softmax`), in the operator's argument order."""
     y, p, x, mask, sinks = ctx.saved_tensors
     # (an operator's call omits trailing arguments equal to their defaults: no gradient there)
     a, needs = ctx.args, (*ctx.needs_input_grad, False, False, False, False, False)
@@ -154,18 +133,16 @@ def op_forward_backward(ctx, grad, *_) -> tuple:
 
 
 def setup_op_backward(ctx, inputs, output=None) -> tuple:
-    """setup_context of the `softmax_backward` operator's registered autograd and of
-    `_SoftmaxBackward`: returns the saved tensors."""
-    grad, y, dim, log, x, p, mask, sinks, scale, softcap, causal, empty_rows, backend = inputs
-    ctx.args = Args(y.shape, y.device, dim, None, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
+    """setup_context of the `softmax_backward` operator and of `_SoftmaxBackward`."""
+    grad, y, dim, log, x, p, mask, sinks, *tail = inputs
+    ctx.args = Args(y.shape, y.device, dim, log, mask, sinks, tail)
     saved = (grad, y, x, mask, p if sinks is not None else None)
     ctx.save_for_backward(*saved)
     return saved
 
 
 def _formula_vjp(ctx):
-    """The backward's formula at (grad, y, x): (its value, its vjp, those primals, whether x
-    was given)."""
+    """The backward's formula at (grad, y, x): (value, vjp, those primals, whether x was given)."""
     a = ctx.args
     grad, y, x, mask, p = ctx.saved_tensors
     primals = (grad, y, x if x is not None else torch.zeros_like(y))
@@ -174,8 +151,7 @@ def _formula_vjp(ctx):
 
 
 def op_backward_backward(ctx, gdx, gds=None) -> tuple:
-    """Backward of the `softmax_backward` operator (and `_SoftmaxBackward`): double backward,
-    the backward's input gradients in the operator's argument order."""
+    """Double backward: of the `softmax_backward` operator (and `_SoftmaxBackward`)."""
     out, vjp, (_, y, _), has_x = _formula_vjp(ctx)
     gdx = torch.zeros_like(y) if gdx is None else gdx
     if isinstance(out, tuple):  # with sinks: ds_rows has a cotangent too
@@ -187,14 +163,14 @@ def op_backward_backward(ctx, gdx, gds=None) -> tuple:
 # ---- autograd.Functions: eager autograd, forward mode and torch.func -------------------------
 
 class _Softmax(torch.autograd.Function):
-    """The softmax operator's work, with reverse, forward and vmap rules. Outputs y (with
-    sinks: (y, p_sink), p_sink not differentiable)."""
+    """The softmax operator's work, with reverse, forward and vmap rules: y, or (y, p_sink)."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dim, dtype, log, mask, sinks, *tail):
-        y, p = _forward_values(x, dim, dtype, log, mask, sinks, *tail)
+        run = ops.run_forward if plain_eager(x, mask, sinks, gradients=False) else ops.softmax_op
+        y, p = run(x, dim, dtype, log, mask, sinks, *tail)
         return y if sinks is None else (y, p)
 
     @staticmethod
@@ -218,8 +194,7 @@ _EagerSoftmax = eager_form(_Softmax)
 
 
 class _SoftmaxBackward(torch.autograd.Function):
-    """The backward operator's work, differentiable again (through `_backward_formula`) in
-    every mode. Outputs dx (with sinks: (dx, ds_rows))."""
+    """The backward operator's work, differentiable again in every mode: dx, or (dx, ds_rows)."""
 
     generate_vmap_rule = True
 
@@ -250,35 +225,23 @@ class _SoftmaxBackward(torch.autograd.Function):
 
 # ---- entry points (`api`) ----------------------------------------------------------------------
 
-def op_arguments(scale, softcap, causal):
-    """(scale, softcap, causal) as the operators' schema takes them: floats or None (validated)
-    and the causal form's name."""
-    if scale is not None or softcap is not None:
-        s, c = runtime_values(scale, softcap)
-        scale, softcap = (None if scale is None else s), (None if softcap is None else c)
-    return scale, softcap, causal_name(causal)
-
-
 def softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend) -> torch.Tensor:
-    """Differentiable softmax (log_softmax with `log`), plain or fused: what `anysoftmax.softmax`
-    runs when its call may not go straight to dispatch."""
+    """Differentiable softmax (log_softmax with `log`): `anysoftmax.softmax` when not straight to dispatch."""
     if is_row_scale(scale):
         return _row_scaled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     if torch.compiler.is_compiling():
         return _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
-    scale, softcap, causal = op_arguments(scale, softcap, causal)
+    scale, softcap, causal = ops.op_arguments(scale, softcap, causal)
     function = _Softmax if transform_active() else _EagerSoftmax
     out = function.apply(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     return out if sinks is None else out[0]
 
 
 def _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-    # Under torch.compile: the operator (its autograd registered; AOTAutograd replaces it by
-    # the backend's Triton kernels where `traced_ops` routes it, else it stays opaque). Inside
-    # a torch.func transform, functorch cannot use an operator's registered autograd and dynamo
-    # traces neither a custom jvp nor (correctly) a Function's forward under torch.func in
-    # torch 2.13, so that call runs eagerly: one graph break. A scale or softcap that Dynamo
-    # traces as a symbol is applied before the operator (`traced_temperature`).
+    # Under torch.compile: the operator (AOTAutograd routes it to Triton kernels, `traced_ops`).
+    # Inside a torch.func transform dynamo traces neither an operator's registered autograd nor a
+    # custom jvp (torch 2.13): that call runs eagerly, one graph break. A scale or softcap traced
+    # as a symbol is applied before the operator (`traced_temperature`).
     if _functorch_active():
         return _eager_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
     if traced_as_symbols(scale, softcap):
@@ -286,16 +249,14 @@ def _compiled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, e
         z = scaled_logits(x, out_dtype, scale, softcap, mask, causal)
         y, _ = ops.softmax_op(z, dim, None, log, mask, sinks, None, None, causal_name(causal), empty_rows, backend)
         return y.to(out_dtype)
-    scale, softcap, causal = op_arguments(scale, softcap, causal)
+    scale, softcap, causal = ops.op_arguments(scale, softcap, causal)
     return ops.softmax_op(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)[0]
 
 
 def _row_scaled_softmax(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-    # A row scale where a derivative may be wanted (or under torch.compile / torch.func):
-    # z = softcap(scale * x) in torch ops, then the fused softmax of z. Every autograd mode
-    # then differentiates x and the scale (double backward, forward mode, vmap included), and
-    # a new scale tensor of the same layout reuses a compiled graph. It reads x twice; eager
-    # inference applies the scale in the backend's kernel instead (`dispatch.forward_fused`).
+    # A row scale where a derivative may be wanted: z = softcap(scale * x) in torch ops, then the
+    # fused softmax of z, so every autograd mode differentiates x and the scale. It reads x twice;
+    # eager inference applies the scale in the backend's kernel instead.
     if torch.compiler.is_compiling():  # (dynamo traces no spec; the operator's fake checks the rest)
         check_row_scale(scale, tuple(x.shape), x.device, dim % max(x.dim(), 1))
         out_dtype = x.dtype if dtype is None else dtype
@@ -312,13 +273,8 @@ def _eager_softmax(*args):
 
 
 def softmax_backward(grad, y, dim, log, backend) -> torch.Tensor:
-    """Differentiable `softmax_backward` (plain): what `anysoftmax.softmax_backward` runs when
-    its call may not go straight to dispatch."""
+    """Differentiable `softmax_backward` (plain): when not straight to dispatch."""
     args = (grad, y, dim, log, None, None, None, None, None, None, "none", "zero", backend)
     if torch.compiler.is_compiling():
         return ops.softmax_backward_op(*args)[0]
     return _SoftmaxBackward.apply(*args)
-
-
-__all__ = ["op_backward_backward", "op_forward_backward", "setup_op_backward", "setup_op_forward",
-           "softmax", "softmax_backward"]

@@ -1,7 +1,5 @@
-"""vmap rules of the softmax operators (`torch.vmap`, and torch.func transforms that batch).
-
-Softmax along a dimension treats every other dimension as independent rows, so a batch
-dimension is just one more: move it to the front, shift `dim` past it, call the operator once.
+"""vmap rules of the softmax operators: a batch dim is one more row dim, so it is moved to the
+front, `dim` shifted past it, and the operator called once.
 """
 
 from __future__ import annotations
@@ -13,17 +11,15 @@ from ..core.spec import SoftmaxSpec
 
 
 def _physical_dim(x: torch.Tensor, dim: int, dtype=None, log: bool = False) -> int:
-    """`dim` of the per-sample tensor (x without its leading batch dimension) as a dim of x,
-    validated like an unbatched call (same errors, in the sample's terms)."""
+    """`dim` of a sample (x without its leading batch dim) as a dim of x, validated as unbatched."""
     sample = torch.empty(x.shape[1:], dtype=x.dtype, device="meta")
     return SoftmaxSpec.from_tensor(sample, dim, dtype, log=log).dim + 1
 
 
 def front(t: torch.Tensor | None, bdim, batch: int, sample_ndim: int, full: bool = True) -> torch.Tensor | None:
-    """`t` with its batch dim in front (None stays None), then size-1 dims after it up to the
-    sample's rank, so that right-aligned broadcasting against the batched sample still lines up.
-    An unbatched `t` is broadcast over the batch (stride 0); with `full` False (an operand that
-    broadcasts against the sample: mask, sinks) it is passed as it is."""
+    """`t` with its batch dim in front (None stays None), then size-1 dims up to the sample's rank
+    (right-aligned broadcasting still lines up). An unbatched `t` is expanded over the batch, or
+    with `full` False (an operand that broadcasts: mask, sinks) passed as it is."""
     if t is None:
         return None
     if bdim is None:

@@ -1,6 +1,5 @@
 """Which path a call takes, and the eager form of an autograd.Function: checked on every eager
-call, so it imports nothing heavy (the operators and their autograd, which pull in torch._dynamo
-and Triton, are loaded only when a derivative is wanted; see `api.softmax`)."""
+call, so it imports nothing heavy (the operators and their autograd load on first need)."""
 
 from __future__ import annotations
 
@@ -18,19 +17,15 @@ _is_compiling, _grad_enabled = torch.compiler.is_compiling, torch.is_grad_enable
 
 
 def eager_mode() -> bool:
-    """Whether calls run eagerly: not compiling, no forward-AD level open (the mode part of
-    `plain_eager`; its tensors' part is for the caller to prove)."""
+    """Whether calls run eagerly: not compiling, no forward-AD level open (`plain_eager`'s mode part)."""
     return not _is_compiling() and _fwad._current_level < 0
 
 
 def plain_eager(*tensors, gradients: bool = True) -> bool:
-    """Whether a call on `tensors` (None where absent) may run dispatch directly, skipping the
-    operators: eager (not compiling, no forward-AD level), every tensor a plain one (fake and
-    functional tensors, which AOTAutograd traces with while `is_compiling()` is False, need the
-    operator's fake implementation; a functorch-wrapped one its vmap rule), and, with
-    `gradients`, none that needs a gradient. An argument that is no tensor counts as plain:
-    dispatch's validation names it. One loop, and the functorch query only while a transform
-    runs: this is on every call's path."""
+    """Whether a call on `tensors` (None where absent) may run dispatch directly: eager (not
+    compiling, no forward-AD level), every tensor a plain one (fake and functional ones, which
+    AOTAutograd traces with while `is_compiling()` is False, and functorch-wrapped ones need the
+    operators) and, with `gradients`, none that needs a gradient. A non-tensor counts as plain."""
     if _is_compiling() or _fwad._current_level >= 0:
         return False
     # (grad mode once: under no_grad / inference_mode no tensor's requires_grad is read)
@@ -67,18 +62,16 @@ def transform_active() -> bool:
 
 
 def wants_autodiff(*tensors) -> bool:
-    """True when a call on `tensors` (None where absent) must be differentiable: a tensor
-    needs a gradient, a torch.func transform wraps one, or a forward-AD level is open."""
+    """True when a call on `tensors` must be differentiable (a gradient, a transform, forward AD)."""
     if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return True
     return _fwad._current_level >= 0 or any(t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def eager_form(function: type) -> type:
-    """`function` (an autograd.Function with `setup_context`) for eager autograd outside
-    torch.func: `Function.apply` binds a setup_context-style forward's arguments through
-    `inspect.signature` on every call (tens of microseconds, more than a small softmax costs);
-    a forward that takes ctx skips that."""
+    """`function` (an autograd.Function with `setup_context`) for eager autograd outside torch.func:
+    `apply` binds a setup_context-style forward's arguments through `inspect.signature` on every
+    call (tens of microseconds); a forward that takes ctx skips that."""
 
     class Eager(torch.autograd.Function):
         @staticmethod
@@ -96,8 +89,7 @@ def eager_form(function: type) -> type:
 
 def refuse_forward_over_forward() -> None:
     """Raise under nested forward-mode transforms: torch runs an autograd.Function's jvp with
-    forward AD switched off, so an enclosing forward-mode transform would see its result as a
-    constant (jacfwd(jacfwd(f)) silently zero; true of any autograd.Function in torch 2.13)."""
+    forward AD off, so jacfwd(jacfwd(f)) would be silently zero (any Function, torch 2.13)."""
     if sum(ci.key() == TransformType.Jvp for ci in get_interpreter_stack() or ()) > 1:
         raise NotImplementedError(
             "anysoftmax: forward-mode over forward-mode differentiation (e.g. jacfwd(jacfwd(f))) "

@@ -1,8 +1,6 @@
-"""`anysoftmax.logsumexp` and `anysoftmax.merge_states` (semantics: docs/semantics.md), and their
-operators ``torch.ops.anysoftmax.logsumexp`` / ``.merge_states`` with fake implementations,
-autograd and forward mode (the formulas of `core.lse_merge` in torch ops: they differentiate again)
-and vmap rules. Eager inference calls `dispatch` directly; anything that may want a derivative,
-a torch.func transform or torch.compile goes through the operators.
+"""`anysoftmax.logsumexp` and `anysoftmax.merge_states`, and their operators (``anysoftmax::logsumexp``,
+``::merge_states``) with fakes, autograd, forward mode (`core.lse_merge`'s formulas) and vmap rules.
+Eager inference calls `dispatch` directly; a derivative, torch.func or torch.compile, the operators.
 """
 
 from __future__ import annotations
@@ -14,9 +12,10 @@ import torch
 from .. import dispatch
 from ..core.lse_merge import (MergeSpec, logsumexp_backward_formula, logsumexp_request, logsumexp_tangent, lse_dtype,
                               merge_backward_formula, merge_tangent, row_shape)
-from ..core.variant import build, causal_name, check_row_scale, is_row_scale, runtime_values
+from ..core.variant import build, check_row_scale, is_row_scale
 from .batching import front
 from .grad_mode import eager_mode, plain_eager, plain_eager_one, refuse_forward_over_forward
+from .ops import fresh, op_arguments
 from .traced_temperature import scaled_logits, traced_as_symbols
 
 
@@ -28,7 +27,7 @@ def logsumexp_op(x: torch.Tensor, mask: Optional[torch.Tensor], sinks: Optional[
                  backend: Optional[str] = None) -> torch.Tensor:
     """`anysoftmax.logsumexp` with keepdim as an operator (accumulation dtype)."""
     out = dispatch.logsumexp(x, dim, backend, True, scale, mask, causal, softcap, sinks)
-    return out.contiguous().clone() if out.data_ptr() == x.data_ptr() else out.contiguous()
+    return fresh(out, inputs=(x,))[0]
 
 
 @logsumexp_op.register_fake
@@ -69,9 +68,7 @@ def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backen
 
 
 class _Logsumexp(torch.autograd.Function):
-    """The operator under eager autograd, forward mode and torch.func transforms (an operator's
-    registered autograd does not run under torch.func.grad and has no jvp; a Function with a
-    generated vmap rule over an operator with a vmap rule does)."""
+    """The operator under eager autograd, forward mode and torch.func (see `autodiff`)."""
 
     generate_vmap_rule = True
 
@@ -103,8 +100,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
               keepdim: bool = False, backend: str | None = None) -> torch.Tensor:
     """log of the fused softmax's denominator along `dim` (sinks included): float32 for 16/32-bit
     inputs, float64 for float64; -inf for rows with nothing kept. The fused keywords as in
-    `anysoftmax.softmax`; `keepdim` as in `torch.logsumexp`. Differentiable (the gradient is the
-    fused softmax). Semantics: docs/semantics.md."""
+    `anysoftmax.softmax`, `keepdim` as in `torch.logsumexp`; differentiable."""
     if not isinstance(keepdim, bool):
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     # (one operand's check where mask, sinks and a tensor scale are absent; the launcher allocates
@@ -119,13 +115,9 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
         # (see `traced_temperature`; a row scale as `autodiff` applies it, differentiable)
         x = scaled_logits(x, x.dtype, scale, softcap, mask, causal)
         scale = softcap = None
-    s, c = runtime_values(scale, softcap)
-    args = (x, mask, sinks, dim, None if scale is None else s, None if softcap is None else c,
-            causal_name(causal), backend)
+    args = (x, mask, sinks, dim, *op_arguments(scale, softcap, causal), backend)
     out = logsumexp_op(*args) if torch.compiler.is_compiling() else _Logsumexp.apply(*args)
-    if keepdim or x.dim() == 0:
-        return out
-    return out.squeeze(dim % x.dim())
+    return out if keepdim or x.dim() == 0 else out.squeeze(dim % x.dim())
 
 
 # ---- merge_states -----------------------------------------------------------------------------
@@ -134,11 +126,7 @@ def logsumexp(x: torch.Tensor, dim: int, *, scale: float | None = None, mask: to
 def merge_states_op(outputs: list[torch.Tensor], lses: list[torch.Tensor],
                     backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`anysoftmax.merge_states` as an operator."""
-    out, lse = dispatch.merge_states(outputs, lses, backend)
-    inputs = {t.data_ptr() for t in (*outputs, *lses) if t.numel()}
-    out = out.clone() if out.numel() and out.data_ptr() in inputs else out.contiguous()
-    lse = lse.clone() if lse.numel() and lse.data_ptr() in inputs else lse.contiguous()
-    return out, lse
+    return fresh(*dispatch.merge_states(outputs, lses, backend), inputs=(*outputs, *lses))
 
 
 @merge_states_op.register_fake
@@ -169,8 +157,7 @@ merge_states_op.register_autograd(_merge_backward, setup_context=_merge_setup)
 
 
 class _MergeStates(torch.autograd.Function):
-    """merge_states under eager autograd, forward mode and torch.func (as `_Logsumexp`); tensors
-    flattened: (k, backend, *outputs, *lses)."""
+    """merge_states as `_Logsumexp`, its arguments flattened: (k, backend, *outputs, *lses)."""
 
     generate_vmap_rule = True
 
@@ -205,10 +192,9 @@ def _merge_vmap(info, in_dims, outputs, lses, backend=None):
 
 
 def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge K partial results (`outputs[i]` `[..., D]`, each normalised within its segment,
-    `lses[i]` `[...]` its segment's log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse)
-    out_i in the outputs' dtype, lse = logsumexp_i(lse_i) in float32 (float64 when every lse is).
-    -inf partials weigh 0; all -inf gives out 0, lse -inf. Semantics: docs/semantics.md."""
+    """Merge K partial results (`outputs[i]` [..., D] normalised within its segment, `lses[i]` [...]
+    its log-sum-exp) into (out, lse): out = sum_i exp(lse_i - lse) out_i in the outputs' dtype,
+    lse = logsumexp_i(lse_i) in float32 (float64 when every lse is). Semantics: docs/semantics.md."""
     # Arguments that are not lists go straight to dispatch (its validation names them), and so do
     # plain eager tensors: a repeated request's guard proves them plain, others are checked.
     if not isinstance(outputs, (list, tuple)) or not isinstance(lses, (list, tuple)):
@@ -221,6 +207,3 @@ def merge_states(outputs, lses, *, backend: str | None = None) -> tuple[torch.Te
         return merge_states_op(list(outputs), list(lses), backend)
     MergeSpec.from_tensors(outputs, lses)
     return _MergeStates.apply(len(outputs), backend, *outputs, *lses)
-
-
-__all__ = ["logsumexp", "logsumexp_op", "merge_states", "merge_states_op"]

@@ -1,8 +1,7 @@
-"""anysoftmax's softmax as PyTorch operators (`torch.library.custom_op`): ``anysoftmax::softmax``
--> (y, p_sink) and ``::softmax_backward`` -> (dx, ds), plain and fused (docs/kernels.md). Operators
-because torch.compile cannot trace into a backend: with fake implementations it sees shapes and
-dtypes only and keeps one graph. A leaf (it imports dispatch and core): `registration` adds
-autograd, vmap rules and torch.compile routing.
+"""anysoftmax's softmax as PyTorch operators: ``anysoftmax::softmax`` -> (y, p_sink) and
+``::softmax_backward`` -> (dx, ds), plain and fused; with fake implementations torch.compile sees
+shapes and dtypes only and keeps one graph. A leaf: `registration` adds autograd, vmap rules and
+torch.compile routing.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import torch
 from .. import dispatch
 from ..core.lse_merge import row_shape
 from ..core.spec import SoftmaxSpec, check_backward_args
+from ..core.variant import causal_name, runtime_values
 from ..dispatch import FusedArgs
 
 
@@ -44,30 +44,37 @@ def run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, caus
                                    p_sink if sinks is not None else None, backend)
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    # Backends return row-major outputs already; this only guards the fake/real contract.
-    return t if t.is_contiguous() else t.contiguous()
+def op_arguments(scale, softcap, causal):
+    """(scale, softcap, causal) as the operators' schema takes them (validated)."""
+    if scale is not None or softcap is not None:
+        s, c = runtime_values(scale, softcap)
+        scale, softcap = (None if scale is None else s), (None if softcap is None else c)
+    return scale, softcap, causal_name(causal)
 
 
-def _second(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return no_sinks(like) if t is None else _contiguous(t)
+def fresh(*outputs: torch.Tensor, inputs=()) -> tuple[torch.Tensor, ...]:
+    """`outputs`, contiguous, none sharing memory with another or with `inputs` (as an operator's)."""
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t is not None}
+    out = []
+    for t in outputs:
+        t = t.contiguous()
+        if t.untyped_storage().data_ptr() in seen:  # (empty tensors' storages all read 0: cloned, cheaply)
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out.append(t)
+    return tuple(out)
 
 
 def forward_spec(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows) -> SoftmaxSpec:
     """The forward request's spec (its variant included), validated as in eager mode."""
-    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
-        return SoftmaxSpec.from_tensor(x, dim, dtype, log=log)
     fused = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows).as_kwargs()
     return SoftmaxSpec.from_request(x, dim, dtype, log=log, fused=fused)[0]
 
 
 def backward_spec(grad, y, dim, log, mask, sinks, scale, softcap, causal, empty_rows) -> SoftmaxSpec:
     """The backward request's spec (of y), validated as in eager mode."""
-    spec = check_backward_args(y, grad, dim, log)
-    if is_plain(mask, sinks, scale, softcap, causal, empty_rows):
-        return spec
     fused = FusedArgs(scale, mask, causal, softcap, sinks, empty_rows).as_kwargs()
-    return SoftmaxSpec.from_request(y, dim, log=log, fused=fused, op="softmax_backward", arg="y")[0]
+    return check_backward_args(y, grad, dim, log, fused)
 
 
 def sinks_rows(t: torch.Tensor, spec: SoftmaxSpec, sinks) -> torch.Tensor:
@@ -82,7 +89,7 @@ def softmax_op(x: torch.Tensor, dim: int, dtype: Optional[torch.dtype] = None, l
                empty_rows: str = "zero", backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`anysoftmax.softmax` (`log_softmax` with `log`) as an operator: (y, p_sink)."""
     y, p = run_forward(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
-    return _contiguous(y), _second(p, x)
+    return fresh(y, no_sinks(x) if p is None else p)
 
 
 @softmax_op.register_fake
@@ -98,10 +105,9 @@ def softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool
                         mask: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
                         scale: Optional[float] = None, softcap: Optional[float] = None, causal: str = "none",
                         empty_rows: str = "zero", backend: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of `softmax` from its output `y` and the output gradient `grad`: (dx in y's
-    dtype, ds)."""
+    """Gradients of `softmax` from its output `y` and `grad`: (dx in y's dtype, ds)."""
     dx, ds = run_backward(grad, y, dim, log, x, p_sink, mask, sinks, scale, softcap, causal, empty_rows, backend)
-    return _contiguous(dx), _second(ds, y)
+    return fresh(dx, no_sinks(y) if ds is None else ds)
 
 
 @softmax_backward_op.register_fake

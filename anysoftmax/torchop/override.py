@@ -1,16 +1,12 @@
-"""Opt-in: serve an unmodified model's softmax calls with anysoftmax (FlagGems-style).
-
-    anysoftmax.enable()                 # until anysoftmax.disable()
-    with anysoftmax.use(backend="triton"):
-        model(x).sum().backward()
-
-aten's softmax ops registered with `torch.library` for the devices served; a softmax anysoftmax
-itself triggers runs torch's decomposition (docs/usage.md, "The override").
+"""Opt-in: serve an unmodified model's softmax calls with anysoftmax (`enable()`, `use()`): aten's
+softmax ops registered with `torch.library` for the devices served; a softmax anysoftmax itself
+triggers runs torch's decomposition (docs/usage.md, "The override").
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 
@@ -31,48 +27,41 @@ _inside = threading.local()  # set while anysoftmax serves a call in this thread
 calls = {"forward": 0, "backward": 0, "reentrant": 0}  # served, served, decomposed (tests read them)
 
 
-def _decomposed(name: str):
-    from torch._decomp import decompositions
-
-    return getattr(decompositions, name)
-
-
-@contextlib.contextmanager
-def _serving():
-    _inside.on = True
-    try:
-        yield
-    finally:
-        _inside.on = False
+def _forward(log_form: bool, x, dim: int, half_to_float: bool) -> torch.Tensor:
+    out_dtype = torch.float32 if half_to_float else None
+    return dispatch.forward(x, dim, out_dtype, _active.get("backend"), log_form)
 
 
-def _forward_impl(log_form: bool):
-    name = "_log_softmax" if log_form else "_softmax"
+def _backward(log_form: bool, grad, output, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
+    dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
+    return dx if dx.dtype == input_dtype else dx.to(input_dtype)
 
-    def impl(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+
+# aten op -> (the `calls` counter, anysoftmax's implementation)
+_SERVED = {"_softmax": ("forward", functools.partial(_forward, False)),
+           "_log_softmax": ("forward", functools.partial(_forward, True)),
+           "_softmax_backward_data": ("backward", functools.partial(_backward, False)),
+           "_log_softmax_backward_data": ("backward", functools.partial(_backward, True))}
+
+
+def _impl(name: str):
+    # The kernel registered for aten's `name`: anysoftmax's, or torch's decomposition for a softmax
+    # anysoftmax itself triggers (this thread is inside a served call).
+    counter, serve = _SERVED[name]
+
+    def impl(*args):
         if getattr(_inside, "on", False):
+            from torch._decomp import decompositions
+
             calls["reentrant"] += 1
-            return _decomposed(name)(x, dim, half_to_float)
-        out_dtype = torch.float32 if half_to_float else None
-        with _serving():
-            y = dispatch.forward(x, dim, out_dtype, _active.get("backend"), log_form)
-        calls["forward"] += 1
-        return y
-
-    return impl
-
-
-def _backward_impl(log_form: bool):
-    name = "_log_softmax_backward_data" if log_form else "_softmax_backward_data"
-
-    def impl(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
-        if getattr(_inside, "on", False):
-            calls["reentrant"] += 1
-            return _decomposed(name)(grad, output, dim, input_dtype)
-        with _serving():
-            dx = dispatch.backward(output, grad, dim, log=log_form, backend=_active.get("backend"))
-        calls["backward"] += 1
-        return dx if dx.dtype == input_dtype else dx.to(input_dtype)
+            return getattr(decompositions, name)(*args)
+        _inside.on = True
+        try:
+            out = serve(*args)
+        finally:
+            _inside.on = False
+        calls[counter] += 1
+        return out
 
     return impl
 
@@ -80,8 +69,7 @@ def _backward_impl(log_form: bool):
 def served_devices(backend: str | None) -> tuple[str, ...]:
     """Device types the override routes to anysoftmax for `backend` (see the module doc)."""
     if backend is not None:
-        chosen = registry.get_backend(backend)
-        devices = tuple(chosen.devices)
+        devices = tuple(registry.get_backend(backend).devices)
         return ("cpu", "cuda") if "*" in devices else devices
     found = []
     for status in registry.list_backends():
@@ -114,11 +102,10 @@ def _warn_if_nothing_served(backend: str | None, devices: tuple[str, ...], stack
 
 
 def enable(backend: str | None = None, devices: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """Route torch's softmax ops on the served devices through anysoftmax (see the module doc);
-    returns the device types served. Calling it again while on replaces the choice. A named
-    backend must run here: BackendUnavailableError when it is not available, ValueError when it
-    runs no tensor of a device type in `devices`. Warns (RuntimeWarning) when none of the served
-    device types is present here."""
+    """Route torch's softmax ops on the served devices through anysoftmax; returns the device
+    types served (called again while on, it replaces the choice). A named backend must run here
+    (BackendUnavailableError, or ValueError when it runs no tensor of a type in `devices`); a
+    RuntimeWarning when no served device type is present here."""
     return _enable(backend, devices, stacklevel=4)  # (warnings name the caller's line)
 
 
@@ -141,11 +128,8 @@ def _enable(backend, devices, stacklevel: int, warn: bool = True) -> tuple[str, 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=OVERRIDE_WARNING, category=UserWarning)
             for device in devices:
-                key = DISPATCH_KEYS[device]
-                lib.impl("_softmax", _forward_impl(False), key)
-                lib.impl("_log_softmax", _forward_impl(True), key)
-                lib.impl("_softmax_backward_data", _backward_impl(False), key)
-                lib.impl("_log_softmax_backward_data", _backward_impl(True), key)
+                for name in _SERVED:
+                    lib.impl(name, _impl(name), DISPATCH_KEYS[device])
         _active.update(lib=lib, backend=backend, devices=devices)
     return devices
 
@@ -182,8 +166,7 @@ def enabled() -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def use(backend: str | None = None, devices: tuple[str, ...] | None = None):
-    """`enable(backend, devices)` for the duration of a `with` block; the state before the
-    block (off, or another choice) is restored after it."""
+    """`enable(backend, devices)` for a `with` block; the state before it is restored after it."""
     before = dict(_active)
     _enable(backend, devices, stacklevel=5)
     try:

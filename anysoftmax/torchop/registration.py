@@ -1,8 +1,6 @@
-"""Registration on top of the operator definitions (`ops`, a leaf): their autograd (`autodiff`),
-vmap rules (`batching`) and the torch.compile routing to the Triton kernels' `triton_op`s
-(`traced_ops`, imported on the first traced call). Imported by `api` on the first call that
-needs a derivative or is compiled (the operators pull in torch._dynamo); nothing here runs on
-the eager path.
+"""The operators' (`ops`) autograd (`autodiff`), vmap rules (`batching`) and torch.compile routing
+to the `triton_op`s (`traced_ops`, imported on the first traced call). Imported on the first call
+that needs a derivative or is compiled; nothing here runs on the eager path.
 """
 
 from __future__ import annotations
@@ -10,6 +8,8 @@ from __future__ import annotations
 import threading
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from . import autodiff, batching, ops
 
@@ -31,9 +31,7 @@ _traced = []
 
 
 def traced_ops():
-    """`traced_ops`, imported (and its operators' autograd and vmap rules registered, the same
-    as the public operators') on first use: registering a triton_op imports Triton, which
-    waits until a graph is traced."""
+    """`traced_ops`, imported and registered on first use (registering a triton_op imports Triton)."""
     with _traced_lock:
         if not _traced:
             from . import traced_ops as module
@@ -52,33 +50,23 @@ def _export_keeps_ops() -> bool:
     return custom_triton_ops_decomposition_disabled()
 
 
-def _routing_rule(target_of):
+def _routing_rule(target: str):
     """A torch_dispatch rule for FunctionalTensorMode (AOTAutograd's tracing mode): run the
-    matching `triton_op` (`target_of(traced_ops)` picks it for the call's arguments, or None)
-    instead of the opaque operator; otherwise trace the operator as it is. `triton_op`'s own
-    decomposition is the model (and, like it, nothing is decomposed for torch.export)."""
+    `triton_op` that `traced_ops.<target>` picks for the call instead of the opaque operator, as
+    `triton_op`'s own decomposition does (and, like it, never for torch.export)."""
 
     def rule(mode, op, types, args, kwargs):
-        target = None
-        plain = all(issubclass(t, (torch._subclasses.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor))
-                    or t is torch.Tensor for t in types)
-        if plain and not _export_keeps_ops():
-            target = target_of(traced_ops())(*args, **kwargs)
-        if target is None:
+        target_op = None
+        if all(issubclass(t, (FakeTensor, FunctionalTensor)) or t is torch.Tensor for t in types) \
+                and not _export_keeps_ops():
+            target_op = getattr(traced_ops(), target)(*args, **kwargs)
+        if target_op is None:
             return mode.__torch_dispatch__(op, types, args, kwargs)
         with mode:
-            return target(*args, **kwargs)
+            return target_op(*args, **kwargs)
 
     return rule
 
 
-def _install_routing() -> None:
-    try:
-        from torch._subclasses.functional_tensor import FunctionalTensorMode
-    except ImportError:  # pragma: no cover
-        return
-    ops.softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule(lambda m: m.forward_target))
-    ops.softmax_backward_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule(lambda m: m.backward_target))
-
-
-_install_routing()
+ops.softmax_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("forward_target"))
+ops.softmax_backward_op.register_torch_dispatch(FunctionalTensorMode, _routing_rule("backward_target"))

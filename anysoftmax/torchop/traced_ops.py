@@ -1,8 +1,7 @@
-"""anysoftmax's Triton kernels inside torch.compile graphs: the `torch.library.triton_op`s
-``anysoftmax::softmax_triton`` and ``::softmax_backward_triton``, whose bodies launch the
-backend's kernels through `wrap_triton`, and the targets of the rule (`registration`) that routes
-the public operators to them while AOTAutograd traces. Which requests are routed, and why the
-others keep the opaque operator: docs/kernels.md ("torch.compile").
+"""anysoftmax's Triton kernels inside torch.compile graphs: the `triton_op`s
+``anysoftmax::softmax_triton`` and ``::softmax_backward_triton``, and the targets of the rule
+(`registration`) that routes the public operators to them while AOTAutograd traces (which requests
+are routed: docs/kernels.md, "torch.compile").
 """
 
 from __future__ import annotations
@@ -31,9 +30,7 @@ def _inductor_compiles() -> bool:
 
 
 def _backend_for(spec: SoftmaxSpec, backend: Optional[str]):
-    """The backend that serves `spec` when it can run traced, else None. Selection runs with
-    torch.compile's tracing modes off: availability probes (the interpreter check) run small
-    real kernels, and their verdict is cached."""
+    """The backend that serves `spec` when it can run traced, else None (selected with tracing off)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     if spec.device.type == "cpu" and _inductor_compiles():
@@ -125,8 +122,7 @@ def _routed(spec: SoftmaxSpec, backend: Optional[str], traced_method: str) -> bo
 
 def forward_target(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None, softcap=None, causal="none",
                    empty_rows="zero", backend=None):
-    """`softmax_triton` to trace instead of the `softmax` operator called with these
-    arguments, or None."""
+    """`softmax_triton` to trace instead of the `softmax` operator with these arguments, or None."""
     if os.environ.get(ENV, "1") == "0" or not isinstance(x, torch.Tensor) or not _concrete(x, mask, sinks):
         return None
     try:
@@ -142,8 +138,7 @@ def forward_target(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=N
 
 def backward_target(grad, y, dim, log=False, x=None, p_sink=None, mask=None, sinks=None, scale=None, softcap=None,
                     causal="none", empty_rows="zero", backend=None):
-    """`softmax_backward_triton` to trace instead of the `softmax_backward` operator called
-    with these arguments, or None."""
+    """`softmax_backward_triton` to trace instead of `softmax_backward` with these arguments, or None."""
     if os.environ.get(ENV, "1") == "0" or not all(isinstance(t, torch.Tensor) for t in (grad, y)) \
             or not _concrete(grad, y, x, mask, sinks, p_sink):
         return None

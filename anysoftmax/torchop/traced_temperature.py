@@ -1,8 +1,7 @@
 """`scale` and `softcap` that torch.compile traces as symbols: applied in torch ops before the
-operator (a custom operator's float argument would specialise the symbol again, a recompile per
-temperature) and checked when the graph runs by ``anysoftmax::check_temperature``, an operator
-outside aten so that Inductor never moves the check onto the GPU as a device-side assert
-(docs/kernels.md, "torch.compile").
+operator (a float argument would specialise the symbol: a recompile per temperature) and checked
+when the graph runs by ``anysoftmax::check_temperature``, outside aten so that Inductor never moves
+it onto the GPU as a device-side assert (docs/kernels.md, "torch.compile").
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def traced_as_symbols(scale, softcap) -> bool:
 
 @torch.library.custom_op("anysoftmax::check_temperature", mutates_args=())
 def check_temperature(value: torch.Tensor, name: str) -> torch.Tensor:
-    """Raise eager mode's ValueError unless `value` (a one-element tensor) is a valid `name`
-    ("scale": finite; "softcap": finite and > 0); return True as a 0-dim bool tensor."""
+    """Raise eager mode's ValueError unless the one-element `value` is a valid `name`; else True."""
     if name not in ("scale", "softcap"):
         raise ValueError(f"check_temperature: name must be 'scale' or 'softcap', got {name!r}")
     if value.numel() != 1:
@@ -60,11 +58,9 @@ def _check_in_graph(name: str, value) -> None:
 
 
 def scaled_logits(x: torch.Tensor, out_dtype: torch.dtype, scale, softcap, mask, causal) -> torch.Tensor:
-    """softcap * tanh(scale * x / softcap) in torch ops (`scale` a number, a symbol or a row
-    scale's tensor), in the accumulation dtype of
-    `out_dtype` (float64 for float64, else float32: the kernels' precision), with the values
-    checked in the graph. Positions a bool mask or causal excludes read 0: they are outside
-    the softmax, and a NaN there must not reach tanh's derivative."""
+    """softcap * tanh(scale * x / softcap) in torch ops (`scale` a number, a symbol or a row scale)
+    in `out_dtype`'s accumulation dtype, the values checked in the graph. Positions a bool mask or
+    causal excludes read 0: a NaN there must not reach tanh's derivative."""
     scale, softcap = _number(scale), _number(softcap)
     if scale is not None and not is_row_scale(scale):  # (a row scale's values are not checked)
         _check_in_graph("scale", scale)
@@ -74,6 +70,3 @@ def scaled_logits(x: torch.Tensor, out_dtype: torch.dtype, scale, softcap, mask,
     keep = keep_mask(tuple(x.shape), Variant(mask_kind=kind, causal=causal_name(causal)), mask, x.device)
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     return scaled_and_capped(kept_values(x, keep).to(acc), scale, softcap)
-
-
-__all__ = ["scaled_logits", "traced_as_symbols"]

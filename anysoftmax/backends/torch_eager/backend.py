@@ -1,13 +1,12 @@
-"""The `torch` backend: eager `torch.softmax` / `torch.log_softmax` on whatever device, and
-the fused family as `core.reference.fused_forward` evaluated in the accumulation dtype (the
-reference's own formula: what every other backend is checked against, computed in fp32)."""
+"""The `torch` backend: eager `torch.softmax` / `torch.log_softmax` on any device, and the fused
+family and the pieces as the reference's own formulas, evaluated in the accumulation dtype."""
 
 from __future__ import annotations
 
 import torch
 
 from ...core.backend import Backend
-from ...core.lse_merge import MergeSpec, logsumexp_formula, merge_formula
+from ...core.lse_merge import MergeSpec, logsumexp_formula, merge_into
 from ...core.reference import fused_forward
 from ...core.spec import SoftmaxSpec
 from ...core.variant import NO_OPERANDS, Operands
@@ -45,9 +44,4 @@ class TorchBackend(Backend):
 
     def run_merge_states(self, outputs, lses, spec: MergeSpec, out=None, lse_out=None):
         """(out in the outputs' dtype, lse) of merge_states; copied into `out` / `lse_out` when given."""
-        o, lse = merge_formula(outputs, lses, spec.acc_dtype, spec.dtype, spec.out_lse_dtype)
-        if out is not None:
-            o = out.copy_(o)
-        if lse_out is not None:
-            lse = lse_out.copy_(lse)
-        return o, lse
+        return merge_into(spec, outputs, lses, out, lse_out)
