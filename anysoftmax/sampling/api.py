@@ -1,19 +1,15 @@
 """`anysoftmax.sampling.probs`, `sample` and `logprobs`: validate, pick the implementation, run.
 
-Semantics: `sampling.reference` and docs/sampling.md. ``"torch"`` runs the `torch` sampler
-(reference quality, any device, no host synchronisation); another name runs that backend's
-sampler (`Backend.sampler()`, found through the registry), or raises saying why it cannot;
-`backend=None` runs the `AUTOMATIC` backend's sampler for CUDA/ROCm logits when it is available
-and takes the request, else ``"torch"``.
-
-A repeated request costs one key and one lookup: its key (`spec.form_key`: the metadata of the
-logits and of each keyword, which keywords are numbers, the backend asked for, the registry's
-generation) finds its runner: the implementation's launches bound for its checked form
-(`spec.SpecForm`), to which only the call's values go, checked (numbers in Python, CPU tensors'
-values on the host); no `SamplingSpec` is built for it.
+``"torch"`` runs the `torch` sampler (any device, no host synchronisation); another name runs that
+backend's sampler (`Backend.sampler()`) or raises saying why it cannot; `backend=None` runs the
+`AUTOMATIC` backend's for CUDA/ROCm logits where it is available and takes the request, else
+``"torch"``. A repeated request costs one key (`spec.form_key`) and one lookup: it finds its
+runner, the implementation's launches bound for its form, to which only the call's checked values go.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -27,20 +23,18 @@ from .spec import SamplingSpec, SpecForm, check_top_n, form_key, form_of, ids_re
 # The backend `backend=None` tries first on CUDA/ROCm logits: the Triton sampler, which passes the
 # kit's sampler section on a GPU (tests/backends/triton/test_sampling_kit_gpu.py, `-m gpu`).
 AUTOMATIC: str | None = "triton"
-_adapted: dict = {}  # (registry generation, name) -> the backend as a `Backend`
 # A request's key -> its runner (`_runner`).
 _requests: BoundedDict = BoundedDict(maxsize=512)
 
 
+@functools.lru_cache(maxsize=64)
+def _adapted(generation: int, name: str):
+    """The backend called `name` as a `Backend`, once per registry generation."""
+    return as_backend(registry.get_backend(name))
+
+
 def _backend(name: str):
-    key = (registry.generation(), name)
-    found = _adapted.get(key)
-    if found is None:
-        found = as_backend(registry.get_backend(name))
-        if len(_adapted) > 64:
-            _adapted.clear()
-        _adapted[key] = found
-    return found
+    return _adapted(registry.generation(), name)
 
 
 def _check_backend_name(op: str, backend) -> None:

@@ -34,20 +34,6 @@ def _no_filter(top_k, top_p, min_p, vocab: int) -> bool:
     return (top_k == 0 or top_k >= vocab) and top_p >= 1.0 and min_p == 0.0
 
 
-def needs_no_filter(spec: SamplingSpec) -> bool:
-    """True when top_k, top_p and min_p are off as numbers (a tensor's rows are not read)."""
-    k, p, mp = spec.top_k, spec.top_p, spec.min_p
-    if isinstance(k, torch.Tensor) or isinstance(p, torch.Tensor) or isinstance(mp, torch.Tensor):
-        return False
-    return _no_filter(k, p, mp, spec.vocab)
-
-
-def takes_probs(spec: SamplingSpec) -> bool:
-    """Whether `probs` of `spec` takes the one read (a temperature of 0 as a number: the scan)."""
-    t = spec.temperature
-    return needs_no_filter(spec) and (isinstance(t, torch.Tensor) or t > 0)
-
-
 def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
     """(the temperature `t` (checked) as a contiguous float32 tensor or None for a number, its row stride)."""
     if not isinstance(t, torch.Tensor):
@@ -55,15 +41,6 @@ def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
     # (checked first: a conversion that returns its input still costs ~1 us a call)
     t = t if t.dtype == torch.float32 else t.to(torch.float32)
     return t if t.is_contiguous() else t.contiguous(), 1 if t.dim() else 0
-
-
-def _grid(rows: int, device: torch.device, programs: int | None = None) -> int:
-    if programs is not None:
-        return max(1, min(rows, programs))
-    if device.type != "cuda":
-        return max(1, rows)
-    return max(1, min(rows, sampling.programs_on(device.index if device.index is not None
-                                                 else torch.cuda.current_device())))
 
 
 def _bind(kernel, grid: int, pointer_names: tuple, ints: dict, meta: dict, floats: tuple = (),
@@ -82,17 +59,15 @@ class _Launchers(NamedTuple):
     after: object
 
 
-def _scale_launcher(rows: int, t_stride: int, device: torch.device):
-    from . import sampling_one_read_kernels as k
-
-    return _bind(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), ("t_ptr", "s_ptr"),
-                 dict(n_rows=rows, t_stride=t_stride), dict(BLOCK=SCALE_BLOCK, num_warps=4), device=device)
-
-
-def _stand_in_scale(rows: int, device: torch.device, row_tensor: bool):
-    """The scale a launcher is bound with: its layout, never its values (those come per call;
-    a number other than 1 keeps the request fused, so every call passes its scale)."""
-    return torch.ones((rows, 1), dtype=torch.float32, device=device) if row_tensor else 0.5
+def _read(run: _Launchers, x: torch.Tensor, t: torch.Tensor | None, scale: float):
+    """(the one read's output, the scale it applied): `scale` where the temperature is a number,
+    else the per-row scale the scale kernel writes from `t`."""
+    if t is not None:
+        scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        run.scale((t, scale))
+    got = run.read(x, Operands(None, None, scale, 1.0))
+    # (y, p_sink) / lse [rows, 1]: contiguous, row r at element r as the gather reads it
+    return (got[0] if isinstance(got, tuple) else got), scale
 
 
 class Sampler:
@@ -112,23 +87,17 @@ class Sampler:
 
     # ---- the API's functions: each through its form's runner ----
 
-    def probs(self, spec: SamplingSpec, logits: torch.Tensor, *, plan: sampling.SamplingPlan | None = None):
+    def probs(self, spec: SamplingSpec, logits: torch.Tensor):
         """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
-        if plan is not None:
-            return sampling.probs(spec, logits, plan=plan)
         return self.runner("probs", spec)(logits, sampling.keyword_values(spec))
 
-    def sample(self, spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
-               plan: sampling.SamplingPlan | None = None):
+    def sample(self, spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False):
         """int64 token ids of shape ``logits.shape[:-1]`` (and their float32 log-probabilities)."""
-        return sampling.sample(spec, logits, return_logprobs, plan=plan or self.plan(spec))
+        return sampling.sample(spec, logits, return_logprobs, plan=self.plan(spec))
 
-    def logprobs(self, spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
-                 plan: sampling.SamplingPlan | None = None):
+    def logprobs(self, spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0):
         """float32 log-probabilities of `ids` ([rows, K], validated) under log_softmax(logits /
         temperature), and with `top_n` the top-n values and ids (`sampling.logprobs`)."""
-        if plan is not None:
-            return sampling.logprobs(spec, logits, ids, top_n, plan=plan)
         return self.runner("logprobs", spec, top_n, ids.shape[-1])(logits, sampling.keyword_values(spec), ids)
 
     def runner(self, op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0):
@@ -158,18 +127,14 @@ class Sampler:
 
     def _probs_one_read(self, spec: SamplingSpec, row_t: bool):
         launchers = self._one_read_launchers("probs", spec, row_t)
-        rows, device, flat = spec.rows, spec.device, len(spec.batch_shape) == 1
+        flat = len(spec.batch_shape) == 1
 
         def probs(logits, temperature):
             x = sampling.rows_view(logits, spec)
             t, t_stride = _temperature_operand(temperature)
             run = launchers(x, t_stride)
-            if t is None:
-                y = self._read(run, x, 1.0 / temperature)
-            else:
-                s = torch.empty((rows, 1), dtype=torch.float32, device=device)
-                run.scale((t, s))
-                y = self._read(run, x, s)
+            y, _ = _read(run, x, t, None if t is not None else 1.0 / temperature)
+            if t is not None:
                 run.after((x, y, t))
             return y if flat else y.reshape(logits.shape)  # (a reshape to its own shape still costs ~1 us)
         return probs
@@ -184,26 +149,17 @@ class Sampler:
             run = launchers(x, t_stride)
             out = torch.empty((rows, n_ids), dtype=torch.float32, device=device)
             ids = ids if ids.is_contiguous() else ids.contiguous()
+            number = 1.0 if t is not None else float(values[0])
+            scale = 1.0 / number if number > 0 else 1.0
+            lse, s = _read(run, x, t, scale)
             if t is None:
-                number = float(values[0])
-                scale = 1.0 / number if number > 0 else 1.0
-                lse = self._read(run, x, scale)
                 run.after((x, lse, None, None, ids, out), (number, scale))
             else:
-                s = torch.empty((rows, 1), dtype=torch.float32, device=device)
-                run.scale((t, s))
-                lse = self._read(run, x, s)
                 run.after((x, lse, s, t, ids, out))
             return out
         return logprobs
 
     # ---- binding ----
-
-    @staticmethod
-    def _read(run: _Launchers, x: torch.Tensor, scale) -> torch.Tensor:
-        got = run.read(x, Operands(None, None, scale, 1.0))
-        # (y, p_sink) / lse [rows, 1]: contiguous, row r at element r as the gather reads it
-        return got[0] if isinstance(got, tuple) else got
 
     def _launchers(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
                    n_ids: int = 0) -> _Launchers:
@@ -216,10 +172,15 @@ class Sampler:
         from . import sampling_one_read_kernels as k
 
         device, rows = x.device, spec.rows
-        scale = _scale_launcher(rows, t_stride, device) if row_t else None
-        stand_in = _stand_in_scale(rows, device, row_t)
+        scale = None
+        if row_t:
+            scale = _bind(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), ("t_ptr", "s_ptr"),
+                          dict(n_rows=rows, t_stride=t_stride), dict(BLOCK=SCALE_BLOCK, num_warps=4), device=device)
+        # The scale the softmax or logsumexp is bound with: its layout, never its values (those come
+        # per call; a number other than 1 keeps the request fused, so every call passes its scale).
+        stand_in = torch.ones((rows, 1), dtype=torch.float32, device=device) if row_t else 0.5
         plan = self.plan(spec)
-        grid = _grid(rows, device, None if plan is None else plan.grid)
+        grid = max(1, min(rows, sampling.default_programs(device, rows) if plan is None else plan.grid))
         if op == "probs":
             soft, _ = SoftmaxSpec.from_request(x, -1, torch.float32, fused=dict(scale=stand_in))
             read = self.backend.launcher(x, soft)
@@ -244,4 +205,4 @@ def sampler_for(backend, plans=None) -> Sampler:
     return Sampler(backend, plans)
 
 
-__all__ = ["Sampler", "needs_no_filter", "sampler_for", "takes_probs"]
+__all__ = ["Sampler", "sampler_for"]
