@@ -33,10 +33,10 @@ def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (p_hi >> 16) + (s >> 32), s & MASK32
 
 
-def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = PHILOX_ROUNDS) -> tuple[torch.Tensor, ...]:
-    """Philox4x32 (`rounds` rounds) on uint32 words held in int64 tensors (broadcast together):
+def philox4x32(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 on uint32 words held in int64 tensors (broadcast together):
     the four output words, each in [0, 2**32). Integer ops only, so any device computes the same bits."""
-    for _ in range(rounds):
+    for _ in range(PHILOX_ROUNDS):
         hi_b, lo_b = _mul_hi_lo(PHILOX_ROUND_B, c2)
         hi_a, lo_a = _mul_hi_lo(PHILOX_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a

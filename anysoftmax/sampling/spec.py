@@ -127,13 +127,10 @@ def _keyword_reader(op: str, name: str, value, batch_shape: tuple[int, ...], row
 
 @dataclass(frozen=True, eq=False)
 class SamplingSpec:
-    """One sampling request (`anysoftmax.sampling.probs`, `sample`, `logprobs`), validated.
-
-    Keywords hold their off values when not given (temperature 1, top_k 0, top_p 1, min_p 0);
-    a tensor keyword is 0-dim (every row) or flat ``[rows]`` on `device`. `seed` is None (draw
-    one from the device's default generator at each call), an int in the signed 64-bit range
-    (the same bits as the unsigned value given), a 0-dim int64 tensor, or one int64 per row.
-    """
+    """One sampling request (`anysoftmax.sampling.probs`, `sample`, `logprobs`), validated: a
+    tensor keyword is 0-dim (every row) or flat ``[rows]`` on `device`; `seed` is None (drawn at
+    each call), an int in the signed 64-bit range (the bits of the value given), a 0-dim int64
+    tensor, or one int64 per row."""
 
     op: str
     batch_shape: tuple[int, ...]

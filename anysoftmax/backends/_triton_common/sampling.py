@@ -171,8 +171,6 @@ def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = Non
     return None
 
 
-# ---- per-call arguments ---------------------------------------------------------------------------
-
 def _word_pair(value: int) -> tuple[int, int]:
     """A 64-bit value (signed int64 range) as two signed 32-bit words (low, high): kernel
     integer arguments keep one 32-bit type whatever the value."""
@@ -183,7 +181,8 @@ def _word_pair(value: int) -> tuple[int, int]:
 # ---- bound launchers -----------------------------------------------------------------------------
 
 PER_CALL = ("top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags")
-FLOATS = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0}  # per-call floats, off when a call gives none
+# The kernels' per-call floats: their values where a call gives none (each keyword off).
+FLOATS = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "scale": 1.0}
 
 
 # The element type each pointer operand a call may leave absent is loaded or stored as. Its
@@ -215,9 +214,10 @@ def operand_pointers(operands: tuple):
     return pointers
 
 
-def _launcher(kernel, grid: int, ints: dict, meta: dict, device: torch.device):
-    """`kernel` bound through the launch engine on `grid` programs: its pointers (`*_ptr`) a call's
-    operands, its integers by name from `ints` (`PER_CALL`'s given per call), its floats per call."""
+def launcher(kernel, grid: int, ints: dict, meta: dict, device: torch.device):
+    """A sampler `kernel` bound through the launch engine on `grid` programs: its pointers (`*_ptr`)
+    a call's operands, its integers by name from `ints` (`PER_CALL`'s given per call), its
+    floats (`FLOATS`) per call."""
     params = runtime_params(kernel)
     pointers = tuple(n for n in params if n.endswith("_ptr"))
     floats = tuple(n for n in params if n in FLOATS)
@@ -261,29 +261,23 @@ class Bound:
         return self.runs is not None and (0 < top_n <= cap or (not top_n and (
             flags & (1 << KEYWORD_BITS["top_k"]) or 0 < top_k <= cap)))
 
-    def pass_one(self, x, ws, tensors, floats, ints, top_n: int = 0) -> None:
-        """The scan, after the runs pre-pass where it serves the call: every row in the scan's
-        layout (what `select` and a sharded vocabulary's select read)."""
-        if self.takes_runs(ints, top_n):
-            self._runs_then_scan(self.collect_chunks, x, ws, tensors, floats, ints)
-        else:
-            self.scan((x, ws, *tensors), floats, ints)
-
-    def _runs_then_scan(self, collect, x, ws, tensors, floats, ints) -> None:
-        self.runs((x, ws, *tensors[:4]), floats, ints)
-        collect((x, ws, *tensors[:4]), floats, ints)
-        self.scan_rest((x, ws, *tensors), floats, ints)
-
-    def run(self, x, ws, tensors, floats, ints, outs, top_n: int = 0) -> None:
-        """Pass one and the select of every row into `outs`; where the runs pre-pass serves the
-        call, the rows it served are selected from their one-chunk layout, the others as usual."""
+    def run(self, x, ws, tensors, floats, ints, outs: tuple | None = None, top_n: int = 0) -> None:
+        """Pass one, after the runs pre-pass where it serves the call, then the select of every row
+        into `outs` (out_i, out_f, out_f2, ids), the rows the pre-pass served from their one-chunk
+        layout. Without `outs`, pass one alone, every row in the scan's layout (what a sharded
+        vocabulary's select reads)."""
+        runs = self.takes_runs(ints, top_n)
+        if runs:
+            self.runs((x, ws, *tensors[:4]), floats, ints)
+            (self.collect_chunks if outs is None else self.collect)((x, ws, *tensors[:4]), floats, ints)
+        (self.scan_rest if runs else self.scan)((x, ws, *tensors), floats, ints)
+        if outs is None:
+            return
         selected = (x, ws, ws, *outs, *tensors)
-        if self.takes_runs(ints, top_n):
-            self._runs_then_scan(self.collect, x, ws, tensors, floats, ints)
+        if runs:
             self.select_served(selected, floats, ints)
             self.select_rest(selected, floats, ints)
         else:
-            self.scan((x, ws, *tensors), floats, ints)
             self.select(selected, floats, ints)
 
 
@@ -298,15 +292,15 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     items = spec.rows * plan.chunks(spec.vocab)
     grid = max(1, min(plan.grid, items))
     scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
-    scan = _launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False}, device)
+    scan = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False}, device)
     select = _select_launcher(op, spec, plan, space, request, device)
     second = None
     if op == "probs":
-        second = _launcher(k.probs_kernel, grid, ints, dict(CHUNK=plan.chunk, num_warps=plan.num_warps), device)
+        second = launcher(k.probs_kernel, grid, ints, dict(CHUNK=plan.chunk, num_warps=plan.num_warps), device)
     if not plan.runs:
         return Bound(plan, space, scan, select, second)
     block = min(RUNS_BLOCK, plan.chunk)
-    runs = _launcher(k.runs_kernel, items * (plan.chunk // block), ints,
+    runs = launcher(k.runs_kernel, items * (plan.chunk // block), ints,
                      dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4), device)
     # The collect writes the rows it serves as one chunk each (`compact`, which `select_served`
     # reads) or in the scan's layout (`collect_chunks`: what a sharded vocabulary all-gathers).
@@ -314,10 +308,10 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     collect_grid = max(1, min(plan.grid, spec.rows))
     collect_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
                         RUN=plan.run, COMPACT=False, num_warps=plan.collect_warps)
-    collect = _launcher(k.collect_kernel, collect_grid, _ints(spec, plan, compact, request),
+    collect = launcher(k.collect_kernel, collect_grid, _ints(spec, plan, compact, request),
                         {**collect_meta, "COMPACT": True}, device)
-    collect_chunks = _launcher(k.collect_kernel, collect_grid, ints, collect_meta, device)
-    scan_rest = _launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True}, device)
+    collect_chunks = launcher(k.collect_kernel, collect_grid, ints, collect_meta, device)
+    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True}, device)
     one_chunk = dataclasses.replace(plan, chunk=next_power_of_2(spec.vocab))
     select_served = _select_launcher(op, spec, one_chunk, compact, request, device, rows_off=space.served_off)
     select_rest = _select_launcher(op, spec, plan, space, request, device, rows_off=space.left_off)
@@ -334,7 +328,7 @@ def _select_launcher(op: str, spec: SamplingSpec, plan: SamplingPlan, space: Wor
     meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards),
                 KP=next_power_of_2(plan.k_cap), TILE=plan.tile, ROWS=rows_off is not None,
                 num_warps=plan.select_warps)
-    return _launcher(k.select_kernel, max(1, min(spec.rows, plan.grid)), ints, meta, device)
+    return launcher(k.select_kernel, max(1, min(spec.rows, plan.grid)), ints, meta, device)
 
 
 def rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
@@ -472,7 +466,7 @@ def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan:
     `n_ids`): `sample`: f(logits, values, return_logprobs), `probs`: f(logits, values),
     `logprobs`: f(logits, values, ids), `values` a call's checked keyword values
     (`keyword_values`), `ids` its [rows, K] int64 ids. Bound once; a call builds no request."""
-    shape, device, rows, vocab = spec.batch_shape, spec.device, spec.rows, spec.vocab
+    shape, device, rows = spec.batch_shape, spec.device, spec.rows
     select = _selector(op, spec, plan, top_n, n_ids)
     if op == "sample":
         # (the kernels write each row's logprob: one not asked for goes to a buffer kept per stream)
@@ -553,7 +547,7 @@ def runs_rows(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | 
 # ---- a vocabulary sharded across ranks ------------------------------------------------------------
 
 def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, *,
-               plan: SamplingPlan | None = None, op: str = "sample") -> tuple[torch.Tensor, Workspace, SamplingPlan]:
+               plan: SamplingPlan | None = None) -> tuple[torch.Tensor, Workspace, SamplingPlan]:
     """Pass 1 on this rank's shard of the vocabulary (`spec` describes the shard: its vocab is
     the shard's; tokens numbered from `vocab_start` of `vocab_total`): (workspace, its layout,
     the plan). Its first `Workspace.shard_words` words are what every rank all-gathers; then
@@ -562,10 +556,10 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     x = rows_view(logits_shard, spec)
     plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
     values = keyword_values(spec)
-    tensors, floats, ints = _keyword_caller(values, op == "sample", spec.device)(values)
-    bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total)
+    tensors, floats, ints = _keyword_caller(values, True, spec.device)(values)
+    bound = _launchers("sample", spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=logits_shard.device)
-    bound.pass_one(x, ws, tensors, floats, ints)
+    bound.run(x, ws, tensors, floats, ints)
     return ws, bound.space, plan
 
 
@@ -593,6 +587,6 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
 
 
-__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "keyword_values", "logprobs", "operand_pointers",
-           "default_programs", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows", "sample", "scan_shard",
-           "select_shards", "stand_ins", "supports"]
+__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "default_programs", "keyword_values", "launcher",
+           "logprobs", "operand_pointers", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows",
+           "sample", "scan_shard", "select_shards", "stand_ins", "supports"]

@@ -1,9 +1,8 @@
 """The Triton sampler as a backend hands it out (`Sampler`): requests that need no filter read
 the logits once, through the backend's own softmax and logsumexp launchers with the per-row
 scale 1/temperature (docs/sampling.md, "Backends"; kernels: `sampling_one_read_kernels.py`);
-every other request runs the scan and select of `sampling.py`, as does a temperature of 0
-given as a number (every row greedy: the scan's argmax serves it) and a tensor top_k, top_p
-or min_p (it may hold anything per row; reading it would synchronise with the host).
+every other request runs the scan and select of `sampling.py`, as do a temperature of 0 given as
+a number (the scan's argmax serves it) and a tensor top_k, top_p or min_p (never read on the host).
 """
 
 from __future__ import annotations
@@ -20,18 +19,12 @@ from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from ...sampling.spec import SamplingSpec
 from . import sampling
-from .launcher import Binding, bind_kernel
 
 SCALE_BLOCK = 1024  # rows per program of row_scale_kernel
 TILE = 1024  # logits per step where a kernel reads a whole row (greedy rows)
 ID_BLOCK = 64  # ids per step of the gather
 
 _bound = OnceCache(maxsize=128)
-
-
-def _no_filter(top_k, top_p, min_p, vocab: int) -> bool:
-    # (numbers only: a tensor's rows are not read)
-    return (top_k == 0 or top_k >= vocab) and top_p >= 1.0 and min_p == 0.0
 
 
 def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
@@ -41,13 +34,6 @@ def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
     # (checked first: a conversion that returns its input still costs ~1 us a call)
     t = t if t.dtype == torch.float32 else t.to(torch.float32)
     return t if t.is_contiguous() else t.contiguous(), 1 if t.dim() else 0
-
-
-def _bind(kernel, grid: int, pointer_names: tuple, ints: dict, meta: dict, floats: tuple = (),
-          device: torch.device | None = None):
-    return bind_kernel(Binding(kernel, grid, pointer_names, sampling.operand_pointers(pointer_names), ints,
-                               (meta,), floats, (1.0,) * len(floats)),
-                       scratch=sampling.stand_ins, device=device)
 
 
 class _Launchers(NamedTuple):
@@ -112,8 +98,8 @@ class Sampler:
             one_read, vocab = self._probs_one_read(spec, row_t), spec.vocab
 
             def probs(logits, values):
-                t, k, p, mp = values[:4]
-                if _no_filter(k, p, mp, vocab) and (row_t or t > 0):
+                t, k, p, mp = values[:4]  # (top_k, top_p, min_p are numbers here)
+                if (k == 0 or k >= vocab) and p >= 1.0 and mp == 0.0 and (row_t or t > 0):
                     return one_read(logits, t)
                 return scan(logits, values)
             return probs
@@ -122,7 +108,11 @@ class Sampler:
         return scan
 
     def _one_read_launchers(self, op: str, spec: SamplingSpec, row_t: bool, n_ids: int = 0):
-        launchers = sampling.remembered(lambda x, t_stride: self._launchers(op, spec, x, row_t, t_stride, n_ids))
+        def bound(x: torch.Tensor, t_stride: int) -> _Launchers:
+            key = (id(self.backend), op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, row_t, t_stride,
+                   n_ids, x.data_ptr() % 16 == 0, self.plan(spec))
+            return _bound.get(key, lambda: self._bind(op, spec, x, row_t, t_stride, n_ids))
+        launchers = sampling.remembered(bound)
         return lambda x, t_stride: launchers((x.stride(0), x.data_ptr() % 16 == 0, t_stride), x, t_stride)
 
     def _probs_one_read(self, spec: SamplingSpec, row_t: bool):
@@ -161,12 +151,6 @@ class Sampler:
 
     # ---- binding ----
 
-    def _launchers(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
-                   n_ids: int = 0) -> _Launchers:
-        key = (id(self.backend), op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, row_t, t_stride, n_ids,
-               x.data_ptr() % 16 == 0, self.plan(spec))
-        return _bound.get(key, lambda: self._bind(op, spec, x, row_t, t_stride, n_ids))
-
     def _bind(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
               n_ids: int) -> _Launchers:
         from . import sampling_one_read_kernels as k
@@ -174,8 +158,8 @@ class Sampler:
         device, rows = x.device, spec.rows
         scale = None
         if row_t:
-            scale = _bind(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), ("t_ptr", "s_ptr"),
-                          dict(n_rows=rows, t_stride=t_stride), dict(BLOCK=SCALE_BLOCK, num_warps=4), device=device)
+            scale = sampling.launcher(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), dict(n_rows=rows, t_stride=t_stride),
+                                      dict(BLOCK=SCALE_BLOCK, num_warps=4), device)
         # The scale the softmax or logsumexp is bound with: its layout, never its values (those come
         # per call; a number other than 1 keeps the request fused, so every call passes its scale).
         stand_in = torch.ones((rows, 1), dtype=torch.float32, device=device) if row_t else 0.5
@@ -186,16 +170,14 @@ class Sampler:
             read = self.backend.launcher(x, soft)
             after = None
             if row_t:
-                after = _bind(k.probs_fixup_kernel, grid, ("x_ptr", "y_ptr", "t_ptr"),
-                              dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), ys=spec.vocab, t_stride=t_stride),
-                              dict(TILE=TILE, num_warps=4), device=device)
+                ints = dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), ys=spec.vocab, t_stride=t_stride)
+                after = sampling.launcher(k.probs_fixup_kernel, grid, ints, dict(TILE=TILE, num_warps=4), device)
             return _Launchers(scale, read, after)
         lse_spec, _ = logsumexp_request(x, -1, scale=stand_in)
         read = self.backend.logsumexp_launcher(x, lse_spec, Operands(None, None, 1.0, 1.0))
-        after = _bind(k.logprobs_gather_kernel, grid, ("x_ptr", "lse_ptr", "s_ptr", "t_ptr", "ids_ptr", "out_ptr"),
-                      dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), n_ids=n_ids, t_stride=t_stride),
-                      dict(ROW_T=row_t, TILE=TILE, ID_BLOCK=ID_BLOCK, num_warps=4), ("temperature", "scale"),
-                      device=device)
+        after = sampling.launcher(k.logprobs_gather_kernel, grid,
+                                  dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), n_ids=n_ids, t_stride=t_stride),
+                                  dict(ROW_T=row_t, TILE=TILE, ID_BLOCK=ID_BLOCK, num_warps=4), device)
         return _Launchers(scale, read, after)
 
 
