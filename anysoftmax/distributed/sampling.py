@@ -38,20 +38,23 @@ def _shard(who: str, logits, group):
 
 
 def _merged_rows(who: str, every: torch.Tensor, sizes: tuple[int, ...], group, spec: SamplingSpec):
-    """`_merge` of the first collective's states ([world, payload], the payload starting with
-    the states and ending with the rank's shard size), the invalid rows [rows, 1] adding the
-    keywords' and, where a rank's size is not the one exchanged before, every row: on the CPU
-    that raises instead (every rank at once: they read the same values), on an accelerator
-    reading it would synchronise."""
+    """Every rank's row states merged from the first collective ([world, payload], the payload
+    starting with the [rows, 4] states and ending with the rank's shard size): (max z, sum of
+    exp(z - max) over the vocabulary, [rows, 1] invalid rows, count of tokens at the max). A rank
+    whose size is not the one exchanged before makes every row invalid: on the CPU it raises
+    instead (every rank at once: they read the same values); on an accelerator that read would
+    synchronise."""
     sent = every[:, -1]
     changed = (sent != torch.tensor(sizes, dtype=sent.dtype, device=sent.device)).any()
     if sent.device.type == "cpu" and bool(changed):
         forget_shard_sizes(group)
         raise ValueError(f"{who}: the shard sizes are {[int(s) for s in sent.tolist()]}, not the {list(sizes)} "
                          f"exchanged for this rank's size: every rank must change its shard size in the same call")
-    rows = spec.rows
-    top, mass, invalid, at_top = _merge(every[:, :rows * _STATES].view(len(sizes), rows, _STATES))
-    return top, mass, invalid[:, None] | invalid_keyword_rows(spec) | changed, at_top
+    top_r, mass_r, bad, at_r = every[:, :spec.rows * _STATES].view(len(sizes), spec.rows, _STATES).unbind(-1)
+    top = top_r.amax(0)
+    mass = (mass_r * torch.exp(top_r - torch.where(torch.isfinite(top), top, 0))).sum(0)
+    invalid = ((bad > 0).any(0) | (top == -math.inf))[:, None] | invalid_keyword_rows(spec) | changed
+    return top, mass, invalid, torch.where(top_r == top, at_r, 0).sum(0)
 
 
 def _row_states(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,14 +66,6 @@ def _row_states(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     at_top = (zc == top).sum(-1)
     return torch.stack([top[:, 0].double(), mass.double(), bad.double(), at_top.double()], -1), zc
 
-
-def _merge(states: torch.Tensor):
-    """Every rank's [world, rows, 4] states merged: (max z, sum of exp(z - max) over the
-    vocabulary, rows without a distribution, count of tokens at the max), each [rows]."""
-    top_r, mass_r, bad, at_r = states.unbind(-1)
-    top = top_r.amax(0)
-    mass = (mass_r * torch.exp(top_r - torch.where(torch.isfinite(top), top, 0))).sum(0)
-    return top, mass, (bad > 0).any(0) | (top == -math.inf), torch.where(top_r == top, at_r, 0).sum(0)
 
 
 def _candidates(zc: torch.Tensor, count: int) -> torch.Tensor:

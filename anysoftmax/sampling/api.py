@@ -37,11 +37,6 @@ def _backend(name: str):
     return _adapted(registry.generation(), name)
 
 
-def _check_backend_name(op: str, backend) -> None:
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"{op}: backend must be a backend name (str) or None, got {type(backend).__name__}")
-
-
 def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
     """The sampler computing `spec`: the `torch` sampler or a backend's (see the module)."""
     if backend == "torch":
@@ -72,10 +67,9 @@ def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
 
 def _runner(op: str, form: SpecForm, implementation, spec: SamplingSpec, top_n: int, read_ids, n_ids: int):
     """`call(logits, values, extra)` running every request of `form` on `implementation` (`spec`:
-    the first call's request as `form_of` gives it): it checks a call's keyword `values` (and
-    `logprobs`' ids: `extra`; `sample`'s return_logprobs) and hands them to the implementation's
-    runner for the form (`runner(op, spec, top_n, n_ids)`: bound once, it reads only the
-    values), or builds the call's `SamplingSpec` for an implementation without one."""
+    the first call's request as `form_of` gives it; `extra`: `logprobs`' ids or `sample`'s
+    return_logprobs): the call's checked values go to the implementation's runner for the form
+    (`runner(op, spec, top_n, n_ids)`), or as a `SamplingSpec` to one without a runner."""
     read = form.read
     make = getattr(implementation, "runner", None)
     if make is None:
@@ -98,6 +92,8 @@ def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
     """The runner (`_runner`) of a request whose keywords are `values` (`spec.KEYWORDS` order):
     found by the request's key where it was seen before (the runner then checks only the
     values), else the request checked whole, its implementation chosen, and remembered."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"{op}: backend must be a backend name (str) or None, got {type(backend).__name__}")
     key = form_key(logits, values)
     # (a top_n of another type than int, or ids that are no tensor, are checked, never keyed:
     # 1.0 == 1 as a key)
@@ -130,7 +126,6 @@ def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min
     renormalised distribution), min_p; 0 outside the kept set. Keywords: a number or a tensor
     with one value per row; None switches a step off. Temperature 0 is greedy (probability 1
     on the argmax, the lowest index among ties)."""
-    _check_backend_name("probs", backend)
     values = (temperature, top_k, top_p, min_p)
     return _ready("probs", backend, logits, values)(logits, values, None)
 
@@ -146,7 +141,6 @@ def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, mi
     row's logits, the keywords): the same on every call and every backend. A per-row seed gives
     a request the same draw wherever it sits in the batch. Without a seed, torch's default
     generator for the device supplies one and advances. No host synchronisation."""
-    _check_backend_name("sample", backend)
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"sample: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
     values = (temperature, top_k, top_p, min_p, seed, offset)
@@ -159,7 +153,6 @@ def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n
     ``log_softmax(logits / temperature)``; with ``top_n > 0`` returns ``(logprobs, top_values,
     top_ids)``, the top-n log-probabilities of each row (the lower id first among ties).
     Temperature 0 gives the limit: ``-log n`` on the n tied maxima, -inf elsewhere."""
-    _check_backend_name("logprobs", backend)
     values = (temperature,)
     out = _ready("logprobs", backend, logits, values, top_n, ids)(logits, values, ids)
     if not top_n:

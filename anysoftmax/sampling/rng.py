@@ -1,12 +1,9 @@
 """The randomness of a draw, defined once: every backend, sharded or not, draws these numbers
 (docs/sampling.md, "Seeds, offsets and the randomness", states the definition and its reasons).
-
 Token ``i`` of a row (its index in the whole vocabulary) gets ``r_i``, word ``i & 3`` of
-Philox4x32-10 with key the row's seed (unsigned 64-bit: low word, high word) and counter
-``(i >> 2, stream, offset low word, offset high word)``, ``stream`` the row's flat index for a
-batch-wide seed and 0 for a per-row seed: in Triton ``tl.philox(seed, i >> 2, stream, off_lo,
-off_hi)[i & 3]``. ``E_i = -log1p(-u_i)`` with ``u_i = (r_i + 1/2) / 2**32`` is Exp(1); the draw
-is the argmax over the kept set of ``z_i - log(E_i)``, the lowest index among exact ties.
+Philox4x32-10 keyed by the row's seed, counter ``(i >> 2, stream, offset low, offset high)``
+(``stream``: the row's flat index for a batch-wide seed, 0 for a per-row seed); in Triton
+``tl.philox(seed, i >> 2, stream, off_lo, off_hi)[i & 3]``.
 """
 
 from __future__ import annotations

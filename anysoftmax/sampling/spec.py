@@ -1,9 +1,7 @@
 """`SamplingSpec`: one validated sampling request, whatever computes it. What is taken and the
-errors (naming the argument): docs/sampling.md, "Semantics".
-
-The *values* of per-row tensors are checked where that costs no host synchronisation: on the
-CPU. On an accelerator reading them would synchronise (and break CUDA-graph capture), so a row
-with an out-of-range value there is invalid instead (`invalid_keyword_rows`).
+errors (naming the argument): docs/sampling.md, "Semantics". The values of per-row tensors are
+checked on the CPU only: on an accelerator reading them would synchronise (and break CUDA-graph
+capture), so a row with an out-of-range value there is invalid instead (`invalid_keyword_rows`).
 """
 
 from __future__ import annotations
@@ -31,13 +29,6 @@ _RULES = {
 }
 
 
-def _as_int64(op: str, name: str, value: int) -> int:
-    """An int of the 64-bit range as the signed int64 with the same bits."""
-    if not INT64_MIN <= value < UINT64_END:
-        raise ValueError(f"{op}: {name} {_RULES[name][2]}, got {value}")
-    return value - UINT64_END if value >= 2**63 else value
-
-
 def _number(op: str, name: str, value):
     integer, ok, rule = _RULES[name]
     given = type(value)
@@ -49,8 +40,10 @@ def _number(op: str, name: str, value):
                         f"{type(value).__name__} {value!r}")
     if integer:
         value = value if given is int else int(value)
-        if ok is None:
-            return _as_int64(op, name, value)
+        if ok is None:  # (seed, offset: the signed int64 with the bits of an int of the 64-bit range)
+            if not INT64_MIN <= value < UINT64_END:
+                raise ValueError(f"{op}: {name} {rule}, got {value}")
+            return value - UINT64_END if value >= 2**63 else value
     else:
         value = value if given is float else float(value)
     if not ok(value):

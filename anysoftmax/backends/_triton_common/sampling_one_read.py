@@ -57,11 +57,10 @@ def _read(run: _Launchers, x: torch.Tensor, t: torch.Tensor | None, scale: float
 
 
 class Sampler:
-    """`probs`, `sample` and `logprobs` (the signatures of `sampling.py`'s functions) of a
-    backend whose `launcher(x, spec)` binds the softmax and `logsumexp_launcher(x, spec,
-    operands)` the logsumexp: the one read where the request allows it (see the module).
-    `plans(spec) -> SamplingPlan`: the backend's plan of a request (None: `sampling.plan_for`'s);
-    its grid also caps the one-read paths' kernels."""
+    """`probs`, `sample` and `logprobs` (the signatures of `sampling.py`'s functions) of a backend
+    whose `launcher(x, spec)` binds the softmax and `logsumexp_launcher(x, spec, operands)` the
+    logsumexp (see the module). `plans(spec) -> SamplingPlan`: the backend's plan of a request
+    (None: `sampling.plan_for`'s); its grid also caps the one-read paths' kernels."""
 
     def __init__(self, backend, plans=None):
         self.backend = backend
