@@ -157,8 +157,7 @@ class SamplingSpec:
         `dtype` (default: int64 for top_k/seed/offset, the compute dtype for the others). Builds
         numbers with a fill (no host-to-device copy)."""
         device = self.device if device is None else device
-        integer = _RULES[name][0]
-        dtype = dtype or (torch.int64 if integer else self.compute_dtype)
+        dtype = dtype or (torch.int64 if _RULES[name][0] else self.compute_dtype)
         value = getattr(self, name)
         if not isinstance(value, torch.Tensor):
             return torch.full((self.rows, 1), value, dtype=dtype, device=device)
@@ -213,12 +212,11 @@ class SpecForm:
             raise ValueError(f"{op}: logits need a vocabulary: a last dim of size >= 1, got shape "
                              f"{list(logits.shape)}")
         batch_shape, device = tuple(logits.shape[:-1]), logits.device
-        rows = math.prod(batch_shape)
-        self.readers = tuple((i, name, _keyword_reader(op, name, value, batch_shape, rows, device))
-                             for i, (name, value) in enumerate(zip(KEYWORDS, values)) if value is not None)
         template = SamplingSpec(op=op, batch_shape=batch_shape, vocab=logits.shape[-1], dtype=logits.dtype,
                                 device=device)
-        template.rows  # (cached in its fields: every spec of this form has its value)
+        rows = template.rows  # (cached in its fields: every spec of this form has its value)
+        self.readers = tuple((i, name, _keyword_reader(op, name, value, batch_shape, rows, device))
+                             for i, (name, value) in enumerate(zip(KEYWORDS, values)) if value is not None)
         self.fields = dict(vars(template))
         self.defaults = tuple(self.fields[name] for name in KEYWORDS)
 

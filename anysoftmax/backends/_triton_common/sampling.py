@@ -140,8 +140,7 @@ def default_programs(device: torch.device, items: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None) -> SamplingPlan:
     """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk
-    as keep the select's block at MAX_SELECT_BLOCK; a persistent grid of `programs` (default:
-    two per multiprocessor on a GPU, one per work item on the CPU)."""
+    as keep the select's block at MAX_SELECT_BLOCK; a persistent grid (`grid_for`)."""
     chunk = min(MAX_CHUNK, max(16, next_power_of_2(vocab)))
     groups = next_power_of_2(cdiv(vocab, chunk))
     slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
