@@ -14,7 +14,7 @@ import torch
 
 from .. import sampling
 from ..sampling.reference import scaled_logits, top_n_rows
-from ..sampling.rng import exponential_race, row_words
+from ..sampling.rng import MASK32, exponential_race, row_words
 from ..sampling.spec import SamplingSpec, check_ids, check_top_n, invalid_keyword_rows
 from . import kernel_sampling
 from .collective import forget_shard_sizes, gather_states, group_rank_and_size, shard_sizes
@@ -22,7 +22,6 @@ from .collective import forget_shard_sizes, gather_states, group_rank_and_size, 
 BACKENDS = (None, "torch", kernel_sampling.KERNEL_BACKEND)  # (None: the kernels on CUDA/ROCm logits)
 TOP_P_CANDIDATES = 1024
 _STATES = 4  # max z, sum exp(z - max), NaN/+inf held, count at the max
-_MASK32 = 0xFFFFFFFF
 
 
 def _shard(who: str, logits, group):
@@ -38,12 +37,11 @@ def _shard(who: str, logits, group):
 
 
 def _merged_rows(who: str, every: torch.Tensor, sizes: tuple[int, ...], group, spec: SamplingSpec):
-    """Every rank's row states merged from the first collective ([world, payload], the payload
-    starting with the [rows, 4] states and ending with the rank's shard size): (max z, sum of
-    exp(z - max) over the vocabulary, [rows, 1] invalid rows, count of tokens at the max). A rank
-    whose size is not the one exchanged before makes every row invalid: on the CPU it raises
-    instead (every rank at once: they read the same values); on an accelerator that read would
-    synchronise."""
+    """Every rank's row states merged from the first collective ([world, payload]: the [rows, 4]
+    states first, the rank's shard size last): (max z, sum of exp(z - max) over the vocabulary,
+    [rows, 1] invalid rows, count of tokens at the max). A rank's size other than the one exchanged
+    before raises on the CPU (on every rank: they read the same values) and makes every row
+    invalid on an accelerator (where that read would synchronise)."""
     sent = every[:, -1]
     changed = (sent != torch.tensor(sizes, dtype=sent.dtype, device=sent.device)).any()
     if sent.device.type == "cpu" and bool(changed):
@@ -131,7 +129,7 @@ def _seed_words(words, spec: SamplingSpec) -> torch.Tensor:
     """This rank's batch seed as two exact float64 words (rank 0's serves every rank when the
     seed comes from each rank's default generator)."""
     seed = words[0][:1] if spec.rows else torch.zeros(1, dtype=torch.int64, device=spec.device)
-    return torch.cat([(seed & _MASK32).double(), ((seed >> 32) & _MASK32).double()])
+    return torch.cat([(seed & MASK32).double(), ((seed >> 32) & MASK32).double()])
 
 
 def _gathered_sample(logits, sizes, world, group, spec, seed, keywords, return_logprobs):

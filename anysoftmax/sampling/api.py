@@ -29,12 +29,8 @@ _requests: BoundedDict = BoundedDict(maxsize=512)
 
 @functools.lru_cache(maxsize=64)
 def _adapted(generation: int, name: str):
-    """The backend called `name` as a `Backend`, once per registry generation."""
+    """The backend called `name` as a `Backend`, once per registry generation (`registry.generation()`)."""
     return as_backend(registry.get_backend(name))
-
-
-def _backend(name: str):
-    return _adapted(registry.generation(), name)
 
 
 def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
@@ -44,12 +40,12 @@ def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
     if backend is None:
         if AUTOMATIC is None or spec.device.type != "cuda" or AUTOMATIC not in registry.registered():
             return torch_sampler
-        chosen = _backend(AUTOMATIC)
+        chosen = _adapted(registry.generation(), AUTOMATIC)
         if registry.unavailable_reason(AUTOMATIC) is not None or chosen.supports_sampling(spec, top_n) is not None:
             return torch_sampler
         return chosen.sampler()
     try:
-        chosen = _backend(backend)
+        chosen = _adapted(registry.generation(), backend)
     except ValueError as exc:
         raise ValueError(f"{op}: {exc}") from None
     if chosen.sampler_refusal is not None:

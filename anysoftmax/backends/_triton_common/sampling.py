@@ -139,8 +139,8 @@ def default_programs(device: torch.device, items: int) -> int:
 # callers pass a tensor's device, whose CUDA index is set)
 @functools.lru_cache(maxsize=1024)
 def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None) -> SamplingPlan:
-    """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk
-    as keep the select's block at MAX_SELECT_BLOCK; a persistent grid (`grid_for`)."""
+    """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk as
+    keep the select's block at MAX_SELECT_BLOCK; a grid of `programs` (default: `default_programs`)."""
     chunk = min(MAX_CHUNK, max(16, next_power_of_2(vocab)))
     groups = next_power_of_2(cdiv(vocab, chunk))
     slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
@@ -227,9 +227,8 @@ def launcher(kernel, grid: int, ints: dict, meta: dict, device: torch.device):
 
 
 def _ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, request: dict, shards: int = 1, **given) -> dict:
-    """Every integer argument of the sampler's kernels by name: the request's shape, the call's
-    `request` (xs, top_n, n_ids, vocab_start, vocab_total), the layout of `plan` and `space`,
-    `given`, and 0 as the per-call integers' placeholders."""
+    """Every integer argument of the sampler's kernels by name: the request's (`request`: xs, top_n,
+    n_ids, vocab_start, vocab_total), its layout (`plan`, `space`), `given`; 0 for the per-call ones."""
     chunks = plan.chunks(spec.vocab)
     return {"n_rows": spec.rows, "vocab": spec.vocab, "ys": spec.vocab, "n_chunks": chunks, "n_groups": chunks * shards,
             "shard_stride": 0, "rows_off": 0, **dataclasses.asdict(space), **dict.fromkeys(PER_CALL, 0), **request,
@@ -579,11 +578,10 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
                         lambda: _select_launcher("sample", spec, plan, space, request, device, shards, False,
                                                  gathered.stride(0)))
     ws = torch.empty(space.words, dtype=torch.int32, device=device)
-    ids = torch.empty(spec.rows, dtype=torch.int64, device=device)
-    lp = torch.empty(spec.rows, dtype=torch.float32, device=device)
+    ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=device)  # (contiguous: row r at element r)
+    lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=device)
     launch((None, gathered, ws, ids, lp, None, None, *tensors), floats, ints)
-    ids = ids.reshape(spec.batch_shape)
-    return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
+    return (ids, lp) if return_logprobs else ids
 
 
 __all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "default_programs", "keyword_values", "launcher",

@@ -91,17 +91,9 @@ class Sampler:
         form's, so only the numbers' values are looked at per call."""
         scan = sampling.runner(op, spec, top_n, n_ids, plan=self.plan(spec))
         row_t = isinstance(spec.temperature, torch.Tensor)
-        if op == "probs":
-            if not spec.rows or any(isinstance(v, torch.Tensor) for v in (spec.top_k, spec.top_p, spec.min_p)):
-                return scan
-            one_read, vocab = self._probs_one_read(spec, row_t), spec.vocab
-
-            def probs(logits, values):
-                t, k, p, mp = values[:4]  # (top_k, top_p, min_p are numbers here)
-                if (k == 0 or k >= vocab) and p >= 1.0 and mp == 0.0 and (row_t or t > 0):
-                    return one_read(logits, t)
-                return scan(logits, values)
-            return probs
+        filters_are_numbers = not any(isinstance(v, torch.Tensor) for v in (spec.top_k, spec.top_p, spec.min_p))
+        if op == "probs" and spec.rows and filters_are_numbers:
+            return self._probs_one_read(spec, row_t, scan)
         if op == "logprobs" and not top_n and spec.rows and n_ids:
             return self._logprobs_one_read(spec, row_t, n_ids)
         return scan
@@ -114,11 +106,14 @@ class Sampler:
         launchers = sampling.remembered(bound)
         return lambda x, t_stride: launchers((x.stride(0), x.data_ptr() % 16 == 0, t_stride), x, t_stride)
 
-    def _probs_one_read(self, spec: SamplingSpec, row_t: bool):
+    def _probs_one_read(self, spec: SamplingSpec, row_t: bool, scan):
         launchers = self._one_read_launchers("probs", spec, row_t)
-        flat = len(spec.batch_shape) == 1
+        vocab, flat = spec.vocab, len(spec.batch_shape) == 1
 
-        def probs(logits, temperature):
+        def probs(logits, values):
+            temperature, k, p, mp = values[:4]  # (top_k, top_p, min_p are numbers here)
+            if not ((k == 0 or k >= vocab) and p >= 1.0 and mp == 0.0 and (row_t or temperature > 0)):
+                return scan(logits, values)
             x = sampling.rows_view(logits, spec)
             t, t_stride = _temperature_operand(temperature)
             run = launchers(x, t_stride)
@@ -147,8 +142,6 @@ class Sampler:
                 run.after((x, lse, s, t, ids, out))
             return out
         return logprobs
-
-    # ---- binding ----
 
     def _bind(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
               n_ids: int) -> _Launchers:
