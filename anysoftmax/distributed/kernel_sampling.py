@@ -1,10 +1,8 @@
-"""`anysoftmax.distributed.sample(..., backend="triton")`: the Triton sampler's shard forms
-(`scan_shard` on each rank, one exchange of the workspaces' prefix, `select_shards` on every
-rank) over a vocabulary sharded across a group (docs/sampling.md, "A sharded vocabulary"). On
-NVIDIA GPUs the exchange is one kernel writing into the peers' mailboxes (`mailbox.py`), else an
-all-gather.
-The torch-ops path (`sampling.py`) serves unequal shard sizes, requests the Triton sampler
-refuses, and rows the candidates cannot decide (id -2).
+"""`anysoftmax.distributed.sample(..., backend="triton")`: the Triton sampler's `scan_shard` on
+each rank, one exchange of the workspaces' prefix (on NVIDIA GPUs one kernel writing into the
+peers' mailboxes, `mailbox.py`; else an all-gather), `select_shards` on every rank
+(docs/sampling.md, "A sharded vocabulary"). The torch-ops path (`sampling.py`) serves unequal
+shard sizes, requests the Triton sampler refuses, and rows the candidates cannot decide (id -2).
 """
 
 from __future__ import annotations
@@ -40,10 +38,8 @@ def refusal(spec: SamplingSpec, sizes: tuple[int, ...]) -> str | None:
     """Why the shard kernels cannot take `spec` over shards of `sizes` (None when they can)."""
     if len(set(sizes)) > 1:
         return f"the shard kernels need equal shard sizes, got {list(sizes)}"
-    reason = registry.unavailable_reason(KERNEL_BACKEND)
-    if reason is not None:
-        return reason
-    return as_backend(registry.get_backend(KERNEL_BACKEND)).supports_sampling(spec)
+    return registry.unavailable_reason(KERNEL_BACKEND) or \
+        as_backend(registry.get_backend(KERNEL_BACKEND)).supports_sampling(spec)
 
 
 def agreed_seed(spec: SamplingSpec, world: int, group) -> SamplingSpec:

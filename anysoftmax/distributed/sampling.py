@@ -14,7 +14,7 @@ import torch
 
 from .. import sampling
 from ..sampling.reference import scaled_logits, top_n_rows
-from ..sampling.rng import exponential_race, row_words
+from ..sampling.rng import MASK32, exponential_race, row_words
 from ..sampling.spec import SamplingSpec, check_ids, check_top_n, invalid_keyword_rows
 from . import kernel_sampling
 from .collective import forget_shard_sizes, gather_states, group_rank_and_size, shard_sizes
@@ -22,7 +22,6 @@ from .collective import forget_shard_sizes, gather_states, group_rank_and_size, 
 BACKENDS = (None, "torch", kernel_sampling.KERNEL_BACKEND)  # (None: the kernels on CUDA/ROCm logits)
 TOP_P_CANDIDATES = 1024
 _STATES = 4  # max z, sum exp(z - max), NaN/+inf held, count at the max
-_MASK32 = 0xFFFFFFFF
 
 
 def _shard(who: str, logits, group):
@@ -37,18 +36,23 @@ def _shard(who: str, logits, group):
     return rank, world, sizes, sum(sizes[:rank])
 
 
-def _check_sizes(who: str, sent: torch.Tensor, sizes: tuple[int, ...], group) -> torch.Tensor | None:
-    """Whether every rank's size in this call (`sent`, [world] float64) is the one exchanged
-    before: raises on the CPU (every rank at once: they read the same values); on an
-    accelerator, where reading them would synchronise, a bool to make every row invalid."""
+def _merged_rows(who: str, every: torch.Tensor, sizes: tuple[int, ...], group, spec: SamplingSpec):
+    """Every rank's row states merged from the first collective ([world, payload]: the [rows, 4]
+    states first, the rank's shard size last): (max z, sum of exp(z - max) over the vocabulary,
+    [rows, 1] invalid rows, count of tokens at the max). A rank's size other than the one exchanged
+    before raises on the CPU (on every rank: they read the same values) and makes every row
+    invalid on an accelerator (where that read would synchronise)."""
+    sent = every[:, -1]
     changed = (sent != torch.tensor(sizes, dtype=sent.dtype, device=sent.device)).any()
-    if sent.device.type != "cpu":
-        return changed
-    if bool(changed):
+    if sent.device.type == "cpu" and bool(changed):
         forget_shard_sizes(group)
         raise ValueError(f"{who}: the shard sizes are {[int(s) for s in sent.tolist()]}, not the {list(sizes)} "
                          f"exchanged for this rank's size: every rank must change its shard size in the same call")
-    return None
+    top_r, mass_r, bad, at_r = every[:, :spec.rows * _STATES].view(len(sizes), spec.rows, _STATES).unbind(-1)
+    top = top_r.amax(0)
+    mass = (mass_r * torch.exp(top_r - torch.where(torch.isfinite(top), top, 0))).sum(0)
+    invalid = ((bad > 0).any(0) | (top == -math.inf))[:, None] | invalid_keyword_rows(spec) | changed
+    return top, mass, invalid, torch.where(top_r == top, at_r, 0).sum(0)
 
 
 def _row_states(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,14 +64,6 @@ def _row_states(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     at_top = (zc == top).sum(-1)
     return torch.stack([top[:, 0].double(), mass.double(), bad.double(), at_top.double()], -1), zc
 
-
-def _merge(states: torch.Tensor):
-    """Every rank's [world, rows, 4] states merged: (max z, sum of exp(z - max) over the
-    vocabulary, rows without a distribution, count of tokens at the max), each [rows]."""
-    top_r, mass_r, bad, at_r = states.unbind(-1)
-    top = top_r.amax(0)
-    mass = (mass_r * torch.exp(top_r - torch.where(torch.isfinite(top), top, 0))).sum(0)
-    return top, mass, (bad > 0).any(0) | (top == -math.inf), torch.where(top_r == top, at_r, 0).sum(0)
 
 
 def _candidates(zc: torch.Tensor, count: int) -> torch.Tensor:
@@ -133,7 +129,7 @@ def _seed_words(words, spec: SamplingSpec) -> torch.Tensor:
     """This rank's batch seed as two exact float64 words (rank 0's serves every rank when the
     seed comes from each rank's default generator)."""
     seed = words[0][:1] if spec.rows else torch.zeros(1, dtype=torch.int64, device=spec.device)
-    return torch.cat([(seed & _MASK32).double(), ((seed >> 32) & _MASK32).double()])
+    return torch.cat([(seed & MASK32).double(), ((seed >> 32) & MASK32).double()])
 
 
 def _gathered_sample(logits, sizes, world, group, spec, seed, keywords, return_logprobs):
@@ -153,30 +149,23 @@ def uses_kernels(backend: str | None, device: torch.device) -> bool:
 
 def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=None, top_p=None, min_p=None,
            seed=None, offset=0, return_logprobs: bool = False, backend: str | None = None):
-    """One token id per row, the same on every rank of `group`, drawn from the distribution
-    `anysoftmax.sampling.probs` gives the whole vocabulary, whose rank-r shard (the global ids
-    ``[start_r, start_r + V_r)``, in rank order) is `logits_shard` ``[..., V_r]``: the ids
-    `anysoftmax.sampling.sample` draws from the gathered logits for the same seed and offset.
-    Keywords as there (the same on every rank); small collectives, never the logits.
-
-    `backend`: "torch", the torch-ops path (two collectives); "triton", the Triton sampler's
-    shard kernels (one collective of the scan's workspace prefix, one more without a seed);
-    None, the shard kernels on CUDA/ROCm logits and the torch-ops path elsewhere. The kernels
-    need equal shard sizes and a request the Triton sampler takes; otherwise, and for rows their
-    candidates cannot decide, the torch-ops path draws (the same ids): deciding that reads one
-    value on the host (a synchronisation on a GPU)."""
+    """One token id per row, the same on every rank of `group`: the id `anysoftmax.sampling.sample`
+    draws from the gathered logits for the same seed and offset, whose rank-r shard (the global
+    ids ``[start_r, start_r + V_r)``, in rank order) is `logits_shard` ``[..., V_r]``. Keywords as
+    there (the same on every rank); small collectives, never the logits. `backend`: "torch" (the
+    torch-ops path), "triton" (the Triton sampler's shard kernels, the torch-ops path drawing what
+    they cannot), None ("triton" on CUDA/ROCm logits, else "torch"): docs/sampling.md."""
     who = "anysoftmax.distributed.sample"
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"{who}: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"{who}: backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    shard = _shard(who, logits_shard, group)
+    shard = rank, world, sizes, start = _shard(who, logits_shard, group)
     keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, offset=offset)
     spec = SamplingSpec.from_request(who, logits_shard, seed=seed, **keywords)
-    if not uses_kernels(backend, spec.device) or kernel_sampling.refusal(spec, shard[2]) is not None:
+    if not uses_kernels(backend, spec.device) or kernel_sampling.refusal(spec, sizes) is not None:
         return _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs)
-    start, sizes = shard[3], shard[2]
-    done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), shard[0], shard[1], group)
+    done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), rank, world, group)
     ids, lp = done.ids, done.logprobs
     undecided = kernel_sampling.undecided_rows(done)
     if undecided is not None:  # (every rank reads the same ids, so all take this branch)
@@ -187,7 +176,7 @@ def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=No
 
 def _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs):
     """The torch-ops path of `sample` (the module's two collectives) for the validated `spec`."""
-    rank, world, sizes, start = shard
+    _, world, sizes, start = shard
     seed = spec.seed
     vocab, dtype = sum(sizes), spec.compute_dtype
     z, greedy, _ = scaled_logits(logits_shard, spec, dtype)
@@ -199,15 +188,11 @@ def _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logpro
         parts.append(_candidates(zc, count).reshape(-1))
     parts += [_seed_words(words, spec), states.new_full((1,), spec.vocab)]
     every = gather_states(torch.cat(parts), world, group)
-    resized = _check_sizes(who, every[:, -1], sizes, group)
+    top, mass, invalid, _ = _merged_rows(who, every, sizes, group, spec)
     if seed is None:  # every rank draws with rank 0's seed
         agreed = (every[0, -3].long() | (every[0, -2].long() << 32)).reshape(())
         words = (agreed.expand(spec.rows),) + words[1:]
     rows = spec.rows
-    top, mass, invalid, _ = _merge(every[:, :rows * _STATES].view(world, rows, _STATES))
-    invalid = invalid[:, None] | invalid_keyword_rows(spec)
-    if resized is not None:
-        invalid = invalid | resized
     kth = tau = torch.full((rows, 1), -math.inf, dtype=dtype, device=z.device)
     if count:
         cands = every[:, rows * _STATES:rows * (_STATES + count + 1)].view(world, rows, count + 1)
@@ -246,7 +231,7 @@ def logprobs(logits_shard: torch.Tensor, ids: torch.Tensor, *, group=None, tempe
     whose rank-r shard is `logits_shard`; with ``top_n > 0`` also the top-n values and global
     ids, as `anysoftmax.sampling.logprobs`. One collective (two with top_n), never the logits."""
     who = "anysoftmax.distributed.logprobs"
-    rank, world, sizes, start = _shard(who, logits_shard, group)
+    _, world, sizes, start = _shard(who, logits_shard, group)
     local = SamplingSpec.from_request(who, logits_shard, temperature=temperature)
     spec = dataclasses.replace(local, vocab=sum(sizes))  # (ids and top_n are global)
     flat_ids = check_ids(who, spec, ids)
@@ -258,11 +243,7 @@ def logprobs(logits_shard: torch.Tensor, ids: torch.Tensor, *, group=None, tempe
     picked = torch.where(owned, z.gather(-1, mine.clamp(0, max(local.vocab - 1, 0))), 0).double()
     payload = torch.cat([states.reshape(-1), picked.reshape(-1), states.new_full((1,), local.vocab)])
     every = gather_states(payload, world, group)
-    resized = _check_sizes(who, every[:, -1], sizes, group)
-    top, mass, invalid, at_top = _merge(every[:, :rows * _STATES].view(world, rows, _STATES))
-    invalid = invalid[:, None] | invalid_keyword_rows(local)
-    if resized is not None:
-        invalid = invalid | resized
+    top, mass, invalid, at_top = _merged_rows(who, every, sizes, group, local)
     lse = (top + torch.log(mass))[:, None]
     limit = -torch.log(at_top)[:, None]  # temperature 0: -log n on the n tied maxima, -inf elsewhere
     z_ids = every[:, rows * _STATES:-1].view(world, *flat_ids.shape).sum(0)

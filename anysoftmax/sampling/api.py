@@ -1,19 +1,15 @@
 """`anysoftmax.sampling.probs`, `sample` and `logprobs`: validate, pick the implementation, run.
 
-Semantics: `sampling.reference` and docs/sampling.md. ``"torch"`` runs the `torch` sampler
-(reference quality, any device, no host synchronisation); another name runs that backend's
-sampler (`Backend.sampler()`, found through the registry), or raises saying why it cannot;
-`backend=None` runs the `AUTOMATIC` backend's sampler for CUDA/ROCm logits when it is available
-and takes the request, else ``"torch"``.
-
-A repeated request costs one key and one lookup: its key (`spec.form_key`: the metadata of the
-logits and of each keyword, which keywords are numbers, the backend asked for, the registry's
-generation) finds its runner: the implementation's launches bound for its checked form
-(`spec.SpecForm`), to which only the call's values go, checked (numbers in Python, CPU tensors'
-values on the host); no `SamplingSpec` is built for it.
+``"torch"`` runs the `torch` sampler (any device, no host synchronisation); another name runs that
+backend's sampler (`Backend.sampler()`) or raises saying why it cannot; `backend=None` runs the
+`AUTOMATIC` backend's for CUDA/ROCm logits where it is available and takes the request, else
+``"torch"``. A repeated request costs one key (`spec.form_key`) and one lookup: it finds its
+runner, the implementation's launches bound for its form, to which only the call's checked values go.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -27,25 +23,14 @@ from .spec import SamplingSpec, SpecForm, check_top_n, form_key, form_of, ids_re
 # The backend `backend=None` tries first on CUDA/ROCm logits: the Triton sampler, which passes the
 # kit's sampler section on a GPU (tests/backends/triton/test_sampling_kit_gpu.py, `-m gpu`).
 AUTOMATIC: str | None = "triton"
-_adapted: dict = {}  # (registry generation, name) -> the backend as a `Backend`
 # A request's key -> its runner (`_runner`).
 _requests: BoundedDict = BoundedDict(maxsize=512)
 
 
-def _backend(name: str):
-    key = (registry.generation(), name)
-    found = _adapted.get(key)
-    if found is None:
-        found = as_backend(registry.get_backend(name))
-        if len(_adapted) > 64:
-            _adapted.clear()
-        _adapted[key] = found
-    return found
-
-
-def _check_backend_name(op: str, backend) -> None:
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"{op}: backend must be a backend name (str) or None, got {type(backend).__name__}")
+@functools.lru_cache(maxsize=64)
+def _adapted(generation: int, name: str):
+    """The backend called `name` as a `Backend`, once per registry generation (`registry.generation()`)."""
+    return as_backend(registry.get_backend(name))
 
 
 def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
@@ -55,12 +40,12 @@ def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
     if backend is None:
         if AUTOMATIC is None or spec.device.type != "cuda" or AUTOMATIC not in registry.registered():
             return torch_sampler
-        chosen = _backend(AUTOMATIC)
+        chosen = _adapted(registry.generation(), AUTOMATIC)
         if registry.unavailable_reason(AUTOMATIC) is not None or chosen.supports_sampling(spec, top_n) is not None:
             return torch_sampler
         return chosen.sampler()
     try:
-        chosen = _backend(backend)
+        chosen = _adapted(registry.generation(), backend)
     except ValueError as exc:
         raise ValueError(f"{op}: {exc}") from None
     if chosen.sampler_refusal is not None:
@@ -78,10 +63,9 @@ def _implementation(op: str, backend, spec: SamplingSpec, top_n: int = 0):
 
 def _runner(op: str, form: SpecForm, implementation, spec: SamplingSpec, top_n: int, read_ids, n_ids: int):
     """`call(logits, values, extra)` running every request of `form` on `implementation` (`spec`:
-    the first call's request as `form_of` gives it): it checks a call's keyword `values` (and
-    `logprobs`' ids: `extra`; `sample`'s return_logprobs) and hands them to the implementation's
-    runner for the form (`runner(op, spec, top_n, n_ids)`: bound once, it reads only the
-    values), or builds the call's `SamplingSpec` for an implementation without one."""
+    the first call's request as `form_of` gives it; `extra`: `logprobs`' ids or `sample`'s
+    return_logprobs): the call's checked values go to the implementation's runner for the form
+    (`runner(op, spec, top_n, n_ids)`), or as a `SamplingSpec` to one without a runner."""
     read = form.read
     make = getattr(implementation, "runner", None)
     if make is None:
@@ -104,6 +88,8 @@ def _ready(op: str, backend, logits, values: tuple, top_n=0, ids=None):
     """The runner (`_runner`) of a request whose keywords are `values` (`spec.KEYWORDS` order):
     found by the request's key where it was seen before (the runner then checks only the
     values), else the request checked whole, its implementation chosen, and remembered."""
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"{op}: backend must be a backend name (str) or None, got {type(backend).__name__}")
     key = form_key(logits, values)
     # (a top_n of another type than int, or ids that are no tensor, are checked, never keyed:
     # 1.0 == 1 as a key)
@@ -136,7 +122,6 @@ def probs(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, min
     renormalised distribution), min_p; 0 outside the kept set. Keywords: a number or a tensor
     with one value per row; None switches a step off. Temperature 0 is greedy (probability 1
     on the argmax, the lowest index among ties)."""
-    _check_backend_name("probs", backend)
     values = (temperature, top_k, top_p, min_p)
     return _ready("probs", backend, logits, values)(logits, values, None)
 
@@ -152,7 +137,6 @@ def sample(logits: torch.Tensor, *, temperature=None, top_k=None, top_p=None, mi
     row's logits, the keywords): the same on every call and every backend. A per-row seed gives
     a request the same draw wherever it sits in the batch. Without a seed, torch's default
     generator for the device supplies one and advances. No host synchronisation."""
-    _check_backend_name("sample", backend)
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"sample: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
     values = (temperature, top_k, top_p, min_p, seed, offset)
@@ -165,7 +149,6 @@ def logprobs(logits: torch.Tensor, ids: torch.Tensor, *, temperature=None, top_n
     ``log_softmax(logits / temperature)``; with ``top_n > 0`` returns ``(logprobs, top_values,
     top_ids)``, the top-n log-probabilities of each row (the lower id first among ties).
     Temperature 0 gives the limit: ``-log n`` on the n tied maxima, -inf elsewhere."""
-    _check_backend_name("logprobs", backend)
     values = (temperature,)
     out = _ready("logprobs", backend, logits, values, top_n, ids)(logits, values, ids)
     if not top_n:

@@ -1,23 +1,8 @@
 """The sampling distribution, stated once as torch ops in a dtype of the caller's choice: float64
 on the CPU is the reference every sampler is checked against (`reference_*`), the compute dtype
-on the logits' device is the `torch` sampler. One formula, so the two cannot drift apart.
-
-Per row (docs/sampling.md):
-
-1. ``z = logits / temperature``; temperature 0 makes the row greedy (below).
-2. **top_k** keeps every token whose ``z`` is >= the k-th largest ``z`` (ties at the k-th value
-   are all kept); 0 or >= V: off.
-3. **top_p**, on the distribution top_k leaves, renormalised (``q``), keeps token i when the
-   mass of the tokens *strictly* more probable than i, ``sum(q_j for q_j > q_i)``, is
-   < top_p; 1: off. (A tie group straddling the boundary is kept whole.)
-4. **min_p** keeps ``p_i >= min_p * max p`` (as ratios: ``exp(z_i - max z) >= min_p``, the
-   same whichever renormalisation p had); 0: off.
-5. The kept set is the tokens every step keeps; renormalise over it.
-
-Greedy rows (temperature 0) put probability 1 on the argmax of the logits (the lowest index
-among ties); the filters cannot remove it. A row whose softmax is undefined (a NaN or +inf
-``z``, or every ``z`` -inf), or whose per-row keyword is out of range, is invalid: NaN
-probabilities, token id -1, NaN log-probabilities.
+on the logits' device is the `torch` sampler. One formula, so the two cannot drift apart. What it
+states (temperature, top_k, top_p on the top-k distribution, min_p, greedy and invalid rows):
+docs/sampling.md, "Semantics".
 """
 
 from __future__ import annotations

@@ -1,41 +1,9 @@
-"""The randomness of a draw, defined once: every backend, sharded or not, draws these numbers.
-
-**Bits.** Token ``i`` (its index in the whole vocabulary, also when the vocabulary is sharded)
-of a row gets ``r_i``, word ``i mod 4`` of the four output words of Philox4x32-10 (Salmon et
-al., SC'11; Triton's generator) with
-
-* key ``(k0, k1)`` = the row's seed as an unsigned 64-bit integer (low word, high word);
-* counter ``(c0, c1, c2, c3)`` = ``(i div 4, stream, offset low word, offset high word)``,
-  where ``stream`` is the row's flat index when one seed serves the whole batch (an int, a
-  0-dim tensor, or no seed) and 0 for a per-row seed tensor, so that a request with its own
-  seed draws the same wherever it sits in the batch.
-
-One Philox call thus serves four consecutive global ids (the block ``4j .. 4j + 3``): a
-quarter of the generator's ten rounds per token in the race over a row. The four
-words of one call are independent by construction, as independent as words of different
-calls: Philox is a keyed bijection of the 128-bit counter, built (and tested with TestU01's
-BigCrush on its whole output stream, Salmon et al.) to give one uniform 128-bit value per
-counter, whose four 32-bit words are then four independent uniform words; using all four is
-the generator's intended use (``tl.randint4x``, cuRAND's ``curand_uniform4``). The bits depend
-only on the global id, so a shard whose first token is not a multiple of 4 shares a block
-with its neighbour, each using its own words.
-
-In Triton this is ``tl.philox(seed, i >> 2, stream, off_lo, off_hi)[i & 3]`` (uint32 counter
-words), which equals word ``i & 3`` of ``tl.randint4x(seed, (i >> 2) + (stream << 32))`` when
-the offset is 0.
-
-**Exponentials.** ``u_i = (r_i + 1/2) / 2**32`` lies in (0, 1), never 0 or 1, and
-``E_i = -log(1 - u_i)`` (that is ``-log(U_i)`` with ``U_i = 1 - u_i`` in (0, 1)) is Exp(1),
-finite and positive. It must be computed accurately near ``u = 0`` (``-log1p(-u)``): the
-winner of a race over many tokens has a tiny ``E``, and ``-log`` of a float32 ``1 - u`` rounds
-every ``E`` below 6e-8 to 0. In float32, ``u = min((float32(r) + 0.5) * 2**-32, 1 - 2**-24)``:
-the clamp keeps ``E`` finite where ``u`` would round to 1 (r >= 2**32 - 128, a token that
-cannot win anyway).
-
-**The draw** (the exponential race, i.e. Gumbel-max): the token is the argmax over the kept
-set of ``z_i - log(E_i)`` (``z`` = logits / temperature), the lowest index among exact ties.
-It is token ``i`` with probability ``p_i`` of the filtered, renormalised distribution: the
-argmin of ``E_i / p_i`` over independent exponentials.
+"""The randomness of a draw, defined once: every backend, sharded or not, draws these numbers
+(docs/sampling.md, "Seeds, offsets and the randomness", states the definition and its reasons).
+Token ``i`` of a row (its index in the whole vocabulary) gets ``r_i``, word ``i & 3`` of
+Philox4x32-10 keyed by the row's seed, counter ``(i >> 2, stream, offset low, offset high)``
+(``stream``: the row's flat index for a batch-wide seed, 0 for a per-row seed); in Triton
+``tl.philox(seed, i >> 2, stream, off_lo, off_hi)[i & 3]``.
 """
 
 from __future__ import annotations
@@ -62,10 +30,10 @@ def _mul_hi_lo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (p_hi >> 16) + (s >> 32), s & MASK32
 
 
-def philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = PHILOX_ROUNDS) -> tuple[torch.Tensor, ...]:
-    """Philox4x32 (`rounds` rounds) on uint32 words held in int64 tensors (broadcast together):
+def philox4x32(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 on uint32 words held in int64 tensors (broadcast together):
     the four output words, each in [0, 2**32). Integer ops only, so any device computes the same bits."""
-    for _ in range(rounds):
+    for _ in range(PHILOX_ROUNDS):
         hi_b, lo_b = _mul_hi_lo(PHILOX_ROUND_B, c2)
         hi_a, lo_a = _mul_hi_lo(PHILOX_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
@@ -106,8 +74,8 @@ def range_bits(seed: torch.Tensor, stream: torch.Tensor, offset: torch.Tensor, s
 
 
 def exponential(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``E = -log1p(-u)``, ``u = (r + 1/2) / 2**32``, in `dtype` (exact u in float64; float32
-    clamps u below 1, see the module)."""
+    """``E = -log1p(-u)``, ``u = (r + 1/2) / 2**32``, in `dtype`: exact u in float64; float32
+    clamps u to 1 - 2**-24 (E stays finite), and log1p keeps the winner's tiny E from rounding to 0."""
     if dtype == torch.float64:
         u = (bits.to(torch.float64) + 0.5) * 2.0**-32
     else:

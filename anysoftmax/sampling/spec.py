@@ -1,23 +1,7 @@
-"""`SamplingSpec`: one validated sampling request, whatever computes it.
-
-Logits ``[..., V]``: the rows are every dim but the last, V (the vocabulary) the last; float16,
-bfloat16, float32 or float64. Each keyword is a Python number or a tensor:
-
-* a tensor with one value per row: shape ``logits.shape[:-1]``, ``[rows]`` or
-  ``logits.shape[:-1] + (1,)``, on the logits' device;
-* a 0-dim tensor: one value for every row (a 0-dim CPU tensor beside accelerator logits is read
-  as a number: it lives on the host).
-
-Errors name the argument: ValueError for a negative temperature (or one that is not finite),
-``top_p`` outside (0, 1], ``min_p`` outside [0, 1], a negative ``top_k``, a per-row tensor of
-the wrong size or device, a seed or offset outside the 64-bit range, logits without a vocabulary;
-TypeError for integer (or bool, complex) logits, a bool where a number is expected (never taken
-for 0/1), a float ``top_k``/seed/offset, an integer-typed temperature/top_p/min_p tensor.
-
-The *values* of per-row tensors are checked where that costs no host synchronisation: on the
-CPU. On an accelerator reading them would synchronise (and break CUDA-graph capture), so a row
-with an out-of-range value there gives NaN probabilities, NaN log-probabilities and token id -1
-(`invalid_keyword_rows`).
+"""`SamplingSpec`: one validated sampling request, whatever computes it. What is taken and the
+errors (naming the argument): docs/sampling.md, "Semantics". The values of per-row tensors are
+checked on the CPU only: on an accelerator reading them would synchronise (and break CUDA-graph
+capture), so a row with an out-of-range value there is invalid instead (`invalid_keyword_rows`).
 """
 
 from __future__ import annotations
@@ -34,38 +18,15 @@ from ..core.spec import FLOAT_DTYPES, dtype_name
 
 INT64_MIN, UINT64_END = -2**63, 2**64
 
-# The keywords' defaults: each one switches its step off.
-TEMPERATURE_OFF, TOP_K_OFF, TOP_P_OFF, MIN_P_OFF = 1.0, 0, 1.0, 0.0
-
-
-def _temperature_ok(t):
-    if isinstance(t, torch.Tensor):
-        return torch.isfinite(t) & (t >= 0)
-    return math.isfinite(t) and t >= 0
-
-
-# name -> (integer?, the values allowed (elementwise on tensors), how to say it)
+# name -> (integer?, the values allowed (a number, or elementwise on a tensor), how to say it)
 _RULES = {
-    "temperature": (False, _temperature_ok, "must be finite and >= 0 (0: greedy)"),
+    "temperature": (False, lambda t: (t >= 0) & (t < math.inf), "must be finite and >= 0 (0: greedy)"),
     "top_k": (True, lambda k: k >= 0, "must be >= 0 (0: off)"),
-    "top_p": (False, lambda p: (p > 0) & (p <= 1) if isinstance(p, torch.Tensor) else 0 < p <= 1,
-              "must be in (0, 1] (1: off)"),
-    "min_p": (False, lambda m: (m >= 0) & (m <= 1) if isinstance(m, torch.Tensor) else 0 <= m <= 1,
-              "must be in [0, 1] (0: off)"),
+    "top_p": (False, lambda p: (p > 0) & (p <= 1), "must be in (0, 1] (1: off)"),
+    "min_p": (False, lambda m: (m >= 0) & (m <= 1), "must be in [0, 1] (0: off)"),
     "seed": (True, None, "is taken modulo 2**64: an int in [-2**63, 2**64)"),
     "offset": (True, None, "is taken modulo 2**64: an int in [-2**63, 2**64)"),
 }
-
-
-def _per_row_shapes(batch_shape: tuple[int, ...], rows: int) -> set[tuple[int, ...]]:
-    return {batch_shape, (rows,), batch_shape + (1,)}
-
-
-def _as_int64(op: str, name: str, value: int) -> int:
-    """An int of the 64-bit range as the signed int64 with the same bits."""
-    if not INT64_MIN <= value < UINT64_END:
-        raise ValueError(f"{op}: {name} {_RULES[name][2]}, got {value}")
-    return value - UINT64_END if value >= 2**63 else value
 
 
 def _number(op: str, name: str, value):
@@ -79,8 +40,10 @@ def _number(op: str, name: str, value):
                         f"{type(value).__name__} {value!r}")
     if integer:
         value = value if given is int else int(value)
-        if ok is None:
-            return _as_int64(op, name, value)
+        if ok is None:  # (seed, offset: the signed int64 with the bits of an int of the 64-bit range)
+            if not INT64_MIN <= value < UINT64_END:
+                raise ValueError(f"{op}: {name} {rule}, got {value}")
+            return value - UINT64_END if value >= 2**63 else value
     else:
         value = value if given is float else float(value)
     if not ok(value):
@@ -88,20 +51,16 @@ def _number(op: str, name: str, value):
     return min(value, 2**63 - 1) if integer else value  # (a top_k beyond int64 is off, as any >= V)
 
 
-# The values a keyword's plain number takes as it is (an int of the signed 64-bit range, a float
-# in range): `_number_reader`'s one comparison, `_number` for everything else.
-_PLAIN_RANGES = {"temperature": (float, lambda v: 0.0 <= v < math.inf), "top_k": (int, lambda v: 0 <= v < 2**63),
-                 "top_p": (float, lambda v: 0.0 < v <= 1.0), "min_p": (float, lambda v: 0.0 <= v <= 1.0),
-                 "seed": (int, lambda v: 0 <= v < 2**63), "offset": (int, lambda v: 0 <= v < 2**63)}
-
-
 def _number_reader(op: str, name: str):
     """`_number(op, name, value)` for each call's value of keyword `name` given as a number: a
-    float (int for top_k, seed, offset) in range returned as it is, anything else through
-    `_number` (which converts it or raises naming the argument)."""
-    plain, in_range = _PLAIN_RANGES[name]
+    float its rule allows (for top_k, seed, offset: an int of the signed 64-bit range, never
+    negative) returned as it is, anything else through `_number` (which converts it or raises
+    naming the argument)."""
+    integer, ok, _ = _RULES[name]
     slow = functools.partial(_number, op, name)
-    return lambda v: v if type(v) is plain and in_range(v) else slow(v)
+    if integer:
+        return lambda v: v if type(v) is int and 0 <= v < 2**63 else slow(v)
+    return lambda v: v if type(v) is float and ok(v) else slow(v)
 
 
 # A small per-row tensor on the CPU is checked as Python numbers (one `tolist`): cheaper than
@@ -139,7 +98,7 @@ def _keyword_reader(op: str, name: str, value, batch_shape: tuple[int, ...], row
     if value.device != device:
         raise ValueError(f"{op}: {name} is on {value.device} but logits are on {device}; per-row tensors must be "
                          f"on the logits' device")
-    if value.dim() and tuple(value.shape) not in _per_row_shapes(batch_shape, rows):
+    if value.dim() and tuple(value.shape) not in {batch_shape, (rows,), batch_shape + (1,)}:
         raise ValueError(f"{op}: {name} has shape {list(value.shape)}; one value per row of logits needs "
                          f"shape {list(batch_shape)} or [{rows}] ({rows} rows), or a 0-dim tensor for all rows")
     # What each call does, decided here: torch calls that return their input still cost ~1 us.
@@ -161,23 +120,20 @@ def _keyword_reader(op: str, name: str, value, batch_shape: tuple[int, ...], row
 
 @dataclass(frozen=True, eq=False)
 class SamplingSpec:
-    """One sampling request (`anysoftmax.sampling.probs`, `sample`, `logprobs`), validated.
-
-    Keywords hold their off values when not given (temperature 1, top_k 0, top_p 1, min_p 0);
-    a tensor keyword is 0-dim (every row) or flat ``[rows]`` on `device`. `seed` is None (draw
-    one from the device's default generator at each call), an int in the signed 64-bit range
-    (the same bits as the unsigned value given), a 0-dim int64 tensor, or one int64 per row.
-    """
+    """One sampling request (`anysoftmax.sampling.probs`, `sample`, `logprobs`), validated: a
+    tensor keyword is 0-dim (every row) or flat ``[rows]`` on `device`; `seed` is None (drawn at
+    each call), an int in the signed 64-bit range (the bits of the value given), a 0-dim int64
+    tensor, or one int64 per row."""
 
     op: str
     batch_shape: tuple[int, ...]
     vocab: int
     dtype: torch.dtype
     device: torch.device
-    temperature: float | torch.Tensor = TEMPERATURE_OFF
-    top_k: int | torch.Tensor = TOP_K_OFF
-    top_p: float | torch.Tensor = TOP_P_OFF
-    min_p: float | torch.Tensor = MIN_P_OFF
+    temperature: float | torch.Tensor = 1.0  # (each keyword's default switches its step off)
+    top_k: int | torch.Tensor = 0
+    top_p: float | torch.Tensor = 1.0
+    min_p: float | torch.Tensor = 0.0
     seed: int | torch.Tensor | None = None
     offset: int | torch.Tensor = 0
 
@@ -201,8 +157,7 @@ class SamplingSpec:
         `dtype` (default: int64 for top_k/seed/offset, the compute dtype for the others). Builds
         numbers with a fill (no host-to-device copy)."""
         device = self.device if device is None else device
-        integer = _RULES[name][0]
-        dtype = dtype or (torch.int64 if integer else self.compute_dtype)
+        dtype = dtype or (torch.int64 if _RULES[name][0] else self.compute_dtype)
         value = getattr(self, name)
         if not isinstance(value, torch.Tensor):
             return torch.full((self.rows, 1), value, dtype=dtype, device=device)
@@ -257,12 +212,11 @@ class SpecForm:
             raise ValueError(f"{op}: logits need a vocabulary: a last dim of size >= 1, got shape "
                              f"{list(logits.shape)}")
         batch_shape, device = tuple(logits.shape[:-1]), logits.device
-        rows = math.prod(batch_shape)
-        self.readers = tuple((i, name, _keyword_reader(op, name, value, batch_shape, rows, device))
-                             for i, (name, value) in enumerate(zip(KEYWORDS, values)) if value is not None)
         template = SamplingSpec(op=op, batch_shape=batch_shape, vocab=logits.shape[-1], dtype=logits.dtype,
                                 device=device)
-        template.rows  # (cached in its fields: every spec of this form has its value)
+        rows = template.rows  # (cached in its fields: every spec of this form has its value)
+        self.readers = tuple((i, name, _keyword_reader(op, name, value, batch_shape, rows, device))
+                             for i, (name, value) in enumerate(zip(KEYWORDS, values)) if value is not None)
         self.fields = dict(vars(template))
         self.defaults = tuple(self.fields[name] for name in KEYWORDS)
 

@@ -26,12 +26,11 @@ def sample(spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = Fal
 
 
 def logprobs(spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0):
-    """float32 log-probabilities of `ids` ([rows, K], validated) in the shape the caller gave
-    (`shape`), and with `top_n` the top-n values and ids."""
+    """float32 log-probabilities of `ids` ([rows, K], validated), and with `top_n` the top-n
+    values and ids."""
     lp = log_softmax_rows(logits, spec, spec.compute_dtype)
     in_range = (ids >= 0) & (ids < spec.vocab)  # out of range only on accelerators (not read there)
-    picked = torch.where(in_range, lp.gather(-1, ids.clamp(0, spec.vocab - 1)), torch.nan)
-    picked = picked.to(torch.float32)
+    picked = torch.where(in_range, lp.gather(-1, ids.clamp(0, spec.vocab - 1)), torch.nan).to(torch.float32)
     if not top_n:
         return picked
     values, top_ids = top_n_rows(lp, top_n)

@@ -1,15 +1,9 @@
 """The sampler on Triton (CUDA and HIP; Ascend NPUs on `triton_ascend`'s own plan): plans,
-launchers bound through the launch engine, and `probs`, `sample`, `logprobs` taking the
-validated request (`anysoftmax.sampling.spec`); a backend hands them out through
-`sampling_one_read.Sampler`. Kernels: `sampling_kernels.py`;
-the algorithm and the semantics: docs/sampling.md.
-
-Two launches for `sample` and `logprobs` (the scan, then the select of each row: the form a
-sharded vocabulary uses too, `scan_shard`, `select_shards`), three for `probs` (then the pass
-that writes the row); two more before the scan where the runs pre-pass serves a call's top-k
-rows (`Bound.pass_one`). Per-call values (the keywords given as numbers, the seed and offset as
-32-bit words, which keywords come from tensors) are kernel arguments, never compiled in.
-Nothing reads a device value on the host.
+launchers, and `probs`, `sample`, `logprobs` of a validated request (`anysoftmax.sampling.spec`),
+handed out through `sampling_one_read.Sampler`. Kernels: `sampling_kernels.py`; the algorithm,
+its launches and the semantics: docs/sampling.md. Per-call values (keyword numbers, the seed and
+offset as 32-bit words, flags) are kernel arguments, never compiled in; nothing reads a device
+value on the host.
 """
 
 from __future__ import annotations
@@ -24,13 +18,12 @@ from ...core.cache import OnceCache
 from ...core.layout import cdiv, next_power_of_2
 from ...sampling.spec import KEYWORDS, SamplingSpec
 from .launcher import Binding, bind_kernel, per_stream
+from .plan import runtime_params
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_CHUNK = 8192  # elements of a row one program holds (16 warps: 16 float32 registers a thread)
-# Warps of a MAX_CHUNK program: 16 elements a thread, which the scan holds in 128 registers
-# without spilling (sm_90). bf16 V = 128256: on the H100 8 warps are 4-5% slower (scan 442 vs 421
-# us at B = 512, 28.9 vs 27.7 at B = 32: NVIDIA_H100_80GB_HBM3/sampler_kernels_probe.json), on the
-# H200 2-3% faster; 32 warps 4-7% slower (NVIDIA_H200/sampler_scan_variants.json).
+MAX_CHUNK = 8192  # elements of a row one program holds
+# Warps of a MAX_CHUNK program: 16 elements a thread, held in 128 registers without spilling
+# (sm_90); 8 and 32 warps are slower on the H100 (docs/speed.md, the sampler).
 MAX_CHUNK_WARPS = 16
 MAX_SELECT_BLOCK = 4096  # candidates one select holds: chunks (to a power of two) x slots
 MIN_SLOTS, MAX_SLOTS = 32, 256
@@ -81,10 +74,6 @@ class SamplingPlan:
         """The largest top-k bound (and top-n) the candidates serve."""
         return self.slots // 2
 
-    @property
-    def kp(self) -> int:
-        return next_power_of_2(self.k_cap)
-
 
 @dataclass(frozen=True)
 class Workspace:
@@ -107,9 +96,11 @@ class Workspace:
     served_off: int = 0
     compact_off: int = 0
 
-    def compact(self, rows: int, slots: int) -> tuple[int, int, int]:
-        """(state, candidates' z, their ids) offsets of the served rows' one-chunk layout."""
-        return self.compact_off, self.compact_off + rows * STATE_WORDS, self.compact_off + rows * (STATE_WORDS + slots)
+    def compact(self, rows: int, slots: int) -> "Workspace":
+        """This workspace with the states and candidates of the served rows' one-chunk layout."""
+        at = self.compact_off
+        return dataclasses.replace(self, state_off=at, cz_off=at + rows * STATE_WORDS,
+                                   ci_off=at + rows * (STATE_WORDS + slots))
 
     @property
     def shard_words(self) -> int:
@@ -132,36 +123,38 @@ class Workspace:
 
 
 @functools.lru_cache(maxsize=None)
-def programs_on(index: int) -> int:
-    """Persistent programs for device `index`: two per multiprocessor (a program's chunk loads
-    overlap another's compute)."""
+def _programs_at(index: int) -> int:
     return 2 * torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def default_programs(device: torch.device, items: int) -> int:
+    """Persistent programs on `device`: two per multiprocessor on a GPU (a program's chunk loads
+    overlap another's compute), one per work item (`items`) elsewhere."""
+    if device.type != "cuda":
+        return items
+    return _programs_at(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # (memoised: a call's plan is then the same object, which its launcher key compares by identity;
 # callers pass a tensor's device, whose CUDA index is set)
 @functools.lru_cache(maxsize=1024)
 def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None) -> SamplingPlan:
-    """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk
-    as keep the select's block at MAX_SELECT_BLOCK; a persistent grid of `programs` (default:
-    two per multiprocessor on a GPU, one per work item on the CPU)."""
+    """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk as
+    keep the select's block at MAX_SELECT_BLOCK; a grid of `programs` (default: `default_programs`)."""
     chunk = min(MAX_CHUNK, max(16, next_power_of_2(vocab)))
     groups = next_power_of_2(cdiv(vocab, chunk))
     slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
     items = max(1, rows * cdiv(vocab, chunk))
-    if programs is None:
-        programs = programs_on(device.index if device.index is not None else torch.cuda.current_device()) \
-            if device.type == "cuda" else items
+    programs = default_programs(device, items) if programs is None else programs
     warps = MAX_CHUNK_WARPS if chunk >= MAX_CHUNK else 8 if chunk >= 4096 else 4
     runs = chunk == MAX_CHUNK and groups <= RUNS_MAX_GROUPS and rows >= RUNS_MIN_ROWS
+    grid = max(1, min(items, programs))
     if not runs:
-        return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)), num_warps=warps)
+        return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps)
     # The collect (one row a program, ~255 registers a thread) fits one 8-warp program a
-    # multiprocessor or two of 4 warps: 8 warps while every row has a multiprocessor, 4 beyond.
-    # H100, bf16 V = 128256: collect 40 vs 56 us at 512 rows, 15.6 vs 13.9 at 128; the select at
-    # 4 warps 29 vs 42 us at 512 rows, logprobs' top-20 19 vs 34, within 1 us at 16-128 rows
-    # (NVIDIA_H100_80GB_HBM3/sampler_warps_probe.json).
-    return SamplingPlan(chunk=chunk, slots=slots, grid=max(1, min(items, programs)), num_warps=warps, runs=True,
+    # multiprocessor or two of 4 warps: 8 warps while every row has a multiprocessor, 4 beyond;
+    # the select at 4 (H100: docs/speed.md, the runs pre-pass).
+    return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps, runs=True,
                         collect_warps=4 if rows > programs // 2 else 8, select_warps=4)
 
 
@@ -177,8 +170,6 @@ def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = Non
     return None
 
 
-# ---- per-call arguments ---------------------------------------------------------------------------
-
 def _word_pair(value: int) -> tuple[int, int]:
     """A 64-bit value (signed int64 range) as two signed 32-bit words (low, high): kernel
     integer arguments keep one 32-bit type whatever the value."""
@@ -186,23 +177,11 @@ def _word_pair(value: int) -> tuple[int, int]:
     return lo - (1 << 32) if lo >= 1 << 31 else lo, hi - (1 << 32) if hi >= 1 << 31 else hi
 
 
-def _seed_value(seed, device: torch.device):
-    """The seed the kernels use: the request's, or one drawn on the device from torch's default
-    generator (advancing it, as `torch.multinomial` does; no host synchronisation)."""
-    if seed is None:
-        return torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=device)
-    return seed
-
-
 # ---- bound launchers -----------------------------------------------------------------------------
 
-SCAN_POINTERS = ("x_ptr", "ws_ptr", "t_ptr", "k_ptr", "p_ptr", "mp_ptr", "seed_ptr", "off_ptr")
-RUNS_POINTERS = SCAN_POINTERS[:6]
-SELECT_POINTERS = ("x_ptr", "gs_ptr", "ws_ptr", "out_i_ptr", "out_f_ptr", "out_f2_ptr", "ids_ptr", "t_ptr", "k_ptr",
-                   "p_ptr", "mp_ptr", "seed_ptr", "off_ptr")
 PER_CALL = ("top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags")
-FLOATS = ("temperature", "top_p", "min_p")
-DEFAULT_FLOATS = (1.0, 1.0, 0.0)
+# The kernels' per-call floats: their values where a call gives none (each keyword off).
+FLOATS = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "scale": 1.0}
 
 
 # The element type each pointer operand a call may leave absent is loaded or stored as. Its
@@ -234,6 +213,28 @@ def operand_pointers(operands: tuple):
     return pointers
 
 
+def launcher(kernel, grid: int, ints: dict, meta: dict, device: torch.device):
+    """A sampler `kernel` bound through the launch engine on `grid` programs: its pointers (`*_ptr`)
+    a call's operands, its integers by name from `ints` (`PER_CALL`'s given per call), its
+    floats (`FLOATS`) per call."""
+    params = runtime_params(kernel)
+    pointers = tuple(n for n in params if n.endswith("_ptr"))
+    floats = tuple(n for n in params if n in FLOATS)
+    named = {n: ints[n] for n in params if n not in pointers and n not in floats}
+    return bind_kernel(Binding(kernel, grid, pointers, operand_pointers(pointers), named, (meta,), floats,
+                               tuple(FLOATS[n] for n in floats), tuple(n for n in PER_CALL if n in named)),
+                       scratch=stand_ins, device=device)
+
+
+def _ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, request: dict, shards: int = 1, **given) -> dict:
+    """Every integer argument of the sampler's kernels by name: the request's (`request`: xs, top_n,
+    n_ids, vocab_start, vocab_total), its layout (`plan`, `space`), `given`; 0 for the per-call ones."""
+    chunks = plan.chunks(spec.vocab)
+    return {"n_rows": spec.rows, "vocab": spec.vocab, "ys": spec.vocab, "n_chunks": chunks, "n_groups": chunks * shards,
+            "shard_stride": 0, "rows_off": 0, **dataclasses.asdict(space), **dict.fromkeys(PER_CALL, 0), **request,
+            **given}
+
+
 @dataclass(frozen=True)
 class Bound:
     """A request's launchers: `scan`, `select`, `second` (probs' pass 2); with the runs
@@ -258,117 +259,74 @@ class Bound:
         return self.runs is not None and (0 < top_n <= cap or (not top_n and (
             flags & (1 << KEYWORD_BITS["top_k"]) or 0 < top_k <= cap)))
 
-    def pass_one(self, x, ws, tensors, floats, ints, top_n: int = 0) -> None:
-        """The scan, after the runs pre-pass where it serves the call: every row in the scan's
-        layout (what `select` and a sharded vocabulary's select read)."""
-        if self.takes_runs(ints, top_n):
-            self._runs_then_scan(self.collect_chunks, x, ws, tensors, floats, ints)
-        else:
-            self.scan((x, ws, *tensors), floats, ints)
-
-    def _runs_then_scan(self, collect, x, ws, tensors, floats, ints) -> None:
-        self.runs((x, ws, *tensors[:4]), floats, ints)
-        collect((x, ws, *tensors[:4]), floats, ints)
-        self.scan_rest((x, ws, *tensors), floats, ints)
-
-    def run(self, x, ws, tensors, floats, ints, outs, top_n: int = 0) -> None:
-        """Pass one and the select of every row into `outs`; where the runs pre-pass serves the
-        call, the rows it served are selected from their one-chunk layout, the others as usual."""
+    def run(self, x, ws, tensors, floats, ints, outs: tuple | None = None, top_n: int = 0) -> None:
+        """Pass one, after the runs pre-pass where it serves the call, then the select of every row
+        into `outs` (out_i, out_f, out_f2, ids), the rows the pre-pass served from their one-chunk
+        layout. Without `outs`, pass one alone, every row in the scan's layout (what a sharded
+        vocabulary's select reads)."""
+        runs = self.takes_runs(ints, top_n)
+        if runs:
+            self.runs((x, ws, *tensors[:4]), floats, ints)
+            (self.collect_chunks if outs is None else self.collect)((x, ws, *tensors[:4]), floats, ints)
+        (self.scan_rest if runs else self.scan)((x, ws, *tensors), floats, ints)
+        if outs is None:
+            return
         selected = (x, ws, ws, *outs, *tensors)
-        if self.takes_runs(ints, top_n):
-            self._runs_then_scan(self.collect, x, ws, tensors, floats, ints)
+        if runs:
             self.select_served(selected, floats, ints)
             self.select_rest(selected, floats, ints)
         else:
-            self.scan((x, ws, *tensors), floats, ints)
             self.select(selected, floats, ints)
 
 
 _bound = OnceCache(maxsize=128)
 
 
-def _static_ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, xs: int, top_n: int, n_ids: int,
-                 vocab_start: int, vocab_total: int) -> dict:
-    return dict(n_rows=spec.rows, vocab=spec.vocab, xs=xs, vocab_start=vocab_start, vocab_total=vocab_total,
-                n_chunks=plan.chunks(spec.vocab), state_off=space.state_off, cz_off=space.cz_off, ci_off=space.ci_off,
-                scr_off=space.scr_off, res_off=space.res_off, n_ids=n_ids, top_n=top_n)
-
-
-def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, xs: int, top_n: int, n_ids: int, vocab_start: int,
-          vocab_total: int, device: torch.device) -> Bound:
+def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device: torch.device) -> Bound:
     from . import sampling_kernels as k
 
     space = Workspace.of(plan, spec.rows, spec.vocab)
-    ints = _static_ints(spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total)
-    scan_ints = {n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks", "state_off",
-                                      "cz_off", "ci_off")}
-    scan_ints.update(left_off=space.left_off, top_n=top_n, **dict.fromkeys(PER_CALL, 0))
-    scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
+    ints = _ints(spec, plan, space, request)
     items = spec.rows * plan.chunks(spec.vocab)
-
-    def scan_launcher(runs: bool):
-        return bind_kernel(Binding(k.scan_kernel, max(1, min(plan.grid, items)), SCAN_POINTERS,
-                                   operand_pointers(SCAN_POINTERS), scan_ints, ({**scan_meta, "RUNS": runs},), FLOATS,
-                                   DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
-    scan = scan_launcher(False)
-    runs = collect = collect_chunks = scan_rest = select_served = select_rest = None
-    if plan.runs:
-        block = min(RUNS_BLOCK, plan.chunk)
-        runs = bind_kernel(Binding(k.runs_kernel, items * (plan.chunk // block), RUNS_POINTERS,
-                                   operand_pointers(RUNS_POINTERS),
-                                   dict(vocab=spec.vocab, xs=xs, vocab_total=vocab_total, n_chunks=ints["n_chunks"],
-                                        run_off=space.run_off, left_off=space.left_off, served_off=space.served_off,
-                                        **dict.fromkeys(PER_CALL, 0)),
-                                   (dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4),), FLOATS,
-                                   DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
-        cstate, ccz, cci = space.compact(spec.rows, plan.slots)
-
-        def collect_launcher(compact: bool):
-            cints = {n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks")}
-            cints.update(state_off=cstate if compact else space.state_off, cz_off=ccz if compact else space.cz_off,
-                         ci_off=cci if compact else space.ci_off, run_off=space.run_off, left_off=space.left_off,
-                         served_off=space.served_off, top_n=top_n, **dict.fromkeys(PER_CALL, 0))
-            meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
-                        RUN=plan.run, COMPACT=compact, num_warps=plan.collect_warps)
-            return bind_kernel(Binding(k.collect_kernel, max(1, min(plan.grid, spec.rows)), RUNS_POINTERS,
-                                       operand_pointers(RUNS_POINTERS), cints, (meta,), FLOATS, DEFAULT_FLOATS,
-                                       PER_CALL), scratch=stand_ins, device=device)
-        collect, collect_chunks, scan_rest = collect_launcher(True), collect_launcher(False), scan_launcher(True)
-        compact_space = dataclasses.replace(space, state_off=cstate, cz_off=ccz, ci_off=cci)
-        select_served = _select_launcher(op, spec, dataclasses.replace(plan, chunk=next_power_of_2(spec.vocab)),
-                                         compact_space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device,
-                                         rows_off=space.served_off)
-        select_rest = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True,
-                                       device, rows_off=space.left_off)
-    select = _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, 1, True, device)
+    grid = max(1, min(plan.grid, items))
+    scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
+    scan = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False}, device)
+    select = _select_launcher(op, spec, plan, space, request, device)
     second = None
     if op == "probs":
-        pints = dict(n_rows=spec.rows, vocab=spec.vocab, xs=xs, ys=spec.vocab, n_chunks=plan.chunks(spec.vocab),
-                     res_off=space.res_off, flags=0)
-        second_pointers = ("x_ptr", "ws_ptr", "y_ptr", "t_ptr")
-        second = bind_kernel(Binding(k.probs_kernel, max(1, min(plan.grid, items)), second_pointers,
-                                     operand_pointers(second_pointers), pints,
-                                     (dict(CHUNK=plan.chunk, num_warps=plan.num_warps),), ("temperature",), (1.0,),
-                                     ("flags",)), scratch=stand_ins, device=device)
+        second = launcher(k.probs_kernel, grid, ints, dict(CHUNK=plan.chunk, num_warps=plan.num_warps), device)
+    if not plan.runs:
+        return Bound(plan, space, scan, select, second)
+    block = min(RUNS_BLOCK, plan.chunk)
+    runs = launcher(k.runs_kernel, items * (plan.chunk // block), ints,
+                     dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4), device)
+    # The collect writes the rows it serves as one chunk each (`compact`, which `select_served`
+    # reads) or in the scan's layout (`collect_chunks`: what a sharded vocabulary all-gathers).
+    compact = space.compact(spec.rows, plan.slots)
+    collect_grid = max(1, min(plan.grid, spec.rows))
+    collect_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
+                        RUN=plan.run, COMPACT=False, num_warps=plan.collect_warps)
+    collect = launcher(k.collect_kernel, collect_grid, _ints(spec, plan, compact, request),
+                        {**collect_meta, "COMPACT": True}, device)
+    collect_chunks = launcher(k.collect_kernel, collect_grid, ints, collect_meta, device)
+    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True}, device)
+    one_chunk = dataclasses.replace(plan, chunk=next_power_of_2(spec.vocab))
+    select_served = _select_launcher(op, spec, one_chunk, compact, request, device, rows_off=space.served_off)
+    select_rest = _select_launcher(op, spec, plan, space, request, device, rows_off=space.left_off)
     return Bound(plan, space, scan, select, second, runs, collect, collect_chunks, scan_rest, select_served,
                  select_rest)
 
 
-def _select_launcher(op, spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total, shards, has_x, device,
-                     shard_stride: int = 0, rows_off: int | None = None):
+def _select_launcher(op: str, spec: SamplingSpec, plan: SamplingPlan, space: Workspace, request: dict,
+                     device: torch.device, shards: int = 1, has_x: bool = True, shard_stride: int = 0,
+                     rows_off: int | None = None):
     from . import sampling_kernels as k
 
-    ints = _static_ints(spec, plan, space, xs, top_n, n_ids, vocab_start, vocab_total)
-    ints = {**{n: ints[n] for n in ("n_rows", "vocab", "xs", "vocab_start", "vocab_total", "n_chunks")},
-            "n_groups": plan.chunks(spec.vocab) * shards, "shard_stride": shard_stride,
-            **{n: ints[n] for n in ("state_off", "cz_off", "ci_off", "scr_off", "res_off")},
-            "rows_off": rows_off or 0, **{n: ints[n] for n in ("n_ids", "top_n")},
-            **dict.fromkeys(PER_CALL, 0)}
-    meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards), KP=plan.kp,
-                TILE=plan.tile, ROWS=rows_off is not None, num_warps=plan.select_warps)
-    grid = max(1, min(spec.rows, plan.grid))
-    return bind_kernel(Binding(k.select_kernel, grid, SELECT_POINTERS, operand_pointers(SELECT_POINTERS), ints, (meta,),
-                               FLOATS, DEFAULT_FLOATS, PER_CALL), scratch=stand_ins, device=device)
+    ints = _ints(spec, plan, space, request, shards, shard_stride=shard_stride, rows_off=rows_off or 0)
+    meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards),
+                KP=next_power_of_2(plan.k_cap), TILE=plan.tile, ROWS=rows_off is not None,
+                num_warps=plan.select_warps)
+    return launcher(k.select_kernel, max(1, min(spec.rows, plan.grid)), ints, meta, device)
 
 
 def rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
@@ -391,11 +349,9 @@ def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan 
     # and device keyed beside it; hashing a plan costs ~1 us a lookup)
     key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
            _aligned(x, *tensors))
-
-    def bind() -> Bound:
-        return _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device), x.stride(0), top_n, n_ids,
-                     vocab_start, vocab_total, x.device)
-    return _bound.get(key, bind)
+    request = dict(xs=x.stride(0), top_n=top_n, n_ids=n_ids, vocab_start=vocab_start, vocab_total=vocab_total)
+    return _bound.get(key, lambda: _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device), request,
+                                         x.device))
 
 
 # ---- the API's functions ------------------------------------------------------------------------------
@@ -411,12 +367,6 @@ def keyword_values(spec: SamplingSpec) -> list:
     return [getattr(spec, name) for name in KEYWORDS]
 
 
-def _keyword_call(values, with_seed: bool, device: torch.device):
-    """(keyword tensors t, k, p, mp, seed, off, floats, per-call integers with the flags) of the
-    checked keyword `values` (`spec.KEYWORDS` order)."""
-    return _keyword_caller(values, with_seed, device)(values)
-
-
 def _operand(v: torch.Tensor, dtype: torch.dtype):
     """How a call's tensor of the form of `v` becomes the kernels' operand (a conversion that
     returns its input still costs ~1 us a call: each step only where the form needs it)."""
@@ -429,9 +379,10 @@ def _operand(v: torch.Tensor, dtype: torch.dtype):
 
 
 def _keyword_caller(form_values, with_seed: bool, device: torch.device):
-    """`call(values)` -> `_keyword_call`'s triple for every call whose checked keyword values
-    have the form of `form_values` (which are tensors, of which dtype and shape: what a request's
-    key fixes), so the flags and each operand's conversion are decided once."""
+    """`call(values)` -> (keyword tensors t, k, p, mp, seed, off; floats; per-call integers with
+    the flags) for every call whose checked keyword values (`KEYWORDS` order) have the form of
+    `form_values` (which are tensors, of which dtype and shape: what a request's key fixes), so
+    the flags and each operand's conversion are decided once."""
     names = KEYWORD_OPERANDS if with_seed else KEYWORD_OPERANDS[:4]
     flags, preps = 0, []
     for (name, dtype, bit), v in zip(names, form_values):
@@ -442,9 +393,7 @@ def _keyword_caller(form_values, with_seed: bool, device: torch.device):
             preps.append(_operand(v, dtype) or (lambda t: t))
         else:
             preps.append(None)
-    t_prep, k_prep, p_prep, mp_prep = preps[:4]
-    tail = (None, None) if not with_seed else None
-    seed_prep, off_prep = (None, None) if not with_seed else preps[4:]
+    t_prep, k_prep, p_prep, mp_prep, seed_prep, off_prep = preps + [None] * (6 - len(preps))
     draw = with_seed and form_values[4] is None
 
     def call(values):
@@ -452,10 +401,10 @@ def _keyword_caller(form_values, with_seed: bool, device: torch.device):
         floats = (1.0 if t_prep else float(t), 1.0 if p_prep else float(p), 0.0 if mp_prep else float(mp))
         top_k = 0 if k_prep else min(int(k), INT32_MAX)
         keyword_tensors = (t_prep and t_prep(t), k_prep and k_prep(k), p_prep and p_prep(p), mp_prep and mp_prep(mp))
-        if tail is not None:
-            return (*keyword_tensors, *tail), floats, (top_k, 0, 0, 0, 0, flags)
-        if draw:
-            seed = _seed_value(None, device)
+        if not with_seed:
+            return (*keyword_tensors, None, None), floats, (top_k, 0, 0, 0, 0, flags)
+        if draw:  # (from torch's default generator on the device, advancing it as torch.multinomial does)
+            seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=device)
         seed_words = (0, 0) if seed_prep else _word_pair(seed)
         off_words = (0, 0) if off_prep else _word_pair(offset)
         return (*keyword_tensors, seed_prep and seed_prep(seed), off_prep and off_prep(offset)), floats, \
@@ -515,7 +464,7 @@ def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan:
     `n_ids`): `sample`: f(logits, values, return_logprobs), `probs`: f(logits, values),
     `logprobs`: f(logits, values, ids), `values` a call's checked keyword values
     (`keyword_values`), `ids` its [rows, K] int64 ids. Bound once; a call builds no request."""
-    shape, device, rows, vocab = spec.batch_shape, spec.device, spec.rows, spec.vocab
+    shape, device, rows = spec.batch_shape, spec.device, spec.rows
     select = _selector(op, spec, plan, top_n, n_ids)
     if op == "sample":
         # (the kernels write each row's logprob: one not asked for goes to a buffer kept per stream)
@@ -544,8 +493,7 @@ def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan:
             if rows:
                 # (empty operands are stood in for: a kernel never gets a pointer to nothing)
                 ids = ids.contiguous() if n_ids else None
-                outs = (top_ids if top_n else None, out if n_ids else None, top_values if top_n else None, ids)
-                select(rows_view(logits, spec), outs, values, (ids,))
+                select(rows_view(logits, spec), (top_ids, out if n_ids else None, top_values, ids), values, (ids,))
             return (out, top_values, top_ids) if top_n else out
     return run
 
@@ -597,7 +545,7 @@ def runs_rows(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | 
 # ---- a vocabulary sharded across ranks ------------------------------------------------------------
 
 def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, *,
-               plan: SamplingPlan | None = None, op: str = "sample") -> tuple[torch.Tensor, Workspace, SamplingPlan]:
+               plan: SamplingPlan | None = None) -> tuple[torch.Tensor, Workspace, SamplingPlan]:
     """Pass 1 on this rank's shard of the vocabulary (`spec` describes the shard: its vocab is
     the shard's; tokens numbered from `vocab_start` of `vocab_total`): (workspace, its layout,
     the plan). Its first `Workspace.shard_words` words are what every rank all-gathers; then
@@ -605,10 +553,11 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     must have the same size (and plan): their workspaces then line up word for word."""
     x = rows_view(logits_shard, spec)
     plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
-    tensors, floats, ints = _keyword_call(keyword_values(spec), op == "sample", spec.device)
-    bound = _launchers(op, spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total)
+    values = keyword_values(spec)
+    tensors, floats, ints = _keyword_caller(values, True, spec.device)(values)
+    bound = _launchers("sample", spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total)
     ws = torch.empty(bound.space.words, dtype=torch.int32, device=logits_shard.device)
-    bound.pass_one(x, ws, tensors, floats, ints)
+    bound.run(x, ws, tensors, floats, ints)
     return ws, bound.space, plan
 
 
@@ -621,19 +570,20 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     below what the chunks kept) get id -2: they need the whole row."""
     space = Workspace.of(plan, spec.rows, spec.vocab, shards)
     device = gathered.device
-    tensors, floats, ints = _keyword_call(keyword_values(spec), True, device)
+    values = keyword_values(spec)
+    tensors, floats, ints = _keyword_caller(values, True, device)(values)
+    request = dict(xs=0, top_n=0, n_ids=0, vocab_start=0, vocab_total=vocab_total)
     launch = _bound.get(("select_shards", spec.rows, spec.vocab, shards, vocab_total, device, plan,
                          _aligned(gathered, *tensors)),
-                        lambda: _select_launcher("sample", spec, plan, space, 0, 0, 0, 0, vocab_total, shards, False,
-                                                 device, shard_stride=gathered.stride(0)))
+                        lambda: _select_launcher("sample", spec, plan, space, request, device, shards, False,
+                                                 gathered.stride(0)))
     ws = torch.empty(space.words, dtype=torch.int32, device=device)
-    ids = torch.empty(spec.rows, dtype=torch.int64, device=device)
-    lp = torch.empty(spec.rows, dtype=torch.float32, device=device)
+    ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=device)  # (contiguous: row r at element r)
+    lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=device)
     launch((None, gathered, ws, ids, lp, None, None, *tensors), floats, ints)
-    ids = ids.reshape(spec.batch_shape)
-    return (ids, lp.reshape(spec.batch_shape)) if return_logprobs else ids
+    return (ids, lp) if return_logprobs else ids
 
 
-__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "keyword_values", "logprobs", "operand_pointers",
-           "plan_for", "probs", "programs_on", "remembered", "row_paths", "runner", "runs_rows", "sample", "scan_shard",
-           "select_shards", "stand_ins", "supports"]
+__all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "default_programs", "keyword_values", "launcher",
+           "logprobs", "operand_pointers", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows",
+           "sample", "scan_shard", "select_shards", "stand_ins", "supports"]

@@ -1,9 +1,8 @@
 """The Triton sampler as a backend hands it out (`Sampler`): requests that need no filter read
 the logits once, through the backend's own softmax and logsumexp launchers with the per-row
 scale 1/temperature (docs/sampling.md, "Backends"; kernels: `sampling_one_read_kernels.py`);
-every other request runs the scan and select of `sampling.py`, as does a temperature of 0
-given as a number (every row greedy: the scan's argmax serves it) and a tensor top_k, top_p
-or min_p (it may hold anything per row; reading it would synchronise with the host).
+every other request runs the scan and select of `sampling.py`, as do a temperature of 0 given as
+a number (the scan's argmax serves it) and a tensor top_k, top_p or min_p (never read on the host).
 """
 
 from __future__ import annotations
@@ -20,32 +19,12 @@ from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from ...sampling.spec import SamplingSpec
 from . import sampling
-from .launcher import Binding, bind_kernel
 
 SCALE_BLOCK = 1024  # rows per program of row_scale_kernel
 TILE = 1024  # logits per step where a kernel reads a whole row (greedy rows)
 ID_BLOCK = 64  # ids per step of the gather
 
 _bound = OnceCache(maxsize=128)
-
-
-def _no_filter(top_k, top_p, min_p, vocab: int) -> bool:
-    # (numbers only: a tensor's rows are not read)
-    return (top_k == 0 or top_k >= vocab) and top_p >= 1.0 and min_p == 0.0
-
-
-def needs_no_filter(spec: SamplingSpec) -> bool:
-    """True when top_k, top_p and min_p are off as numbers (a tensor's rows are not read)."""
-    k, p, mp = spec.top_k, spec.top_p, spec.min_p
-    if isinstance(k, torch.Tensor) or isinstance(p, torch.Tensor) or isinstance(mp, torch.Tensor):
-        return False
-    return _no_filter(k, p, mp, spec.vocab)
-
-
-def takes_probs(spec: SamplingSpec) -> bool:
-    """Whether `probs` of `spec` takes the one read (a temperature of 0 as a number: the scan)."""
-    t = spec.temperature
-    return needs_no_filter(spec) and (isinstance(t, torch.Tensor) or t > 0)
 
 
 def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
@@ -57,22 +36,6 @@ def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
     return t if t.is_contiguous() else t.contiguous(), 1 if t.dim() else 0
 
 
-def _grid(rows: int, device: torch.device, programs: int | None = None) -> int:
-    if programs is not None:
-        return max(1, min(rows, programs))
-    if device.type != "cuda":
-        return max(1, rows)
-    return max(1, min(rows, sampling.programs_on(device.index if device.index is not None
-                                                 else torch.cuda.current_device())))
-
-
-def _bind(kernel, grid: int, pointer_names: tuple, ints: dict, meta: dict, floats: tuple = (),
-          device: torch.device | None = None):
-    return bind_kernel(Binding(kernel, grid, pointer_names, sampling.operand_pointers(pointer_names), ints,
-                               (meta,), floats, (1.0,) * len(floats)),
-                       scratch=sampling.stand_ins, device=device)
-
-
 class _Launchers(NamedTuple):
     """One request's bound launches (see the module): `scale` (or None), `read` (the fused
     softmax or logsumexp launcher: a scale operand), `after` (the fix-up or the gather, or None)."""
@@ -82,25 +45,22 @@ class _Launchers(NamedTuple):
     after: object
 
 
-def _scale_launcher(rows: int, t_stride: int, device: torch.device):
-    from . import sampling_one_read_kernels as k
-
-    return _bind(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), ("t_ptr", "s_ptr"),
-                 dict(n_rows=rows, t_stride=t_stride), dict(BLOCK=SCALE_BLOCK, num_warps=4), device=device)
-
-
-def _stand_in_scale(rows: int, device: torch.device, row_tensor: bool):
-    """The scale a launcher is bound with: its layout, never its values (those come per call;
-    a number other than 1 keeps the request fused, so every call passes its scale)."""
-    return torch.ones((rows, 1), dtype=torch.float32, device=device) if row_tensor else 0.5
+def _read(run: _Launchers, x: torch.Tensor, t: torch.Tensor | None, scale: float):
+    """(the one read's output, the scale it applied): `scale` where the temperature is a number,
+    else the per-row scale the scale kernel writes from `t`."""
+    if t is not None:
+        scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        run.scale((t, scale))
+    got = run.read(x, Operands(None, None, scale, 1.0))
+    # (y, p_sink) / lse [rows, 1]: contiguous, row r at element r as the gather reads it
+    return (got[0] if isinstance(got, tuple) else got), scale
 
 
 class Sampler:
-    """`probs`, `sample` and `logprobs` (the signatures of `sampling.py`'s functions) of a
-    backend whose `launcher(x, spec)` binds the softmax and `logsumexp_launcher(x, spec,
-    operands)` the logsumexp: the one read where the request allows it (see the module).
-    `plans(spec) -> SamplingPlan`: the backend's plan of a request (None: `sampling.plan_for`'s);
-    its grid also caps the one-read paths' kernels."""
+    """`probs`, `sample` and `logprobs` (the signatures of `sampling.py`'s functions) of a backend
+    whose `launcher(x, spec)` binds the softmax and `logsumexp_launcher(x, spec, operands)` the
+    logsumexp (see the module). `plans(spec) -> SamplingPlan`: the backend's plan of a request
+    (None: `sampling.plan_for`'s); its grid also caps the one-read paths' kernels."""
 
     def __init__(self, backend, plans=None):
         self.backend = backend
@@ -112,23 +72,17 @@ class Sampler:
 
     # ---- the API's functions: each through its form's runner ----
 
-    def probs(self, spec: SamplingSpec, logits: torch.Tensor, *, plan: sampling.SamplingPlan | None = None):
+    def probs(self, spec: SamplingSpec, logits: torch.Tensor):
         """float32 probabilities of the filtered, renormalised distribution (logits' shape)."""
-        if plan is not None:
-            return sampling.probs(spec, logits, plan=plan)
         return self.runner("probs", spec)(logits, sampling.keyword_values(spec))
 
-    def sample(self, spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False, *,
-               plan: sampling.SamplingPlan | None = None):
+    def sample(self, spec: SamplingSpec, logits: torch.Tensor, return_logprobs: bool = False):
         """int64 token ids of shape ``logits.shape[:-1]`` (and their float32 log-probabilities)."""
-        return sampling.sample(spec, logits, return_logprobs, plan=plan or self.plan(spec))
+        return sampling.sample(spec, logits, return_logprobs, plan=self.plan(spec))
 
-    def logprobs(self, spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0, *,
-                 plan: sampling.SamplingPlan | None = None):
+    def logprobs(self, spec: SamplingSpec, logits: torch.Tensor, ids: torch.Tensor, top_n: int = 0):
         """float32 log-probabilities of `ids` ([rows, K], validated) under log_softmax(logits /
         temperature), and with `top_n` the top-n values and ids (`sampling.logprobs`)."""
-        if plan is not None:
-            return sampling.logprobs(spec, logits, ids, top_n, plan=plan)
         return self.runner("logprobs", spec, top_n, ids.shape[-1])(logits, sampling.keyword_values(spec), ids)
 
     def runner(self, op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0):
@@ -137,39 +91,34 @@ class Sampler:
         form's, so only the numbers' values are looked at per call."""
         scan = sampling.runner(op, spec, top_n, n_ids, plan=self.plan(spec))
         row_t = isinstance(spec.temperature, torch.Tensor)
-        if op == "probs":
-            if not spec.rows or any(isinstance(v, torch.Tensor) for v in (spec.top_k, spec.top_p, spec.min_p)):
-                return scan
-            one_read, vocab = self._probs_one_read(spec, row_t), spec.vocab
-
-            def probs(logits, values):
-                t, k, p, mp = values[:4]
-                if _no_filter(k, p, mp, vocab) and (row_t or t > 0):
-                    return one_read(logits, t)
-                return scan(logits, values)
-            return probs
+        filters_are_numbers = not any(isinstance(v, torch.Tensor) for v in (spec.top_k, spec.top_p, spec.min_p))
+        if op == "probs" and spec.rows and filters_are_numbers:
+            return self._probs_one_read(spec, row_t, scan)
         if op == "logprobs" and not top_n and spec.rows and n_ids:
             return self._logprobs_one_read(spec, row_t, n_ids)
         return scan
 
     def _one_read_launchers(self, op: str, spec: SamplingSpec, row_t: bool, n_ids: int = 0):
-        launchers = sampling.remembered(lambda x, t_stride: self._launchers(op, spec, x, row_t, t_stride, n_ids))
+        def bound(x: torch.Tensor, t_stride: int) -> _Launchers:
+            key = (id(self.backend), op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, row_t, t_stride,
+                   n_ids, x.data_ptr() % 16 == 0, self.plan(spec))
+            return _bound.get(key, lambda: self._bind(op, spec, x, row_t, t_stride, n_ids))
+        launchers = sampling.remembered(bound)
         return lambda x, t_stride: launchers((x.stride(0), x.data_ptr() % 16 == 0, t_stride), x, t_stride)
 
-    def _probs_one_read(self, spec: SamplingSpec, row_t: bool):
+    def _probs_one_read(self, spec: SamplingSpec, row_t: bool, scan):
         launchers = self._one_read_launchers("probs", spec, row_t)
-        rows, device, flat = spec.rows, spec.device, len(spec.batch_shape) == 1
+        vocab, flat = spec.vocab, len(spec.batch_shape) == 1
 
-        def probs(logits, temperature):
+        def probs(logits, values):
+            temperature, k, p, mp = values[:4]  # (top_k, top_p, min_p are numbers here)
+            if not ((k == 0 or k >= vocab) and p >= 1.0 and mp == 0.0 and (row_t or temperature > 0)):
+                return scan(logits, values)
             x = sampling.rows_view(logits, spec)
             t, t_stride = _temperature_operand(temperature)
             run = launchers(x, t_stride)
-            if t is None:
-                y = self._read(run, x, 1.0 / temperature)
-            else:
-                s = torch.empty((rows, 1), dtype=torch.float32, device=device)
-                run.scale((t, s))
-                y = self._read(run, x, s)
+            y, _ = _read(run, x, t, None if t is not None else 1.0 / temperature)
+            if t is not None:
                 run.after((x, y, t))
             return y if flat else y.reshape(logits.shape)  # (a reshape to its own shape still costs ~1 us)
         return probs
@@ -184,57 +133,43 @@ class Sampler:
             run = launchers(x, t_stride)
             out = torch.empty((rows, n_ids), dtype=torch.float32, device=device)
             ids = ids if ids.is_contiguous() else ids.contiguous()
+            number = 1.0 if t is not None else float(values[0])
+            scale = 1.0 / number if number > 0 else 1.0
+            lse, s = _read(run, x, t, scale)
             if t is None:
-                number = float(values[0])
-                scale = 1.0 / number if number > 0 else 1.0
-                lse = self._read(run, x, scale)
                 run.after((x, lse, None, None, ids, out), (number, scale))
             else:
-                s = torch.empty((rows, 1), dtype=torch.float32, device=device)
-                run.scale((t, s))
-                lse = self._read(run, x, s)
                 run.after((x, lse, s, t, ids, out))
             return out
         return logprobs
-
-    # ---- binding ----
-
-    @staticmethod
-    def _read(run: _Launchers, x: torch.Tensor, scale) -> torch.Tensor:
-        got = run.read(x, Operands(None, None, scale, 1.0))
-        # (y, p_sink) / lse [rows, 1]: contiguous, row r at element r as the gather reads it
-        return got[0] if isinstance(got, tuple) else got
-
-    def _launchers(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
-                   n_ids: int = 0) -> _Launchers:
-        key = (id(self.backend), op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, row_t, t_stride, n_ids,
-               x.data_ptr() % 16 == 0, self.plan(spec))
-        return _bound.get(key, lambda: self._bind(op, spec, x, row_t, t_stride, n_ids))
 
     def _bind(self, op: str, spec: SamplingSpec, x: torch.Tensor, row_t: bool, t_stride: int,
               n_ids: int) -> _Launchers:
         from . import sampling_one_read_kernels as k
 
         device, rows = x.device, spec.rows
-        scale = _scale_launcher(rows, t_stride, device) if row_t else None
-        stand_in = _stand_in_scale(rows, device, row_t)
+        scale = None
+        if row_t:
+            scale = sampling.launcher(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), dict(n_rows=rows, t_stride=t_stride),
+                                      dict(BLOCK=SCALE_BLOCK, num_warps=4), device)
+        # The scale the softmax or logsumexp is bound with: its layout, never its values (those come
+        # per call; a number other than 1 keeps the request fused, so every call passes its scale).
+        stand_in = torch.ones((rows, 1), dtype=torch.float32, device=device) if row_t else 0.5
         plan = self.plan(spec)
-        grid = _grid(rows, device, None if plan is None else plan.grid)
+        grid = max(1, min(rows, sampling.default_programs(device, rows) if plan is None else plan.grid))
         if op == "probs":
             soft, _ = SoftmaxSpec.from_request(x, -1, torch.float32, fused=dict(scale=stand_in))
             read = self.backend.launcher(x, soft)
             after = None
             if row_t:
-                after = _bind(k.probs_fixup_kernel, grid, ("x_ptr", "y_ptr", "t_ptr"),
-                              dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), ys=spec.vocab, t_stride=t_stride),
-                              dict(TILE=TILE, num_warps=4), device=device)
+                ints = dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), ys=spec.vocab, t_stride=t_stride)
+                after = sampling.launcher(k.probs_fixup_kernel, grid, ints, dict(TILE=TILE, num_warps=4), device)
             return _Launchers(scale, read, after)
         lse_spec, _ = logsumexp_request(x, -1, scale=stand_in)
         read = self.backend.logsumexp_launcher(x, lse_spec, Operands(None, None, 1.0, 1.0))
-        after = _bind(k.logprobs_gather_kernel, grid, ("x_ptr", "lse_ptr", "s_ptr", "t_ptr", "ids_ptr", "out_ptr"),
-                      dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), n_ids=n_ids, t_stride=t_stride),
-                      dict(ROW_T=row_t, TILE=TILE, ID_BLOCK=ID_BLOCK, num_warps=4), ("temperature", "scale"),
-                      device=device)
+        after = sampling.launcher(k.logprobs_gather_kernel, grid,
+                                  dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), n_ids=n_ids, t_stride=t_stride),
+                                  dict(ROW_T=row_t, TILE=TILE, ID_BLOCK=ID_BLOCK, num_warps=4), device)
         return _Launchers(scale, read, after)
 
 
@@ -244,4 +179,4 @@ def sampler_for(backend, plans=None) -> Sampler:
     return Sampler(backend, plans)
 
 
-__all__ = ["Sampler", "needs_no_filter", "sampler_for", "takes_probs"]
+__all__ = ["Sampler", "sampler_for"]

@@ -1,9 +1,7 @@
 """The sampler's plan on the NPU (`SamplingPlan` of `_triton_common/sampling.py`), pure: blocks
-sized by the unified buffer (UB) one tile may use (`planning.tile_budget`), the NPU's fixed grid,
-no runs pre-pass. The per-element costs below are estimates of what each kernel keeps live in
-the UB (no NPU has compiled these kernels here: docs/ascend.md); the plan is the same on every
-device the backend serves (NPU, CPU interpreter, CUDA cross-check), so those runs test the launches
-an NPU would get.
+sized by the unified buffer (UB) one tile may use (`planning.tile_budget`; the per-element costs
+below are estimates: docs/ascend.md), the NPU's fixed grid, no runs pre-pass. The same plan on
+every device the backend serves, so the interpreter and CUDA runs test the NPU's launches.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def one_read_launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_ro
     spec = SamplingSpec.from_request(op, x, temperature=t)
     calls: list = []
     r._bound.clear()
-    with mock.patch.object(r, "bind_kernel", _recording_bind(calls)):
+    with mock.patch.object(r.sampling, "bind_kernel", _recording_bind(calls)):
         sampler = r.Sampler(_ReadStandIn())
         if op == "probs":
             sampler.probs(spec, x)
