@@ -137,6 +137,27 @@ def _distinct_logits(rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
     return torch.stack([torch.randperm(vocab, generator=g) for _ in range(rows)]).float() * 0.3
 
 
+def _near_boundary(x: torch.Tensor, kw: dict, margin: float = 1e-6) -> torch.Tensor:
+    """[rows] bool: rows of `x` where, in float64, a token sits within `margin` (relative) of the
+    top_k, top_p or min_p boundary of `kw` (a number each): either side is a float32 answer."""
+    z = x.double() / kw.get("temperature", 1.0)
+    zs = z.sort(-1, descending=True).values
+    near = torch.zeros(len(z), dtype=torch.bool)
+    k = kw.get("top_k")
+    if k and k < z.shape[-1]:
+        kth, nxt = zs[:, k - 1], zs[:, k]
+        near |= (kth != nxt) & ((kth - nxt).abs() <= margin * kth.abs().clamp(min=1))
+        zs = torch.where(zs >= kth[:, None], zs, -torch.inf)
+    p = torch.softmax(zs, -1)
+    top_p = kw.get("top_p")
+    if top_p is not None and top_p < 1:
+        near |= ((p.cumsum(-1) - p - top_p).abs() <= margin).any(-1)
+    min_p = kw.get("min_p")
+    if min_p:
+        near |= ((p - min_p * p[:, :1]).abs() <= margin * p[:, :1]).any(-1)
+    return near
+
+
 def sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> None:
     """Every rank samples its shard of the same logits; the ids (the same on every rank) must
     equal `anysoftmax.sampling.sample` of the whole logits for the same seed and offset:
@@ -161,16 +182,19 @@ def sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> Non
         if not all(torch.equal(e, every[0]) for e in every):
             failures.append(f"{what}: the ranks returned different results")
 
-    def compare(x, sizes, what, share=1.0, **kw):
+    def compare(x, sizes, what, near_ties=False, **kw):
         ids, lp = asd.sample(shard(x, sizes), return_logprobs=True, **kw)
         want, want_lp = sampling.sample(x, return_logprobs=True, **kw)
         same_on_every_rank(ids, what)
-        agree = (ids == want).double().mean().item()
-        if agree < share:
-            failures.append(f"{what}: ids agree with the unsharded sampler in {agree:.4f} of rows")
-        both = (ids == want) & (want >= 0)
-        if not torch.allclose(lp[both], want_lp[both], rtol=1e-5, atol=2e-5) or \
-                not torch.equal(torch.isnan(lp), torch.isnan(want_lp)):
+        # Random logits: a row with a token within float32 rounding of a filter's boundary may keep
+        # it or not (another id, or the same id under another normaliser); every other row is exact.
+        exact = ~_near_boundary(x, kw) if near_ties else torch.ones(len(ids), dtype=torch.bool)
+        if int((~exact).sum()) > max(1, len(ids) // 100):
+            failures.append(f"{what}: {int((~exact).sum())} rows near a boundary: the test's margin is too wide")
+        if not torch.equal(ids[exact], want[exact]):
+            failures.append(f"{what}: ids differ from the unsharded sampler in {int((ids != want)[exact].sum())} rows")
+        close = torch.isclose(lp, want_lp, rtol=1e-5, atol=2e-5) | (torch.isnan(lp) & torch.isnan(want_lp))
+        if not bool(close[exact].all()):
             failures.append(f"{what}: return_logprobs differs from the unsharded sampler")
 
     rows, vocab = 48, 40
@@ -200,8 +224,9 @@ def sampler_checks(rank: int, world: int, init: str, out: str, seed: int) -> Non
         compare(ties, sizes, name, seed=5, **kw)
     # Random logits: a token within float32 rounding of a boundary may go either way.
     xr = torch.randn(400, vocab, generator=g) * 3
-    compare(xr, sizes, "random top_k top_p min_p", share=0.999, seed=3, offset=2, top_k=7, top_p=0.8, min_p=0.01)
-    compare(xr, sizes, "random top_p", share=0.999, seed=4, top_p=0.9, temperature=1.5)
+    compare(xr, sizes, "random top_k top_p min_p", near_ties=True, seed=3, offset=2, top_k=7, top_p=0.8,
+            min_p=0.01)
+    compare(xr, sizes, "random top_p", near_ties=True, seed=4, top_p=0.9, temperature=1.5)
     # A flat row whose top-p set reaches below every shard's candidates: the rows are gathered.
     from anysoftmax.distributed.sampling import TOP_P_CANDIDATES
 
