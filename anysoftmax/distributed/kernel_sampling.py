@@ -1,6 +1,6 @@
-"""`anysoftmax.distributed.sample(..., backend="triton")`: the Triton sampler's `scan_shard` on
-each rank, one exchange of the workspaces' prefix (on NVIDIA GPUs one kernel writing into the
-peers' mailboxes, `mailbox.py`; else an all-gather), `select_shards` on every rank
+"""`anysoftmax.distributed.sample(..., backend="triton")`: the Triton sampler's scan on each
+rank's shard, one exchange of the workspaces' prefix (on NVIDIA GPUs one kernel writing into the
+peers' mailboxes, `mailbox.py`; else an all-gather), the same select on every rank
 (docs/sampling.md, "A sharded vocabulary"). The torch-ops path (`sampling.py`) serves unequal
 shard sizes, requests the Triton sampler refuses, and rows the candidates cannot decide (id -2).
 """
@@ -15,7 +15,7 @@ import torch
 
 from ..core import registry
 from ..core.backend import as_backend
-from ..sampling.spec import SamplingSpec
+from ..sampling.spec import SamplingSpec, form_of
 from . import one_read
 from .collective import gather_states
 from .mailbox import Mailbox, symmetric, symmetric_memory_missing
@@ -25,7 +25,8 @@ UNDECIDED = -2  # (select_shards: a row whose candidates cannot decide it needs 
 
 
 class KernelDraw(NamedTuple):
-    """The kernels' draw: `spec` with the seed every rank used, ids and log-probabilities [rows]."""
+    """The kernels' draw: ids and log-probabilities [rows] (and `spec`, the request with the seed
+    every rank used, where `draw` made it)."""
 
     spec: SamplingSpec
     ids: torch.Tensor
@@ -87,26 +88,43 @@ def exchange(prefix: torch.Tensor, rank: int, world: int, box: Mailbox):
     return run(prefix, late, epoch, slot_base), late, epoch
 
 
+def runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, rank: int, world: int, group,
+           box: Mailbox | None = None):
+    """`run(logits_shard, values) -> KernelDraw`: for every request of `spec`'s form (the shard's,
+    its seed given), scan this rank's shard, exchange the workspaces' shared prefix (`box`,
+    default the group's mailbox where `mailbox_refusal` says None, else an all-gather), select
+    over every shard: ids (-1: an invalid row, `UNDECIDED`: a row needing the whole row) and
+    their log-probabilities, the same on every rank. `values`: a call's checked keyword values
+    (`SamplingSpec.KEYWORDS` order). Made on the same call on every rank (the mailbox's
+    collective). `refusal` must have said None."""
+    from ..backends._triton_common.sampling import shard_runner
+
+    spec = form_of(spec)  # (the form alone: no call's tensors kept alive)
+    scan, select, words = shard_runner(spec, vocab_start, vocab_total, world)
+    if box is None and mailbox_refusal(spec.device, world) is None:
+        box = symmetric(group, spec.device, words, world)
+
+    def run(logits_shard, values) -> KernelDraw:
+        prefix, call = scan(logits_shard, values)
+        if box is None:
+            gathered, late, epoch = gather_states(prefix, world, group), None, 0
+        else:
+            gathered, late, epoch = exchange(prefix, rank, world, box)
+        ids, lp = select(gathered, call)
+        return KernelDraw(None, ids, lp, late, epoch)
+
+    return run
+
+
 def draw(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, rank: int,
          world: int, group, box: Mailbox | None = None) -> KernelDraw:
-    """Scan this rank's shard, exchange the workspaces' shared prefix (`box`, default the
-    group's mailbox where `mailbox_refusal` says None, else an all-gather), select over every
-    shard: ids (-1: an invalid row, `UNDECIDED`: a row needing the whole row) and their
-    log-probabilities, the same on every rank. `refusal` must have said None."""
-    from ..backends._triton_common import sampling as kernels
+    """`runner`'s draw of one request, its seed agreed first where it has none (every rank then
+    draws with rank 0's)."""
+    from ..backends._triton_common.sampling import keyword_values
 
     spec = agreed_seed(spec, world, group)
-    workspace, layout, plan = kernels.scan_shard(spec, logits_shard, vocab_start, vocab_total)
-    prefix = workspace[:layout.shard_words]
-    late, epoch = None, 0
-    if box is None and mailbox_refusal(prefix.device, world) is None:
-        box = symmetric(group, prefix.device, layout.shard_words, world)
-    if box is None:
-        gathered = gather_states(prefix, world, group)
-    else:
-        gathered, late, epoch = exchange(prefix, rank, world, box)
-    ids, lp = kernels.select_shards(spec, gathered, world, vocab_total, plan, return_logprobs=True)
-    return KernelDraw(spec, ids, lp, late, epoch)
+    run = runner(spec, vocab_start, vocab_total, rank, world, group, box)
+    return run(logits_shard, keyword_values(spec))._replace(spec=spec)
 
 
 def undecided_rows(done: KernelDraw) -> torch.Tensor | None:

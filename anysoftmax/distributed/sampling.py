@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 
 import torch
 
 from .. import sampling
 from ..sampling.reference import scaled_logits, top_n_rows
 from ..sampling.rng import MASK32, exponential_race, row_words
-from ..sampling.spec import SamplingSpec, check_ids, check_top_n, invalid_keyword_rows
+from ..core import registry
+from ..core.cache import BoundedDict
+from ..sampling.spec import KEYWORDS, SamplingSpec, SpecForm, check_ids, check_top_n, form_key, invalid_keyword_rows
 from . import kernel_sampling
-from .collective import forget_shard_sizes, gather_states, group_rank_and_size, shard_sizes
+from .collective import forget_shard_sizes, gather_states, group_object, group_rank_and_size, shard_sizes
 
 BACKENDS = (None, "torch", kernel_sampling.KERNEL_BACKEND)  # (None: the kernels on CUDA/ROCm logits)
 TOP_P_CANDIDATES = 1024
@@ -158,18 +161,62 @@ def sample(logits_shard: torch.Tensor, *, group=None, temperature=None, top_k=No
     who = "anysoftmax.distributed.sample"
     if not isinstance(return_logprobs, bool):
         raise TypeError(f"{who}: return_logprobs must be a bool, got {type(return_logprobs).__name__}")
+    values = (temperature, top_k, top_p, min_p, seed, offset)
+    key = _run_key(logits_shard, values, backend)
+    runs = _runs_of(group) if key is not None else None
+    found = runs.get(key) if runs is not None else None
+    if found is not None:  # (a repeated request: its runner, and only the call's values checked)
+        form, shard, run = found
+        done = run(logits_shard, form.read(values))
+        return _finish(who, logits_shard, done, lambda: form.spec(values), shard, group, values,
+                       return_logprobs)
     if backend not in BACKENDS:
         raise ValueError(f"{who}: backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     shard = rank, world, sizes, start = _shard(who, logits_shard, group)
-    keywords = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, offset=offset)
-    spec = SamplingSpec.from_request(who, logits_shard, seed=seed, **keywords)
+    spec = SamplingSpec.from_request(who, logits_shard, **dict(zip(KEYWORDS, values)))
     if not uses_kernels(backend, spec.device) or kernel_sampling.refusal(spec, sizes) is not None:
-        return _torch_sample(who, logits_shard, spec, shard, group, keywords, return_logprobs)
-    done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), rank, world, group)
+        return _torch_sample(who, logits_shard, spec, shard, group, _keywords(values), return_logprobs)
+    if seed is None:  # (every rank draws with rank 0's seed, agreed by a collective each call)
+        done = kernel_sampling.draw(spec, logits_shard, start, sum(sizes), rank, world, group)
+        return _finish(who, logits_shard, done, lambda: done.spec, shard, group, values, return_logprobs)
+    run = kernel_sampling.runner(spec, start, sum(sizes), rank, world, group)
+    if key is not None:
+        _kernel_runs.setdefault(group_object(group), BoundedDict(maxsize=64)).put(
+            key, (SpecForm(who, logits_shard, values), shard, run))
+    done = run(logits_shard, [getattr(spec, name) for name in KEYWORDS])
+    return _finish(who, logits_shard, done, lambda: spec, shard, group, values, return_logprobs)
+
+
+# group -> {a request's key: (its form, the shard's (rank, world, sizes, start), the kernels'
+# runner)}: what a repeated request of the shard kernels runs without building a `SamplingSpec`.
+_kernel_runs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _runs_of(group):
+    try:
+        return _kernel_runs.get(group_object(group))
+    except TypeError:  # (no group: `_shard` raises naming it)
+        return None
+
+
+def _run_key(logits_shard, values: tuple, backend) -> tuple | None:
+    """A request's key in `_kernel_runs` (None: never kept): the logits' and keywords' form
+    (`form_key`; the shard size among it), the backend asked for, the registry's generation."""
+    key = form_key(logits_shard, values)
+    return None if key is None else (backend, registry.current_generation[0], key)
+
+
+def _keywords(values: tuple) -> dict:
+    return dict(zip(("temperature", "top_k", "top_p", "min_p"), values[:4]), offset=values[5])
+
+
+def _finish(who, logits_shard, done, spec_of, shard, group, values, return_logprobs):
+    """`done`'s ids (and logprobs), the rows its candidates cannot decide drawn by the torch-ops
+    path (`spec_of()`: the call's request, its seed the one every rank used)."""
     ids, lp = done.ids, done.logprobs
     undecided = kernel_sampling.undecided_rows(done)
     if undecided is not None:  # (every rank reads the same ids, so all take this branch)
-        exact_ids, exact_lp = _torch_sample(who, logits_shard, done.spec, shard, group, keywords, True)
+        exact_ids, exact_lp = _torch_sample(who, logits_shard, spec_of(), shard, group, _keywords(values), True)
         ids, lp = torch.where(undecided, exact_ids, ids), torch.where(undecided, exact_lp, lp)
     return (ids, lp) if return_logprobs else ids
 

@@ -69,6 +69,29 @@ def test_errors_name_the_argument(one_rank, gen):
         asd.sample(x, group="tp")
 
 
+def test_a_repeated_request_reads_and_checks_each_call_values(one_rank, gen, monkeypatch):
+    """The shard kernels' runner kept for a request's form: a later call of that form draws with
+    its own values (another seed, temperature tensor, offset) and still raises on bad ones."""
+    import anysoftmax.distributed as asd
+    import anysoftmax.sampling as sampling
+    from anysoftmax.distributed import kernel_sampling
+
+    x = torch.randn(4, 64, generator=gen) * 3
+    made = []
+    kernel_runner = kernel_sampling.runner
+    monkeypatch.setattr(kernel_sampling, "runner", lambda *a, **k: made.append(1) or kernel_runner(*a, **k))
+    for seed, offset in ((3, 0), (4, 2), (5, 7)):
+        t = torch.rand(4, generator=gen) + 0.5
+        got = asd.sample(x, temperature=t, top_k=9, top_p=0.8, seed=seed, offset=offset, backend="triton")
+        want = sampling.sample(x, temperature=t, top_k=9, top_p=0.8, seed=seed, offset=offset)
+        assert torch.equal(got, want), (seed, offset)
+    assert len(made) == 1, f"{len(made)} runners made for one form"
+    with pytest.raises(ValueError, match="top_p"):
+        asd.sample(x, temperature=t, top_k=9, top_p=0.0, seed=3, offset=0, backend="triton")
+    with pytest.raises(ValueError, match="temperature"):
+        asd.sample(x, temperature=-t, top_k=9, top_p=0.8, seed=3, offset=0, backend="triton")
+
+
 def test_uninitialised_group_is_refused():
     import torch.distributed as dist
 

@@ -296,8 +296,13 @@ def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int,
         kernel_sampling.symmetric = shared
 
     drawn = []  # (ids the kernels returned) per call that took them
-    kernel_draw = kernel_sampling.draw
-    kernel_sampling.draw = lambda *a, **k: drawn.append(kernel_draw(*a, **k)) or drawn[-1]
+    kernel_runner = kernel_sampling.runner
+
+    def spied_runner(*a, **k):  # (every draw of the kernels goes through a runner's run)
+        run = kernel_runner(*a, **k)
+        return lambda *b: drawn.append(run(*b)) or drawn[-1]
+
+    kernel_sampling.runner = spied_runner
     g = torch.Generator().manual_seed(seed)  # (the same on every rank: the same logits)
     failures = []
     rows, shard_vocab = 12, 300  # (a chunk of 512 keeps 256 candidates: top-k serves k <= 128)

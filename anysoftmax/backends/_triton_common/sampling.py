@@ -544,6 +544,51 @@ def runs_rows(spec: SamplingSpec, logits: torch.Tensor, *, plan: SamplingPlan | 
 
 # ---- a vocabulary sharded across ranks ------------------------------------------------------------
 
+def _shards_select(spec, plan, space, shards: int, vocab_total: int, gathered: torch.Tensor, tensors: tuple):
+    """The select launcher over every shard's gathered workspace prefix (bound once a form)."""
+    request = dict(xs=0, top_n=0, n_ids=0, vocab_start=0, vocab_total=vocab_total)
+    key = ("select_shards", spec.rows, spec.vocab, shards, vocab_total, gathered.device, gathered.stride(0), plan,
+           _aligned(gathered, *tensors))
+    return _bound.get(key, lambda: _select_launcher("sample", spec, plan, space, request, gathered.device, shards,
+                                                    False, gathered.stride(0)))
+
+
+def shard_runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, shards: int):
+    """`scan_shard` and `select_shards` bound once for every request of `spec`'s form (the
+    shard's): (`scan(logits_shard, values) -> (prefix, call)`, `select(gathered, call) -> (ids,
+    lp)`, the prefix's words), `values` a call's checked keyword values (`keyword_values`; the
+    seed given), `call` what the same call's select takes. Both workspaces are kept per stream:
+    a call's exchange reads the scan's before the next call's scan writes it (stream order)."""
+    device, rows = spec.device, spec.rows
+    plan = plan_for(rows, spec.vocab, device)
+    keyword_call = _keyword_caller(keyword_values(spec), True, device)
+    scans = remembered(lambda x, tensors: _launchers("sample", spec, x, plan, tensors=tensors,
+                                                     vocab_start=vocab_start, vocab_total=vocab_total))
+    space = Workspace.of(plan, rows, spec.vocab, shards)
+    scan_box = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
+    select_ws = per_stream(lambda device: torch.empty(space.words, dtype=torch.int32, device=device))
+
+    def scan(logits, values):
+        tensors, floats, ints = keyword_call(values)
+        x = rows_view(logits, spec)
+        bound = scans((x.stride(0), _aligned(x, *tensors)), x, tensors)
+        box = scan_box(device)
+        if box[0].numel() < bound.space.words:
+            box[0] = torch.empty(bound.space.words, dtype=torch.int32, device=device)
+        bound.run(x, box[0], tensors, floats, ints)
+        return box[0][:bound.space.shard_words], (tensors, floats, ints)
+
+    def select(gathered, call):
+        tensors, floats, ints = call
+        launch = _shards_select(spec, plan, space, shards, vocab_total, gathered, tensors)
+        ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=device)  # (contiguous: row r at element r)
+        lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=device)
+        launch((None, gathered, select_ws(device), ids, lp, None, None, *tensors), floats, ints)
+        return ids, lp
+
+    return scan, select, space.shard_words
+
+
 def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab_total: int, *,
                plan: SamplingPlan | None = None) -> tuple[torch.Tensor, Workspace, SamplingPlan]:
     """Pass 1 on this rank's shard of the vocabulary (`spec` describes the shard: its vocab is
@@ -572,11 +617,7 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     device = gathered.device
     values = keyword_values(spec)
     tensors, floats, ints = _keyword_caller(values, True, device)(values)
-    request = dict(xs=0, top_n=0, n_ids=0, vocab_start=0, vocab_total=vocab_total)
-    launch = _bound.get(("select_shards", spec.rows, spec.vocab, shards, vocab_total, device, plan,
-                         _aligned(gathered, *tensors)),
-                        lambda: _select_launcher("sample", spec, plan, space, request, device, shards, False,
-                                                 gathered.stride(0)))
+    launch = _shards_select(spec, plan, space, shards, vocab_total, gathered, tensors)
     ws = torch.empty(space.words, dtype=torch.int32, device=device)
     ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=device)  # (contiguous: row r at element r)
     lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=device)
@@ -586,4 +627,4 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
 
 __all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "default_programs", "keyword_values", "launcher",
            "logprobs", "operand_pointers", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows",
-           "sample", "scan_shard", "select_shards", "stand_ins", "supports"]
+           "sample", "scan_shard", "select_shards", "shard_runner", "stand_ins", "supports"]
