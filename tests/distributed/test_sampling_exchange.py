@@ -13,11 +13,8 @@ The whole sharded sampler through the mailbox: tests/distributed/test_distribute
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytest.importorskip("triton", reason="the exchange kernel is a Triton kernel (the test extra installs triton)")
 
@@ -44,16 +41,11 @@ def _rank(rank: int, world: int, words_all, n_words: int, out: str) -> None:
 
 @pytest.mark.parametrize("world,n_words", [(2, 2500), (3, 1024), (2, 1)])
 def test_every_rank_gets_every_rank_words(world, n_words, tmp_path):
+    from anysoftmax.testing.distributed import run_ranks
+
     words_all = torch.zeros(world, 2 * CAP * world, dtype=torch.int64).share_memory_()
     out = str(tmp_path / "ranks")
-    ctx = mp.start_processes(_rank, args=(world, words_all, n_words, out), nprocs=world, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the ranks hung: a wait on the mailbox never ended")
+    run_ranks(_rank, world, (world, words_all, n_words, out), 240)
     for r in range(world):
         for call, (gathered, late) in enumerate(torch.load(f"{out}.{r}")):
             want = torch.stack([_words(q, call, n_words) for q in range(world)])
