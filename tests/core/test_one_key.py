@@ -48,6 +48,10 @@ OTHER_CACHES = {
                                  "the automatic choice, the registry's generation, spec.form_key: the logits' and "
                                  "keywords' dtypes, shapes and devices, which keywords are numbers): a SamplingSpec "
                                  "form, which core.request's softmax keys do not describe; never keyword values",
+    "distributed/sampling.py:_kernel_runs": "per process group: the shard kernels' runner per sampling request form "
+                                            "(backend, the registry's generation, spec.form_key: the logits' and "
+                                            "keywords' dtypes, shapes and devices), with its SpecForm and the shard's "
+                                            "ranks and sizes; never keyword values",
     "distributed/collective.py:_shard_sizes": "per process group: every rank's shard size, all-gathered once per local "
                                               "size (the sharded sampler's uneven vocabularies)",
     "distributed/mailbox.py:_boxes": "per process group and device: the symmetric-memory mailbox (its launchers are "
