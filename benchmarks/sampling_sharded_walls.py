@@ -13,7 +13,6 @@ bf16 logits [B, 128256], B = 1, 8, 32, 128, 512; per-row temperature and seeds, 
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 import torch  # noqa: E402
@@ -23,6 +22,7 @@ sys.path.insert(0, os.getcwd())
 import anysoftmax.distributed as asd  # noqa: E402
 import anysoftmax.sampling as sampling  # noqa: E402
 from anysoftmax.distributed import kernel_sampling  # noqa: E402
+from anysoftmax.perf import back_to_back_us  # noqa: E402
 
 dist.init_process_group("nccl")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -49,30 +49,15 @@ for V in (128256,):
             if not torch.allclose(y, ref, atol=1e-6, rtol=1e-4):
                 bad.append(f"B={B} V={V}: sharded softmax differs after the sampler ({float((y - ref).abs().max()):.2e})")
         calls = {"mailbox": lambda: asd.sample(shard, **keys, backend="triton"),
-                 "local": lambda: sampling.sample(shard, **keys, backend="triton")}
+                 "local": lambda: sampling.sample(shard, **keys, backend="triton"),
+                 # (backend=None: another request key, so a runner made while the mailbox is refused;
+                 # the runner kept for backend="triton" keeps the mailbox it was made with)
+                 "allgather": lambda: asd.sample(shard, **keys, backend=None)}
         for name, call in calls.items():
-            for _ in range(5):
-                call()
-            torch.cuda.synchronize()
+            if name == "allgather":
+                kernel_sampling.mailbox_refusal = lambda d, w: "measuring the all-gather"
             dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(40):
-                call()
-            torch.cuda.synchronize()
-            res[f"{name}_B{B}_V{V}_us"] = round((time.perf_counter() - t0) / 40 * 1e6, 1)
-        # (backend=None: another request key, so a runner made while the mailbox is refused; the
-        # runner kept for backend="triton" keeps the mailbox it was made with)
-        kernel_sampling.mailbox_refusal = lambda d, w: "measuring the all-gather"
-        call = lambda: asd.sample(shard, **keys, backend=None)
-        for _ in range(5):
-            call()
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(40):
-            call()
-        torch.cuda.synchronize()
-        res[f"allgather_B{B}_V{V}_us"] = round((time.perf_counter() - t0) / 40 * 1e6, 1)
+            res[f"{name}_B{B}_V{V}_us"] = round(back_to_back_us(call, dev, calls=40, warmup=5), 1)
         kernel_sampling.mailbox_refusal = refusal
         if rank == 0:
             print(B, V, {k: v for k, v in res.items() if f"_B{B}_V{V}_" in k}, flush=True)
