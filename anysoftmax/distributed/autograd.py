@@ -1,8 +1,7 @@
 """The autograd Functions of the sharded softmax, log_softmax and logsumexp: one for eager
 autograd, one for torch.func's transforms (vmap rules generated over the operators of `ops.py`),
 each pair sharing its forward, saved tensors and backward. On plain tensors a Function runs
-`functions.py` itself; on tensors a transform wraps, the operators. A backward that is itself
-differentiated raises (`refuse_double_backward`).
+`functions.py` itself; on tensors a transform wraps, the operators.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The sharded softmax, log_softmax and logsumexp without autograd: the forwards and backwards
-that `autograd.py` and `ops.py` run. Forward: `states.exchange` (one gather of row states), then a
-local fused softmax whose sink is `rest`, the log of everything outside the shard. Backward: one
-float per row summed across the ranks (Σ y·g, resp. Σ g); logsumexp's needs no collective. Each
-rank's sinks gradient is the whole one (sinks are replicated); a floating mask's is this rank's part.
+that `autograd.py` and `ops.py` run. Each rank's sinks gradient is the whole one (sinks are
+replicated); a floating mask's is this rank's part.
 """
 
 from __future__ import annotations
@@ -21,10 +19,8 @@ from . import one_read
 from .collective import sum_rows
 from .states import exchange
 
-# What differentiating a backward raises (`autograd.refuse_double_backward`, the backward
-# operators' own backward): the first derivative counts the replicated lse and sinks once on
-# every rank, their second derivatives would sum over the ranks: no consistent one, so none,
-# never a silently constant one.
+# Raised where a backward is differentiated: the replicated lse and sinks would need second
+# derivatives summed over the ranks, so there is none (never a silently constant one).
 NO_DOUBLE_BACKWARD = ("anysoftmax.distributed: no double backward (create_graph=True, or a derivative of a "
                       "derivative): differentiate the sharded softmax, log_softmax or logsumexp once")
 

@@ -1,7 +1,6 @@
 """The sharded functions as torch operators (``anysoftmax::sharded_softmax``, ``::sharded_logsumexp``
-and their backwards) with fakes (dynamo cannot trace collectives), autograd and vmap rules: what
-torch.compile and torch.func (through `autograd.py`) call. They run `functions.py` through the
-all-gather, never `one_read` (its epochs are per eager call). A missing output is an empty placeholder.
+and their backwards) with fakes (dynamo cannot trace collectives), autograd and vmap rules. They
+run `functions.py` through the all-gather, never `one_read` (its epochs are per eager call).
 """
 
 from __future__ import annotations
@@ -41,10 +40,6 @@ def _backward_call(dim, log, scale, softcap, keepdim, backend, group) -> Call:
     return Call(dim, log, scale, softcap, "zero", keepdim, backend, g, rank, world, False)
 
 
-def _no_rows(x: _Tensor, dim: int) -> bool:
-    return any(s == 0 for d, s in enumerate(x.shape) if d != dim % x.dim())
-
-
 # ---- softmax, log_softmax ---------------------------------------------------------------------
 
 @torch.library.custom_op("anysoftmax::sharded_softmax", mutates_args=())
@@ -79,7 +74,7 @@ def softmax_backward_op(gy: _Tensor, y: _Tensor, x: Optional[_Tensor], mask: Opt
                         group: str) -> tuple[_Tensor, _Tensor, _Tensor]:
     """(dx, dmask, dsinks) of `softmax_op` (`functions.softmax_backward`); `dim` normalised."""
     c = _backward_call(dim, log, scale, softcap, False, None, group)
-    if _no_rows(y, dim):  # (nothing to compute: zero gradients)
+    if any(s == 0 for d, s in enumerate(y.shape) if d != dim % y.dim()):  # (no rows: zero gradients)
         return tuple(t.zero_() for t in _grads_fake(y, mask, sinks))
     dx, dmask, dsinks = softmax_backward(gy, y, x, mask, sinks, lse if sinks is not None else None,
                                          empty if _bool(mask) else None, c)

@@ -1,10 +1,7 @@
-"""The CuTe DSL row kernels: softmax / log_softmax forward and backward, and logsumexp, over a
-thread-block cluster (docs/cute.md: the design and its measurements; special values as
-docs/semantics.md states them).
-
-Defined on first use (`entries()` imports `cutlass`); one kernel body serves every plan, whose
-numbers (`plan.KernelKey`) are compile-time constants. Numerics: exp2((x - m) * log2(e)) with
-x - m formed first, float32 accumulation.
+"""The CuTe DSL row kernels (softmax / log_softmax forward and backward, logsumexp) over a
+thread-block cluster (docs/cute.md), defined on first use (`entries()`); a plan's numbers
+(`plan.KernelKey`) are compile-time constants. Numerics: exp2((x - m) * log2(e)), x - m formed
+first, float32 accumulation.
 """
 import math
 from functools import lru_cache

@@ -1,9 +1,6 @@
 """Plans of the `cute` backend: a pure function of the request, its tensors' alignment and the
-tuning table (`tuning.yaml`, which says where each number comes from); no GPU, no DSL import. A
-plan is the compiled kernel's key: everything that changes the compiled code, not the row count
-or length (run-time arguments). The planner takes the smallest cluster that holds the row, then
-as few vectors a thread as suffice; then CTAs of `long_row_threads`; longer rows stream in equal
-tiles (two passes), full tiles held in shared memory as far as `stage_bytes` allows.
+tuning table (`tuning.yaml`); no GPU, no DSL import. A plan is the compiled kernel's key:
+everything that changes the compiled code, not the row count or length (run-time arguments).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The `wave` backend: Wave (tkw) kernels compiled by IREE, run with iree.runtime (docs/wave.md):
 AMD GPUs (`device="hip"`), and NVIDIA only as an opt-in validation path (ANYSOFTMAX_WAVE_ON_CUDA=1).
-
-The kernel reads dense (rows, N) buffers: x is made rows-contiguous (a copy unless `dim` is last
-and x contiguous) and the result moved back to `dim`. Of the fused family, scale and softcap go to
-the kernel as values, a mask and sinks as flat views of their own storage (no copy), the sink
-shares come back as a third output. The backward is dispatch's torch formula. Kernels come from
-memory, then the disk cache, then the compiler (`diskcache`, `compiler`).
+The kernel reads dense (rows, N) buffers (`as_rows`); the backward is dispatch's torch formula.
+Kernels come from memory, then the disk cache, then the compiler (`diskcache`, `compiler`).
 """
 
 from __future__ import annotations

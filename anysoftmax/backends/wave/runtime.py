@@ -1,9 +1,7 @@
 """Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone: one IREE HAL device
 per torch GPU (matched by UUID), one loaded module per (kernel, device), the transfer that
-`ANYSOFTMAX_WAVE_TRANSFER` picks and the stream synchronisation IREE needs (docs/wave.md).
-IREE writes the outputs in place (checked once per kernel; else copied each call); rows go at
-most `MAX_ROWS_PER_LAUNCH` a launch, chunk starts 64-byte aligned. The driver "local-sync" with
-CPU tensors serves the runtime's own tests.
+`ANYSOFTMAX_WAVE_TRANSFER` picks and the stream synchronisation IREE needs (docs/wave.md). The
+driver "local-sync" with CPU tensors serves the runtime's own tests.
 """
 
 from __future__ import annotations
@@ -125,18 +123,15 @@ def _element_type(dtype: torch.dtype):
             torch.bfloat16: rt.HalElementType.BFLOAT_16, torch.uint8: rt.HalElementType.UINT_8}[dtype]
 
 
-def _host_array(t: torch.Tensor):
-    # numpy has no bfloat16: hand IREE the raw 16-bit pattern (the element type says bf16).
-    t = t.detach().to("cpu").contiguous()
-    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
-
-
 def _upload(dev: _Device, t: torch.Tensor):
     import iree.runtime as rt
 
+    # numpy has no bfloat16: hand IREE the raw 16-bit pattern (the element type says bf16).
+    host = t.detach().to("cpu").contiguous()
     return dev.hal.allocator.allocate_buffer_copy(
-        memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
-        device=dev.hal, buffer=_host_array(t), element_type=_element_type(t.dtype))
+        memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=dev.hal,
+        buffer=(host.view(torch.int16) if host.dtype == torch.bfloat16 else host).numpy(),
+        element_type=_element_type(t.dtype))
 
 
 def _download(dev: _Device, view, like: torch.Tensor) -> torch.Tensor:
