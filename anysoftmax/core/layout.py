@@ -158,10 +158,9 @@ def column_view(layout: RowLayout) -> ColumnView | None:
 
 
 def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
-    """The strides the kernels read the fused operands with: the mask's broadcast view (read in
-    place), and with sinks or a row scale two per-row tensors contiguous over the input's shape
-    with size 1 in `dim` (the operand, copied to that layout: docs/kernels.md says why, and the
-    sink shares the kernels write)."""
+    """The strides the kernels read the fused operands with: the mask's broadcast view (in place),
+    and with sinks or a row scale two per-row tensors (`row_operand_strides`: the operand, copied to
+    that layout as docs/kernels.md says, and the sink shares the kernels write)."""
     v = getattr(spec, "variant", None)
     if v is None:
         return ()

@@ -1,7 +1,6 @@
-"""Softmax in pieces: the row state `logsumexp` and `merge_states`, the merge of partial results
-(``merge(split(x)) == (softmax(x), logsumexp(x))``; semantics: docs/semantics.md, "Softmax in
-pieces"). Here: their validation, and their formulas in torch ops (the float64 reference; in the
-accumulation dtype, the `torch` backend and the autograd).
+"""Softmax in pieces (docs/semantics.md): `logsumexp` and `merge_states`, the merge of partial results
+(``merge(split(x)) == (softmax(x), logsumexp(x))``): their validation and their formulas in torch ops
+(the float64 reference; in the accumulation dtype, the `torch` backend and the autograd).
 """
 
 from __future__ import annotations

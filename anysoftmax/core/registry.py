@@ -189,8 +189,7 @@ _PROBE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 def device_refusal(backend, device_type: str) -> str | None:
     """Why `backend` runs no request on tensors of `device_type` here (its `supports` refuses a
-    small request of every floating dtype there), or None; also None for a device type torch
-    cannot name here (no extension for it). Availability is `unavailable_reason`'s."""
+    small request of every floating dtype there), or None (also for a device type torch cannot name)."""
     try:
         device = torch.device(device_type)
     except RuntimeError:  # e.g. "npu" without torch_npu: nothing of that type can exist here

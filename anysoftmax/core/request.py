@@ -56,11 +56,9 @@ def _operand(t):
 
 def request_key(direction: str, x, dim, dtype=None, backend=None, log: bool = False, grad=None, fused=None,
                 saved=None, p_sink=None):
-    """The key of one call, or None when an argument is not of an exact type (such a call is
-    validated every time). `x`: the input (forward) or output (backward); `grad`: the output
-    gradient; `fused`: the call's `FusedArgs`; `saved`, `p_sink`: the forward's input and sink
-    shares a fused backward reads. merge_states passes its partials as `x`, its lses as `dim`,
-    `out` as `grad` and `lse_out` as `saved`."""
+    """The key of one call, or None when an argument is not of an exact type (validated every call).
+    `x`: the input (forward) or output (backward); `saved`, `p_sink`: what a fused backward reads.
+    merge_states passes its partials as `x`, its lses as `dim`, `out` as `grad`, `lse_out` as `saved`."""
     if type(x) is not _Tensor:
         if direction is MERGE:
             return _merge_key(x, dim, backend, grad, saved)
@@ -99,8 +97,7 @@ def forward_key(x, dim, dtype, backend, log):
 
 def _merge_key(outputs, lses, backend, out, lse_out):
     # merge_states, where torch's layout guard is usable: the first partial's and lse's layouts, K
-    # and every alignment; the other layouts are proved by the entry's guard, in C (read here, they
-    # were most of a K = 8 call's host time).
+    # and every alignment; the other layouts are proved by the entry's guard, in C.
     if type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) or not outputs or not lses \
             or (out is not None and type(out) is not _Tensor) or (lse_out is not None and type(lse_out) is not _Tensor):
         return None

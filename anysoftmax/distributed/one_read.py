@@ -1,7 +1,6 @@
-"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel
-through a mailbox of symmetric memory (`mailbox.py`), instead of `states.exchange` and a second
-read. `refusal` depends only on what every rank shares, never on a shard's length or strides, so
-the ranks of a group take the same path. ANYSOFTMAX_SHARDED_ONE_READ=0 (read at import) turns it off.
+"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel through
+a mailbox of symmetric memory (`mailbox.py`), not `states.exchange` and a second read. `refusal`
+depends only on what every rank shares, so the ranks of a group take the same path.
 """
 
 from __future__ import annotations

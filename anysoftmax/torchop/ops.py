@@ -1,7 +1,6 @@
-"""anysoftmax's softmax as PyTorch operators: ``anysoftmax::softmax`` -> (y, p_sink) and
-``::softmax_backward`` -> (dx, ds), plain and fused; with fake implementations torch.compile sees
-shapes and dtypes only and keeps one graph. A leaf: `registration` adds autograd, vmap rules and
-torch.compile routing.
+"""anysoftmax's softmax as PyTorch operators with fakes (torch.compile keeps one graph):
+``anysoftmax::softmax`` -> (y, p_sink) and ``::softmax_backward`` -> (dx, ds), plain and fused.
+A leaf: `registration` adds autograd, vmap rules and torch.compile routing.
 """
 
 from __future__ import annotations

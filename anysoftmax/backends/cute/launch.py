@@ -1,8 +1,6 @@
 """Calling a compiled kernel on torch tensors, bound once per request: the per-call path.
-TVM-FFI (`KernelKey.tvm_ffi`) takes torch tensors as they are and launches on torch's current
-stream (a few microseconds a call); the DLPack fallback wraps each tensor (tens of microseconds).
-Kernels see views of the request's tensors, never copies: (rows, n) or (outer, n, inner), unit
-last stride.
+TVM-FFI (`KernelKey.tvm_ffi`) takes torch tensors as they are, on torch's current stream; the
+slower DLPack fallback wraps each. Kernels see views, never copies: (rows, n) or (outer, n, inner).
 """
 
 from __future__ import annotations
@@ -65,8 +63,7 @@ def guarded(call: Callable, device: torch.device) -> Callable:
 
 def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int, fused: bool = False) -> Callable:
     """`f(x) -> y` for requests like `spec` read as rows; with `fused` (the scale/softcap prologue)
-    `f(x, operands) -> (y, None)`. A 2-D input needs no view, and y is made `empty_like` x: each
-    view or allocation saved is about a microsecond a call."""
+    `f(x, operands) -> (y, None)`. A 2-D input needs no view, and y is made `empty_like` x."""
     shape, dtype = spec.shape, spec.out_dtype
     call = guarded(call, spec.device)
     flat = len(shape) == 2 and spec.strides[1] == 1 and shape == (n_rows, n_cols)

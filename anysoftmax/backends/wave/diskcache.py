@@ -3,8 +3,7 @@
 ``wave3.9.1-iree3.9.0-k1a2b3c4d5e6/cuda-sm_80/softmax_n781_float32-float32.vmfb``. The kernel digest
 hashes the sources that decide the compiled code (an edit never serves a stale kernel); a fused
 kernel's name carries its steps and a digest of its key (operand layouts and dtypes included); M is
-dynamic, so every row count shares a file. A runtime-only process finds kernels compiled elsewhere
-when the folder is copied over whole (`python -m anysoftmax.backends.wave.aot` fills it).
+dynamic, so every row count shares a file. `python -m anysoftmax.backends.wave.aot` fills it.
 """
 
 from __future__ import annotations

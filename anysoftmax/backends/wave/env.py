@@ -1,7 +1,6 @@
 """The Wave toolchain here: installed packages, their versions, the kernel cache's location, and
 importing Wave so that it never writes to ~/.wave. Compiling needs `wave-lang` (which brings
 `iree-base-compiler`); running only `iree-base-runtime`, so kernels compiled elsewhere run here.
-The `wave` extra pins the three versions known to work together.
 """
 
 from __future__ import annotations
