@@ -7,6 +7,7 @@ Two figures per (provider, shape, direction):
   divided by `calls`, the best of `REPEATS` rounds (CPU-side launch cost; for small tensors
   the GPU finishes each kernel before the host has the next one ready, so this is also the
   eager wall time per call);
+* over torch: the median over rounds of the provider's host us minus torch's in the same round;
 * GPU us: the median of `triton.testing.do_bench` (device events, L2 flushed between calls),
   the kernel's own time.
 
@@ -124,7 +125,23 @@ def measure(calls: int = 2000, dtype=torch.float32, providers: list[str] = PROVI
                     row["host_us_rounds"].append(back_to_back_us(call, "cuda", calls, warmup=20))
             for row, _ in timed:
                 row["host_us"] = min(row["host_us_rounds"])
+            paired_over_torch(timed)
     return rows
+
+
+def paired_over_torch(timed: list) -> None:
+    """Set `over_torch_us` on each timed row but torch's: the median over rounds of its time
+    minus torch's in the same round. The host's speed drifts by tens of percent within a run
+    (both providers of a round alike), so best-of-rounds of each alone can pair a fast round
+    of one with a slow round of the other; the same round's difference does not."""
+    import statistics
+
+    base = next((row["host_us_rounds"] for row, _ in timed if row["provider"] == "torch"), None)
+    if not base:
+        return
+    for row, _ in timed:
+        if row["provider"] != "torch" and len(row["host_us_rounds"]) == len(base):
+            row["over_torch_us"] = statistics.median(a - b for a, b in zip(row["host_us_rounds"], base))
 
 
 def write(rows: list[dict], out_dir: Path, device: str) -> list[Path]:
@@ -135,7 +152,7 @@ def write(rows: list[dict], out_dir: Path, device: str) -> list[Path]:
     doc = dict(device=device, torch=torch.__version__, results=rows)
     paths = [out_dir / "latency.json", out_dir / "latency.csv", out_dir / "latency.png"]
     paths[0].write_text(json.dumps(doc, indent=1))
-    keys = ["provider", "direction", "shape", "dtype", "status", "host_us", "gpu_us", "detail"]
+    keys = ["provider", "direction", "shape", "dtype", "status", "host_us", "over_torch_us", "gpu_us", "detail"]
     with open(paths[1], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()

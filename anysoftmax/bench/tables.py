@@ -91,18 +91,20 @@ def variants_tables(result: dict, providers: list[str] | None = None) -> str:
 
 
 def latency_table(result: dict, providers: list[str] | None = None) -> str:
-    """Host us per call back to back (GPU us in brackets), one row per shape and direction."""
+    """Host us per call back to back (then, where recorded, the same rounds' difference to torch;
+    GPU us in brackets), one row per shape and direction."""
     rows = result["results"]
     providers = providers or list(dict.fromkeys(r["provider"] for r in rows))
     by_key = {(tuple(r["shape"]), r["direction"], r["dtype"], r["provider"]): r for r in rows}
     keys = list(dict.fromkeys((tuple(r["shape"]), r["direction"], r["dtype"]) for r in rows))
-    out = [f"{result['device']}: host us per call back to back (GPU us)\n",
+    out = [f"{result['device']}: host us per call back to back (+/- torch, paired by round) (GPU us)\n",
            "| shape | dir | dtype | " + " | ".join(providers) + " |", "|---" * (len(providers) + 3) + "|"]
     for shape, direction, dtype in keys:
         cells = []
         for p in providers:
             r = by_key.get((shape, direction, dtype, p))
-            cells.append("–" if r is None or r["status"] != "ok" else f"{r['host_us']:.1f} ({r['gpu_us']:.1f})")
+            over = "" if r is None or r.get("over_torch_us") is None else f" {r['over_torch_us']:+.1f}"
+            cells.append("–" if r is None or r["status"] != "ok" else f"{r['host_us']:.1f}{over} ({r['gpu_us']:.1f})")
         out.append(f"| {'×'.join(map(str, shape))} | {direction} | {dtype} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

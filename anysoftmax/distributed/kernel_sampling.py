@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+import time
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -22,17 +23,23 @@ from .mailbox import Mailbox, symmetric, symmetric_memory_missing
 
 KERNEL_BACKEND = "triton"
 UNDECIDED = -2  # (select_shards: a row whose candidates cannot decide it needs the whole row)
+# How long a rank waits again for a peer after an exchange's wait gave up (a peer still
+# compiling its first call's kernels can be seconds behind) before the call raises.
+LATE_SECONDS = 120.0
 
 
 class KernelDraw(NamedTuple):
     """The kernels' draw: ids and log-probabilities [rows] (and `spec`, the request with the seed
-    every rank used, where `draw` made it)."""
+    every rank used, where `draw` made it); `status` (int64 [2]): [0] == `epoch` when the mailbox
+    exchange gave up waiting for a peer, [1] == 1 when the select left a row undecided; `again`
+    runs the call's exchange (same epoch) and select once more."""
 
     spec: SamplingSpec
     ids: torch.Tensor
     logprobs: torch.Tensor
-    late: torch.Tensor | None = None  # (the mailbox exchange: == epoch when a peer never wrote)
+    status: torch.Tensor
     epoch: int = 0
+    again: Callable[[], "KernelDraw"] | None = None
 
 
 def refusal(spec: SamplingSpec, sizes: tuple[int, ...]) -> str | None:
@@ -54,7 +61,16 @@ def agreed_seed(spec: SamplingSpec, world: int, group) -> SamplingSpec:
 
 
 _symmetric_memory_missing = functools.cache(symmetric_memory_missing)
-_late: dict = {}  # device -> int64 [1]: the epoch of an exchange whose wait gave up
+_statuses: dict = {}  # device -> (int64 [2] status words, a view of the second)
+
+
+def status_words(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device's status words (`KernelDraw.status`) and a view of the undecided word."""
+    kept = _statuses.get(device)
+    if kept is None:
+        words = torch.zeros(2, dtype=torch.int64, device=device)
+        kept = _statuses[device] = (words, words[1:])
+    return kept
 
 
 def mailbox_refusal(device: torch.device, world: int) -> str | None:
@@ -70,9 +86,11 @@ def mailbox_refusal(device: torch.device, world: int) -> str | None:
     return _symmetric_memory_missing()
 
 
-def exchange(prefix: torch.Tensor, rank: int, world: int, box: Mailbox):
+def exchange(prefix: torch.Tensor, rank: int, world: int, box: Mailbox, status: torch.Tensor, at=None):
     """Every rank's `prefix` (int32 [W], the same W everywhere) as [world, W] in rank order,
-    through `box`: (gathered, late, epoch), `late` holding `epoch` where a peer never wrote."""
+    through `box`: (gathered, at), `at` the call's (epoch, mailbox half): the next call's unless
+    given (a wait repeated: publishing the same words again is harmless); `status[0]` gets the
+    epoch where a peer never wrote, and `status[1]` is zeroed."""
     from ..backends._triton_common.exchange import exchange_launcher
 
     n_words = prefix.numel()
@@ -81,11 +99,8 @@ def exchange(prefix: torch.Tensor, rank: int, world: int, box: Mailbox):
     if run is None:
         run = exchange_launcher(n_words, rank, world, box.words, box.peers)
         box.launchers.put(key, run)
-    late = _late.get(prefix.device)
-    if late is None:
-        late = _late[prefix.device] = torch.zeros(1, dtype=torch.int64, device=prefix.device)
-    epoch, slot_base = box.next_call()
-    return run(prefix, late, epoch, slot_base), late, epoch
+    at = at or box.next_call()
+    return run(prefix, status, *at), at
 
 
 def runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, rank: int, world: int, group,
@@ -104,14 +119,21 @@ def runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, rank: int, wo
     if box is None and mailbox_refusal(spec.device, world) is None:
         box = symmetric(group, spec.device, words, world)
 
-    def run(logits_shard, values) -> KernelDraw:
-        prefix, call = scan(logits_shard, values)
+    def exchanged(prefix, call, at=None) -> KernelDraw:
+        status, undecided = status_words(spec.device)
         if box is None:
-            gathered, late, epoch = gather_states(prefix, world, group), None, 0
+            gathered, epoch = gather_states(prefix, world, group), 0
+            undecided.zero_()
         else:
-            gathered, late, epoch = exchange(prefix, rank, world, box)
-        ids, lp = select(gathered, call)
-        return KernelDraw(None, ids, lp, late, epoch)
+            if at is not None:
+                status.zero_()
+            gathered, at = exchange(prefix, rank, world, box, status, at)
+            epoch = at[0]
+        ids, lp = select(gathered, call, undecided)
+        return KernelDraw(None, ids, lp, status, epoch, None if box is None else lambda: exchanged(prefix, call, at))
+
+    def run(logits_shard, values) -> KernelDraw:
+        return exchanged(*scan(logits_shard, values))
 
     return run
 
@@ -127,14 +149,17 @@ def draw(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int, vocab
     return run(logits_shard, keyword_values(spec))._replace(spec=spec)
 
 
-def undecided_rows(done: KernelDraw) -> torch.Tensor | None:
-    """The rows of `done` the torch-ops path must draw (None when there are none), read on the
-    host: one read, which also raises when the mailbox exchange gave up waiting for a peer."""
-    undecided = done.ids == UNDECIDED
-    if done.late is None:
-        return undecided if bool(undecided.any()) else None
-    some, late = torch.stack([undecided.any(), done.late[0] == done.epoch]).tolist()
-    if late:
+def undecided_rows(done: KernelDraw) -> tuple[KernelDraw, torch.Tensor | None]:
+    """(`done`, the rows of it the torch-ops path must draw or None), read on the host: one read
+    of the status words. Where the exchange gave up waiting for a peer, the call's exchange and
+    select run again (`done.again`) for up to `LATE_SECONDS`, then it raises."""
+    late, some = done.status.tolist()
+    start = time.monotonic()
+    while done.epoch and late == done.epoch and done.again is not None \
+            and time.monotonic() - start < LATE_SECONDS:
+        done = done.again()
+        late, some = done.status.tolist()
+    if done.epoch and late == done.epoch:
         raise RuntimeError("anysoftmax.distributed.sample: a peer rank wrote nothing into this rank's mailbox "
                            "for seconds: every rank of the group must call sample together, in the same order")
-    return undecided if some else None
+    return done, (done.ids == UNDECIDED if some else None)

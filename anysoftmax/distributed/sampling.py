@@ -213,8 +213,8 @@ def _keywords(values: tuple) -> dict:
 def _finish(who, logits_shard, done, spec_of, shard, group, values, return_logprobs):
     """`done`'s ids (and logprobs), the rows its candidates cannot decide drawn by the torch-ops
     path (`spec_of()`: the call's request, its seed the one every rank used)."""
+    done, undecided = kernel_sampling.undecided_rows(done)
     ids, lp = done.ids, done.logprobs
-    undecided = kernel_sampling.undecided_rows(done)
     if undecided is not None:  # (every rank reads the same ids, so all take this branch)
         exact_ids, exact_lp = _torch_sample(who, logits_shard, spec_of(), shard, group, _keywords(values), True)
         ids, lp = torch.where(undecided, exact_ids, ids), torch.where(undecided, exact_lp, lp)

@@ -42,3 +42,20 @@ def test_the_sampling_benchmark_fails_cleanly_without_a_gpu(tmp_path, capsys, mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert sampling_bench.main(["--out", str(tmp_path), "--quick"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_latency_pairs_each_round_with_torch_s_round():
+    """`over_torch_us` is the median of same-round differences: a host that slows down halfway
+    through (both providers alike) does not show up as overhead, which best-of-rounds would."""
+    from anysoftmax.bench import latency
+    from anysoftmax.bench.tables import latency_table
+
+    torch_rounds, ours = [7.0, 7.2, 10.5, 10.8, 10.6], [9.5, 9.7, 13.0, 13.1, 13.2]
+    timed = [(dict(provider="torch", host_us_rounds=torch_rounds), None),
+             (dict(provider="anysoftmax", host_us_rounds=ours), None)]
+    latency.paired_over_torch(timed)
+    assert "over_torch_us" not in timed[0][0]
+    assert timed[1][0]["over_torch_us"] == pytest.approx(2.5)
+    rows = [dict(r, shape=[1, 128], direction="fwd", dtype="float32", status="ok", host_us=min(r["host_us_rounds"]),
+                 gpu_us=4.0) for r, _ in timed]
+    assert "| 1×128 | fwd | float32 | 7.0 (4.0) | 9.5 +2.5 (4.0) |" in latency_table(dict(device="GPU", results=rows))

@@ -281,6 +281,7 @@ def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int,
     import anysoftmax.distributed as asd
     import anysoftmax.sampling as sampling
     from anysoftmax.distributed import kernel_sampling
+    from anysoftmax.distributed import sampling as dsampling
     from anysoftmax.distributed.mailbox import Mailbox
 
     box = None
@@ -303,6 +304,14 @@ def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int,
         return lambda *b: drawn.append(run(*b)) or drawn[-1]
 
     kernel_sampling.runner = spied_runner
+    exact = []  # (calls of the torch-ops path)
+    torch_sample = dsampling._torch_sample
+
+    def spied_exact(*a, **k):
+        exact.append(1)
+        return torch_sample(*a, **k)
+
+    dsampling._torch_sample = spied_exact
     g = torch.Generator().manual_seed(seed)  # (the same on every rank: the same logits)
     failures = []
     rows, shard_vocab = 12, 300  # (a chunk of 512 keeps 256 candidates: top-k serves k <= 128)
@@ -312,7 +321,11 @@ def kernel_sampler_checks(rank: int, world: int, init: str, out: str, seed: int,
 
     def check(what, kernels=True, undecided=0, shard=mine, **kw):
         drawn.clear()
+        exact.clear()
         ids, lp = asd.sample(shard, backend="triton", return_logprobs=True, **kw)
+        if kernels and bool(exact) != bool(undecided):
+            failures.append(f"{what}: the torch-ops path {'ran' if exact else 'did not run'} for "
+                            f"{undecided} undecided rows")
         ops_ids, ops_lp = asd.sample(shard, backend="torch", return_logprobs=True, **kw)
         want, want_lp = sampling.sample(x, return_logprobs=True, **kw)
         every = [torch.empty_like(ids) for _ in range(world)]

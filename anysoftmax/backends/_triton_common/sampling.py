@@ -190,7 +190,7 @@ FLOATS = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "scale": 1.0}
 OPERAND_DTYPES = {"x_ptr": torch.float32, "out_i_ptr": torch.int64, "out_f_ptr": torch.float32,
                   "out_f2_ptr": torch.float32, "ids_ptr": torch.int64, "t_ptr": torch.float32, "k_ptr": torch.int64,
                   "p_ptr": torch.float32, "mp_ptr": torch.float32, "seed_ptr": torch.int64, "off_ptr": torch.int64,
-                  "s_ptr": torch.float32}
+                  "s_ptr": torch.float32, "undecided_ptr": torch.int64}
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,7 +271,7 @@ class Bound:
         (self.scan_rest if runs else self.scan)((x, ws, *tensors), floats, ints)
         if outs is None:
             return
-        selected = (x, ws, ws, *outs, *tensors)
+        selected = (x, ws, ws, *outs, *tensors, None)
         if runs:
             self.select_served(selected, floats, ints)
             self.select_rest(selected, floats, ints)
@@ -555,16 +555,19 @@ def _shards_select(spec, plan, space, shards: int, vocab_total: int, gathered: t
 
 def shard_runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, shards: int):
     """`scan_shard` and `select_shards` bound once for every request of `spec`'s form (the
-    shard's): (`scan(logits_shard, values) -> (prefix, call)`, `select(gathered, call) -> (ids,
-    lp)`, the prefix's words), `values` a call's checked keyword values (`keyword_values`; the
-    seed given), `call` what the same call's select takes. Both workspaces are kept per stream:
-    a call's exchange reads the scan's before the next call's scan writes it (stream order)."""
+    shard's): (`scan(logits_shard, values) -> (prefix, call)`, `select(gathered, call, undecided)
+    -> (ids, lp)`, the prefix's words), `values` a call's checked keyword values
+    (`keyword_values`; the seed given), `call` what the same call's select takes, `undecided` an
+    int64 word the select sets to 1 when a row needs the whole row. Both workspaces are kept per
+    stream: a call's exchange reads the scan's before the next call's scan writes it (stream order)."""
     device, rows = spec.device, spec.rows
     plan = plan_for(rows, spec.vocab, device)
     keyword_call = _keyword_caller(keyword_values(spec), True, device)
     scans = remembered(lambda x, tensors: _launchers("sample", spec, x, plan, tensors=tensors,
                                                      vocab_start=vocab_start, vocab_total=vocab_total))
     space = Workspace.of(plan, rows, spec.vocab, shards)
+    selects = remembered(lambda gathered, tensors: _shards_select(spec, plan, space, shards, vocab_total, gathered,
+                                                                  tensors))
     scan_box = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
     select_ws = per_stream(lambda device: torch.empty(space.words, dtype=torch.int32, device=device))
 
@@ -578,12 +581,12 @@ def shard_runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, shards:
         bound.run(x, box[0], tensors, floats, ints)
         return box[0][:bound.space.shard_words], (tensors, floats, ints)
 
-    def select(gathered, call):
+    def select(gathered, call, undecided):
         tensors, floats, ints = call
-        launch = _shards_select(spec, plan, space, shards, vocab_total, gathered, tensors)
+        launch = selects((gathered.stride(0), _aligned(gathered, *tensors)), gathered, tensors)
         ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=device)  # (contiguous: row r at element r)
         lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=device)
-        launch((None, gathered, select_ws(device), ids, lp, None, None, *tensors), floats, ints)
+        launch((None, gathered, select_ws(device), ids, lp, None, None, *tensors, undecided), floats, ints)
         return ids, lp
 
     return scan, select, space.shard_words
@@ -621,7 +624,8 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
     ws = torch.empty(space.words, dtype=torch.int32, device=device)
     ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=device)  # (contiguous: row r at element r)
     lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=device)
-    launch((None, gathered, ws, ids, lp, None, None, *tensors), floats, ints)
+    undecided = torch.zeros(1, dtype=torch.int64, device=device)
+    launch((None, gathered, ws, ids, lp, None, None, *tensors, undecided), floats, ints)
     return (ids, lp) if return_logprobs else ids
 
 

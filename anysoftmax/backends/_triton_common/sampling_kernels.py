@@ -981,8 +981,9 @@ def _candidate_ids(gs_ptr, g, row, n_chunks, shard_stride, ci_off, valid, C_SLOT
 
 @triton.jit
 def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
-                   vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off,
-                   scr_off, res_off, top_k, seed_lo, seed_hi, off_lo, off_hi, flags, temperature, top_p, min_p,
+                   undecided_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off,
+                   cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo, off_hi, flags, temperature,
+                   top_p, min_p,
                    OP: tl.constexpr, HAS_X: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr,
                    TILE: tl.constexpr):
     """`sample` / `probs` of one row from its chunk states: the id and its log-probability
@@ -1103,6 +1104,9 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
     if OP == OP_SAMPLE:
         tl.store(out_i_ptr + row, out_id.to(tl.int64))
         tl.store(out_f_ptr + row, lp)
+    if not HAS_X:
+        if status == ST_UNDECIDED:  # (the one word the host reads: every writer stores 1)
+            tl.store(undecided_ptr, 1)
 
 
 @triton.jit
@@ -1233,6 +1237,7 @@ def _scan_item(x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr, ro
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def select_kernel(
     x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
+    undecided_ptr,
     n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off, cz_off, ci_off,
     scr_off, res_off, rows_off, n_ids, top_n,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
@@ -1243,8 +1248,9 @@ def select_kernel(
     """The select of every row, persistent over rows. `gs_ptr`: the chunk states and candidates
     ([shards] blocks `shard_stride` words apart, `n_groups` = shards x n_chunks chunks per row);
     `ws_ptr`: this launch's scratch and row results. Without the logits (HAS_X False: a sharded
-    vocabulary), rows the candidates cannot decide get status ST_UNDECIDED and id -2. ROWS: only
-    the rows listed at `rows_off` in `ws_ptr` (their count, then the rows)."""
+    vocabulary), rows the candidates cannot decide get status ST_UNDECIDED and id -2, and the
+    word at `undecided_ptr` is set to 1. ROWS: only the rows listed at `rows_off` in `ws_ptr`
+    (their count, then the rows)."""
     n = n_rows
     if ROWS:
         n = tl.load(ws_ptr + rows_off)
@@ -1258,9 +1264,9 @@ def select_kernel(
                              scr_off, n_ids, top_n, flags, temperature, C_SLOT, G_P2, KP, TILE)
         else:
             _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr,
-                           off_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups, shard_stride, state_off,
-                           cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
-                           temperature, top_p, min_p, OP, HAS_X, C_SLOT, G_P2, TILE)
+                           off_ptr, undecided_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups,
+                           shard_stride, state_off, cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo,
+                           off_hi, flags, temperature, top_p, min_p, OP, HAS_X, C_SLOT, G_P2, TILE)
 
 
 @triton.jit(do_not_specialize=["flags"])
