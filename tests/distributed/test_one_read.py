@@ -20,12 +20,10 @@ takes the one-launch form (PHASE 0) only for shard rows of one chunk.
 from __future__ import annotations
 
 import os
-import time
 import zlib
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 TRITON_MISSING = None
 try:
@@ -94,17 +92,14 @@ def _rank(rank: int, world: int, words_all, cap: int, cases, out: str) -> None:
 
 
 def _run_ranks(world: int, cases, tmp_path) -> list[dict]:
+    # (spawned, not forked: a fork of the test process, whose other tests started threads, can
+    # crash in the child)
+    from anysoftmax.testing.distributed import run_ranks
+
     cap = 64
     words_all = torch.zeros(world, 2 * cap * world, dtype=torch.int64).share_memory_()
     out = str(tmp_path / "ranks")
-    ctx = mp.start_processes(_rank, args=(world, words_all, cap, cases, out), nprocs=world, join=False,
-                             start_method="fork")
-    deadline = time.monotonic() + 300
-    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the ranks hung: a wait on the mailbox never ended")
+    run_ranks(_rank, world, (world, words_all, cap, cases, out), 300)
     return [torch.load(f"{out}.{r}") for r in range(world)]
 
 
