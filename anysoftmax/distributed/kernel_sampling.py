@@ -61,16 +61,10 @@ def agreed_seed(spec: SamplingSpec, world: int, group) -> SamplingSpec:
 
 
 _symmetric_memory_missing = functools.cache(symmetric_memory_missing)
-_statuses: dict = {}  # device -> (int64 [2] status words, a view of the second)
-
-
 def status_words(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The device's status words (`KernelDraw.status`) and a view of the undecided word."""
-    kept = _statuses.get(device)
-    if kept is None:
-        words = torch.zeros(2, dtype=torch.int64, device=device)
-        kept = _statuses[device] = (words, words[1:])
-    return kept
+    """New status words (`KernelDraw.status`, zeroed) and a view of the undecided word."""
+    words = torch.zeros(2, dtype=torch.int64, device=device)
+    return words, words[1:]
 
 
 def mailbox_refusal(device: torch.device, world: int) -> str | None:
@@ -112,15 +106,19 @@ def runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, rank: int, wo
     their log-probabilities, the same on every rank. `values`: a call's checked keyword values
     (`SamplingSpec.KEYWORDS` order). Made on the same call on every rank (the mailbox's
     collective). `refusal` must have said None."""
+    from ..backends._triton_common.launcher import per_stream
     from ..backends._triton_common.sampling import shard_runner
 
     spec = form_of(spec)  # (the form alone: no call's tensors kept alive)
     scan, select, words = shard_runner(spec, vocab_start, vocab_total, world)
+    # (a runner's own per stream: calls of other runners or streams never touch its words
+    # between its kernels and its read)
+    statuses = per_stream(status_words)
     if box is None and mailbox_refusal(spec.device, world) is None:
         box = symmetric(group, spec.device, words, world)
 
     def exchanged(prefix, call, at=None) -> KernelDraw:
-        status, undecided = status_words(spec.device)
+        status, undecided = statuses(spec.device)
         if box is None:
             gathered, epoch = gather_states(prefix, world, group), 0
             undecided.zero_()

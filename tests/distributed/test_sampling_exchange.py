@@ -97,7 +97,12 @@ def _late_rank(rank: int, world: int, words_all, logits, out: str) -> None:
     done = kernel_sampling.draw(spec, shard, rank * width, logits.shape[-1], rank, world, None, box)
     late_first = int(done.status[0]) == done.epoch
     done, undecided = kernel_sampling.undecided_rows(done)
-    torch.save((done.ids, late_first, undecided), f"{out}.{rank}")
+    # Another request's runner has status words of its own: its kernels never write this call's.
+    other = SamplingSpec.from_request("test", shard[:2], top_k=3, seed=4)
+    again = kernel_sampling.draw(other, shard[:2], rank * width, logits.shape[-1], rank, world, None, box)
+    kernel_sampling.undecided_rows(again)
+    separate = again.status.data_ptr() != done.status.data_ptr()
+    torch.save((done.ids, late_first, undecided, separate), f"{out}.{rank}")
 
 
 def test_a_rank_whose_wait_gave_up_waits_again_for_a_late_peer(tmp_path):
@@ -113,9 +118,10 @@ def test_a_rank_whose_wait_gave_up_waits_again_for_a_late_peer(tmp_path):
     out = str(tmp_path / "late")
     run_ranks(_late_rank, world, (world, words_all, logits, out), 240)
     want = sampling.sample(logits, temperature=0.7, top_k=5, top_p=0.9, seed=3, offset=1)
-    (ids0, late0, undecided0), (ids1, _, _) = (torch.load(f"{out}.{r}") for r in range(world))
+    (ids0, late0, undecided0, separate), (ids1, _, _, _) = (torch.load(f"{out}.{r}") for r in range(world))
     assert late0, "rank 0's first wait did not give up: the test did not make rank 1 late"
     assert undecided0 is None
+    assert separate, "two requests' runners share their status words"
     assert torch.equal(ids0, want) and torch.equal(ids1, want), (ids0, ids1, want)
 
 
