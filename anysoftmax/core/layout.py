@@ -20,19 +20,25 @@ MAX_ROW_DIMS = 3
 POISON_OUTPUTS = os.environ.get("ANYSOFTMAX_POISON_OUTPUTS") == "1"
 
 
+def _poison(dtype: torch.dtype):
+    # (NaN for floating outputs; integer ones, token ids, get their dtype's least value: no id)
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
 def new_output(shape, dtype, device):
-    """Allocate a kernel's output; NaN-filled when $ANYSOFTMAX_POISON_OUTPUTS=1 at import."""
+    """Allocate a kernel's output; poisoned (NaN, an integer dtype's least value) when
+    $ANYSOFTMAX_POISON_OUTPUTS=1 at import."""
     if POISON_OUTPUTS:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        return torch.full(shape, _poison(dtype), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
 def output_maker(shape, dtype, device):
-    """`make() -> a new small output` (`new_output`'s poisoning): `empty_like` of a template costs
-    the host half of `torch.empty` with a shape."""
+    """`make() -> a new output` of `shape` (`new_output`'s poisoning): `empty_like` of a template
+    costs under half of `torch.empty` with a shape, dtype and device on a GPU host."""
     template = new_output(shape, dtype, device)
     if POISON_OUTPUTS:
-        return functools.partial(torch.full_like, template, float("nan"))
+        return functools.partial(torch.full_like, template, _poison(dtype))
     return functools.partial(torch.empty_like, template)
 
 

@@ -94,3 +94,21 @@ def test_once_cache_is_bounded():
     for i in range(10):
         cache.get(i, lambda i=i: i)
     assert len(cache) == 4 and cache.get(9, lambda: None) == 9
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32])
+def test_outputs_are_poisoned_under_the_test_suite(dtype):
+    """The suite allocates every output poisoned (tests/conftest.py): floating ones NaN, integer
+    ones (token ids) their dtype's least value, which no kernel writes; a forgotten element shows."""
+    from anysoftmax.core import layout
+
+    assert layout.POISON_OUTPUTS, "the test suite's outputs are not poisoned: tests/conftest.py sets it"
+    made = layout.output_maker((3, 2), dtype, torch.device("cpu"))
+    for out in (layout.new_output((3, 2), dtype, "cpu"), made(), made()):
+        assert out.dtype == dtype and out.shape == (3, 2)
+        if dtype.is_floating_point:
+            assert bool(out.isnan().all())
+        else:
+            assert bool((out == torch.iinfo(dtype).min).all())
+    first = made()
+    assert made() is not first

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import cdiv, next_power_of_2
+from ...core.layout import cdiv, next_power_of_2, output_maker
 from ...sampling.spec import KEYWORDS, SamplingSpec
 from .launcher import Binding, bind_kernel, per_stream
 from .plan import runtime_params
@@ -469,11 +469,12 @@ def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan:
     if op == "sample":
         # (the kernels write each row's logprob: one not asked for goes to a buffer kept per stream)
         unread = per_stream(lambda device: torch.empty(shape, dtype=torch.float32, device=device))
+        # (outputs in the batch's shape: contiguous, so row r is element r, and no reshape a call)
+        new_ids, new_lp = output_maker(shape, torch.int64, device), output_maker(shape, torch.float32, device)
 
         def run(logits, values, return_logprobs=False):
-            # (allocated in the batch's shape: contiguous, so row r is element r, and no reshape a call)
-            ids = torch.empty(shape, dtype=torch.int64, device=device)
-            lp = torch.empty(shape, dtype=torch.float32, device=device) if return_logprobs else unread(device)
+            ids = new_ids()
+            lp = new_lp() if return_logprobs else unread(device)
             if rows:
                 select(rows_view(logits, spec), (ids, lp, None, None), values)
             return (ids, lp) if return_logprobs else ids
@@ -486,10 +487,12 @@ def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan:
                 bound.second((x, ws, y, tensors[0]), floats[:1], ints[-1:])
             return y
     else:
+        new_out = output_maker((rows, n_ids), torch.float32, device)
+        new_top = (output_maker((rows, top_n), torch.float32, device), output_maker((rows, top_n), torch.int64, device))
+
         def run(logits, values, ids):
-            out = torch.empty((rows, n_ids), dtype=torch.float32, device=device)
-            top_values = torch.empty((rows, top_n), dtype=torch.float32, device=device) if top_n else None
-            top_ids = torch.empty((rows, top_n), dtype=torch.int64, device=device) if top_n else None
+            out = new_out()
+            top_values, top_ids = (new_top[0](), new_top[1]()) if top_n else (None, None)
             if rows:
                 # (empty operands are stood in for: a kernel never gets a pointer to nothing)
                 ids = ids.contiguous() if n_ids else None
@@ -570,6 +573,8 @@ def shard_runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, shards:
                                                                   tensors))
     scan_box = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
     select_ws = per_stream(lambda device: torch.empty(space.words, dtype=torch.int32, device=device))
+    new_ids = output_maker(spec.batch_shape, torch.int64, device)  # (contiguous: row r at element r)
+    new_lp = output_maker(spec.batch_shape, torch.float32, device)
 
     def scan(logits, values):
         tensors, floats, ints = keyword_call(values)
@@ -584,8 +589,7 @@ def shard_runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, shards:
     def select(gathered, call, undecided):
         tensors, floats, ints = call
         launch = selects((gathered.stride(0), _aligned(gathered, *tensors)), gathered, tensors)
-        ids = torch.empty(spec.batch_shape, dtype=torch.int64, device=device)  # (contiguous: row r at element r)
-        lp = torch.empty(spec.batch_shape, dtype=torch.float32, device=device)
+        ids, lp = new_ids(), new_lp()
         launch((None, gathered, select_ws(device), ids, lp, None, None, *tensors, undecided), floats, ints)
         return ids, lp
 

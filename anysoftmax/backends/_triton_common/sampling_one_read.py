@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from ...core.cache import OnceCache
-from ...core.layout import cdiv
+from ...core.layout import cdiv, output_maker
 from ...core.lse_merge import logsumexp_request
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
@@ -125,13 +125,13 @@ class Sampler:
 
     def _logprobs_one_read(self, spec: SamplingSpec, row_t: bool, n_ids: int):
         launchers = self._one_read_launchers("logprobs", spec, row_t, n_ids)
-        rows, device = spec.rows, spec.device
+        new_out = output_maker((spec.rows, n_ids), torch.float32, spec.device)
 
         def logprobs(logits, values, ids):
             x = sampling.rows_view(logits, spec)
             t, t_stride = _temperature_operand(values[0])
             run = launchers(x, t_stride)
-            out = torch.empty((rows, n_ids), dtype=torch.float32, device=device)
+            out = new_out()
             ids = ids if ids.is_contiguous() else ids.contiguous()
             number = 1.0 if t is not None else float(values[0])
             scale = 1.0 / number if number > 0 else 1.0
