@@ -38,18 +38,20 @@ def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
 
 class _Launchers(NamedTuple):
     """One request's bound launches (see the module): `scale` (or None), `read` (the fused
-    softmax or logsumexp launcher: a scale operand), `after` (the fix-up or the gather, or None)."""
+    softmax or logsumexp launcher: a scale operand), `after` (the fix-up or the gather, or None),
+    `new_scale` (the per-row scale's allocation, or None)."""
 
     scale: object
     read: object
     after: object
+    new_scale: object = None
 
 
 def _read(run: _Launchers, x: torch.Tensor, t: torch.Tensor | None, scale: float):
     """(the one read's output, the scale it applied): `scale` where the temperature is a number,
     else the per-row scale the scale kernel writes from `t`."""
     if t is not None:
-        scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        scale = run.new_scale()
         run.scale((t, scale))
     got = run.read(x, Operands(None, None, scale, 1.0))
     # (y, p_sink) / lse [rows, 1]: contiguous, row r at element r as the gather reads it
@@ -148,10 +150,11 @@ class Sampler:
         from . import sampling_one_read_kernels as k
 
         device, rows = x.device, spec.rows
-        scale = None
+        scale = new_scale = None
         if row_t:
             scale = sampling.launcher(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), dict(n_rows=rows, t_stride=t_stride),
                                       dict(BLOCK=SCALE_BLOCK, num_warps=4), device)
+            new_scale = output_maker((rows, 1), torch.float32, device)
         # The scale the softmax or logsumexp is bound with: its layout, never its values (those come
         # per call; a number other than 1 keeps the request fused, so every call passes its scale).
         stand_in = torch.ones((rows, 1), dtype=torch.float32, device=device) if row_t else 0.5
@@ -164,13 +167,13 @@ class Sampler:
             if row_t:
                 ints = dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), ys=spec.vocab, t_stride=t_stride)
                 after = sampling.launcher(k.probs_fixup_kernel, grid, ints, dict(TILE=TILE, num_warps=4), device)
-            return _Launchers(scale, read, after)
+            return _Launchers(scale, read, after, new_scale)
         lse_spec, _ = logsumexp_request(x, -1, scale=stand_in)
         read = self.backend.logsumexp_launcher(x, lse_spec, Operands(None, None, 1.0, 1.0))
         after = sampling.launcher(k.logprobs_gather_kernel, grid,
                                   dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), n_ids=n_ids, t_stride=t_stride),
                                   dict(ROW_T=row_t, TILE=TILE, ID_BLOCK=ID_BLOCK, num_warps=4), device)
-        return _Launchers(scale, read, after)
+        return _Launchers(scale, read, after, new_scale)
 
 
 @functools.lru_cache(maxsize=8)
