@@ -61,6 +61,8 @@ def agreed_seed(spec: SamplingSpec, world: int, group) -> SamplingSpec:
 
 
 _symmetric_memory_missing = functools.cache(symmetric_memory_missing)
+
+
 def status_words(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """New status words (`KernelDraw.status`, zeroed) and a view of the undecided word."""
     words = torch.zeros(2, dtype=torch.int64, device=device)

@@ -7,9 +7,10 @@ one aligned 8-byte store, so a reader sees the old word or the whole new one. A 
 writes all its blocks into every peer's mailbox, then waits for the peers' words of the same
 blocks: a program waits only on the same program of the other ranks, and the grid never exceeds
 what a GPU holds at once, so every program it waits on runs. A wait that outlasts `spin_limit`
-reads of a block gives up and stamps `status[0]` with the call's epoch (the caller raises: a peer
-is not in this call), so the kernel never hangs. It also zeroes `status[1]`, the word the same
-call's select sets when a row needs the whole row: the caller reads both words at once.
+reads of a block gives up and stamps `status[0]` with the call's epoch (the caller runs the
+exchange again for a while, then raises: a peer is not in this call), so the kernel never
+hangs. It also zeroes `status[1]`, the word the same call's select sets when a row needs the
+whole row: the caller reads both words at once.
 """
 
 from __future__ import annotations

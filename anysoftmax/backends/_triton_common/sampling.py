@@ -488,7 +488,8 @@ def runner(op: str, spec: SamplingSpec, top_n: int = 0, n_ids: int = 0, *, plan:
             return y
     else:
         new_out = output_maker((rows, n_ids), torch.float32, device)
-        new_top = (output_maker((rows, top_n), torch.float32, device), output_maker((rows, top_n), torch.int64, device))
+        new_top = (output_maker((rows, top_n), torch.float32, device),
+                   output_maker((rows, top_n), torch.int64, device))
 
         def run(logits, values, ids):
             out = new_out()
