@@ -28,8 +28,9 @@ from .core.variant import NO_OPERANDS, Operands, runtime_values
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
-# The (proof, launcher) of the last plain merge_states request that hit: a repeat of it (a decode
-# step's merges, layer after layer) is proved by `merge_proof`, in place of its key and lookup.
+# The (proof, launcher, its `addressed` form or None) of the last plain merge_states request that
+# hit: a repeat of it (a decode step's merges, layer after layer) is proved by `merge_proof`, in
+# place of its key and lookup.
 _last_merge: list = [None]
 stats = {"hits": 0}  # (tests/test_layers.py checks that a hit validates, selects and reads nothing)
 
@@ -232,10 +233,15 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
     through the operator (the caller checked the mode), asked unless the memoised guard proves
     it; None is returned when it says no."""
     last = _last_merge[0]
-    if last is not None and last[0](outputs, lses, backend, out, lse_out):
-        # The last plain request again (its proof checked every operand): no key, no lookup.
-        stats["hits"] += 1
-        return last[1](outputs, lses, out, lse_out)
+    if last is not None:
+        addresses = last[0](outputs, lses, backend, out, lse_out)
+        if addresses is not None:
+            # The last plain request again (its proof checked every operand and read their
+            # addresses, which the launch takes): no key, no lookup.
+            stats["hits"] += 1
+            if last[2] is not None:
+                return last[2](addresses, outputs, lses, out, lse_out)
+            return last[1](outputs, lses, out, lse_out)
     key = request_key(MERGE, outputs, lses, None, backend, False, out, None, lse_out)
     hit = _lookup(key)
     if hit is not None:
@@ -245,7 +251,7 @@ def merge_states(outputs, lses, backend=None, out=None, lse_out=None, eager=None
                 return None
             stats["hits"] += 1
             if proof is not None:
-                _last_merge[0] = (proof, launcher)
+                _last_merge[0] = (proof, launcher, getattr(launcher, "addressed", None))
             return launcher(outputs, lses, out, lse_out)
         if eager is not None and not eager(*outputs, *lses):
             return None

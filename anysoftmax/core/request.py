@@ -139,10 +139,11 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
 
 
 def merge_proof(outputs, lses, backend, out, lse_out):
-    """`proves(outputs, lses, backend, out, lse_out) -> bool`: whether a call is this very
-    request, checked without building its key (K, backend, process state, which outputs are
-    given, every operand's layout through torch's tensor guard, every address aligned). None
-    where the operands are not all plain aligned tensors or torch has no usable guard."""
+    """`proves(outputs, lses, backend, out, lse_out)`: the addresses of (*outputs, *lses) (read once,
+    for the launch) when a call is this very request, else None, checked without building its key
+    (K, backend, process state, which outputs are given, every operand's layout through torch's
+    tensor guard, every address aligned). None where the operands are not all plain aligned
+    tensors or torch has no usable guard."""
     make = _guard_maker()
     if make is None or type(outputs) not in (list, _tuple) or type(lses) not in (list, _tuple) \
             or len(outputs) != len(lses) or not outputs:
@@ -161,21 +162,26 @@ def merge_proof(outputs, lses, backend, out, lse_out):
     same = make(tensors)
     kinds = (list, _tuple)
 
-    def proves(o, l_, b, y, z) -> bool:
+    def proves(o, l_, b, y, z) -> tuple | None:
         # (K and the containers first: the guard's positions are the remembered ones only then)
         if type(o) not in kinds or type(l_) not in kinds or len(o) != k or len(l_) != k or b != backend \
                 or (y is not None) is not has_out or (z is not None) is not has_lse \
                 or (_generation[0] if not _overrides_active[0] else _process_state()) != state:
-            return False
+            return None
         try:
             if y is None and z is None:
-                return same(*o, *l_) and not (_reduce(_or, map(_address, l_), _reduce(_or, map(_address, o)))
-                                              & _ALIGN_MASK)
+                if not same(*o, *l_):
+                    return None
+                addresses = (*map(_address, o), *map(_address, l_))
+                return None if _reduce(_or, addresses) & _ALIGN_MASK else addresses
             given_now = [t for t in (y, z) if t is not None]
-            return same(*o, *l_, *given_now) and not (_reduce(_or, map(_address, (*o, *l_, *given_now)))
-                                                      & _ALIGN_MASK)
+            if not same(*o, *l_, *given_now):
+                return None
+            addresses = (*map(_address, o), *map(_address, l_))
+            return None if _reduce(_or, map(_address, given_now), _reduce(_or, addresses)) & _ALIGN_MASK \
+                else addresses
         except (TypeError, RuntimeError):  # (not a tensor, or no storage: the key path decides)
-            return False
+            return None
     return proves
 
 

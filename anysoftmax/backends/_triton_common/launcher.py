@@ -129,6 +129,7 @@ class FastPath(NamedTuple):
     index: int | None
     addresses: Callable  # the call's arguments -> the kernel's pointers (`_address_reader`)
     native: Callable | None  # the native launcher, where chosen and built
+    pick: Callable | None  # the addresses of every argument -> the kernel's pointers (`_picker`)
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,6 +205,16 @@ def _address_reader(index: tuple, n_args: int) -> Callable:
         return lambda a: order(tuple(map(_address, a)))
     live = itemgetter(*read)
     return lambda a: order(tuple(map(_address, live(a))))
+
+
+def _picker(index: tuple) -> Callable | None:
+    """`f(addresses of every argument) -> the kernel's pointers`; None where some argument is absent."""
+    if None in index:
+        return None
+    if len(index) == 1:
+        i = index[0]
+        return lambda a: (a[i],)
+    return itemgetter(*index)
 
 
 def accepted_tensors(args: tuple, index: tuple) -> list[bool]:
@@ -291,12 +302,12 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
                  for fn, before, after, tail in _fast_calls(compiled, tails, b.grid)]
         device = device_of(args)
         state["fast"] = FastPath(calls, hooks, enter, leave, _hook_calls(enter), _hook_calls(leave), stream_of,
-                                 device, device.index, _address_reader(index, len(args)), via)
+                                 device, device.index, _address_reader(index, len(args)), via, _picker(index))
 
     def launch(args, values=default, per_call=()):
         fast = state["fast"]
         if fast is not None:
-            calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, device, index, addresses, via = fast
+            calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, device, index, addresses, via, _ = fast
             if hooks.launch_enter_hook is enter and hooks.launch_exit_hook is leave and not enter_calls \
                     and not leave_calls:
                 if scratch is not None:
@@ -358,10 +369,39 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
             with guard(device):
                 return unguarded(args, values, per_call)
 
+    def launch_at(addresses: tuple, tensors: tuple) -> bool:
+        fast = state["fast"]
+        if fast is None or fast.pick is None or state["fallback"] is not None:
+            return False
+        calls, hooks, enter, leave, enter_calls, leave_calls, stream_of, _, index, _, via, pick = fast
+        if hooks.launch_enter_hook is not enter or hooks.launch_exit_hook is not leave or enter_calls \
+                or leave_calls:
+            return False
+        if via is not None:
+            via(*addresses, *tensors)
+            return True
+        ptrs = pick((*addresses, *map(_address, tensors)))
+        stream = stream_of(index)
+        for fn, before, after, _, rest in calls:
+            fn(*before, stream, *after, *ptrs, *rest)
+        return True
+
+    at = launch_at
+    if guard is not None:
+        def at(addresses: tuple, tensors: tuple) -> bool:
+            with guard(device):
+                return launch_at(addresses, tensors)
+
     def prime(compiled: list, args: tuple, stream_of=None) -> None:
         primed(compiled, args if scratch is None else (*args, *scratch(device_of(args))), stream_of)
 
     run.binding, run.state, run.prime = b, state, prime
+    if scratch is None and not b.per_call and not b.floats:
+        # `run.at(addresses, tensors) -> bool`: a fast-path launch whose first arguments' addresses
+        # were read (and proved: aligned, on this device) by the caller, the rest given as tensors
+        # (at least one: the native launcher reads the current stream through it); False, with
+        # nothing launched, where the fast path is not active (then call `run` with tensors).
+        run.at = at
     return run
 
 

@@ -149,7 +149,8 @@ uint64_t int_bits(int64_t value, int64_t bytes, bool is_unsigned, int j, int arg
 
 // The launcher of one bound request. Called as f(*tensors) or f(*tensors, *floats), or, when it
 // was made for per-call integers, f(*tensors, *floats, *ints) (all three, always): tensors (None
-// where the request has no such operand) in the order the launcher was made for. With `run`
+// where the request has no such operand; an integer: an operand's address, at least one a tensor)
+// in the order the launcher was made for. With `run`
 // false nothing is launched and the packed parameters of every kernel are returned (tests check
 // them without a GPU).
 class Launcher {
@@ -171,9 +172,19 @@ class Launcher {
                                << n_values_ << " floats; got " << n_args << " arguments";
     }
     uint64_t addresses[kMaxTensors] = {};
+    int n_given_tensors = 0;
     for (int i = 0; i < n_tensors; ++i) {
       std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
-      if (t.has_value()) {
+      std::optional<int64_t> address = t.has_value() ? std::nullopt : args[i].try_cast<int64_t>();
+      if (address.has_value()) {
+        // An operand's address, read and checked (device, alignment) by the caller.
+        if (!used_[i]) {
+          TVM_FFI_THROW(ValueError) << "argument " << i << " is an address; this launcher was bound "
+                                    << "for a request without that operand";
+        }
+        addresses[i] = static_cast<uint64_t>(*address);
+      } else if (t.has_value()) {
+        ++n_given_tensors;
         if (!used_[i]) {
           TVM_FFI_THROW(ValueError) << "argument " << i << " is a tensor; this launcher was bound "
                                     << "for a request without that operand";
@@ -186,7 +197,7 @@ class Launcher {
         }
         addresses[i] = reinterpret_cast<uint64_t>(d->data) + d->byte_offset;
       } else if (args[i] != nullptr) {
-        TVM_FFI_THROW(TypeError) << "argument " << i << " is neither a tensor nor None";
+        TVM_FFI_THROW(TypeError) << "argument " << i << " is neither a tensor, an address nor None";
       } else if (used_[i]) {
         TVM_FFI_THROW(ValueError) << "argument " << i << " is None; this launcher was bound for a "
                                   << "request with that operand";
@@ -211,6 +222,9 @@ class Launcher {
     }
     // The torch stream current when the call was made: tvm_ffi records it for the device of
     // the first CUDA tensor argument (DLPack exchange API's current_work_stream) around the call.
+    if (n_given_tensors == 0) {
+      TVM_FFI_THROW(ValueError) << "no argument is a tensor: the current stream is read through one";
+    }
     CUstream stream = static_cast<CUstream>(TVMFFIEnvGetStream(device_type_, device_));
     if (run_) ensure_context(device_);
     ffi::Array<ffi::Bytes> packed;

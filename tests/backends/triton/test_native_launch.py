@@ -359,6 +359,76 @@ def test_native_merge_packs_each_partial_and_lse(k, monkeypatch):
     assert slots["global_scratch"] == slots["profile_scratch"] == 0
 
 
+def _merge_stand_in(k: int):
+    """(outputs, lses, out, lse_out, compiled): a merge request of K partials and its kernel as
+    Triton's JIT would type it (integers equal to 1 compiled in)."""
+    from anysoftmax.backends._triton_common import merge_states
+
+    outputs = [torch.randn(5, 4, 16) for _ in range(k)]
+    lses = [torch.randn(5, 4) for _ in range(k)]
+    out, lse_out = torch.empty(5, 4, 16), torch.empty(5, 4)
+    ints = merge_states._row_args(outputs, lses, out, lse_out, 2)
+    sig = {n: "*fp32" for n in merge_states.POINTERS}
+    sig.update({n: "constexpr" if v == 1 else "i32" for n, v in ints.items()})
+    md = SimpleNamespace(name="merge_kernel", global_scratch_size=0, profile_scratch_size=0, num_ctas=1, shared=0,
+                         num_warps=4, launch_cooperative_grid=False, launch_pdl=False)
+    compiled = SimpleNamespace(run=CudaLauncher(), function=0, packed_metadata=(4, 1, 0),
+                               src=SimpleNamespace(signature=sig), metadata=md)
+    return outputs, lses, out, lse_out, compiled
+
+
+@needs_toolchain
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("which", ["triton", "native"])
+def test_an_addressed_merge_launch_passes_what_a_tensor_launch_passes(k, which, monkeypatch):
+    """A repeated merge's proof reads every partial's and lse's address; the launch takes them
+    as read (`addressed`, `launch.at`) and passes the kernel the same pointers as a launch given
+    the tensors, through Triton's launcher and the native one alike. The native launcher reads
+    the stream through a tensor: given none, it refuses."""
+    from anysoftmax.backends._triton_common import merge_states
+    from anysoftmax.core.lse_merge import MergeSpec
+
+    outputs, lses, out, lse_out, compiled = _merge_stand_in(k)
+    monkeypatch.setattr(native_launch, "LAUNCHER", which)
+    if which == "native":
+        real_make = native_launch.make
+        monkeypatch.setattr(native_launch, "make", lambda *a, **kw: real_make(*a, **kw, run=False, device_type=DL_CPU))
+        monkeypatch.setattr(native_launch, "follows_torch_stream", lambda t: True)
+    run = merge_states.merge_launcher(MergeSpec.from_tensors(outputs, lses), lambda *a: merge_states.MergePlan(4, 16, 3))
+    run(outputs, lses, out, lse_out)  # (the first call binds: interpreted)
+    launch = run.state["launch"]
+    launch.prime([compiled], (*outputs, *lses, out, lse_out), stream_of=lambda index: 7)
+    addresses = tuple(t.data_ptr() for t in (*outputs, *lses))
+    if which == "native":
+        native = launch.state["fast"].native
+        assert native is not None, launch.state["native_reason"]
+        assert bytes(native(*addresses, out, lse_out)[0]) == bytes(launch((*outputs, *lses, out, lse_out))[0])
+        with pytest.raises(ValueError, match="no argument is a tensor"):
+            native(*addresses, out.data_ptr(), lse_out.data_ptr())
+        with pytest.raises(TypeError, match="neither a tensor, an address nor None"):
+            native(*addresses[:-1], 1.5, out, lse_out)
+        assert launch.at(addresses, (out, lse_out)) is True
+    else:
+        assert run.addressed(addresses, outputs, lses, out, lse_out) == (out, lse_out)
+        launch((*outputs, *lses, out, lse_out))
+        seen = compiled.run.seen
+        assert len(seen) == 2 and seen[0] == seen[1] and seen[0][13:13 + 2 * merge_states.MAX_K + 2] == \
+            tuple(t.data_ptr() for t in merge_states_pointers(outputs, lses, out, lse_out, k))
+    # With a launch hook active, nothing launches through the addresses: the caller uses tensors.
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert launch.at(addresses, (out, lse_out)) is False
+
+
+def merge_states_pointers(outputs, lses, out, lse_out, k):
+    """merge_kernel's pointer arguments in order: partials and lses past K stand in as the first ones."""
+    from anysoftmax.backends._triton_common.merge_states import MAX_K
+
+    pad = MAX_K - k
+    return (*outputs, *outputs[:1] * pad, *lses, *lses[:1] * pad, out, lse_out)
+
+
 @pytest.mark.gpu
 @needs_toolchain
 @pytest.mark.parametrize("k", [2, 8])
