@@ -18,13 +18,13 @@ from .core import registry
 from .core.cache import BoundedDict
 from .core.lse_merge import (LOGSUMEXP, MERGE_STATES, MergeSpec, logsumexp_formula, logsumexp_request, lse_shape,
                              merge_into, row_shape)
-from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, MERGE_EXACT, forward_key, layout_guard,
-                           merge_proof, request_key)
+from .core.request import (BWD, FUSED_BWD, FUSED_FWD, LSE, LSE_SQUEEZED, MERGE, MERGE_EXACT, forward_key,
+                           forward_proof, layout_guard, merge_proof, request_key)
 from .core.spec import SoftmaxSpec, check_backward_args
 from .core.variant import NO_OPERANDS, Operands, runtime_values
 
-# request key -> the launcher (fused: (launcher, whether the request is plain); merge_states:
-# `_merge_entry`'s tuple).
+# request key -> the launcher (plain forward: (launcher, its `forward_proof` or None); fused:
+# (launcher, whether the request is plain); merge_states: `_merge_entry`'s tuple).
 _memo: BoundedDict = BoundedDict(maxsize=8192)
 _lookup = _memo.get  # the hit path's one lookup
 _state = {"generation": -1}  # the registry generation the memo was filled under
@@ -32,6 +32,8 @@ _state = {"generation": -1}  # the registry generation the memo was filled under
 # hit: a repeat of it (a decode step's merges, layer after layer) is proved by `merge_proof`, in
 # place of its key and lookup.
 _last_merge: list = [None]
+# The (launcher, proof) of the last plain forward request that hit, likewise (`forward_proof`).
+_last_forward: list = [None]
 stats = {"hits": 0}  # (tests/test_layers.py checks that a hit validates, selects and reads nothing)
 
 
@@ -39,6 +41,7 @@ def refresh() -> None:
     """Forget every memoised request (re-validated and re-selected on its next call)."""
     _memo.clear()
     _last_merge[0] = None
+    _last_forward[0] = None
     _state["generation"] = registry.generation()
 
 
@@ -63,11 +66,18 @@ def _narrowed(x, spec: SoftmaxSpec) -> tuple[torch.Tensor, SoftmaxSpec]:
 
 def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor:
     """Softmax (log_softmax) of `x` along `dim` without autograd: the eager inference path."""
+    last = _last_forward[0]
+    if last is not None and last[1](x, dim, dtype, backend, log):
+        # The last request that hit, again (its proof checked what its key holds): no key, no lookup.
+        stats["hits"] += 1
+        return last[0](x)
     key = forward_key(x, dim, dtype, backend, log)
     hit = _lookup(key)
     if hit is not None:
         stats["hits"] += 1
-        return hit(x)
+        if hit[1] is not None:
+            _last_forward[0] = hit
+        return hit[0](x)
     _fresh()
     prepared, spec = prepare(x, dim, dtype, log)
     chosen = registry.select(spec, backend)
@@ -75,7 +85,7 @@ def forward(x, dim, dtype=None, backend=None, log: bool = False) -> torch.Tensor
         return torch.empty(spec.shape, dtype=spec.out_dtype, device=x.device)
     launcher = chosen.launcher(prepared, spec)
     if key is not None and prepared is x:  # (a narrowing dtype= converts x on every call)
-        _memo.put(key, launcher)
+        _memo.put(key, (launcher, forward_proof(x, dim, dtype, backend, log)))
     return launcher(prepared)
 
 

@@ -103,7 +103,7 @@ def main() -> None:
     memo = dispatch._memo
     fwd_key = core_request.request_key(core_request.FWD, x, -1, None, "triton", False)
     bwd_key = core_request.request_key(core_request.BWD, y, -1, None, "triton", False, g)
-    assert _install_noop(memo.get(fwd_key), (x, y, None, None, None, None)) == 1, "no forward launcher found to stub"
+    assert _install_noop(memo.get(fwd_key)[0], (x, y, None, None, None, None)) == 1, "no forward launcher found to stub"
     assert _install_noop(memo.get(bwd_key), (y, g, y, None, None, None, None)) == 1, "no backward launcher found"
     merges = {}
     for k in (2, 8):
@@ -137,7 +137,7 @@ def main() -> None:
         ("  key alone (forward)", lambda: key(x)),
         ("  key alone (backward)", lambda: core_request.request_key(core_request.BWD, y, -1, None, "triton", False, g)),
         ("  key + memo lookup", lambda: lookup(key(x))),
-        ("  bound launcher alone (no-op launch)", lambda: memo.get(fwd_key)(x)),
+        ("  bound launcher alone (no-op launch)", lambda: memo.get(fwd_key)[0](x)),
         ("  torch.empty_like", lambda: torch.empty_like(x)),
         ("  torch.empty(shape, dtype=, device=)", lambda: torch.empty((8, 1024), dtype=torch.float32, device=x.device)),
         *[row for (k, tokens), (outs, lses, bound, proof) in merges.items() for row in (

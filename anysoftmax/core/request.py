@@ -138,6 +138,32 @@ def _exact_merge_key(outputs, lses, backend, out, lse_out):
         return None
 
 
+def forward_proof(x, dim, dtype, backend, log):
+    """`proves(x, dim, dtype, backend, log) -> bool`: whether a plain forward call has this very
+    request's key (`forward_key`), checked without building it: the same dim, dtype, backend, log
+    and process state, x's layout through torch's tensor guard and its address as aligned. None
+    where x is not a plain tensor with storage or torch has no usable guard."""
+    make = _guard_maker()
+    if make is None or type(x) is not _Tensor or type(dim) is not int:
+        return None
+    try:
+        align = x.data_ptr() & _ALIGN_MASK
+    except RuntimeError:  # (no storage: a torch.func transform's)
+        return None
+    state = _generation[0] if not _overrides_active[0] else _process_state()
+    same = make((x,))
+
+    def proves(t, d, dt, b, lg) -> bool:
+        # (the guard checks the type: a subclass, or anything but a tensor, is refused)
+        try:
+            return type(d) is int and d == dim and dt is dtype and b == backend and lg is log \
+                and (_generation[0] if not _overrides_active[0] else _process_state()) == state and same(t) \
+                and _address(t) & _ALIGN_MASK == align
+        except (TypeError, RuntimeError):  # (not a tensor, or no storage: the key path decides)
+            return False
+    return proves
+
+
 def merge_proof(outputs, lses, backend, out, lse_out):
     """`proves(outputs, lses, backend, out, lse_out)`: the addresses of (*outputs, *lses) (read once,
     for the launch) when a call is this very request, else None, checked without building its key

@@ -387,6 +387,69 @@ def test_merge_hit_refuses_an_operand_moved_to_the_cpu(gen):
     assert _new_entries(lambda: anysoftmax.merge_states(outs, lses)) == 0 and dispatch.stats["hits"] == hits + 1
 
 
+def test_forward_proof_tells_every_change_apart():
+    """The proof of a repeated plain forward (`forward_proof`) passes a new tensor of the same
+    layout and alignment, and refuses what the key holds when it changes: x's shape, strides,
+    dtype, device or alignment, dim (and its type), dtype=, backend, log, the process state;
+    also a tensor subclass, a gradient requirement and what is no tensor."""
+    from anysoftmax.core import registry
+    from anysoftmax.core.request import forward_proof
+
+    x = torch.randn(5, 16)
+    proves = forward_proof(x, -1, None, "triton", False)
+    assert proves(x.clone(), -1, None, "triton", False)
+    for name, change in _MERGE_CHANGES.items():
+        assert not proves(change(x), -1, None, "triton", False), name
+    for args in ((1, None, "triton", False), (-1.0, None, "triton", False), (-1, torch.float64, "triton", False),
+                 (-1, None, "torch", False), (-1, None, None, False), (-1, None, "triton", True)):
+        assert not proves(x, *args), args
+    assert not proves(torch.nn.Parameter(x.clone()), -1, None, "triton", False)
+    assert not proves(x.clone().requires_grad_(), -1, None, "triton", False)
+    assert not proves([x], -1, None, "triton", False) and not proves(None, -1, None, "triton", False)
+    # (two misaligned addresses of different residues are two keys: the proof tells them apart)
+    odd = _misaligned(x)
+    proves_odd = forward_proof(odd, -1, None, "triton", False)
+    assert proves_odd(_misaligned(x), -1, None, "triton", False) and not proves_odd(x, -1, None, "triton", False)
+    buf = torch.empty(x.numel() + 2)
+    assert not proves_odd(buf[2:].view(x.shape), -1, None, "triton", False)
+    generation = registry.current_generation[0]
+    try:
+        registry.current_generation[0] = generation + 1  # (a backend registered since)
+        assert not proves(x, -1, None, "triton", False)
+    finally:
+        registry.current_generation[0] = generation
+    assert forward_proof([x], -1, None, "triton", False) is None and forward_proof(x, 1.0, None, None, False) is None
+
+
+def test_a_repeated_forward_is_proved_without_its_key(monkeypatch, gen):
+    """The last plain forward that hit, repeated with a new tensor of the same layout, is proved
+    by its entry's proof: no key is built; every result matches the float64 reference, and a
+    call that changes the layout, alignment, dtype, dim or log still takes the key."""
+    from anysoftmax.core import request
+
+    x = torch.randn(6, 40, generator=gen)
+    spec = SoftmaxSpec.from_tensor(x, -1)
+    dispatch.refresh()
+    for _ in range(2):  # (a miss, then a key hit: its proof is kept)
+        _close(dispatch.forward(x, -1, None, "triton"), reference(x, spec), spec)
+    keys = []
+    real = dispatch.forward_key
+    monkeypatch.setattr(dispatch, "forward_key", lambda *a: keys.append(a) or real(*a))
+    hits = dispatch.stats["hits"]
+    fresh = torch.randn(6, 40, generator=gen)
+    _close(dispatch.forward(fresh, -1, None, "triton"), reference(fresh, spec), spec)
+    assert keys == [] and dispatch.stats["hits"] == hits + 1
+    changed = {"strides": (torch.randn(40, 6, generator=gen).t(), -1, False),
+               "alignment": (_misaligned(x), -1, False), "dtype": (x.double(), -1, False),
+               "dim": (x, 0, False), "log": (x, -1, True)}
+    for name, (t, dim, log) in changed.items():
+        keys.clear()
+        got = dispatch.forward(t, dim, None, "triton", log)
+        _close(got, reference(t, SoftmaxSpec.from_tensor(t, dim, log=log)), SoftmaxSpec.from_tensor(t, dim, log=log))
+        assert keys, name
+    assert request.forward_proof is dispatch.forward_proof
+
+
 def test_merge_proof_tells_every_change_apart():
     """The proof of a repeated merge request (`merge_proof`) passes new tensors of the same
     layouts and alignment, and refuses a change to any one operand's shape, strides, dtype,
