@@ -195,12 +195,7 @@ def merge_proof(outputs, lses, backend, out, lse_out):
                 or (_generation[0] if not _overrides_active[0] else _process_state()) != state:
             return None
         try:
-            if y is None and z is None:
-                if not same(*o, *l_):
-                    return None
-                addresses = (*map(_address, o), *map(_address, l_))
-                return None if _reduce(_or, addresses) & _ALIGN_MASK else addresses
-            given_now = [t for t in (y, z) if t is not None]
+            given_now = () if y is None and z is None else [t for t in (y, z) if t is not None]
             if not same(*o, *l_, *given_now):
                 return None
             addresses = (*map(_address, o), *map(_address, l_))
