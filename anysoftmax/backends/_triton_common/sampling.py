@@ -34,6 +34,14 @@ MIN_SLOTS, MAX_SLOTS = 32, 256
 RUN_CAP, RUNS_BLOCK = 128, 4096  # (sampling_kernels.RUN_CAP; elements a runs program reads)
 RUNS_MAX_GROUPS = 32
 RUNS_MIN_ROWS = 16
+# Up to FUSED_MAX_ROWS rows the scan and the select are one launch (`scan_select_kernel`): a
+# launch costs the host 5-8 us on the H200 hosts, most of a call's GPU time at a few rows. Its
+# chunks hold FUSED_CHUNK elements at 8 warps: the select's code then keeps its registers (at
+# 16 warps, 128 a thread, it spills: float32 rows took 1.5-2x the GPU time). NVIDIA H200, V =
+# 128256: host -7 to -9 us a call, GPU time +0 to +3.4 us up to 4 rows, +8 to +11 us at 8
+# (docs/speed.md, the fused sampler).
+FUSED_MAX_ROWS = 4
+FUSED_CHUNK = 4096
 STATE_WORDS, RESULT_WORDS = 16, 8  # (sampling_kernels.NS, NR)
 # Keyword flags (sampling_kernels.FL_*): bit 2i from a tensor, bit 2i + 1 one value per row.
 KEYWORD_BITS = {"temperature": 0, "top_k": 2, "top_p": 4, "min_p": 6, "seed": 8, "offset": 10}
@@ -62,6 +70,7 @@ class SamplingPlan:
     runs: bool = False  # the runs pre-pass serves the top-k rows it can
     run: int = 64  # elements of its runs (a power of two dividing `chunk`)
     collect_warps: int = 8
+    fused: bool = False  # the scan and the select in one launch (`scan_select_kernel`)
 
     def chunks(self, vocab: int) -> int:
         return cdiv(vocab, self.chunk)
@@ -138,19 +147,28 @@ def default_programs(device: torch.device, items: int) -> int:
 # (memoised: a call's plan is then the same object, which its launcher key compares by identity;
 # callers pass a tensor's device, whose CUDA index is set)
 @functools.lru_cache(maxsize=1024)
-def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None) -> SamplingPlan:
-    """The default plan: chunks of up to MAX_CHUNK elements; as many candidate slots per chunk as
-    keep the select's block at MAX_SELECT_BLOCK; a grid of `programs` (default: `default_programs`)."""
-    chunk = min(MAX_CHUNK, max(16, next_power_of_2(vocab)))
+def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None, top_n: int = 0,
+             one_launch: bool = True) -> SamplingPlan:
+    """The default plan: chunks of up to MAX_CHUNK elements (FUSED_CHUNK on a fused plan: up to
+    FUSED_MAX_ROWS rows, where its candidates serve `top_n`, unless not `one_launch`: a sharded
+    vocabulary's scan); as many candidate slots per chunk as keep the select's block at
+    MAX_SELECT_BLOCK; a grid of `programs` (default: `default_programs`)."""
+    def cut(most: int) -> tuple[int, int]:
+        chunk = min(most, max(16, next_power_of_2(vocab)))
+        return chunk, min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // next_power_of_2(
+            cdiv(vocab, chunk)))))
+    chunk, slots = cut(FUSED_CHUNK)
+    fused = one_launch and rows <= FUSED_MAX_ROWS and top_n <= slots // 2
+    if not fused:
+        chunk, slots = cut(MAX_CHUNK)
     groups = next_power_of_2(cdiv(vocab, chunk))
-    slots = min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // groups)))
     items = max(1, rows * cdiv(vocab, chunk))
     programs = default_programs(device, items) if programs is None else programs
     warps = MAX_CHUNK_WARPS if chunk >= MAX_CHUNK else 8 if chunk >= 4096 else 4
     runs = chunk == MAX_CHUNK and groups <= RUNS_MAX_GROUPS and rows >= RUNS_MIN_ROWS
     grid = max(1, min(items, programs))
     if not runs:
-        return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps)
+        return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps, fused=fused)
     # The collect (one row a program, ~255 registers a thread) fits one 8-warp program a
     # multiprocessor or two of 4 warps: 8 warps while every row has a multiprocessor, 4 beyond;
     # the select at 4 (H100: docs/speed.md, the runs pre-pass).
@@ -164,7 +182,7 @@ def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = Non
         return f"the Triton sampler computes in float32: {spec.dtype} logits are not taken (the torch sampler is)"
     if spec.vocab > INT32_MAX:
         return f"a vocabulary of {spec.vocab} tokens exceeds the kernels' 32-bit token indices"
-    plan = plan or plan_for(spec.rows, spec.vocab, spec.device, programs=1)
+    plan = plan or plan_for(spec.rows, spec.vocab, spec.device, programs=1, top_n=top_n)
     if top_n > plan.k_cap:
         return f"logprobs' top_n {top_n} exceeds the {plan.k_cap} candidates a chunk keeps"
     return None
@@ -238,7 +256,8 @@ def _ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, request: dic
 @dataclass(frozen=True)
 class Bound:
     """A request's launchers: `scan`, `select`, `second` (probs' pass 2); with the runs
-    pre-pass, `runs`, `collect` and the scan that skips the rows the collect served."""
+    pre-pass, `runs`, `collect` and the scan that skips the rows the collect served; on a fused
+    plan, `scan_select` (the scan and the select in one launch)."""
 
     plan: SamplingPlan
     space: Workspace
@@ -251,6 +270,7 @@ class Bound:
     scan_rest: object = None
     select_served: object = None
     select_rest: object = None
+    scan_select: object = None
 
     def takes_runs(self, ints, top_n: int) -> bool:
         """Whether the runs pre-pass serves this call: the plan has it, and the call has a top-k
@@ -259,11 +279,15 @@ class Bound:
         return self.runs is not None and (0 < top_n <= cap or (not top_n and (
             flags & (1 << KEYWORD_BITS["top_k"]) or 0 < top_k <= cap)))
 
-    def run(self, x, ws, tensors, floats, ints, outs: tuple | None = None, top_n: int = 0) -> None:
+    def run(self, x, ws, tensors, floats, ints, outs: tuple | None = None, top_n: int = 0, counts=None) -> None:
         """Pass one, after the runs pre-pass where it serves the call, then the select of every row
         into `outs` (out_i, out_f, out_f2, ids), the rows the pre-pass served from their one-chunk
-        layout. Without `outs`, pass one alone, every row in the scan's layout (what a sharded
+        layout; on a fused plan both in one launch, `counts` its per-row arrival counts (int32,
+        zero). Without `outs`, pass one alone, every row in the scan's layout (what a sharded
         vocabulary's select reads)."""
+        if outs is not None and self.scan_select is not None:
+            self.scan_select((x, ws, counts, *outs, *tensors), floats, ints)
+            return
         runs = self.takes_runs(ints, top_n)
         if runs:
             self.runs((x, ws, *tensors[:4]), floats, ints)
@@ -296,7 +320,12 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     if op == "probs":
         second = launcher(k.probs_kernel, grid, ints, dict(CHUNK=plan.chunk, num_warps=plan.num_warps), device)
     if not plan.runs:
-        return Bound(plan, space, scan, select, second)
+        scan_select = None
+        if plan.fused:
+            scan_select = launcher(k.scan_select_kernel, grid, ints, dict(
+                OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
+                KP=next_power_of_2(plan.k_cap), TILE=plan.tile, num_warps=plan.num_warps), device)
+        return Bound(plan, space, scan, select, second, scan_select=scan_select)
     block = min(RUNS_BLOCK, plan.chunk)
     runs = launcher(k.runs_kernel, items * (plan.chunk // block), ints,
                      dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4), device)
@@ -350,8 +379,8 @@ def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan 
     key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
            _aligned(x, *tensors))
     request = dict(xs=x.stride(0), top_n=top_n, n_ids=n_ids, vocab_start=vocab_start, vocab_total=vocab_total)
-    return _bound.get(key, lambda: _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device), request,
-                                         x.device))
+    return _bound.get(key, lambda: _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device, top_n=top_n),
+                                         request, x.device))
 
 
 # ---- the API's functions ------------------------------------------------------------------------------
@@ -435,6 +464,8 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     launchers = remembered(lambda x, tensors: _launchers(op, spec, x, plan, top_n, n_ids, tensors))
     # The workspace (chunk states, candidates) is the scan's and select's of one call: kept per stream.
     kept = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
+    # A fused plan's per-row arrival counts, zero between launches (`scan_select_kernel`).
+    counts = per_stream(lambda device: torch.zeros(max(1, spec.rows), dtype=torch.int32, device=device))
 
     def workspace(words: int) -> torch.Tensor:
         box = kept(device)
@@ -453,7 +484,7 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
                 ored |= t.data_ptr()
         bound = launchers((x.stride(0), ored % 16 == 0 or _aligned(x, *present)), x, present)
         ws = workspace(bound.space.words)
-        bound.run(x, ws, tensors, floats, ints, outs, top_n=top_n)
+        bound.run(x, ws, tensors, floats, ints, outs, top_n, bound.scan_select and counts(device))
         return bound, ws, tensors, floats, ints
     return select
 
@@ -565,7 +596,7 @@ def shard_runner(spec: SamplingSpec, vocab_start: int, vocab_total: int, shards:
     int64 word the select sets to 1 when a row needs the whole row. Both workspaces are kept per
     stream: a call's exchange reads the scan's before the next call's scan writes it (stream order)."""
     device, rows = spec.device, spec.rows
-    plan = plan_for(rows, spec.vocab, device)
+    plan = plan_for(rows, spec.vocab, device, one_launch=False)
     keyword_call = _keyword_caller(keyword_values(spec), True, device)
     scans = remembered(lambda x, tensors: _launchers("sample", spec, x, plan, tensors=tensors,
                                                      vocab_start=vocab_start, vocab_total=vocab_total))
@@ -605,7 +636,7 @@ def scan_shard(spec: SamplingSpec, logits_shard: torch.Tensor, vocab_start: int,
     `select_shards` runs the same select on every rank (the same ids everywhere). Every shard
     must have the same size (and plan): their workspaces then line up word for word."""
     x = rows_view(logits_shard, spec)
-    plan = plan or plan_for(spec.rows, spec.vocab, spec.device)
+    plan = plan or plan_for(spec.rows, spec.vocab, spec.device, one_launch=False)
     values = keyword_values(spec)
     tensors, floats, ints = _keyword_caller(values, True, spec.device)(values)
     bound = _launchers("sample", spec, x, plan, tensors=tensors, vocab_start=vocab_start, vocab_total=vocab_total)

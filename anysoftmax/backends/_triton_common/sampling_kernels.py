@@ -1,7 +1,8 @@
 """The sampler's Triton kernels (`anysoftmax.sampling` on CUDA, HIP and Ascend NPUs): `scan_kernel` (each
-chunk's statistics, candidates and race winner), `select_kernel` (each row's kept set and draw)
-and `probs_kernel` (`probs`' second pass). Plans and launchers: `sampling.py`; the algorithm
-and its numerics: docs/sampling.md ("How the Triton sampler works").
+chunk's statistics, candidates and race winner), `select_kernel` (each row's kept set and draw),
+`scan_select_kernel` (both in one launch, for a few rows) and `probs_kernel` (`probs`' second
+pass). Plans and launchers: `sampling.py`; the algorithm and its numerics: docs/sampling.md
+("How the Triton sampler works").
 
 Every masked load or store whose offsets are data-dependent (a scatter or gather) gives its
 masked-off lanes an in-range offset too (`tl.where(mask, offset, 0)`): triton-ascend lowers such
@@ -1267,6 +1268,45 @@ def select_kernel(
                            off_ptr, undecided_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_groups,
                            shard_stride, state_off, cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo,
                            off_hi, flags, temperature, top_p, min_p, OP, HAS_X, C_SLOT, G_P2, TILE)
+
+
+@triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
+def scan_select_kernel(
+    x_ptr, ws_ptr, count_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr,
+    off_ptr,
+    n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, scr_off, res_off, n_ids, top_n,
+    top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+    temperature, top_p, min_p,
+    OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, KP: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    """`scan_kernel` then `select_kernel` in one launch (a few rows: the second launch's host
+    cost would be most of a call's): the program that stores a row's last chunk selects the row.
+    No program waits for another; `count_ptr` holds one arrival count per row, zero between
+    launches (the selecting program resets it)."""
+    SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
+    for item in tl.range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
+        row = item // n_chunks
+        _scan_item(x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr, row, item % n_chunks, vocab, xs,
+                   vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, top_n, top_k, seed_lo, seed_hi,
+                   off_lo, off_hi, flags, temperature, top_p, min_p, OP, CHUNK, C_SLOT, SUB)
+        # Every thread's stores of the chunk precede the arrival (bar.sync), which releases
+        # them; the last arrival's acquire, then a bar.sync, orders every thread's reads of the
+        # other chunks after their stores.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1
+        if arrived == n_chunks:
+            tl.atomic_xchg(count_ptr + row, 0, sem="relaxed", scope="gpu")
+            tl.debug_barrier()
+            if OP == OP_LOGPROBS:
+                _select_logprobs(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_ptr, ids_ptr, t_ptr,
+                                 vocab, xs, vocab_total, n_chunks, n_chunks, 0, state_off, cz_off, ci_off, scr_off,
+                                 n_ids, top_n, flags, temperature, C_SLOT, G_P2, KP, TILE)
+            else:
+                _select_sample(row, x_ptr, ws_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
+                               seed_ptr, off_ptr, count_ptr, vocab, xs, vocab_start, vocab_total, n_chunks, n_chunks,
+                               0, state_off, cz_off, ci_off, scr_off, res_off, top_k, seed_lo, seed_hi, off_lo,
+                               off_hi, flags, temperature, top_p, min_p, OP, True, C_SLOT, G_P2, TILE)
 
 
 @triton.jit(do_not_specialize=["flags"])

@@ -573,19 +573,22 @@ def _assert_packs_as_triton(entry, monkeypatch, calls: list, types: dict = {}) -
 SAMPLER_PLAN = dict(chunk=128, slots=32, num_warps=4, tile=64)
 
 
-def _sampler_bindings(monkeypatch, gen):
+def _sampler_bindings(monkeypatch, gen, fused=False):
     """The scan and select bindings of a small `sample` request (keywords as numbers: top_k,
-    a seed and an offset beyond 32 bits, per-call words) and the calls it made (interpreted)."""
+    a seed and an offset beyond 32 bits, per-call words) and the calls it made (interpreted);
+    `fused`: the one launch of both (`scan_select_kernel`)."""
     from anysoftmax.backends._triton_common import sampling as triton_sampling
     from anysoftmax.sampling.spec import SamplingSpec
 
     made = _capture(triton_sampling, monkeypatch)
-    plan = triton_sampling.SamplingPlan(grid=5, **SAMPLER_PLAN)
+    plan = triton_sampling.SamplingPlan(grid=5, fused=fused, **SAMPLER_PLAN)
     x = torch.randn(3, 300, generator=gen) * 3
     spec = SamplingSpec.from_request("sample", x, temperature=0.9, top_k=12, top_p=0.8, min_p=0.01,
                                      seed=2**40 + 12345, offset=2**33 + 7)
     triton_sampling.sample(spec, x, True, plan=plan)
-    assert [e.binding.kernel.__name__ for e in made] == ["scan_kernel", "select_kernel"]
+    made = [e for e in made if e.calls]  # (a plan binds the launchers it may use: those it used)
+    assert [e.binding.kernel.__name__ for e in made] == (["scan_select_kernel"] if fused else
+                                                        ["scan_kernel", "select_kernel"])
     return made
 
 
@@ -595,8 +598,9 @@ PER_CALL_SAMPLES = [(12, -5, INT32_MAX, INT32_MIN, 7, 0), (INT32_MAX, 0, -1, 1, 
 
 @needs_toolchain
 @pytest.mark.skipif("triton" not in runnable_backends("cpu"), reason="TRITON_INTERPRET is not set")
-def test_native_packs_the_samplers_per_call_integers(monkeypatch, gen):
-    made = _sampler_bindings(monkeypatch, gen)
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launches", "fused"])
+def test_native_packs_the_samplers_per_call_integers(monkeypatch, gen, fused):
+    made = _sampler_bindings(monkeypatch, gen, fused)
     for entry in made:
         (args, values, per_call), = entry.calls
         assert per_call[1:5] != (0, 0, 0, 0)  # (the request's seed and offset words)

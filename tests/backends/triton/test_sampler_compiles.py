@@ -31,7 +31,8 @@ from sampler_targets import OPS
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "sampler_targets.py"
 CHECKED = ("sm_90", "gfx942")
-DTYPE, SHAPE = "bfloat16", "16x20000"  # (16 rows: the default plan has the runs pre-pass)
+# (16 rows: the default plan has the runs pre-pass; 4 rows: the fused plan, one launch a call)
+DTYPE, SHAPES = "bfloat16", "16x20000,4x20000"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def report(tmp_path_factory) -> dict:
     targets = [t for t in CHECKED if missing_backend(t) is None]
     if not targets:
         pytest.skip("; ".join(missing_backend(t) for t in CHECKED))
-    return run_script(SCRIPT, ["--targets", ",".join(targets), "--dtypes", DTYPE, "--shapes", SHAPE], ROOT,
+    return run_script(SCRIPT, ["--targets", ",".join(targets), "--dtypes", DTYPE, "--shapes", SHAPES], ROOT,
                       tmp_path_factory.mktemp("triton_cache"))
 
 
@@ -60,7 +61,7 @@ def test_every_sampler_launch_compiles(report, target):
         for e in errors[:6])
     done = {(k["op"], k["kernel"], k["dtype"]) for k in kernels}
     for op in OPS:
-        assert {(op, "scan_kernel", DTYPE), (op, "select_kernel", DTYPE)} <= done, op
+        assert {(op, "scan_kernel", DTYPE), (op, "select_kernel", DTYPE), (op, "scan_select_kernel", DTYPE)} <= done, op
     assert {("probs", "probs_kernel", DTYPE), ("sample-sharded", "select_kernel", DTYPE)} <= done
     for op in ("sample", "logprobs"):
         assert {(op, "runs_kernel", DTYPE), (op, "collect_kernel", DTYPE)} <= done, op

@@ -261,3 +261,48 @@ def test_shards_not_starting_at_multiples_of_4_draw_the_unsharded_tokens(gen):
         parts.append(ws[:space.shard_words])
     spec = SamplingSpec.from_request("sample", x[:, :shard], **kw)
     assert torch.equal(triton_sampling.select_shards(spec, torch.stack(parts), world, shard * world, SMALL), want)
+
+
+@pytest.mark.parametrize("op", ["sample", "probs", "logprobs"])
+def test_a_fused_plan_computes_what_two_launches_do(op, gen):
+    """The scan and the select in one launch (`scan_select_kernel`: the program storing a row's
+    last chunk selects it) give what the two launches give, call after call (each launch leaves
+    its per-row arrival counts at zero for the next)."""
+    fused = dataclasses.replace(SMALL, fused=True)
+    rows, vocab = 5, 700
+    x = (torch.randn(rows, vocab, generator=gen) * 3).to(torch.bfloat16)
+    keywords = dict(temperature=torch.rand(rows, generator=gen) + 0.5, top_k=torch.tensor([0, 5, 40, 0, 3]),
+                    top_p=torch.tensor([0.9, 1.0, 0.8, 0.5, 1.0]), min_p=0.02)
+    if op == "sample":
+        keywords.update(seed=torch.arange(rows) * 11 + 3, offset=7)
+    if op == "logprobs":
+        keywords = dict(temperature=keywords["temperature"])
+    spec = SamplingSpec.from_request(op, x, **keywords)
+    ids = torch.randint(0, vocab, (rows, 3), generator=gen)
+    values = triton_sampling.keyword_values(spec)
+
+    def runner(plan):  # (one runner: its launches reuse one arrival-count buffer call after call)
+        if op == "logprobs":
+            run = triton_sampling.runner(op, spec, 6, ids.shape[-1], plan=plan)
+            return lambda x: run(x, values, ids)
+        run = triton_sampling.runner(op, spec, plan=plan)
+        return (lambda x: run(x, values, True)) if op == "sample" else (lambda x: (run(x, values),))
+
+    two, one = runner(SMALL), runner(fused)
+    for scale in (3.0, 1.0, 5.0):  # (other logits each call: the same request, new data)
+        x = (torch.randn(rows, vocab, generator=gen) * scale).to(torch.bfloat16)
+        want = two(x)
+        for g, w in zip(one(x), want):
+            assert torch.equal(g, w)
+    if op == "probs":
+        _assert_probs(want[0], x, spec)
+
+
+def test_the_default_plan_fuses_only_a_few_rows():
+    """Up to FUSED_MAX_ROWS rows a call is one launch; more rows keep the select's own launch
+    (its grid of one program a row) or take the runs pre-pass."""
+    cpu = torch.device("cpu")
+    few, many = triton_sampling.FUSED_MAX_ROWS, triton_sampling.FUSED_MAX_ROWS + 1
+    assert triton_sampling.plan_for(1, 128256, cpu).fused and triton_sampling.plan_for(few, 128256, cpu).fused
+    assert not triton_sampling.plan_for(many, 128256, cpu).fused
+    assert not triton_sampling.plan_for(64, 128256, cpu).fused and triton_sampling.plan_for(64, 128256, cpu).runs

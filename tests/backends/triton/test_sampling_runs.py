@@ -57,7 +57,7 @@ def runs_planned(monkeypatch):
         triton_sampling._bound.clear()
     drop()
     monkeypatch.setattr(triton_sampling, "plan_for",
-                        lambda rows, vocab, device, programs=None: RUNS if vocab <= 2048 else RUNS_WIDE)
+                        lambda rows, vocab, device, programs=None, **_: RUNS if vocab <= 2048 else RUNS_WIDE)
     yield
     monkeypatch.undo()
     drop()

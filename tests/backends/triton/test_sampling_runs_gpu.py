@@ -32,7 +32,7 @@ def test_the_whole_kit_sampler_section_with_the_runs_prepass_on_the_gpu(monkeypa
     sampling_api._requests.clear()
     triton_sampling._bound.clear()
     monkeypatch.setattr(triton_sampling, "plan_for",
-                        lambda rows, vocab, device, programs=None: RUNS if vocab <= 2048 else RUNS_WIDE)
+                        lambda rows, vocab, device, programs=None, **_: RUNS if vocab <= 2048 else RUNS_WIDE)
     try:
         report = check_sampler(functools.partial(sampling.sample, backend="triton"),
                                functools.partial(sampling.probs, backend="triton"),
