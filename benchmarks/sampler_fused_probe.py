@@ -6,6 +6,7 @@ calling thread's time, `wall` closes the loop with one synchronize), the GPU tim
 plan's (the draw is a function of the seed, not of the plan: near-ties aside, all).
 
     python benchmarks/sampler_fused_probe.py [--vocab 128256] [--out FILE.json]
+    python benchmarks/sampler_fused_probe.py --plot FILE.json   # FILE.png from a run's JSON
 
 Configurations: `two` (FUSED_MAX_ROWS = 0), `fused` (the fused plan with 8192-element chunks
 at 16 warps), `fused_c4096` (4096-element chunks at 8 warps). Needs a CUDA GPU.
@@ -70,13 +71,44 @@ def gpu_us(f, reps: int = 20) -> float:
     return sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0) / reps
 
 
+def plot(path: Path) -> Path:
+    """`path`'s rows drawn as host and GPU time of `sample` (numbers) by batch, one panel per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = json.loads(path.read_text())
+    dtypes = sorted({r["dtype"] for r in run["rows"]})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4), squeeze=False)
+    for ax, dname in zip(axes[0], dtypes):
+        for config in run["configs"]:
+            rows = [r for r in run["rows"] if r["config"] == config and r["dtype"] == dname
+                    and r["call"] == "sample, numbers"]
+            batches = [r["B"] for r in rows]
+            ax.plot(batches, [r["host_us"] for r in rows], "o-", label=f"{config}: host")
+            ax.plot(batches, [r["gpu_us"] for r in rows], "s--", label=f"{config}: GPU")
+        ax.set(title=f"{run['device']}, sample (numbers), {dname}, V={run['vocab']}", xlabel="rows (B)",
+               ylabel="us per call", xticks=sorted({r["B"] for r in run["rows"]}))
+        ax.set_xticklabels(sorted({r["B"] for r in run["rows"]}))
+        ax.legend(fontsize=7)
+    out = path.with_suffix(".png")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", default=None, help="a run's JSON: draw it (FILE.png) and exit")
     args = ap.parse_args()
+    if args.plot:
+        print(plot(Path(args.plot)))
+        return
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         sys.exit(2)
@@ -124,6 +156,7 @@ def main() -> None:
     configure(CONFIGS["two"])
     if args.out:
         Path(args.out).write_text(json.dumps(dict(device=device, vocab=v, configs=CONFIGS, rows=rows_out), indent=1))
+        plot(Path(args.out))
 
 
 if __name__ == "__main__":
