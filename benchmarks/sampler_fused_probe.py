@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.sampler_kernels_probe import kernel_times  # noqa: E402
+from benchmarks.sampling_host_gpu import host_and_wall_us  # noqa: E402
 
 CONFIGS = {"two": dict(FUSED_MAX_ROWS=0), "fused": dict(FUSED_MAX_ROWS=64, FUSED_CHUNK=8192),
            "fused_c4096": dict(FUSED_MAX_ROWS=64, FUSED_CHUNK=4096)}
@@ -40,35 +42,9 @@ def configure(values: dict) -> None:
     api._requests.clear()
 
 
-def host_and_wall_us(f, calls: int = 200, repeats: int = 7) -> tuple[float, float]:
-    """(host us per call, wall us per call): the best of `repeats` loops of `calls` calls."""
-    for _ in range(20):
-        f()
-    torch.cuda.synchronize()
-    host = wall = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            f()
-        issued = time.perf_counter()
-        torch.cuda.synchronize()
-        done = time.perf_counter()
-        host, wall = min(host, (issued - start) / calls), min(wall, (done - start) / calls)
-    return host * 1e6, wall * 1e6
-
-
-def gpu_us(f, reps: int = 20) -> float:
-    """GPU time per call: every kernel of `reps` calls (torch.profiler), divided by `reps`."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            f()
-        torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0) / reps
+def gpu_us(f) -> float:
+    """GPU time per call: every kernel of 20 calls (torch.profiler), divided by 20."""
+    return sum(kernel_times(f, reps=20).values())
 
 
 def plot(path: Path) -> Path:
