@@ -38,8 +38,8 @@ RUNS_MIN_ROWS = 16
 # launch costs the host 5-8 us on the H200 hosts, most of a call's GPU time at a few rows. Its
 # chunks hold FUSED_CHUNK elements at 8 warps: the select's code then keeps its registers (at
 # 16 warps, 128 a thread, it spills: float32 rows took 1.5-2x the GPU time). NVIDIA H200, V =
-# 128256: host -7 to -9 us a call, GPU time +0 to +3.4 us up to 4 rows, +8 to +11 us at 8
-# (docs/speed.md, the fused sampler).
+# 128256: host -7 to -8 us a call, GPU time -0.3 to +3.4 us up to 4 rows, +8 to +11 us at 8
+# (docs/speed.md, "A few rows in one launch").
 FUSED_MAX_ROWS = 4
 FUSED_CHUNK = 4096
 STATE_WORDS, RESULT_WORDS = 16, 8  # (sampling_kernels.NS, NR)
