@@ -17,7 +17,7 @@ import torch
 from ...core.cache import OnceCache
 from ...core.layout import cdiv, next_power_of_2, output_maker
 from ...sampling.spec import KEYWORDS, SamplingSpec
-from .launcher import Binding, bind_kernel, per_stream
+from .launcher import Binding, bind_kernel, per_stream, row_counters
 from .plan import runtime_params
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -464,8 +464,9 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     launchers = remembered(lambda x, tensors: _launchers(op, spec, x, plan, top_n, n_ids, tensors))
     # The workspace (chunk states, candidates) is the scan's and select's of one call: kept per stream.
     kept = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
-    # A fused plan's per-row arrival counts, zero between launches (`scan_select_kernel`).
-    counts = per_stream(lambda device: torch.zeros(max(1, spec.rows), dtype=torch.int32, device=device))
+    # A fused plan's per-row arrival counts (`scan_select_kernel`): the stream's row counters,
+    # which every kernel using them leaves zero.
+    counts = per_stream(lambda device: row_counters(device, spec.rows))
 
     def workspace(words: int) -> torch.Tensor:
         box = kept(device)

@@ -17,6 +17,7 @@ import torch
 
 import anysoftmax.sampling as sampling
 from anysoftmax.core.errors import UnsupportedRequestError
+from anysoftmax.backends._triton_common import launcher
 from anysoftmax.backends._triton_common import sampling as triton_sampling
 from anysoftmax.backends._triton_common import sampling_kernels
 from anysoftmax.sampling import rng
@@ -266,8 +267,8 @@ def test_shards_not_starting_at_multiples_of_4_draw_the_unsharded_tokens(gen):
 @pytest.mark.parametrize("op", ["sample", "probs", "logprobs"])
 def test_a_fused_plan_computes_what_two_launches_do(op, gen):
     """The scan and the select in one launch (`scan_select_kernel`: the program storing a row's
-    last chunk selects it) give what the two launches give, call after call (each launch leaves
-    its per-row arrival counts at zero for the next)."""
+    last chunk selects it) give what the two launches give, call after call, and leave the
+    stream's row counters (its per-row arrival counts) at zero for the next launch."""
     fused = dataclasses.replace(SMALL, fused=True)
     rows, vocab = 5, 700
     x = (torch.randn(rows, vocab, generator=gen) * 3).to(torch.bfloat16)
@@ -294,6 +295,7 @@ def test_a_fused_plan_computes_what_two_launches_do(op, gen):
         want = two(x)
         for g, w in zip(one(x), want):
             assert torch.equal(g, w)
+    assert all(not c.any() for c in launcher._counters.values())  # (the stream's row counters, shared)
     if op == "probs":
         _assert_probs(want[0], x, spec)
 
