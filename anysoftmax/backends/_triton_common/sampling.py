@@ -257,7 +257,7 @@ def _ints(spec: SamplingSpec, plan: SamplingPlan, space: Workspace, request: dic
 class Bound:
     """A request's launchers: `scan`, `select`, `second` (probs' pass 2); with the runs
     pre-pass, `runs`, `collect` and the scan that skips the rows the collect served; on a fused
-    plan, `scan_select` (the scan and the select in one launch)."""
+    plan, `scan_select` (the scan and the select in one launch) in `select`'s place."""
 
     plan: SamplingPlan
     space: Workspace
@@ -315,7 +315,7 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     grid = max(1, min(plan.grid, items))
     scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
     scan = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False}, device)
-    select = _select_launcher(op, spec, plan, space, request, device)
+    select = None if plan.fused else _select_launcher(op, spec, plan, space, request, device)
     second = None
     if op == "probs":
         second = launcher(k.probs_kernel, grid, ints, dict(CHUNK=plan.chunk, num_warps=plan.num_warps), device)

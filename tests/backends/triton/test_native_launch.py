@@ -586,7 +586,7 @@ def _sampler_bindings(monkeypatch, gen, fused=False):
     spec = SamplingSpec.from_request("sample", x, temperature=0.9, top_k=12, top_p=0.8, min_p=0.01,
                                      seed=2**40 + 12345, offset=2**33 + 7)
     triton_sampling.sample(spec, x, True, plan=plan)
-    made = [e for e in made if e.calls]  # (a plan binds the launchers it may use: those it used)
+    made = [e for e in made if e.calls]  # (a fused plan binds the scan too, for a pass one alone)
     assert [e.binding.kernel.__name__ for e in made] == (["scan_select_kernel"] if fused else
                                                         ["scan_kernel", "select_kernel"])
     return made
