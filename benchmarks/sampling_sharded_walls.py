@@ -1,11 +1,11 @@
-"""The sharded sampler on 2 GPUs, back to back: `anysoftmax.distributed.sample` with the
+"""The sharded sampler across the ranks (one GPU each, the vocabulary cut in rank order), back to back: `anysoftmax.distributed.sample` with the
 workspaces crossing through the mailbox kernel (the default on NVIDIA GPUs) and through the
 all-gather (`kernel_sampling.mailbox_refusal` made to refuse), and the local `sample` of the shard;
 us per call over 40 calls after 5 warm-ups, one sync at the end. First, 3 offsets a shape: the
 sharded ids against `sample` on the whole logits, interleaved with the one-read sharded softmax
 on the same mailbox (its result against torch.softmax).
 
-    python -m torch.distributed.run --nproc_per_node=2 benchmarks/sampling_sharded_walls.py OUT.json
+    python -m torch.distributed.run --nproc_per_node=2 benchmarks/sampling_sharded_walls.py OUT.json   # or 4
 
 bf16 logits [B, 128256], B = 1, 8, 32, 128, 512; per-row temperature and seeds, top_k 50, top_p
 0.9, min_p 0.05. Rank 0 writes OUT.json (with a "failures" list).

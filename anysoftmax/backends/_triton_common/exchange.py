@@ -2,8 +2,10 @@
 one kernel: the sharded sampler's exchange of its scan workspaces (the row states and candidates
 every rank's select reads), without a collective's host cost.
 
-Word i of rank r sits at `slot_base + i * world + r` of every mailbox, as `epoch << 32 | bits`:
-one aligned 8-byte store, so a reader sees the old word or the whole new one. A program first
+Word i of rank r sits at `slot_base + r * n_words + i` of every mailbox, as `epoch << 32 | bits`:
+one aligned 8-byte store, so a reader sees the old word or the whole new one, and a program's
+block is one contiguous run of stores into each peer (rank-interleaved slots would spread them
+over world times the bytes: a quarter of each 32-byte sector used at 4 ranks). A program first
 writes all its blocks into every peer's mailbox, then waits for the peers' words of the same
 blocks: a program waits only on the same program of the other ranks, and the grid never exceeds
 what a GPU holds at once, so every program it waits on runs. A wait that outlasts `spin_limit`
@@ -45,13 +47,13 @@ def exchange_kernel(src_ptr, out_ptr, words_ptr, peers_ptr, status_ptr, n_words,
         inside = offs < n_words
         bits = tl.load(src_ptr + offs, mask=inside, other=0)
         tl.store(out_ptr + rank * n_words + offs, bits, mask=inside)
-        slots = slot_base + offs[None, :] * world + rank
+        slots = slot_base + rank * n_words + offs[None, :]
         tl.store(peers[:, None] + slots, tag | (bits.to(tl.int64) & LOW32)[None, :],
                  mask=others[:, None] & inside[None, :])
     for start in tl.range(first, n_words, step):
         offs = start + tl.arange(0, BLOCK)
         wanted = others[:, None] & (offs < n_words)[None, :]
-        mine = words_ptr + slot_base + offs[None, :] * world + ranks[:, None]
+        mine = words_ptr + slot_base + ranks[:, None] * n_words + offs[None, :]
         w = tl.load(mine, mask=wanted, other=0, volatile=True)
         spins = 0
         while (tl.sum(tl.where(wanted & ((w >> 32) != epoch), 1, 0)) > 0) & (spins < spin_limit):
