@@ -1,5 +1,5 @@
-"""The sharded sampler across the ranks (one GPU each, the vocabulary cut in rank order), back to back: `anysoftmax.distributed.sample` with the
-workspaces crossing through the mailbox kernel (the default on NVIDIA GPUs) and through the
+"""The sharded sampler across the ranks (one GPU each, the vocabulary cut in rank order), back
+to back: `anysoftmax.distributed.sample` with the workspaces crossing through the mailbox kernel (the default on NVIDIA GPUs) and through the
 all-gather (`kernel_sampling.mailbox_refusal` made to refuse), and the local `sample` of the shard;
 us per call over 40 calls after 5 warm-ups, one sync at the end. First, 3 offsets a shape: the
 sharded ids against `sample` on the whole logits, interleaved with the one-read sharded softmax
