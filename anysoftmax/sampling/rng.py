@@ -8,6 +8,8 @@ Philox4x32-10 keyed by the row's seed, counter ``(i >> 2, stream, offset low, of
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .spec import SamplingSpec
@@ -81,6 +83,30 @@ def exponential(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     else:
         u = ((bits.to(torch.float32) + 0.5) * 2.0**-32).clamp_max(1.0 - 2.0**-24).to(dtype)
     return -torch.log1p(-u)
+
+
+_generator_lock = threading.Lock()
+# splitmix64's increment and multipliers: the seed a generator's (seed, offset) pair stands for.
+SPLITMIX_GAMMA, SPLITMIX_M1, SPLITMIX_M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+MASK64 = (1 << 64) - 1
+
+
+def generator_seed(device: torch.device) -> int | None:
+    """A seed from torch's default generator of CUDA `device`, read and advanced on the host (as
+    a Philox op advances it: 4 counter steps; no launch): splitmix64 of its seed and offset, so
+    `torch.manual_seed` replays the draws. None where the seed must come from a device draw
+    instead: another device type (the CPU generator keeps no offset), or a CUDA graph being
+    captured (a host number would be frozen into the graph; a device draw advances per replay)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    with _generator_lock:  # (two threads reading one offset would draw alike)
+        offset = gen.get_offset()
+        gen.set_offset(offset + 4)
+    z = (gen.initial_seed() + (offset + 1) * SPLITMIX_GAMMA) & MASK64
+    z = ((z ^ (z >> 30)) * SPLITMIX_M1) & MASK64
+    z = ((z ^ (z >> 27)) * SPLITMIX_M2) & MASK64
+    return (z ^ (z >> 31)) >> 1  # (a non-negative int64, as torch.randint's seeds)
 
 
 def row_words(spec: SamplingSpec, device: torch.device | None = None) -> tuple[torch.Tensor, ...]:

@@ -126,3 +126,30 @@ def test_checks_are_named_once_and_cheap_shapes():
     names = [c.name for c in checks]
     assert len(names) == len(set(names))
     assert sum(n.startswith("bad-input") for n in names) >= 20
+
+
+@pytest.mark.gpu
+def test_a_seed_frozen_into_a_cuda_graph_fails_the_kit():
+    """A sampler that reads its seed off the device's generator on the host when none is given
+    (right in eager calls: torch.manual_seed replays them, and they advance) draws the same ids
+    at every replay of a captured graph: the kit's CUDA graph check names it; the package's passes."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
+
+    def frozen(x, *, seed=None, **kw):
+        if seed is None:
+            gen = torch.cuda.default_generators[x.device.index]
+            offset = gen.get_offset()
+            gen.set_offset(offset + 4)
+            seed = (gen.initial_seed() ^ (offset * 0x9E3779B97F4A7C15)) % 2**62
+        return sampling.sample(x, seed=seed, **kw)
+
+    name = "advancing without a seed, replayed in a CUDA graph"
+    for fn, fails in ((frozen, True), (sampling.sample, False)):
+        checks = {c.name: c for c in sampler_checks(fn, device="cuda")}
+        assert checks["advancing without a seed"].run(SEED) is None
+        if fails:
+            with pytest.raises(AssertionError, match="does not advance per replay"):
+                checks[name].run(SEED)
+        else:
+            assert checks[name].run(SEED) is None

@@ -89,3 +89,31 @@ def test_sample_captures_in_a_cuda_graph():
 def test_the_kit_passes_on_cuda():
     report = check_sampler(sampling.sample, sampling.probs, sampling.logprobs, device="cuda", seed=0, name="torch")
     assert report.ok and "bad-input per-row values on the device give invalid rows" in report.passed
+
+
+@pytest.mark.gpu
+def test_an_unseeded_sample_advances_the_generator_eagerly_and_per_replay():
+    """Without a seed the CUDA generator supplies it: read and advanced on the host in eager
+    calls (torch.cuda.manual_seed replays them), drawn on the device inside a captured graph (so
+    each replay draws anew instead of repeating the capture's number)."""
+    x = torch.zeros(64, 3000, device="cuda")  # (uniform rows: two draws share ~1/3000 of their ids)
+    gen = torch.cuda.default_generators[x.device.index]
+    torch.cuda.manual_seed(3)
+    a = sampling.sample(x, temperature=1.0)
+    assert gen.get_offset() > 0, "an unseeded sample must advance the device's generator"
+    b = sampling.sample(x, temperature=1.0)
+    torch.cuda.manual_seed(3)
+    assert torch.equal(sampling.sample(x, temperature=1.0), a) and (a == b).float().mean() < 0.1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sampling.sample(x, temperature=1.0)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling.sample(x, temperature=1.0)
+    replays = []
+    for _ in range(2):
+        graph.replay()
+        replays.append(out.clone())
+    assert (replays[0] == replays[1]).float().mean() < 0.1, "each replay of an unseeded sample must draw anew"

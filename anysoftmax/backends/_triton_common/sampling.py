@@ -16,6 +16,7 @@ import torch
 
 from ...core.cache import OnceCache
 from ...core.layout import cdiv, next_power_of_2, output_maker
+from ...sampling.rng import generator_seed
 from ...sampling.spec import KEYWORDS, SamplingSpec
 from .launcher import Binding, bind_kernel, per_stream, row_counters
 from .plan import runtime_params
@@ -432,12 +433,18 @@ def _keyword_caller(form_values, with_seed: bool, device: torch.device):
         keyword_tensors = (t_prep and t_prep(t), k_prep and k_prep(k), p_prep and p_prep(p), mp_prep and mp_prep(mp))
         if not with_seed:
             return (*keyword_tensors, None, None), floats, (top_k, 0, 0, 0, 0, flags)
+        given_flags = flags
         if draw:  # (from torch's default generator on the device, advancing it as torch.multinomial does)
-            seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=device)
-        seed_words = (0, 0) if seed_prep else _word_pair(seed)
+            seed = generator_seed(device)
+            if seed is None:
+                seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64, device=device)
+            else:  # (a number: the form's seed operand left out of this call)
+                given_flags = flags & ~(3 << KEYWORD_BITS["seed"])
+        seed_tensor = isinstance(seed, torch.Tensor)
+        seed_words = (0, 0) if seed_tensor else _word_pair(seed)
         off_words = (0, 0) if off_prep else _word_pair(offset)
-        return (*keyword_tensors, seed_prep and seed_prep(seed), off_prep and off_prep(offset)), floats, \
-            (top_k, *seed_words, *off_words, flags)
+        return (*keyword_tensors, seed_prep(seed) if seed_tensor else None, off_prep and off_prep(offset)), floats, \
+            (top_k, *seed_words, *off_words, given_flags)
     return call
 
 
@@ -478,12 +485,15 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
         tensors, floats, ints = keyword_call(values)
         present = (*extra, *tensors)
         # (`outs` are fresh allocations, aligned, present as `op`, top_n and n_ids say: keyed by
-        # those; every operand 16-byte aligned, the common case, is one test of their addresses)
+        # those; every operand 16-byte aligned, the common case, is one test of their addresses.
+        # The seed is the one operand whose presence a form leaves open: without a seed, a number
+        # from the host or a tensor drawn on the device, call by call)
         ored = x.data_ptr()
         for t in present:
             if t is not None:
                 ored |= t.data_ptr()
-        bound = launchers((x.stride(0), ored % 16 == 0 or _aligned(x, *present)), x, present)
+        guard = (x.stride(0), tensors[4] is None, ored % 16 == 0 or _aligned(x, *present))
+        bound = launchers(guard, x, present)
         ws = workspace(bound.space.words)
         bound.run(x, ws, tensors, floats, ints, outs, top_n, bound.scan_select and counts(device))
         return bound, ws, tensors, floats, ints

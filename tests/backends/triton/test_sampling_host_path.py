@@ -94,6 +94,22 @@ def test_no_seed_after_a_given_seed(gen):
     torch.testing.assert_close(_same_draw(x, plan, temperature=1.5, seed=123), seeded, rtol=0, atol=0)
 
 
+def test_a_seed_read_off_the_generator_on_the_host_is_a_given_seed(gen, monkeypatch):
+    """Where the device's generator hands its seed over on the host (CUDA, outside a graph
+    capture), the call passes it as a number: the same launchers, the draws of that int seed,
+    and back to a device-drawn seed (a tensor) when the host cannot give one."""
+    plan = dataclasses.replace(PLAN, grid=next(GRIDS))
+    x = torch.randn(ROWS, VOCAB, generator=gen) * 3
+    spec = SamplingSpec.from_request("sample", x, temperature=1.5, top_k=40)
+    for host_seed in (2**62 + 3, 9, None):
+        monkeypatch.setattr(triton_sampling, "generator_seed", lambda device: host_seed)
+        torch.manual_seed(77)
+        ids = triton_sampling.sample(spec, x, plan=plan)
+        torch.manual_seed(77)
+        seed = host_seed if host_seed is not None else torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
+        torch.testing.assert_close(ids, _same_draw(x, plan, temperature=1.5, top_k=40, seed=seed), rtol=0, atol=0)
+
+
 def test_outputs_have_the_batch_shape_and_are_fresh(gen):
     plan = dataclasses.replace(PLAN, grid=next(GRIDS))
     x = torch.randn(2, 2, VOCAB, generator=gen) * 3
