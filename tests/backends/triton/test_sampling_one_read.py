@@ -61,8 +61,9 @@ def _check_probs(got, x, spec):
 
 
 def _check_logprobs(got, x, ids, spec):
-    ref = reference_logprobs(x, spec).reshape(ROWS, VOCAB).gather(-1, ids.clamp(0, VOCAB - 1))
-    ref = torch.where((ids >= 0) & (ids < VOCAB), ref, math.nan)
+    vocab = x.shape[-1]
+    ref = reference_logprobs(x, spec).reshape(-1, vocab).gather(-1, ids.clamp(0, vocab - 1))
+    ref = torch.where((ids >= 0) & (ids < vocab), ref, math.nan)
     assert got.dtype == torch.float32 and got.shape == ids.shape
     assert torch.equal(torch.isnan(got), torch.isnan(ref)) and torch.equal(torch.isinf(got), torch.isinf(ref))
     fin = torch.isfinite(ref)
@@ -105,6 +106,29 @@ def test_logprobs_of_ids_is_the_logsumexp_and_a_gather(form, gen, scan_calls):
     got = sampling.logprobs(x, ids, temperature=t, backend="triton")
     _check_logprobs(got, x, ids, SamplingSpec.from_request("logprobs", x, temperature=t))
     assert scan_calls == [], "the scan ran for logprobs without top_n"
+
+
+@pytest.mark.parametrize("programs", [1, None])
+def test_the_gather_serves_every_row_on_any_grid(programs, gen):
+    """Many rows with greedy rows (ties at the max) and invalid rows among them, on the default
+    grid and on one program looping over every row (a fixed grid, as on an NPU)."""
+    from anysoftmax.backends._triton_common import sampling as triton_sampling
+
+    rows, vocab = 131, 300
+    x = torch.randn(rows, vocab, generator=gen) * 3
+    t = torch.rand(rows, generator=gen) + 0.5
+    t[[3, 63, 64, 130]] = 0.0
+    x[63, [7, 250]] = 40.0  # (tied maxima of a greedy row)
+    x[65, 9] = math.nan
+    ids = torch.randint(0, vocab, (rows, 3), generator=gen)
+    ids[63, :2] = torch.tensor([250, 8])
+    plans = None if programs is None else \
+        (lambda spec: dataclasses.replace(triton_sampling.plan_for(spec.rows, spec.vocab, spec.device), grid=programs))
+    sampler = sampling_one_read.Sampler(as_backend(registry.get_backend("triton")), plans)
+    spec = SamplingSpec.from_request("logprobs", x, temperature=t)
+    got = sampler.logprobs(spec, x, ids)
+    _check_logprobs(got, x, ids, spec)
+    assert got[63, 0] == -math.log(2) and got[63, 1] == -math.inf
 
 
 def test_out_of_range_per_row_temperatures_and_ids_give_nan():

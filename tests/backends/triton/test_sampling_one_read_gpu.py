@@ -87,3 +87,26 @@ def test_repeated_draws_on_two_streams_match_the_torch_sampler():
         want.append(torch_sampler.sample(SamplingSpec.from_request("sample", x, **kw), x))
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+def test_the_gather_over_blocks_of_rows_on_the_gpu():
+    """`logprobs` of ids over 300 rows of 5000, every 37th row greedy with tied maxima, three
+    calls on the same operands: the greedy limit on those rows, z - lse on the others."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
+    gen = torch.Generator().manual_seed(11)
+    rows, vocab = 300, 5000
+    x = torch.randn(rows, vocab, generator=gen) * 3
+    t = torch.rand(rows, generator=gen) + 0.5
+    greedy = torch.arange(0, rows, 37)
+    t[greedy] = 0.0
+    x[greedy, 17] = x[greedy, 4000] = 50.0
+    ids = torch.randint(0, vocab, (rows, 3), generator=gen)
+    ids[greedy, 0], ids[greedy, 1] = 4000, 18
+    for _ in range(3):
+        lp = sampling.logprobs(x.cuda(), ids.cuda(), temperature=t.cuda(), backend="triton").cpu()
+        want = reference_logprobs(x, SamplingSpec.from_request("logprobs", x, temperature=t)).gather(-1, ids)
+        assert torch.equal(torch.isinf(lp), torch.isinf(want)) and not bool(torch.isnan(lp).any())
+        fin = torch.isfinite(want)
+        assert torch.allclose(lp.double()[fin], want[fin], atol=2e-5, rtol=1e-5)
+        assert bool((lp[greedy, 0] == -math.log(2)).all())
