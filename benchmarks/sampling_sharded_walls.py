@@ -1,9 +1,10 @@
-"""The sharded sampler across the ranks (one GPU each, the vocabulary cut in rank order), back
-to back: `anysoftmax.distributed.sample` with the workspaces crossing through the mailbox kernel (the default on NVIDIA GPUs) and through the
-all-gather (`kernel_sampling.mailbox_refusal` made to refuse), and the local `sample` of the shard;
-us per call over 40 calls after 5 warm-ups, one sync at the end. First, 3 offsets a shape: the
-sharded ids against `sample` on the whole logits, interleaved with the one-read sharded softmax
-on the same mailbox (its result against torch.softmax).
+"""The sharded sampler across the ranks (one GPU each, the vocabulary cut in rank order), back to
+back: `anysoftmax.distributed.sample` with the workspaces crossing through the mailbox kernel (the
+default on NVIDIA GPUs) and through the all-gather (`kernel_sampling.mailbox_refusal` made to
+refuse), and the local `sample` of the shard; us per call over 40 calls after 5 warm-ups, one sync
+at the end. First, 3 offsets a shape: the sharded ids against `sample` on the whole logits,
+interleaved with the one-read sharded softmax on the same mailbox (its result against
+torch.softmax).
 
     python -m torch.distributed.run --nproc_per_node=2 benchmarks/sampling_sharded_walls.py OUT.json   # or 4
 
