@@ -75,6 +75,7 @@ LOGPROB_ATOL, LOGPROB_RTOL = 2e-5, 1e-5
 NEAR_Z, NEAR_MASS, NEAR_RATIO = 1e-6, 1e-4, 2e-5
 LN2_F32 = float(torch.tensor(math.log(2.0), dtype=torch.float32))  # exp(-LN2_F32) rounds to 0.5 in float32
 NEG = -math.inf
+LONG_ROW = 20000  # logits a row of the long-rows logprobs check: longer than the kernels' chunks (4096-16384)
 
 
 @dataclass(frozen=True)
@@ -611,6 +612,15 @@ def _logprobs_check(what: str, logprobs_fn, device: str):
             x = torch.randn(2, 3, 40, generator=gen) * 2
             ids = torch.randint(0, 40, (2, 3, 2), generator=gen)
             kwargs, top_n = dict(temperature=torch.tensor([[0.5, 1.0, 2.0], [1.0, 0.0, 0.7]])), 0
+        elif what == "long-rows-top-n-0":  # (rows a kernel splits: each part's logsumexp must join the row's)
+            vocab = LONG_ROW
+            x = torch.randn(4, vocab, generator=gen) * 3
+            x[1, vocab - 9] = math.nan  # an invalid row, its NaN far from the start
+            x[2, :vocab // 2] = -math.inf  # a row whose first half holds nothing
+            x[3, [1, vocab - 1]] = 40.0  # tied maxima of a greedy row at both ends
+            ids = torch.randint(0, vocab, (4, 3), generator=gen)
+            ids[:, 0] = torch.tensor([vocab - 1, 0, vocab // 2 - 1, vocab - 1])
+            kwargs, top_n = dict(temperature=torch.tensor([0.8, 1.0, 1.3, 0.0])), 0
         else:
             x = torch.randn(6, 200, generator=gen) * 3
             x[3, :] = -1.0  # exact ties: the top ids come lower id first
@@ -770,7 +780,7 @@ def sampler_checks(sample_fn, probs_fn=None, logprobs_fn=None, *, device: str = 
         checks.append(Check("advancing without a seed, replayed in a CUDA graph", "advancing",
                             _graph_advancing_check(sample_fn, device)))
     if logprobs_fn is not None:
-        for what in ("top-n-ties-greedy-invalid", "batch-dims-top-n-0"):
+        for what in ("top-n-ties-greedy-invalid", "batch-dims-top-n-0", "long-rows-top-n-0"):
             checks.append(Check(f"logprobs {what}", "logprobs", _logprobs_check(what, logprobs_fn, device)))
     fns = {"sample": sample_fn, "probs": probs_fn, "logprobs": logprobs_fn}
     for name, which, call, exc, word in _bad_inputs(device):

@@ -128,20 +128,41 @@ def test_checks_are_named_once_and_cheap_shapes():
     assert sum(n.startswith("bad-input") for n in names) >= 20
 
 
+def test_a_logsumexp_of_a_rows_first_chunk_fails_the_long_rows_check():
+    """A `logprobs` whose logsumexp covers only each row's first 4096 logits (a split kernel that
+    never joins its chunks) passes the short-row checks and fails the long rows'."""
+    chunk = 4096
+
+    def first_chunk(x, ids, *, temperature=None, top_n=0):
+        got = sampling.logprobs(x, ids, temperature=temperature, top_n=top_n)
+        if top_n or x.shape[-1] <= chunk:
+            return got
+        t = temperature if isinstance(temperature, torch.Tensor) else torch.tensor(temperature or 1.0)
+        scale = torch.where(t > 0, 1.0 / t, 1.0).to(x.device, torch.float32)[..., None]
+        z = x.float() * scale
+        return got + (torch.logsumexp(z, -1, keepdim=True) - torch.logsumexp(z[..., :chunk], -1, keepdim=True))
+
+    checks = {c.name: c for c in sampler_checks(sampling.sample, logprobs_fn=first_chunk)}
+    assert checks["logprobs top-n-ties-greedy-invalid"].run(SEED) is None
+    assert checks["logprobs batch-dims-top-n-0"].run(SEED) is None
+    with pytest.raises(AssertionError, match="log-probability of id"):
+        checks["logprobs long-rows-top-n-0"].run(SEED)
+    assert {c.name: c for c in sampler_checks(sampling.sample, logprobs_fn=sampling.logprobs)}[
+        "logprobs long-rows-top-n-0"].run(SEED) is None
+
+
 @pytest.mark.gpu
 def test_a_seed_frozen_into_a_cuda_graph_fails_the_kit():
-    """A sampler that reads its seed off the device's generator on the host when none is given
-    (right in eager calls: torch.manual_seed replays them, and they advance) draws the same ids
-    at every replay of a captured graph: the kit's CUDA graph check names it; the package's passes."""
+    """A sampler that draws its seed on the host when none is given (right in eager calls:
+    torch.manual_seed replays them, and they advance) passes that number to the kernel, so a
+    captured graph draws the same ids at every replay: the kit's CUDA graph check names it; the
+    package's sampler passes."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (none visible: torch.cuda.is_available() is False)")
 
     def frozen(x, *, seed=None, **kw):
-        if seed is None:
-            gen = torch.cuda.default_generators[x.device.index]
-            offset = gen.get_offset()
-            gen.set_offset(offset + 4)
-            seed = (gen.initial_seed() ^ (offset * 0x9E3779B97F4A7C15)) % 2**62
+        if seed is None:  # (the CPU generator: readable during a capture, unlike the device's)
+            seed = int(torch.randint(0, 2**62, (1,)))
         return sampling.sample(x, seed=seed, **kw)
 
     name = "advancing without a seed, replayed in a CUDA graph"

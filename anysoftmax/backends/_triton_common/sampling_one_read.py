@@ -1,6 +1,7 @@
 """The Triton sampler as a backend hands it out (`Sampler`): requests that need no filter read
 the logits once, through the backend's own softmax and logsumexp launchers with the per-row
-scale 1/temperature (docs/sampling.md, "Backends"; kernels: `sampling_one_read_kernels.py`);
+scale 1/temperature (docs/sampling.md, "Backends"; kernels: `sampling_one_read_kernels.py`), or
+for `logprobs` of ids one kernel (`logprobs_kernel`) where the backend has no plans of its own;
 every other request runs the scan and select of `sampling.py`, as do a temperature of 0 given as
 a number (the scan's argmax serves it) and a tensor top_k, top_p or min_p (never read on the host).
 """
@@ -11,9 +12,11 @@ import functools
 from typing import NamedTuple
 
 import torch
+import triton
 
 from ...core.cache import OnceCache
 from ...core.layout import cdiv, output_maker
+from .launcher import per_stream, row_counters
 from ...core.lse_merge import logsumexp_request
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
@@ -23,6 +26,13 @@ from . import sampling
 SCALE_BLOCK = 1024  # rows per program of row_scale_kernel
 TILE = 1024  # logits per step where a kernel reads a whole row (greedy rows)
 ID_BLOCK = 64  # ids per step of the gather
+# logprobs_kernel (NVIDIA H200, docs/speed.md): 4096 logits a work item, 32 programs of 4 warps a
+# multiprocessor (as many as its items at most), while a request holds at most
+# LOGPROBS_ONE_LAUNCH_MAX logits; above that the logsumexp kernel and the gather take less GPU
+# time than its host saves (at 512 x 128256 bf16: 61 against 73 us).
+LOGPROBS_CHUNK = 4096
+LOGPROBS_PROGRAMS_PER_SM = 32
+LOGPROBS_ONE_LAUNCH_MAX = 1 << 25
 
 _bound = OnceCache(maxsize=128)
 
@@ -34,6 +44,22 @@ def _temperature_operand(t) -> tuple[torch.Tensor | None, int]:
     # (checked first: a conversion that returns its input still costs ~1 us a call)
     t = t if t.dtype == torch.float32 else t.to(torch.float32)
     return t if t.is_contiguous() else t.contiguous(), 1 if t.dim() else 0
+
+
+def programs_for_logprobs(device: torch.device) -> int:
+    """logprobs_kernel's programs: LOGPROBS_PROGRAMS_PER_SM a multiprocessor on a GPU; two
+    elsewhere (the interpreter, one program after another: two loop over the items as a GPU's
+    grid does at larger sizes)."""
+    if device.type != "cuda":
+        return 2
+    return LOGPROBS_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def one_launch_logprobs(sampler: "Sampler", spec: SamplingSpec) -> bool:
+    """Whether `logprobs` of ids without top_n takes logprobs_kernel: for a backend without plans
+    of its own (triton_ascend's: the NPU's atomics are not verified) and up to
+    LOGPROBS_ONE_LAUNCH_MAX logits."""
+    return sampler.plans is None and spec.rows * spec.vocab <= LOGPROBS_ONE_LAUNCH_MAX
 
 
 class _Launchers(NamedTuple):
@@ -103,7 +129,7 @@ class Sampler:
     def _one_read_launchers(self, op: str, spec: SamplingSpec, row_t: bool, n_ids: int = 0):
         def bound(x: torch.Tensor, t_stride: int) -> _Launchers:
             key = (id(self.backend), op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, row_t, t_stride,
-                   n_ids, x.data_ptr() % 16 == 0, self.plan(spec))
+                   n_ids, x.data_ptr() % 16 == 0, one_launch_logprobs(self, spec), self.plan(spec))
             return _bound.get(key, lambda: self._bind(op, spec, x, row_t, t_stride, n_ids))
         launchers = sampling.remembered(bound)
         return lambda x, t_stride: launchers((x.stride(0), x.data_ptr() % 16 == 0, t_stride), x, t_stride)
@@ -128,6 +154,11 @@ class Sampler:
     def _logprobs_one_read(self, spec: SamplingSpec, row_t: bool, n_ids: int):
         launchers = self._one_read_launchers("logprobs", spec, row_t, n_ids)
         new_out = output_maker((spec.rows, n_ids), torch.float32, spec.device)
+        one_launch = one_launch_logprobs(self, spec)
+        if one_launch:  # (logprobs_kernel's chunk lses and arrival counts: per stream, as its launches)
+            items = spec.rows * cdiv(spec.vocab, LOGPROBS_CHUNK)
+            stats = per_stream(lambda device: torch.empty(items, dtype=torch.float32, device=device))
+            counts = per_stream(lambda device: row_counters(device, spec.rows))
 
         def logprobs(logits, values, ids):
             x = sampling.rows_view(logits, spec)
@@ -137,6 +168,9 @@ class Sampler:
             ids = ids if ids.is_contiguous() else ids.contiguous()
             number = 1.0 if t is not None else float(values[0])
             scale = 1.0 / number if number > 0 else 1.0
+            if one_launch:
+                run.read((x, t, ids, out, stats(x.device), counts(x.device)), (number, scale))
+                return out
             lse, s = _read(run, x, t, scale)
             if t is None:
                 run.after((x, lse, None, None, ids, out), (number, scale))
@@ -150,6 +184,14 @@ class Sampler:
         from . import sampling_one_read_kernels as k
 
         device, rows = x.device, spec.rows
+        if op == "logprobs" and one_launch_logprobs(self, spec):
+            n_chunks = cdiv(spec.vocab, LOGPROBS_CHUNK)
+            ints = dict(n_rows=rows, vocab=spec.vocab, xs=x.stride(0), n_ids=n_ids, t_stride=t_stride,
+                        n_chunks=n_chunks)
+            meta = dict(ROW_T=row_t, CHUNK=LOGPROBS_CHUNK, G_P2=triton.next_power_of_2(n_chunks), TILE=TILE,
+                        ID_BLOCK=ID_BLOCK, num_warps=4)
+            grid = max(1, min(rows * n_chunks, programs_for_logprobs(device)))
+            return _Launchers(None, sampling.launcher(k.logprobs_kernel, grid, ints, meta, device), None)
         scale = new_scale = None
         if row_t:
             scale = sampling.launcher(k.row_scale_kernel, cdiv(rows, SCALE_BLOCK), dict(n_rows=rows, t_stride=t_stride),

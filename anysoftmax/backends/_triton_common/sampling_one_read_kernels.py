@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .fused import close_lse, lse_sub, tile_lse
 from .sampling_kernels import id_logprobs
 
 BIG_ID = tl.constexpr(2147483647)
@@ -44,15 +45,19 @@ def _row_max(x_row, vocab, TILE: tl.constexpr):
 
 
 @triton.jit
+def _row_scale(t):
+    """1 / t correctly rounded (`div_rn`, as the scan computes it: the same z bit for bit); 1 where
+    t is 0 or out of range."""
+    ok = (t > 0.0) & (t < float("inf"))
+    return tl.where(ok, tl.math.div_rn(1.0, tl.where(ok, t, 1.0)), 1.0)
+
+
+@triton.jit
 def row_scale_kernel(t_ptr, s_ptr, n_rows, t_stride, BLOCK: tl.constexpr):
-    """s[row] = 1 / temperature (1 where it is 0 or out of range), correctly rounded (`div_rn`,
-    as the scan computes it: the same z bit for bit)."""
+    """s[row] = `_row_scale` of the row's temperature."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = rows < n_rows
-    t = tl.load(t_ptr + rows * t_stride, mask=live, other=1.0)
-    ok = (t > 0.0) & (t < float("inf"))
-    s = tl.where(ok, tl.math.div_rn(1.0, tl.where(ok, t, 1.0)), 1.0)
-    tl.store(s_ptr + rows, s, mask=live)
+    tl.store(s_ptr + rows, _row_scale(tl.load(t_ptr + rows * t_stride, mask=live, other=1.0)), mask=live)
 
 
 @triton.jit
@@ -82,26 +87,66 @@ def probs_fixup_kernel(x_ptr, y_ptr, t_ptr, n_rows, vocab, xs, ys, t_stride, TIL
 
 
 @triton.jit
+def _row_logprobs(row, x_row, ids_ptr, out_ptr, n_ids, vocab, t, s, lse, TILE: tl.constexpr,
+                  ID_BLOCK: tl.constexpr):
+    """A row's out[row, j] = z_id - lse at its ids (z = logits * s); the greedy limit (-log n on
+    the n tied maxima, -inf elsewhere) where t is 0; NaN on an invalid row (an lse not finite,
+    an out-of-range temperature) and at out-of-range ids."""
+    greedy = t == 0.0
+    # A row's lse is finite exactly when its softmax is defined (no NaN or +inf z, one finite z).
+    invalid = (((t >= 0.0) & (t < float("inf"))) == 0) | (lse != lse) | (tl.abs(lse) == float("inf"))
+    m = tl.full((), 0.0, tl.float32)
+    ties = tl.full((), 1, tl.int32)
+    if greedy & (invalid == 0):
+        m, _, ties = _row_max(x_row, vocab, TILE)
+    # (a greedy row's scale is 1: z is the logits, as its max m)
+    id_logprobs(x_row, ids_ptr, out_ptr, row.to(tl.int64) * n_ids, n_ids, vocab, s, lse, greedy, m,
+                -tl.log(ties.to(tl.float32)), invalid, ID_BLOCK)
+
+
+@triton.jit
 def logprobs_gather_kernel(x_ptr, lse_ptr, s_ptr, t_ptr, ids_ptr, out_ptr, n_rows, vocab, xs, n_ids, t_stride,
                            temperature, scale, ROW_T: tl.constexpr, TILE: tl.constexpr, ID_BLOCK: tl.constexpr):
-    """out[row, j] = z_id - lse at each row's ids (z = logits * s, the scale the logsumexp kernel
-    applied); the greedy limit (-log n on the n tied maxima, -inf elsewhere) on temperature-0
-    rows; NaN on invalid rows (an lse not finite, an out-of-range temperature or id)."""
+    """`_row_logprobs` of every row after the logsumexp kernel: `lse` its result, `s` the scale
+    it applied (`row_scale_kernel`'s where the temperature is a tensor, else `scale`)."""
     for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int32)
         t = _row_temperature(row, t_ptr, t_stride, temperature, ROW_T)
         s = scale
         if ROW_T:
             s = tl.load(s_ptr + row)
-        greedy = t == 0.0
-        lse = tl.load(lse_ptr + row)
-        # A row's lse is finite exactly when its softmax is defined (no NaN or +inf z, one finite z).
-        invalid = (((t >= 0.0) & (t < float("inf"))) == 0) | (lse != lse) | (tl.abs(lse) == float("inf"))
+        _row_logprobs(row, x_ptr + row.to(tl.int64) * xs, ids_ptr, out_ptr, n_ids, vocab, t, s, tl.load(lse_ptr + row),
+                      TILE, ID_BLOCK)
+
+
+@triton.jit
+def logprobs_kernel(x_ptr, t_ptr, ids_ptr, out_ptr, stats_ptr, count_ptr, n_rows, vocab, xs, n_ids, t_stride,
+                    n_chunks, temperature, scale, ROW_T: tl.constexpr, CHUNK: tl.constexpr, G_P2: tl.constexpr,
+                    TILE: tl.constexpr, ID_BLOCK: tl.constexpr):
+    """`logprobs` of ids in one launch: each work item (row, chunk) stores the lse of its chunk
+    of z = logits * s (s = 1 / temperature, `_row_scale`, or `scale`) in `stats`; the program
+    storing a row's last chunk combines the row's and runs `_row_logprobs`. No program waits for
+    another; `count_ptr` holds one arrival count per row, zero between launches (the last
+    arrival resets it)."""
+    offs = tl.arange(0, CHUNK)
+    for item in tl.range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
+        row = item // n_chunks
+        t = _row_temperature(row, t_ptr, t_stride, temperature, ROW_T)
+        s = scale
+        if ROW_T:
+            s = _row_scale(t)
         x_row = x_ptr + row.to(tl.int64) * xs
-        m = tl.full((), 0.0, tl.float32)
-        ties = tl.full((), 1, tl.int32)
-        if greedy & (invalid == 0):
-            m, _, ties = _row_max(x_row, vocab, TILE)
-        # (a greedy row's scale is 1: z is the logits, as its max m)
-        id_logprobs(x_row, ids_ptr, out_ptr, row.to(tl.int64) * n_ids, n_ids, vocab, s, lse, greedy, m,
-                    -tl.log(ties.to(tl.float32)), invalid, ID_BLOCK)
+        cols = (item - row * n_chunks) * CHUNK + offs
+        # s > 0: the -inf past the row's end stays -inf (no mask kept across the scale)
+        z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * s
+        m = tl.max(z)
+        # (a scalar store and the arrival: the same thread, so its release orders the store; the
+        # last arrival's acquire, then a bar.sync, orders every thread's reads of the others')
+        tl.store(stats_ptr + item, close_lse(m, tl.sum(tl.exp(z - lse_sub(m)))))
+        if tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1 == n_chunks:
+            tl.atomic_xchg(count_ptr + row, 0, sem="relaxed", scope="gpu")
+            tl.debug_barrier()
+            g = tl.arange(0, G_P2)
+            ls = tl.load(stats_ptr + row * n_chunks + g, mask=g < n_chunks, other=float("-inf"), cache_modifier=".cg")
+            _row_logprobs(row, x_row, ids_ptr, out_ptr, n_ids, vocab, t, s, tile_lse(ls, 0.0, 0, False, False), TILE,
+                          ID_BLOCK)

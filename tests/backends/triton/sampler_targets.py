@@ -124,7 +124,8 @@ class _ReadStandIn:
 
 def one_read_launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool) -> list:
     """The launches of the one-read paths (`sampling_one_read`) around the softmax / logsumexp:
-    `probs` with only a temperature, `logprobs` without top_n."""
+    `probs` with only a temperature, `logprobs` without top_n (its one launch, and the gather a
+    backend with plans of its own takes)."""
     from anysoftmax.backends._triton_common import sampling_one_read as r
     from anysoftmax.sampling.spec import SamplingSpec, check_ids
 
@@ -134,11 +135,12 @@ def one_read_launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_ro
     calls: list = []
     r._bound.clear()
     with mock.patch.object(r.sampling, "bind_kernel", _recording_bind(calls)):
-        sampler = r.Sampler(_ReadStandIn())
         if op == "probs":
-            sampler.probs(spec, x)
+            r.Sampler(_ReadStandIn()).probs(spec, x)
         else:
-            sampler.logprobs(spec, x, check_ids(op, spec, torch.randint(0, vocab, (rows, 3))))
+            for plans in (None, lambda spec: None):
+                r.Sampler(_ReadStandIn(), plans).logprobs(spec, x, check_ids(op, spec, torch.randint(0, vocab,
+                                                                                                    (rows, 3))))
     r._bound.clear()
     return calls
 

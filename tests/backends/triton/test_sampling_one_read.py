@@ -131,6 +131,43 @@ def test_the_gather_serves_every_row_on_any_grid(programs, gen):
     assert got[63, 0] == -math.log(2) and got[63, 1] == -math.inf
 
 
+@pytest.mark.parametrize("programs", [1, 8, 64])
+def test_logprobs_of_ids_over_rows_of_many_chunks_in_one_launch(programs, gen, monkeypatch):
+    """`logprobs_kernel` (the backend without plans) on a grid of `programs`: one program looping
+    over every chunk of every row, fewer programs than chunks, a program a chunk; each row's
+    chunk lses combined by its last arrival, greedy and invalid rows among them. A second call
+    on other logits and temperatures (the arrival counts left at zero) is right as well."""
+    monkeypatch.setattr(sampling_one_read, "programs_for_logprobs", lambda device: programs)
+    chunk = sampling_one_read.LOGPROBS_CHUNK
+    rows, vocab = 5, 3 * chunk + 77 + programs  # (a vocabulary per grid: the bound launchers are kept by form)
+    for call in range(2):
+        x = torch.randn(rows, vocab, generator=gen) * (3 + call)
+        t = torch.rand(rows, generator=gen) + 0.5
+        t[2] = 0.0
+        x[2, [5, vocab - 1]] = 40.0  # (tied maxima of a greedy row, in its first and last chunk)
+        x[3, chunk + 1] = math.nan
+        x[4, :2 * chunk] = -math.inf  # (chunks holding nothing)
+        ids = torch.randint(0, vocab, (rows, 4), generator=gen)
+        ids[2, :2] = torch.tensor([vocab - 1, 6])
+        ids[0, 0] = vocab - 1
+        spec = SamplingSpec.from_request("logprobs", x, temperature=t)
+        got = sampling.logprobs(x, ids, temperature=t, backend="triton")
+        _check_logprobs(got, x, ids, spec)
+        assert got[2, 0] == -math.log(2) and got[2, 1] == -math.inf
+
+
+def test_logprobs_of_ids_above_the_one_launch_bound_take_the_logsumexp_and_the_gather(gen, monkeypatch):
+    """A request of more than LOGPROBS_ONE_LAUNCH_MAX logits takes the logsumexp kernel and the gather."""
+    monkeypatch.setattr(sampling_one_read, "LOGPROBS_ONE_LAUNCH_MAX", ROWS * (VOCAB + 3) - 1)
+    x = torch.randn(ROWS, VOCAB + 3, generator=gen) * 3  # (a form of its own: runners are kept by form)
+    t = torch.rand(ROWS, generator=gen) + 0.5
+    spec = SamplingSpec.from_request("logprobs", x, temperature=t)
+    assert not sampling_one_read.one_launch_logprobs(sampling_one_read.sampler_for(as_backend(
+        registry.get_backend("triton"))), spec)
+    ids = torch.randint(0, VOCAB + 3, (ROWS, 2), generator=gen)
+    _check_logprobs(sampling.logprobs(x, ids, temperature=t, backend="triton"), x, ids, spec)
+
+
 def test_out_of_range_per_row_temperatures_and_ids_give_nan():
     """Values the host does not read on an accelerator (the CPU API rejects them first: the
     request is built past that check here): the row, or the id, is NaN; the others unchanged."""
