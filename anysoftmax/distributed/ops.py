@@ -145,10 +145,6 @@ def logsumexp_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], 
                   st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
 
 
-def _without(x: _Tensor, dim: int) -> tuple[int, ...]:
-    return tuple(s for d, s in enumerate(x.shape) if d != dim)
-
-
 def _has_rest(sinks, world: int) -> bool:
     return sinks is not None or world > 1
 
@@ -158,7 +154,8 @@ def _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group
     checked = calls.check(_LSE, x, dim, None, False, FusedArgs(scale, mask, False, softcap, sinks, "zero"))
     rows = row_shape(x.shape, checked.dim)
     _, world = group_rank_and_size(group_of(group), _LSE)
-    return (x.new_empty(rows if keepdim else _without(x, checked.dim), dtype=checked.acc),
+    squeezed = tuple(s for d, s in enumerate(x.shape) if d != checked.dim)
+    return (x.new_empty(rows if keepdim else squeezed, dtype=checked.acc),
             x.new_empty(rows if _has_rest(sinks, world) else (0,), dtype=checked.acc),
             x.new_empty(rows if _bool(mask) else (0,), dtype=torch.bool))
 
