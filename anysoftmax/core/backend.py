@@ -1,8 +1,5 @@
-"""The backend protocol and its defaults: what dispatch calls on every backend (docs/plugins.md).
-Every member beyond `REQUIRED` has a default below that a backend replaces where it has something
-faster or more. A duck-typed backend (the README's `MyBackend`) is wrapped once, when registered,
-in `PluginBackend`: dispatch never probes a backend per call.
-"""
+"""The backend protocol and its defaults for every member beyond `REQUIRED` (docs/plugins.md). A duck-typed
+backend (the README's `MyBackend`) is wrapped once, when registered, in `PluginBackend`: never probed per call."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Shape normalisation shared by every kernel: a request as rows of `n_cols` strided elements.
-Row dims whose strides chain in every tensor merge, size-1 dims drop out; kernels index rows
-through up to `MAX_ROW_DIMS` (size, stride) pairs, so transposed, sliced and expanded inputs need
-no copy; only a layout irregular in more dims is copied once (`RowLayout.from_strides`: None).
-"""
+"""Shape normalisation shared by every kernel: a request as rows of `n_cols` strided elements, read through
+up to `MAX_ROW_DIMS` (size, stride) row dims (docs/kernels.md); a layout irregular in more dims is copied
+once (`RowLayout.from_strides`: None)."""
 
 from __future__ import annotations
 

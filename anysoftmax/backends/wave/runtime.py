@@ -1,8 +1,5 @@
-"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone: one IREE HAL device
-per torch GPU (matched by UUID), one loaded module per (kernel, device), the transfer that
-`ANYSOFTMAX_WAVE_TRANSFER` picks and the stream synchronisation IREE needs (docs/wave.md). The
-driver "local-sync" with CPU tensors serves the runtime's own tests.
-"""
+"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone (docs/wave.md): one HAL device
+per torch GPU, one module per (kernel, device); the driver "local-sync" with CPU tensors serves the tests."""
 
 from __future__ import annotations
 
