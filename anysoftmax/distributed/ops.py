@@ -206,12 +206,6 @@ def _sample_dim(who: str, dim: int, ndim: int) -> int:
     return dim % ndim + 1
 
 
-def _rows_front(t, bdim, n: int, ndim: int, present: bool):
-    # A row-state input (lse, rest, empty): batched like x where the operator has it, else a
-    # placeholder, passed as it is.
-    return front(t, bdim, n, ndim) if present else t
-
-
 def _grad_dims(mask, sinks) -> tuple:
     # The batch dims of a backward operator's (dx, dmask, dsinks): placeholders have none.
     return 0, 0 if mask is not None and not _bool(mask) else None, 0 if sinks is not None else None
@@ -232,9 +226,9 @@ def _softmax_backward_vmap(info, in_dims, gy, y, x, mask, sinks, lse, empty, dim
     ndim = y.dim() - (yd is not None)
     dx, dmask, dsinks = softmax_backward_op(
         front(gy, gd, n, ndim), front(y, yd, n, ndim), front(x, xd, n, ndim), front(mask, md, n, ndim),
-        front(sinks, sd, n, ndim), _rows_front(lse, ld, n, ndim, sinks is not None),
-        _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_SOFTMAX[log], dim, ndim), log, scale, softcap,
-        group)
+        front(sinks, sd, n, ndim), front(lse, ld, n, ndim) if sinks is not None else lse,  # (else placeholders)
+        front(empty, ed, n, ndim) if _bool(mask) else empty, _sample_dim(_SOFTMAX[log], dim, ndim), log, scale,
+        softcap, group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)
 
 
@@ -257,7 +251,7 @@ def _logsumexp_backward_vmap(info, in_dims, g, x, mask, sinks, out, rest, empty,
     gb, ob = (front(t, d, n, t.dim() - (d is not None)) for t, d in ((g, gd), (out, od)))
     dx, dmask, dsinks = logsumexp_backward_op(
         gb, front(x, xd, n, ndim), front(mask, md, n, ndim), front(sinks, sd, n, ndim), ob,
-        _rows_front(rest, rd, n, ndim, _has_rest(sinks, world)),
-        _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
+        front(rest, rd, n, ndim) if _has_rest(sinks, world) else rest,
+        front(empty, ed, n, ndim) if _bool(mask) else empty, _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
         backend, group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)
