@@ -153,9 +153,8 @@ class ColumnView:
 def column_view(layout: RowLayout) -> ColumnView | None:
     """`layout` as a `ColumnView`, or None when it is not one."""
     s0, s1, s2 = layout.row_sizes
-    if s0 != 1 or s2 < 2 or layout.in_row_strides[2] != 1 or layout.out_row_strides[2] != 1:
-        return None
-    if layout.in_col_stride == 1 or layout.out_col_stride == 1:
+    if s0 != 1 or s2 < 2 or layout.in_row_strides[2] != 1 or layout.out_row_strides[2] != 1 \
+            or layout.in_col_stride == 1 or layout.out_col_stride == 1:
         return None
     return ColumnView(s1, layout.n_cols, s2, layout.in_row_strides[1], layout.in_col_stride,
                       layout.out_row_strides[1], layout.out_col_stride)

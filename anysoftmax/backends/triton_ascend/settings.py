@@ -53,8 +53,7 @@ override = Overrides("triton_ascend")
 
 def current() -> Settings:
     """The settings in force now (table, profile, overrides and environment)."""
-    return resolve(load_tuning("triton_ascend"), override.active(), os.environ,
-                   load_profiles())
+    return resolve(load_tuning("triton_ascend"), override.active(), os.environ, load_profiles())
 
 
 def _env_value(text: str) -> int | str:

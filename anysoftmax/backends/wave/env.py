@@ -49,10 +49,9 @@ def runtime_missing() -> str | None:
 
 def compiler_missing() -> str | None:
     """None when Wave and the IREE compiler can be imported, else what is missing and how to install it."""
-    if not _importable("wave_lang"):
-        return f"wave-lang is not installed (needed to compile Wave kernels): {install_hint('wave')}"
-    if not _importable("iree.compiler"):
-        return f"iree-base-compiler is not installed (needed to compile Wave kernels): {install_hint('wave')}"
+    for module, dist in (("wave_lang", "wave-lang"), ("iree.compiler", "iree-base-compiler")):
+        if not _importable(module):
+            return f"{dist} is not installed (needed to compile Wave kernels): {install_hint('wave')}"
     return None
 
 
