@@ -108,10 +108,8 @@ class WaveBackend(Backend):
             if dtype_name(dtype) not in DTYPES:
                 return f"{dtype_name(dtype)} is not supported by the Wave kernel (float32, float16, bfloat16)"
         reason = fusion.refusal(spec)
-        if reason is not None:
+        if reason is not None or spec.numel == 0:  # nothing to launch: the API returns the empty result itself
             return reason
-        if spec.numel == 0:
-            return None  # nothing to launch: the API returns the empty result itself
         target = detect_target(spec.device.index)
         if isinstance(target, str):
             return target
