@@ -152,19 +152,14 @@ def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, 
     if keep is not None:
         g = g.masked_fill(~keep, 0.0)  # excluded outputs are constants: their gradient goes nowhere
         empty = ~keep.any(dim, keepdim=True)
-    if log:
-        total = g.sum(dim, keepdim=True)
-        dz = g - yy.exp() * total
-    else:
-        total = (yy * g).sum(dim, keepdim=True)
-        dz = yy * (g - total)
+    total = (g if log else yy * g).sum(dim, keepdim=True)
+    dz = g - yy.exp() * total if log else yy * (g - total)
     ds = None if p_sink is None else -p_sink.to(dtype) * total
     if keep is not None:
         dz = dz.masked_fill(~keep | empty, 0.0)
         if ds is not None:
             ds = ds.masked_fill(empty, 0.0)
-    dmask = dz if want_dz else None
-    return prologue_chain(dz, x, variant.scale, variant.softcap, keep), ds, dmask
+    return prologue_chain(dz, x, variant.scale, variant.softcap, keep), ds, dz if want_dz else None
 
 
 def backward_from_output(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool = False,
