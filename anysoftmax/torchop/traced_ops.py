@@ -1,7 +1,5 @@
-"""anysoftmax's Triton kernels inside torch.compile graphs: the `triton_op`s ``anysoftmax::softmax_triton``
-and ``::softmax_backward_triton``, and the targets of `registration`'s rule that routes the public
-operators to them while AOTAutograd traces (docs/kernels.md, "torch.compile").
-"""
+"""anysoftmax's Triton kernels inside torch.compile graphs (docs/kernels.md, "torch.compile"): the `triton_op`s
+and the targets of `registration`'s rule that routes the public operators to them while AOTAutograd traces."""
 
 from __future__ import annotations
 
