@@ -98,9 +98,7 @@ def softmax_backward(gy, y, x, mask, sinks, lse, empty, c: Call, needs=(True, Tr
         g = g.masked_fill(excluded, 0.0)  # excluded outputs are constants
     total = sum_rows(g.sum(c.dim, keepdim=True) if c.log else (yy * g).sum(c.dim, keepdim=True), c.world, c.group)
     dz = g - yy.exp() * total if c.log else yy * (g - total)
-    ds = None
-    if sinks is not None and needs[2]:
-        ds = -torch.exp(sinks.detach().to(acc) - lse) * total
+    ds = -torch.exp(sinks.detach().to(acc) - lse) * total if sinks is not None and needs[2] else None
     if excluded is not None:
         dz = dz.masked_fill(excluded | empty, 0.0)
         if ds is not None:
