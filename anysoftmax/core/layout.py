@@ -160,14 +160,15 @@ def column_view(layout: RowLayout) -> ColumnView | None:
                       layout.out_row_strides[1], layout.out_col_stride)
 
 
-def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
-    """The strides the kernels read the fused operands with: the mask's broadcast view (in place),
-    and with sinks or a row scale two per-row tensors (`row_operand_strides`: the operand, copied to
-    that layout as docs/kernels.md says, and the sink shares the kernels write)."""
+def operand_strides(spec, materialised: bool = False) -> tuple[tuple[int, ...], ...]:
+    """The strides the kernels read the fused operands with: the mask's broadcast view (in place, or
+    with `materialised` copied to x's shape), and with sinks or a row scale two per-row tensors
+    (`row_operand_strides`: the operand, copied to that layout as docs/kernels.md says, and the sink
+    shares the kernels write)."""
     v = getattr(spec, "variant", None)
     if v is None:
         return ()
-    out = [v.mask.strides] if v.mask is not None else []
+    out = [] if v.mask is None else [contiguous_strides(spec.shape) if materialised else v.mask.strides]
     if v.sinks is not None or v.row_scale is not None:
         out += [row_operand_strides(spec.shape, spec.dim)] * 2
     return tuple(out)

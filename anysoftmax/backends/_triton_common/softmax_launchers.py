@@ -33,15 +33,6 @@ def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec) -> torch.Tensor
     return sinks.expand(row_shape(spec.shape, spec.dim)).contiguous()
 
 
-def materialised_strides(spec: SoftmaxSpec) -> tuple:
-    """`core.layout.operand_strides` of the operands copied to x's shape (mask) or row shape (sinks)."""
-    v = spec.variant
-    out = [contiguous_strides(spec.shape)] if v.mask is not None else []
-    if v.sinks is not None or v.row_scale is not None:
-        out += [row_operand_strides(spec.shape, spec.dim)] * 2
-    return tuple(out)
-
-
 def stand_in_operands(spec: SoftmaxSpec, device, full: bool = False) -> tuple:
     """(mask, sinks, p_sink, row scale) of the variant's dtypes for a first compile, zero-filled:
     16 elements (the code depends on dtypes, not sizes), or with `full` the shapes the request reads."""
@@ -61,7 +52,7 @@ def forward_layout(x: torch.Tensor, spec: SoftmaxSpec):
         return x, y, layout, False
     x = x.contiguous()
     layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim,
-                                    materialised_strides(spec))
+                                    operand_strides(spec, materialised=True))
     return x, y, layout, True
 
 
@@ -72,7 +63,7 @@ def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool
     layout = RowLayout.from_strides(spec.shape, st, st, spec.dim, ops, mask_fastest(spec, st, st))
     if layout is not None:
         return layout, False
-    return RowLayout.from_strides(spec.shape, st, st, spec.dim, materialised_strides(spec)), True
+    return RowLayout.from_strides(spec.shape, st, st, spec.dim, operand_strides(spec, materialised=True)), True
 
 
 def logical_rows(shape: tuple, x_strides: tuple, dim: int, mask_strides, has_sink: bool) -> tuple:
