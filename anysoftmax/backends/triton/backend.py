@@ -121,10 +121,8 @@ class TritonBackend(Backend):
         missing = interpreter.triton_missing(
             f"{interpreter.TRITON_EXTRA} (CUDA and ROCm builds of torch bring it; on a CPU it runs the kernels "
             f"through the interpreter)")
-        if missing is not None:
-            return missing
-        if interpreter.interpreting():
-            return interpreter.interpreter_problem()
+        if missing is not None or interpreter.interpreting():
+            return missing or interpreter.interpreter_problem()
         if not torch.cuda.is_available():
             return ("no CUDA or ROCm GPU visible (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set "
                     "(TRITON_INTERPRET=1 before importing anysoftmax runs CPU tensors through the interpreter)")

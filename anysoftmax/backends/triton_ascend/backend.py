@@ -89,10 +89,8 @@ class TritonAscendBackend(Backend):
         missing = interpreter.triton_missing(
             f"on an Ascend host, {install.INSTALL_ORDER}; elsewhere {interpreter.TRITON_EXTRA} for the CPU "
             "interpreter")
-        if missing is not None:
-            return missing
-        if interpreter.interpreting():
-            return interpreter.interpreter_problem()
+        if missing is not None or interpreter.interpreting():
+            return missing or interpreter.interpreter_problem()
         if npu.crosscheck_on_cuda() and torch.cuda.is_available():
             return None
         reason = npu.missing_reason()
