@@ -1,7 +1,5 @@
-"""Softmax in pieces (docs/semantics.md): `logsumexp` and `merge_states`, the merge of partial results
-(``merge(split(x)) == (softmax(x), logsumexp(x))``): their validation and their formulas in torch ops
-(the float64 reference; in the accumulation dtype, the `torch` backend and the autograd).
-"""
+"""Softmax in pieces (docs/semantics.md): the validation of `logsumexp` and `merge_states` and their formulas
+in torch ops (the float64 reference; in the accumulation dtype, the `torch` backend and the autograd)."""
 
 from __future__ import annotations
 

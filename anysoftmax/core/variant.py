@@ -1,7 +1,5 @@
 """The fused family (`scale`, `mask`, `causal`, `softcap`, `sinks`, `empty_rows`; docs/semantics.md)
-validated (`build`) and described (`Variant`: its operands' metadata, never the tensors, so it is
-hashable; `scale` and `softcap` values are kernel arguments: a new temperature never recompiles).
-"""
+validated (`build`) and described (`Variant`: its operands' metadata, never the tensors, so it is hashable)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Public functions: `softmax` and `log_softmax`, drop-ins for `torch.softmax` / `F.softmax` (and
-the log forms) plus the fused family's keywords (`core.variant`). A third positional argument is
-`dtype`; an int there is `F.softmax`'s `_stacklevel` (then a fourth positional is `dtype`).
-`dim=None` picks torch's implicit dim with torch's deprecation warning, as `F.softmax` does.
-"""
+"""Public functions: `softmax` and `log_softmax`, drop-ins for `torch.softmax` / `F.softmax` (and the log
+forms) plus the fused family's keywords; their signatures as torch's (docs/usage.md, "Functions")."""
 
 from __future__ import annotations
 
