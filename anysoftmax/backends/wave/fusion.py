@@ -1,5 +1,8 @@
-"""What the Wave kernel compiles for a request of the fused family (docs/wave.md, "The kernel"): the request
-as the kernel reads it (`canonical`) and its operands' index arithmetic (`Fusion`, `row_terms`); no Wave import."""
+"""What the Wave kernel compiles for a request of the fused family: the request as the kernel reads
+it (`canonical`: x's reduced dim last, one workgroup per row) and its operands' index arithmetic
+(`Fusion`, `row_terms`: docs/wave.md, "The kernel"). Pure arithmetic on `SoftmaxSpec`s: no Wave
+import.
+"""
 
 from __future__ import annotations
 

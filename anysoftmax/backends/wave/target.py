@@ -1,5 +1,8 @@
-"""Where a Wave kernel runs: the compile target (chip, wave size, IREE flags) and its detection; NVIDIA
-(opt-in) is compiled for sm_80, the newest CUDA target IREE 3.9 accepts (docs/wave.md)."""
+"""Where a Wave kernel runs: the compile target (chip, wave size, IREE flags) and its detection.
+AMD: `device="hip"`, the chip read from the GPU. NVIDIA, opt-in (``ANYSOFTMAX_WAVE_ON_CUDA=1``):
+rewritten for CUDA (`cuda_mlir`) and compiled for sm_80, the newest CUDA target IREE 3.9 accepts;
+the driver JIT-compiles that PTX on Hopper.
+"""
 
 from __future__ import annotations
 
