@@ -52,10 +52,6 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
     return _occupancy.get(key, compile_and_measure)
 
 
-def _values(args) -> tuple:
-    return scalars(*runtime_values(args.scale, args.softcap))
-
-
 def _resident(draft: KernelPlan, props: DeviceProps, programs_per_sm) -> tuple[KernelPlan, int]:
     """(plan, programs resident on the GPU): `draft`, or without its pipelined item loop (`stages`) where
     that needs too much shared memory (OutOfResources) or leaves fewer programs than a row's chunks."""
@@ -199,7 +195,7 @@ class TritonBackend(Backend):
             plan = self.plan(x, y, layout, spec)
         p_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.forward_tensors(x, y, args, spec, p_shape, materialise, as_bytes=False)
-        traced.launch(plan, t, layout, spec.log, y.dtype, _values(args))
+        traced.launch(plan, t, layout, spec.log, y.dtype, scalars(*runtime_values(args.scale, args.softcap)))
         return t[1], t[4]
 
     def traced_fused_backward(self, grad, y, x, spec: SoftmaxSpec, args, p_sink) -> tuple:
@@ -211,7 +207,7 @@ class TritonBackend(Backend):
         ds_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.backward_tensors(grad, y, x, args, p_sink, spec, plan.fusion.has_cap, ds_shape,
                                                materialise, as_bytes=False)
-        traced.launch(plan, t, layout, spec.log, spec.out_dtype, _values(args))
+        traced.launch(plan, t, layout, spec.log, spec.out_dtype, scalars(*runtime_values(args.scale, args.softcap)))
         return t[2], t[6]
 
     # ---- logsumexp and merge_states (core.lse_merge): wherever the softmax runs ----
