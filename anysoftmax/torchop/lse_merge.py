@@ -1,7 +1,5 @@
-"""`anysoftmax.logsumexp` and `anysoftmax.merge_states`, and their operators (``anysoftmax::logsumexp``,
-``::merge_states``) with fakes, autograd, forward mode (`core.lse_merge`'s formulas) and vmap rules.
-Eager inference calls `dispatch` directly; a derivative, torch.func or torch.compile, the operators.
-"""
+"""`anysoftmax.logsumexp` and `anysoftmax.merge_states`, and their operators with fakes, autograd, forward mode
+(`core.lse_merge`'s formulas) and vmap rules; eager inference calls `dispatch` directly, the rest the operators."""
 
 from __future__ import annotations
 

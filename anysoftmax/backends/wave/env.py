@@ -1,7 +1,5 @@
-"""The Wave toolchain here: installed packages, their versions, the kernel cache's location, and
-importing Wave so that it never writes to ~/.wave. Compiling needs `wave-lang` (which brings
-`iree-base-compiler`); running only `iree-base-runtime`, so kernels compiled elsewhere run here.
-"""
+"""The Wave toolchain here (docs/wave.md): installed packages, their versions, the kernel cache's location, and
+importing Wave so that it never writes to ~/.wave."""
 
 from __future__ import annotations
 
