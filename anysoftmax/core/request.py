@@ -1,6 +1,5 @@
-"""A request's key: the only cache key (dispatch's memo; backends derive their plans' from it).
-What it holds: docs/backends.md ("How a call flows").
-"""
+"""A request's key: the only cache key (dispatch's memo; backends derive their plans' from it). What it holds:
+docs/backends.md ("How a call flows")."""
 
 from __future__ import annotations
 
