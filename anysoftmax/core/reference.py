@@ -1,7 +1,6 @@
-"""The single reference every backend is checked against: torch in float64, on the CPU. The fused
-family's formulas run in float64 for it and in the accumulation dtype for the `torch` backend and
-the default backward: one formula, so the reference and the fallback cannot drift apart.
-"""
+"""The single reference every backend is checked against (docs/semantics.md): torch in float64, on the CPU. Its
+fused formulas also serve the `torch` backend and the default backward, in the accumulation dtype: one formula,
+so the reference and the fallback cannot drift apart."""
 
 from __future__ import annotations
 
