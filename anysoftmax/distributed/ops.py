@@ -1,7 +1,5 @@
-"""The sharded functions as torch operators (``anysoftmax::sharded_softmax``, ``::sharded_logsumexp``
-and their backwards) with fakes (dynamo cannot trace collectives), autograd and vmap rules. They
-run `functions.py` through the all-gather, never `one_read` (its epochs are per eager call).
-"""
+"""The sharded functions as torch operators with fakes (dynamo cannot trace collectives), autograd and vmap rules
+(docs/semantics.md, "A dim sharded across ranks"): the all-gather path, never `one_read` (its epochs are per call)."""
 
 from __future__ import annotations
 
