@@ -172,11 +172,9 @@ class PluginBackend(Backend):
             method = getattr(plugin, member, None)
             if method is not None:
                 setattr(self, member, method)
-        for refusal, kernels in _KERNELS.items():
-            if any(getattr(plugin, k, None) is not None for k in kernels):
-                setattr(self, refusal, None)
-            else:
-                setattr(self, refusal, getattr(plugin, refusal, None) or getattr(Backend, refusal))
+        for refusal, kernels in _KERNELS.items():  # (defining a kernel declares the op)
+            setattr(self, refusal, None if any(getattr(plugin, k, None) is not None for k in kernels)
+                    else getattr(plugin, refusal, None) or getattr(Backend, refusal))
 
 
 def as_backend(obj) -> Backend:

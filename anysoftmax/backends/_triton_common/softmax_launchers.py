@@ -28,9 +28,7 @@ def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool
 
 def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec) -> torch.Tensor | None:
     """The sinks (or a row scale) as the kernels read them: contiguous over the input's row shape."""
-    if sinks is None:
-        return None
-    return sinks.expand(row_shape(spec.shape, spec.dim)).contiguous()
+    return None if sinks is None else sinks.expand(row_shape(spec.shape, spec.dim)).contiguous()
 
 
 def stand_in_operands(spec: SoftmaxSpec, device, full: bool = False) -> tuple:

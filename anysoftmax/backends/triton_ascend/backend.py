@@ -94,10 +94,8 @@ class TritonAscendBackend(Backend):
         if npu.crosscheck_on_cuda() and torch.cuda.is_available():
             return None
         reason = npu.missing_reason()
-        if reason is None:
-            return None
-        return (f"{reason} (without an NPU: CPU tensors with TRITON_INTERPRET=1, "
-                f"or CUDA tensors with ${npu.ENV_ON_CUDA}=1)")
+        return None if reason is None else (f"{reason} (without an NPU: CPU tensors with TRITON_INTERPRET=1, "
+                                            f"or CUDA tensors with ${npu.ENV_ON_CUDA}=1)")
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
         """None for fp16/bf16/fp32 on the devices above, else the reason."""

@@ -40,9 +40,8 @@ def _importable(module: str) -> bool:
 
 def runtime_missing() -> str | None:
     """None when iree.runtime can be imported, else what is missing and how to install it."""
-    if not _importable("iree.runtime"):
-        return f"iree-base-runtime is not installed (needed to run Wave kernels): {install_hint('wave')}"
-    return None
+    return None if _importable("iree.runtime") else \
+        f"iree-base-runtime is not installed (needed to run Wave kernels): {install_hint('wave')}"
 
 
 def compiler_missing() -> str | None:
