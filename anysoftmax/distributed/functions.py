@@ -122,9 +122,6 @@ def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True
 
 
 def _operand_grads(dz, ds_rows, mask, sinks, needs):
-    dmask = dsinks = None
-    if needs[1] and mask is not None and mask.dtype.is_floating_point:
-        dmask = dz.sum_to_size(mask.shape).to(mask.dtype)
-    if ds_rows is not None:
-        dsinks = ds_rows.sum_to_size(sinks.shape).to(sinks.dtype)
-    return dmask, dsinks
+    floating_mask = needs[1] and mask is not None and mask.dtype.is_floating_point
+    return (dz.sum_to_size(mask.shape).to(mask.dtype) if floating_mask else None,
+            None if ds_rows is None else ds_rows.sum_to_size(sinks.shape).to(sinks.dtype))
