@@ -42,11 +42,8 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], to: tupl
     """The strides of a tensor of `shape`/`strides` expanded to `to` (as `Tensor.expand`: 0 where
     a size-1 or missing dim is broadcast), from metadata alone (it runs on traced tensors too)."""
     lead = len(to) - len(shape)
-    out = []
-    for d, size in enumerate(to):
-        k = d - lead
-        out.append(0 if k < 0 or (shape[k] == 1 and size != 1) else strides[k])
-    return tuple(out)
+    return tuple(0 if d < lead or (shape[d - lead] == 1 and size != 1) else strides[d - lead]
+                 for d, size in enumerate(to))
 
 
 @dataclass(frozen=True)
