@@ -22,13 +22,17 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 stats = {"calls": 0}
 
 
+def _is_nvidia(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and torch.version.hip is None
+
+
 def refusal(x: torch.Tensor, mask, c) -> str | None:
     """Why a call takes the two-pass exchange instead, or None (module docstring)."""
     if not ENABLED:
         return f"{ENV}=0"
     if c.world < 2:
         return "one rank: nothing to exchange"
-    if x.device.type != "cuda" or torch.version.hip is not None:
+    if not _is_nvidia(x):
         return "the mailbox needs NVIDIA GPUs (torch's symmetric memory, system-scope atomics over NVLink)"
     if x.dtype not in DTYPES:
         return f"{x.dtype}: the mailbox carries float32 states (float64 keeps the two-pass exchange)"
