@@ -73,8 +73,7 @@ def import_wave() -> None:
         raise BackendUnavailableError(reason)
     with _import_lock:
         os.environ["WAVE_CACHE_ON"] = "0"
-        if "WAVE_CACHE_DIR" not in os.environ:
-            os.environ["WAVE_CACHE_DIR"] = str(cache_dir() / "wave-lang")
+        os.environ.setdefault("WAVE_CACHE_DIR", str(cache_dir() / "wave-lang"))
         import wave_lang.kernel.wave.cache as wave_cache
 
         wave_cache.WAVE_CACHE_ON = 0
