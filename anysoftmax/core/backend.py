@@ -172,7 +172,7 @@ class PluginBackend(Backend):
             method = getattr(plugin, member, None)
             if method is not None:
                 setattr(self, member, method)
-        for refusal, kernels in _KERNELS.items():  # (defining a kernel declares the op)
+        for refusal, kernels in _KERNELS.items():
             setattr(self, refusal, None if any(getattr(plugin, k, None) is not None for k in kernels)
                     else getattr(plugin, refusal, None) or getattr(Backend, refusal))
 
