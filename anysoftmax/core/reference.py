@@ -23,8 +23,7 @@ def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "
         return op(x64, spec.dim if x64.dim() else 0)
     mask = None if mask is None else mask.detach().to(device)
     sinks = None if sinks is None else sinks.detach().to(device)
-    y, _ = fused_forward(x64, with_row_scale(spec.variant, scale), spec.dim, spec.log, mask, sinks, torch.float64)
-    return y
+    return fused_forward(x64, with_row_scale(spec.variant, scale), spec.dim, spec.log, mask, sinks, torch.float64)[0]
 
 
 def with_row_scale(variant: Variant, scale: torch.Tensor | None) -> Variant:
@@ -42,9 +41,7 @@ def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype
     if variant.row_scale is not None and not isinstance(variant.scale, torch.Tensor):
         raise ValueError("a row-scale variant without its values: see `with_row_scale`")
     z = scaled_and_capped(x.to(dtype), variant.scale, variant.softcap)
-    if variant.mask_kind == MASK_ADDITIVE:
-        z = z + mask.to(dtype)
-    return z
+    return z + mask.to(dtype) if variant.mask_kind == MASK_ADDITIVE else z
 
 
 def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
