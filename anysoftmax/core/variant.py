@@ -245,9 +245,7 @@ def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | Non
               device: torch.device | str | None = None) -> torch.Tensor | None:
     """The positions (bool, `shape`) the bool mask `mask` and causal keep, or None for all of them."""
     device = device if device is not None else (mask.device if mask is not None else "cpu")
-    keep = None
-    if variant.mask_kind == MASK_BOOL:
-        keep = ~mask.to(device).expand(shape)
+    keep = ~mask.to(device).expand(shape) if variant.mask_kind == MASK_BOOL else None
     if variant.causal != CAUSAL_NONE:
         sq, sk = shape[-2], shape[-1]
         shift = sk - sq if variant.causal == BOTTOM_RIGHT else 0
