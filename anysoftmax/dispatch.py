@@ -1,9 +1,5 @@
-"""From a call to a launcher: the one request memo, validation and backend selection.
-
-A miss validates the call (`core.spec`, `core.lse_merge`), selects a backend (`core.registry.select`;
-the environment is read then) and memoises the launcher the backend binds to the request: a hit costs
-the key, a dict lookup and the launch. docs/backends.md ("How a call flows").
-"""
+"""From a call to a launcher: the one request memo, validation and backend selection (docs/backends.md,
+"How a call flows"): a miss validates, selects and memoises; a hit costs the key, a lookup and the launch."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The backend protocol and its defaults: what dispatch calls on every backend (docs/plugins.md).
-Every member beyond `REQUIRED` has a default below that a backend replaces where it has something
-faster or more. A duck-typed backend (the README's `MyBackend`) is wrapped once, when registered,
-in `PluginBackend`: dispatch never probes a backend per call.
-"""
+"""The backend protocol and its defaults for every member beyond `REQUIRED` (docs/plugins.md). A duck-typed
+backend (the README's `MyBackend`) is wrapped once, when registered, in `PluginBackend`: never probed per call."""
 
 from __future__ import annotations
 
@@ -176,10 +173,8 @@ class PluginBackend(Backend):
             if method is not None:
                 setattr(self, member, method)
         for refusal, kernels in _KERNELS.items():
-            if any(getattr(plugin, k, None) is not None for k in kernels):
-                setattr(self, refusal, None)
-            else:
-                setattr(self, refusal, getattr(plugin, refusal, None) or getattr(Backend, refusal))
+            setattr(self, refusal, None if any(getattr(plugin, k, None) is not None for k in kernels)
+                    else getattr(plugin, refusal, None) or getattr(Backend, refusal))
 
 
 def as_backend(obj) -> Backend:

@@ -1,8 +1,6 @@
-"""Shape normalisation shared by every kernel: a request as rows of `n_cols` strided elements.
-Row dims whose strides chain in every tensor merge, size-1 dims drop out; kernels index rows
-through up to `MAX_ROW_DIMS` (size, stride) pairs, so transposed, sliced and expanded inputs need
-no copy; only a layout irregular in more dims is copied once (`RowLayout.from_strides`: None).
-"""
+"""Shape normalisation shared by every kernel: a request as rows of `n_cols` strided elements, read through
+up to `MAX_ROW_DIMS` (size, stride) row dims (docs/kernels.md); a layout irregular in more dims is copied
+once (`RowLayout.from_strides`: None)."""
 
 from __future__ import annotations
 
@@ -155,22 +153,22 @@ class ColumnView:
 def column_view(layout: RowLayout) -> ColumnView | None:
     """`layout` as a `ColumnView`, or None when it is not one."""
     s0, s1, s2 = layout.row_sizes
-    if s0 != 1 or s2 < 2 or layout.in_row_strides[2] != 1 or layout.out_row_strides[2] != 1:
-        return None
-    if layout.in_col_stride == 1 or layout.out_col_stride == 1:
+    if s0 != 1 or s2 < 2 or layout.in_row_strides[2] != 1 or layout.out_row_strides[2] != 1 \
+            or layout.in_col_stride == 1 or layout.out_col_stride == 1:
         return None
     return ColumnView(s1, layout.n_cols, s2, layout.in_row_strides[1], layout.in_col_stride,
                       layout.out_row_strides[1], layout.out_col_stride)
 
 
-def operand_strides(spec) -> tuple[tuple[int, ...], ...]:
-    """The strides the kernels read the fused operands with: the mask's broadcast view (in place),
-    and with sinks or a row scale two per-row tensors (`row_operand_strides`: the operand, copied to
-    that layout as docs/kernels.md says, and the sink shares the kernels write)."""
+def operand_strides(spec, materialised: bool = False) -> tuple[tuple[int, ...], ...]:
+    """The strides the kernels read the fused operands with: the mask's broadcast view (in place, or
+    with `materialised` copied to x's shape), and with sinks or a row scale two per-row tensors
+    (`row_operand_strides`: the operand, copied to that layout as docs/kernels.md says, and the sink
+    shares the kernels write)."""
     v = getattr(spec, "variant", None)
     if v is None:
         return ()
-    out = [v.mask.strides] if v.mask is not None else []
+    out = [] if v.mask is None else [contiguous_strides(spec.shape) if materialised else v.mask.strides]
     if v.sinks is not None or v.row_scale is not None:
         out += [row_operand_strides(spec.shape, spec.dim)] * 2
     return tuple(out)

@@ -1,7 +1,5 @@
-"""Softmax in pieces (docs/semantics.md): `logsumexp` and `merge_states`, the merge of partial results
-(``merge(split(x)) == (softmax(x), logsumexp(x))``): their validation and their formulas in torch ops
-(the float64 reference; in the accumulation dtype, the `torch` backend and the autograd).
-"""
+"""Softmax in pieces (docs/semantics.md): the validation of `logsumexp` and `merge_states` and their formulas
+in torch ops (the float64 reference; in the accumulation dtype, the `torch` backend and the autograd)."""
 
 from __future__ import annotations
 
@@ -137,11 +135,7 @@ def logsumexp_backward_formula(g: torch.Tensor, lse: torch.Tensor, x: torch.Tens
     z = prologue(kept_values(x, keep), variant, mask, dtype)
     dead = lw == -math.inf  # rows with nothing: zero gradient, never exp(-inf - -inf)
     live_lse = torch.where(dead, torch.zeros_like(lw), lw)
-    p = torch.exp(z - live_lse)
-    if keep is not None:
-        p = p.masked_fill(~keep, 0.0)
-    p = p.masked_fill(dead, 0.0)
-    dz = gw * p
+    dz = gw * torch.exp(z - live_lse).masked_fill(dead if keep is None else dead | ~keep, 0.0)
     dmask = dz if variant.mask_kind == MASK_ADDITIVE else None
     dx = prologue_chain(dz, x, variant.scale, variant.softcap, keep)
     ds = None
@@ -220,8 +214,7 @@ def merge_backward_formula(g_out, g_lse, outputs, lses, out, lse, acc):
         else:
             d_outs.append(torch.zeros_like(o))
             inner = torch.zeros_like(p)
-        dl = p * (inner + (gl if gl is not None else 0.0))
-        d_lses.append(dl.to(li.dtype))
+        d_lses.append((p * (inner + (gl if gl is not None else 0.0))).to(li.dtype))
     return d_outs, d_lses
 
 

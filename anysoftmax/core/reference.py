@@ -1,7 +1,6 @@
-"""The single reference every backend is checked against: torch in float64, on the CPU. The fused
-family's formulas run in float64 for it and in the accumulation dtype for the `torch` backend and
-the default backward: one formula, so the reference and the fallback cannot drift apart.
-"""
+"""The single reference every backend is checked against (docs/semantics.md): torch in float64, on the CPU. Its
+fused formulas also serve the `torch` backend and the default backward, in the accumulation dtype: one formula,
+so the reference and the fallback cannot drift apart."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def reference(x: torch.Tensor, spec: SoftmaxSpec, device: str | torch.device = "
         return op(x64, spec.dim if x64.dim() else 0)
     mask = None if mask is None else mask.detach().to(device)
     sinks = None if sinks is None else sinks.detach().to(device)
-    y, _ = fused_forward(x64, with_row_scale(spec.variant, scale), spec.dim, spec.log, mask, sinks, torch.float64)
-    return y
+    return fused_forward(x64, with_row_scale(spec.variant, scale), spec.dim, spec.log, mask, sinks, torch.float64)[0]
 
 
 def with_row_scale(variant: Variant, scale: torch.Tensor | None) -> Variant:
@@ -43,9 +41,7 @@ def prologue(x: torch.Tensor, variant: Variant, mask: torch.Tensor | None, dtype
     if variant.row_scale is not None and not isinstance(variant.scale, torch.Tensor):
         raise ValueError("a row-scale variant without its values: see `with_row_scale`")
     z = scaled_and_capped(x.to(dtype), variant.scale, variant.softcap)
-    if variant.mask_kind == MASK_ADDITIVE:
-        z = z + mask.to(dtype)
-    return z
+    return z + mask.to(dtype) if variant.mask_kind == MASK_ADDITIVE else z
 
 
 def scaled_and_capped(z: torch.Tensor, scale, softcap) -> torch.Tensor:
@@ -152,19 +148,14 @@ def fused_backward(grad: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None, 
     if keep is not None:
         g = g.masked_fill(~keep, 0.0)  # excluded outputs are constants: their gradient goes nowhere
         empty = ~keep.any(dim, keepdim=True)
-    if log:
-        total = g.sum(dim, keepdim=True)
-        dz = g - yy.exp() * total
-    else:
-        total = (yy * g).sum(dim, keepdim=True)
-        dz = yy * (g - total)
+    total = (g if log else yy * g).sum(dim, keepdim=True)
+    dz = g - yy.exp() * total if log else yy * (g - total)
     ds = None if p_sink is None else -p_sink.to(dtype) * total
     if keep is not None:
         dz = dz.masked_fill(~keep | empty, 0.0)
         if ds is not None:
             ds = ds.masked_fill(empty, 0.0)
-    dmask = dz if want_dz else None
-    return prologue_chain(dz, x, variant.scale, variant.softcap, keep), ds, dmask
+    return prologue_chain(dz, x, variant.scale, variant.softcap, keep), ds, dz if want_dz else None
 
 
 def backward_from_output(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool = False,

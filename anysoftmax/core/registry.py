@@ -1,7 +1,5 @@
-"""Registration and selection of backends (`core.backend.Backend`). The order (docs/backends.md,
-"How the automatic choice is made"): ``backend=``, then $ANYSOFTMAX_BACKEND (both explicit: never a
-silent fallback), then automatic (`decide`: the device's selection table, then priority).
-"""
+"""Registration and selection of backends: ``backend=``, then $ANYSOFTMAX_BACKEND (never a silent fallback),
+then `decide` (docs/backends.md, "How the automatic choice is made")."""
 
 from __future__ import annotations
 
@@ -305,15 +303,12 @@ def _from_table(spec, candidates: list, direction: str, device_name: str | None,
     return chosen, f"{where}; measured {rule.measured}" if rule.measured else where
 
 
-def _assumed_available(backend: Backend) -> None:
-    return None  # availability on a device that is not here: not knowable, so assumed
-
-
 def explain(spec: SoftmaxSpec, direction: str = "fwd", device_name: str | None = None) -> tuple[str, str]:
     """(backend name, why) of the automatic choice for `spec` ("" when none runs it). For a device
     `device_name` that is not here, backends are judged by what they declare alone."""
     if device_name is not None and device_name != selection.device_name(spec.device):
-        chosen, why = decide(spec, direction, device_name, refuses=fused_refusal, available=_assumed_available)
+        # (availability on a device that is not here is not knowable, so assumed)
+        chosen, why = decide(spec, direction, device_name, refuses=fused_refusal, available=lambda b: None)
         why += "; on that device: its backends assumed available (not checkable here)"
     else:
         chosen, why = decide(spec, direction, device_name)

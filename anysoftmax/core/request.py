@@ -1,6 +1,5 @@
-"""A request's key: the only cache key (dispatch's memo; backends derive their plans' from it).
-What it holds: docs/backends.md ("How a call flows").
-"""
+"""A request's key: the only cache key (dispatch's memo; backends derive their plans' from it). What it holds:
+docs/backends.md ("How a call flows")."""
 
 from __future__ import annotations
 
@@ -44,9 +43,7 @@ def _process_state() -> tuple:
 
 def alignment(t) -> int:
     """`t`'s address modulo `ALIGN_BYTES` (0 for None and for fake tensors: planned as aligned)."""
-    if t is None or type(t) is not _Tensor:
-        return 0
-    return t.data_ptr() & _ALIGN_MASK
+    return 0 if t is None or type(t) is not _Tensor else t.data_ptr() & _ALIGN_MASK
 
 
 def _operand(t):

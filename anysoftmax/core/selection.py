@@ -1,7 +1,5 @@
-"""Measured per-device selection tables (`configs/selection/<device>.yaml`): which backend the
-automatic choice takes for a shape. The format and how a rule is chosen: docs/backends.md ("How
-the automatic choice is made"); a request no rule serves goes to the priority order (`core.registry`).
-"""
+"""Measured per-device selection tables (`configs/selection/<device>.yaml`): which backend the automatic choice
+takes for a shape (docs/backends.md, "How the automatic choice is made")."""
 
 from __future__ import annotations
 

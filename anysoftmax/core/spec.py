@@ -1,8 +1,6 @@
-"""`SoftmaxSpec`: the one statement of what every backend computes, torch's semantics
-(docs/semantics.md), and the per-dtype `TOLERANCES`. ``dtype=`` converts the input first: a
-widening conversion is exact (kernels fold it into their loads), a narrowing one rounds, once, on
-the host (`needs_input_cast`).
-"""
+"""`SoftmaxSpec`: the one statement of what every backend computes, torch's semantics (docs/semantics.md),
+and the per-dtype `TOLERANCES`. A widening ``dtype=`` is folded into the kernels' loads; a narrowing one
+rounds the input on the host (`needs_input_cast`)."""
 
 from __future__ import annotations
 

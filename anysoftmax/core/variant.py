@@ -1,7 +1,5 @@
 """The fused family (`scale`, `mask`, `causal`, `softcap`, `sinks`, `empty_rows`; docs/semantics.md)
-validated (`build`) and described (`Variant`: its operands' metadata, never the tensors, so it is
-hashable; `scale` and `softcap` values are kernel arguments: a new temperature never recompiles).
-"""
+validated (`build`) and described (`Variant`: its operands' metadata, never the tensors, so it is hashable)."""
 
 from __future__ import annotations
 
@@ -44,11 +42,8 @@ def broadcast_strides(shape: tuple[int, ...], strides: tuple[int, ...], to: tupl
     """The strides of a tensor of `shape`/`strides` expanded to `to` (as `Tensor.expand`: 0 where
     a size-1 or missing dim is broadcast), from metadata alone (it runs on traced tensors too)."""
     lead = len(to) - len(shape)
-    out = []
-    for d, size in enumerate(to):
-        k = d - lead
-        out.append(0 if k < 0 or (shape[k] == 1 and size != 1) else strides[k])
-    return tuple(out)
+    return tuple(0 if d < lead or (shape[d - lead] == 1 and size != 1) else strides[d - lead]
+                 for d, size in enumerate(to))
 
 
 @dataclass(frozen=True)
@@ -250,9 +245,7 @@ def keep_mask(shape: tuple[int, ...], variant: Variant, mask: torch.Tensor | Non
               device: torch.device | str | None = None) -> torch.Tensor | None:
     """The positions (bool, `shape`) the bool mask `mask` and causal keep, or None for all of them."""
     device = device if device is not None else (mask.device if mask is not None else "cpu")
-    keep = None
-    if variant.mask_kind == MASK_BOOL:
-        keep = ~mask.to(device).expand(shape)
+    keep = ~mask.to(device).expand(shape) if variant.mask_kind == MASK_BOOL else None
     if variant.causal != CAUSAL_NONE:
         sq, sk = shape[-2], shape[-1]
         shift = sk - sq if variant.causal == BOTTOM_RIGHT else 0

@@ -1,8 +1,5 @@
-"""Softmax, log_softmax and logsumexp over a dim sharded across the ranks of a `torch.distributed`
-group (a tensor-parallel vocabulary, a context-parallel row): `x` is this rank's shard, in rank
-order (docs/semantics.md, "A dim sharded across ranks"). `sample` and `logprobs` sample over a
-vocabulary sharded the same way (docs/sampling.md).
-"""
+"""Softmax, log_softmax and logsumexp over a dim sharded across the ranks of a `torch.distributed` group
+(docs/semantics.md, "A dim sharded across ranks"); `sample` and `logprobs` likewise (docs/sampling.md)."""
 
 from __future__ import annotations
 

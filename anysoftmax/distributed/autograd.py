@@ -1,8 +1,5 @@
-"""The autograd Functions of the sharded softmax, log_softmax and logsumexp: one for eager
-autograd, one for torch.func's transforms (vmap rules generated over the operators of `ops.py`),
-each pair sharing its forward, saved tensors and backward. On plain tensors a Function runs
-`functions.py` itself; on tensors a transform wraps, the operators.
-"""
+"""The autograd Functions of the sharded softmax, log_softmax and logsumexp, for eager autograd and for
+torch.func's transforms (vmap rules generated over `ops.py`'s operators, which wrapped tensors go through)."""
 
 from __future__ import annotations
 

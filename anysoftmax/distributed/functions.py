@@ -98,9 +98,7 @@ def softmax_backward(gy, y, x, mask, sinks, lse, empty, c: Call, needs=(True, Tr
         g = g.masked_fill(excluded, 0.0)  # excluded outputs are constants
     total = sum_rows(g.sum(c.dim, keepdim=True) if c.log else (yy * g).sum(c.dim, keepdim=True), c.world, c.group)
     dz = g - yy.exp() * total if c.log else yy * (g - total)
-    ds = None
-    if sinks is not None and needs[2]:
-        ds = -torch.exp(sinks.detach().to(acc) - lse) * total
+    ds = -torch.exp(sinks.detach().to(acc) - lse) * total if sinks is not None and needs[2] else None
     if excluded is not None:
         dz = dz.masked_fill(excluded | empty, 0.0)
         if ds is not None:
@@ -124,9 +122,6 @@ def logsumexp_backward(g, x, mask, sinks, out, rest, empty, c: Call, needs=(True
 
 
 def _operand_grads(dz, ds_rows, mask, sinks, needs):
-    dmask = dsinks = None
-    if needs[1] and mask is not None and mask.dtype.is_floating_point:
-        dmask = dz.sum_to_size(mask.shape).to(mask.dtype)
-    if ds_rows is not None:
-        dsinks = ds_rows.sum_to_size(sinks.shape).to(sinks.dtype)
-    return dmask, dsinks
+    floating_mask = needs[1] and mask is not None and mask.dtype.is_floating_point
+    return (dz.sum_to_size(mask.shape).to(mask.dtype) if floating_mask else None,
+            None if ds_rows is None else ds_rows.sum_to_size(sinks.shape).to(sinks.dtype))

@@ -1,7 +1,5 @@
-"""The sharded softmax in one read of the shard: the row states exchanged inside the kernel through
-a mailbox of symmetric memory (`mailbox.py`), not `states.exchange` and a second read. `refusal`
-depends only on what every rank shares, so the ranks of a group take the same path.
-"""
+"""The sharded softmax in one read of the shard (docs/semantics.md, "A dim sharded across ranks"). `refusal`
+depends only on what every rank shares, so the ranks of a group take the same path."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The sharded functions as torch operators (``anysoftmax::sharded_softmax``, ``::sharded_logsumexp``
-and their backwards) with fakes (dynamo cannot trace collectives), autograd and vmap rules. They
-run `functions.py` through the all-gather, never `one_read` (its epochs are per eager call).
-"""
+"""The sharded functions as torch operators with fakes (dynamo cannot trace collectives), autograd and vmap rules
+(docs/semantics.md, "A dim sharded across ranks"): the all-gather path, never `one_read` (its epochs are per call)."""
 
 from __future__ import annotations
 
@@ -145,10 +143,6 @@ def logsumexp_op(x: _Tensor, mask: Optional[_Tensor], sinks: Optional[_Tensor], 
                   st.empty if _bool(mask) else x.new_empty(0, dtype=torch.bool), inputs=(x, mask, sinks))
 
 
-def _without(x: _Tensor, dim: int) -> tuple[int, ...]:
-    return tuple(s for d, s in enumerate(x.shape) if d != dim)
-
-
 def _has_rest(sinks, world: int) -> bool:
     return sinks is not None or world > 1
 
@@ -158,7 +152,8 @@ def _logsumexp_fake(x, mask, sinks, dim, scale, softcap, keepdim, backend, group
     checked = calls.check(_LSE, x, dim, None, False, FusedArgs(scale, mask, False, softcap, sinks, "zero"))
     rows = row_shape(x.shape, checked.dim)
     _, world = group_rank_and_size(group_of(group), _LSE)
-    return (x.new_empty(rows if keepdim else _without(x, checked.dim), dtype=checked.acc),
+    squeezed = tuple(s for d, s in enumerate(x.shape) if d != checked.dim)
+    return (x.new_empty(rows if keepdim else squeezed, dtype=checked.acc),
             x.new_empty(rows if _has_rest(sinks, world) else (0,), dtype=checked.acc),
             x.new_empty(rows if _bool(mask) else (0,), dtype=torch.bool))
 
@@ -209,12 +204,6 @@ def _sample_dim(who: str, dim: int, ndim: int) -> int:
     return dim % ndim + 1
 
 
-def _rows_front(t, bdim, n: int, ndim: int, present: bool):
-    # A row-state input (lse, rest, empty): batched like x where the operator has it, else a
-    # placeholder, passed as it is.
-    return front(t, bdim, n, ndim) if present else t
-
-
 def _grad_dims(mask, sinks) -> tuple:
     # The batch dims of a backward operator's (dx, dmask, dsinks): placeholders have none.
     return 0, 0 if mask is not None and not _bool(mask) else None, 0 if sinks is not None else None
@@ -235,9 +224,9 @@ def _softmax_backward_vmap(info, in_dims, gy, y, x, mask, sinks, lse, empty, dim
     ndim = y.dim() - (yd is not None)
     dx, dmask, dsinks = softmax_backward_op(
         front(gy, gd, n, ndim), front(y, yd, n, ndim), front(x, xd, n, ndim), front(mask, md, n, ndim),
-        front(sinks, sd, n, ndim), _rows_front(lse, ld, n, ndim, sinks is not None),
-        _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_SOFTMAX[log], dim, ndim), log, scale, softcap,
-        group)
+        front(sinks, sd, n, ndim), front(lse, ld, n, ndim) if sinks is not None else lse,  # (else placeholders)
+        front(empty, ed, n, ndim) if _bool(mask) else empty, _sample_dim(_SOFTMAX[log], dim, ndim), log, scale,
+        softcap, group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)
 
 
@@ -260,7 +249,7 @@ def _logsumexp_backward_vmap(info, in_dims, g, x, mask, sinks, out, rest, empty,
     gb, ob = (front(t, d, n, t.dim() - (d is not None)) for t, d in ((g, gd), (out, od)))
     dx, dmask, dsinks = logsumexp_backward_op(
         gb, front(x, xd, n, ndim), front(mask, md, n, ndim), front(sinks, sd, n, ndim), ob,
-        _rows_front(rest, rd, n, ndim, _has_rest(sinks, world)),
-        _rows_front(empty, ed, n, ndim, _bool(mask)), _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
+        front(rest, rd, n, ndim) if _has_rest(sinks, world) else rest,
+        front(empty, ed, n, ndim) if _bool(mask) else empty, _sample_dim(_LSE, dim, ndim), scale, softcap, keepdim,
         backend, group)
     return (dx, dmask, dsinks), _grad_dims(mask, sinks)

@@ -72,9 +72,8 @@ def exchange(x: torch.Tensor, mask, sinks, c, want_length: bool = False, want_ls
         if s is not None:  # (logaddexp of -inf and -inf is -inf: exact, never NaN)
             rest = torch.logaddexp(rest, s)
     lse = None if not want_lse else local if rest is None else torch.logaddexp(rest, local)
-    empty = length = None
-    if bool_mask:
-        empty = (every[:, rows:2 * rows].sum(0) == 0).view(keep_shape)
+    empty = (every[:, rows:2 * rows].sum(0) == 0).view(keep_shape) if bool_mask else None
+    length = None
     if want_length:
         counts = every[:, -2:].to(torch.float64)
         length = (counts[:, 0] * _SPLIT + counts[:, 1]).sum()

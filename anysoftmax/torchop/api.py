@@ -1,8 +1,5 @@
-"""Public functions: `softmax` and `log_softmax`, drop-ins for `torch.softmax` / `F.softmax` (and
-the log forms) plus the fused family's keywords (`core.variant`). A third positional argument is
-`dtype`; an int there is `F.softmax`'s `_stacklevel` (then a fourth positional is `dtype`).
-`dim=None` picks torch's implicit dim with torch's deprecation warning, as `F.softmax` does.
-"""
+"""Public functions: `softmax` and `log_softmax`, drop-ins for `torch.softmax` / `F.softmax` (and the log
+forms) plus the fused family's keywords; their signatures as torch's (docs/usage.md, "Functions")."""
 
 from __future__ import annotations
 
@@ -23,9 +20,13 @@ def _normalise(name: str, input, dim, dtype, stacklevel):
     return dim, dtype
 
 
-def _differentiable(input, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
-    # Derivatives, torch.compile, tensor subclasses: the operators' autograd, loaded on first need
-    # (they load torch._dynamo and Triton; `import anysoftmax` leaves the interpreter choice open).
+def _fused(input, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend):
+    # Eager inference straight to dispatch; derivatives, torch.compile, tensor subclasses (a plain call's
+    # too) through the operators' autograd, loaded on first need (they load torch._dynamo and Triton;
+    # `import anysoftmax` leaves the interpreter choice open).
+    if plain_eager(input, mask, sinks, scale):
+        return dispatch.forward_fused(input, dim, dtype, backend, log,
+                                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))[0]
     from . import autodiff, registration  # noqa: F401  (registers the operators' autograd)
 
     return autodiff.softmax(input, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows, backend)
@@ -47,13 +48,9 @@ def softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | No
         dim, dtype = _normalise("softmax", input, dim, dtype, _stacklevel)
     # Eager inference goes straight to dispatch: the hot path (plain_eager is constant under torch.compile).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
-            and empty_rows == "zero":
-        if plain_eager_one(input):
-            return dispatch.forward(input, dim, dtype, backend, False)
-    elif plain_eager(input, mask, sinks, scale):
-        return dispatch.forward_fused(input, dim, dtype, backend, False,
-                                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))[0]
-    return _differentiable(input, dim, dtype, False, mask, sinks, scale, softcap, causal, empty_rows, backend)
+            and empty_rows == "zero" and plain_eager_one(input):
+        return dispatch.forward(input, dim, dtype, backend, False)
+    return _fused(input, dim, dtype, False, mask, sinks, scale, softcap, causal, empty_rows, backend)
 
 
 def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype | None = None,
@@ -65,15 +62,10 @@ def log_softmax(input: torch.Tensor, dim: int | None = None, dtype: torch.dtype 
     NaN / -log N)."""
     if dim is None or type(dtype) is int:
         dim, dtype = _normalise("log_softmax", input, dim, dtype, _stacklevel)
-    # Eager inference goes straight to dispatch (as in `softmax`).
     if scale is None and mask is None and causal is False and softcap is None and sinks is None \
-            and empty_rows == "zero":
-        if plain_eager_one(input):
-            return dispatch.forward(input, dim, dtype, backend, True)
-    elif plain_eager(input, mask, sinks, scale):
-        return dispatch.forward_fused(input, dim, dtype, backend, True,
-                                      dispatch.FusedArgs(scale, mask, causal, softcap, sinks, empty_rows))[0]
-    return _differentiable(input, dim, dtype, True, mask, sinks, scale, softcap, causal, empty_rows, backend)
+            and empty_rows == "zero" and plain_eager_one(input):  # (the hot path, as in `softmax`)
+        return dispatch.forward(input, dim, dtype, backend, True)
+    return _fused(input, dim, dtype, True, mask, sinks, scale, softcap, causal, empty_rows, backend)
 
 
 def softmax_backward(y: torch.Tensor, grad: torch.Tensor, dim: int, *, log: bool = False,

@@ -63,9 +63,8 @@ def transform_active() -> bool:
 
 def wants_autodiff(*tensors) -> bool:
     """True when a call on `tensors` must be differentiable (a gradient, a transform, forward AD)."""
-    if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return True
-    return _fwad._current_level >= 0 or any(t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
+    return (_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)) or _fwad._current_level >= 0 \
+        or any(t is not None and is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def eager_form(function: type) -> type:

@@ -1,7 +1,5 @@
-"""`anysoftmax.logsumexp` and `anysoftmax.merge_states`, and their operators (``anysoftmax::logsumexp``,
-``::merge_states``) with fakes, autograd, forward mode (`core.lse_merge`'s formulas) and vmap rules.
-Eager inference calls `dispatch` directly; a derivative, torch.func or torch.compile, the operators.
-"""
+"""`anysoftmax.logsumexp` and `anysoftmax.merge_states`, and their operators with fakes, autograd, forward mode
+(`core.lse_merge`'s formulas) and vmap rules; eager inference calls `dispatch` directly, the rest the operators."""
 
 from __future__ import annotations
 
@@ -61,10 +59,8 @@ def _lse_vmap(info, in_dims, x, mask, sinks, dim, scale, softcap, causal, backen
     xb = front(x, in_dims[0], info.batch_size, nd)
     if nd == 0:  # a 0-dim sample: a row of one
         return logsumexp_op(xb.unsqueeze(1), None, None, 1, scale, softcap, causal, backend).squeeze(1), 0
-    pdim = dim % nd + 1
-    m = front(mask, in_dims[1], info.batch_size, nd, False)
-    s = front(sinks, in_dims[2], info.batch_size, nd, False)
-    return logsumexp_op(xb, m, s, pdim, scale, softcap, causal, backend), 0
+    m, s = (front(t, d, info.batch_size, nd, False) for t, d in ((mask, in_dims[1]), (sinks, in_dims[2])))
+    return logsumexp_op(xb, m, s, dim % nd + 1, scale, softcap, causal, backend), 0
 
 
 class _Logsumexp(torch.autograd.Function):

@@ -1,7 +1,5 @@
-"""anysoftmax's softmax as PyTorch operators with fakes (torch.compile keeps one graph):
-``anysoftmax::softmax`` -> (y, p_sink) and ``::softmax_backward`` -> (dx, ds), plain and fused.
-A leaf: `registration` adds autograd, vmap rules and torch.compile routing.
-"""
+"""anysoftmax's softmax as PyTorch operators with fakes (docs/kernels.md, "Operators"): ``anysoftmax::softmax``
+-> (y, p_sink) and ``::softmax_backward`` -> (dx, ds); `registration` adds autograd, vmap and routing."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Opt-in: serve an unmodified model's softmax calls with anysoftmax (`enable()`, `use()`): aten's
-softmax ops registered with `torch.library` for the devices served; a softmax anysoftmax itself
-triggers runs torch's decomposition (docs/usage.md, "The override").
-"""
+"""Opt-in: serve an unmodified model's softmax calls with anysoftmax (`enable()`, `use()`; docs/usage.md,
+"The override")."""
 
 from __future__ import annotations
 

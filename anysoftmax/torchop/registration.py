@@ -1,7 +1,6 @@
-"""The operators' (`ops`) autograd (`autodiff`), vmap rules (`batching`) and torch.compile routing
-to the `triton_op`s (`traced_ops`, imported on the first traced call). Imported on the first call
-that needs a derivative or is compiled; nothing here runs on the eager path.
-"""
+"""The operators' autograd (`autodiff`), vmap rules (`batching`) and torch.compile routing to the `triton_op`s
+(`traced_ops`, imported on the first traced call); imported on the first call that needs a derivative or is
+compiled, never on the eager path."""
 
 from __future__ import annotations
 

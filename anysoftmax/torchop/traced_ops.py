@@ -1,13 +1,12 @@
-"""anysoftmax's Triton kernels inside torch.compile graphs: the `triton_op`s ``anysoftmax::softmax_triton``
-and ``::softmax_backward_triton``, and the targets of `registration`'s rule that routes the public
-operators to them while AOTAutograd traces (docs/kernels.md, "torch.compile").
-"""
+"""anysoftmax's Triton kernels inside torch.compile graphs (docs/kernels.md, "torch.compile"): the `triton_op`s
+and the targets of `registration`'s rule that routes the public operators to them while AOTAutograd traces."""
 
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import replace
+from functools import partial
 from typing import Optional
 
 import torch
@@ -112,25 +111,25 @@ def _concrete(*tensors) -> bool:
     return all(type(s) is int for t in tensors if isinstance(t, torch.Tensor) for s in (*t.shape, *t.stride()))
 
 
-def _routed(spec: SoftmaxSpec, backend: Optional[str], traced_method: str) -> bool:
-    if spec.numel == 0:
+def _routed(spec_of, backend: Optional[str], traced_method: str) -> bool:
+    # Whether the call `spec_of()` validates runs traced kernels; not where it is invalid (the
+    # operator reports that at run time, as without routing).
+    try:
+        spec = spec_of()
+        if spec.needs_input_cast:  # (the operator converts x first)
+            spec = replace(spec, in_dtype=spec.out_dtype)
+        chosen = None if spec.numel == 0 else _backend_for(spec, backend)
+    except Exception:
         return False
-    chosen = _backend_for(spec, backend)
     return chosen is not None and (spec.is_plain or hasattr(chosen, traced_method))
 
 
 def forward_target(x, dim, dtype=None, log=False, mask=None, sinks=None, scale=None, softcap=None, causal="none",
                    empty_rows="zero", backend=None):
     """`softmax_triton` to trace instead of the `softmax` operator with these arguments, or None."""
-    if os.environ.get(ENV, "1") == "0" or not isinstance(x, torch.Tensor) or not _concrete(x, mask, sinks):
-        return None
-    try:
-        spec = forward_spec(x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows)
-        if spec.needs_input_cast:
-            spec = replace(spec, in_dtype=spec.out_dtype)
-        if not _routed(spec, backend, "traced_fused_forward"):
-            return None
-    except Exception:  # reported by the operator at run time, as without routing
+    if os.environ.get(ENV, "1") == "0" or not isinstance(x, torch.Tensor) or not _concrete(x, mask, sinks) \
+            or not _routed(partial(forward_spec, x, dim, dtype, log, mask, sinks, scale, softcap, causal, empty_rows),
+                           backend, "traced_fused_forward"):
         return None
     return torch.ops.anysoftmax.softmax_triton.default
 
@@ -139,12 +138,8 @@ def backward_target(grad, y, dim, log=False, x=None, p_sink=None, mask=None, sin
                     causal="none", empty_rows="zero", backend=None):
     """`softmax_backward_triton` to trace instead of `softmax_backward` with these arguments, or None."""
     if os.environ.get(ENV, "1") == "0" or not all(isinstance(t, torch.Tensor) for t in (grad, y)) \
-            or not _concrete(grad, y, x, mask, sinks, p_sink):
-        return None
-    try:
-        spec = backward_spec(grad, y, dim, log, mask, sinks, scale, softcap, causal, empty_rows)
-        if not _routed(spec, backend, "traced_fused_backward"):
-            return None
-    except Exception:  # reported by the operator at run time, as without routing
+            or not _concrete(grad, y, x, mask, sinks, p_sink) \
+            or not _routed(partial(backward_spec, grad, y, dim, log, mask, sinks, scale, softcap, causal, empty_rows),
+                           backend, "traced_fused_backward"):
         return None
     return torch.ops.anysoftmax.softmax_backward_triton.default

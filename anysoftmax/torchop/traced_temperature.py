@@ -1,8 +1,5 @@
-"""`scale` and `softcap` that torch.compile traces as symbols: applied in torch ops before the
-operator (a float argument would specialise the symbol: a recompile per temperature) and checked
-when the graph runs by ``anysoftmax::check_temperature``, outside aten so that Inductor never moves
-it onto the GPU as a device-side assert (docs/kernels.md, "torch.compile").
-"""
+"""`scale` and `softcap` that torch.compile traces as symbols: applied in torch ops before the operator and
+checked when the graph runs by ``anysoftmax::check_temperature`` (docs/kernels.md, "torch.compile")."""
 
 from __future__ import annotations
 

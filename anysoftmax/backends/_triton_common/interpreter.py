@@ -75,6 +75,5 @@ def interpreter_problem() -> str | None:
         import numpy
         return (f"the Triton {triton.__version__} interpreter fails here with numpy {numpy.__version__} "
                 f"({type(exc).__name__}: {exc}); upgrade triton")
-    if not torch.allclose(y, torch.softmax(x, 1)):
-        return f"the Triton {triton.__version__} interpreter computes wrong results on this machine"
-    return None
+    return None if torch.allclose(y, torch.softmax(x, 1)) else \
+        f"the Triton {triton.__version__} interpreter computes wrong results on this machine"

@@ -88,15 +88,6 @@ def device_guard(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _guard_for(device: torch.device | None, guard):
-    # None where no other device can be current (the CPU, a single visible GPU): no per-call check.
-    if guard is not None or device is None:
-        return guard
-    if device.type == "cpu" or (device.type == "cuda" and torch.cuda.device_count() == 1):
-        return None
-    return device_guard
-
-
 @dataclass(frozen=True)
 class Binding:
     """A kernel bound by name to one request: all a launch needs but the call's tensors and
@@ -361,7 +352,9 @@ def bind_kernel(b: Binding, *, scratch=None, replan=None, device: torch.device |
             state["fallback"] = replan()
             return state["fallback"](args, values, per_call)
 
-    guard = _guard_for(device, guard)
+    if guard is None and device is not None and device.type != "cpu" \
+            and not (device.type == "cuda" and torch.cuda.device_count() == 1):
+        guard = device_guard  # (none where no other device can be current: no per-call check)
     if guard is not None:
         unguarded = run
 

@@ -14,7 +14,7 @@ from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from .launcher import bind
 from .plan import PLAIN_SCALARS, KernelPlan, scalars
-from .softmax_launchers import mask_operand, materialised_strides, row_scale_operand, sinks_operand
+from .softmax_launchers import mask_operand, row_scale_operand, sinks_operand
 
 # Plan kinds whose kernels have the STATES_ONLY form.
 ROW_KINDS = ("tile", "online", "split")
@@ -28,7 +28,7 @@ def layouts(x: torch.Tensor, spec: SoftmaxSpec):
     shape, dim = spec.shape, spec.dim
     y_like, out = contiguous_strides(shape), row_operand_strides(shape, dim)
     for materialise in (False, True):
-        ops = materialised_strides(spec) if materialise else operand_strides(spec)
+        ops = operand_strides(spec, materialise)
         for xx in ((x,) if materialise else (x, None)):
             xx = x.contiguous() if xx is None else xx
             st = tuple(xx.stride())

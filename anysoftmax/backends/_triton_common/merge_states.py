@@ -214,10 +214,8 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
             how = state["how"]
             outputs, lses = _prepared(outputs, how[0], how[1], acc), _prepared(lses, how[2], how[3], acc)
         launch, _, new_out, new_lse, _ = hot
-        if out is None:
-            out = new_out(outputs[0])
-        if lse_out is None:
-            lse_out = new_lse()
+        out = new_out(outputs[0]) if out is None else out
+        lse_out = new_lse() if lse_out is None else lse_out
         launch((*outputs, *lses, out, lse_out))
         return out, lse_out
 
@@ -227,10 +225,8 @@ def _group_launcher(k: int, out_dtype, lse_dtype, spec: MergeSpec, plan_for, gua
         if hot is None or hot[1] or hot[4] is None:
             return run(outputs, lses, out, lse_out)
         launch, _, new_out, new_lse, at = hot
-        if out is None:
-            out = new_out(outputs[0])
-        if lse_out is None:
-            lse_out = new_lse()
+        out = new_out(outputs[0]) if out is None else out
+        lse_out = new_lse() if lse_out is None else lse_out
         if not at(addresses, (out, lse_out)):
             launch((*outputs, *lses, out, lse_out))
         return out, lse_out

@@ -1,7 +1,6 @@
-"""The native launcher: Triton-compiled CUDA kernels launched by one C++ call (`native_launch.cc`
-through TVM-FFI; docs/speed.md), chosen by `$ANYSOFTMAX_LAUNCHER`, built once per machine into
-`config.cache_dir("native")`. Where it cannot serve (no build, scratch, clusters), Triton's launcher
-is used and the reason kept (`unavailable()`, the bound launcher's `state["native_reason"]`)."""
+"""The native launcher: Triton-compiled CUDA kernels launched by one C++ call (`native_launch.cc` through TVM-FFI;
+$ANYSOFTMAX_LAUNCHER in docs/environment.md). Where it cannot serve, the reason is kept (`unavailable()`, the bound
+launcher's `state["native_reason"]`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Kernel plans, pure data: which shared kernel, tile and grid, one type per kind (docs/kernels.md),
-each building its launch arguments. Forward "tile", "online", "split" (`cooperative`: one launch with
-a per-row barrier, else two), "cols" / "cols_split" (a non-innermost dim); backward "tile", "split"."""
+"""Kernel plans, pure data: which shared kernel, tile and grid, one type per kind of docs/kernels.md (forward
+"tile", "online", "split", "cols", "cols_split"; backward "tile", "split"), each building its launch arguments."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The forward row kernels, persistent over `core.layout.RowLayout` rows with the fused family's steps
-(docs/kernels.md): tile (whole rows, BLOCK_M a step), online (BLOCK_N sub-blocks of a row), split (a
-row's chunks on several programs); STATES_ONLY: their logsumexp form (`lse_rows.py`). Accumulation in
-fp32 (fp64 for fp64 outputs); -inf - -inf is kept out of the rescale factors (an all -inf row still
-ends as 0/0 = NaN, as torch gives it)."""
+"""The forward row kernels tile, online and split (docs/kernels.md; STATES_ONLY: their logsumexp form,
+`lse_rows.py`). Accumulation in fp32 (fp64 for fp64 outputs); -inf - -inf is kept out of the rescale
+factors (an all -inf row still ends as 0/0 = NaN, as torch gives it)."""
 
 from __future__ import annotations
 
@@ -305,14 +303,10 @@ def softmax_split_kernel(
     HAS_SINK: tl.constexpr, HAS_EMPTY: tl.constexpr, EMPTY: tl.constexpr, PRECISE: tl.constexpr,
     STATES_ONLY: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
 ):
-    """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip.
-    PHASE 0 (one cooperative launch, the grid co-resident, items row-major): each program
-    publishes its chunk's (max, sum[, kept]) to `stats`, waits at the row's barrier, normalises
-    the chunk it holds. PHASE 1 / 2: the same as two launches (normalisation re-reads x).
-    PREFETCH, RELAXED_DEPART, HOLD_INPUT (16-bit x) and STAGES (never with PREFETCH) are forms of
-    PHASE 0 (docs/kernels.md). STATES_ONLY (PHASE 1 alone, `lse_rows.py`): each chunk's lse goes
-    to stats[item]; the row's last chunk to arrive combines them and the sink into the row's lse.
-    """
+    """A row split across `n_chunks` programs, each holding one CHUNK-wide piece on chip (docs/kernels.md):
+    PHASE 0 one cooperative launch (items row-major) and its forms PREFETCH, RELAXED_DEPART, HOLD_INPUT
+    and STAGES (never with PREFETCH); PHASE 1 / 2 the same as two launches. STATES_ONLY (PHASE 1 alone,
+    `lse_rows.py`): each chunk's lse to stats[item], the row's last chunk combining them and the sink."""
     acc_ty = tl.float64 if ACC_FP64 else tl.float32
     # Per chunk: max, sum of exp(z - max), and (a bool mask) the count of kept columns.
     NSTAT: tl.constexpr = 3 if MASK == 1 else 2

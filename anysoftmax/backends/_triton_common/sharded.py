@@ -1,9 +1,6 @@
-"""A row sharded across GPUs, normalised with one read of each shard (docs/kernels.md): the split
-kernel's barrier extended to other ranks. A rank publishes its lse of a row into every peer's
-mailbox (`anysoftmax.distributed.mailbox`) as one word, `epoch << 32 | float32 bits`; a reader spins
-until every peer's word carries this call's epoch (its parity picks the mailbox half: a rank is at
-most one call ahead). PHASE 0 (one cooperative launch) keeps the chunk in registers across the
-exchange; PHASE 1 / 2 (the last chunk publishes; wait and normalise, re-reading x) larger rows."""
+"""A row sharded across GPUs, normalised with one read of each shard: the split kernel's barrier extended
+to other ranks through the mailbox (`anysoftmax.distributed.mailbox`; docs/kernels.md, "sharded split").
+A word's epoch parity picks the mailbox half: a rank is at most one call ahead."""
 
 from __future__ import annotations
 

@@ -28,18 +28,7 @@ def mask_operand(mask: torch.Tensor | None, spec: SoftmaxSpec, materialise: bool
 
 def sinks_operand(sinks: torch.Tensor | None, spec: SoftmaxSpec) -> torch.Tensor | None:
     """The sinks (or a row scale) as the kernels read them: contiguous over the input's row shape."""
-    if sinks is None:
-        return None
-    return sinks.expand(row_shape(spec.shape, spec.dim)).contiguous()
-
-
-def materialised_strides(spec: SoftmaxSpec) -> tuple:
-    """`core.layout.operand_strides` of the operands copied to x's shape (mask) or row shape (sinks)."""
-    v = spec.variant
-    out = [contiguous_strides(spec.shape)] if v.mask is not None else []
-    if v.sinks is not None or v.row_scale is not None:
-        out += [row_operand_strides(spec.shape, spec.dim)] * 2
-    return tuple(out)
+    return None if sinks is None else sinks.expand(row_shape(spec.shape, spec.dim)).contiguous()
 
 
 def stand_in_operands(spec: SoftmaxSpec, device, full: bool = False) -> tuple:
@@ -61,7 +50,7 @@ def forward_layout(x: torch.Tensor, spec: SoftmaxSpec):
         return x, y, layout, False
     x = x.contiguous()
     layout = RowLayout.from_strides(spec.shape, tuple(x.stride()), tuple(y.stride()), spec.dim,
-                                    materialised_strides(spec))
+                                    operand_strides(spec, materialised=True))
     return x, y, layout, True
 
 
@@ -72,7 +61,7 @@ def backward_layout(y: torch.Tensor, spec: SoftmaxSpec) -> tuple[RowLayout, bool
     layout = RowLayout.from_strides(spec.shape, st, st, spec.dim, ops, mask_fastest(spec, st, st))
     if layout is not None:
         return layout, False
-    return RowLayout.from_strides(spec.shape, st, st, spec.dim, materialised_strides(spec)), True
+    return RowLayout.from_strides(spec.shape, st, st, spec.dim, operand_strides(spec, materialised=True)), True
 
 
 def logical_rows(shape: tuple, x_strides: tuple, dim: int, mask_strides, has_sink: bool) -> tuple:

@@ -1,7 +1,5 @@
-"""The `cute` backend: CuTe DSL kernels for NVIDIA GPUs of compute capability 9.0+. What it serves
-(row and column kernels, the fused prologue, logsumexp through the row kernels' first pass,
-`kernels.states_entry`), what it refuses, and why its priority is below `triton`'s: docs/cute.md.
-"""
+"""The `cute` backend: CuTe DSL kernels for NVIDIA GPUs of compute capability 9.0+; what it serves and
+refuses, and why its priority is below `triton`'s: docs/cute.md."""
 
 from __future__ import annotations
 
@@ -153,8 +151,9 @@ class CuteBackend(Backend):
         return _memo(spec, BWD if backward else FWD, align_elems, "columns", lambda ins, outs, arch, ffi:
                      make_column_plan(backward, ins, outs, spec.log, view.n_red, view.n_inner, align_elems, arch, ffi))
 
-    def _bound(self, key: KernelKey):
-        return launch.bind(compiler.kernel(key), key)
+    @staticmethod
+    def _bound(key: KernelKey, spec: SoftmaxSpec):
+        return launch.bind(compiler.kernel(key), key, spec.device)
 
     def launcher(self, x: torch.Tensor, spec: SoftmaxSpec):
         """`f(x) -> y` bound to this request (memoised by dispatch, 16-byte alignment included)."""
@@ -162,22 +161,22 @@ class CuteBackend(Backend):
         offset = x.data_ptr() // x.element_size()
         if isinstance(got, ColumnView):
             key = _checked(self.column_plan(False, spec, got, _column_alignment(got, offset)))
-            return launch.columns_forward(self._bound(key), spec, got)
+            return launch.columns_forward(self._bound(key, spec), spec, got)
         n_rows, n_cols, row_stride = got
         key = self.plan(False, spec, n_cols, _alignment(offset, row_stride))
         # (A fused spec that reaches a backend has a step: `empty_rows` alone is normalised away.)
-        return launch.forward(self._bound(key), spec, n_rows, n_cols, row_stride, fused=key.fused)
+        return launch.forward(self._bound(key, spec), spec, n_rows, n_cols, row_stride, fused=key.fused)
 
     def backward_launcher(self, y: torch.Tensor, spec: SoftmaxSpec):
         """`f(y, grad) -> dx` bound to this request; y, grad and dx are read contiguous."""
         got = _checked(request_layout(spec, contiguous_strides(spec.shape)))
         if isinstance(got, ColumnView):
             key = _checked(self.column_plan(True, spec, got, _column_alignment(got, 0)))
-            return launch.columns_backward(self._bound(key), spec, got, key.vec * y.element_size())
+            return launch.columns_backward(self._bound(key, spec), spec, got, key.vec * y.element_size())
         n_rows, n_cols, _ = got
         key = self.plan(True, spec, n_cols, 64)  # contiguous operands, checked per call
-        return launch.backward(self._bound(key), spec, n_rows, n_cols, key.vec * y.element_size(), fused=key.fused,
-                               reads_x=key.capped)
+        return launch.backward(self._bound(key, spec), spec, n_rows, n_cols, key.vec * y.element_size(),
+                               fused=key.fused, reads_x=key.capped)
 
     # `f(grad, y, x, operands, p_sink) -> (dx, None)`: the row kernels' (fused columns are refused).
     fused_backward_launcher = backward_launcher
@@ -195,4 +194,4 @@ class CuteBackend(Backend):
         compiled in its states form (one float a row)."""
         n_rows, n_cols, row_stride = _checked(lse_rows_of(spec, tuple(x.stride())))
         key = self.plan(False, spec, n_cols, _alignment(x.data_ptr() // x.element_size(), row_stride), states=True)
-        return launch.logsumexp(self._bound(key), spec, n_rows, n_cols, row_stride)
+        return launch.logsumexp(self._bound(key, spec), spec, n_rows, n_cols, row_stride)

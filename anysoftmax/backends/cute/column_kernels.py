@@ -1,8 +1,6 @@
-"""The CuTe DSL column kernels: softmax / log_softmax over a strided dim followed by contiguous
-positions, seen as (outer, n, inner) (`core.layout.ColumnView`; docs/cute.md: a cluster owns a
-strip of adjacent columns over all `n` reduced positions, in registers).
-Numerics as the row kernels; padding reads as -inf and adds nothing.
-"""
+"""The CuTe DSL column kernels (docs/cute.md): softmax / log_softmax over a strided dim followed by contiguous
+positions, seen as (outer, n, inner) (`core.layout.ColumnView`). Numerics as the row kernels; padding reads as
+-inf and adds nothing."""
 
 from types import SimpleNamespace
 

@@ -1,9 +1,6 @@
-"""Compiling a `KernelKey` with `cute.compile`, for this machine's GPU or, without one, for
-$CUTE_DSL_ARCH (sm_90a by default: how CI checks every kernel kind). Row counts, lengths and
-strides are run-time arguments: one kernel serves a shape class. The fake tensors state what the
-compiler may assume: the last extent and the other strides are multiples of `vec` and the pointers
-aligned to a vector (each vector load one 16-byte instruction); TVM-FFI checks these at each call.
-"""
+"""Compiling a `KernelKey` with `cute.compile` for this machine's GPU, else $CUTE_DSL_ARCH (sm_90a: how CI checks
+every kernel kind). The fake tensors state what the compiler may assume: the last extent and the other strides
+multiples of `vec`, the pointers aligned to a vector (one 16-byte load); TVM-FFI checks these at each call."""
 
 from __future__ import annotations
 

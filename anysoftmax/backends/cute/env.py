@@ -1,7 +1,5 @@
-"""The CuTe DSL toolchain and the GPU here, and importing the DSL so that it compiles for that GPU,
-or for sm_90a where there is none (CI). Running needs an NVIDIA GPU of compute capability 9.0+
-(clusters, distributed shared memory); `apache-tvm-ffi` gives the fast per-call path (`launch`).
-"""
+"""The CuTe DSL toolchain and the GPU here (docs/cute.md), and importing the DSL so that it compiles for that
+GPU, or for sm_90a where there is none (CI)."""
 
 from __future__ import annotations
 

@@ -44,14 +44,11 @@ def _dlpack_call(fn, key: KernelKey) -> Callable:
     return call
 
 
-def bind(fn, key: KernelKey) -> Callable:
-    """`call(*tensors)` launching the compiled `fn` of `key` on (rows, n) tensors."""
-    return fn if key.tvm_ffi else _dlpack_call(fn, key)
-
-
-def guarded(call: Callable, device: torch.device) -> Callable:
-    """`call` run with `device` current; `call` itself where the process sees one GPU."""
-    if torch.cuda.device_count() <= 1:
+def bind(fn, key: KernelKey, device: torch.device | None = None) -> Callable:
+    """`call(*tensors)` launching the compiled `fn` of `key` on (rows, n) tensors, with `device` current
+    where the process sees more than one GPU."""
+    call = fn if key.tvm_ffi else _dlpack_call(fn, key)
+    if device is None or torch.cuda.device_count() <= 1:
         return call
 
     def run(*tensors: torch.Tensor) -> None:
@@ -65,7 +62,6 @@ def forward(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int, f
     """`f(x) -> y` for requests like `spec` read as rows; with `fused` (the scale/softcap prologue)
     `f(x, operands) -> (y, None)`. A 2-D input needs no view, and y is made `empty_like` x."""
     shape, dtype = spec.shape, spec.out_dtype
-    call = guarded(call, spec.device)
     flat = len(shape) == 2 and spec.strides[1] == 1 and shape == (n_rows, n_cols)
 
     def run(x: torch.Tensor, *values: float) -> torch.Tensor:
@@ -80,7 +76,6 @@ def logsumexp(call: Callable, spec, n_rows: int, n_cols: int, x_row_stride: int)
     """`f(x, operands) -> lse` (keepdim, float32) for logsumexp requests like `spec` read as rows
     (`backend.lse_rows_of`); a sink is folded in after the kernel, lse = logaddexp(lse, s)."""
     shape, device = row_shape(spec.shape, spec.dim), spec.device
-    call = guarded(call, device)
     sinks = spec.variant.sinks is not None
 
     def run(x: torch.Tensor, ops) -> torch.Tensor:
@@ -108,8 +103,7 @@ def backward(call: Callable, spec, n_rows: int, n_cols: int, align_bytes: int, f
              reads_x: bool = False) -> Callable:
     """`f(y, grad) -> dx` for requests like `spec`; with `fused` (the prologue's derivative)
     `f(grad, y, x, operands, p_sink) -> (dx, None)`, x (in y's dtype) read only with `reads_x`."""
-    shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    call = guarded(call, device)
+    shape, dtype = spec.shape, spec.out_dtype
     flat = shape == (n_rows, n_cols)
 
     def run(y: torch.Tensor, grad: torch.Tensor, *extra) -> torch.Tensor:  # extra: a fused kernel's x, values
@@ -137,7 +131,6 @@ def _columns(t: torch.Tensor, view, outer_stride: int, red_stride: int) -> torch
 def columns_forward(call: Callable, spec, view) -> Callable:
     """`f(x) -> y` for a reduction over a strided dim (`core.layout.ColumnView` of `spec`)."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    call = guarded(call, device)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         y = new_output(shape, dtype, device)
@@ -151,7 +144,6 @@ def columns_forward(call: Callable, spec, view) -> Callable:
 def columns_backward(call: Callable, spec, view, align_bytes: int) -> Callable:
     """`f(y, grad) -> dx` for a reduction over a strided dim (operands as `backward_operands`)."""
     shape, dtype, device = spec.shape, spec.out_dtype, spec.device
-    call = guarded(call, device)
 
     def run(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         y, grad = backward_operands(y, grad, dtype, align_bytes)

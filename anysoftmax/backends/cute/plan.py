@@ -1,7 +1,5 @@
-"""Plans of the `cute` backend: a pure function of the request, its tensors' alignment and the
-tuning table (`tuning.yaml`); no GPU, no DSL import. A plan is the compiled kernel's key:
-everything that changes the compiled code, not the row count or length (run-time arguments).
-"""
+"""Plans of the `cute` backend (docs/cute.md): a pure function of the request, its tensors' alignment and
+`tuning.yaml` (no GPU, no DSL import); a plan is the compiled kernel's key."""
 
 from __future__ import annotations
 

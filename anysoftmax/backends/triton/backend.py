@@ -52,10 +52,6 @@ def _programs_per_sm(plan: KernelPlan, x, y, layout: RowLayout, spec: SoftmaxSpe
     return _occupancy.get(key, compile_and_measure)
 
 
-def _values(args) -> tuple:
-    return scalars(*runtime_values(args.scale, args.softcap))
-
-
 def _resident(draft: KernelPlan, props: DeviceProps, programs_per_sm) -> tuple[KernelPlan, int]:
     """(plan, programs resident on the GPU): `draft`, or without its pipelined item loop (`stages`) where
     that needs too much shared memory (OutOfResources) or leaves fewer programs than a row's chunks."""
@@ -121,10 +117,8 @@ class TritonBackend(Backend):
         missing = interpreter.triton_missing(
             f"{interpreter.TRITON_EXTRA} (CUDA and ROCm builds of torch bring it; on a CPU it runs the kernels "
             f"through the interpreter)")
-        if missing is not None:
-            return missing
-        if interpreter.interpreting():
-            return interpreter.interpreter_problem()
+        if missing is not None or interpreter.interpreting():
+            return missing or interpreter.interpreter_problem()
         if not torch.cuda.is_available():
             return ("no CUDA or ROCm GPU visible (torch.cuda.is_available() is False) and TRITON_INTERPRET is not set "
                     "(TRITON_INTERPRET=1 before importing anysoftmax runs CPU tensors through the interpreter)")
@@ -201,7 +195,7 @@ class TritonBackend(Backend):
             plan = self.plan(x, y, layout, spec)
         p_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.forward_tensors(x, y, args, spec, p_shape, materialise, as_bytes=False)
-        traced.launch(plan, t, layout, spec.log, y.dtype, _values(args))
+        traced.launch(plan, t, layout, spec.log, y.dtype, scalars(*runtime_values(args.scale, args.softcap)))
         return t[1], t[4]
 
     def traced_fused_backward(self, grad, y, x, spec: SoftmaxSpec, args, p_sink) -> tuple:
@@ -213,7 +207,7 @@ class TritonBackend(Backend):
         ds_shape = row_shape(spec.shape, spec.dim) if plan.fusion.has_sink else None
         t = softmax_launchers.backward_tensors(grad, y, x, args, p_sink, spec, plan.fusion.has_cap, ds_shape,
                                                materialise, as_bytes=False)
-        traced.launch(plan, t, layout, spec.log, spec.out_dtype, _values(args))
+        traced.launch(plan, t, layout, spec.log, spec.out_dtype, scalars(*runtime_values(args.scale, args.softcap)))
         return t[2], t[6]
 
     # ---- logsumexp and merge_states (core.lse_merge): wherever the softmax runs ----

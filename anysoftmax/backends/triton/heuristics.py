@@ -34,9 +34,8 @@ def choose_kernel(layout: RowLayout, elem_bytes: int, sm_count: int | None = Non
     if view is not None and view.n_inner >= t["cols_min_inner"]:
         return choose_cols_tile(view, elem_bytes, sm_count)
     block_n = next_power_of_2(max(layout.n_cols, 1))
-    if backward:
-        if block_n * elem_bytes > t["bwd_max_tile_bytes"] or block_n > t["max_tile_elems"]:
-            return split_tile(layout, elem_bytes, sm_count, backward=True)
+    if backward and (block_n * elem_bytes > t["bwd_max_tile_bytes"] or block_n > t["max_tile_elems"]):
+        return split_tile(layout, elem_bytes, sm_count, backward=True)
     if block_n <= t["max_tile_elems"]:
         block_m = min(max(1, t["rows_tile_elems"] // block_n), next_power_of_2(layout.n_rows))
         return dict(kind="tile", block_m=block_m, block_n=block_n, chunks=1,

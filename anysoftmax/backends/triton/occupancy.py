@@ -1,6 +1,5 @@
-"""Occupancy model: how many persistent programs to launch (pure, tested with other GPUs'
-properties): Triton's fused-softmax tutorial's CUDA and HIP rules, capped by shared memory and by
-threads per SM (the cooperative split kernels need every program resident; docs/kernels.md)."""
+"""Occupancy model: how many persistent programs to launch, pure (docs/kernels.md: its rules, and why the
+cooperative split kernels need every program resident)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The `triton` backend's one-read sharded softmax (`anysoftmax.distributed`): `sharded_split_kernel`
-with the split kernel's chunks, one cooperative launch where a row's local chunks fit on the GPU at
-once, else two; the epoch and mailbox half are per-call integers."""
+"""The `triton` backend's one-read sharded softmax (docs/kernels.md, "sharded split"): one cooperative launch
+where a row's local chunks fit on the GPU at once, else two; the epoch and mailbox half are per-call integers."""
 
 from __future__ import annotations
 

@@ -89,17 +89,13 @@ class TritonAscendBackend(Backend):
         missing = interpreter.triton_missing(
             f"on an Ascend host, {install.INSTALL_ORDER}; elsewhere {interpreter.TRITON_EXTRA} for the CPU "
             "interpreter")
-        if missing is not None:
-            return missing
-        if interpreter.interpreting():
-            return interpreter.interpreter_problem()
+        if missing is not None or interpreter.interpreting():
+            return missing or interpreter.interpreter_problem()
         if npu.crosscheck_on_cuda() and torch.cuda.is_available():
             return None
         reason = npu.missing_reason()
-        if reason is None:
-            return None
-        return (f"{reason} (without an NPU: CPU tensors with TRITON_INTERPRET=1, "
-                f"or CUDA tensors with ${npu.ENV_ON_CUDA}=1)")
+        return None if reason is None else (f"{reason} (without an NPU: CPU tensors with TRITON_INTERPRET=1, "
+                                            f"or CUDA tensors with ${npu.ENV_ON_CUDA}=1)")
 
     def supports(self, spec: SoftmaxSpec) -> str | None:
         """None for fp16/bf16/fp32 on the devices above, else the reason."""

@@ -57,12 +57,8 @@ def operand_bytes(spec) -> int:
     v = getattr(spec, "variant", None)
     if v is None or spec.is_plain:
         return 0
-    extra = 0
-    if v.mask is not None:
-        extra += 1 if v.mask_kind == "bool" else v.mask.dtype.itemsize
-    if v.softcap is not None:
-        extra += spec.acc_dtype.itemsize
-    return extra
+    mask = 0 if v.mask is None else 1 if v.mask_kind == "bool" else v.mask.dtype.itemsize
+    return mask + (0 if v.softcap is None else spec.acc_dtype.itemsize)
 
 
 def plan_rows(n_rows: int, n_cols: int, programs: int, in_bytes: int, out_bytes: int, acc_bytes: int,

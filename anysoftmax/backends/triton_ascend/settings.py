@@ -1,7 +1,6 @@
-"""Settings of the `triton_ascend` backend, lowest precedence first: `tuning.yaml`, the device
-profile of `profiles.yaml` (`profile:` or $ANYSOFTMAX_ASCEND_PROFILE: its `grid` and `ub_bytes`),
-`override(...)`, $ANYSOFTMAX_ASCEND_GRID and $ANYSOFTMAX_ASCEND_UB_BYTES. Every value is checked
-when read; an error names the setting, where its value came from and what is allowed."""
+"""Settings of the `triton_ascend` backend, lowest precedence first: `tuning.yaml`, a device profile of
+`profiles.yaml`, `override(...)`, the environment (docs/environment.md). Every value is checked when read; an
+error names the setting, where its value came from and what is allowed."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ override = Overrides("triton_ascend")
 
 def current() -> Settings:
     """The settings in force now (table, profile, overrides and environment)."""
-    return resolve(load_tuning("triton_ascend"), override.active(), os.environ,
-                   load_profiles())
+    return resolve(load_tuning("triton_ascend"), override.active(), os.environ, load_profiles())
 
 
 def _env_value(text: str) -> int | str:

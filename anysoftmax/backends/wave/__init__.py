@@ -1,7 +1,5 @@
-"""`wave`: Wave (tkw) softmax kernels compiled by IREE for AMD GPUs, and NVIDIA as an opt-in
-validation path (ANYSOFTMAX_WAVE_ON_CUDA=1; docs/wave.md). Importing it never imports wave_lang or
-iree (they load on first use), so it is cheap and safe without the `wave` extra.
-"""
+"""`wave`: Wave (tkw) softmax kernels compiled by IREE for AMD GPUs (docs/wave.md). Importing it never
+imports wave_lang or iree (they load on first use), so it is cheap and safe without the `wave` extra."""
 
 from .backend import WaveBackend
 

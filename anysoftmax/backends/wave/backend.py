@@ -1,8 +1,5 @@
-"""The `wave` backend: Wave (tkw) kernels compiled by IREE, run with iree.runtime (docs/wave.md):
-AMD GPUs (`device="hip"`), and NVIDIA only as an opt-in validation path (ANYSOFTMAX_WAVE_ON_CUDA=1).
-The kernel reads dense (rows, N) buffers (`as_rows`); the backward is dispatch's torch formula.
-Kernels come from memory, then the disk cache, then the compiler (`diskcache`, `compiler`).
-"""
+"""The `wave` backend: Wave (tkw) kernels compiled by IREE, run with iree.runtime (docs/wave.md). The kernel
+reads dense (rows, N) buffers (`as_rows`), from memory, the disk cache or the compiler; the backward is torch's."""
 
 from __future__ import annotations
 
@@ -111,10 +108,8 @@ class WaveBackend(Backend):
             if dtype_name(dtype) not in DTYPES:
                 return f"{dtype_name(dtype)} is not supported by the Wave kernel (float32, float16, bfloat16)"
         reason = fusion.refusal(spec)
-        if reason is not None:
+        if reason is not None or spec.numel == 0:  # nothing to launch: the API returns the empty result itself
             return reason
-        if spec.numel == 0:
-            return None  # nothing to launch: the API returns the empty result itself
         target = detect_target(spec.device.index)
         if isinstance(target, str):
             return target

@@ -1,7 +1,5 @@
-"""The Wave toolchain here: installed packages, their versions, the kernel cache's location, and
-importing Wave so that it never writes to ~/.wave. Compiling needs `wave-lang` (which brings
-`iree-base-compiler`); running only `iree-base-runtime`, so kernels compiled elsewhere run here.
-"""
+"""The Wave toolchain here (docs/wave.md): installed packages, their versions, the kernel cache's location, and
+importing Wave so that it never writes to ~/.wave."""
 
 from __future__ import annotations
 
@@ -42,17 +40,15 @@ def _importable(module: str) -> bool:
 
 def runtime_missing() -> str | None:
     """None when iree.runtime can be imported, else what is missing and how to install it."""
-    if not _importable("iree.runtime"):
-        return f"iree-base-runtime is not installed (needed to run Wave kernels): {install_hint('wave')}"
-    return None
+    return None if _importable("iree.runtime") else \
+        f"iree-base-runtime is not installed (needed to run Wave kernels): {install_hint('wave')}"
 
 
 def compiler_missing() -> str | None:
     """None when Wave and the IREE compiler can be imported, else what is missing and how to install it."""
-    if not _importable("wave_lang"):
-        return f"wave-lang is not installed (needed to compile Wave kernels): {install_hint('wave')}"
-    if not _importable("iree.compiler"):
-        return f"iree-base-compiler is not installed (needed to compile Wave kernels): {install_hint('wave')}"
+    for module, dist in (("wave_lang", "wave-lang"), ("iree.compiler", "iree-base-compiler")):
+        if not _importable(module):
+            return f"{dist} is not installed (needed to compile Wave kernels): {install_hint('wave')}"
     return None
 
 
@@ -77,8 +73,7 @@ def import_wave() -> None:
         raise BackendUnavailableError(reason)
     with _import_lock:
         os.environ["WAVE_CACHE_ON"] = "0"
-        if "WAVE_CACHE_DIR" not in os.environ:
-            os.environ["WAVE_CACHE_DIR"] = str(cache_dir() / "wave-lang")
+        os.environ.setdefault("WAVE_CACHE_DIR", str(cache_dir() / "wave-lang"))
         import wave_lang.kernel.wave.cache as wave_cache
 
         wave_cache.WAVE_CACHE_ON = 0

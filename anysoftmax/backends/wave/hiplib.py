@@ -1,7 +1,4 @@
-"""Finding libamdhip64.so for IREE's `hip` driver, which dlopens it from the system library path
-rather than torch's ROCm build: searched in $ROCM_PATH/lib, /opt/rocm/lib, then torch's lib folder,
-and passed with IREE's `--hip_dylib_path` flag (docs/wave.md).
-"""
+"""Finding libamdhip64.so for IREE's `hip` driver and passing it to IREE (docs/wave.md, "HIP library")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone: one IREE HAL device
-per torch GPU (matched by UUID), one loaded module per (kernel, device), the transfer that
-`ANYSOFTMAX_WAVE_TRANSFER` picks and the stream synchronisation IREE needs (docs/wave.md). The
-driver "local-sync" with CPU tensors serves the runtime's own tests.
-"""
+"""Running a compiled kernel (.vmfb) on torch tensors with `iree.runtime` alone (docs/wave.md): one HAL device
+per torch GPU, one module per (kernel, device); the driver "local-sync" with CPU tensors serves the tests."""
 
 from __future__ import annotations
 
@@ -116,22 +113,16 @@ def load(cache_key, vmfb: bytes, driver_name: str, torch_device: torch.device) -
 
 # ---- one call of the entry point -------------------------------------------------------------
 
-def _element_type(dtype: torch.dtype):
-    import iree.runtime as rt
-
-    return {torch.float32: rt.HalElementType.FLOAT_32, torch.float16: rt.HalElementType.FLOAT_16,
-            torch.bfloat16: rt.HalElementType.BFLOAT_16, torch.uint8: rt.HalElementType.UINT_8}[dtype]
-
-
 def _upload(dev: _Device, t: torch.Tensor):
     import iree.runtime as rt
 
     # numpy has no bfloat16: hand IREE the raw 16-bit pattern (the element type says bf16).
     host = t.detach().to("cpu").contiguous()
+    element_type = {torch.float32: rt.HalElementType.FLOAT_32, torch.float16: rt.HalElementType.FLOAT_16,
+                    torch.bfloat16: rt.HalElementType.BFLOAT_16, torch.uint8: rt.HalElementType.UINT_8}[t.dtype]
     return dev.hal.allocator.allocate_buffer_copy(
         memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=dev.hal,
-        buffer=(host.view(torch.int16) if host.dtype == torch.bfloat16 else host).numpy(),
-        element_type=_element_type(t.dtype))
+        buffer=(host.view(torch.int16) if host.dtype == torch.bfloat16 else host).numpy(), element_type=element_type)
 
 
 def _download(dev: _Device, view, like: torch.Tensor) -> torch.Tensor:
