@@ -16,12 +16,12 @@ import triton
 
 from ...core.cache import OnceCache
 from ...core.layout import cdiv, output_maker
-from .launcher import per_stream, row_counters
 from ...core.lse_merge import logsumexp_request
 from ...core.spec import SoftmaxSpec
 from ...core.variant import Operands
 from ...sampling.spec import SamplingSpec
 from . import sampling
+from .launcher import per_stream, row_counters
 
 SCALE_BLOCK = 1024  # rows per program of row_scale_kernel
 TILE = 1024  # logits per step where a kernel reads a whole row (greedy rows)

@@ -1,6 +1,7 @@
-"""The small kernels around the sampler's one-read paths (`sampling_one_read.py`): the per-row
-scale before the softmax or logsumexp kernel reads the logits once, and after it the rows that
-scale cannot express (greedy rows, out-of-range temperatures) and `logprobs`' gather.
+"""The kernels of the sampler's one-read paths (`sampling_one_read.py`): the per-row scale before
+the softmax or logsumexp kernel reads the logits once, and after it the rows that scale cannot
+express (greedy rows, out-of-range temperatures) and `logprobs`' gather; `logprobs_kernel`, the
+logsumexp and the gather in one launch.
 """
 
 from __future__ import annotations
