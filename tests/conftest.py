@@ -72,12 +72,17 @@ LONGEST_FILES = (
     "testing/test_conformance.py",  # 260
     "backends/wave/test_wave.py",  # 210
     "test_wheel.py",  # 190
+    "api/test_row_scale.py",  # 185
     "backends/triton/test_lse_rows.py",  # 170
     "distributed/test_distributed_gloo.py",  # 160
+    "backends/triton/test_sampler_compiles.py",  # 155
+    "test_layers.py",  # 140
+    "backends/triton/test_sampling_runs.py",  # 135
     "backends/triton/test_triton_fused_paths.py",  # 125
     "bench/test_bench_cli.py",  # 115
     "api/test_variants_autograd.py",  # 95
     "backends/triton_ascend/test_ascend_interpreter.py",  # 90
+    "api/test_properties.py",  # 80
 )
 
 
