@@ -156,6 +156,20 @@ def test_logprobs_of_ids_over_rows_of_many_chunks_in_one_launch(programs, gen, m
         assert got[2, 0] == -math.log(2) and got[2, 1] == -math.inf
 
 
+def test_logprobs_in_one_launch_on_strided_and_misaligned_rows_then_contiguous_ones(gen):
+    """The same form through `logprobs_kernel` on rows cut from a wider tensor one element in
+    (another row stride, an address off 16 bytes), then on contiguous logits, then strided again:
+    each call right (its own launch binding for each layout)."""
+    rows, vocab = 3, sampling_one_read.LOGPROBS_CHUNK + 501
+    t = torch.rand(rows, generator=gen) + 0.5
+    ids = torch.randint(0, vocab, (rows, 2), generator=gen)
+    for layout in ("strided", "contiguous", "strided"):
+        wide = torch.randn(rows, vocab + 3, generator=gen) * 3
+        x = wide[:, 1:vocab + 1] if layout == "strided" else wide[:, :vocab].contiguous()
+        got = sampling.logprobs(x, ids, temperature=t, backend="triton")
+        _check_logprobs(got, x, ids, SamplingSpec.from_request("logprobs", x, temperature=t))
+
+
 def test_logprobs_of_ids_above_the_one_launch_bound_take_the_logsumexp_and_the_gather(gen, monkeypatch):
     """A request of more than LOGPROBS_ONE_LAUNCH_MAX logits takes the logsumexp kernel and the gather."""
     monkeypatch.setattr(sampling_one_read, "LOGPROBS_ONE_LAUNCH_MAX", ROWS * (VOCAB + 3) - 1)
