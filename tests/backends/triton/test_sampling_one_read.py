@@ -182,6 +182,19 @@ def test_logprobs_of_ids_above_the_one_launch_bound_take_the_logsumexp_and_the_g
     _check_logprobs(sampling.logprobs(x, ids, temperature=t, backend="triton"), x, ids, spec)
 
 
+def test_two_samplers_of_one_backend_keep_their_own_logprobs_paths(gen):
+    """The one launch bound for a sampler without plans is not the binding of a sampler of the
+    same backend with plans (its three launches) on the same form, in either order."""
+    backend = as_backend(registry.get_backend("triton"))
+    x = torch.randn(ROWS, VOCAB + 5, generator=gen) * 3  # (a form of its own)
+    t = torch.rand(ROWS, generator=gen) + 0.5
+    ids = torch.randint(0, VOCAB + 5, (ROWS, 2), generator=gen)
+    spec = SamplingSpec.from_request("logprobs", x, temperature=t)
+    for sampler in (sampling_one_read.Sampler(backend), sampling_one_read.Sampler(backend, lambda spec: None),
+                    sampling_one_read.Sampler(backend)):
+        _check_logprobs(sampler.logprobs(spec, x, ids), x, ids, spec)
+
+
 def test_out_of_range_per_row_temperatures_and_ids_give_nan():
     """Values the host does not read on an accelerator (the CPU API rejects them first: the
     request is built past that check here): the row, or the id, is NaN; the others unchanged."""
