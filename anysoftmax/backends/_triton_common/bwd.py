@@ -8,7 +8,7 @@ chip, longer rows meet in `stats` as in the forward split kernel (`rows.row_meet
 import triton
 import triton.language as tl
 
-from .fused import col_limit, kept_by_mask, pair, tanh, whole_vectors
+from .fused import col_limit, exp_acc, kept_by_mask, pair, tanh, whole_vectors
 from .rows import row_arrive, row_depart, row_leave, row_meet_sum, row_offsets, row_reset, row_wait
 
 
@@ -162,7 +162,7 @@ def softmax_bwd_kernel(
                     row_depart(count_ptr, row, n_chunks)
         if PHASE != 1:
             if LOG:
-                dx = dy - tl.exp(y) * total[:, None]
+                dx = dy - exp_acc(y, ACC_FP64) * total[:, None]
             else:
                 dx = y * (dy - total[:, None])
             if HAS_CAP:

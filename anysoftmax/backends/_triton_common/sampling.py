@@ -149,17 +149,18 @@ def default_programs(device: torch.device, items: int) -> int:
 # callers pass a tensor's device, whose CUDA index is set)
 @functools.lru_cache(maxsize=1024)
 def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None, top_n: int = 0,
-             one_launch: bool = True) -> SamplingPlan:
+             one_launch: bool = True, wide_k: bool = False) -> SamplingPlan:
     """The default plan: chunks of up to MAX_CHUNK elements (FUSED_CHUNK on a fused plan: up to
     FUSED_MAX_ROWS rows, where its candidates serve `top_n`, unless not `one_launch`: a sharded
-    vocabulary's scan); as many candidate slots per chunk as keep the select's block at
-    MAX_SELECT_BLOCK; a grid of `programs` (default: `default_programs`)."""
+    vocabulary's scan, or `wide_k`: a top-k bound past its candidates, `wide_top_k`); as many
+    candidate slots per chunk as keep the select's block at MAX_SELECT_BLOCK; a grid of
+    `programs` (default: `default_programs`)."""
     def cut(most: int) -> tuple[int, int]:
         chunk = min(most, max(16, next_power_of_2(vocab)))
         return chunk, min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // next_power_of_2(
             cdiv(vocab, chunk)))))
     chunk, slots = cut(FUSED_CHUNK)
-    fused = one_launch and rows <= FUSED_MAX_ROWS and top_n <= slots // 2
+    fused = one_launch and not wide_k and rows <= FUSED_MAX_ROWS and top_n <= slots // 2
     if not fused:
         chunk, slots = cut(MAX_CHUNK)
     groups = next_power_of_2(cdiv(vocab, chunk))
@@ -175,6 +176,18 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
     # the select at 4 (H100: docs/speed.md, the runs pre-pass).
     return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps, runs=True,
                         collect_warps=4 if rows > programs // 2 else 8, select_warps=4)
+
+
+def wide_top_k(rows: int, vocab: int, device: torch.device, top_n: int = 0) -> tuple[int, int]:
+    """(lo, hi): a top-k number k with lo < k <= hi is past the candidates of the fused plan
+    `plan_for` gives these rows but within those of the two-launch plan, which then serves it
+    (`wide_k`): on the fused plan such a row would take the general path, a search over the
+    whole row (NVIDIA H200, one row of 128256: 1.3-2 ms against 75 us; docs/speed.md). (0, 0)
+    where the plan is not fused."""
+    fused = plan_for(rows, vocab, device, programs=1, top_n=top_n)
+    if not fused.fused:
+        return 0, 0
+    return fused.k_cap, plan_for(rows, vocab, device, programs=1, top_n=top_n, wide_k=True).k_cap
 
 
 def supports(spec: SamplingSpec, top_n: int = 0, plan: SamplingPlan | None = None) -> str | None:
@@ -373,15 +386,16 @@ def _aligned(*tensors) -> tuple:
 
 
 def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, top_n: int = 0,
-               n_ids: int = 0, tensors: tuple = (), vocab_start: int = 0, vocab_total: int | None = None) -> Bound:
+               n_ids: int = 0, tensors: tuple = (), vocab_start: int = 0, vocab_total: int | None = None,
+               wide_k: bool = False) -> Bound:
     vocab_total = spec.vocab if vocab_total is None else vocab_total
-    # (no plan given: the key holds None, `plan_for`'s plan being fixed by the rows, vocabulary
-    # and device keyed beside it; hashing a plan costs ~1 us a lookup)
+    # (no plan given: the key holds None, `plan_for`'s plan being fixed by the rows, vocabulary,
+    # device and `wide_k` keyed beside it; hashing a plan costs ~1 us a lookup)
     key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
-           _aligned(x, *tensors))
+           _aligned(x, *tensors), wide_k)
     request = dict(xs=x.stride(0), top_n=top_n, n_ids=n_ids, vocab_start=vocab_start, vocab_total=vocab_total)
-    return _bound.get(key, lambda: _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device, top_n=top_n),
-                                         request, x.device))
+    return _bound.get(key, lambda: _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device, top_n=top_n,
+                                                                    wide_k=wide_k), request, x.device))
 
 
 # ---- the API's functions ------------------------------------------------------------------------------
@@ -468,7 +482,9 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     the keyword `values` checked: (bound launchers, workspace, keyword tensors, floats, ints)."""
     device = spec.device
     keyword_call = _keyword_caller(keyword_values(spec), op == "sample", device)
-    launchers = remembered(lambda x, tensors: _launchers(op, spec, x, plan, top_n, n_ids, tensors))
+    launchers = remembered(lambda x, tensors, wide: _launchers(op, spec, x, plan, top_n, n_ids, tensors, wide_k=wide))
+    # A top-k number in this window takes the two-launch plan (`wide_top_k`): per call, as numbers are.
+    k_lo, k_hi = wide_top_k(spec.rows, spec.vocab, device, top_n) if plan is None else (0, 0)
     # The workspace (chunk states, candidates) is the scan's and select's of one call: kept per stream.
     kept = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
     # A fused plan's per-row arrival counts (`scan_select_kernel`): the stream's row counters,
@@ -492,8 +508,9 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
         for t in present:
             if t is not None:
                 ored |= t.data_ptr()
-        guard = (x.stride(0), tensors[4] is None, ored % 16 == 0 or _aligned(x, *present))
-        bound = launchers(guard, x, present)
+        wide = k_lo < ints[0] <= k_hi
+        guard = (x.stride(0), tensors[4] is None, wide, ored % 16 == 0 or _aligned(x, *present))
+        bound = launchers(guard, x, present, wide)
         ws = workspace(bound.space.words)
         bound.run(x, ws, tensors, floats, ints, outs, top_n, bound.scan_select and counts(device))
         return bound, ws, tensors, floats, ints

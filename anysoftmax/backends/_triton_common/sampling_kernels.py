@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fused import exp_acc  # noqa: F401  (importing fused installs the interpreter's once-per-launch patch)
+from .fused import exp_f32
 
 # Chunk state words (int32; floats stored as their bits), per (row, chunk).
 NS = tl.constexpr(16)
@@ -384,7 +384,7 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
     z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
     m_c = tl.max(z)  # (a bad row's statistics are never used)
     m_sub = tl.where(m_c > float("-inf"), tl.where(m_c < float("inf"), m_c, 0.0), 0.0)
-    s_c = tl.sum(tl.exp(z - m_sub))
+    s_c = tl.sum(exp_f32(z - m_sub))
     # A NaN z makes the sum NaN (whether the max kept it, as the interpreter's does, or skipped
     # it, as a GPU's max does); a +inf z makes the max +inf: no test of each z for either.
     bad = ((s_c != s_c) | (m_c == float("inf"))).to(tl.int32)
@@ -417,7 +417,7 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
         t, total = _candidate_threshold(z, n_fin, m_c, need, C_SLOT, CHUNK, NG)
         if OP != OP_LOGPROBS:
             if k_on == 0:  # (the select's check that top-p / min-p decide)
-                rest = tl.sum(tl.where((z > float("-inf")) & (z < t), tl.exp(z - m_sub), 0.0))
+                rest = tl.sum(tl.where((z > float("-inf")) & (z < t), exp_f32(z - m_sub), 0.0))
         written = _write_candidates(z, cols, x_row, lo, vocab, vocab_start, inv_t, t, total,
                                     ws_ptr + cz_off + item * C_SLOT, ws_ptr + ci_off + item * C_SLOT, C_SLOT, CHUNK, SUB)
     _stf(st + F_REST, rest)
@@ -467,7 +467,7 @@ def runs_kernel(
     z = tl.load(x_ptr + row.to(tl.int64) * xs + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * inv_t
     mr = tl.max(z, 1)
     m_sub = tl.where(mr > float("-inf"), tl.where(mr < float("inf"), mr, 0.0), 0.0)
-    sr = tl.sum(tl.exp(z - m_sub[:, None]), 1)
+    sr = tl.sum(exp_f32(z - m_sub[:, None]), 1)
     fr = tl.sum((z > float("-inf")).to(tl.int32), 1)
     n_run = n_chunks * (CHUNK // RUN)
     tab = ws_ptr + run_off + row.to(tl.int64) * (3 * n_run + RUN_CAP) + b * R + tl.arange(0, R)
@@ -515,7 +515,7 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
     m_c = tl.max(mr, 1)
     m_sub = tl.where(m_c > float("-inf"), tl.where(m_c < float("inf"), m_c, 0.0), 0.0)
     # (a run's sum is relative to its own max: rescaled to the chunk's; NaN stays NaN)
-    s_c = tl.sum(sr * tl.exp(mr - m_sub[:, None]), 1)
+    s_c = tl.sum(sr * exp_f32(mr - m_sub[:, None]), 1)
     bad_c = (s_c != s_c) | (m_c == float("inf"))
     n_fin_c = tl.sum(fr, 1)
     n_fin = tl.sum(n_fin_c)
@@ -524,8 +524,11 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
         need = tl.minimum(need, n_fin)
         # t0: the need-th largest of RPC group maxima (group j: run j of every chunk), so that at
         # least `need` runs, hence `need` z, reach it; the runs whose max reaches t0 hold every z >= t0.
-        gm = tl.sort(tl.max(mr, 0), descending=True)
-        t0 = tl.max(tl.where(tl.arange(0, RPC) == need - 1, gm, float("-inf")))
+        # (by rank: the least group max with fewer than `need` larger ones, as a descending sort's
+        # need-th value; one outer comparison instead of the sort's chain of exchange stages)
+        gm = tl.max(mr, 0)
+        above = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), 1)
+        t0 = tl.min(tl.where(above < need, gm, float("inf")))
         cand = (mr >= t0) & (mr > float("-inf"))
         n_cand = _count2(cand)
         if n_cand <= RUN_CAP:
@@ -555,7 +558,7 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
                     # (the row's max and mass as `_row_merge` makes them of chunk states)
                     m = tl.max(m_c)
                     m_row = tl.where((m > float("-inf")) & (m < float("inf")), m, 0.0)
-                    mass = tl.sum(tl.where(m_c > float("-inf"), s_c * tl.exp(m_c - m_row), 0.0))
+                    mass = tl.sum(tl.where(m_c > float("-inf"), s_c * exp_f32(m_c - m_row), 0.0))
                     _served_states(ws_ptr + state_off + row.to(tl.int64) * NS, m, mass, t0, total, n_fin, True)
                     served = served * 0 + 1
             elif tl.max(tot) <= C_SLOT:
@@ -646,14 +649,14 @@ def _mass_cut(kz, w, valid, target, lo, hi):
 
 
 @triton.jit
-def _narrow(cz, valid, need, lo, hi, CAP: tl.constexpr):
-    """(t, n): a value t with need <= n = count(valid & cz >= t) <= CAP (a 2-D block), by
+def _narrow(cz, valid, need, lo, hi, cap):
+    """(t, n): a value t with need <= n = count(valid & cz >= t) <= cap (a 2-D block), by
     bisection on the values between lo (count >= need) and hi (the largest value, count >= 1);
     each step is one count. Where ties at one value forbid it, t is the largest value tried
-    with n = count(>= t) > CAP (every value above it numbers fewer than `need`)."""
+    with n = count(>= t) > cap (every value above it numbers fewer than `need`)."""
     n = _count2(valid & (cz >= lo))
     t = lo
-    if n > CAP:
+    if n > cap:
         c_hi = _count2(valid & (cz >= hi))
         if c_hi >= need:  # the max's ties alone
             t = hi
@@ -664,12 +667,12 @@ def _narrow(cz, valid, need, lo, hi, CAP: tl.constexpr):
             while (done == 0) & (steps < 80):
                 mid = lo * 0.5 + hi * 0.5
                 if (mid <= lo) | (mid >= hi):
-                    done = done * 0 + 1  # adjacent floats: the ties at lo exceed CAP
+                    done = done * 0 + 1  # adjacent floats: the ties at lo exceed cap
                 else:
                     c = _count2(valid & (cz >= mid))
                     if c < need:
                         hi = mid
-                    elif c > CAP:
+                    elif c > cap:
                         lo = mid
                         n = c
                     else:
@@ -712,7 +715,7 @@ def _select_top(row, cz, sel, n, gs_ptr, g, n_chunks, shard_stride, ci_off, ws_p
     kth = tl.min(tl.where(live & (rank < k), zq, float("inf")))
     keep = live & (zq >= kth)
     # (the same exp of z - row max as the chunk sums and `_select_sample`'s weights)
-    w = tl.where(keep, tl.exp(zq - m), 0.0)
+    w = tl.where(keep, exp_f32(zq - m), 0.0)
     if p < 1.0:
         above = tl.sum(tl.where(greater, w[None, :], 0.0), 1)
         keep = keep & (above < p * tl.sum(w))
@@ -792,7 +795,7 @@ def _row_cuts(x_row, inv_t, vocab, m, floor, t, lo, hi, TILE: tl.constexpr):
         cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
         k = _key(z)
         fin = (z > float("-inf")) & (k >= floor)
-        w = tl.where(fin, tl.exp(z - m), 0.0)
+        w = tl.where(fin, exp_f32(z - m), 0.0)
         between = fin & (k >= lo) & (k < hi)
         k_min = tl.minimum(k_min, tl.min(tl.where(between, k, BIG_ID)))
         k_max = tl.maximum(k_max, tl.max(tl.where(between, k, KEY_NONE)))
@@ -852,7 +855,7 @@ def _row_min_p(x_row, inv_t, vocab, m, mp, TILE: tl.constexpr):
     s = tl.full((), 0.0, tl.float32)
     for start in tl.range(0, vocab, TILE):
         cols, z = _row_z(x_row, start, inv_t, vocab, TILE)
-        w = tl.exp(z - m)
+        w = exp_f32(z - m)
         kept = (z > float("-inf")) & (w >= mp)
         h = tl.minimum(h, tl.min(tl.where(kept, _key(z), BIG_ID)))
         n += tl.sum(kept.to(tl.int32))
@@ -952,7 +955,7 @@ def _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2: t
     m = tl.max(ms)
     m_sub = tl.where((m > float("-inf")) & (m < float("inf")), m, 0.0)
     ss = tl.where(ok, _ldf(gs_ptr + base + F_SUM, ok), 0.0)
-    mass = tl.sum(tl.where(ms > float("-inf"), ss * tl.exp(ms - m_sub), 0.0))
+    mass = tl.sum(tl.where(ms > float("-inf"), ss * exp_f32(ms - m_sub), 0.0))
     bad = tl.max(_ldi(gs_ptr + base + I_BAD, ok))
     return gi, ok, base, ms, m, mass, bad
 
@@ -990,6 +993,7 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
     """`sample` / `probs` of one row from its chunk states: the id and its log-probability
     (sample), and the row result (key threshold h, lse of the kept set, id, status) pass 2 reads."""
     KM: tl.constexpr = C_SLOT if C_SLOT < 256 else C_SLOT // 2  # lanes of `_select_top`
+    KH: tl.constexpr = KM // 2 if KM >= 128 else KM
     inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
                                                    temperature, top_p, min_p)
     g, ok, base, ms, m, mass, bad = _row_merge(gs_ptr, row, n_chunks, n_groups, shard_stride, state_off, G_P2)
@@ -1024,20 +1028,28 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
             overflow = tl.max((total > C_SLOT).to(tl.int32)) != 0
             # A top-k row: its top k (ties included) are among the candidates; a few bisection
             # steps on them find the KM or fewer largest, which decide everything (`_select_top`).
+            # Where the top k fit half the lanes, the bisection aims there: the outer comparisons
+            # of `_select_top` then cost a quarter (they were most of the select's time).
             n_top = tl.full((), KM + 1, tl.int32)
             t_top = t_star
             if (k_on > 0) & (k_on <= C_SLOT // 2) & (overflow == 0):
                 z_lo = tl.maximum(t_star, _min2(tl.where(valid, cz, float("inf"))))
-                t_top, n_top = _narrow(cz, valid, tl.minimum(k_on, n_fin), z_lo, m, KM)
+                t_top, n_top = _narrow(cz, valid, tl.minimum(k_on, n_fin), z_lo, m, tl.where(k_on <= KH, KH, KM))
             if n_top <= KM:
                 seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
-                h, lse, out_id, bz = _select_top(row, cz, valid & (cz >= t_top), n_top, gs_ptr, g, n_chunks,
-                                                 shard_stride, ci_off, ws_ptr, scr_off, m, tl.minimum(k_on, n_fin), p,
-                                                 mp, seed, stream, olo, ohi, OP, C_SLOT, G_P2, KM)
+                top = valid & (cz >= t_top)
+                if n_top <= KH:
+                    h, lse, out_id, bz = _select_top(row, cz, top, n_top, gs_ptr, g, n_chunks, shard_stride, ci_off,
+                                                     ws_ptr, scr_off, m, tl.minimum(k_on, n_fin), p, mp, seed, stream,
+                                                     olo, ohi, OP, C_SLOT, G_P2, KH)
+                else:
+                    h, lse, out_id, bz = _select_top(row, cz, top, n_top, gs_ptr, g, n_chunks, shard_stride, ci_off,
+                                                     ws_ptr, scr_off, m, tl.minimum(k_on, n_fin), p, mp, seed, stream,
+                                                     olo, ohi, OP, C_SLOT, G_P2, KM)
                 lp = bz - lse
             else:
                 kz = _key(cz)
-                w = tl.where(valid, tl.exp(cz - m), 0.0)
+                w = tl.where(valid, exp_f32(cz - m), 0.0)
                 complete = (t_star == float("-inf")) & (overflow == 0)
                 top_k_mode = (k_on > 0) & (k_on <= C_SLOT // 2)
                 decided = (overflow == 0) & (top_k_mode | complete | (k_on == 0))
@@ -1051,7 +1063,7 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
                     mass_k = _sum2(tl.where(kz >= h_k, w, 0.0))
                     h_floor = h_k
                 elif decided:  # no top-k: the row's mass, the candidates' from their weights (consistent sums)
-                    rest = tl.sum(tl.where(ok, _ldf(gs_ptr + base + F_REST, ok) * tl.exp(ms - m), 0.0))
+                    rest = tl.sum(tl.where(ok, _ldf(gs_ptr + base + F_REST, ok) * exp_f32(ms - m), 0.0))
                     mass_k = _sum2(w) + rest
                 # top-p: the candidates with key >= h_floor have their exact mass above them; it decides
                 # when they already hold top_p of the mass (with a top-k or every z a candidate, always)
@@ -1062,7 +1074,7 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
                     h_p = _mass_cut(kz, w, above_floor, p * mass_k, tl.maximum(h_floor, KEY_NEG_INF).to(tl.int64) - 1,
                                     _key(m).to(tl.int64))
                 # min-p decides when its cut lies above t_star (every z below it is dropped)
-                mp_decides = decided & (mp > 0.0) & ((t_star == float("-inf")) | (tl.exp(t_star - m) < mp))
+                mp_decides = decided & (mp > 0.0) & ((t_star == float("-inf")) | (exp_f32(t_star - m) < mp))
                 h_m = tl.full((), KEY_NONE, tl.int32)
                 if mp > 0.0:
                     h_m = _min2(tl.where(valid & (w >= mp), kz, BIG_ID))
@@ -1333,7 +1345,7 @@ def probs_kernel(
         live = cols < vocab
         z = tl.load(x_ptr + row.to(tl.int64) * xs + cols, mask=live, other=float("-inf")).to(tl.float32) * inv_t
         kept = (z > float("-inf")) & (_key(z) >= h)
-        y = tl.where(kept, tl.exp(z - lse), 0.0)
+        y = tl.where(kept, exp_f32(z - lse), 0.0)
         y = tl.where(status == ST_GREEDY, tl.where(cols == gid, 1.0, 0.0), y)
         y = tl.where((status == ST_INVALID) | (status == ST_UNDECIDED), float("nan"), y)
         tl.store(y_ptr + row.to(tl.int64) * ys + cols, y, mask=live)

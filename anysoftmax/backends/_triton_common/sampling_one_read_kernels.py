@@ -138,12 +138,15 @@ def logprobs_kernel(x_ptr, t_ptr, ids_ptr, out_ptr, stats_ptr, count_ptr, n_rows
             s = _row_scale(t)
         x_row = x_ptr + row.to(tl.int64) * xs
         cols = (item - row * n_chunks) * CHUNK + offs
-        # s > 0: the -inf past the row's end stays -inf (no mask kept across the scale)
-        z = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32) * s
-        m = tl.max(z)
+        x = tl.load(x_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        # s > 0: max(x * s) is max(x) * s (rounding is monotone), and the -inf past the row's end
+        # stays -inf. exp(x * s - m) as exp2 of one FMA an element (the scale and log2(e) folded).
+        m = tl.max(x) * s
+        c = s * 1.4426950408889634
+        e = tl.exp2(x * c - lse_sub(m) * 1.4426950408889634)
         # (a scalar store and the arrival: the same thread, so its release orders the store; the
         # last arrival's acquire, then a bar.sync, orders every thread's reads of the others')
-        tl.store(stats_ptr + item, close_lse(m, tl.sum(tl.exp(z - lse_sub(m)))))
+        tl.store(stats_ptr + item, close_lse(m, tl.sum(e)))
         if tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu") + 1 == n_chunks:
             tl.atomic_xchg(count_ptr + row, 0, sem="relaxed", scope="gpu")
             tl.debug_barrier()
