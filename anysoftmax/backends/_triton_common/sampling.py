@@ -182,8 +182,8 @@ def wide_top_k(rows: int, vocab: int, device: torch.device, top_n: int = 0) -> t
     """(lo, hi): a top-k number k with lo < k <= hi is past the candidates of the fused plan
     `plan_for` gives these rows but within those of the two-launch plan, which then serves it
     (`wide_k`): on the fused plan such a row would take the general path, a search over the
-    whole row (NVIDIA H200, one row of 128256: 1.3-2 ms against 75 us; docs/speed.md). (0, 0)
-    where the plan is not fused."""
+    whole row (NVIDIA H200, one row of 128256: 1.2-2.0 ms; docs/speed.md). (0, 0) where the
+    plan is not fused."""
     fused = plan_for(rows, vocab, device, programs=1, top_n=top_n)
     if not fused.fused:
         return 0, 0
