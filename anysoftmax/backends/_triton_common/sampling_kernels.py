@@ -1029,7 +1029,7 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
             # A top-k row: its top k (ties included) are among the candidates; a few bisection
             # steps on them find the KM or fewer largest, which decide everything (`_select_top`).
             # Where the top k fit half the lanes, the bisection aims there: the outer comparisons
-            # of `_select_top` then cost a quarter (they were most of the select's time).
+            # of `_select_top`, most of the select's time on 128 lanes, then cost a quarter.
             n_top = tl.full((), KM + 1, tl.int32)
             t_top = t_star
             if (k_on > 0) & (k_on <= C_SLOT // 2) & (overflow == 0):
@@ -1037,15 +1037,15 @@ def _select_sample(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, t_ptr, k_pt
                 t_top, n_top = _narrow(cz, valid, tl.minimum(k_on, n_fin), z_lo, m, tl.where(k_on <= KH, KH, KM))
             if n_top <= KM:
                 seed, stream, olo, ohi = _row_words(row, seed_ptr, off_ptr, seed_lo, seed_hi, off_lo, off_hi, flags)
-                top = valid & (cz >= t_top)
+                top, k = valid & (cz >= t_top), tl.minimum(k_on, n_fin)
                 if n_top <= KH:
                     h, lse, out_id, bz = _select_top(row, cz, top, n_top, gs_ptr, g, n_chunks, shard_stride, ci_off,
-                                                     ws_ptr, scr_off, m, tl.minimum(k_on, n_fin), p, mp, seed, stream,
-                                                     olo, ohi, OP, C_SLOT, G_P2, KH)
+                                                     ws_ptr, scr_off, m, k, p, mp, seed, stream, olo, ohi, OP, C_SLOT,
+                                                     G_P2, KH)
                 else:
                     h, lse, out_id, bz = _select_top(row, cz, top, n_top, gs_ptr, g, n_chunks, shard_stride, ci_off,
-                                                     ws_ptr, scr_off, m, tl.minimum(k_on, n_fin), p, mp, seed, stream,
-                                                     olo, ohi, OP, C_SLOT, G_P2, KM)
+                                                     ws_ptr, scr_off, m, k, p, mp, seed, stream, olo, ohi, OP, C_SLOT,
+                                                     G_P2, KM)
                 lp = bz - lse
             else:
                 kz = _key(cz)
