@@ -81,12 +81,14 @@ fi
 case "$cmd" in
   matrix) exec "$PY" -m anysoftmax matrix "$@" ;;
   # One worker per core (pytest-xdist), a test file per worker at a time (files share fixtures
-  # and module-level state); ANYSOFTMAX_TEST_WORKERS=0 runs in this process. Quiet (-q) unless
+  # and module-level state), handed out in collection order, the longest files first
+  # (tests/conftest.py; xdist would otherwise order them by their number of tests);
+  # ANYSOFTMAX_TEST_WORKERS=0 runs in this process. Quiet (-q) unless
   # the arguments set a verbosity of their own (-v, -vv, -q, --verbose): run.sh's -q would add to it.
   test)   quiet=-q
           for arg in "$@"; do
             case "$arg" in --quiet|--verbose|--verbosity*|-[qv]*|-[!-]*[qv]*) quiet= ;; esac
           done
-          exec "$PY" -m pytest $quiet -n "${ANYSOFTMAX_TEST_WORKERS:-auto}" --dist loadfile "$@" ;;
+          exec "$PY" -m pytest $quiet -n "${ANYSOFTMAX_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder "$@" ;;
   docs)   NO_MKDOCS_2_WARNING=1 exec "$PY" -m mkdocs build --strict --site-dir site "$@" ;;
 esac

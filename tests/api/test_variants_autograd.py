@@ -51,7 +51,7 @@ def _inputs(gen, shape=(2, 3, 4, 6)):
 def test_gradcheck_gradgradcheck(backend, gen):
     # Small enough for numerical second derivatives through the interpreter (one launch per
     # perturbed element); still two batches, per-head sinks and a bottom-right causal offset.
-    x, sinks, add, mask = _inputs(gen, shape=(2, 2, 3, 4))
+    x, sinks, add, mask = _inputs(gen, shape=(2, 2, 2, 3))
 
     def f(x_, s_, m_):
         return anysoftmax.softmax(x_, -1, scale=0.7, softcap=1.5, mask=m_, sinks=s_, causal="bottom_right",

@@ -73,7 +73,7 @@ def _fused_cases(shape, gen):
 
 
 @pytest.mark.parametrize("backend", FP64_BACKENDS)
-@pytest.mark.parametrize("shape", [(), (1,), (3, 5)], ids=["0-dim", "one-element", "3x5"])
+@pytest.mark.parametrize("shape", [(), (1,), (2, 4)], ids=["0-dim", "one-element", "2x4"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_fused_gradgradcheck(backend, shape, log, gen):
     fn = anysoftmax.log_softmax if log else anysoftmax.softmax

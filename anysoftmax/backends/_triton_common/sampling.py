@@ -181,9 +181,10 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
 def wide_top_k(rows: int, vocab: int, device: torch.device, top_n: int = 0) -> tuple[int, int]:
     """(lo, hi): a top-k number k with lo < k <= hi is past the candidates of the fused plan
     `plan_for` gives these rows but within those of the two-launch plan, which then serves it
-    (`wide_k`): on the fused plan such a row would take the general path, a search over the
-    whole row (NVIDIA H200, one row of 128256: 1.2-2.0 ms; docs/speed.md). (0, 0) where the
-    plan is not fused."""
+    (`wide_k`), as it serves every per-row top_k tensor (its values are not seen on the host):
+    on the fused plan such a row would take the general path, a search over the whole row
+    (NVIDIA H200, 1-4 rows of 128256: 1.0-3.1 ms against 29-85 us; docs/speed.md). (0, 0)
+    where the plan is not fused."""
     fused = plan_for(rows, vocab, device, programs=1, top_n=top_n)
     if not fused.fused:
         return 0, 0
@@ -483,8 +484,11 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     device = spec.device
     keyword_call = _keyword_caller(keyword_values(spec), op == "sample", device)
     launchers = remembered(lambda x, tensors, wide: _launchers(op, spec, x, plan, top_n, n_ids, tensors, wide_k=wide))
-    # A top-k number in this window takes the two-launch plan (`wide_top_k`): per call, as numbers are.
+    # A top-k number in this window takes the two-launch plan (`wide_top_k`): per call, as numbers
+    # are; a per-row top_k tensor always (on the H200 its top_k 50 then takes 1.1-1.6 us less GPU
+    # time and one launch more of host time).
     k_lo, k_hi = wide_top_k(spec.rows, spec.vocab, device, top_n) if plan is None else (0, 0)
+    k_tensor = k_hi > 0 and isinstance(spec.top_k, torch.Tensor)
     # The workspace (chunk states, candidates) is the scan's and select's of one call: kept per stream.
     kept = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
     # A fused plan's per-row arrival counts (`scan_select_kernel`): the stream's row counters,
@@ -508,7 +512,7 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
         for t in present:
             if t is not None:
                 ored |= t.data_ptr()
-        wide = k_lo < ints[0] <= k_hi
+        wide = k_tensor or k_lo < ints[0] <= k_hi
         guard = (x.stride(0), tensors[4] is None, wide, ored % 16 == 0 or _aligned(x, *present))
         bound = launchers(guard, x, present, wide)
         ws = workspace(bound.space.words)

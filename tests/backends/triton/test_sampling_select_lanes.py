@@ -1,6 +1,7 @@
 """Where a top-k bound is served (`sampling_kernels._select_sample`, `sampling.wide_top_k`): on a
 plan of 256 candidate slots a chunk, a row whose k fits 64 lanes is ranked on 64, a larger one
-on 128; a top-k number past the fused plan's candidates takes the two-launch plan. Through the
+on 128; a top-k number past the fused plan's candidates takes the two-launch plan, as does every
+per-row top_k tensor. Through the
 interpreter, top-k bounds on either side of 64 and at the slots' cap of 128, with and without
 top-p and min-p: every row takes the candidates' path, and the draws, log-probabilities and
 kept sets are the torch backend's (the float64-quality reference)."""
@@ -44,10 +45,11 @@ def test_both_lane_widths_draw_and_keep_as_the_reference(top_k, filters, gen):
 
 def test_a_top_k_past_the_fused_plans_candidates_takes_the_two_launch_plan(gen):
     # One row of 70000: the fused plan keeps 128 slots a chunk (top-k <= 64 served), the
-    # two-launch plan 256 (<= 128); a top-k number between takes the latter, not the general path.
+    # two-launch plan 256 (<= 128); a top-k number between, or a per-row tensor (its values not
+    # seen on the host), takes the latter, not the general path.
     x = torch.randn(1, 70000, generator=gen)
     assert triton_sampling.wide_top_k(1, 70000, x.device) == (64, 128)
-    for top_k in (50, 100):
+    for top_k in (50, 100, torch.tensor([100])):
         kw = dict(temperature=0.9, top_k=top_k, top_p=0.95)
         spec = SamplingSpec.from_request("sample", x, **kw, seed=3)
         assert triton_sampling.row_paths(spec, x) == ["candidates"], top_k
