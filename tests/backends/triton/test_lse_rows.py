@@ -101,11 +101,11 @@ def test_fused(path, dtype, gen, rows_only):
             if kw.get("mask") is bool_mask and "sinks" in kw:
                 assert torch.equal(out[0, :, 1, 0], sinks.reshape(3).float())  # only the sink: lse = s
         # causal with more queries than keys (top left): leading rows keep nothing
-        wide = (torch.randn(2, 120, 90, generator=gen) * 3).to(dtype)
+        wide = (torch.randn(2, 80, 70, generator=gen) * 3).to(dtype)
         out = _check(wide, -1, causal="bottom_right", sinks=torch.randn(2, 1, 1, generator=gen))
         assert torch.isfinite(out).all()
         out = _check(wide, -1, causal="bottom_right")
-        assert torch.isneginf(out[:, :30]).all()
+        assert torch.isneginf(out[:, :10]).all() and torch.isfinite(out[:, 10:]).all()
     assert set(rows_only) == {"tile" if path == "tile" else path}, rows_only
 
 

@@ -65,8 +65,11 @@ def runs_planned(monkeypatch):
 
 def test_the_kit_sampler_section_with_the_runs_prepass(runs_planned, served_rows, seed):
     triton = functools.partial(sampling.sample, backend="triton")
-    checks = interpreter_checks(triton, functools.partial(sampling.probs, backend="triton"),
-                                functools.partial(sampling.logprobs, backend="triton"))
+    # (less the kit's rows of 20000: the default plan serves them through the pre-pass in
+    # test_sampling_kernels.py's run of the kit; the GPU tests run the whole section with it)
+    checks = [c for c in interpreter_checks(triton, functools.partial(sampling.probs, backend="triton"),
+                                            functools.partial(sampling.logprobs, backend="triton"))
+              if "vocabulary-rows" not in c.name]
     report = run_checks(checks, "triton", "cpu", seed)
     assert not report.failed and not report.skipped, report.text()
     assert served_rows[0] > 20  # (the kit's top-k cases reach the pre-pass)
