@@ -18,8 +18,9 @@ from helpers.ascend import SUBBLOCK_UB
 BACKEND_DEVICES = backend_devices()
 SPECIALS = (float("nan"), float("inf"), float("-inf"))
 # Enough examples to walk the layouts on each CI run (fresh ones every run), few enough for
-# the Triton interpreter to stay within seconds per backend.
-PROFILE = settings(max_examples=100, deadline=None, derandomize=False,
+# the Triton interpreter to stay within a minute per backend (at 100, an interpreted backend
+# took up to 80 s on CI's CPU).
+PROFILE = settings(max_examples=60, deadline=None, derandomize=False,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -123,8 +123,11 @@ ascend_logprobs = functools.partial(sampling.logprobs, backend=NAME)
 
 @needs_interpreter
 def test_the_kit_sampler_section_through_the_interpreter(seed):
-    """Every kit check but those drawing thousands of rows (the whole section: the GPU test below)."""
-    checks = interpreter_checks(ascend_sample, ascend_probs, ascend_logprobs)
+    """Every kit check but those drawing thousands of rows (the whole section: the GPU test below)
+    and the rows of 20000 (minutes through the interpreter on this plan; that GPU test runs
+    them, and the multi-chunk rows and general path here come from the tests around it)."""
+    checks = [c for c in interpreter_checks(ascend_sample, ascend_probs, ascend_logprobs)
+              if "vocabulary-rows" not in c.name]
     report = run_checks(checks, NAME, "cpu", seed)
     assert not report.failed and not report.skipped, report.text()
     assert len(report.passed) == len(checks) > 40
