@@ -485,7 +485,7 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     keyword_call = _keyword_caller(keyword_values(spec), op == "sample", device)
     launchers = remembered(lambda x, tensors, wide: _launchers(op, spec, x, plan, top_n, n_ids, tensors, wide_k=wide))
     # A top-k number in this window takes the two-launch plan (`wide_top_k`): per call, as numbers
-    # are; a per-row top_k tensor always (on the H200 its top_k 50 then takes 1.1-1.6 us less GPU
+    # are; a per-row top_k tensor always (on the H200 its top_k 50 then takes -1.6 to +0.1 us of GPU
     # time and one launch more of host time).
     k_lo, k_hi = wide_top_k(spec.rows, spec.vocab, device, top_n) if plan is None else (0, 0)
     k_tensor = k_hi > 0 and isinstance(spec.top_k, torch.Tensor)
