@@ -1,13 +1,16 @@
-"""The runs pre-pass with runs of 32 elements against the default 64, on one CUDA GPU: per-kernel
-GPU time of `sample` (torch.profiler, `sampler_kernels_probe.kernel_times`), the rows the
-pre-pass served, and whether both plans draw the same ids.
+"""The runs pre-pass's run length on one CUDA GPU: `sample` with runs of 64, runs of 32 and the
+default plan (`sampling.short_runs_window` picks the length by the bound and the rows), and
+top-20 `logprobs` with runs of 64 and 32: per-kernel GPU time (torch.profiler,
+`sampler_kernels_probe.kernel_times`), the rows the pre-pass served, and whether every plan
+draws the same ids.
 
     python benchmarks/sampler_run_length_probe.py [OUT.txt]
 
 Runs of 32 give a chunk of 8192 twice the runs, so the pre-pass may serve top-k bounds up to 128
 (runs of 64: up to 64); a row still goes to the scan where more runs than the collect gathers
 reach its threshold. Shapes: bf16 and fp32 logits of 128256 tokens at 16-512 rows (randn x 3),
-per-row temperature and seeds, per-row top_k 50 and 100, top_p 0.9, min_p 0.05.
+per-row temperature and seeds, top_k 50 and 100 as a number and as a per-row tensor, top_p 0.9,
+min_p 0.05.
 """
 
 from __future__ import annotations
@@ -35,24 +38,25 @@ def main(argv=None) -> int:
 
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
     dev = torch.device("cuda")
-    lines = [f"# {torch.cuda.get_device_name()}: sample, GPU us a call (every kernel), rows served by the runs "
-             f"pre-pass, same ids as runs of 64; V = {VOCAB}"]
+    lines = [f"# {torch.cuda.get_device_name()}: sample / logprobs, GPU us a call (every kernel), rows served by the "
+             f"runs pre-pass, same ids as runs of 64; V = {VOCAB}"]
     print(lines[0], flush=True)
     for dtype in (torch.bfloat16, torch.float32):
-        for rows in (16, 32, 128, 512):
+        for rows in (16, 32, 64, 128, 256, 512):
             g = torch.Generator(device="cuda").manual_seed(rows)
             x = (torch.randn(rows, VOCAB, device="cuda", generator=g) * 3).to(dtype)
             t = torch.rand(rows, device="cuda", generator=g) + 0.5
             seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
-            for k in (50, 100):
-                kw = dict(temperature=t, top_k=torch.full((rows,), k, device="cuda"),
-                          top_p=torch.full((rows,), 0.9, device="cuda"), min_p=torch.full((rows,), 0.05, device="cuda"))
+            base = ts.plan_for(rows, VOCAB, dev)
+            plans = (("run64", base), ("run32", dataclasses.replace(base, run=32)), ("default", None))
+            for k in (50, 100, "t50", "t100"):
+                top_k = torch.full((rows,), int(k[1:]), device="cuda") if isinstance(k, str) else k
+                kw = dict(temperature=t, top_k=top_k, top_p=0.9, min_p=0.05)
                 spec = SamplingSpec.from_request("sample", x, **kw, seed=seeds)
                 pspec = SamplingSpec.from_request("probs", x, **kw)
-                base = ts.plan_for(rows, VOCAB, dev)
                 ref = ts.sample(spec, x, plan=base)
-                line = [f"{str(dtype)[6:]:9s} B={rows:3d} top_k={k:3d}"]
-                for name, plan in (("run64", base), ("run32", dataclasses.replace(base, run=32))):
+                line = [f"{str(dtype)[6:]:9s} B={rows:3d} top_k={k!s:>4s}"]
+                for name, plan in plans:
                     same = torch.equal(ts.sample(spec, x, plan=plan), ref)
                     served, _ = ts.runs_rows(pspec, x, plan=plan)
                     times = kernel_times(lambda plan=plan: ts.sample(spec, x, plan=plan))
@@ -60,6 +64,18 @@ def main(argv=None) -> int:
                                 + " ".join(f"{n[:8]}={v:.1f}" for n, v in times.items()))
                 lines.append(" | ".join(line))
                 print(lines[-1], flush=True)
+            lspec = SamplingSpec.from_request("logprobs", x, temperature=t)
+            ids = torch.randint(0, VOCAB, (rows, 1), device="cuda", generator=g)
+            ref = ts.logprobs(lspec, x, ids, 20, plan=base)
+            line = [f"{str(dtype)[6:]:9s} B={rows:3d} logprobs top_n=20"]
+            for name, plan in plans:
+                got = ts.logprobs(lspec, x, ids, 20, plan=plan)
+                same = torch.equal(got[2], ref[2])
+                times = kernel_times(lambda plan=plan: ts.logprobs(lspec, x, ids, 20, plan=plan))
+                line.append(f"{name} {sum(times.values()):7.1f} us same_ids={same} "
+                            + " ".join(f"{n[:8]}={v:.1f}" for n, v in times.items()))
+            lines.append(" | ".join(line))
+            print(lines[-1], flush=True)
     if argv:
         Path(argv[0]).write_text("\n".join(lines) + "\n")
     return 0

@@ -176,12 +176,15 @@ def test_loading_the_backends_defines_no_triton_kernel():
     assert "'triton_ascend'" in res.stdout and "'wave'" in res.stdout
 
 
-# Imports each module in a child forked from one interpreter that has imported only torch (the
-# dependency every module needs): a fresh interpreter per module would spend most of its time
-# importing torch again. A child reports its traceback through a pipe.
+# Imports each module in a child forked from one interpreter that has imported torch (the
+# dependency every module needs) and the package itself: importing any `anysoftmax.x` runs the
+# package's __init__ first, so each child starts from the state that import leaves, whichever
+# module it imports next; a fresh interpreter per module would spend most of its time importing
+# torch and the package again. A child reports its traceback through a pipe.
 _IMPORT_EACH = r"""
 import os, sys, traceback
 import torch
+import anysoftmax
 failed = []
 for name in sys.argv[1:]:
     read, write = os.pipe()

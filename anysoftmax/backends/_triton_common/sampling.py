@@ -35,6 +35,16 @@ MIN_SLOTS, MAX_SLOTS = 32, 256
 RUN_CAP, RUNS_BLOCK = 128, 4096  # (sampling_kernels.RUN_CAP; elements a runs program reads)
 RUNS_MAX_GROUPS = 32
 RUNS_MIN_ROWS = 16
+# Runs of 32 elements serve bounds up to 128 (runs of 64: up to 64) at twice the collect's reads.
+# NVIDIA H200, V = 128256, GPU us (docs/speed.md, "Runs of 32"): `sample` with a top-k bound of
+# 100 at 64 / 128 / 512 rows 104 -> 100 / 199 -> 161 / 679 -> 473 (bf16); a bound of 50 up to 128
+# rows 0.8-1.8 us less, at 256-512 rows 6-12 % more; a bound of 100 at 16 rows 16 us more; top-20
+# `logprobs` 0.2-0.5 us more up to 128 rows, 10-17 % more beyond. So runs of 32 serve a top-k
+# number of 65-128 from SHORT_RUNS_WIDE_ROWS rows and one up to 64 up to SHORT_RUNS_NARROW_ROWS
+# rows; a per-row top_k tensor (its values unseen on the host) from SHORT_RUNS_WIDE_ROWS rows,
+# where serving bounds past 64 saves far more than a bound of 50 loses; top-n past 64 only.
+LONG_RUN, SHORT_RUN = 64, 32
+SHORT_RUNS_WIDE_ROWS, SHORT_RUNS_NARROW_ROWS = 32, 128
 # Up to FUSED_MAX_ROWS rows the scan and the select are one launch (`scan_select_kernel`): a
 # launch costs the host 5-8 us on the H200 hosts, most of a call's GPU time at a few rows. Its
 # chunks hold FUSED_CHUNK elements at 8 warps: the select's code then keeps its registers (at
@@ -69,7 +79,7 @@ class SamplingPlan:
     select_warps: int = 8
     tile: int = 1024
     runs: bool = False  # the runs pre-pass serves the top-k rows it can
-    run: int = 64  # elements of its runs (a power of two dividing `chunk`)
+    run: int = LONG_RUN  # elements of its runs (a power of two dividing `chunk`)
     collect_warps: int = 8
     fused: bool = False  # the scan and the select in one launch (`scan_select_kernel`)
 
@@ -149,12 +159,13 @@ def default_programs(device: torch.device, items: int) -> int:
 # callers pass a tensor's device, whose CUDA index is set)
 @functools.lru_cache(maxsize=1024)
 def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None = None, top_n: int = 0,
-             one_launch: bool = True, wide_k: bool = False) -> SamplingPlan:
+             one_launch: bool = True, wide_k: bool = False, short_runs: bool = False) -> SamplingPlan:
     """The default plan: chunks of up to MAX_CHUNK elements (FUSED_CHUNK on a fused plan: up to
     FUSED_MAX_ROWS rows, where its candidates serve `top_n`, unless not `one_launch`: a sharded
     vocabulary's scan, or `wide_k`: a top-k bound past its candidates, `wide_top_k`); as many
     candidate slots per chunk as keep the select's block at MAX_SELECT_BLOCK; a grid of
-    `programs` (default: `default_programs`)."""
+    `programs` (default: `default_programs`); with the runs pre-pass, runs of SHORT_RUN elements
+    where `short_runs` (`short_runs_window`), else LONG_RUN."""
     def cut(most: int) -> tuple[int, int]:
         chunk = min(most, max(16, next_power_of_2(vocab)))
         return chunk, min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // next_power_of_2(
@@ -175,7 +186,22 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
     # multiprocessor or two of 4 warps: 8 warps while every row has a multiprocessor, 4 beyond;
     # the select at 4 (H100: docs/speed.md, the runs pre-pass).
     return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps, runs=True,
+                        run=SHORT_RUN if short_runs else LONG_RUN,
                         collect_warps=4 if rows > programs // 2 else 8, select_warps=4)
+
+
+def short_runs_window(rows: int, vocab: int, device: torch.device, top_n: int = 0) -> tuple[int, int, bool]:
+    """(lo, hi, tensor): on these rows a top-k number (with `top_n`: that top-n) b with lo < b <=
+    hi takes `plan_for`'s runs of SHORT_RUN elements (`short_runs`), as a per-row top_k tensor
+    does where `tensor` (the measured rule above); (0, 0, False) without the runs pre-pass."""
+    if not plan_for(rows, vocab, device, programs=1, top_n=top_n).runs:
+        return 0, 0, False
+    long_cap, short_cap = MAX_CHUNK // LONG_RUN // 2, MAX_CHUNK // SHORT_RUN // 2
+    wide = rows >= SHORT_RUNS_WIDE_ROWS
+    hi = short_cap if wide else long_cap
+    if top_n:
+        return long_cap, hi, False
+    return (0 if rows <= SHORT_RUNS_NARROW_ROWS else long_cap), hi, wide
 
 
 def wide_top_k(rows: int, vocab: int, device: torch.device, top_n: int = 0) -> tuple[int, int]:
@@ -388,15 +414,16 @@ def _aligned(*tensors) -> tuple:
 
 def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan | None, top_n: int = 0,
                n_ids: int = 0, tensors: tuple = (), vocab_start: int = 0, vocab_total: int | None = None,
-               wide_k: bool = False) -> Bound:
+               wide_k: bool = False, short_runs: bool = False) -> Bound:
     vocab_total = spec.vocab if vocab_total is None else vocab_total
     # (no plan given: the key holds None, `plan_for`'s plan being fixed by the rows, vocabulary,
     # device and `wide_k` keyed beside it; hashing a plan costs ~1 us a lookup)
     key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
-           _aligned(x, *tensors), wide_k)
+           _aligned(x, *tensors), wide_k, short_runs)
     request = dict(xs=x.stride(0), top_n=top_n, n_ids=n_ids, vocab_start=vocab_start, vocab_total=vocab_total)
     return _bound.get(key, lambda: _bind(op, spec, plan or plan_for(spec.rows, spec.vocab, x.device, top_n=top_n,
-                                                                    wide_k=wide_k), request, x.device))
+                                                                    wide_k=wide_k, short_runs=short_runs),
+                                         request, x.device))
 
 
 # ---- the API's functions ------------------------------------------------------------------------------
@@ -483,12 +510,17 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     the keyword `values` checked: (bound launchers, workspace, keyword tensors, floats, ints)."""
     device = spec.device
     keyword_call = _keyword_caller(keyword_values(spec), op == "sample", device)
-    launchers = remembered(lambda x, tensors, wide: _launchers(op, spec, x, plan, top_n, n_ids, tensors, wide_k=wide))
+    launchers = remembered(lambda x, tensors, wide, short: _launchers(op, spec, x, plan, top_n, n_ids, tensors,
+                                                                      wide_k=wide, short_runs=short))
     # A top-k number in this window takes the two-launch plan (`wide_top_k`): per call, as numbers
     # are; a per-row top_k tensor always (on the H200 its top_k 50 then takes -1.6 to +0.1 us of GPU
     # time and one launch more of host time).
     k_lo, k_hi = wide_top_k(spec.rows, spec.vocab, device, top_n) if plan is None else (0, 0)
     k_tensor = k_hi > 0 and isinstance(spec.top_k, torch.Tensor)
+    # The runs' length, per call as well: a top-n bound, else a top-k number, in the window of
+    # runs of SHORT_RUN; a per-row top_k tensor where the window says.
+    r_lo, r_hi, r_tensor = short_runs_window(spec.rows, spec.vocab, device, top_n) if plan is None else (0, 0, False)
+    r_tensor = r_tensor and isinstance(spec.top_k, torch.Tensor)
     # The workspace (chunk states, candidates) is the scan's and select's of one call: kept per stream.
     kept = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
     # A fused plan's per-row arrival counts (`scan_select_kernel`): the stream's row counters,
@@ -513,8 +545,9 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
             if t is not None:
                 ored |= t.data_ptr()
         wide = k_tensor or k_lo < ints[0] <= k_hi
-        guard = (x.stride(0), tensors[4] is None, wide, ored % 16 == 0 or _aligned(x, *present))
-        bound = launchers(guard, x, present, wide)
+        short = r_tensor or r_lo < (top_n or ints[0]) <= r_hi
+        guard = (x.stride(0), tensors[4] is None, wide, short, ored % 16 == 0 or _aligned(x, *present))
+        bound = launchers(guard, x, present, wide, short)
         ws = workspace(bound.space.words)
         bound.run(x, ws, tensors, floats, ints, outs, top_n, bound.scan_select and counts(device))
         return bound, ws, tensors, floats, ints
@@ -698,5 +731,5 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
 
 
 __all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "default_programs", "keyword_values", "launcher",
-           "logprobs", "operand_pointers", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows",
+           "logprobs", "operand_pointers", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows", "short_runs_window",
            "sample", "scan_shard", "select_shards", "shard_runner", "stand_ins", "supports"]

@@ -2,7 +2,8 @@
 
 `launches(op, ...)` runs the Triton sampler (`_triton_common/sampling.py`) on CPU tensors with
 its launch engine replaced by a recorder: every launch the sampler would make (scan, select,
-`probs`' second pass; a sharded vocabulary's scan and select; the kernels around
+`probs`' second pass; the runs pre-pass with runs of 64 and of 32; a sharded vocabulary's scan
+and select; the kernels around
 the one-read paths of `sampling_one_read`) is captured with
 the arguments the launch engine would pass by name, then compiled for a `GPUTarget` through the
 JIT's own argument binder (`compile_targets.compile_launch`: the specialization a real launch
@@ -69,15 +70,16 @@ def _keywords(op: str, rows: int, per_row: bool) -> dict:
     return kw
 
 
-def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool) -> list:
-    """[(kernel, args, constexprs, options)] the Triton sampler launches for one request."""
+def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool, short_runs: bool = False) -> list:
+    """[(kernel, args, constexprs, options)] the Triton sampler launches for one request (with
+    `short_runs`, on the plan whose runs pre-pass has runs of 32: `sampling.short_runs_window`)."""
     from anysoftmax.backends._triton_common import sampling as s
     from anysoftmax.sampling.spec import SamplingSpec, check_ids
 
     x = torch.randn(rows, vocab).to(dtype)
     kw = _keywords(op, rows, per_row)
     spec = SamplingSpec.from_request(op, x, **kw)
-    plan = s.plan_for(rows, vocab, x.device, programs=4)
+    plan = s.plan_for(rows, vocab, x.device, programs=4, short_runs=short_runs)
     calls: list = []
     s._bound.clear()
     with mock.patch.object(s, "bind_kernel", _recording_bind(calls)):
@@ -169,7 +171,7 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
     """Compile every launch of every request (`OPS` and a sharded `sample`; keywords as numbers
     and per row) for `target`: {kernels: [...], errors: [...]}."""
     kernels, errors, seen = [], [], set()
-    ops = (*OPS, "sample-sharded", "probs-one-read", "logprobs-one-read")
+    ops = (*OPS, "sample-short-runs", "sample-sharded", "probs-one-read", "logprobs-one-read")
     requests = [(op, d, rows, vocab, per_row) for op in ops for d in dtypes for rows, vocab in shapes
                 for per_row in (False, True)]
     for op, dname, rows, vocab, per_row in requests:
@@ -179,6 +181,8 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
                 calls = sharded_launches(dtypes[dname], rows, vocab, per_row)
             elif op.endswith("-one-read"):
                 calls = one_read_launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row)
+            elif op == "sample-short-runs":
+                calls = launches("sample", dtypes[dname], rows, vocab, per_row, short_runs=True)
             else:
                 calls = launches(op, dtypes[dname], rows, vocab, per_row)
         except Exception as exc:

@@ -6,7 +6,7 @@ recorded instead of made, and compiles each one with the specialization a real l
 `sample`, `probs` (its second pass too) and `logprobs`; a sharded vocabulary's scan and select;
 the kernels around the one-read paths (`sampling_one_read`); every keyword as a number (its
 pointer operand absent, stood in for) and as a per-row tensor; the runs pre-pass of top-k
-rows. Here bfloat16 logits and one
+rows, with runs of 64 and of 32. Here bfloat16 logits and one
 vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
 compile checks, do not depend on either); the script's defaults add float16, float32 and a
 one-chunk vocabulary (`python tests/backends/triton/sampler_targets.py`, a few minutes).
@@ -63,7 +63,7 @@ def test_every_sampler_launch_compiles(report, target):
     for op in OPS:
         assert {(op, "scan_kernel", DTYPE), (op, "select_kernel", DTYPE), (op, "scan_select_kernel", DTYPE)} <= done, op
     assert {("probs", "probs_kernel", DTYPE), ("sample-sharded", "select_kernel", DTYPE)} <= done
-    for op in ("sample", "logprobs"):
+    for op in ("sample", "logprobs", "sample-short-runs"):
         assert {(op, "runs_kernel", DTYPE), (op, "collect_kernel", DTYPE)} <= done, op
     assert {("probs-one-read", "row_scale_kernel", DTYPE), ("probs-one-read", "probs_fixup_kernel", DTYPE),
             ("logprobs-one-read", "logprobs_gather_kernel", DTYPE),

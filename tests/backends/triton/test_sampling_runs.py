@@ -171,3 +171,34 @@ def test_the_default_plan_takes_the_prepass_with_the_warps_its_rows_need():
         p = plan_for(rows, 128256, cpu, programs=2 * sms)
         assert p.runs and (p.collect_warps, p.select_warps) == (collect, 4), (rows, p)
     assert not plan_for(512, 3000, cpu, programs=2 * sms).runs  # (a chunk below the full width)
+
+
+def test_runs_of_32_serve_the_bounds_where_they_were_measured_faster():
+    """`short_runs_window`: runs of 32 for a top-k number of 65-128 from 32 rows and one up to 64
+    up to 128 rows, for a per-row top_k tensor from 32 rows, for top-n past 64; no window without
+    the pre-pass."""
+    from anysoftmax.backends._triton_common.sampling import short_runs_window
+
+    cpu = torch.device("cpu")
+    assert short_runs_window(16, 128256, cpu) == (0, 64, False)
+    assert short_runs_window(32, 128256, cpu) == short_runs_window(128, 128256, cpu) == (0, 128, True)
+    assert short_runs_window(512, 128256, cpu) == (64, 128, True)
+    assert short_runs_window(16, 128256, cpu, top_n=20) == (64, 64, False)
+    assert short_runs_window(512, 128256, cpu, top_n=20) == (64, 128, False)
+    assert short_runs_window(8, 128256, cpu) == short_runs_window(512, 3000, cpu) == (0, 0, False)
+
+
+def test_a_top_k_tensor_past_64_is_served_by_runs_of_32(gen, served_rows):
+    """32 rows of one full chunk (8192): a per-row top_k of 100 is past what its 128 runs of 64
+    serve (64) but within what its 256 runs of 32 serve (128): the default plan serves it from
+    the pre-pass and draws what the torch sampler draws."""
+    x = torch.randn(32, 8192, generator=gen) * 3
+    kw = dict(temperature=torch.rand(32, generator=gen) + 0.5, top_k=torch.full((32,), 100), seed=11, offset=3)
+    triton_sampling._bound.clear()
+    ids = sampling.sample(x, **kw, backend="triton")
+    assert served_rows[0] == 32
+    assert torch.equal(ids, sampling.sample(x, **kw, backend="torch"))
+    served_rows[0] = 0
+    spec = SamplingSpec.from_request("sample", x, **kw)
+    assert torch.equal(triton_sampling.sample(spec, x, plan=triton_sampling.plan_for(32, 8192, x.device)), ids)
+    assert served_rows[0] == 0  # (runs of 64: a bound of 100 is left to the scan)

@@ -44,21 +44,23 @@ def test_the_whole_kit_sampler_section_with_the_runs_prepass_on_the_gpu(monkeypa
         triton_sampling._bound.clear()
 
 
+@pytest.mark.parametrize("run", [triton_sampling.LONG_RUN, triton_sampling.SHORT_RUN])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows,vocab", [(64, 128256), (16, 262144), (40, 151936)])
-def test_vocabulary_rows_draw_what_the_scan_alone_draws(rows, vocab, dtype):
+def test_vocabulary_rows_draw_what_the_scan_alone_draws(rows, vocab, dtype, run):
     _needs_cuda()
     g = torch.Generator(device="cuda").manual_seed(rows + vocab)
     x = (torch.randn(rows, vocab, device="cuda", generator=g) * 3).to(dtype)
     x[1] = (x[1].float() * 0.5).round().to(dtype)  # ties at the k-th value
     x[2, ::3] = float("-inf")
-    plan = triton_sampling.plan_for(rows, vocab, x.device)
+    plan = dataclasses.replace(triton_sampling.plan_for(rows, vocab, x.device), run=run)
     assert plan.runs
     scan = dataclasses.replace(plan, runs=False)
     t = torch.rand(rows, device="cuda", generator=g) + 0.3
     t[3] = 0.0
     k = torch.randint(1, 64, (rows,), device="cuda", generator=g)
-    k[4] = 100  # above what the pre-pass serves
+    k[4] = 100  # above what runs of 64 serve, within runs of 32
+    k[5] = 200  # above what either serves
     kw = dict(temperature=t, top_k=k, top_p=torch.full((rows,), 0.9, device="cuda"), min_p=0.02)
     spec = SamplingSpec.from_request("sample", x, **kw, seed=torch.arange(rows, device="cuda"), offset=5)
     ids, lp = triton_sampling.sample(spec, x, True, plan=plan)
@@ -73,3 +75,25 @@ def test_vocabulary_rows_draw_what_the_scan_alone_draws(rows, vocab, dtype):
     a = triton_sampling.logprobs(lspec, x, some, 20, plan=plan)
     b = triton_sampling.logprobs(lspec, x, some, 20, plan=scan)
     assert torch.equal(a[2], b[2]) and torch.allclose(a[1], b[1], atol=1e-5) and torch.allclose(a[0], b[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [16, 32, 512])
+def test_the_default_run_length_draws_what_the_scan_alone_draws(rows, dtype):
+    """The API's own plan choice (runs of 32 or 64 by the bound and the rows:
+    `short_runs_window`) for top-k numbers 50 and 100 and per-row tensors: the scan's draws."""
+    _needs_cuda()
+    vocab = 128256
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = (torch.randn(rows, vocab, device="cuda", generator=g) * 3).to(dtype)
+    scan = dataclasses.replace(triton_sampling.plan_for(rows, vocab, x.device), runs=False)
+    t = torch.rand(rows, device="cuda", generator=g) + 0.3
+    seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
+    for k in (50, 100, torch.full((rows,), 50, device="cuda"), torch.randint(1, 129, (rows,), device="cuda",
+                                                                               generator=g)):
+        kw = dict(temperature=t, top_k=k, top_p=0.9, min_p=0.05)
+        spec = SamplingSpec.from_request("sample", x, **kw, seed=seeds, offset=3)
+        ids, lp = triton_sampling.sample(spec, x, True)
+        want, want_lp = triton_sampling.sample(spec, x, True, plan=scan)
+        assert torch.equal(ids, want), k
+        assert torch.allclose(lp, want_lp, atol=1e-5, rtol=1e-5), k
