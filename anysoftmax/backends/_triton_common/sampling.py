@@ -417,7 +417,7 @@ def _launchers(op: str, spec: SamplingSpec, x: torch.Tensor, plan: SamplingPlan 
                wide_k: bool = False, short_runs: bool = False) -> Bound:
     vocab_total = spec.vocab if vocab_total is None else vocab_total
     # (no plan given: the key holds None, `plan_for`'s plan being fixed by the rows, vocabulary,
-    # device and `wide_k` keyed beside it; hashing a plan costs ~1 us a lookup)
+    # device, `wide_k` and `short_runs` keyed beside it; hashing a plan costs ~1 us a lookup)
     key = (op, spec.rows, spec.vocab, x.dtype, x.stride(0), x.device, plan, top_n, n_ids, vocab_start, vocab_total,
            _aligned(x, *tensors), wide_k, short_runs)
     request = dict(xs=x.stride(0), top_n=top_n, n_ids=n_ids, vocab_start=vocab_start, vocab_total=vocab_total)
@@ -731,5 +731,5 @@ def select_shards(spec: SamplingSpec, gathered: torch.Tensor, shards: int, vocab
 
 
 __all__ = ["OPERAND_DTYPES", "PATHS", "SamplingPlan", "Workspace", "default_programs", "keyword_values", "launcher",
-           "logprobs", "operand_pointers", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows", "short_runs_window",
-           "sample", "scan_shard", "select_shards", "shard_runner", "stand_ins", "supports"]
+           "logprobs", "operand_pointers", "plan_for", "probs", "remembered", "row_paths", "runner", "runs_rows",
+           "sample", "scan_shard", "select_shards", "shard_runner", "short_runs_window", "stand_ins", "supports"]
