@@ -4,7 +4,8 @@ top-20 `logprobs` with runs of 64 and 32: per-kernel GPU time (torch.profiler,
 `sampler_kernels_probe.kernel_times`), the rows the pre-pass served, and whether every plan
 draws the same ids.
 
-    python benchmarks/sampler_run_length_probe.py [OUT.txt]
+    python benchmarks/sampler_run_length_probe.py [OUT.txt]   # OUT.json and OUT.png beside it
+    python benchmarks/sampler_run_length_probe.py --plot OUT.txt   # JSON and plot of a run's text
 
 Runs of 32 give a chunk of 8192 twice the runs, so the pre-pass may serve top-k bounds up to 128
 (runs of 64: up to 64); a row still goes to the scan where more runs than the collect gathers
@@ -16,6 +17,8 @@ min_p 0.05.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -25,8 +28,74 @@ import torch
 VOCAB = 128256
 
 
+PLANS = ("run64", "run32", "default")
+_CELL = re.compile(r"(?P<plan>\w+)\s+(?P<us>[\d.]+) us(?: served\s+(?P<served>\d+))? same(?:_ids)?=(?P<same>\w+)")
+
+
+def parse(text: str) -> dict:
+    """A run's text as {device, rows: [{dtype, B, case, plan, us, served, same}]}."""
+    lines = text.splitlines()
+    head = re.match(r"#\s*([^:(,]+)", lines[0]) if lines else None  # ("# NAME: ..." or "# NAME (...")
+    device = head[1].strip() if head else ""
+    rows = []
+    for line in lines:
+        if line.startswith("#") or " | " not in line:
+            continue
+        head, *cells = line.split(" | ")
+        dtype, b, case = re.match(r"(\w+)\s+B=\s*(\d+)\s+(.*)", head).groups()
+        case = "logprobs top_n=20" if case.startswith("logprobs") else "top_k=" + case.split("=", 1)[1].strip()
+        for cell in cells:
+            m = _CELL.match(cell.strip())
+            rows.append(dict(dtype=dtype, B=int(b), case=case, plan=m["plan"], us=float(m["us"]),
+                             served=None if m["served"] is None else int(m["served"]), same=m["same"] == "True"))
+    return dict(device=device, header=lines[0].lstrip("# ") if lines else "", vocab=VOCAB,
+                unit="GPU us a call (every kernel)", rows=rows)
+
+
+def plot(text_path: Path) -> tuple[Path, Path]:
+    """`text_path`'s run as JSON and as a plot beside it: GPU us by rows, a panel per dtype and case,
+    a line per plan (runs of 64, runs of 32, the default's choice)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    run = parse(text_path.read_text())
+    json_path = text_path.with_suffix(".json")
+    json_path.write_text(json.dumps(run, indent=1) + "\n")
+    dtypes = sorted({r["dtype"] for r in run["rows"]})
+    cases = list(dict.fromkeys(r["case"] for r in run["rows"]))
+    batches = sorted({r["B"] for r in run["rows"]})
+    fig, axes = plt.subplots(len(dtypes), len(cases), figsize=(3.6 * len(cases), 3.2 * len(dtypes)), squeeze=False)
+    for ax_row, dtype in zip(axes, dtypes):
+        for ax, case in zip(ax_row, cases):
+            for plan, style in zip(PLANS, ("o--", "s--", "^-")):
+                points = sorted((r["B"], r["us"]) for r in run["rows"]
+                                if r["dtype"] == dtype and r["case"] == case and r["plan"] == plan)
+                if points:
+                    ax.plot(*zip(*points), style, label=plan, markersize=4)
+            ax.set(title=f"{dtype}, {case}", xlabel="rows", ylabel="GPU us", yscale="log")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(batches, [str(b) for b in batches])
+            ax.xaxis.set_minor_locator(ticker.NullLocator())
+            ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+            ax.yaxis.set_minor_formatter(ticker.ScalarFormatter())
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{run['device']}: the runs pre-pass's run length, V = {run['vocab']}")
+    fig.tight_layout()
+    png_path = text_path.with_suffix(".png")
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return json_path, png_path
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--plot"]:
+        for path in plot(Path(argv[1])):
+            print(path)
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU: torch.cuda.is_available() is False")
         return 2
@@ -78,6 +147,7 @@ def main(argv=None) -> int:
             print(lines[-1], flush=True)
     if argv:
         Path(argv[0]).write_text("\n".join(lines) + "\n")
+        plot(Path(argv[0]))
     return 0
 
 

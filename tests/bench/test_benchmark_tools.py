@@ -1,6 +1,8 @@
 """The GPU-only benchmark tools, checked where they can be without a GPU: the tuning sweep only
 names keys the tuning table has, and merging runs keeps and replaces the right rows."""
 
+import json
+
 import pytest
 
 from anysoftmax.config import load_tuning
@@ -59,3 +61,32 @@ def test_latency_pairs_each_round_with_torch_s_round():
     rows = [dict(r, shape=[1, 128], direction="fwd", dtype="float32", status="ok", host_us=min(r["host_us_rounds"]),
                  gpu_us=4.0) for r, _ in timed]
     assert "| 1×128 | fwd | float32 | 7.0 (4.0) | 9.5 +2.5 (4.0) |" in latency_table(dict(device="GPU", results=rows))
+
+
+def test_the_run_length_probe_text_becomes_json_and_a_plot(tmp_path):
+    """`sampler_run_length_probe.plot`: every cell of the probe's text (its own line format) in
+    the JSON, and a PNG beside it."""
+    import random
+
+    from benchmarks import sampler_run_length_probe as probe
+
+    rng = random.Random(7)
+    lines = ["# NVIDIA X: sample / logprobs, GPU us a call"]
+    want = []
+    for dtype in ("bfloat16", "float32"):
+        for b in (16, 512):
+            us = [round(rng.uniform(20, 900), 1) for _ in probe.PLANS]
+            cells = [f"{plan} {t:7.1f} us served {b:3d} same=True runs_ker=1.0" for plan, t in zip(probe.PLANS, us)]
+            lines.append(" | ".join([f"{dtype:9s} B={b:3d} top_k=t100", *cells]))
+            want += [(dtype, b, "top_k=t100", plan, t) for plan, t in zip(probe.PLANS, us)]
+            lines.append(" | ".join([f"{dtype:9s} B={b:3d} logprobs top_n=20",
+                                     *(f"{plan} {t:7.1f} us same_ids=False" for plan, t in zip(probe.PLANS, us))]))
+            want += [(dtype, b, "logprobs top_n=20", plan, t) for plan, t in zip(probe.PLANS, us)]
+    text = tmp_path / "run.txt"
+    text.write_text("\n".join(lines) + "\n")
+    json_path, png_path = probe.plot(text)
+    run = json.loads(json_path.read_text())
+    assert run["device"] == "NVIDIA X"
+    assert [(r["dtype"], r["B"], r["case"], r["plan"], r["us"]) for r in run["rows"]] == want
+    assert {r["same"] for r in run["rows"] if r["case"].startswith("logprobs")} == {False}
+    assert png_path.stat().st_size > 0
