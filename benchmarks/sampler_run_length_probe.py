@@ -90,6 +90,11 @@ def plot(text_path: Path) -> tuple[Path, Path]:
     return json_path, png_path
 
 
+def cell(plan: str, times: dict, what: str) -> str:
+    """One plan's cell of a line: its total GPU us, `what`, then each kernel's us (`parse` reads it)."""
+    return f"{plan} {sum(times.values()):7.1f} us {what} " + " ".join(f"{n[:8]}={v:.1f}" for n, v in times.items())
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--plot"]:
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
             t = torch.rand(rows, device="cuda", generator=g) + 0.5
             seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
             base = ts.plan_for(rows, VOCAB, dev)
-            plans = (("run64", base), ("run32", dataclasses.replace(base, run=32)), ("default", None))
+            plans = (("run64", base), ("run32", dataclasses.replace(base, run=ts.SHORT_RUN)), ("default", None))
             for k in (50, 100, "t50", "t100"):
                 top_k = torch.full((rows,), int(k[1:]), device="cuda") if isinstance(k, str) else k
                 kw = dict(temperature=t, top_k=top_k, top_p=0.9, min_p=0.05)
@@ -129,8 +134,7 @@ def main(argv=None) -> int:
                     same = torch.equal(ts.sample(spec, x, plan=plan), ref)
                     served, _ = ts.runs_rows(pspec, x, plan=plan)
                     times = kernel_times(lambda plan=plan: ts.sample(spec, x, plan=plan))
-                    line.append(f"{name} {sum(times.values()):7.1f} us served {len(served):3d} same={same} "
-                                + " ".join(f"{n[:8]}={v:.1f}" for n, v in times.items()))
+                    line.append(cell(name, times, f"served {len(served):3d} same={same}"))
                 lines.append(" | ".join(line))
                 print(lines[-1], flush=True)
             lspec = SamplingSpec.from_request("logprobs", x, temperature=t)
@@ -141,8 +145,7 @@ def main(argv=None) -> int:
                 got = ts.logprobs(lspec, x, ids, 20, plan=plan)
                 same = torch.equal(got[2], ref[2])
                 times = kernel_times(lambda plan=plan: ts.logprobs(lspec, x, ids, 20, plan=plan))
-                line.append(f"{name} {sum(times.values()):7.1f} us same_ids={same} "
-                            + " ".join(f"{n[:8]}={v:.1f}" for n, v in times.items()))
+                line.append(cell(name, times, f"same_ids={same}"))
             lines.append(" | ".join(line))
             print(lines[-1], flush=True)
     if argv:

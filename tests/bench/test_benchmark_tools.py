@@ -76,11 +76,13 @@ def test_the_run_length_probe_text_becomes_json_and_a_plot(tmp_path):
     for dtype in ("bfloat16", "float32"):
         for b in (16, 512):
             us = [round(rng.uniform(20, 900), 1) for _ in probe.PLANS]
-            cells = [f"{plan} {t:7.1f} us served {b:3d} same=True runs_ker=1.0" for plan, t in zip(probe.PLANS, us)]
+            cells = [probe.cell(plan, {"runs_kernel": 1.0, "select_kernel": t - 1.0}, f"served {b:3d} same=True")
+                     for plan, t in zip(probe.PLANS, us)]
             lines.append(" | ".join([f"{dtype:9s} B={b:3d} top_k=t100", *cells]))
             want += [(dtype, b, "top_k=t100", plan, t) for plan, t in zip(probe.PLANS, us)]
             lines.append(" | ".join([f"{dtype:9s} B={b:3d} logprobs top_n=20",
-                                     *(f"{plan} {t:7.1f} us same_ids=False" for plan, t in zip(probe.PLANS, us))]))
+                                     *(probe.cell(plan, {"select_kernel": t}, "same_ids=False")
+                                       for plan, t in zip(probe.PLANS, us))]))
             want += [(dtype, b, "logprobs top_n=20", plan, t) for plan, t in zip(probe.PLANS, us)]
     text = tmp_path / "run.txt"
     text.write_text("\n".join(lines) + "\n")
