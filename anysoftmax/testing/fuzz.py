@@ -50,6 +50,10 @@ DEFAULTS = {"scale": None, "mask": None, "causal": False, "softcap": None, "sink
 STEPS_PER_EXAMPLE = 12
 HISTORY = 6  # earlier outputs re-checked after every call (a reused output buffer shows here)
 SEQUENCE_SHOWN = STEPS_PER_EXAMPLE  # a failure's report lists its sequence's checked steps
+SEQUENCE_HEADER = "checked steps of this sequence, the failing one last:"
+# A failure that rests on state earlier sequences left in the backend (a memo keyed without the
+# layout) may pass or run on when hypothesis replays its steps, which hypothesis reports as flaky.
+NOT_REPLAYED = "a failure that did not fail alike when its steps were replayed (it rests on state earlier calls left in the backend)"
 
 
 # ---- what is drawn ------------------------------------------------------------------------
@@ -348,19 +352,22 @@ def _machine(ctx: "_Run"):
             try:
                 yield
             except FuzzFailure as exc:
-                ctx.failing = True
-                exc.add_note(self._sequence())
+                self._failed(exc)
                 raise
             except UnsupportedRequestError:
                 ctx.skipped += not ctx.failing
             except Exception as exc:
-                ctx.failing = True
                 failure = FuzzFailure(f"{what}: {type(exc).__name__}: {exc}")
-                failure.add_note(self._sequence())
+                self._failed(failure)
                 raise failure from exc
 
+        def _failed(self, failure: FuzzFailure):
+            ctx.failing = True
+            failure.add_note(self._sequence())
+            ctx.last_failure = _failure_texts(failure)[0]
+
         def _sequence(self) -> str:
-            return "checked steps of this sequence, the failing one last:\n" + "\n".join(
+            return SEQUENCE_HEADER + "\n" + "\n".join(
                 f"  {i}. {what}" for i, what in enumerate(self.steps[-SEQUENCE_SHOWN:], 1))
 
         def _remember(self, y: torch.Tensor):
@@ -563,6 +570,8 @@ class _Run:
     checked: int = 0
     skipped: int = 0
     failing: bool = False
+    last_failure: str = ""  # the failure seen last, with its sequence's checked steps
+
 
 
 @dataclass
@@ -622,7 +631,21 @@ def _failure_texts(exc: BaseException) -> list[str]:
         # (a group's own notes, e.g. the steps of a failure that did not replay alike, go with
         # each of its failures)
         return ["\n".join([t, *notes]) for sub in subs for t in _failure_texts(sub)]
+    from hypothesis.errors import Flaky
+
+    if isinstance(exc, Flaky):
+        return ["\n".join([f"{NOT_REPLAYED}: {type(exc).__name__}: {exc}", *notes])]
     return ["\n".join([f"{type(exc).__name__}: {exc}", *notes])]
+
+
+def _reported(texts: list[str], last_failure: str) -> list[str]:
+    """The failures to report. hypothesis's flaky error for a failure that did not fail alike on
+    replay is that failure again when another text holds it; alone, the failure seen last (with
+    its checked steps) stands for it."""
+    failed = [t for t in texts if not t.startswith(NOT_REPLAYED)]
+    if failed or not last_failure:
+        return failed or texts
+    return [f"{last_failure}\n({NOT_REPLAYED})"]
 
 
 @contextlib.contextmanager
@@ -680,7 +703,8 @@ def run_fuzz(backend: str, *, calls: int = 200, seed: int | None = None, device:
         except BaseException as exc:  # noqa: BLE001 (KeyboardInterrupt included: report, then re-raise)
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            report.failures += [f"{text}\n(seed {seed})" for text in _failure_texts(exc)]
+            report.failures += [f"{text}\n(seed {seed})"
+                                for text in _reported(_failure_texts(exc), ctx.last_failure)]
             break
         if ctx.made == made_before:
             break

@@ -139,6 +139,24 @@ class StaleStrides(Right):
         return super().run(view, spec)
 
 
+class WrongOnce(Right):
+    """Wrong on its 7th to 12th calls with a non-empty input only (a few, so that one is a
+    checked forward whatever the sequence), right after: a failure that rests on state earlier
+    calls left, so a replay of the failing sequence's steps passes (hypothesis calls it flaky);
+    the fuzzer must still report the failing call and its sequence, once."""
+
+    name = "wrong_once"
+    FAILING_CALLS = range(7, 13)
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, x, spec):
+        self.calls += x.numel() > 0
+        y = super().run(x, spec)
+        return y * 2 + 1 if self.calls in self.FAILING_CALLS else y
+
+
 class LseOff(Right):
     """logsumexp 3e-5 too large (relative to the row's scale): a few float32 ulps of |z|."""
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from anysoftmax.testing import check_backend, fuzz_backend
-from anysoftmax.testing.fuzz import run_fuzz
+from anysoftmax.testing.fuzz import SEQUENCE_HEADER, run_fuzz
 from conftest import SEED
-from wrong_backends import IgnoresMask, Right, StaleStrides
+from wrong_backends import IgnoresMask, Right, StaleStrides, WrongOnce
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
@@ -61,7 +61,7 @@ def _fails(make, calls=600) -> str:
     assert f"seed {seed}" in text and f"replay: fuzz_backend({backend.name!r}, calls={calls}, seed={seed})" in text
     # The sequence's checked steps, the failing one last (hypothesis's shrunk steps follow them
     # when its replay fails alike: a stale memo from earlier sequences may not).
-    assert "checked steps of this sequence, the failing one last:" in text
+    assert SEQUENCE_HEADER in text, text
     return text
 
 
@@ -75,6 +75,18 @@ def test_a_launcher_memoised_without_the_layout_fails():
     layout reads stale strides or offset, and only a sequence shows it."""
     text = _fails(StaleStrides)
     assert "operands" in text and ("exceeds" in text or "NaN mismatch" in text or "infinities" in text), text
+
+
+def test_a_failure_that_does_not_replay_is_reported_once_with_its_steps():
+    """hypothesis replays a failing sequence to shrink it; a failure that rests on earlier calls
+    does not come back, and hypothesis raises its own flaky-data error beside (or instead of)
+    the failure: the report names the failing call once, with its sequence's steps."""
+    with pytest.raises(AssertionError) as failed:
+        fuzz_backend(WrongOnce(), calls=200, seed=SEED, print_fn=None, shrink_seconds=5)
+    text = str(failed.value)
+    assert "1 failed" in text and text.count("failed:\n") == 1, text
+    assert "FuzzFailure: forward" in text and SEQUENCE_HEADER in text, text
+    assert "Inconsistent data generation" not in text, text
 
 
 def test_a_right_backend_passes_and_refusals_are_skips(record_property):
@@ -111,7 +123,7 @@ def test_cli_fuzz(tmp_path):
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "anysoftmax fuzz of 'stale_strides'" in bad.stdout
     assert "anysoftmax conformance stale_strides --fuzz 600 --seed 5" in bad.stdout
-    assert "checked steps of this sequence, the failing one last:" in bad.stdout
+    assert SEQUENCE_HEADER in bad.stdout, bad.stdout
 
 
 def test_module_json_summary(tmp_path):
