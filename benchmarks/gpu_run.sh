@@ -17,6 +17,8 @@
 #   bash benchmarks/gpu_run.sh sampling [ARGS]  # sampling_bench.py on the full grid (~5 min; FlashInfer when importable
 #        and warm, else left out with the reason in its JSON); ARGS go to it (--quick, --dtypes, --batches, --vocabs)
 #   bash benchmarks/gpu_run.sh sampling_sharded [RANKS] [ARGS]   # sampling_sharded_bench.py over NCCL, one GPU a rank
+#   bash benchmarks/gpu_run.sh sampler_pdl   # the sampler's launches with programmatic dependent launch: its GPU
+#        tests, then sampler_pdl_probe.py (graph-replay time with and without; results/sampler_pdl.json and .png)
 # Optional peers (liger-kernel, quack-kernels) are used when importable (PYTHONPATH).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"
@@ -121,5 +123,12 @@ print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backe
     timeout "${BENCH_TIMEOUT:-300}" "$PY" -m torch.distributed.run --nproc_per_node="$n" benchmarks/sampling_sharded_bench.py \
       --out "$OUT/results" "$@" 2>&1 | tee "$OUT/sampling_sharded_x$n.txt" | tail -40
     ;;
-  *) echo "usage: bash benchmarks/gpu_run.sh smoke|profile|tests|fwd|bwd|fuzz BACKEND [CALLS] [CHUNK]|pieces|sharded [RANKS] [VARIANTS]|sampling_warm|sampling [ARGS]|sampling_sharded [RANKS] [ARGS]" >&2; exit 2 ;;
+  sampler_pdl)
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/backends/triton/test_sampling_pdl_gpu.py 2>&1 \
+      | tee "$OUT/sampler_pdl_tests.txt" | tail -5
+    mkdir -p "$OUT/results"
+    timeout "${BENCH_TIMEOUT:-420}" "$PY" benchmarks/sampler_pdl_probe.py "$OUT/results/sampler_pdl.json" 2>&1 \
+      | tee "$OUT/sampler_pdl.txt"
+    ;;
+  *) echo "usage: bash benchmarks/gpu_run.sh smoke|profile|tests|fwd|bwd|fuzz BACKEND [CALLS] [CHUNK]|pieces|sharded [RANKS] [VARIANTS]|sampling_warm|sampling [ARGS]|sampling_sharded [RANKS] [ARGS]|sampler_pdl" >&2; exit 2 ;;
 esac

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.figures import save
+
 VOCAB = 128256
 
 
@@ -82,12 +84,8 @@ def plot(text_path: Path) -> tuple[Path, Path]:
             ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
             ax.yaxis.set_minor_formatter(ticker.ScalarFormatter())
             ax.legend(fontsize=7)
-    fig.suptitle(f"{run['device']}: the runs pre-pass's run length, V = {run['vocab']}")
-    fig.tight_layout()
-    png_path = text_path.with_suffix(".png")
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return json_path, png_path
+    return json_path, save(fig, text_path.with_suffix(".png"),
+                           f"{run['device']}: the runs pre-pass's run length, V = {run['vocab']}")
 
 
 def cell(plan: str, times: dict, what: str) -> str:

@@ -18,6 +18,7 @@ from ...core.cache import OnceCache
 from ...core.layout import cdiv, next_power_of_2, output_maker
 from ...sampling.rng import generator_seed
 from ...sampling.spec import KEYWORDS, SamplingSpec
+from .interpreted_launch import interpreted
 from .launcher import Binding, bind_kernel, per_stream, row_counters
 from .plan import runtime_params
 
@@ -82,6 +83,9 @@ class SamplingPlan:
     run: int = LONG_RUN  # elements of its runs (a power of two dividing `chunk`)
     collect_warps: int = 8
     fused: bool = False  # the scan and the select in one launch (`scan_select_kernel`)
+    # Each launch with programmatic dependent launch (CUDA sm_90+ only): its programs are placed
+    # while the launch before it finishes, and wait for it (`sampling_kernels._after_previous_launch`).
+    pdl: bool = False
 
     def chunks(self, vocab: int) -> int:
         return cdiv(vocab, self.chunk)
@@ -272,10 +276,16 @@ def operand_pointers(operands: tuple):
     return pointers
 
 
-def launcher(kernel, grid: int, ints: dict, meta: dict, device: torch.device):
+def launcher(kernel, grid: int, ints: dict, meta: dict, device: torch.device, pdl: bool = False):
     """A sampler `kernel` bound through the launch engine on `grid` programs: its pointers (`*_ptr`)
     a call's operands, its integers by name from `ints` (`PER_CALL`'s given per call), its
-    floats (`FLOATS`) per call."""
+    floats (`FLOATS`) per call; a kernel with a PDL constexpr launched with programmatic
+    dependent launch where `pdl` (`SamplingPlan.pdl`)."""
+    if pdl and interpreted(kernel):
+        raise ValueError("SamplingPlan.pdl: programmatic dependent launch needs a CUDA GPU of sm_90 or later; "
+                         "the Triton interpreter has no launches to overlap")
+    if "PDL" in kernel.arg_names:
+        meta = {**meta, "PDL": pdl, **({"launch_pdl": True} if pdl else {})}
     params = runtime_params(kernel)
     pointers = tuple(n for n in params if n.endswith("_ptr"))
     floats = tuple(n for n in params if n in FLOATS)
@@ -355,21 +365,22 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     items = spec.rows * plan.chunks(spec.vocab)
     grid = max(1, min(plan.grid, items))
     scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
-    scan = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False}, device)
+    scan = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False}, device, plan.pdl)
     select = None if plan.fused else _select_launcher(op, spec, plan, space, request, device)
     second = None
     if op == "probs":
-        second = launcher(k.probs_kernel, grid, ints, dict(CHUNK=plan.chunk, num_warps=plan.num_warps), device)
+        second = launcher(k.probs_kernel, grid, ints, dict(CHUNK=plan.chunk, num_warps=plan.num_warps), device,
+                          plan.pdl)
     if not plan.runs:
         scan_select = None
         if plan.fused:
             scan_select = launcher(k.scan_select_kernel, grid, ints, dict(
                 OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
-                KP=next_power_of_2(plan.k_cap), TILE=plan.tile, num_warps=plan.num_warps), device)
+                KP=next_power_of_2(plan.k_cap), TILE=plan.tile, num_warps=plan.num_warps), device, plan.pdl)
         return Bound(plan, space, scan, select, second, scan_select=scan_select)
     block = min(RUNS_BLOCK, plan.chunk)
     runs = launcher(k.runs_kernel, items * (plan.chunk // block), ints,
-                     dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4), device)
+                     dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4), device, plan.pdl)
     # The collect writes the rows it serves as one chunk each (`compact`, which `select_served`
     # reads) or in the scan's layout (`collect_chunks`: what a sharded vocabulary all-gathers).
     compact = space.compact(spec.rows, plan.slots)
@@ -377,9 +388,9 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     collect_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
                         RUN=plan.run, COMPACT=False, num_warps=plan.collect_warps)
     collect = launcher(k.collect_kernel, collect_grid, _ints(spec, plan, compact, request),
-                        {**collect_meta, "COMPACT": True}, device)
-    collect_chunks = launcher(k.collect_kernel, collect_grid, ints, collect_meta, device)
-    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True}, device)
+                        {**collect_meta, "COMPACT": True}, device, plan.pdl)
+    collect_chunks = launcher(k.collect_kernel, collect_grid, ints, collect_meta, device, plan.pdl)
+    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True}, device, plan.pdl)
     one_chunk = dataclasses.replace(plan, chunk=next_power_of_2(spec.vocab))
     select_served = _select_launcher(op, spec, one_chunk, compact, request, device, rows_off=space.served_off)
     select_rest = _select_launcher(op, spec, plan, space, request, device, rows_off=space.left_off)
@@ -396,7 +407,7 @@ def _select_launcher(op: str, spec: SamplingSpec, plan: SamplingPlan, space: Wor
     meta = dict(OP=OPS[op], HAS_X=has_x, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab, shards),
                 KP=next_power_of_2(plan.k_cap), TILE=plan.tile, ROWS=rows_off is not None,
                 num_warps=plan.select_warps)
-    return launcher(k.select_kernel, max(1, min(spec.rows, plan.grid)), ints, meta, device)
+    return launcher(k.select_kernel, max(1, min(spec.rows, plan.grid)), ints, meta, device, plan.pdl)
 
 
 def rows_view(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:

@@ -16,6 +16,11 @@ import triton.language as tl
 
 from .fused import exp_f32
 
+try:  # (CUDA's grid dependency control, Triton >= 3.4; triton-ascend's Triton has none: its plans never set PDL)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
+
 # Chunk state words (int32; floats stored as their bits), per (row, chunk).
 NS = tl.constexpr(16)
 F_MAX = tl.constexpr(0)  # chunk max of z
@@ -447,16 +452,29 @@ def _scan_chunk(x_ptr, ws_ptr, row, c, inv_t, greedy, k_on, p, mp, kw_bad, seed,
 RUN_CAP = tl.constexpr(128)  # runs `collect_kernel` re-reads at most (RUN_CAP x RUN elements)
 
 
+@triton.jit
+def _after_previous_launch(PDL: tl.constexpr):
+    """With PDL (a launch with programmatic dependent launch, CUDA sm_90+): wait until the launch
+    before this one on the stream has finished and its writes are visible, before any load, then
+    let the next launch's programs start (they wait here in turn). A program of the next launch
+    is placed only once every program of this one has started, so the wait never holds a
+    multiprocessor that a program it waits for still needs."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def runs_kernel(
     x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
     vocab, xs, vocab_total, n_chunks, run_off, left_off, served_off,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr, PDL: tl.constexpr,
 ):
     """Per run of RUN elements of each row: (max z, sum of exp(z - max z), finite count), BLOCK
     elements a program, programs row-major (grid: rows x chunks x CHUNK / BLOCK)."""
+    _after_previous_launch(PDL)
     R: tl.constexpr = BLOCK // RUN
     per_row = n_chunks * (CHUNK // BLOCK)
     row = tl.program_id(0) // per_row
@@ -583,12 +601,13 @@ def collect_kernel(
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
     OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, RUN: tl.constexpr,
-    COMPACT: tl.constexpr,
+    COMPACT: tl.constexpr, PDL: tl.constexpr,
 ):
     """Each row's chunk states and candidates from its runs (see above), persistent over rows;
     the rows it does not serve are listed for the scan (`left_off`: their count, then the rows,
     in no particular order); COMPACT: the rows served as one chunk each (`_collect_row`), listed
     alike at `served_off`."""
+    _after_previous_launch(PDL)
     for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int32)
         inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
@@ -1212,9 +1231,11 @@ def scan_kernel(
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
     OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, TILE: tl.constexpr, RUNS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Pass 1 over (row, chunk) work items, row-major: each chunk's state and candidates
     (RUNS: only the rows `collect_kernel` listed)."""
+    _after_previous_launch(PDL)
     SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
     n_items = n_rows * n_chunks
     if RUNS:
@@ -1256,7 +1277,7 @@ def select_kernel(
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
     OP: tl.constexpr, HAS_X: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, KP: tl.constexpr,
-    TILE: tl.constexpr, ROWS: tl.constexpr,
+    TILE: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr,
 ):
     """The select of every row, persistent over rows. `gs_ptr`: the chunk states and candidates
     ([shards] blocks `shard_stride` words apart, `n_groups` = shards x n_chunks chunks per row);
@@ -1264,6 +1285,7 @@ def select_kernel(
     vocabulary), rows the candidates cannot decide get status ST_UNDECIDED and id -2, and the
     word at `undecided_ptr` is set to 1. ROWS: only the rows listed at `rows_off` in `ws_ptr`
     (their count, then the rows)."""
+    _after_previous_launch(PDL)
     n = n_rows
     if ROWS:
         n = tl.load(ws_ptr + rows_off)
@@ -1290,12 +1312,13 @@ def scan_select_kernel(
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
     OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, KP: tl.constexpr,
-    TILE: tl.constexpr,
+    TILE: tl.constexpr, PDL: tl.constexpr,
 ):
     """`scan_kernel` then `select_kernel` in one launch (a few rows: the second launch's host
     cost would be most of a call's): the program that stores a row's last chunk selects the row.
     No program waits for another; `count_ptr` holds one arrival count per row, zero between
     launches (the selecting program resets it)."""
+    _after_previous_launch(PDL)
     SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
     for item in tl.range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
         row = item // n_chunks
@@ -1327,10 +1350,11 @@ def probs_kernel(
     n_rows, vocab, xs, ys, n_chunks, res_off,
     flags,
     temperature,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Pass 2 of `probs`: y = exp(z - lse of the kept set) where key(z) >= h, else 0; one-hot on
     greedy rows; NaN on invalid ones."""
+    _after_previous_launch(PDL)
     n_items = n_rows * n_chunks
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0)):
         row = item // n_chunks

@@ -18,6 +18,7 @@ tests/backends/triton/test_sampler_compiles.py runs it and checks the document.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -32,7 +33,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 OPS = ("sample", "probs", "logprobs")
 # Rows and vocabularies: one chunk per row, and several (the select merging chunk states).
 SHAPES = ((3, 1000), (2, 20000))
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
 
 
 def _recording_bind(calls: list):
@@ -70,16 +71,18 @@ def _keywords(op: str, rows: int, per_row: bool) -> dict:
     return kw
 
 
-def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool, short_runs: bool = False) -> list:
+def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool, short_runs: bool = False,
+             pdl: bool = False) -> list:
     """[(kernel, args, constexprs, options)] the Triton sampler launches for one request (with
-    `short_runs`, on the plan whose runs pre-pass has runs of 32: `sampling.short_runs_window`)."""
+    `short_runs`, on the plan whose runs pre-pass has runs of 32: `sampling.short_runs_window`;
+    with `pdl`, each launch with programmatic dependent launch: `SamplingPlan.pdl`)."""
     from anysoftmax.backends._triton_common import sampling as s
     from anysoftmax.sampling.spec import SamplingSpec, check_ids
 
     x = torch.randn(rows, vocab).to(dtype)
     kw = _keywords(op, rows, per_row)
     spec = SamplingSpec.from_request(op, x, **kw)
-    plan = s.plan_for(rows, vocab, x.device, programs=4, short_runs=short_runs)
+    plan = dataclasses.replace(s.plan_for(rows, vocab, x.device, programs=4, short_runs=short_runs), pdl=pdl)
     calls: list = []
     s._bound.clear()
     with mock.patch.object(s, "bind_kernel", _recording_bind(calls)):
@@ -171,9 +174,12 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
     """Compile every launch of every request (`OPS` and a sharded `sample`; keywords as numbers
     and per row) for `target`: {kernels: [...], errors: [...]}."""
     kernels, errors, seen = [], [], set()
-    ops = (*OPS, "sample-short-runs", "sample-sharded", "probs-one-read", "logprobs-one-read")
+    cuda = TARGETS[target].backend == "cuda"
+    ops = (*OPS, "sample-short-runs", "sample-sharded", "probs-one-read", "logprobs-one-read",
+           *(("sample-pdl", "probs-pdl") if cuda else ()))  # (programmatic dependent launch: CUDA only)
+    # (the PDL launches with per-row keywords only: the attribute and the waits do not depend on them)
     requests = [(op, d, rows, vocab, per_row) for op in ops for d in dtypes for rows, vocab in shapes
-                for per_row in (False, True)]
+                for per_row in (False, True) if per_row or not op.endswith("-pdl")]
     for op, dname, rows, vocab, per_row in requests:
         where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, per_row=per_row)
         try:
@@ -183,6 +189,8 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
                 calls = one_read_launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row)
             elif op == "sample-short-runs":
                 calls = launches("sample", dtypes[dname], rows, vocab, per_row, short_runs=True)
+            elif op.endswith("-pdl"):
+                calls = launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row, pdl=True)
             else:
                 calls = launches(op, dtypes[dname], rows, vocab, per_row)
         except Exception as exc:
@@ -190,7 +198,7 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
                                traceback=traceback.format_exc(limit=-4)))
             continue
         for kernel, args, constexprs, options in calls:
-            key = _signature(kernel, args, constexprs)
+            key = (_signature(kernel, args, constexprs), options.get("launch_pdl", False))
             if key in seen:
                 continue
             seen.add(key)
@@ -199,9 +207,14 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
             try:
                 t0 = time.perf_counter()
                 compiled, how = compile_launch(kernel, args, constexprs, target, options)
-                res = cuda_resources(compiled) if TARGETS[target].backend == "cuda" else hip_resources(compiled)
+                res = cuda_resources(compiled) if cuda else hip_resources(compiled)
+                # (PDL: the launch attribute Triton's and the native launcher read, and the waits
+                # in the code; a launch that set one without the other would race or gain nothing)
+                pdl = dict(launch_pdl=bool(getattr(compiled.metadata, "launch_pdl", False)),
+                           gdc_wait="griddepcontrol.wait" in compiled.asm.get("ptx", ""),
+                           gdc_launch="griddepcontrol.launch_dependents" in compiled.asm.get("ptx", ""))
                 record.update(res, compile_s=round(time.perf_counter() - t0, 2), specialization=how,
-                              shared=int(compiled.metadata.shared))
+                              shared=int(compiled.metadata.shared), **pdl)
                 kernels.append(record)
             except Exception as exc:
                 errors.append(dict(record, stage="compile", error=_error(exc),

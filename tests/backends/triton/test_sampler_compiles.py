@@ -6,7 +6,8 @@ recorded instead of made, and compiles each one with the specialization a real l
 `sample`, `probs` (its second pass too) and `logprobs`; a sharded vocabulary's scan and select;
 the kernels around the one-read paths (`sampling_one_read`); every keyword as a number (its
 pointer operand absent, stood in for) and as a per-row tensor; the runs pre-pass of top-k
-rows, with runs of 64 and of 32. Here bfloat16 logits and one
+rows, with runs of 64 and of 32; on sm_90 each launch with programmatic dependent launch
+(`SamplingPlan.pdl`: the launch attribute and the kernels' waits). Here bfloat16 logits and one
 vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
 compile checks, do not depend on either); the script's defaults add float16, float32 and a
 one-chunk vocabulary (`python tests/backends/triton/sampler_targets.py`, a few minutes).
@@ -79,3 +80,20 @@ def test_sampler_register_counts_are_within_limits(report, target):
     bad = [f"{k['op']} {k['kernel']} {k['dtype']}: {k['n_regs']}" for k in kernels
            if not 0 < k["n_regs"] <= REG_LIMIT[target]]
     assert not bad, f"register counts outside (0, {REG_LIMIT[target]}]:\n" + "\n".join(bad)
+
+
+def test_pdl_launches_wait_for_the_previous_launch(report):
+    """With `SamplingPlan.pdl` every sampler launch carries the attribute and its kernel waits for
+    the launch before it before any load, then releases the next (both griddepcontrol
+    instructions in the PTX); without it no launch carries either. A launch with the attribute
+    and no wait would read the previous launch's workspace while it is being written."""
+    kernels = _kernels(report, "sm_90")
+    pdl = [k for k in kernels if k["op"].endswith("-pdl")]
+    names = {k["kernel"] for k in pdl}
+    assert {"runs_kernel", "collect_kernel", "scan_kernel", "select_kernel", "scan_select_kernel",
+            "probs_kernel"} <= names, names
+    bad = [f"{k['op']} {k['kernel']}" for k in pdl if not (k["launch_pdl"] and k["gdc_wait"] and k["gdc_launch"])]
+    assert not bad, f"PDL launches without the attribute or the waits: {bad}"
+    plain = [f"{k['op']} {k['kernel']}" for k in kernels
+             if not k["op"].endswith("-pdl") and (k["launch_pdl"] or k["gdc_wait"] or k["gdc_launch"])]
+    assert not plain, f"launches with PDL that did not ask for it: {plain}"

@@ -308,3 +308,18 @@ def test_the_default_plan_fuses_only_a_few_rows():
     assert triton_sampling.plan_for(1, 128256, cpu).fused and triton_sampling.plan_for(few, 128256, cpu).fused
     assert not triton_sampling.plan_for(many, 128256, cpu).fused
     assert not triton_sampling.plan_for(64, 128256, cpu).fused and triton_sampling.plan_for(64, 128256, cpu).runs
+
+
+def test_a_plan_with_pdl_is_refused_by_the_interpreter_and_off_by_default(gen):
+    """Programmatic dependent launch (`SamplingPlan.pdl`) overlaps CUDA launches: the default
+    plans leave it off, and the interpreter refuses a plan with it, naming it, before any launch
+    (its kernels would reach the grid-dependency instructions it cannot run)."""
+    cpu = torch.device("cpu")
+    assert not any(triton_sampling.plan_for(rows, 128256, cpu, **kw).pdl for rows in (1, 8, 64, 512)
+                   for kw in ({}, {"top_n": 20}, {"short_runs": True}))
+    x = _logits(gen, 3, 300)
+    spec = SamplingSpec.from_request("sample", x, top_k=5, seed=1)
+    triton_sampling._bound.clear()
+    with pytest.raises(ValueError, match="SamplingPlan.pdl"):
+        triton_sampling.sample(spec, x, plan=dataclasses.replace(SMALL, pdl=True))
+    triton_sampling._bound.clear()
