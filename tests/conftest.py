@@ -72,7 +72,7 @@ LONGEST_FILES = (
     "backends/cute/test_cute_compile.py",  # 315
     "testing/test_conformance.py",  # 260
     "backends/triton_ascend/test_ascend_interpreter.py",  # 230
-    "backends/triton/test_sampler_compiles.py",  # 225
+    "backends/triton/test_sampler_compiles.py",  # 255
     "backends/wave/test_wave.py",  # 210
     "test_wheel.py",  # 190
     "backends/triton/test_sampling_runs.py",  # 180

@@ -173,13 +173,17 @@ def _error(exc: BaseException) -> str:
 def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
     """Compile every launch of every request (`OPS` and a sharded `sample`; keywords as numbers
     and per row) for `target`: {kernels: [...], errors: [...]}."""
+    from anysoftmax.backends._triton_common import sampling
+
     kernels, errors, seen = [], [], set()
     cuda = TARGETS[target].backend == "cuda"
     ops = (*OPS, "sample-short-runs", "sample-sharded", "probs-one-read", "logprobs-one-read",
            *(("sample-pdl", "probs-pdl") if cuda else ()))  # (programmatic dependent launch: CUDA only)
-    # (the PDL launches with per-row keywords only: the attribute and the waits do not depend on them)
+    # (the PDL launches with per-row keywords only, and `probs`' on a plan of several launches only:
+    # the attribute and the waits depend on neither, and its one-launch kernel is `sample`'s)
     requests = [(op, d, rows, vocab, per_row) for op in ops for d in dtypes for rows, vocab in shapes
-                for per_row in (False, True) if per_row or not op.endswith("-pdl")]
+                for per_row in (False, True) if per_row or not op.endswith("-pdl")
+                if op != "probs-pdl" or rows > sampling.FUSED_MAX_ROWS]
     for op, dname, rows, vocab, per_row in requests:
         where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, per_row=per_row)
         try:
