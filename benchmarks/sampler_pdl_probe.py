@@ -52,7 +52,8 @@ def plot(json_path: Path) -> Path:
             ax.set(title=f"{dtype}, {op}", xlabel="rows", ylabel="GPU us a call (graph replay)", yscale="log")
             ax.set_xscale("log", base=2)
             ax.legend(fontsize=7)
-    return save(fig, json_path.with_suffix(".png"), f"{run['device']}: the sampler with and without PDL, V = {run['vocab']}")
+    title = f"{run['device']}: the sampler with and without PDL, V = {run['vocab']}"
+    return save(fig, json_path.with_suffix(".png"), title)
 
 
 def main(argv=None) -> int:

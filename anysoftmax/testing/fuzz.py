@@ -53,7 +53,8 @@ SEQUENCE_SHOWN = STEPS_PER_EXAMPLE  # a failure's report lists its sequence's ch
 SEQUENCE_HEADER = "checked steps of this sequence, the failing one last:"
 # A failure that rests on state earlier sequences left in the backend (a memo keyed without the
 # layout) may pass or run on when hypothesis replays its steps, which hypothesis reports as flaky.
-NOT_REPLAYED = "a failure that did not fail alike when its steps were replayed (it rests on state earlier calls left in the backend)"
+NOT_REPLAYED = ("a failure that did not fail alike when its steps were replayed (it rests on state earlier calls "
+                "left in the backend)")
 
 
 # ---- what is drawn ------------------------------------------------------------------------
