@@ -574,7 +574,6 @@ class _Run:
     last_failure: str = ""  # the failure seen last, with its sequence's checked steps
 
 
-
 @dataclass
 class FuzzReport:
     """What one fuzz run found: calls made, checked (ran and matched), skipped (refused), the
@@ -644,9 +643,9 @@ def _reported(texts: list[str], last_failure: str) -> list[str]:
     replay is that failure again when another text holds it; alone, the failure seen last (with
     its checked steps) stands for it."""
     failed = [t for t in texts if not t.startswith(NOT_REPLAYED)]
-    if failed or not last_failure:
-        return failed or texts
-    return [f"{last_failure}\n({NOT_REPLAYED})"]
+    if failed:
+        return failed
+    return [f"{last_failure}\n({NOT_REPLAYED})"] if last_failure else texts
 
 
 @contextlib.contextmanager
