@@ -17,8 +17,9 @@
 #   bash benchmarks/gpu_run.sh sampling [ARGS]  # sampling_bench.py on the full grid (~5 min; FlashInfer when importable
 #        and warm, else left out with the reason in its JSON); ARGS go to it (--quick, --dtypes, --batches, --vocabs)
 #   bash benchmarks/gpu_run.sh sampling_sharded [RANKS] [ARGS]   # sampling_sharded_bench.py over NCCL, one GPU a rank
-#   bash benchmarks/gpu_run.sh sampler_pdl   # the sampler's launches with programmatic dependent launch: its GPU
-#        tests, then sampler_pdl_probe.py (graph-replay time with and without; results/sampler_pdl.json and .png)
+#   bash benchmarks/gpu_run.sh sampler_pdl   # the sampler's launches with programmatic dependent launch and the
+#        runs pre-pass overlapping the collect: their GPU tests, then sampler_pdl_probe.py (graph-replay time of
+#        plain, PDL and overlapping launches; results/sampler_pdl.json and .png)
 # Optional peers (liger-kernel, quack-kernels) are used when importable (PYTHONPATH).
 set -uo pipefail
 OUT="${OUT:-out/gpu}"
@@ -124,8 +125,21 @@ print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backe
       --out "$OUT/results" "$@" 2>&1 | tee "$OUT/sampling_sharded_x$n.txt" | tail -40
     ;;
   sampler_pdl)
-    "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/backends/triton/test_sampling_pdl_gpu.py 2>&1 \
-      | tee "$OUT/sampler_pdl_tests.txt" | tail -5
+    # Each shape compiles its plain and its PDL kernels (about a minute a process): the tests (in
+    # pytest-xdist workers where importable) and the probe's shapes compile in parallel, then the
+    # probe times on the warm cache alone.
+    workers=""; "$PY" -c "import xdist" 2>/dev/null && workers="-n ${WORKERS:-11}"
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider $workers tests/backends/triton/test_sampling_pdl_gpu.py \
+      > "$OUT/sampler_pdl_tests.txt" 2>&1 &
+    warm=$(mktemp -d)  # (their logs: $OUT brings back 8 files at most)
+    for dtype in bfloat16 float32; do
+      for rows in $("$PY" -c "from benchmarks.sampler_pdl_probe import ROWS; print(*ROWS)"); do
+        "$PY" benchmarks/sampler_pdl_probe.py --warm "$dtype" "$rows" > "$warm/${dtype}_$rows.txt" 2>&1 &
+      done
+    done
+    wait
+    tail -n 3 -q "$warm"/*.txt
+    tail -5 "$OUT/sampler_pdl_tests.txt"
     mkdir -p "$OUT/results"
     timeout "${BENCH_TIMEOUT:-420}" "$PY" benchmarks/sampler_pdl_probe.py "$OUT/results/sampler_pdl.json" 2>&1 \
       | tee "$OUT/sampler_pdl.txt"

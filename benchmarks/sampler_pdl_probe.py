@@ -1,7 +1,9 @@
 """Programmatic dependent launch (PDL) for the sampler's launches on one CUDA GPU (sm_90+):
-`sample` and top-20 `logprobs` on the default plan and on the same plan with `pdl=True`
+`sample` and top-20 `logprobs` on the default plan with plain launches and with `pdl=True`
 (`SamplingPlan.pdl`: each launch's programs are placed while the launch before it finishes,
-and wait for it), beside one read of the logits (`anysoftmax.logsumexp`).
+and wait for it), and where the plan has the runs pre-pass, with `overlap=True` too
+(`SamplingPlan.overlap`: the collect reads each row as soon as the persistent runs launch has
+counted its blocks), beside one read of the logits (`anysoftmax.logsumexp`).
 
 A call's GPU time here is a CUDA graph's replay of it, `triton.testing.do_bench_cudagraph`
 (no host time; the gaps between its 2-5 launches counted, which a sum of kernel times leaves
@@ -10,6 +12,8 @@ beside it. Every shape checks that both plans draw the same ids (the same top-20
 
     python benchmarks/sampler_pdl_probe.py [OUT.json]        # OUT.png beside it
     python benchmarks/sampler_pdl_probe.py --plot OUT.json   # the plot of a run's JSON
+    python benchmarks/sampler_pdl_probe.py --warm DTYPE ROWS # compile one shape's kernels, time nothing
+                                                             # (a process a shape: the compiles in parallel)
 
 Shapes: bf16 and fp32 logits of 128256 tokens (randn x 3) at 1-512 rows, per-row temperature and
 seeds, top_k 50, top_p 0.9, min_p 0.05.
@@ -47,12 +51,14 @@ def plot(json_path: Path) -> Path:
         for ax, op in zip(ax_row, ops):
             mine = sorted((r for r in run["rows"] if r["dtype"] == dtype and r["op"] == op), key=lambda r: r["B"])
             batches = [r["B"] for r in mine]
-            for key, style in (("plain_us", "o--"), ("pdl_us", "s-"), ("one_read_us", "k:")):
-                ax.plot(batches, [r[key] for r in mine], style, label=key[:-3].replace("_", " "), markersize=4)
+            for key, style in (("plain_us", "o--"), ("pdl_us", "s-"), ("overlap_us", "^-"), ("one_read_us", "k:")):
+                shown = [(b, r[key]) for b, r in zip(batches, mine) if key in r]
+                if shown:
+                    ax.plot(*zip(*shown), style, label=key[:-3].replace("_", " "), markersize=4)
             ax.set(title=f"{dtype}, {op}", xlabel="rows", ylabel="GPU us a call (graph replay)", yscale="log")
             ax.set_xscale("log", base=2)
             ax.legend(fontsize=7)
-    title = f"{run['device']}: the sampler with and without PDL, V = {run['vocab']}"
+    title = f"{run['device']}: the sampler's launches (plain, PDL, overlapping), V = {run['vocab']}"
     return save(fig, json_path.with_suffix(".png"), title)
 
 
@@ -61,6 +67,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["--plot"]:
         print(plot(Path(argv[1])))
         return 0
+    warm = argv[:1] == ["--warm"]
+    dtypes, batches = ((getattr(torch, argv[1]),), (int(argv[2]),)) if warm else ((torch.bfloat16, torch.float32), ROWS)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         print("needs a CUDA GPU of sm_90 or later (programmatic dependent launch)")
         return 2
@@ -76,23 +84,29 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     run = dict(device=torch.cuda.get_device_name(), vocab=VOCAB, torch=torch.__version__,
                unit="GPU us a call: CUDA graph replay (graph_us), sum of kernel times (kernels_us)", rows=[])
-    for dtype in (torch.bfloat16, torch.float32):
-        for rows in ROWS:
+    for dtype in dtypes:
+        for rows in batches:
             g = torch.Generator(device="cuda").manual_seed(rows)
             x = (torch.randn(rows, VOCAB, device="cuda", generator=g) * 3).to(dtype)
             t = torch.rand(rows, device="cuda", generator=g) + 0.5
             seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
             ids = torch.randint(0, VOCAB, (rows, 1), device="cuda", generator=g)
-            one_read = do_bench_cudagraph(lambda: anysoftmax.logsumexp(x, -1)) * 1e3
+            one_read = 0.0 if warm else do_bench_cudagraph(lambda: anysoftmax.logsumexp(x, -1)) * 1e3
             kw = dict(temperature=t, top_k=50, top_p=0.9, min_p=0.05)
             spec = SamplingSpec.from_request("sample", x, **kw, seed=seeds)
             lspec = SamplingSpec.from_request("logprobs", x, temperature=t)
             short = ts.short_runs_window(rows, VOCAB, dev)
             base = ts.plan_for(rows, VOCAB, dev, short_runs=short[0] < 50 <= short[1])
-            plans = dict(plain=base, pdl=dataclasses.replace(base, pdl=True))
+            plans = dict(plain=dataclasses.replace(base, pdl=False), pdl=dataclasses.replace(base, pdl=True))
+            if base.runs:
+                plans["overlap"] = dataclasses.replace(base, pdl=True, overlap=True, collect_warps=4)
             cases = dict(sample=(lambda plan: ts.sample(spec, x, plan=plan), lambda out: out),
                          logprobs_top20=(lambda plan: ts.logprobs(lspec, x, ids, 20, plan=plan), lambda out: out[2]))
             for op, (call, ids_of) in cases.items():
+                if warm:
+                    for plan in plans.values():
+                        call(plan)
+                    continue
                 row = dict(dtype=str(dtype)[6:], B=rows, op=op, one_read_us=round(one_read, 2))
                 ref = ids_of(call(plans["plain"]))
                 for name, plan in plans.items():
@@ -103,7 +117,9 @@ def main(argv=None) -> int:
                 print(f"{row['dtype']:9s} B={rows:3d} {op:15s} one read {one_read:6.1f} | " + " | ".join(
                     f"{n} {row[f'{n}_us']:7.1f} us (kernels {row[f'{n}_kernels_us']:7.1f}) same={row[f'{n}_same_ids']}"
                     for n in plans), flush=True)
-    if argv:
+    if warm:
+        torch.cuda.synchronize()
+    elif argv:
         out = Path(argv[0])
         out.write_text(json.dumps(run, indent=1) + "\n")
         print(plot(out))

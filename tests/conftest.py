@@ -70,9 +70,9 @@ def pytest_terminal_summary(terminalreporter):
 # other has finished (longest first evens the two out).
 LONGEST_FILES = (
     "backends/cute/test_cute_compile.py",  # 315
+    "backends/triton/test_sampler_compiles.py",  # 285
     "testing/test_conformance.py",  # 260
     "backends/triton_ascend/test_ascend_interpreter.py",  # 230
-    "backends/triton/test_sampler_compiles.py",  # 255
     "backends/wave/test_wave.py",  # 210
     "test_wheel.py",  # 190
     "backends/triton/test_sampling_runs.py",  # 180

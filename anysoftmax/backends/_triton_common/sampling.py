@@ -46,6 +46,13 @@ RUNS_MIN_ROWS = 16
 # where serving bounds past 64 saves far more than a bound of 50 loses; top-n past 64 only.
 LONG_RUN, SHORT_RUN = 64, 32
 SHORT_RUNS_WIDE_ROWS, SHORT_RUNS_NARROW_ROWS = 32, 128
+# An overlapping plan's runs programs per select program (`plan.grid`, 2 a multiprocessor): 4 of
+# 4 warps at 61 registers a thread (64 allocated) and one collect program of 4 warps at 255
+# (256) fill an sm_90 multiprocessor's 64K registers; a fifth runs program would keep the
+# collect's programs off until the runs ended. A collect program reads a row's count at most
+# OVERLAP_SPINS times before it waits for the whole runs launch instead.
+OVERLAP_RUNS_PROGRAMS = 2
+OVERLAP_SPINS = 1 << 16
 # Up to FUSED_MAX_ROWS rows the scan and the select are one launch (`scan_select_kernel`): a
 # launch costs the host 5-8 us on the H200 hosts, most of a call's GPU time at a few rows. Its
 # chunks hold FUSED_CHUNK elements at 8 warps: the select's code then keeps its registers (at
@@ -85,7 +92,12 @@ class SamplingPlan:
     fused: bool = False  # the scan and the select in one launch (`scan_select_kernel`)
     # Each launch with programmatic dependent launch (CUDA sm_90+ only): its programs are placed
     # while the launch before it finishes, and wait for it (`sampling_kernels._after_previous_launch`).
+    # `plan_for` sets it where it can (`dependent_launch`): 2-4 us less a call from 16 rows on.
     pdl: bool = False
+    # The runs pre-pass as a persistent launch (OVERLAP_RUNS_PROGRAMS a select program) counting
+    # each row's stored blocks, and the collect reading a row as soon as its count is full: with
+    # `pdl`, the collect's programs start while the runs go on (`sampling_kernels.collect_kernel`).
+    overlap: bool = False
 
     def chunks(self, vocab: int) -> int:
         return cdiv(vocab, self.chunk)
@@ -159,6 +171,20 @@ def default_programs(device: torch.device, items: int) -> int:
     return _programs_at(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=None)
+def dependent_launch(device: torch.device) -> bool:
+    """Whether the sampler's launches on `device` take programmatic dependent launch: an NVIDIA
+    GPU of sm_90 or later, compiled kernels (not the interpreter) and a Triton that has its
+    `griddepcontrol` instructions."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    from . import sampling_kernels as k
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (k.DEPENDENT_LAUNCH and not interpreted(k.runs_kernel)
+            and torch.cuda.get_device_capability(index) >= (9, 0))
+
+
 # (memoised: a call's plan is then the same object, which its launcher key compares by identity;
 # callers pass a tensor's device, whose CUDA index is set)
 @functools.lru_cache(maxsize=1024)
@@ -169,7 +195,9 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
     vocabulary's scan, or `wide_k`: a top-k bound past its candidates, `wide_top_k`); as many
     candidate slots per chunk as keep the select's block at MAX_SELECT_BLOCK; a grid of
     `programs` (default: `default_programs`); with the runs pre-pass, runs of SHORT_RUN elements
-    where `short_runs` (`short_runs_window`), else LONG_RUN."""
+    where `short_runs` (`short_runs_window`), else LONG_RUN; programmatic dependent launch where
+    `dependent_launch` allows it, but not on a sharded vocabulary's scan (`one_launch` False:
+    the collectives' kernels come between its launches)."""
     def cut(most: int) -> tuple[int, int]:
         chunk = min(most, max(16, next_power_of_2(vocab)))
         return chunk, min(MAX_SLOTS, max(MIN_SLOTS, _prev_power_of_2(MAX_SELECT_BLOCK // next_power_of_2(
@@ -184,14 +212,15 @@ def plan_for(rows: int, vocab: int, device: torch.device, programs: int | None =
     warps = MAX_CHUNK_WARPS if chunk >= MAX_CHUNK else 8 if chunk >= 4096 else 4
     runs = chunk == MAX_CHUNK and groups <= RUNS_MAX_GROUPS and rows >= RUNS_MIN_ROWS
     grid = max(1, min(items, programs))
+    pdl = one_launch and dependent_launch(device)
     if not runs:
-        return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps, fused=fused)
+        return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps, fused=fused, pdl=pdl)
     # The collect (one row a program, ~255 registers a thread) fits one 8-warp program a
     # multiprocessor or two of 4 warps: 8 warps while every row has a multiprocessor, 4 beyond;
     # the select at 4 (H100: docs/speed.md, the runs pre-pass).
     return SamplingPlan(chunk=chunk, slots=slots, grid=grid, num_warps=warps, runs=True,
                         run=SHORT_RUN if short_runs else LONG_RUN,
-                        collect_warps=4 if rows > programs // 2 else 8, select_warps=4)
+                        collect_warps=4 if rows > programs // 2 else 8, select_warps=4, pdl=pdl)
 
 
 def short_runs_window(rows: int, vocab: int, device: torch.device, top_n: int = 0) -> tuple[int, int, bool]:
@@ -253,7 +282,8 @@ FLOATS = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0, "scale": 1.0}
 OPERAND_DTYPES = {"x_ptr": torch.float32, "out_i_ptr": torch.int64, "out_f_ptr": torch.float32,
                   "out_f2_ptr": torch.float32, "ids_ptr": torch.int64, "t_ptr": torch.float32, "k_ptr": torch.int64,
                   "p_ptr": torch.float32, "mp_ptr": torch.float32, "seed_ptr": torch.int64, "off_ptr": torch.int64,
-                  "s_ptr": torch.float32, "undecided_ptr": torch.int64}
+                  "s_ptr": torch.float32, "undecided_ptr": torch.int64,
+                  "count_ptr": torch.int64}  # (int32 row counts: absent only where no kernel reads them)
 
 
 @functools.lru_cache(maxsize=None)
@@ -323,6 +353,11 @@ class Bound:
     select_rest: object = None
     scan_select: object = None
 
+    @property
+    def counted(self) -> bool:
+        """Whether a call takes per-row counters (`row_counters`): a fused plan, an overlapping one."""
+        return self.scan_select is not None or (self.runs is not None and self.plan.overlap)
+
     def takes_runs(self, ints, top_n: int) -> bool:
         """Whether the runs pre-pass serves this call: the plan has it, and the call has a top-k
         bound (a tensor, or a number up to half a chunk's runs) or such a top-n."""
@@ -334,16 +369,19 @@ class Bound:
         """Pass one, after the runs pre-pass where it serves the call, then the select of every row
         into `outs` (out_i, out_f, out_f2, ids), the rows the pre-pass served from their one-chunk
         layout; on a fused plan both in one launch, `counts` its per-row arrival counts (int32,
-        zero). Without `outs`, pass one alone, every row in the scan's layout (what a sharded
-        vocabulary's select reads)."""
+        zero), on an overlapping plan the runs' row counts (`counted`). Without `outs`, pass one
+        alone, every row in the scan's layout (what a sharded vocabulary's select reads)."""
         if outs is not None and self.scan_select is not None:
             self.scan_select((x, ws, counts, *outs, *tensors), floats, ints)
             return
         runs = self.takes_runs(ints, top_n)
         if runs:
-            self.runs((x, ws, *tensors[:4]), floats, ints)
-            (self.collect_chunks if outs is None else self.collect)((x, ws, *tensors[:4]), floats, ints)
-        (self.scan_rest if runs else self.scan)((x, ws, *tensors), floats, ints)
+            if self.plan.overlap and counts is None:
+                raise ValueError("SamplingPlan.overlap: the runs' row counts are a whole call's; a sharded "
+                                 "vocabulary's scan (no select here) takes a plan without it")
+            self.runs((x, ws, counts, *tensors[:4]), floats, ints)
+            (self.collect_chunks if outs is None else self.collect)((x, ws, counts, *tensors[:4]), floats, ints)
+        (self.scan_rest if runs else self.scan)((x, ws, counts if runs else None, *tensors), floats, ints)
         if outs is None:
             return
         selected = (x, ws, ws, *outs, *tensors, None)
@@ -365,7 +403,7 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     items = spec.rows * plan.chunks(spec.vocab)
     grid = max(1, min(plan.grid, items))
     scan_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, TILE=plan.tile, num_warps=plan.num_warps)
-    scan = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False}, device, plan.pdl)
+    scan = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": False, "OVERLAP": False}, device, plan.pdl)
     select = None if plan.fused else _select_launcher(op, spec, plan, space, request, device)
     second = None
     if op == "probs":
@@ -379,18 +417,24 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
                 KP=next_power_of_2(plan.k_cap), TILE=plan.tile, num_warps=plan.num_warps), device, plan.pdl)
         return Bound(plan, space, scan, select, second, scan_select=scan_select)
     block = min(RUNS_BLOCK, plan.chunk)
-    runs = launcher(k.runs_kernel, items * (plan.chunk // block), ints,
-                     dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, num_warps=4), device, plan.pdl)
+    blocks = items * (plan.chunk // block)
+    row_blocks = blocks // spec.rows
+    ints = {**ints, "row_blocks": row_blocks}
+    runs = launcher(k.runs_kernel, min(blocks, OVERLAP_RUNS_PROGRAMS * plan.grid) if plan.overlap else blocks, ints,
+                     dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, OVERLAP=plan.overlap, num_warps=4), device,
+                     plan.pdl)
     # The collect writes the rows it serves as one chunk each (`compact`, which `select_served`
     # reads) or in the scan's layout (`collect_chunks`: what a sharded vocabulary all-gathers).
     compact = space.compact(spec.rows, plan.slots)
     collect_grid = max(1, min(plan.grid, spec.rows))
     collect_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
-                        RUN=plan.run, COMPACT=False, num_warps=plan.collect_warps)
-    collect = launcher(k.collect_kernel, collect_grid, _ints(spec, plan, compact, request),
+                        RUN=plan.run, COMPACT=False, OVERLAP=plan.overlap, SPINS=OVERLAP_SPINS,
+                        num_warps=plan.collect_warps)
+    collect = launcher(k.collect_kernel, collect_grid, _ints(spec, plan, compact, request, row_blocks=row_blocks),
                         {**collect_meta, "COMPACT": True}, device, plan.pdl)
     collect_chunks = launcher(k.collect_kernel, collect_grid, ints, collect_meta, device, plan.pdl)
-    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True}, device, plan.pdl)
+    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True, "OVERLAP": plan.overlap}, device,
+                         plan.pdl)
     one_chunk = dataclasses.replace(plan, chunk=next_power_of_2(spec.vocab))
     select_served = _select_launcher(op, spec, one_chunk, compact, request, device, rows_off=space.served_off)
     select_rest = _select_launcher(op, spec, plan, space, request, device, rows_off=space.left_off)
@@ -534,8 +578,8 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
     r_tensor = r_tensor and isinstance(spec.top_k, torch.Tensor)
     # The workspace (chunk states, candidates) is the scan's and select's of one call: kept per stream.
     kept = per_stream(lambda device: [torch.empty(0, dtype=torch.int32, device=device)])
-    # A fused plan's per-row arrival counts (`scan_select_kernel`): the stream's row counters,
-    # which every kernel using them leaves zero.
+    # A fused plan's per-row arrival counts (`scan_select_kernel`), an overlapping plan's runs'
+    # row counts: the stream's row counters, which every kernel using them leaves zero.
     counts = per_stream(lambda device: row_counters(device, spec.rows))
 
     def workspace(words: int) -> torch.Tensor:
@@ -560,7 +604,7 @@ def _selector(op: str, spec: SamplingSpec, plan: SamplingPlan | None, top_n: int
         guard = (x.stride(0), tensors[4] is None, wide, short, ored % 16 == 0 or _aligned(x, *present))
         bound = launchers(guard, x, present, wide, short)
         ws = workspace(bound.space.words)
-        bound.run(x, ws, tensors, floats, ints, outs, top_n, bound.scan_select and counts(device))
+        bound.run(x, ws, tensors, floats, ints, outs, top_n, counts(device) if bound.counted else None)
         return bound, ws, tensors, floats, ints
     return select
 

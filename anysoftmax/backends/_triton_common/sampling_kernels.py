@@ -20,6 +20,7 @@ try:  # (CUDA's grid dependency control, Triton >= 3.4; triton-ascend's Triton h
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:
     gdc_launch_dependents = gdc_wait = None
+DEPENDENT_LAUNCH = gdc_wait is not None  # (whether a plan may set `pdl`)
 
 # Chunk state words (int32; floats stored as their bits), per (row, chunk).
 NS = tl.constexpr(16)
@@ -464,21 +465,11 @@ def _after_previous_launch(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-@triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
-def runs_kernel(
-    x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
-    vocab, xs, vocab_total, n_chunks, run_off, left_off, served_off,
-    top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
-    temperature, top_p, min_p,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr, PDL: tl.constexpr,
-):
-    """Per run of RUN elements of each row: (max z, sum of exp(z - max z), finite count), BLOCK
-    elements a program, programs row-major (grid: rows x chunks x CHUNK / BLOCK)."""
-    _after_previous_launch(PDL)
+@triton.jit
+def _runs_block(x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, row, b, vocab, xs, vocab_total, n_chunks, run_off, top_k,
+                flags, temperature, top_p, min_p, CHUNK: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr):
+    """Block `b` of `row` (BLOCK elements): each of its runs' max z, sum and finite count."""
     R: tl.constexpr = BLOCK // RUN
-    per_row = n_chunks * (CHUNK // BLOCK)
-    row = tl.program_id(0) // per_row
-    b = tl.program_id(0) % per_row
     inv_t, _, _, _, _, _ = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags, temperature,
                                      top_p, min_p)
     cols = b * BLOCK + tl.arange(0, R)[:, None] * RUN + tl.arange(0, RUN)[None, :]
@@ -492,9 +483,62 @@ def runs_kernel(
     tl.store(tab, mr.to(tl.int32, bitcast=True))
     tl.store(tab + n_run, sr.to(tl.int32, bitcast=True))
     tl.store(tab + 2 * n_run, fr)
-    if tl.program_id(0) == 0:  # (the collect that follows counts the rows it lists here)
-        tl.store(ws_ptr + left_off, 0)
-        tl.store(ws_ptr + served_off, 0)
+
+
+@triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
+def runs_kernel(
+    x_ptr, ws_ptr, count_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
+    n_rows, vocab, xs, vocab_total, n_chunks, run_off, left_off, served_off,
+    top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
+    temperature, top_p, min_p,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, RUN: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr,
+):
+    """Per run of RUN elements of each row: (max z, sum of exp(z - max z), finite count), BLOCK
+    elements a program (grid: rows x chunks x CHUNK / BLOCK). OVERLAP: persistent over the
+    blocks, row-major, each row's stored blocks counted at `count_ptr` (`collect_kernel` with
+    OVERLAP reads a row as soon as its count is full, while this launch goes on)."""
+    per_row = n_chunks * (CHUNK // BLOCK)
+    if OVERLAP:
+        if PDL:
+            gdc_wait()
+        if tl.program_id(0) == 0:
+            # The collect's row lists start empty: zeroed before this program's first block (row
+            # 0), whose count's release publishes them (the collect acquires row 0 first).
+            tl.store(ws_ptr + left_off, 0)
+            tl.store(ws_ptr + served_off, 0)
+        if PDL:
+            gdc_launch_dependents()  # (the collect's programs may start: every program here has)
+        for blk in tl.range(tl.program_id(0), n_rows * per_row, tl.num_programs(0)):
+            row = tl.cast(blk // per_row, tl.int32)
+            _runs_block(x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, row, blk % per_row, vocab, xs, vocab_total,
+                        n_chunks, run_off, top_k, flags, temperature, top_p, min_p, CHUNK, BLOCK, RUN)
+            # Every thread's stores of the block precede the count (bar.sync), which releases them.
+            tl.debug_barrier()
+            tl.atomic_add(count_ptr + row, 1, sem="release", scope="gpu")
+    else:
+        _after_previous_launch(PDL)
+        row = tl.program_id(0) // per_row
+        _runs_block(x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, row, tl.program_id(0) % per_row, vocab, xs,
+                    vocab_total, n_chunks, run_off, top_k, flags, temperature, top_p, min_p, CHUNK, BLOCK, RUN)
+        if tl.program_id(0) == 0:  # (the collect that follows counts the rows it lists here)
+            tl.store(ws_ptr + left_off, 0)
+            tl.store(ws_ptr + served_off, 0)
+
+
+@triton.jit
+def _wait_for_row(count_ptr, row, row_blocks, PDL: tl.constexpr, SPINS: tl.constexpr):
+    """Until every runs block of `row` is stored: its count at `count_ptr` reaches `row_blocks`
+    (acquired, then a bar.sync: every thread's reads follow); after SPINS reads of it, until the
+    runs launch has finished (PDL's wait: its programs wait for nothing, so neither wait can hang)."""
+    seen = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
+    spins = 0
+    while (seen < row_blocks) & (spins < SPINS):
+        seen = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if PDL:
+        if seen < row_blocks:
+            gdc_wait()
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -595,21 +639,27 @@ def _collect_row(x_row, ws_ptr, row, inv_t, need, vocab, vocab_start, n_chunks, 
 
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def collect_kernel(
-    x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
+    x_ptr, ws_ptr, count_ptr, t_ptr, k_ptr, p_ptr, mp_ptr,
     n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, run_off, left_off,
-    served_off, top_n,
+    served_off, top_n, row_blocks,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
     OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, G_P2: tl.constexpr, RUN: tl.constexpr,
-    COMPACT: tl.constexpr, PDL: tl.constexpr,
+    COMPACT: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr, SPINS: tl.constexpr,
 ):
     """Each row's chunk states and candidates from its runs (see above), persistent over rows;
     the rows it does not serve are listed for the scan (`left_off`: their count, then the rows,
     in no particular order); COMPACT: the rows served as one chunk each (`_collect_row`), listed
-    alike at `served_off`."""
-    _after_previous_launch(PDL)
+    alike at `served_off`. OVERLAP: started while `runs_kernel` (with OVERLAP) goes on, each row
+    read once its `row_blocks` blocks are counted at `count_ptr` (`scan_kernel` zeroes them)."""
+    if OVERLAP:
+        _wait_for_row(count_ptr, 0, row_blocks, PDL, SPINS)  # (the row lists' zeroing: see runs_kernel)
+    else:
+        _after_previous_launch(PDL)
     for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(r, tl.int32)
+        if OVERLAP:
+            _wait_for_row(count_ptr, row, row_blocks, PDL, SPINS)
         inv_t, greedy, k_on, p, mp, kw_bad = _keywords(row, vocab_total, t_ptr, k_ptr, p_ptr, mp_ptr, top_k, flags,
                                                        temperature, top_p, min_p)
         if OP == OP_LOGPROBS:
@@ -626,6 +676,10 @@ def collect_kernel(
         elif COMPACT:
             at = tl.atomic_add(ws_ptr + served_off, 1)
             tl.store(ws_ptr + served_off + 1 + at, row)
+    if OVERLAP:
+        if PDL:
+            gdc_wait()  # (this launch ends after the runs launch: the scan's wait covers both)
+            gdc_launch_dependents()
 
 
 # ---- the select: searches over the candidates -------------------------------------------------------
@@ -1226,16 +1280,20 @@ def _select_logprobs(row, x_ptr, gs_ptr, ws_ptr, out_i_ptr, out_f_ptr, out_f2_pt
 
 @triton.jit(do_not_specialize=["top_k", "seed_lo", "seed_hi", "off_lo", "off_hi", "flags"])
 def scan_kernel(
-    x_ptr, ws_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
+    x_ptr, ws_ptr, count_ptr, t_ptr, k_ptr, p_ptr, mp_ptr, seed_ptr, off_ptr,
     n_rows, vocab, xs, vocab_start, vocab_total, n_chunks, state_off, cz_off, ci_off, left_off, top_n,
     top_k, seed_lo, seed_hi, off_lo, off_hi, flags,
     temperature, top_p, min_p,
     OP: tl.constexpr, CHUNK: tl.constexpr, C_SLOT: tl.constexpr, TILE: tl.constexpr, RUNS: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, OVERLAP: tl.constexpr,
 ):
     """Pass 1 over (row, chunk) work items, row-major: each chunk's state and candidates
-    (RUNS: only the rows `collect_kernel` listed)."""
+    (RUNS: only the rows `collect_kernel` listed; OVERLAP: the runs' row counts at `count_ptr`
+    zeroed, every reader of them finished)."""
     _after_previous_launch(PDL)
+    if OVERLAP:
+        for r in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+            tl.store(count_ptr + r, 0)
     SUB: tl.constexpr = CHUNK if CHUNK < TILE else TILE
     n_items = n_rows * n_chunks
     if RUNS:

@@ -72,17 +72,19 @@ def _keywords(op: str, rows: int, per_row: bool) -> dict:
 
 
 def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool, short_runs: bool = False,
-             pdl: bool = False) -> list:
+             pdl: bool = False, overlap: bool = False) -> list:
     """[(kernel, args, constexprs, options)] the Triton sampler launches for one request (with
     `short_runs`, on the plan whose runs pre-pass has runs of 32: `sampling.short_runs_window`;
-    with `pdl`, each launch with programmatic dependent launch: `SamplingPlan.pdl`)."""
+    with `pdl`, each launch with programmatic dependent launch: `SamplingPlan.pdl`; with
+    `overlap`, the runs pre-pass overlapping the collect: `SamplingPlan.overlap`)."""
     from anysoftmax.backends._triton_common import sampling as s
     from anysoftmax.sampling.spec import SamplingSpec, check_ids
 
     x = torch.randn(rows, vocab).to(dtype)
     kw = _keywords(op, rows, per_row)
     spec = SamplingSpec.from_request(op, x, **kw)
-    plan = dataclasses.replace(s.plan_for(rows, vocab, x.device, programs=4, short_runs=short_runs), pdl=pdl)
+    plan = dataclasses.replace(s.plan_for(rows, vocab, x.device, programs=4, short_runs=short_runs), pdl=pdl,
+                               overlap=overlap)
     calls: list = []
     s._bound.clear()
     with mock.patch.object(s, "bind_kernel", _recording_bind(calls)):
@@ -178,12 +180,13 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
     kernels, errors, seen = [], [], set()
     cuda = TARGETS[target].backend == "cuda"
     ops = (*OPS, "sample-short-runs", "sample-sharded", "probs-one-read", "logprobs-one-read",
-           *(("sample-pdl", "probs-pdl") if cuda else ()))  # (programmatic dependent launch: CUDA only)
-    # (the PDL launches with per-row keywords only, and `probs`' on a plan of several launches only:
-    # the attribute and the waits depend on neither, and its one-launch kernel is `sample`'s)
+           *(("sample-pdl", "probs-pdl", "sample-overlap-pdl") if cuda else ()))  # (PDL: CUDA only)
+    # (the PDL launches with per-row keywords only, and `probs`' and the overlapping plan's on a
+    # plan of several launches only: the attribute and the waits depend on neither, and the
+    # one-launch kernel is `sample`'s)
     requests = [(op, d, rows, vocab, per_row) for op in ops for d in dtypes for rows, vocab in shapes
                 for per_row in (False, True) if per_row or not op.endswith("-pdl")
-                if op != "probs-pdl" or rows > sampling.FUSED_MAX_ROWS]
+                if op == "sample-pdl" or not op.endswith("-pdl") or rows > sampling.FUSED_MAX_ROWS]
     for op, dname, rows, vocab, per_row in requests:
         where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, per_row=per_row)
         try:
@@ -194,7 +197,8 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
             elif op == "sample-short-runs":
                 calls = launches("sample", dtypes[dname], rows, vocab, per_row, short_runs=True)
             elif op.endswith("-pdl"):
-                calls = launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row, pdl=True)
+                calls = launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row, pdl=True,
+                                 overlap="-overlap" in op)
             else:
                 calls = launches(op, dtypes[dname], rows, vocab, per_row)
         except Exception as exc:

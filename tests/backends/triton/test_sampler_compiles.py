@@ -3,15 +3,16 @@
 
 What this proves: `sampler_targets.py` runs the Triton sampler on CPU tensors with its launches
 recorded instead of made, and compiles each one with the specialization a real launch gives it:
-`sample`, `probs` (its second pass too) and `logprobs`; a sharded vocabulary's scan and select;
-the kernels around the one-read paths (`sampling_one_read`); every keyword as a number (its
-pointer operand absent, stood in for) and as a per-row tensor; the runs pre-pass of top-k
-rows, with runs of 64 and of 32; on sm_90 each launch with programmatic dependent launch
-(`SamplingPlan.pdl`: the launch attribute and the kernels' waits). Here bfloat16 logits and one
-vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
-compile checks, do not depend on either); the script's defaults add float16, float32 and a
-one-chunk vocabulary (`python tests/backends/triton/sampler_targets.py`, a few minutes).
-Register counts come out of the binaries.
+`sample`, `probs` (its second pass too) and `logprobs`; a sharded vocabulary's scan and select; the
+kernels around the one-read paths (`sampling_one_read`); every keyword as a number (its pointer
+operand absent, stood in for) and as a per-row tensor; the runs pre-pass of top-k rows, with runs of
+64 and of 32; on sm_90 each launch with programmatic dependent launch (`SamplingPlan.pdl`: the
+launch attribute and the kernels' waits), and the runs pre-pass overlapping the collect
+(`SamplingPlan.overlap`: its register counts, on which the overlap rests). Here bfloat16 logits and
+one vocabulary of several chunks, to keep the suite's time (the kernels' operand types, what only a
+compile checks, do not depend on either); the script's defaults add float16, float32 and a one-chunk
+vocabulary (`python tests/backends/triton/sampler_targets.py`, a few minutes). Register counts come
+out of the binaries.
 
 What it does not prove: nothing runs (results: tests/backends/triton/test_sampling_kernels.py
 through the interpreter, and on a GPU). The interpreter types nothing, so only a compile finds
@@ -28,6 +29,8 @@ from pathlib import Path
 import pytest
 from compile_targets import REG_LIMIT, missing_backend, run_script
 from sampler_targets import OPS
+
+from anysoftmax.backends._triton_common.sampling import OVERLAP_RUNS_PROGRAMS
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "sampler_targets.py"
@@ -97,3 +100,22 @@ def test_pdl_launches_wait_for_the_previous_launch(report):
     plain = [f"{k['op']} {k['kernel']}" for k in kernels
              if not k["op"].endswith("-pdl") and (k["launch_pdl"] or k["gdc_wait"] or k["gdc_launch"])]
     assert not plain, f"launches with PDL that did not ask for it: {plain}"
+
+
+def test_the_overlapping_plans_programs_share_a_multiprocessor(report):
+    """`SamplingPlan.overlap` on sm_90: 2 x OVERLAP_RUNS_PROGRAMS runs programs (4 warps) and one
+    collect program (4 warps) a multiprocessor must fit its 64K registers (allocated per warp in
+    units of 256), or the collect's programs wait for runs programs to leave instead of
+    overlapping them."""
+    kernels = [k for k in _kernels(report, "sm_90") if k["op"] == "sample-overlap-pdl"]
+    runs = [k for k in kernels if k["kernel"] == "runs_kernel" and k["constexprs"]["OVERLAP"]]
+    collect = [k for k in kernels if k["kernel"] == "collect_kernel" and k["constexprs"]["OVERLAP"]]
+    scan = [k for k in kernels if k["kernel"] == "scan_kernel" and k["constexprs"]["OVERLAP"]]
+    assert runs and collect and scan, sorted({k["kernel"] for k in kernels})
+
+    def registers(k) -> int:
+        return k["num_warps"] * -(-k["n_regs"] * 32 // 256) * 256
+    for r in runs:
+        for c in collect:
+            used = 2 * OVERLAP_RUNS_PROGRAMS * registers(r) + registers(c)
+            assert used <= 65536, f"runs {r['n_regs']} and collect {c['n_regs']} registers a thread: {used}"

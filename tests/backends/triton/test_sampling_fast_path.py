@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
 OPERAND_DTYPES = {"out_i_ptr": torch.int64, "out_f_ptr": torch.float32, "out_f2_ptr": torch.float32,
                   "ids_ptr": torch.int64, "t_ptr": torch.float32, "k_ptr": torch.int64, "p_ptr": torch.float32,
                   "mp_ptr": torch.float32, "seed_ptr": torch.int64, "off_ptr": torch.int64, "x_ptr": torch.float32,
-                  "undecided_ptr": torch.int64}
+                  "undecided_ptr": torch.int64,
+                  "count_ptr": torch.int64}  # (int32 row counts; absent only where no kernel reads it)
 PLAN = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=3, num_warps=4, tile=64)
 ROWS, VOCAB = 3, 300
 GRIDS = itertools.count(2)  # (a plan per test: its request is bound there, not found bound by another)

@@ -310,10 +310,41 @@ def test_the_default_plan_fuses_only_a_few_rows():
     assert not triton_sampling.plan_for(64, 128256, cpu).fused and triton_sampling.plan_for(64, 128256, cpu).runs
 
 
-def test_a_plan_with_pdl_is_refused_by_the_interpreter_and_off_by_default(gen):
-    """Programmatic dependent launch (`SamplingPlan.pdl`) overlaps CUDA launches: the default
-    plans leave it off, and the interpreter refuses a plan with it, naming it, before any launch
-    (its kernels would reach the grid-dependency instructions it cannot run)."""
+def test_pdl_is_taken_on_nvidia_sm90_with_compiled_kernels_but_not_by_a_sharded_scan(monkeypatch):
+    """`dependent_launch`: an NVIDIA GPU of sm_90 or later, compiled kernels and a Triton with
+    the grid-dependency instructions, each needed; `plan_for` then sets `pdl` on every plan but a
+    sharded vocabulary's scan, whose launches have the collectives' kernels between them."""
+    cuda = torch.device("cuda", 0)
+    allowed = triton_sampling.dependent_launch.__wrapped__  # (memoised per device: checked unmemoised)
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability[0])
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(triton_sampling, "interpreted", lambda kernel: False)
+    for capability[0], want in (((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False)):
+        assert allowed(cuda) is want, capability
+    capability[0] = (9, 0)
+    assert not allowed(torch.device("cpu"))
+    with monkeypatch.context() as m:
+        m.setattr(torch.version, "hip", "6.4")
+        assert not allowed(cuda)
+    with monkeypatch.context() as m:
+        m.setattr(sampling_kernels, "DEPENDENT_LAUNCH", False)
+        assert not allowed(cuda)
+    with monkeypatch.context() as m:
+        m.setattr(triton_sampling, "interpreted", lambda kernel: True)
+        assert not allowed(cuda)
+    monkeypatch.setattr(triton_sampling, "dependent_launch", lambda device: device.type == "cuda")
+    plan_for = triton_sampling.plan_for.__wrapped__
+    for rows in (1, 8, 64, 512):
+        for kw in ({}, {"top_n": 20}, {"short_runs": True}, {"wide_k": True}):
+            assert plan_for(rows, 128256, cuda, programs=264, **kw).pdl, (rows, kw)
+            assert not plan_for(rows, 128256, cuda, programs=264, one_launch=False, **kw).pdl, (rows, kw)
+
+
+def test_a_plan_with_pdl_is_refused_by_the_interpreter_and_off_where_it_cannot_run(gen):
+    """Programmatic dependent launch (`SamplingPlan.pdl`) overlaps CUDA launches: plans for a
+    device without it leave it off, and the interpreter refuses a plan with it, naming it, before
+    any launch (its kernels would reach the grid-dependency instructions it cannot run)."""
     cpu = torch.device("cpu")
     assert not any(triton_sampling.plan_for(rows, 128256, cpu, **kw).pdl for rows in (1, 8, 64, 512)
                    for kw in ({}, {"top_n": 20}, {"short_runs": True}))

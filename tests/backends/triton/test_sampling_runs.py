@@ -4,7 +4,8 @@ interpreter with plans small enough to cut rows of a few hundred tokens into sev
 several runs: the kit's sampler section with every request planned so; the same draws, probabilities
 and log-probabilities as the scan alone on rows the pre-pass serves and on rows it must leave to
 the scan (greedy, NaN, too many runs at the threshold, a chunk's candidates past its slots);
-which rows it served; a sharded vocabulary."""
+which rows it served; a sharded vocabulary; the overlapping form (a persistent runs launch
+counting each row's blocks, the collect reading a row once its count is full)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
 # Chunks of 128 in 16 runs of 8: top-k bounds up to 8 are served; 32 slots a chunk.
 SCAN = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, tile=64)
 RUNS = dataclasses.replace(SCAN, runs=True, run=8)
+# (the runs launch of 3 x 4 programs, persistent over the rows' blocks)
+OVERLAP = dataclasses.replace(RUNS, overlap=True)
 # (the kit's rows of 20000 in chunks of 2048, runs of 64: top-k bounds up to 16 served)
 RUNS_WIDE = triton_sampling.SamplingPlan(chunk=2048, slots=64, grid=4, num_warps=4, tile=256, runs=True)
 
@@ -151,6 +154,36 @@ def test_which_rows_it_serves(gen):
     assert _served(SamplingSpec.from_request("probs", slots, top_k=8), slots) == [0]
     kept = triton_sampling.probs(SamplingSpec.from_request("probs", slots, top_k=8), slots, plan=RUNS)[0, 128:168]
     assert float(kept.sum()) == pytest.approx(1.0)
+
+
+def test_the_overlapping_plan_draws_what_the_runs_plan_draws_and_leaves_the_counts_zero(gen):
+    """The persistent runs launch and the collect that waits for each row's count give the plain
+    runs plan's results, bit for bit (the interpreter runs one launch after the other: every
+    count is full when the collect reads it); the scan zeroes the counts for the next call."""
+    for i, (x, kw) in enumerate(_cases(gen)):
+        spec = SamplingSpec.from_request("sample", x, **kw, seed=i, offset=3)
+        for got, want in zip(triton_sampling.sample(spec, x, True, plan=OVERLAP),
+                             triton_sampling.sample(spec, x, True, plan=RUNS)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"case {i}: {m}")
+        assert not triton_sampling.row_counters(x.device, x.shape[0]).any(), i
+        pspec = SamplingSpec.from_request("probs", x, **kw)
+        got = triton_sampling.probs(pspec, x, plan=OVERLAP)
+        torch.testing.assert_close(got, triton_sampling.probs(pspec, x, plan=RUNS), rtol=0, atol=0, equal_nan=True)
+        assert _served(pspec, x, OVERLAP) == _served(pspec, x, RUNS), i
+        lspec = SamplingSpec.from_request("logprobs", x, temperature=0.7)
+        ids = check_ids("logprobs", lspec, torch.randint(0, x.shape[-1], (x.shape[0], 2), generator=gen))
+        for got, want in zip(triton_sampling.logprobs(lspec, x, ids, 6, plan=OVERLAP),
+                             triton_sampling.logprobs(lspec, x, ids, 6, plan=RUNS)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"case {i}: {m}")
+        assert not triton_sampling.row_counters(x.device, x.shape[0]).any(), i
+
+
+def test_an_overlapping_plan_is_refused_for_a_sharded_scan(gen):
+    """A sharded vocabulary's scan runs no select: the runs' row counts would stay unzeroed."""
+    x = torch.randn(4, 1200, generator=gen) * 3
+    spec = SamplingSpec.from_request("sample", x, top_k=5, seed=7)
+    with pytest.raises(ValueError, match="SamplingPlan.overlap"):
+        triton_sampling.scan_shard(spec, x, 0, 1200, plan=OVERLAP)
 
 
 def test_a_sharded_vocabulary_with_the_runs_prepass(gen):
