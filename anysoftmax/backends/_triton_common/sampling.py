@@ -426,7 +426,9 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     # The collect writes the rows it serves as one chunk each (`compact`, which `select_served`
     # reads) or in the scan's layout (`collect_chunks`: what a sharded vocabulary all-gathers).
     compact = space.compact(spec.rows, plan.slots)
-    collect_grid = max(1, min(plan.grid, spec.rows))
+    # (overlapping: one collect program a multiprocessor, as the registers allow beside the runs
+    # programs; a second would start only once the runs launch has ended)
+    collect_grid = max(1, min(plan.grid // 2 if plan.overlap else plan.grid, spec.rows))
     collect_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
                         RUN=plan.run, COMPACT=False, OVERLAP=plan.overlap, SPINS=OVERLAP_SPINS,
                         num_warps=plan.collect_warps)
