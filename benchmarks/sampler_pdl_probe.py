@@ -1,9 +1,10 @@
 """Programmatic dependent launch (PDL) for the sampler's launches on one CUDA GPU (sm_90+):
 `sample` and top-20 `logprobs` on the default plan with plain launches and with `pdl=True`
 (`SamplingPlan.pdl`: each launch's programs are placed while the launch before it finishes,
-and wait for it), and where the plan has the runs pre-pass, with `overlap=True` too
+and wait for it), and where the plan has the runs pre-pass, overlapping too
 (`SamplingPlan.overlap`: the collect reads each row as soon as the persistent runs launch has
-counted its blocks), beside one read of the logits (`anysoftmax.logsumexp`).
+counted its blocks; `overlap4`: the default's 4 runs programs a collect program, `overlap6`: 6
+at the registers a thread that leaves them), beside one read of the logits (`anysoftmax.logsumexp`).
 
 A call's GPU time here is a CUDA graph's replay of it, `triton.testing.do_bench_cudagraph`
 (no host time; the gaps between its 2-5 launches counted, which a sum of kernel times leaves
@@ -51,10 +52,11 @@ def plot(json_path: Path) -> Path:
         for ax, op in zip(ax_row, ops):
             mine = sorted((r for r in run["rows"] if r["dtype"] == dtype and r["op"] == op), key=lambda r: r["B"])
             batches = [r["B"] for r in mine]
-            for key, style in (("plain_us", "o--"), ("pdl_us", "s-"), ("overlap_us", "^-"), ("one_read_us", "k:")):
+            plans = [key for key in dict.fromkeys(k for r in mine for k in r) if key.endswith("_us")
+                     and not key.endswith("kernels_us") and key != "one_read_us"]
+            for key, style in (*zip(plans, ("o--", "s-", "^-", "v-", "d-")), ("one_read_us", "k:")):
                 shown = [(b, r[key]) for b, r in zip(batches, mine) if key in r]
-                if shown:
-                    ax.plot(*zip(*shown), style, label=key[:-3].replace("_", " "), markersize=4)
+                ax.plot(*zip(*shown), style, label=key[:-3].replace("_", " "), markersize=4)
             ax.set(title=f"{dtype}, {op}", xlabel="rows", ylabel="GPU us a call (graph replay)", yscale="log")
             ax.set_xscale("log", base=2)
             ax.legend(fontsize=7)
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
             base = ts.plan_for(rows, VOCAB, dev, short_runs=short[0] < 50 <= short[1])
             plans = dict(plain=dataclasses.replace(base, pdl=False), pdl=dataclasses.replace(base, pdl=True))
             if base.runs:
-                plans["overlap"] = dataclasses.replace(base, pdl=True, overlap=True, collect_warps=4)
+                for n in (ts.OVERLAP_RUNS, 6):
+                    plans[f"overlap{n}"] = dataclasses.replace(base, pdl=True, overlap=n, collect_warps=4)
             cases = dict(sample=(lambda plan: ts.sample(spec, x, plan=plan), lambda out: out),
                          logprobs_top20=(lambda plan: ts.logprobs(lspec, x, ids, 20, plan=plan), lambda out: out[2]))
             for op, (call, ids_of) in cases.items():

@@ -46,12 +46,14 @@ RUNS_MIN_ROWS = 16
 # where serving bounds past 64 saves far more than a bound of 50 loses; top-n past 64 only.
 LONG_RUN, SHORT_RUN = 64, 32
 SHORT_RUNS_WIDE_ROWS, SHORT_RUNS_NARROW_ROWS = 32, 128
-# An overlapping plan's runs programs per select program (`plan.grid`, 2 a multiprocessor): 4 of
-# 4 warps at 61 registers a thread (64 allocated) and one collect program of 4 warps at 255
-# (256) fill an sm_90 multiprocessor's 64K registers; a fifth runs program would keep the
-# collect's programs off until the runs ended. A collect program reads a row's count at most
-# OVERLAP_SPINS times before it waits for the whole runs launch instead.
-OVERLAP_RUNS_PROGRAMS = 2
+# An overlapping plan (`SamplingPlan.overlap`) puts `overlap` runs programs of 4 warps beside one
+# collect program of 4 warps (255 registers a thread, 256 allocated) on each multiprocessor: the
+# runs get at most 256 // overlap registers a thread of an sm_90 multiprocessor's 64K
+# (`overlap_registers`); one too many would keep the collect's programs off until the runs end.
+# The persistent runs kernel takes 61 unbounded, so OVERLAP_RUNS (4) fit as compiled; 6 fit at
+# 40. A collect program reads a row's count at most OVERLAP_SPINS times before it waits for the
+# whole runs launch instead.
+OVERLAP_RUNS = 4
 OVERLAP_SPINS = 1 << 16
 # Up to FUSED_MAX_ROWS rows the scan and the select are one launch (`scan_select_kernel`): a
 # launch costs the host 5-8 us on the H200 hosts, most of a call's GPU time at a few rows. Its
@@ -94,10 +96,11 @@ class SamplingPlan:
     # while the launch before it finishes, and wait for it (`sampling_kernels._after_previous_launch`).
     # `plan_for` sets it where it can (`dependent_launch`): 2-4 us less a call from 16 rows on.
     pdl: bool = False
-    # The runs pre-pass as a persistent launch (OVERLAP_RUNS_PROGRAMS a select program) counting
-    # each row's stored blocks, and the collect reading a row as soon as its count is full: with
-    # `pdl`, the collect's programs start while the runs go on (`sampling_kernels.collect_kernel`).
-    overlap: bool = False
+    # The runs pre-pass overlapping the collect: a persistent runs launch of `overlap` programs a
+    # collect program (one collect program a multiprocessor: half of `grid`) counting each row's
+    # stored blocks, and the collect reading a row as soon as its count is full: with `pdl`, the
+    # collect's programs start while the runs go on (`sampling_kernels.collect_kernel`). 0: off.
+    overlap: int = 0
 
     def chunks(self, vocab: int) -> int:
         return cdiv(vocab, self.chunk)
@@ -169,6 +172,12 @@ def default_programs(device: torch.device, items: int) -> int:
     if device.type != "cuda":
         return items
     return _programs_at(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def overlap_registers(overlap: int) -> int:
+    """Registers a thread (`maxnreg`, a multiple of 8) of a runs program of an overlapping plan
+    with `overlap` runs programs a collect program: what a multiprocessor holds beside the collect."""
+    return min(255, 256 // overlap // 8 * 8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -356,7 +365,7 @@ class Bound:
     @property
     def counted(self) -> bool:
         """Whether a call takes per-row counters (`row_counters`): a fused plan, an overlapping one."""
-        return self.scan_select is not None or (self.runs is not None and self.plan.overlap)
+        return self.scan_select is not None or (self.runs is not None and self.plan.overlap > 0)
 
     def takes_runs(self, ints, top_n: int) -> bool:
         """Whether the runs pre-pass serves this call: the plan has it, and the call has a top-k
@@ -420,22 +429,25 @@ def _bind(op: str, spec: SamplingSpec, plan: SamplingPlan, request: dict, device
     blocks = items * (plan.chunk // block)
     row_blocks = blocks // spec.rows
     ints = {**ints, "row_blocks": row_blocks}
-    runs = launcher(k.runs_kernel, min(blocks, OVERLAP_RUNS_PROGRAMS * plan.grid) if plan.overlap else blocks, ints,
-                     dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, OVERLAP=plan.overlap, num_warps=4), device,
-                     plan.pdl)
+    runs_meta = dict(CHUNK=plan.chunk, BLOCK=block, RUN=plan.run, OVERLAP=plan.overlap > 0, num_warps=4)
+    if plan.overlap:
+        runs_meta["maxnreg"] = overlap_registers(plan.overlap)
+    collectors = max(1, plan.grid // 2)  # (overlapping: one collect program a multiprocessor)
+    runs = launcher(k.runs_kernel, min(blocks, plan.overlap * collectors) if plan.overlap else blocks, ints,
+                    runs_meta, device, plan.pdl)
     # The collect writes the rows it serves as one chunk each (`compact`, which `select_served`
     # reads) or in the scan's layout (`collect_chunks`: what a sharded vocabulary all-gathers).
     compact = space.compact(spec.rows, plan.slots)
     # (overlapping: one collect program a multiprocessor, as the registers allow beside the runs
     # programs; a second would start only once the runs launch has ended)
-    collect_grid = max(1, min(plan.grid // 2 if plan.overlap else plan.grid, spec.rows))
+    collect_grid = max(1, min(collectors if plan.overlap else plan.grid, spec.rows))
     collect_meta = dict(OP=OPS[op], CHUNK=plan.chunk, C_SLOT=plan.slots, G_P2=plan.groups_pow2(spec.vocab),
-                        RUN=plan.run, COMPACT=False, OVERLAP=plan.overlap, SPINS=OVERLAP_SPINS,
+                        RUN=plan.run, COMPACT=False, OVERLAP=plan.overlap > 0, SPINS=OVERLAP_SPINS,
                         num_warps=plan.collect_warps)
     collect = launcher(k.collect_kernel, collect_grid, _ints(spec, plan, compact, request, row_blocks=row_blocks),
                         {**collect_meta, "COMPACT": True}, device, plan.pdl)
     collect_chunks = launcher(k.collect_kernel, collect_grid, ints, collect_meta, device, plan.pdl)
-    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True, "OVERLAP": plan.overlap}, device,
+    scan_rest = launcher(k.scan_kernel, grid, ints, {**scan_meta, "RUNS": True, "OVERLAP": plan.overlap > 0}, device,
                          plan.pdl)
     one_chunk = dataclasses.replace(plan, chunk=next_power_of_2(spec.vocab))
     select_served = _select_launcher(op, spec, one_chunk, compact, request, device, rows_off=space.served_off)

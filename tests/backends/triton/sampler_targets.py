@@ -33,7 +33,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 OPS = ("sample", "probs", "logprobs")
 # Rows and vocabularies: one chunk per row, and several (the select merging chunk states).
 SHAPES = ((3, 1000), (2, 20000))
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg")
 
 
 def _recording_bind(calls: list):
@@ -72,11 +72,12 @@ def _keywords(op: str, rows: int, per_row: bool) -> dict:
 
 
 def launches(op: str, dtype: torch.dtype, rows: int, vocab: int, per_row: bool, short_runs: bool = False,
-             pdl: bool = False, overlap: bool = False) -> list:
+             pdl: bool = False, overlap: int = 0) -> list:
     """[(kernel, args, constexprs, options)] the Triton sampler launches for one request (with
     `short_runs`, on the plan whose runs pre-pass has runs of 32: `sampling.short_runs_window`;
     with `pdl`, each launch with programmatic dependent launch: `SamplingPlan.pdl`; with
-    `overlap`, the runs pre-pass overlapping the collect: `SamplingPlan.overlap`)."""
+    `overlap`, the runs pre-pass overlapping the collect, that many runs programs a collect
+    program: `SamplingPlan.overlap`)."""
     from anysoftmax.backends._triton_common import sampling as s
     from anysoftmax.sampling.spec import SamplingSpec, check_ids
 
@@ -179,8 +180,11 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
 
     kernels, errors, seen = [], [], set()
     cuda = TARGETS[target].backend == "cuda"
+    # (the overlapping plans, `SamplingPlan.overlap`: the default's runs programs a collect
+    # program, and 6 at the registers a thread that leaves them, `sampling.overlap_registers`)
+    overlaps = tuple(f"sample-overlap{n}-pdl" for n in (sampling.OVERLAP_RUNS, 6))
     ops = (*OPS, "sample-short-runs", "sample-sharded", "probs-one-read", "logprobs-one-read",
-           *(("sample-pdl", "probs-pdl", "sample-overlap-pdl") if cuda else ()))  # (PDL: CUDA only)
+           *(("sample-pdl", "probs-pdl", *overlaps) if cuda else ()))  # (programmatic dependent launch: CUDA only)
     # (the PDL launches with per-row keywords only, and `probs`' and the overlapping plan's on a
     # plan of several launches only: the attribute and the waits depend on neither, and the
     # one-launch kernel is `sample`'s)
@@ -198,7 +202,7 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
                 calls = launches("sample", dtypes[dname], rows, vocab, per_row, short_runs=True)
             elif op.endswith("-pdl"):
                 calls = launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row, pdl=True,
-                                 overlap="-overlap" in op)
+                                 overlap=int(op.split("-overlap")[1].split("-")[0]) if "-overlap" in op else 0)
             else:
                 calls = launches(op, dtypes[dname], rows, vocab, per_row)
         except Exception as exc:
@@ -206,7 +210,7 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
                                traceback=traceback.format_exc(limit=-4)))
             continue
         for kernel, args, constexprs, options in calls:
-            key = (_signature(kernel, args, constexprs), options.get("launch_pdl", False))
+            key = (_signature(kernel, args, constexprs), options.get("launch_pdl", False), options.get("maxnreg"))
             if key in seen:
                 continue
             seen.add(key)

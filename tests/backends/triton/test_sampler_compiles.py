@@ -30,7 +30,7 @@ import pytest
 from compile_targets import REG_LIMIT, missing_backend, run_script
 from sampler_targets import OPS
 
-from anysoftmax.backends._triton_common.sampling import OVERLAP_RUNS_PROGRAMS
+from anysoftmax.backends._triton_common.sampling import OVERLAP_RUNS, overlap_registers
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parent / "sampler_targets.py"
@@ -103,19 +103,25 @@ def test_pdl_launches_wait_for_the_previous_launch(report):
 
 
 def test_the_overlapping_plans_programs_share_a_multiprocessor(report):
-    """`SamplingPlan.overlap` on sm_90: 2 x OVERLAP_RUNS_PROGRAMS runs programs (4 warps) and one
+    """`SamplingPlan.overlap` on sm_90: its runs programs (4 warps, `overlap` of them) and one
     collect program (4 warps) a multiprocessor must fit its 64K registers (allocated per warp in
     units of 256), or the collect's programs wait for runs programs to leave instead of
-    overlapping them."""
-    kernels = [k for k in _kernels(report, "sm_90") if k["op"] == "sample-overlap-pdl"]
-    runs = [k for k in kernels if k["kernel"] == "runs_kernel" and k["constexprs"]["OVERLAP"]]
-    collect = [k for k in kernels if k["kernel"] == "collect_kernel" and k["constexprs"]["OVERLAP"]]
-    scan = [k for k in kernels if k["kernel"] == "scan_kernel" and k["constexprs"]["OVERLAP"]]
-    assert runs and collect and scan, sorted({k["kernel"] for k in kernels})
+    overlapping them; the runs kernel is held to `overlap_registers` where more would not fit."""
+    kernels = [k for k in _kernels(report, "sm_90") if "-overlap" in k["op"]]
+    overlaps = sorted({int(k["op"].split("-overlap")[1].split("-")[0]) for k in kernels})
+    assert overlaps == sorted((OVERLAP_RUNS, 6)), overlaps
 
     def registers(k) -> int:
         return k["num_warps"] * -(-k["n_regs"] * 32 // 256) * 256
-    for r in runs:
-        for c in collect:
-            used = 2 * OVERLAP_RUNS_PROGRAMS * registers(r) + registers(c)
-            assert used <= 65536, f"runs {r['n_regs']} and collect {c['n_regs']} registers a thread: {used}"
+    # (the collect and the scan compile alike for every `overlap`: listed once, under the first)
+    collect = [k for k in kernels if k["kernel"] == "collect_kernel" and k["constexprs"]["OVERLAP"]]
+    assert collect and any(k["kernel"] == "scan_kernel" and k["constexprs"]["OVERLAP"] for k in kernels)
+    for n in overlaps:
+        runs = [k for k in kernels if k["op"] == f"sample-overlap{n}-pdl" and k["kernel"] == "runs_kernel"
+                and k["constexprs"]["OVERLAP"]]
+        assert runs, n
+        for r in runs:
+            assert r["n_regs"] <= overlap_registers(n), (n, r["n_regs"])
+            for c in collect:
+                used = n * registers(r) + registers(c)
+                assert used <= 65536, f"{n} runs programs at {r['n_regs']}, collect at {c['n_regs']} registers: {used}"

@@ -5,7 +5,8 @@ fused plan (one launch), the two-launch plan, the runs pre-pass's chain of five,
 pass and top-n `logprobs`; back to back without a sync, and replayed from a CUDA graph. A wait
 left out of one kernel would read a workspace the launch before it is still writing. The
 overlapping plan (`SamplingPlan.overlap`: the collect reads a row as soon as the persistent runs
-launch has counted its blocks) alike, its row counts left zero. (Compiled for sm_90 on any
+launch has counted its blocks) alike, with the default's runs programs and with 6 at fewer
+registers, its row counts left zero. (Compiled for sm_90 on any
 machine: test_sampler_compiles.py checks the attribute, the waits and the overlap's registers.)"""
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ def _with_pdl(plan):
     return dataclasses.replace(plan, pdl=True)
 
 
-def _overlapping(plan):
-    return dataclasses.replace(plan, pdl=True, overlap=True, collect_warps=4)
+def _overlapping(plan, runs: int = triton_sampling.OVERLAP_RUNS):
+    return dataclasses.replace(plan, pdl=True, overlap=runs, collect_warps=4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -111,6 +112,11 @@ def test_pdl_launches_replay_from_a_cuda_graph():
 def test_the_overlapping_plan_gives_the_plain_launches_results(rows, top_k, dtype):
     _needs_sm90()
     _assert_same_results(rows, dtype, top_k, _overlapping)
+
+
+def test_six_runs_programs_a_collect_program_at_fewer_registers_give_the_same_results():
+    _needs_sm90()
+    _assert_same_results(512, torch.bfloat16, 50, lambda plan: _overlapping(plan, runs=6))
 
 
 def test_the_overlapping_plan_replays_from_a_cuda_graph():

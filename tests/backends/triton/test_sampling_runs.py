@@ -31,8 +31,8 @@ pytestmark = pytest.mark.skipif("triton" not in runnable_backends("cpu"),
 # Chunks of 128 in 16 runs of 8: top-k bounds up to 8 are served; 32 slots a chunk.
 SCAN = triton_sampling.SamplingPlan(chunk=128, slots=32, grid=4, num_warps=4, tile=64)
 RUNS = dataclasses.replace(SCAN, runs=True, run=8)
-# (the runs launch of 3 x 4 programs, persistent over the rows' blocks)
-OVERLAP = dataclasses.replace(RUNS, overlap=True)
+# (the runs launch of OVERLAP_RUNS x 2 programs, persistent over the rows' blocks; 2 collect programs)
+OVERLAP = dataclasses.replace(RUNS, overlap=triton_sampling.OVERLAP_RUNS)
 # (the kit's rows of 20000 in chunks of 2048, runs of 64: top-k bounds up to 16 served)
 RUNS_WIDE = triton_sampling.SamplingPlan(chunk=2048, slots=64, grid=4, num_warps=4, tile=256, runs=True)
 
