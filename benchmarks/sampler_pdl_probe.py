@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     from benchmarks.sampler_kernels_probe import kernel_times
 
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+    json_path = Path(argv[0]) if argv and not warm else None
     dev = torch.device("cuda")
     run = dict(device=torch.cuda.get_device_name(), vocab=VOCAB, torch=torch.__version__,
                unit="GPU us a call: CUDA graph replay (graph_us), sum of kernel times (kernels_us)", rows=[])
@@ -117,15 +118,15 @@ def main(argv=None) -> int:
                     row[f"{name}_us"] = round(do_bench_cudagraph(lambda plan=plan: call(plan)) * 1e3, 2)
                     row[f"{name}_kernels_us"] = round(sum(kernel_times(lambda plan=plan: call(plan)).values()), 2)
                 run["rows"].append(row)
+                if json_path:  # (after every line: a run cut short by its time limit keeps what it measured)
+                    json_path.write_text(json.dumps(run, indent=1) + "\n")
                 print(f"{row['dtype']:9s} B={rows:3d} {op:15s} one read {one_read:6.1f} | " + " | ".join(
                     f"{n} {row[f'{n}_us']:7.1f} us (kernels {row[f'{n}_kernels_us']:7.1f}) same={row[f'{n}_same_ids']}"
                     for n in plans), flush=True)
     if warm:
         torch.cuda.synchronize()
-    elif argv:
-        out = Path(argv[0])
-        out.write_text(json.dumps(run, indent=1) + "\n")
-        print(plot(out))
+    elif json_path:
+        print(plot(json_path))
     return 0
 
 

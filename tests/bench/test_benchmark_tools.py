@@ -95,13 +95,17 @@ def test_the_run_length_probe_text_becomes_json_and_a_plot(tmp_path):
 
 
 def test_the_pdl_probe_plots_its_json_and_needs_a_gpu(tmp_path, capsys):
-    """`sampler_pdl_probe`: a run's JSON (its own fields) becomes a plot beside it; without an
-    sm_90 GPU the probe says so and exits 2 instead of measuring."""
+    """`sampler_pdl_probe`: a run's JSON (its own fields, a plan's only on the shapes that have
+    it) becomes a plot beside it; without an sm_90 GPU the probe says so and exits 2 instead of
+    measuring."""
     from benchmarks import sampler_pdl_probe as probe
 
     rows = [dict(dtype=d, B=b, op=op, one_read_us=2.0 * b, plain_us=30.0 + b, pdl_us=27.0 + b, plain_kernels_us=25.0,
                  pdl_kernels_us=26.0, plain_same_ids=True, pdl_same_ids=True)
             for d in ("bfloat16", "float32") for b in probe.ROWS for op in ("sample", "logprobs_top20")]
+    for r in rows:  # (the overlapping plans: only where the plan has the runs pre-pass)
+        if r["B"] >= 16:
+            r.update(overlap4_us=25.0 + r["B"], overlap4_kernels_us=30.0, overlap4_same_ids=True)
     path = tmp_path / "pdl.json"
     path.write_text(json.dumps(dict(device="NVIDIA X", vocab=probe.VOCAB, rows=rows)))
     assert probe.plot(path).stat().st_size > 0
