@@ -125,7 +125,7 @@ print({k: v for k, v in total.items() if k != "runs"})' "$tmp" "$OUT/fuzz_$backe
       --out "$OUT/results" "$@" 2>&1 | tee "$OUT/sampling_sharded_x$n.txt" | tail -40
     ;;
   sampler_pdl)
-    # Each shape compiles its plain and its PDL kernels (about a minute a process): the tests (in
+    # Each shape compiles its plain, PDL and overlapping kernels (minutes a process): the tests (in
     # pytest-xdist workers where importable) and the probe's shapes compile in parallel, then the
     # probe times on the warm cache alone.
     workers=""; "$PY" -c "import xdist" 2>/dev/null && workers="-n ${WORKERS:-11}"

@@ -192,7 +192,8 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
                 for per_row in (False, True) if per_row or not op.endswith("-pdl")
                 if op == "sample-pdl" or not op.endswith("-pdl") or rows > sampling.FUSED_MAX_ROWS]
     for op, dname, rows, vocab, per_row in requests:
-        where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, per_row=per_row)
+        overlap = int(op.split("-overlap")[1].split("-")[0]) if "-overlap" in op else 0
+        where = dict(target=target, op=op, dtype=dname, rows=rows, vocab=vocab, per_row=per_row, overlap=overlap)
         try:
             if op == "sample-sharded":
                 calls = sharded_launches(dtypes[dname], rows, vocab, per_row)
@@ -201,8 +202,7 @@ def compile_target(target: str, dtypes: dict, shapes: tuple = SHAPES) -> dict:
             elif op == "sample-short-runs":
                 calls = launches("sample", dtypes[dname], rows, vocab, per_row, short_runs=True)
             elif op.endswith("-pdl"):
-                calls = launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row, pdl=True,
-                                 overlap=int(op.split("-overlap")[1].split("-")[0]) if "-overlap" in op else 0)
+                calls = launches(op.split("-")[0], dtypes[dname], rows, vocab, per_row, pdl=True, overlap=overlap)
             else:
                 calls = launches(op, dtypes[dname], rows, vocab, per_row)
         except Exception as exc:

@@ -107,8 +107,8 @@ def test_the_overlapping_plans_programs_share_a_multiprocessor(report):
     collect program (4 warps) a multiprocessor must fit its 64K registers (allocated per warp in
     units of 256), or the collect's programs wait for runs programs to leave instead of
     overlapping them; the runs kernel is held to `overlap_registers` where more would not fit."""
-    kernels = [k for k in _kernels(report, "sm_90") if "-overlap" in k["op"]]
-    overlaps = sorted({int(k["op"].split("-overlap")[1].split("-")[0]) for k in kernels})
+    kernels = [k for k in _kernels(report, "sm_90") if k["overlap"]]
+    overlaps = sorted({k["overlap"] for k in kernels})
     assert overlaps == sorted((OVERLAP_RUNS, 6)), overlaps
 
     def registers(k) -> int:
@@ -117,8 +117,7 @@ def test_the_overlapping_plans_programs_share_a_multiprocessor(report):
     collect = [k for k in kernels if k["kernel"] == "collect_kernel" and k["constexprs"]["OVERLAP"]]
     assert collect and any(k["kernel"] == "scan_kernel" and k["constexprs"]["OVERLAP"] for k in kernels)
     for n in overlaps:
-        runs = [k for k in kernels if k["op"] == f"sample-overlap{n}-pdl" and k["kernel"] == "runs_kernel"
-                and k["constexprs"]["OVERLAP"]]
+        runs = [k for k in kernels if k["overlap"] == n and k["kernel"] == "runs_kernel" and k["constexprs"]["OVERLAP"]]
         assert runs, n
         for r in runs:
             assert r["n_regs"] <= overlap_registers(n), (n, r["n_regs"])
