@@ -373,17 +373,44 @@ def spawn_checks(world_size: int, backend: str | None = None, *, seed: int = 0, 
     return [line for line in text.splitlines() if line]
 
 
+def _run_rank(rank: int, fn, args: tuple, finished: str) -> None:
+    """One rank of `run_ranks`: ``fn(rank, *args)``, then a mark that it finished, then an exit
+    that skips the interpreter's teardown."""
+    import os
+    import sys
+
+    fn(rank, *args)
+    open(os.path.join(finished, f"rank{rank}"), "w").close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The rank's work is done and its results written. Tearing the interpreter down would run the
+    # destructors of torch's C++ singletons and threads, which on a loaded machine can abort the
+    # process ("terminate called without an active exception") after everything it was asked
+    # for succeeded; os._exit ends it without them.
+    os._exit(0)
+
+
 def run_ranks(fn, world_size: int, args: tuple, timeout: float = 300.0) -> None:
     """``fn(rank, *args)`` in `world_size` new processes (spawned), waited for; a process that
-    dies raises, one still running after `timeout` seconds is killed and TimeoutError raised."""
+    dies raises (naming the ranks that had finished `fn`), one still running after `timeout`
+    seconds is killed and TimeoutError raised. `fn` must be importable (spawn pickles it)."""
+    import os
+    import tempfile
     import time
 
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(fn, args=args, nprocs=world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise TimeoutError(f"{world_size} processes still running after {timeout:g} s")
+    with tempfile.TemporaryDirectory() as finished:
+        ctx = mp.start_processes(_run_rank, args=(fn, args, finished), nprocs=world_size, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    raise TimeoutError(f"{world_size} processes still running after {timeout:g} s")
+        except mp.ProcessExitedException as exc:
+            done = sorted(int(name.removeprefix("rank")) for name in os.listdir(finished))
+            raise RuntimeError(f"{exc} (ranks that had finished {getattr(fn, '__name__', fn)}: "
+                               f"{done or 'none'})") from exc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 
 import pytest
 import torch
@@ -176,6 +177,29 @@ def test_the_overlapping_plan_draws_what_the_runs_plan_draws_and_leaves_the_coun
                              triton_sampling.logprobs(lspec, x, ids, 6, plan=RUNS)):
             torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"case {i}: {m}")
         assert not triton_sampling.row_counters(x.device, x.shape[0]).any(), i
+
+
+@pytest.mark.parametrize("count", [0, 2, 5, 7])
+def test_the_collect_wait_for_a_row_ends_when_its_count_never_fills(count):
+    """`_wait_for_row` reads a row's count at most SPINS times and then goes on (on a GPU it next
+    waits for the runs launch to end: PDL's wait, which cannot hang either): a count short of the
+    row's blocks, as after a runs program that never ran, ends the wait instead of spinning forever."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def wait_then_mark(count_ptr, done_ptr, ROW_BLOCKS: tl.constexpr, SPINS: tl.constexpr):
+        sampling_kernels._wait_for_row(count_ptr, 1, ROW_BLOCKS, False, SPINS)
+        tl.store(done_ptr, tl.load(count_ptr + 1) + 1)
+
+    counts = torch.tensor([9, count, 9], dtype=torch.int32)
+    done = torch.full((1,), -1, dtype=torch.int32)
+    # (in a thread, so that a wait that never ends fails this test instead of hanging the run)
+    waiter = threading.Thread(target=lambda: wait_then_mark[(1,)](counts, done, ROW_BLOCKS=5, SPINS=64), daemon=True)
+    waiter.start()
+    waiter.join(timeout=120)
+    assert not waiter.is_alive(), f"the wait on a count of {count} (of 5 blocks) did not end"
+    assert int(done) == count + 1 and counts.tolist() == [9, count, 9]
 
 
 def test_an_overlapping_plan_is_refused_for_a_sharded_scan(gen):
